@@ -1,0 +1,1 @@
+"""Reference components the suites test: models, parallel wrappers, optimizers, checkpointer, data."""

@@ -1,0 +1,1 @@
+"""Known-bad components: each suite must fail on the mutants written for it."""

@@ -1,0 +1,1 @@
+"""Correctness suites, run by the torchmatrix pytest plugin once per cell."""
