@@ -1,0 +1,117 @@
+"""What a DCP checkpoint physically holds for each tensor, read from its metadata alone: the
+chunks, which rank wrote each one, and how many bytes they hold against one full copy.
+
+A sharded save stores every element of a tensor exactly once, one chunk per rank; a tensor
+that each rank saved as a plain local tensor shows up as a single chunk of the wrong size."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+WRITER_FILE = re.compile(r"^__(\d+)_\d+\.distcp$")
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One stored block of a tensor: where it starts, its extent, and the rank (within the
+    saving process group) whose file holds it, or None when the file name does not say."""
+
+    offsets: tuple[int, ...]
+    sizes: tuple[int, ...]
+    writer: int | None
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.sizes)
+
+    def overlaps(self, other: Chunk) -> bool:
+        return all(
+            a < b_end and b < a_end
+            for a, a_end, b, b_end in zip(
+                self.offsets,
+                (o + s for o, s in zip(self.offsets, self.sizes)),
+                other.offsets,
+                (o + s for o, s in zip(other.offsets, other.sizes)),
+            )
+        )
+
+
+@dataclass(frozen=True)
+class TensorLayout:
+    """How one checkpoint entry (e.g. "optim.state.w.exp_avg") is stored."""
+
+    key: str
+    size: tuple[int, ...]
+    dtype: torch.dtype
+    chunks: tuple[Chunk, ...]
+
+    @property
+    def stored_chunks(self) -> tuple[Chunk, ...]:
+        """Chunks that hold at least one element (an empty shard writes nothing useful)."""
+        return tuple(chunk for chunk in self.chunks if chunk.numel)
+
+    @property
+    def full_copy_bytes(self) -> int:
+        return math.prod(self.size) * self.dtype.itemsize
+
+    @property
+    def stored_bytes(self) -> int:
+        return sum(chunk.numel for chunk in self.chunks) * self.dtype.itemsize
+
+    @property
+    def writers(self) -> tuple[int | None, ...]:
+        return tuple(chunk.writer for chunk in self.stored_chunks)
+
+    def covers_exactly_once(self) -> bool:
+        """True when the chunks lie inside the tensor, do not overlap and add up to it."""
+        chunks = self.stored_chunks
+        inside = all(
+            o >= 0 and o + s <= dim
+            for chunk in chunks
+            for o, s, dim in zip(chunk.offsets, chunk.sizes, self.size)
+        )
+        disjoint = not any(a.overlaps(b) for i, a in enumerate(chunks) for b in chunks[i + 1 :])
+        return inside and disjoint and sum(c.numel for c in chunks) == math.prod(self.size)
+
+    def describe(self) -> str:
+        """One line with the figures a reader needs to judge the layout."""
+        pieces = ", ".join(
+            f"rank {c.writer}: {list(c.sizes)} at {list(c.offsets)}" for c in self.stored_chunks
+        )
+        return (
+            f"{self.key}: {list(self.size)} {self.dtype}, {len(self.stored_chunks)} chunk(s) "
+            f"[{pieces}], {self.stored_bytes} B stored vs {self.full_copy_bytes} B for one full copy"
+        )
+
+
+def read_layouts(checkpoint_dir: str | Path) -> dict[str, TensorLayout]:
+    """The layout of every tensor entry in the DCP checkpoint at `checkpoint_dir`."""
+    metadata = dcp.FileSystemReader(str(checkpoint_dir)).read_metadata()
+    writer_of = {}
+    for index, info in metadata.storage_data.items():
+        match = WRITER_FILE.match(Path(info.relative_path).name)
+        writer_of[(index.fqn, tuple(index.offset or ()))] = int(match.group(1)) if match else None
+    return {
+        key: TensorLayout(
+            key=key,
+            size=tuple(entry.size),
+            dtype=entry.properties.dtype,
+            chunks=tuple(
+                Chunk(
+                    offsets=tuple(chunk.offsets),
+                    sizes=tuple(chunk.sizes),
+                    writer=writer_of.get((key, tuple(chunk.offsets))),
+                )
+                for chunk in entry.chunks
+            ),
+        )
+        for key, entry in metadata.state_dict_metadata.items()
+        if isinstance(entry, TensorStorageMetadata)
+    }
