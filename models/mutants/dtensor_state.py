@@ -1,0 +1,47 @@
+"""Precision-aware AdamW variants that lay out their state wrongly for DTensor params, each the
+way a real optimizer has; the dtensor_optim suite must fail on every one.
+
+Each mutant changes only how the reference optimizer wraps a new state shard; the update
+itself still runs on local shards, so training looks healthy and only the layout is wrong.
+Point `[components] optimizer_precision_aware` at one of these classes to run the suite on it.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.distributed.tensor import DTensor, Replicate
+
+from models.optim import PrecisionAwareAdamW, local_tensor
+
+
+class PlainLocalStateAdamW(PrecisionAwareAdamW):
+    """Keeps every state tensor as the bare local shard, as TransformerEngine's FusedAdam did
+    before NVIDIA/TransformerEngine#2795: DCP then treats each rank's shard as a whole tensor."""
+
+    def _initial_state(self, param: torch.Tensor) -> dict:
+        return {key: local_tensor(value) for key, value in super()._initial_state(param).items()}
+
+
+class ReplicatedStateAdamW(PrecisionAwareAdamW):
+    """Wraps each state shard as a DTensor on the param's mesh but marked Replicate, so its
+    global shape is one shard and DCP keeps a single rank's copy."""
+
+    def _initial_state(self, param: torch.Tensor) -> dict:
+        return {key: _rewrapped(value, replicate=True) for key, value in super()._initial_state(param).items()}
+
+
+class ShapelessStateAdamW(PrecisionAwareAdamW):
+    """Wraps each state shard with `DTensor.from_local` without the global shape and stride:
+    right when shards are even, a wrong global shape (local size x world size) when they are not."""
+
+    def _initial_state(self, param: torch.Tensor) -> dict:
+        return {key: _rewrapped(value, replicate=False) for key, value in super()._initial_state(param).items()}
+
+
+def _rewrapped(value: torch.Tensor, *, replicate: bool) -> torch.Tensor:
+    """Re-wrap a correctly laid out DTensor state from its local shard alone; plain tensors pass."""
+    if not isinstance(value, DTensor):
+        return value
+    mesh = value.device_mesh
+    placements = [Replicate()] * mesh.ndim if replicate else value.placements
+    return DTensor.from_local(value.to_local(), mesh, placements, run_check=False)
