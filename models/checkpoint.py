@@ -1,0 +1,129 @@
+"""The reference checkpointer: everything a training run needs to resume bit-exactly, in one DCP
+checkpoint.
+
+Model and optimizer go through torch.distributed.checkpoint.state_dict's getters and setters.
+The getters build a load template with the optimizer's lazily-created moments already
+allocated in the right FSDP/DTensor layout, which is what a raw `optimizer.state_dict()` of a
+fresh optimizer lacks (see shared/seeds/resume-optimizer-moments.txt). Next to them go the LR
+scheduler, the data-loader position and the step, which are the same on every rank, and each
+rank's RNG states, which are not.
+"""
+
+from __future__ import annotations
+
+import random
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+try:
+    import numpy
+except ImportError:
+    numpy = None
+
+
+class Checkpointer:
+    """The `checkpointer` component: `save(directory, ...)` and `load(directory, ...) -> step`.
+
+    Both are collectives: call them on every rank with the same directory. The model may be
+    plain, FSDP1-wrapped or FSDP2-sharded; the optimizer anything torch's state-dict helpers
+    handle. A resume needs the world size it was saved at, because RNG states are per rank.
+    Each piece is its own method so the mutants in models/mutants/resume.py can break one.
+    """
+
+    def save(self, directory: str, *, model, optimizer, scheduler, loader, step: int) -> None:
+        progress = self.progress_state(scheduler, loader, step)
+        require_same_on_every_rank(progress)
+        state = {
+            "model": self.model_state(model),
+            "optimizer": self.optimizer_state(model, optimizer),
+            "progress": progress,
+            rng_key(): capture_rng_state(),
+        }
+        dcp.save(state, checkpoint_id=directory)
+
+    def load(self, directory: str, *, model, optimizer, scheduler, loader) -> int:
+        """Restore every piece from `directory` and return the step it was saved at."""
+        state = {
+            "model": self.model_state(model),
+            "optimizer": self.optimizer_state(model, optimizer),
+            "progress": self.progress_state(scheduler, loader, step=0),
+            rng_key(): capture_rng_state(),
+        }
+        dcp.load(state, checkpoint_id=directory)
+        self.restore_model(model, state["model"])
+        self.restore_optimizer(model, optimizer, state["optimizer"])
+        self.restore_scheduler(scheduler, state["progress"]["scheduler"])
+        self.restore_loader(loader, state["progress"]["loader"])
+        self.restore_rng(state[rng_key()])
+        return int(state["progress"]["step"])
+
+    def model_state(self, model) -> dict:
+        return get_model_state_dict(model)
+
+    def optimizer_state(self, model, optimizer) -> dict:
+        """Sharded and keyed by parameter name; the moments are allocated even before the first
+        step, so DCP has tensors to load them into."""
+        return get_optimizer_state_dict(model, optimizer)
+
+    def restore_model(self, model, state: dict) -> None:
+        set_model_state_dict(model, state)
+
+    def restore_optimizer(self, model, optimizer, state: dict) -> None:
+        set_optimizer_state_dict(model, optimizer, state)
+
+    def progress_state(self, scheduler, loader, step: int) -> dict:
+        return {"step": step, "scheduler": scheduler.state_dict(), "loader": loader.state_dict()}
+
+    def restore_scheduler(self, scheduler, state: dict) -> None:
+        scheduler.load_state_dict(state)
+
+    def restore_loader(self, loader, state: dict) -> None:
+        loader.load_state_dict(state)
+
+    def restore_rng(self, state: dict) -> None:
+        restore_rng_state(state)
+
+
+def rng_key() -> str:
+    """Checkpoint key of this rank's RNG states: one key per rank, because DCP keeps a single
+    copy of a key that every rank saves."""
+    return f"rng_rank{dist.get_rank() if dist.is_initialized() else 0}"
+
+
+def capture_rng_state() -> dict:
+    """This process's torch CPU, current CUDA device, python `random` and numpy RNG states."""
+    state = {"torch_cpu": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["torch_cuda"] = torch.cuda.get_rng_state()
+    if numpy is not None:
+        state["numpy"] = numpy.random.get_state()
+    return state
+
+
+def restore_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch_cpu"])
+    random.setstate(state["python"])
+    if "torch_cuda" in state:
+        torch.cuda.set_rng_state(state["torch_cuda"])
+    if "numpy" in state:
+        numpy.random.set_state(state["numpy"])
+
+
+def require_same_on_every_rank(progress: dict) -> None:
+    """Refuse to save a step, scheduler or loader position that differs between ranks: DCP keeps
+    one copy of them, so a disagreement would silently resume some ranks elsewhere."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, progress)
+    differing = [rank for rank, other in enumerate(gathered) if other != gathered[0]]
+    if differing:
+        raise RuntimeError(f"training progress differs between ranks, cannot checkpoint: rank 0 has {gathered[0]}, ranks {differing} have {[gathered[r] for r in differing]}")

@@ -1,0 +1,60 @@
+"""Known-bad components for the resume suite: each loses one piece of training state on resume,
+and suites/test_resume.py must fail on every one of them.
+
+Point `[components] checkpointer` (or `optimizer_precision_aware`) at one of these to see it caught.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from models.checkpoint import Checkpointer
+from models.optim import PrecisionAwareAdamW
+
+
+class RawOptimizerStateCheckpointer(Checkpointer):
+    """The seed's bug: round-trips `optimizer.state_dict()` itself. A freshly built optimizer has
+    no moments yet (they are created on the first step), so the load template has nothing for
+    DCP to fill, the saved moments are dropped and training resumes with zero momentum."""
+
+    def optimizer_state(self, model, optimizer) -> dict:
+        return optimizer.state_dict()
+
+    def restore_optimizer(self, model, optimizer, state: dict) -> None:
+        optimizer.load_state_dict(state)
+
+
+class RngNotRestoredCheckpointer(Checkpointer):
+    """Saves the RNG states but never restores them, so dropout masks after a resume differ."""
+
+    def restore_rng(self, state: dict) -> None:
+        pass
+
+
+class SchedulerNotRestoredCheckpointer(Checkpointer):
+    """Never restores the LR scheduler, so warm-up restarts from its first step after a resume."""
+
+    def restore_scheduler(self, scheduler, state: dict) -> None:
+        pass
+
+
+class DataPositionNotRestoredCheckpointer(Checkpointer):
+    """Never restores the loader position, so a resumed run re-reads the first batches."""
+
+    def restore_loader(self, loader, state: dict) -> None:
+        pass
+
+
+class CastOnLoadPrecisionAwareAdamW(PrecisionAwareAdamW):
+    """Loads state with torch's default `Optimizer.load_state_dict`, which casts every floating
+    state tensor to the param dtype: the fp32 master (and moments kept wider than the param)
+    come back rounded to bf16."""
+
+    load_state_dict = torch.optim.Optimizer.load_state_dict
+
+
+def build_cast_on_load_precision_aware(
+    params, *, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, moment_dtype=torch.bfloat16
+) -> CastOnLoadPrecisionAwareAdamW:
+    """Factory with the signature of models.optim.build_precision_aware."""
+    return CastOnLoadPrecisionAwareAdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, moment_dtype=moment_dtype)

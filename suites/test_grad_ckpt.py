@@ -1,0 +1,271 @@
+"""Activation checkpointing must not change gradients, even when layers mutate a KV cache.
+
+Per cell: the ``model`` component is built twice from one seed, without and with per-layer
+checkpointing, wrapped by the ``parallelize`` component for the cell's ``fsdp``, and run
+forward+backward on the same per-rank ``batch``. Gradients (local shards and full tensors)
+and losses must match exactly in float32, or within the bf16 tolerance of
+``[suites.grad_ckpt.options]``; recompute must really run and leave the cache as forward left
+it. Why: ../shared/seeds/grad-ckpt-kv-cache-equivalence.txt.
+
+Model contract (beyond the factory signatures in models/transformer.py and models/parallel.py):
+``model(**batch)`` returns ``(loss, past_key_values)`` with the cache a mapping of layer ->
+tuple of tensors, and ``model.body_calls()`` maps each layer to how often its body ran.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+SEED = 0
+DROPOUT = 0.1
+FSDP_NAME_PREFIXES = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
+
+
+@dataclass(frozen=True)
+class Precision:
+    """The dtype the models run in and how close checkpointed gradients must be to the reference."""
+
+    dtype: str
+    rtol: float
+    atol: float
+
+    def describe(self) -> str:
+        if self.dtype == "float32":
+            return "float32, exact (rtol=0, atol=0)"
+        return f"{self.dtype}, rtol={self.rtol}, atol={self.atol} from [suites.grad_ckpt.options]"
+
+
+def precision_from(options: dict) -> Precision:
+    """float32 is compared exactly; bfloat16 needs bf16_rtol and bf16_atol in the suite options."""
+    dtype = options.get("dtype", "float32")
+    if dtype == "float32":
+        return Precision("float32", 0.0, 0.0)
+    if dtype == "bfloat16":
+        missing = [key for key in ("bf16_rtol", "bf16_atol") if key not in options]
+        if missing:
+            pytest.fail(f"[suites.grad_ckpt.options] dtype = \"bfloat16\" needs {' and '.join(missing)} in matrix.toml")
+        return Precision("bfloat16", float(options["bf16_rtol"]), float(options["bf16_atol"]))
+    pytest.fail(f"[suites.grad_ckpt.options] dtype = {dtype!r}: expected \"float32\" or \"bfloat16\"")
+
+
+def clean_name(name: str) -> str:
+    """A parameter's name as the user's model spells it, without FSDP1/checkpoint-wrapper prefixes."""
+    for prefix in FSDP_NAME_PREFIXES:
+        name = name.replace(prefix, "")
+    return name
+
+
+def local_tensor(tensor):
+    """This rank's shard of a DTensor (FSDP2), or the tensor itself (FSDP1 flat-param views, no FSDP)."""
+    from torch.distributed.tensor import DTensor
+
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def local_gradients(model) -> dict:
+    return {clean_name(n): local_tensor(p.grad).detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def full_gradients(model) -> dict:
+    """Unsharded gradients: DTensor.full_tensor for FSDP2, summon_full_params(with_grads=True) for FSDP1."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(model, FullyShardedDataParallel):
+        with FullyShardedDataParallel.summon_full_params(model, with_grads=True):
+            return {clean_name(n): p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    return {
+        clean_name(n): (p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad).detach().clone()
+        for n, p in model.named_parameters()
+        if p.grad is not None
+    }
+
+
+def local_parameters(model) -> dict:
+    return {clean_name(n): local_tensor(p).detach().clone() for n, p in model.named_parameters()}
+
+
+def cache_snapshot(cache) -> dict:
+    return {layer: tuple(t.detach().clone() for t in entry) for layer, entry in cache.items()}
+
+
+def cache_tensors(snapshot: dict) -> dict:
+    """A cache snapshot flattened to names like ``past_key_values[0][1]`` (layer 0, values)."""
+    return {f"past_key_values[{layer}][{i}]": tensor for layer, entry in snapshot.items() for i, tensor in enumerate(entry)}
+
+
+def drift(actual, expected) -> tuple[float, float]:
+    """Max absolute and max relative difference (0/0 counts as 0, x/0 as inf), in float64."""
+    import torch
+
+    if actual.numel() == 0:
+        return 0.0, 0.0
+    actual, expected = actual.double(), expected.double()
+    abs_diff = (actual - expected).abs()
+    rel_diff = torch.where(abs_diff == 0, torch.zeros_like(abs_diff), abs_diff / expected.abs())
+    return abs_diff.max().item(), rel_diff.max().item()
+
+
+def mismatch(actual, expected, precision: Precision) -> str | None:
+    """None when the tensors agree under ``precision``, else why not (shape or max abs/rel diff)."""
+    import torch
+
+    if actual.shape != expected.shape:
+        return f"shape {tuple(actual.shape)} vs {tuple(expected.shape)}"
+    try:
+        torch.testing.assert_close(actual, expected, rtol=precision.rtol, atol=precision.atol)
+    except AssertionError:
+        max_abs, max_rel = drift(actual, expected)
+        return f"max abs diff {max_abs:.3e}, max rel diff {max_rel:.3e}"
+    return None
+
+
+def compare_tensors(what: str, actual: dict, expected: dict, precision: Precision) -> list[str]:
+    """One line per name whose tensors differ or that only one side has (actual first, expected second)."""
+    problems = [f"{what} {name}: missing from the second" for name in actual.keys() - expected.keys()]
+    problems += [f"{what} {name}: missing from the first" for name in expected.keys() - actual.keys()]
+    for name in actual.keys() & expected.keys():
+        reason = mismatch(actual[name], expected[name], precision)
+        if reason:
+            problems.append(f"{what} {name}: {reason}")
+    return sorted(problems)
+
+
+@dataclass
+class StepRecord:
+    """Everything one forward+backward leaves behind that the tests compare."""
+
+    loss: object
+    parameters: dict
+    local_grads: dict
+    full_grads: dict
+    calls_after_forward: dict
+    calls_after_backward: dict
+    cache_after_forward: dict
+    cache_after_backward: dict
+
+
+def train_step(cell, components: dict, precision: Precision, dropout: float, checkpointing: bool) -> StepRecord:
+    """Build, wrap, and run one forward+backward on this rank; failures say which stage broke."""
+    import torch
+    import torch.distributed as dist
+
+    from torchmatrix.components import load
+    from torchmatrix.worker import current_device
+
+    build_model, parallelize, make_batch = (load(components[name]) for name in ("model", "parallelize", "batch"))
+    device = current_device()
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    mode = "with" if checkpointing else "without"
+    torch.manual_seed(SEED)
+    model = build_model(cell, dropout=dropout, dtype=getattr(torch, precision.dtype))
+    batch = make_batch(model, seed=SEED + 1 + rank, device=device)
+    try:
+        model = parallelize(model, cell, device=device, activation_checkpointing=checkpointing)
+    except Exception as error:
+        raise RuntimeError(
+            f"cell {cell.id}: parallelize (fsdp={cell['fsdp']}) {mode} activation checkpointing failed on "
+            f"torch {torch.__version__}; this combination is broken there: {error!r}"
+        ) from error
+    model.train()
+    parameters = local_parameters(model)
+    torch.manual_seed(SEED + 1000 + rank)
+    loss, cache = model(**batch)
+    calls_after_forward = model.body_calls()
+    cache_after_forward = cache_snapshot(cache)
+    try:
+        loss.backward()
+    except Exception as error:
+        raise RuntimeError(
+            f"cell {cell.id}: backward {mode} activation checkpointing failed on torch {torch.__version__} "
+            f"(a recomputed layer did not reproduce its forward?): {error!r}"
+        ) from error
+    return StepRecord(
+        loss=loss.detach().float().cpu(),
+        parameters=parameters,
+        local_grads=local_gradients(model),
+        full_grads=full_gradients(model),
+        calls_after_forward=calls_after_forward,
+        calls_after_backward=model.body_calls(),
+        cache_after_forward=cache_after_forward,
+        cache_after_backward=cache_snapshot(cache),
+    )
+
+
+def compare_gradients(cell, components: dict, precision: Precision, dropout: float) -> dict:
+    """Rank function: one step without and one with checkpointing; the differences, as plain data."""
+    without_ckpt = train_step(cell, components, precision, dropout, checkpointing=False)
+    with_ckpt = train_step(cell, components, precision, dropout, checkpointing=True)
+    return {
+        "init": compare_tensors("parameter", with_ckpt.parameters, without_ckpt.parameters, Precision("float32", 0.0, 0.0)),
+        "loss": (without_ckpt.loss.item(), with_ckpt.loss.item(), mismatch(with_ckpt.loss, without_ckpt.loss, precision)),
+        "local": compare_tensors("local gradient shard of", with_ckpt.local_grads, without_ckpt.local_grads, precision),
+        "full": compare_tensors("full gradient of", with_ckpt.full_grads, without_ckpt.full_grads, precision),
+        "drift": {
+            name: drift(with_ckpt.full_grads[name], without_ckpt.full_grads[name])
+            for name in with_ckpt.full_grads.keys() & without_ckpt.full_grads.keys()
+            if with_ckpt.full_grads[name].shape == without_ckpt.full_grads[name].shape
+        },
+    }
+
+
+def inspect_recompute(cell, components: dict, precision: Precision, dropout: float) -> dict:
+    """Rank function: layer body counts and cache entries around backward, with and without checkpointing."""
+    without_ckpt = train_step(cell, components, precision, dropout, checkpointing=False)
+    with_ckpt = train_step(cell, components, precision, dropout, checkpointing=True)
+    return {
+        "calls": {
+            "without": (without_ckpt.calls_after_forward, without_ckpt.calls_after_backward),
+            "with": (with_ckpt.calls_after_forward, with_ckpt.calls_after_backward),
+        },
+        "cache_backward": compare_tensors(
+            "cache entry", cache_tensors(with_ckpt.cache_after_backward), cache_tensors(with_ckpt.cache_after_forward), precision
+        ),
+        "cache_forward": compare_tensors(
+            "cache entry", cache_tensors(with_ckpt.cache_after_forward), cache_tensors(without_ckpt.cache_after_forward), precision
+        ),
+    }
+
+
+def failure_text(cell, precision: Precision, headline: str, problems_by_rank: dict[int, list[str]]) -> str:
+    lines = [f"cell {cell.id} ({precision.describe()}): {headline}"]
+    for rank, problems in problems_by_rank.items():
+        lines += [f"  rank {rank}: {problem}" for problem in problems]
+    return "\n".join(lines)
+
+
+@pytest.mark.parametrize("dropout", [0.0, DROPOUT])
+def test_gradients_match_without_checkpointing(cell, ranks, components, suite_options, record_property, dropout):
+    """Same seed, batch and sharding: checkpointing must leave losses and every gradient unchanged."""
+    precision = precision_from(suite_options)
+    results = ranks.run(compare_gradients, cell, components, precision, dropout)
+    for name in sorted(results[0]["drift"]):
+        record_property(f"grad_max_abs/{name}", max(r["drift"][name][0] for r in results if name in r["drift"]))
+        record_property(f"grad_max_rel/{name}", max(r["drift"][name][1] for r in results if name in r["drift"]))
+    record_property("loss_max_abs", max(abs(r["loss"][0] - r["loss"][1]) for r in results))
+
+    init = {rank: r["init"] for rank, r in enumerate(results) if r["init"]}
+    assert not init, failure_text(cell, precision, "the two models differ before training; the model factory is not deterministic under torch.manual_seed", init)
+    losses = {rank: [f"loss {r['loss'][1]!r} with checkpointing vs {r['loss'][0]!r} without: {r['loss'][2]}"] for rank, r in enumerate(results) if r["loss"][2]}
+    grads = {rank: r["local"] + r["full"] for rank, r in enumerate(results) if r["local"] or r["full"]}
+    assert not (losses or grads), failure_text(
+        cell, precision, f"checkpointing changed the loss or gradients (dropout={dropout})", {rank: losses.get(rank, []) + grads.get(rank, []) for rank in sorted(losses.keys() | grads.keys())}
+    )
+
+
+def test_recompute_reruns_layers_and_rewrites_cache_identically(cell, ranks, components, suite_options):
+    """Backward must re-execute every checkpointed layer body, and those reruns must leave the KV cache as forward did."""
+    precision = precision_from(suite_options)
+    results = ranks.run(inspect_recompute, cell, components, precision, DROPOUT)
+    problems: dict[int, list[str]] = {}
+    for rank, result in enumerate(results):
+        after_forward, after_backward = result["calls"]["with"]
+        problems[rank] = [f"layer {layer} body ran {after_forward}x in forward and not again in backward" for layer in after_forward if after_backward[layer] <= after_forward[layer]]
+        plain_forward, plain_backward = result["calls"]["without"]
+        problems[rank] += [f"layer {layer} body ran during backward without checkpointing" for layer in plain_forward if plain_backward[layer] != plain_forward[layer]]
+        problems[rank] += [f"{p} (after forward, with vs without checkpointing)" for p in result["cache_forward"]]
+        problems[rank] += [f"{p} (after backward vs after forward, with checkpointing)" for p in result["cache_backward"]]
+    problems = {rank: found for rank, found in problems.items() if found}
+    assert not problems, failure_text(cell, precision, "recompute did not rerun the layers, or rewrote the KV cache differently", problems)

@@ -1,0 +1,116 @@
+"""Cells: one combination of axis values, and the expansion of axes into cells.
+
+Expansion follows GitHub Actions matrix semantics, so a matrix written for a workflow reads the
+same here: exclude matches partially, includes are applied after excludes, an include extends
+every original combination it does not contradict and otherwise becomes a new cell.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+
+def value_token(axis: str, value: Any) -> str:
+    """How a value is spelled in cell ids and in `--only` filters."""
+    if axis == "world_size":
+        return f"ws{value}"
+    if isinstance(value, bool):
+        return axis if value else f"no_{axis}"
+    return str(value)
+
+
+def filter_token(value: Any) -> str:
+    """How a value is spelled on the command line: `--only world_size=2 --only compile=true`."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+class Cell(Mapping):
+    """An immutable mapping axis -> value with a stable, filename-safe id like `ws2-fsdp2-sdpa-adamw`."""
+
+    __slots__ = ("_items",)
+
+    def __init__(self, items: Mapping[str, Any] | tuple[tuple[str, Any], ...]):
+        object.__setattr__(self, "_items", tuple(dict(items).items()))
+
+    def __setattr__(self, name, value):
+        raise AttributeError("Cell is immutable")
+
+    def __getitem__(self, axis: str) -> Any:
+        for key, value in self._items:
+            if key == axis:
+                return value
+        raise KeyError(axis)
+
+    def __iter__(self) -> Iterator[str]:
+        return (key for key, _ in self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __hash__(self) -> int:
+        return hash(self._items)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Cell) and self._items == other._items
+
+    def __reduce__(self):
+        return (Cell, (self._items,))
+
+    def __repr__(self) -> str:
+        return f"Cell({self.id})"
+
+    @property
+    def id(self) -> str:
+        return "-".join(value_token(axis, value) for axis, value in self._items)
+
+    @property
+    def world_size(self) -> int:
+        """Ranks (GPUs) the cell needs; a cell without a world_size axis runs on one."""
+        return int(self.get("world_size", 1))
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self._items)
+
+
+def _matches(entry: Mapping[str, Any], combination: Mapping[str, Any]) -> bool:
+    """Partial match; a list in an exclude entry means any of its values."""
+    for axis, wanted in entry.items():
+        if axis not in combination:
+            return False
+        options = wanted if isinstance(wanted, list) else [wanted]
+        if not any(value_token(axis, combination[axis]) == value_token(axis, option) for option in options):
+            return False
+    return True
+
+
+def expand_cells(
+    axes: Mapping[str, tuple[Any, ...] | list[Any]],
+    exclude: tuple[Mapping[str, Any], ...] | list[Mapping[str, Any]] = (),
+    include: tuple[Mapping[str, Any], ...] | list[Mapping[str, Any]] = (),
+) -> list[Cell]:
+    """Expand axes into cells: the product, minus excludes, then includes (GitHub Actions rules)."""
+    names = list(axes)
+    originals = [dict(zip(names, values)) for values in itertools.product(*(axes[n] for n in names))] if names else []
+    originals = [combo for combo in originals if not any(_matches(entry, combo) for entry in exclude)]
+    added: list[dict[str, Any]] = [{} for _ in originals]
+    extra: list[dict[str, Any]] = []
+    for entry in include:
+        matched = False
+        for combo, additions in zip(originals, added):
+            if all(value_token(k, combo[k]) == value_token(k, v) for k, v in entry.items() if k in combo):
+                additions.update({k: v for k, v in entry.items() if k not in combo})
+                matched = True
+        if not matched:
+            extra.append(dict(entry))
+    cells = [_ordered(names, {**combo, **additions}) for combo, additions in zip(originals, added)]
+    return cells + [_ordered(names, combo) for combo in extra]
+
+
+def _ordered(names: list[str], values: Mapping[str, Any]) -> Cell:
+    """Axis order first (so ids read the same way everywhere), then keys an include added."""
+    keys = [n for n in names if n in values] + [k for k in values if k not in names]
+    return Cell(tuple((k, values[k]) for k in keys))

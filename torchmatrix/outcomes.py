@@ -1,0 +1,107 @@
+"""What happened to every planned suite run, built from the event logs of the pytest processes.
+
+Anything that did not report (a crashed or killed process, a collection error, a torch that did
+not install) is filled in with an error or skip that says why, so no planned cell goes missing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
+
+from torchmatrix.cells import Cell
+from torchmatrix.plan import SuiteRun
+
+STATUSES = ("passed", "failed", "error", "skipped")
+
+
+@dataclass
+class TestOutcome:
+    """One test of one suite run, as the JUnit testcase will show it."""
+
+    suite: str
+    test: str
+    status: str
+    duration: float = 0.0
+    message: str = ""
+    text: str = ""
+    properties: list = field(default_factory=list)
+    stdout: str = ""
+    stderr: str = ""
+
+    @classmethod
+    def from_event(cls, event: dict) -> TestOutcome:
+        return cls(**{f.name: event[f.name] for f in fields(cls) if event.get(f.name) is not None})
+
+
+class OutcomeBook:
+    """Collects test outcomes per suite run and answers for every planned cell."""
+
+    def __init__(self, runs: Sequence[SuiteRun]):
+        self.runs = {run.key: run for run in runs}
+        self.expected: dict[str, list[str] | None] = {run.key: None for run in runs}
+        self.tests: dict[str, list[TestOutcome]] = {run.key: [] for run in runs}
+        self.closed: set[str] = set()
+        self.running: dict[str, tuple[str, float]] = {}
+        self.pool_starts = 0
+
+    def feed(self, event: dict, now: float) -> None:
+        """Apply one event from a pytest process's log."""
+        kind = event["event"]
+        if kind == "collected":
+            for key, names in event["runs"].items():
+                if key in self.expected:
+                    self.expected[key] = names
+        elif kind == "start":
+            self.running[f"{event['suite']}|{event['cell']}"] = (event["test"], now)
+        elif kind == "test":
+            key = f"{event['suite']}|{event['cell']}"
+            self.running.pop(key, None)
+            if key in self.tests:
+                self.tests[key].append(TestOutcome.from_event(event))
+        elif kind == "collect_error":
+            for key, run in self.runs.items():
+                if run.suite.name == event["suite"] and key not in self.closed:
+                    self.fail_run(key, "error", f"suite {event['suite']} could not be collected", event["text"])
+        elif kind == "finished":
+            self.pool_starts += event.get("pool_starts", 0)
+
+    def fail_run(self, key: str, status: str, message: str, text: str = "") -> None:
+        """Give every test of the run without a result `status`; a never-collected run gets one case."""
+        suite = self.runs[key].suite.name
+        reported = {t.test for t in self.tests[key]}
+        expected = self.expected[key]
+        missing = [suite] if expected is None and not reported else [n for n in expected or [] if n not in reported]
+        for name in missing:
+            self.tests[key].append(TestOutcome(suite, name, status, message=message, text=text))
+        self.closed.add(key)
+
+    def close_group(self, keys: Sequence[str], message: str, text: str) -> None:
+        """A process ended: its runs that are still incomplete get errors with the reason."""
+        for key in keys:
+            if not self.is_done(key):
+                self.fail_run(key, "error", message, text)
+            self.closed.add(key)
+
+    def is_done(self, key: str) -> bool:
+        if key in self.closed:
+            return True
+        expected = self.expected[key]
+        return expected is not None and len(self.tests[key]) >= len(expected)
+
+    def cell_runs(self, cell: Cell) -> list[SuiteRun]:
+        return [run for run in self.runs.values() if cell in run.covers]
+
+    def cell_done(self, cell: Cell) -> bool:
+        return all(self.is_done(run.key) for run in self.cell_runs(cell))
+
+    def for_cell(self, cell: Cell) -> list[tuple[SuiteRun, TestOutcome]]:
+        """Every test outcome that stands for this cell, with the run it came from."""
+        return [(run, outcome) for run in self.cell_runs(cell) for outcome in self.tests[run.key]]
+
+    def counts(self) -> dict[str, int]:
+        counts = dict.fromkeys(STATUSES, 0)
+        for outcomes in self.tests.values():
+            for outcome in outcomes:
+                counts[outcome.status] += 1
+        return counts

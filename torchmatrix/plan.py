@@ -1,0 +1,57 @@
+"""From selected cells to work: suite runs (one per distinct value of a suite's axes) and the
+pytest process groups that run them (one per world size, so a rank pool serves many cells)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from torchmatrix.cells import Cell
+from torchmatrix.config import Suite
+from torchmatrix.events import run_key
+
+
+@dataclass(frozen=True)
+class SuiteRun:
+    """A suite run for one representative cell; its result stands for every cell it covers."""
+
+    suite: Suite
+    cell: Cell
+    covers: tuple[Cell, ...]
+
+    @property
+    def key(self) -> str:
+        return run_key(self.suite.name, self.cell.id)
+
+
+@dataclass(frozen=True)
+class Group:
+    """Suite runs of one world size, run by one pytest process with one rank pool."""
+
+    name: str
+    world_size: int
+    runs: tuple[SuiteRun, ...]
+
+
+def plan_runs(cells: Sequence[Cell], suites: Mapping[str, Suite]) -> list[SuiteRun]:
+    """One run per suite per distinct combination of the axes the suite depends on.
+
+    The first selected cell with a combination runs it; later cells with the same combination
+    are covered by that run. World size is always part of the combination: it decides the pool.
+    """
+    runs = []
+    for suite in suites.values():
+        by_key: dict[tuple, list[Cell]] = {}
+        for cell in cells:
+            key = (cell.world_size,) + tuple(cell.get(axis) for axis in suite.axes)
+            by_key.setdefault(key, []).append(cell)
+        runs.extend(SuiteRun(suite, covered[0], tuple(covered)) for covered in by_key.values())
+    return runs
+
+
+def group_runs(runs: Sequence[SuiteRun]) -> list[Group]:
+    """Group runs by world size, largest first, so the widest groups start while slots are free."""
+    by_size: dict[int, list[SuiteRun]] = {}
+    for run in runs:
+        by_size.setdefault(run.cell.world_size, []).append(run)
+    return [Group(f"ws{size}", size, tuple(by_size[size])) for size in sorted(by_size, reverse=True)]

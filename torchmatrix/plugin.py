@@ -1,0 +1,207 @@
+"""The pytest plugin the runner loads into each suite process (`-p torchmatrix.plugin`).
+
+It parametrizes every suite test by the cells planned for it, gives tests the `cell`, `ranks`,
+`suite_options` and `components` fixtures, enforces the per-test deadline through the rank
+pool, and streams each result to the event log the runner turns into JUnit.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from torchmatrix.cells import Cell
+from torchmatrix.events import EventLog, run_key
+from torchmatrix.pool import RankFailure, RankPool
+
+PLAN_KEY = pytest.StashKey["CellPlan"]()
+NOT_PLANNED = "suites run through `python -m torchmatrix run`, which tells this plugin the cells to run"
+
+
+def pytest_addoption(parser):
+    parser.addoption("--torchmatrix-plan", metavar="PLAN.json", help="cells and suites for this process (written by the runner)")
+
+
+def pytest_configure(config):
+    path = config.getoption("--torchmatrix-plan")
+    if path:
+        plan = CellPlan(json.loads(Path(path).read_text()), Path(config.rootpath))
+        config.stash[PLAN_KEY] = plan
+        config.pluginmanager.register(plan, "torchmatrix-plan")
+
+
+class CellPlan:
+    """One process's share of the matrix: a world size, its suite runs, and their pool."""
+
+    def __init__(self, data: dict, rootpath: Path):
+        self.data = data
+        self.rootpath = rootpath
+        self.suites = data["suites"]
+        self.suite_by_path = {(rootpath / spec["path"]).resolve(): name for name, spec in self.suites.items()}
+        self.cells_by_suite: dict[str, list[Cell]] = {}
+        for run in data["runs"]:
+            self.cells_by_suite.setdefault(run["suite"], []).append(Cell(run["cell"]))
+        self.order = {run_key(r["suite"], Cell(r["cell"]).id): i for i, r in enumerate(data["runs"])}
+        self.events = EventLog(data["events"])
+        device = data["device"]
+        self.pool = RankPool(
+            data["world_size"],
+            device_type=device["device_type"],
+            backend=device["backend"],
+            threads_per_rank=data["threads_per_rank"],
+        )
+        self._reports: dict[str, list] = {}
+
+    def suite_of(self, path: Path) -> str | None:
+        return self.suite_by_path.get(Path(path).resolve())
+
+    def pytest_generate_tests(self, metafunc):
+        suite = self.suite_of(metafunc.definition.path)
+        if suite is None:
+            return
+        if "cell" not in metafunc.fixturenames:
+            raise pytest.UsageError(f"{metafunc.definition.nodeid}: every suite test must take the `cell` (or `ranks`) fixture, so its result belongs to a cell")
+        cells = self.cells_by_suite.get(suite, [])
+        metafunc.parametrize("cell", cells, ids=[c.id for c in cells])
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, items):
+        """Run cell by cell (in plan order) so results of whole cells arrive early."""
+        items.sort(key=lambda item: self.order.get(self._key(item), len(self.order)))
+        collected: dict[str, list[str]] = {key: [] for key in self.order}
+        for item in items:
+            key = self._key(item)
+            if key in collected:
+                collected[key].append(test_name(item))
+        self.events.write("collected", runs=collected)
+
+    def pytest_collectreport(self, report):
+        if report.failed:
+            suite = self.suite_of(Path(self.rootpath, report.nodeid.split("::")[0]))
+            self.events.write("collect_error", suite=suite, nodeid=report.nodeid, text=str(report.longrepr))
+
+    def pytest_runtest_logreport(self, report):
+        self._reports.setdefault(report.nodeid, []).append(report)
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(self, item, nextitem):
+        """Announce the test (so the runner can spot a hang), then record its combined outcome."""
+        cell = getattr(item, "callspec", None) and item.callspec.params.get("cell")
+        where = {"suite": self.suite_of(item.path), "cell": cell.id, "test": test_name(item)} if isinstance(cell, Cell) else None
+        if where:
+            self.events.write("start", **where)
+        yield
+        reports = self._reports.pop(item.nodeid, [])
+        if where and reports:
+            self.events.write("test", nodeid=item.nodeid, **where, **_outcome(reports))
+
+    def pytest_sessionfinish(self, session):
+        self.pool.close()
+        self.events.write("finished", pool_starts=self.pool.starts)
+        self.events.close()
+
+    def _key(self, item) -> str | None:
+        cell = getattr(item, "callspec", None) and item.callspec.params.get("cell")
+        suite = self.suite_of(item.path)
+        return run_key(suite, cell.id) if suite and isinstance(cell, Cell) else None
+
+
+def test_name(item) -> str:
+    """The test's name within its cell: the function name plus any parameters other than the cell."""
+    params = {k: v for k, v in getattr(item, "callspec", None).params.items() if k != "cell"} if hasattr(item, "callspec") else {}
+    if not params:
+        return item.originalname
+    return f"{item.originalname}[{','.join(f'{k}={v}' for k, v in params.items())}]"
+
+
+def _outcome(reports) -> dict:
+    """Fold setup/call/teardown reports into one result the way JUnit reads it.
+
+    A failing call is a failure; a failing setup or teardown is an error; otherwise a skip in
+    any phase is a skip (with its reason); otherwise the test passed.
+    """
+    result = {
+        "duration": sum(r.duration for r in reports),
+        "properties": [list(p) for r in reports for p in r.user_properties],
+        "stdout": reports[-1].capstdout,
+        "stderr": reports[-1].capstderr,
+        "status": "passed",
+        "message": "",
+        "text": "",
+    }
+    failed = [r for r in reports if r.failed]
+    skipped = [r for r in reports if r.skipped]
+    if failed:
+        first = failed[0]
+        crash = getattr(first.longrepr, "reprcrash", None)
+        text = first.longreprtext
+        result.update(
+            status="failed" if first.when == "call" else "error",
+            message=crash.message if crash is not None else (text.strip().splitlines() or ["failed"])[-1],
+            text=text,
+        )
+    elif skipped:
+        first = skipped[0]
+        if hasattr(first, "wasxfail"):
+            reason = f"expected failure: {first.wasxfail}"
+        else:
+            reason = first.longrepr[2] if isinstance(first.longrepr, tuple) else str(first.longrepr)
+        result.update(status="skipped", message=reason.removeprefix("Skipped: "))
+    return result
+
+
+@pytest.fixture
+def cell():
+    """The cell this test runs for; the plugin parametrizes it, so reaching here is a misuse."""
+    raise pytest.UsageError(NOT_PLANNED)
+
+
+@pytest.fixture(scope="session")
+def _cell_plan(request) -> CellPlan:
+    plan = request.config.stash.get(PLAN_KEY, None)
+    if plan is None:
+        raise pytest.UsageError(NOT_PLANNED)
+    return plan
+
+
+class Ranks:
+    """What a test holds to run functions on every rank of its cell, under the test's deadline."""
+
+    def __init__(self, pool: RankPool, cell: Cell, timeout: float):
+        self.pool = pool
+        self.cell = cell
+        self.timeout = timeout
+        self.world_size = pool.world_size
+        pool.start()
+        self.deadline = time.monotonic() + timeout
+
+    def run(self, fn, *args) -> list:
+        """fn(*args) on every rank; one result per rank, in rank order."""
+        __tracebackhide__ = True
+        try:
+            return self.pool.run(fn, args, deadline=self.deadline)
+        except RankFailure as failure:
+            if time.monotonic() >= self.deadline:
+                raise RankFailure(f"deadline of {self.timeout:.0f}s per test exceeded in cell {self.cell.id}: {failure}") from None
+            raise RankFailure(f"cell {self.cell.id}: {failure}") from None
+
+
+@pytest.fixture
+def ranks(request, cell, _cell_plan) -> Ranks:
+    suite = _cell_plan.suite_of(request.node.path)
+    return Ranks(_cell_plan.pool, cell, _cell_plan.suites[suite]["timeout"])
+
+
+@pytest.fixture
+def suite_options(request, _cell_plan) -> dict:
+    """The suite's `[suites.<name>.options]` table from matrix.toml."""
+    return dict(_cell_plan.suites[_cell_plan.suite_of(request.node.path)].get("options", {}))
+
+
+@pytest.fixture
+def components(_cell_plan) -> dict:
+    """Import paths from matrix.toml `[components]`; resolve them with torchmatrix.components.load."""
+    return dict(_cell_plan.data["components"])

@@ -1,0 +1,43 @@
+"""Terminal progress: one line per finished cell with running totals, elapsed time and ETA.
+
+Plain lines (no cursor tricks) so the same output reads well in a terminal and in a CI log.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Mapping
+from typing import TextIO
+
+
+def format_seconds(seconds: float) -> str:
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
+
+
+class Progress:
+    """Prints `[k/N] torch V cell-id: status | totals | elapsed, ETA` as cells finish."""
+
+    def __init__(self, version: str, total_cells: int, stream: TextIO = sys.stdout):
+        self.version = version
+        self.total = total_cells
+        self.done = 0
+        self.stream = stream
+        self.started = time.monotonic()
+
+    def say(self, text: str) -> None:
+        print(text, file=self.stream, flush=True)
+
+    def cell_finished(self, cell_id: str, statuses: list[str], totals: Mapping[str, int]) -> None:
+        self.done += 1
+        elapsed = time.monotonic() - self.started
+        eta = elapsed / self.done * (self.total - self.done)
+        worst = next((s for s in ("error", "failed", "passed", "skipped") if s in statuses), "no tests")
+        width = len(str(self.total))
+        self.say(
+            f"[{self.done:>{width}}/{self.total}] torch {self.version} {cell_id}: {worst} ({len(statuses)} tests)"
+            f" | {totals['passed']} passed, {totals['failed']} failed, {totals['error']} errors, {totals['skipped']} skipped"
+            f" | {format_seconds(elapsed)} elapsed, ETA {format_seconds(eta)}"
+        )

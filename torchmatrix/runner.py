@@ -1,0 +1,237 @@
+"""`torchmatrix run`: run the selected cells of one torch version and write their reports.
+
+Layout of a run directory (shared by every torch version of one nox invocation):
+
+    reports/<run-id>/torch-<V>/<cell-id>.xml   one JUnit file per cell
+    reports/<run-id>/torch-<V>/plan.json       what was planned: cells, filters, environment
+    reports/<run-id>/torch-<V>/logs/           pytest logs, event logs and plans per group
+    reports/<run-id>/junit.xml                 every cell of every version, merged
+    reports/latest -> <run-id>
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from torchmatrix import junit
+from torchmatrix.cells import Cell
+from torchmatrix.config import Matrix
+from torchmatrix.devices import Environment, ProbeError, probe
+from torchmatrix.outcomes import OutcomeBook
+from torchmatrix.plan import Group, SuiteRun, group_runs, plan_runs
+from torchmatrix.progress import Progress
+from torchmatrix.schedule import GroupProcess, Scheduler
+from torchmatrix.selection import Shard, select_cells
+
+INTERRUPTED_EXIT = 130
+INSTALL_LOG_TAIL_LINES = 40
+
+
+class RunError(Exception):
+    """A problem that stops the run before any cell starts; the message says what to change."""
+
+
+@dataclass
+class RunRequest:
+    """Everything `torchmatrix run` was asked to do."""
+
+    matrix: Matrix
+    version: str
+    reports: Path
+    run_id: str
+    only: dict = field(default_factory=dict)
+    keyword: str | None = None
+    shard: Shard | None = None
+    install_log: Path | None = None
+
+    @property
+    def run_dir(self) -> Path:
+        return self.reports / self.run_id
+
+    @property
+    def version_dir(self) -> Path:
+        return self.run_dir / f"torch-{self.version}"
+
+
+def new_run_id() -> str:
+    """Sortable and unique per process, so two runs started at once never share a directory."""
+    return time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
+
+
+def prepare_directory(path: Path) -> None:
+    """Create `path` and prove it is writable, before any cell runs."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe_file = path / f".write-test-{os.getpid()}"
+        probe_file.write_text("")
+        probe_file.unlink()
+    except OSError as error:
+        raise RunError(f"cannot write reports to {path} ({error.strerror}); pass --reports DIR with a writable directory") from None
+
+
+def point_latest(reports: Path, run_id: str) -> None:
+    """Atomically repoint reports/latest at a finished run."""
+    link = reports / "latest"
+    temporary = reports / f".latest-{os.getpid()}"
+    if temporary.is_symlink():
+        temporary.unlink()
+    os.symlink(run_id, temporary)
+    os.replace(temporary, link)
+
+
+def run_version(request: RunRequest, stream=sys.stdout) -> int:
+    """Run the cells of one torch version; return 0 (all passed or skipped), 1 (failures) or 130."""
+    matrix = request.matrix
+    cells = select_cells(matrix.cells(), only=request.only, keyword=request.keyword, shard=request.shard)
+    prepare_directory(request.version_dir / "logs")
+    runs = plan_runs(cells, matrix.suites)
+    book = OutcomeBook(runs)
+    progress = Progress(request.version, len(cells), stream)
+    environment = _environment(request, book)
+    progress.say(f"torchmatrix: torch {request.version}, {len(cells)} cells, {len(runs)} suite runs, device: {environment['device']}")
+    interrupted = False
+    if "device_type" in environment:
+        try:
+            _run_cells(request, cells, runs, book, environment, progress)
+        except KeyboardInterrupt:
+            interrupted = True
+    _write_reports(request, cells, book, environment)
+    totals = book.counts()
+    progress.say(
+        f"torchmatrix: torch {request.version}: {totals['passed']} passed, {totals['failed']} failed, "
+        f"{totals['error']} errors, {totals['skipped']} skipped; merged report: {request.run_dir / junit.MERGED_NAME}"
+    )
+    if interrupted:
+        return INTERRUPTED_EXIT
+    return 1 if totals["failed"] or totals["error"] else 0
+
+
+def _environment(request: RunRequest, book: OutcomeBook) -> dict:
+    """Probe this environment's torch; when it is unusable, every planned run errors with why."""
+    if request.install_log is not None:
+        tail = _tail(request.install_log)
+        _fail_all(book, f"torch=={request.version} failed to install (see {request.install_log})", tail)
+        return {"device": "none (torch did not install)"}
+    try:
+        environment = probe()
+    except ProbeError as error:
+        _fail_all(book, str(error), "")
+        return {"device": "none (torch is not importable)"}
+    if request.version != "system" and environment.base_version != request.version:
+        _fail_all(book, f"this environment has torch {environment.torch}, not {request.version}; rebuild the virtualenv (run nox without -R) or pass --torch system", "")
+        return {**environment.to_json()}
+    return _with_launch_details(environment)
+
+
+def _with_launch_details(environment: Environment) -> dict:
+    return {**environment.to_json(), "device_type": environment.device_type, "backend": environment.backend}
+
+
+def _fail_all(book: OutcomeBook, message: str, text: str) -> None:
+    for key in book.runs:
+        book.fail_run(key, "error", message, text)
+
+
+def _tail(path: Path) -> str:
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError as error:
+        return f"(cannot read {path}: {error.strerror})"
+    return "\n".join(lines[-INSTALL_LOG_TAIL_LINES:])
+
+
+def _run_cells(request: RunRequest, cells: list[Cell], runs: list[SuiteRun], book: OutcomeBook, environment: dict, progress: Progress) -> None:
+    gpu_count = environment["gpu_count"]
+    runnable = []
+    for run in runs:
+        if environment["device_type"] == "cuda" and run.cell.world_size > gpu_count:
+            book.fail_run(run.key, "skipped", f"needs {run.cell.world_size} GPUs; this machine has {gpu_count}")
+        else:
+            runnable.append(run)
+    finished: set[Cell] = set()
+
+    def report_finished_cells() -> None:
+        for cell in cells:
+            if cell not in finished and book.cell_done(cell):
+                finished.add(cell)
+                progress.cell_finished(cell.id, [o.status for _, o in book.for_cell(cell)], book.counts())
+
+    def start(group: Group, gpus: list[int], slots: int) -> GroupProcess:
+        return _start_group(request, group, environment, gpus, slots)
+
+    report_finished_cells()
+    scheduler = Scheduler(
+        group_runs(runnable),
+        book,
+        start=start,
+        slots=len(os.sched_getaffinity(0)),
+        gpu_ids=list(range(gpu_count)),
+        on_update=report_finished_cells,
+    )
+    scheduler.run()
+    report_finished_cells()
+
+
+def _start_group(request: RunRequest, group: Group, environment: dict, gpus: list[int], slots: int) -> GroupProcess:
+    """Write the group's plan and start `pytest -p torchmatrix.plugin` on its suites."""
+    logs = request.version_dir / "logs"
+    events = logs / f"{group.name}.events.jsonl"
+    plan = logs / f"{group.name}.plan.json"
+    suites = {run.suite.name: run.suite for run in group.runs}
+    plan.write_text(
+        json.dumps(
+            {
+                "torch": request.version,
+                "world_size": group.world_size,
+                "device": environment,
+                "events": str(events),
+                "threads_per_rank": max(1, slots // group.world_size),
+                "components": request.matrix.components,
+                "suites": {name: {"path": s.path, "timeout": s.timeout, "options": s.options} for name, s in suites.items()},
+                "runs": [{"suite": run.suite.name, "cell": run.cell.to_json()} for run in group.runs],
+            },
+            indent=2,
+        )
+    )
+    command = [
+        sys.executable, "-m", "pytest",
+        "-p", "torchmatrix.plugin",
+        "-p", "no:cacheprovider",
+        "--torchmatrix-plan", str(plan),
+        "--rootdir", str(request.matrix.root),
+        "-q",
+        *sorted({s.path for s in suites.values()}),
+    ]  # fmt: skip
+    env = dict(os.environ)
+    if gpus:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
+    return GroupProcess.start(group, command, cwd=request.matrix.root, env=env, log=logs / f"{group.name}.log", events=events, gpus=gpus, slots=slots)
+
+
+def _write_reports(request: RunRequest, cells: list[Cell], book: OutcomeBook, environment: dict) -> None:
+    for cell in cells:
+        suite = junit.cell_report(request.version, environment, cell, book.for_cell(cell))
+        junit.write_suites(request.version_dir / f"{cell.id}.xml", [suite])
+    (request.version_dir / "plan.json").write_text(
+        json.dumps(
+            {
+                "torch": request.version,
+                "matrix": str(request.matrix.path),
+                "matrix_sha256": request.matrix.digest,
+                "only": {axis: sorted(values) for axis, values in request.only.items()},
+                "keyword": request.keyword,
+                "shard": str(request.shard) if request.shard else None,
+                "environment": environment,
+                "cells": [cell.id for cell in cells],
+                "pool_starts": book.pool_starts,
+            },
+            indent=2,
+        )
+    )
+    junit.merge_run(request.run_dir)
+    point_latest(request.reports, request.run_id)

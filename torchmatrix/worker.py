@@ -1,0 +1,97 @@
+"""The rank process: join the process group once, then run the functions the pool sends.
+
+Started by `RankPool` as `python -m torchmatrix.worker FD RANK WORLD_SIZE STACK_FILE`, with FD one
+end of a socket pair. Messages are pickled tuples; results go back as ("ok", value) or
+("error", traceback text). SIGUSR1 writes every thread's Python stack to STACK_FILE, which is how
+the pool shows where a hung rank is stuck.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import pickle
+import signal
+import sys
+import traceback
+from multiprocessing.connection import Connection
+
+RENDEZVOUS_TIMEOUT_S = 120
+
+
+def current_device():
+    """The torch.device this rank computes on: its own GPU on CUDA boxes, else the CPU."""
+    import torch
+
+    if os.environ.get("TORCHMATRIX_DEVICE") == "cuda":
+        return torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+    return torch.device("cpu")
+
+
+def _join_process_group(conn: Connection, rank: int, world_size: int) -> None:
+    """Rank 0 hosts the TCPStore on a port the OS picks, so parallel cells never collide."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    timeout = timedelta(seconds=RENDEZVOUS_TIMEOUT_S)
+    if rank == 0:
+        store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, timeout=timeout, wait_for_workers=False)
+        conn.send_bytes(pickle.dumps(("port", store.port)))
+    else:
+        _, port = pickle.loads(conn.recv_bytes())
+        store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False, timeout=timeout)
+    device = current_device()
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(
+        backend=os.environ["TORCHMATRIX_BACKEND"],
+        store=store,
+        rank=rank,
+        world_size=world_size,
+        timeout=timeout,
+        device_id=device if device.type == "cuda" else None,
+    )
+    dist.barrier()
+
+
+def _serve(conn: Connection) -> None:
+    while True:
+        try:
+            payload = conn.recv_bytes()
+        except EOFError:
+            return
+        try:
+            kind, fn, args = pickle.loads(payload)
+            if kind == "exit":
+                return
+            reply = ("ok", fn(*args))
+        except BaseException:
+            reply = ("error", traceback.format_exc())
+        try:
+            data = pickle.dumps(reply)
+        except Exception:
+            data = pickle.dumps(("error", "the rank function returned a value that cannot be pickled:\n" + traceback.format_exc()))
+        conn.send_bytes(data)
+
+
+def main(argv: list[str]) -> None:
+    fd, rank, world_size, stack_file = int(argv[0]), int(argv[1]), int(argv[2]), argv[3]
+    conn = Connection(fd)
+    stacks = open(stack_file, "a")
+    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
+    faulthandler.enable(file=sys.stderr)
+    sys.path[:] = pickle.loads(conn.recv_bytes())
+    try:
+        _join_process_group(conn, rank, world_size)
+    except BaseException:
+        conn.send_bytes(pickle.dumps(("error", traceback.format_exc())))
+        return
+    conn.send_bytes(pickle.dumps(("ready", os.getpid())))
+    _serve(conn)
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
