@@ -17,6 +17,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import FullyShardedDataParallel
+from torch.distributed.tensor import DTensor
+
+from torchmatrix.components import load
+from torchmatrix.worker import current_device
 
 SEED = 0
 DROPOUT = 0.1
@@ -59,8 +66,6 @@ def clean_name(name: str) -> str:
 
 def local_tensor(tensor):
     """This rank's shard of a DTensor (FSDP2), or the tensor itself (FSDP1 flat-param views, no FSDP)."""
-    from torch.distributed.tensor import DTensor
-
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
@@ -70,9 +75,6 @@ def local_gradients(model) -> dict:
 
 def full_gradients(model) -> dict:
     """Unsharded gradients: DTensor.full_tensor for FSDP2, summon_full_params(with_grads=True) for FSDP1."""
-    from torch.distributed.fsdp import FullyShardedDataParallel
-    from torch.distributed.tensor import DTensor
-
     if isinstance(model, FullyShardedDataParallel):
         with FullyShardedDataParallel.summon_full_params(model, with_grads=True):
             return {clean_name(n): p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
@@ -98,8 +100,6 @@ def cache_tensors(snapshot: dict) -> dict:
 
 def drift(actual, expected) -> tuple[float, float]:
     """Max absolute and max relative difference (0/0 counts as 0, x/0 as inf), in float64."""
-    import torch
-
     if actual.numel() == 0:
         return 0.0, 0.0
     actual, expected = actual.double(), expected.double()
@@ -110,8 +110,6 @@ def drift(actual, expected) -> tuple[float, float]:
 
 def mismatch(actual, expected, precision: Precision) -> str | None:
     """None when the tensors agree under ``precision``, else why not (shape or max abs/rel diff)."""
-    import torch
-
     if actual.shape != expected.shape:
         return f"shape {tuple(actual.shape)} vs {tuple(expected.shape)}"
     try:
@@ -149,12 +147,6 @@ class StepRecord:
 
 def train_step(cell, components: dict, precision: Precision, dropout: float, checkpointing: bool) -> StepRecord:
     """Build, wrap, and run one forward+backward on this rank; failures say which stage broke."""
-    import torch
-    import torch.distributed as dist
-
-    from torchmatrix.components import load
-    from torchmatrix.worker import current_device
-
     build_model, parallelize, make_batch = (load(components[name]) for name in ("model", "parallelize", "batch"))
     device = current_device()
     rank = dist.get_rank() if dist.is_initialized() else 0
@@ -231,41 +223,61 @@ def inspect_recompute(cell, components: dict, precision: Precision, dropout: flo
 
 def failure_text(cell, precision: Precision, headline: str, problems_by_rank: dict[int, list[str]]) -> str:
     lines = [f"cell {cell.id} ({precision.describe()}): {headline}"]
-    for rank, problems in problems_by_rank.items():
+    for rank, problems in sorted(problems_by_rank.items()):
         lines += [f"  rank {rank}: {problem}" for problem in problems]
     return "\n".join(lines)
 
 
-@pytest.mark.parametrize("dropout", [0.0, DROPOUT])
-def test_gradients_match_without_checkpointing(cell, ranks, components, suite_options, record_property, dropout):
-    """Same seed, batch and sharding: checkpointing must leave losses and every gradient unchanged."""
-    precision = precision_from(suite_options)
-    results = ranks.run(compare_gradients, cell, components, precision, dropout)
+def record_drift(record_property, results: list[dict]) -> None:
+    """Max abs/rel difference per full gradient (worst rank) and of the loss, for the drift report."""
     for name in sorted(results[0]["drift"]):
         record_property(f"grad_max_abs/{name}", max(r["drift"][name][0] for r in results if name in r["drift"]))
         record_property(f"grad_max_rel/{name}", max(r["drift"][name][1] for r in results if name in r["drift"]))
     record_property("loss_max_abs", max(abs(r["loss"][0] - r["loss"][1]) for r in results))
 
+
+@pytest.mark.parametrize("dropout", [0.0, DROPOUT])
+def test_gradients_match_without_checkpointing(cell, ranks, components, suite_options, record_property, dropout):
+    """Same seed, batch and sharding: checkpointing must leave the loss and every gradient unchanged.
+
+    dropout=0 isolates the KV-cache recompute order; dropout>0 adds the RNG replay of recompute.
+    """
+    precision = precision_from(suite_options)
+    results = ranks.run(compare_gradients, cell, components, precision, dropout)
+    record_drift(record_property, results)
+
     init = {rank: r["init"] for rank, r in enumerate(results) if r["init"]}
-    assert not init, failure_text(cell, precision, "the two models differ before training; the model factory is not deterministic under torch.manual_seed", init)
-    losses = {rank: [f"loss {r['loss'][1]!r} with checkpointing vs {r['loss'][0]!r} without: {r['loss'][2]}"] for rank, r in enumerate(results) if r["loss"][2]}
-    grads = {rank: r["local"] + r["full"] for rank, r in enumerate(results) if r["local"] or r["full"]}
-    assert not (losses or grads), failure_text(
-        cell, precision, f"checkpointing changed the loss or gradients (dropout={dropout})", {rank: losses.get(rank, []) + grads.get(rank, []) for rank in sorted(losses.keys() | grads.keys())}
+    assert not init, failure_text(
+        cell, precision, "the two models differ before training: the model factory is not deterministic under torch.manual_seed", init
+    )
+    problems = {}
+    for rank, result in enumerate(results):
+        without_ckpt, with_ckpt, loss_reason = result["loss"]
+        found = [f"loss {with_ckpt!r} vs {without_ckpt!r}: {loss_reason}"] if loss_reason else []
+        found += result["local"] + result["full"]
+        if found:
+            problems[rank] = found
+    assert not problems, failure_text(
+        cell, precision, f"checkpointing changed the loss or gradients (dropout={dropout}; with checkpointing first, without second)", problems
     )
 
 
 def test_recompute_reruns_layers_and_rewrites_cache_identically(cell, ranks, components, suite_options):
-    """Backward must re-execute every checkpointed layer body, and those reruns must leave the KV cache as forward did."""
+    """Backward must re-execute every checkpointed layer body, and the reruns must leave the KV cache as forward did."""
     precision = precision_from(suite_options)
     results = ranks.run(inspect_recompute, cell, components, precision, DROPOUT)
-    problems: dict[int, list[str]] = {}
+    problems = {}
     for rank, result in enumerate(results):
         after_forward, after_backward = result["calls"]["with"]
-        problems[rank] = [f"layer {layer} body ran {after_forward}x in forward and not again in backward" for layer in after_forward if after_backward[layer] <= after_forward[layer]]
+        found = [
+            f"layer {layer}: body ran {after_forward[layer]}x in forward and not again in backward with checkpointing"
+            for layer in after_forward
+            if after_backward[layer] <= after_forward[layer]
+        ]
         plain_forward, plain_backward = result["calls"]["without"]
-        problems[rank] += [f"layer {layer} body ran during backward without checkpointing" for layer in plain_forward if plain_backward[layer] != plain_forward[layer]]
-        problems[rank] += [f"{p} (after forward, with vs without checkpointing)" for p in result["cache_forward"]]
-        problems[rank] += [f"{p} (after backward vs after forward, with checkpointing)" for p in result["cache_backward"]]
-    problems = {rank: found for rank, found in problems.items() if found}
-    assert not problems, failure_text(cell, precision, "recompute did not rerun the layers, or rewrote the KV cache differently", problems)
+        found += [f"layer {layer}: body ran again in backward without checkpointing" for layer in plain_forward if plain_backward[layer] != plain_forward[layer]]
+        found += [f"{p} (after forward; with checkpointing first, without second)" for p in result["cache_forward"]]
+        found += [f"{p} (with checkpointing; after backward first, after forward second)" for p in result["cache_backward"]]
+        if found:
+            problems[rank] = found
+    assert not problems, failure_text(cell, precision, "recompute did not rerun the layers, or left the KV cache different from forward", problems)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from junitparser import Error, Failure, JUnitXml, Skipped, TestCase, TestSuite
 
-from torchmatrix.cells import Cell, value_token
+from torchmatrix.cells import Cell, filter_token
 from torchmatrix.outcomes import TestOutcome
 from torchmatrix.plan import SuiteRun
 
@@ -48,7 +48,7 @@ def cell_report(version: str, environment: dict, cell: Cell, outcomes: Sequence[
     suite.add_property("device", xml_text(environment.get("device", "unknown")))
     suite.add_property("cell", xml_text(cell.id))
     for axis, value in cell.items():
-        suite.add_property(f"axis.{axis}", xml_text(value_token(axis, value) if axis == "world_size" else value))
+        suite.add_property(f"axis.{axis}", xml_text(filter_token(value)))
     ran_in = {}
     for run, outcome in outcomes:
         if run.cell != cell:

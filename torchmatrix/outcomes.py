@@ -99,9 +99,10 @@ class OutcomeBook:
         """Every test outcome that stands for this cell, with the run it came from."""
         return [(run, outcome) for run in self.cell_runs(cell) for outcome in self.tests[run.key]]
 
-    def counts(self) -> dict[str, int]:
+    def counts(self, cells: Sequence[Cell]) -> dict[str, int]:
+        """Testcases per status over the cells, counted as the JUnit report shows them."""
         counts = dict.fromkeys(STATUSES, 0)
-        for outcomes in self.tests.values():
-            for outcome in outcomes:
+        for cell in cells:
+            for _, outcome in self.for_cell(cell):
                 counts[outcome.status] += 1
         return counts

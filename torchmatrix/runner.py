@@ -101,7 +101,7 @@ def run_version(request: RunRequest, stream=sys.stdout) -> int:
         except KeyboardInterrupt:
             interrupted = True
     _write_reports(request, cells, book, environment)
-    totals = book.counts()
+    totals = book.counts(cells)
     progress.say(
         f"torchmatrix: torch {request.version}: {totals['passed']} passed, {totals['failed']} failed, "
         f"{totals['error']} errors, {totals['skipped']} skipped; merged report: {request.run_dir / junit.MERGED_NAME}"
@@ -159,7 +159,7 @@ def _run_cells(request: RunRequest, cells: list[Cell], runs: list[SuiteRun], boo
         for cell in cells:
             if cell not in finished and book.cell_done(cell):
                 finished.add(cell)
-                progress.cell_finished(cell.id, [o.status for _, o in book.for_cell(cell)], book.counts())
+                progress.cell_finished(cell.id, [o.status for _, o in book.for_cell(cell)], book.counts(finished))
 
     def start(group: Group, gpus: list[int], slots: int) -> GroupProcess:
         return _start_group(request, group, environment, gpus, slots)

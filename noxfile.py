@@ -1,0 +1,46 @@
+"""Nox sessions of torchmatrix: declarations only; the bodies live in torchmatrix.sessions.
+
+    nox -s gpu_matrix                          every torch version in matrix.toml
+    nox -s "gpu_matrix(torch='2.14.1')" -- --only fsdp=fsdp2 --shard 1/4
+    nox -s report -- reports/<run-id>
+    nox -s tests
+"""
+
+import os
+import sys
+
+import nox
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from torchmatrix import sessions  # noqa: E402
+from torchmatrix.config import load_matrix  # noqa: E402
+from torchmatrix.runner import new_run_id  # noqa: E402
+
+MATRIX = load_matrix(os.environ.get("TORCHMATRIX_CONFIG", "matrix.toml"))
+RUN_ID = os.environ.get("TORCHMATRIX_RUN_ID") or new_run_id()
+
+
+@nox.session
+@nox.parametrize("torch", [v for v in MATRIX.versions if v != "system"])
+def gpu_matrix(session, torch):
+    """Run every suite over every cell for one torch version (one venv per version)."""
+    sessions.gpu_matrix(session, torch, RUN_ID)
+
+
+@nox.session
+def report(session):
+    """Merge a run directory (default reports/latest) into junit.xml."""
+    sessions.report(session)
+
+
+@nox.session
+def tests(session):
+    """The runner's own tests (pytest-xdist), on the baseline torch."""
+    sessions.tests(session, MATRIX.baseline)
+
+
+@nox.session
+def lint(session):
+    """ruff over the project."""
+    sessions.lint(session)

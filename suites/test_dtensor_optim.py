@@ -1,0 +1,356 @@
+"""dtensor_optim suite (../shared/seeds/dtensor-optimizer-state.txt): with sharded params, the
+optimizer's param-shaped state must be laid out like its param, DCP must store it as one chunk
+per rank, and it must load back exactly into a different number of ranks.
+
+TransformerEngine's FusedAdam once turned the state of DTensor params into plain local tensors,
+so DCP saved each rank's shard as if it were the whole tensor. Each test here catches that
+class of bug for whichever model, wrapper and optimizer matrix.toml names as components.
+
+Every check runs twice: on the `model` component, and on a probe model whose first dims (7, 5)
+split unevenly over 2 and 4 ranks, since a state wrapped without its global shape is only
+wrong on uneven shards. Functions named `on_rank_*` run in every rank process.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from contextlib import contextmanager
+from typing import NamedTuple
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
+
+from models.dcp_layout import read_layouts
+from torchmatrix import components as component_paths
+from torchmatrix.worker import current_device
+
+LR = 1e-2
+SAVE_SEED, LOAD_SEED = 0, 1
+BF16_PARAM_OPTIMIZERS = {"precision_aware", "te_fused_adam"}
+MODEL_KINDS = ("model", "uneven_probe")
+RESHARDS = [(2, 1), (1, 2), (4, 2), (2, 4)]
+FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+# ---- main process: which cells and components this suite can check --------------------------
+
+
+@pytest.fixture(autouse=True)
+def sharded_params(cell):
+    """Skip cells without a data-parallel wrapper: their params and state are plain tensors."""
+    if cell["fsdp"] == "none":
+        pytest.skip("fsdp=none: params are plain tensors, so there is no sharded optimizer state to check")
+
+
+@pytest.fixture(params=MODEL_KINDS)
+def model_kind(request) -> str:
+    """The `model` component, or the suite's own probe with uneven shards."""
+    return request.param
+
+
+@pytest.fixture
+def recipe(cell, components, model_kind) -> Recipe:
+    """What every rank needs to build the stack; a component whose module needs a package that
+    is not installed (TransformerEngine on a CPU box) skips the cell with that reason."""
+    optimizer_key = f"optimizer_{cell['optimizer']}"
+    if optimizer_key not in components:
+        pytest.fail(f"matrix.toml [components] has no {optimizer_key!r} for optimizer={cell['optimizer']!r}")
+    try:
+        component_paths.load(components[optimizer_key])
+    except ModuleNotFoundError as missing:
+        pytest.skip(f"optimizer={cell['optimizer']}: {components[optimizer_key]} needs {missing.name!r}, which is not installed here")
+    return Recipe(dict(components), cell, model_kind)
+
+
+def _merged(per_rank: list[list[str]]) -> list[str]:
+    return [f"rank {rank}: {line}" for rank, lines in enumerate(per_rank) if lines for line in lines]
+
+
+# ---- the tests -------------------------------------------------------------------------------
+
+
+def test_state_is_laid_out_like_its_param(cell, ranks, recipe):
+    """After a step, every non-scalar state of a DTensor param is a DTensor with the param's
+    mesh, placements, global shape and stride, and a local shard of the param's local shape."""
+    if cell["fsdp"] != "fsdp2":
+        pytest.skip(f"fsdp={cell['fsdp']}: params are flat-parameter views, not DTensors; test_saved_state_is_sharded covers this cell")
+    results = ranks.run(on_rank_state_layout, recipe)
+    assert not (problems := _merged([r["problems"] for r in results])), "\n".join(problems)
+    if ranks.world_size > 1:
+        uneven = results[0]["uneven_params"]
+        assert recipe.model_kind == "model" or uneven, f"the uneven probe has no param split unevenly over {ranks.world_size} ranks"
+
+
+def test_saved_state_is_sharded(cell, ranks, recipe, tmp_path, record_property):
+    """DCP's metadata shows every param-shaped state stored once, one chunk per rank, at the
+    param's global shape: not a single rank's shard posing as the whole tensor."""
+    checkpoint = tmp_path / "sharded-save"
+    expected = ranks.run(on_rank_save, recipe, str(checkpoint))[0]
+    layouts = read_layouts(checkpoint)
+    problems, stored, full = [], 0, 0
+    for key, shape in sorted(expected.items()):
+        layout = layouts.get(key)
+        if layout is None:
+            problems.append(f"{key}: not in the checkpoint")
+            continue
+        stored, full = stored + layout.stored_bytes, full + layout.full_copy_bytes
+        print(layout.describe())
+        wanted_chunks = _nonempty_shards(shape, ranks.world_size)
+        if layout.size != shape:
+            problems.append(f"{layout.describe()}; the param is {list(shape)}")
+        elif not layout.covers_exactly_once():
+            problems.append(f"{layout.describe()}; chunks do not cover the tensor exactly once")
+        elif len(layout.stored_chunks) != wanted_chunks or len(set(layout.writers)) != wanted_chunks:
+            problems.append(f"{layout.describe()}; expected {wanted_chunks} chunks, one per rank")
+    record_property("sharded_states", len(expected))
+    record_property("sharded_stored_bytes", stored)
+    record_property("sharded_full_copy_bytes", full)
+    assert expected, "the optimizer saved no param-shaped state after a step"
+    assert not problems, f"{len(problems)} of {len(expected)} param-shaped states are not stored sharded:\n" + "\n".join(problems)
+
+
+@pytest.mark.parametrize("reshard", RESHARDS, ids=[f"{a}to{b}" for a, b in RESHARDS])
+def test_reshard_load_is_exact(cell, ranks, recipe, reshard, tmp_path, record_property):
+    """Save model and optimizer at one world size, load them into a fresh stack built from
+    another seed at another world size: every full tensor is identical, and a step after the
+    load runs and keeps DTensor state laid out like its param."""
+    src, dst = reshard
+    if max(src, dst) > ranks.world_size:
+        pytest.skip(f"reshard {src}->{dst} needs {max(src, dst)} ranks; this cell has {ranks.world_size}")
+    parallelize = component_paths.load(recipe.components["parallelize"])
+    if "mesh" not in inspect.signature(parallelize).parameters:
+        pytest.skip(f"{recipe.components['parallelize']} takes no `mesh` argument, so it cannot build the {min(src, dst)}-rank world a reshard needs")
+    results = ranks.run(on_rank_reshard, recipe, str(tmp_path / f"reshard-{src}to{dst}"), src, dst)
+    report = results[0]
+    record_property("reshard_tensors_compared", report["compared"])
+    assert report["compared"], "nothing was compared: the saved state is empty"
+    assert not report["mismatches"], f"reshard {src}->{dst}: {len(report['mismatches'])} of {report['compared']} tensors differ after load:\n" + "\n".join(report["mismatches"])
+    assert not (problems := _merged([r["problems"] for r in results])), f"after a step at {dst} ranks:\n" + "\n".join(problems)
+
+
+def _nonempty_shards(shape: tuple[int, ...], world_size: int) -> int:
+    """How many ranks hold a non-empty piece when dim 0 is split the way torch.chunk does."""
+    if not shape:
+        return 1
+    per_rank = math.ceil(shape[0] / world_size)
+    return math.ceil(shape[0] / per_rank) if per_rank else 0
+
+
+# ---- rank side: building the stack ------------------------------------------------------------
+
+
+class Recipe(NamedTuple):
+    """Picklable instructions for building the stack under test in a rank process."""
+
+    components: dict
+    cell: object
+    model_kind: str
+
+    def build(self, seed: int, mesh: DeviceMesh | None = None) -> tuple[nn.Module, torch.optim.Optimizer]:
+        """Model (from `seed`) wrapped by the `parallelize` component over `mesh` (all ranks when
+        None), and the cell's optimizer component over its params."""
+        device = current_device()
+        dtype = torch.bfloat16 if self.cell["optimizer"] in BF16_PARAM_OPTIMIZERS else torch.float32
+        build_model = component_paths.load(self.components["model"]) if self.model_kind == "model" else build_uneven_probe
+        torch.manual_seed(seed)
+        model = build_model(self.cell, dtype=dtype)
+        parallelize = component_paths.load(self.components["parallelize"])
+        model = parallelize(model, self.cell, device=device, **({"mesh": mesh} if mesh is not None else {}))
+        build_optimizer = component_paths.load(self.components[f"optimizer_{self.cell['optimizer']}"])
+        return model, build_optimizer(model.parameters(), lr=LR)
+
+    def train_step(self, model: nn.Module, optimizer: torch.optim.Optimizer, seed: int) -> None:
+        make_batch = component_paths.load(self.components["batch"]) if self.model_kind == "model" else make_probe_batch
+        batch = make_batch(model, seed=seed + dist.get_rank(), device=current_device())
+        model(**batch).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+
+class ProbeBlock(nn.Module):
+    """One sharding unit of the probe: a linear map whose output dim is its weight's first dim."""
+
+    def __init__(self, width_in: int, width_out: int):
+        super().__init__()
+        self.checkpointing = False
+        self.proj = nn.Linear(width_in, width_out)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.proj(hidden))
+
+
+class ProbeOutput(NamedTuple):
+    loss: torch.Tensor
+
+
+class UnevenProbe(nn.Module):
+    """8 -> 7 -> 5 -> 8: weights [7, 8], [5, 7] and biases [7], [5] split unevenly over 2 and 4
+    ranks (over 4, the 5-row weight leaves one rank empty); offers `decoder_layers()` as the
+    `parallelize` component expects."""
+
+    WIDTHS = (8, 7, 5)
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList(ProbeBlock(a, b) for a, b in zip(self.WIDTHS, self.WIDTHS[1:]))
+        self.head = nn.Linear(self.WIDTHS[-1], self.WIDTHS[0])
+
+    def decoder_layers(self) -> list[nn.Module]:
+        return list(self.blocks)
+
+    def forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> ProbeOutput:
+        hidden = inputs
+        for block in self.blocks:
+            hidden = block(hidden)
+        return ProbeOutput(nn.functional.mse_loss(self.head(hidden).float(), targets))
+
+
+def build_uneven_probe(cell, *, dtype: torch.dtype) -> UnevenProbe:
+    return UnevenProbe().to(dtype)
+
+
+def make_probe_batch(model: UnevenProbe, *, seed: int, device: torch.device) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    inputs = torch.randn(4, UnevenProbe.WIDTHS[0], generator=generator)
+    dtype = next(model.parameters()).dtype
+    return {"inputs": inputs.to(device, dtype), "targets": inputs.flip(-1).to(device)}
+
+
+@contextmanager
+def sub_world(size: int):
+    """Yield (inside, mesh) for the world of ranks 0..size-1: whether this rank belongs to it,
+    and a mesh over a process group of its own (None for all ranks: the components' default)."""
+    if size == dist.get_world_size():
+        yield True, None
+        return
+    if dist.get_rank() >= size:
+        yield False, None
+        return
+    group = dist.new_group(list(range(size)), use_local_synchronization=True)
+    try:
+        yield True, DeviceMesh.from_group(group, current_device().type)
+    finally:
+        dist.destroy_process_group(group)
+
+
+# ---- rank side: the checks --------------------------------------------------------------------
+
+
+def layout_problems(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
+    """Every way a non-scalar state of a DTensor param differs in layout from the param."""
+    names = {param: name for name, param in model.named_parameters()}
+    problems = [f"{names[p]}: no optimizer state after a step" for p in names if isinstance(p, DTensor) and not optimizer.state.get(p)]
+    for param, state in optimizer.state.items():
+        if not isinstance(param, DTensor):
+            continue
+        for key, value in state.items():
+            if not torch.is_tensor(value) or value.dim() == 0:
+                continue
+            where = f"state {key!r} of {names.get(param, '?')} (param {list(param.shape)} {param.placements})"
+            if not isinstance(value, DTensor):
+                problems.append(f"{where} is a plain {type(value).__name__} of shape {list(value.shape)}")
+                continue
+            for aspect, got, wanted in (
+                ("mesh", value.device_mesh, param.device_mesh),
+                ("placements", value.placements, param.placements),
+                ("global shape", value.shape, param.shape),
+                ("global stride", value.stride(), param.stride()),
+                ("local shape", value.to_local().shape, param.to_local().shape),
+            ):
+                if got != wanted:
+                    problems.append(f"{where} has {aspect} {got}, expected {wanted}")
+    return problems
+
+
+def on_rank_state_layout(recipe: Recipe) -> dict:
+    model, optimizer = recipe.build(SAVE_SEED)
+    recipe.train_step(model, optimizer, SAVE_SEED)
+    uneven = [name for name, p in model.named_parameters() if p.dim() and p.shape[0] % dist.get_world_size()]
+    return {"problems": layout_problems(model, optimizer), "uneven_params": uneven}
+
+
+def on_rank_save(recipe: Recipe, checkpoint_dir: str) -> dict:
+    """Take a step, save the optimizer state with DCP, and return the checkpoint key and global
+    param shape of every non-scalar state (what the main process expects to find sharded)."""
+    model, optimizer = recipe.build(SAVE_SEED)
+    recipe.train_step(model, optimizer, SAVE_SEED)
+    state = get_optimizer_state_dict(model, optimizer)
+    dcp.save({"optimizer": state}, checkpoint_id=checkpoint_dir)
+    param_shapes = {name: tuple(value.size()) for name, value in get_model_state_dict(model).items()}
+    return {
+        f"optimizer.state.{name}.{key}": param_shapes[name]
+        for name, entries in state["state"].items()
+        for key, value in entries.items()
+        if torch.is_tensor(value) and value.dim() > 0
+    }
+
+
+def on_rank_reshard(recipe: Recipe, checkpoint_dir: str, src: int, dst: int) -> dict:
+    """Train and save in the first `src` ranks, load into a fresh stack in the first `dst`
+    ranks; rank 0 (in both worlds) compares the full tensors."""
+    saved = loaded = None
+    with sub_world(src) as (inside, mesh):
+        if inside:
+            saved = _train_and_save(recipe, mesh, checkpoint_dir)
+    dist.barrier()
+    problems = []
+    with sub_world(dst) as (inside, mesh):
+        if inside:
+            loaded, problems = _load_and_step(recipe, mesh, checkpoint_dir)
+    dist.barrier()
+    if dist.get_rank() != 0:
+        return {"problems": problems}
+    return {"problems": problems, **_compare(saved, loaded)}
+
+
+def _train_and_save(recipe: Recipe, mesh: DeviceMesh | None, checkpoint_dir: str) -> dict:
+    model, optimizer = recipe.build(SAVE_SEED, mesh)
+    recipe.train_step(model, optimizer, SAVE_SEED)
+    state = {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer)}
+    dcp.save(state, checkpoint_id=checkpoint_dir, process_group=mesh.get_group() if mesh else None)
+    return _full_state(model, optimizer)
+
+
+def _load_and_step(recipe: Recipe, mesh: DeviceMesh | None, checkpoint_dir: str) -> tuple[dict, list[str]]:
+    model, optimizer = recipe.build(LOAD_SEED, mesh)
+    state = {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer)}
+    dcp.load(state, checkpoint_id=checkpoint_dir, process_group=mesh.get_group() if mesh else None)
+    set_model_state_dict(model, state["model"])
+    set_optimizer_state_dict(model, optimizer, state["optimizer"])
+    loaded = _full_state(model, optimizer)
+    recipe.train_step(model, optimizer, LOAD_SEED)
+    return loaded, layout_problems(model, optimizer)
+
+
+def _full_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    """A copy of every model and optimizer tensor, gathered whole onto rank 0's CPU (empty
+    elsewhere); copied because on one rank the state dicts alias the live tensors."""
+    tensors = {f"model.{name}": value for name, value in get_model_state_dict(model, options=FULL).items()}
+    for name, entries in get_optimizer_state_dict(model, optimizer, options=FULL).get("state", {}).items():
+        tensors.update({f"optimizer.{name}.{key}": value for key, value in entries.items() if torch.is_tensor(value)})
+    return {key: value.detach().clone() for key, value in tensors.items()}
+
+
+def _compare(saved: dict[str, torch.Tensor], loaded: dict[str, torch.Tensor]) -> dict:
+    mismatches = [f"{key}: saved but missing after load" for key in saved.keys() - loaded.keys()]
+    for key in sorted(saved.keys() & loaded.keys()):
+        before, after = saved[key], loaded[key]
+        if before.dtype != after.dtype or before.shape != after.shape:
+            mismatches.append(f"{key}: saved {before.dtype} {list(before.shape)}, loaded {after.dtype} {list(after.shape)}")
+        elif not torch.equal(before, after):
+            diff = (before.float() - after.float()).abs().max().item()
+            mismatches.append(f"{key}: values differ (max abs diff {diff:.3g})")
+    return {"compared": len(saved), "mismatches": mismatches}

@@ -1,0 +1,41 @@
+"""Shared helpers for the runner's tests: a throwaway project with its own matrix.toml and suites."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def checkout_env() -> dict[str, str]:
+    """The environment with this checkout importable, as an installed torchmatrix would be."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
+
+
+class Project:
+    """A temporary project directory: matrix.toml plus suite files, run through the real CLI."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        (root / "suites").mkdir(parents=True, exist_ok=True)
+
+    def write(self, relative: str, text: str) -> Path:
+        path = self.root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+        return path
+
+    def torchmatrix(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+        """Run `python -m torchmatrix ARGS` in the project directory."""
+        return subprocess.run([sys.executable, "-m", "torchmatrix", *args], cwd=self.root, env=checkout_env(), capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def project(tmp_path) -> Project:
+    return Project(tmp_path / "project")

@@ -1,0 +1,58 @@
+"""Functions the pool tests run on rank processes (module-level, so ranks import them by name)."""
+
+import os
+import signal
+import time
+
+
+def identity():
+    import torch.distributed as dist
+
+    return dist.get_rank(), dist.get_world_size(), os.getpid()
+
+
+def raise_on_rank(bad_rank):
+    import torch.distributed as dist
+
+    if dist.get_rank() == bad_rank:
+        raise ValueError(f"injected failure on rank {bad_rank}")
+    return "fine"
+
+
+def raise_on_rank_while_others_wait_in_all_reduce(bad_rank):
+    import torch
+    import torch.distributed as dist
+
+    if dist.get_rank() == bad_rank:
+        raise ValueError("injected failure before the all_reduce")
+    dist.all_reduce(torch.ones(1))
+    return "unreachable"
+
+
+def spin_forever():
+    while True:
+        time.sleep(0.05)
+
+
+def hang_in_barrier_except(rank_that_skips):
+    import torch.distributed as dist
+
+    if dist.get_rank() != rank_that_skips:
+        dist.barrier()
+    return "done"
+
+
+def kill_self_on_rank(bad_rank, signum):
+    import torch.distributed as dist
+
+    if dist.get_rank() == bad_rank:
+        if signum == signal.SIGSEGV:
+            import ctypes
+
+            ctypes.string_at(0)
+        os.kill(os.getpid(), signum)
+    return "survivor"
+
+
+def unpicklable_result():
+    return lambda: None

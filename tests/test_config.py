@@ -1,0 +1,124 @@
+"""matrix.toml validation: every malformed file gives one line naming the file, the key and the fix."""
+
+from __future__ import annotations
+
+import pytest
+
+from torchmatrix.config import ConfigError, load_matrix
+
+GOOD = """
+[torch]
+versions = ["2.13.0", "2.14.1"]
+baseline = "2.13.0"
+
+[axes]
+world_size = [1, 2]
+fsdp = ["none", "fsdp2"]
+
+[suites.demo]
+path = "suites/test_demo.py"
+timeout = 30
+axes = ["world_size"]
+"""
+
+# (matrix.toml text, substrings the one-line error must contain)
+MALFORMED = [
+    ("[torch\nversions = 1", ["not valid TOML"]),
+    (GOOD + "\n[extra]\nx = 1\n", ["extra: unknown key", "use one of"]),
+    (GOOD.replace('[torch]\nversions = ["2.13.0", "2.14.1"]\nbaseline = "2.13.0"', ""), ["torch: missing"]),
+    (GOOD.replace('versions = ["2.13.0", "2.14.1"]', "versions = []"), ["torch.versions", "non-empty array"]),
+    (GOOD.replace('versions = ["2.13.0", "2.14.1"]', 'versions = "2.13.0"'), ["torch.versions", "non-empty array"]),
+    (GOOD.replace('versions = ["2.13.0", "2.14.1"]', 'versions = ["2.13.0", "latest"]'), ["torch.versions[1]", "'latest' is not a torch version"]),
+    (GOOD.replace('versions = ["2.13.0", "2.14.1"]', 'versions = ["2.13.0", "2.13.0"]'), ["torch.versions", "listed twice"]),
+    (GOOD.replace('baseline = "2.13.0"', 'baseline = "2.12.0"'), ["torch.baseline", "not among versions"]),
+    (GOOD.replace('baseline = "2.13.0"', 'baseline = "2.13.0"\npin = "x"'), ["torch.pin", "unknown key"]),
+    (GOOD.replace("world_size = [1, 2]", "world_size = []"), ["axes.world_size", "has no values"]),
+    (GOOD.replace("world_size = [1, 2]", "world_size = 2"), ["axes.world_size", "must be an array"]),
+    (GOOD.replace("world_size = [1, 2]", "world_size = [1, 1]"), ["axes.world_size", "listed twice"]),
+    (GOOD.replace("world_size = [1, 2]", "world_size = [0, 2]"), ["axes.world_size[0]", "not a world size"]),
+    (GOOD.replace("world_size = [1, 2]", 'world_size = ["two"]'), ["axes.world_size[0]", "not a world size"]),
+    (GOOD.replace('fsdp = ["none", "fsdp2"]', 'fsdp = ["none", "../../etc"]'), ["axes.fsdp[1]", "not a valid axis value"]),
+    (GOOD.replace('fsdp = ["none", "fsdp2"]', 'fsdp = ["none", "/abs"]'), ["axes.fsdp[1]", "not a valid axis value"]),
+    (GOOD.replace('fsdp = ["none", "fsdp2"]', 'Fsdp = ["none"]'), ["axes.Fsdp", "lower-case identifiers"]),
+    (GOOD.replace('fsdp = ["none", "fsdp2"]', 'fsdp = [["none"]]'), ["axes.fsdp[0]", "not a valid axis value"]),
+    (GOOD + '\n[[exclude]]\nattn = "sdpa"\n', ["exclude[0].attn", "is not an axis"]),
+    (GOOD + '\n[[exclude]]\nfsdp = "fsdp3"\n', ["exclude[0].fsdp", "'fsdp3' is not a value of [axes].fsdp"]),
+    (GOOD + "\n[[exclude]]\n", ["exclude[0]", "is empty"]),
+    ('exclude = "fsdp"\n' + GOOD, ["exclude", "array of tables"]),
+    (GOOD + '\n[[include]]\noptimizer = "adamw"\n', ["include[0].optimizer", "is not an axis"]),
+    (GOOD + '\n[[include]]\nfsdp = ["fsdp1", "fsdp2"]\n', ["include[0].fsdp", "single value"]),
+    (GOOD + '\n[[include]]\nfsdp = "fsdp1"\n[[include]]\nfsdp = "fsdp1"\n', ["would share the id", "fsdp1"]),
+    (GOOD.replace('path = "suites/test_demo.py"', 'path = "suites/missing.py"'), ["suites.demo.path", "not a Python file"]),
+    (GOOD.replace('path = "suites/test_demo.py"', 'path = "../outside/test_demo.py"'), ["suites.demo.path", "leaves the project directory"]),
+    (GOOD.replace('path = "suites/test_demo.py"', 'path = "/etc/passwd"'), ["suites.demo.path", "leaves the project directory"]),
+    (GOOD.replace("timeout = 30", "timeout = -1"), ["suites.demo.timeout", "not a positive number"]),
+    (GOOD.replace("timeout = 30", 'timeout = "30s"'), ["suites.demo.timeout", "not a positive number"]),
+    (GOOD.replace('axes = ["world_size"]', 'axes = ["optimizer"]'), ["suites.demo.axes", "'optimizer' is not an axis"]),
+    (GOOD.replace("timeout = 30", "timeout = 30\nretries = 2"), ["suites.demo.retries", "unknown key"]),
+    (GOOD.replace("[suites.demo]", "[suites.Demo]"), ["suites.Demo", "lower-case identifiers"]),
+    (GOOD + '\n[components]\nmodel = "models/transformer.py"\n', ["components.model", "not an import path"]),
+    (GOOD + '\n[[exclude]]\nworld_size = [1, 2]\n', ["every cell is excluded"]),
+    (GOOD + "\n[report]\ndrift_ratio = 0\n", ["report.drift_ratio", "not a positive number"]),
+]
+
+
+def write_matrix(tmp_path, text: str):
+    (tmp_path / "suites").mkdir(exist_ok=True)
+    (tmp_path / "suites" / "test_demo.py").write_text("def test_x(cell):\n    pass\n")
+    path = tmp_path / "matrix.toml"
+    path.write_text(text)
+    return path
+
+
+def test_the_corpus_is_large_enough():
+    assert len(MALFORMED) >= 20
+
+
+@pytest.mark.parametrize("text, expected", MALFORMED, ids=[f"case{i}" for i in range(len(MALFORMED))])
+def test_malformed_matrix_gives_one_clear_line(tmp_path, text, expected):
+    with pytest.raises(ConfigError) as raised:
+        load_matrix(write_matrix(tmp_path, text))
+    message = str(raised.value)
+    assert "\n" not in message
+    assert message.startswith("matrix.toml"), message
+    assert ";" in message, f"no fix suggested: {message}"
+    for part in expected:
+        assert part in message, f"{part!r} not in {message!r}"
+
+
+def test_good_matrix_loads(tmp_path):
+    matrix = load_matrix(write_matrix(tmp_path, GOOD))
+    assert matrix.versions == ("2.13.0", "2.14.1")
+    assert matrix.baseline == "2.13.0"
+    assert matrix.suites["demo"].axes == ("world_size",)
+    assert matrix.suites["demo"].timeout == 30.0
+    assert [c.id for c in matrix.cells()] == ["ws1-none", "ws1-fsdp2", "ws2-none", "ws2-fsdp2"]
+
+
+def test_suite_axes_default_to_every_axis(tmp_path):
+    matrix = load_matrix(write_matrix(tmp_path, GOOD.replace('axes = ["world_size"]\n', "")))
+    assert matrix.suites["demo"].axes == ("world_size", "fsdp")
+
+
+def test_exclude_list_means_any_of(tmp_path):
+    matrix = load_matrix(write_matrix(tmp_path, GOOD + '\n[[exclude]]\nfsdp = "none"\nworld_size = [2]\n'))
+    assert [c.id for c in matrix.cells()] == ["ws1-none", "ws1-fsdp2", "ws2-fsdp2"]
+
+
+def test_repository_matrix_is_valid():
+    from conftest import REPO
+
+    matrix = load_matrix(REPO / "matrix.toml")
+    assert matrix.baseline in matrix.versions
+    assert len(matrix.cells()) == 28
+
+
+def test_cli_prints_one_line_and_exits_2(project):
+    project.write("suites/test_demo.py", "def test_x(cell):\n    pass\n")
+    project.write("matrix.toml", GOOD.replace("timeout = 30", "timeout = 0"))
+    for command in (["list"], ["run", "--torch", "2.13.0"]):
+        done = project.torchmatrix(*command)
+        assert done.returncode == 2, done
+        assert done.stderr.count("\n") == 1, done.stderr
+        assert "Traceback" not in done.stderr
+        assert "suites.demo.timeout" in done.stderr

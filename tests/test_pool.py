@@ -1,0 +1,90 @@
+"""The rank pool: results per rank, failures with evidence, deadlines, dead ranks, reuse."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+import rank_functions as rf
+
+from torchmatrix.pool import RankFailure, RankPool
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def pool():
+    pool = RankPool(2, device_type="cpu", backend="gloo")
+    yield pool
+    pool.close()
+
+
+def soon(seconds=60.0):
+    return time.monotonic() + seconds
+
+
+def test_results_come_back_in_rank_order_and_the_pool_is_reused(pool):
+    first = pool.run(rf.identity, (), deadline=soon())
+    second = pool.run(rf.identity, (), deadline=soon())
+    assert [(r, w) for r, w, _ in first] == [(0, 2), (1, 2)]
+    assert [pid for *_, pid in first] == [pid for *_, pid in second], "same processes serve both calls"
+
+
+def test_exception_on_one_rank_fails_with_that_ranks_traceback(pool):
+    starts = pool.starts
+    with pytest.raises(RankFailure) as raised:
+        pool.run(rf.raise_on_rank, (1,), deadline=soon())
+    text = str(raised.value)
+    assert "raised on rank 1" in text
+    assert "ValueError: injected failure on rank 1" in text
+    assert "rank 0 traceback" not in text
+    assert pool.run(rf.identity, (), deadline=soon())
+    assert pool.starts == starts, "a clean exception keeps the pool"
+
+
+def test_exception_while_the_other_rank_waits_shows_its_stack_and_rebuilds(pool):
+    started = time.monotonic()
+    with pytest.raises(RankFailure) as raised:
+        pool.run(rf.raise_on_rank_while_others_wait_in_all_reduce, (1,), deadline=soon(120))
+    text = str(raised.value)
+    assert time.monotonic() - started < 30, "the grace after a failure is short, not the full deadline"
+    assert "injected failure before the all_reduce" in text
+    assert "rank 0 Python stacks" in text and "raise_on_rank_while_others_wait_in_all_reduce" in text
+    assert [r for r, _, _ in pool.run(rf.identity, (), deadline=soon())] == [0, 1], "the next call gets a fresh pool"
+
+
+def test_deadline_dumps_every_ranks_stack_and_the_next_call_works(pool):
+    started = time.monotonic()
+    with pytest.raises(RankFailure) as raised:
+        pool.run(rf.spin_forever, (), deadline=soon(3))
+    assert time.monotonic() - started < 20
+    text = str(raised.value)
+    assert "did not finish spin_forever before the test's deadline" in text
+    for rank in (0, 1):
+        assert f"rank {rank} Python stacks" in text
+    assert text.count("in spin_forever") >= 2, text
+    assert len(pool.run(rf.identity, (), deadline=soon())) == 2
+
+
+def test_collective_hang_names_the_waiting_rank(pool):
+    with pytest.raises(RankFailure) as raised:
+        pool.run(rf.hang_in_barrier_except, (1,), deadline=soon(3))
+    text = str(raised.value)
+    assert "rank 0 did not finish" in text
+    assert "hang_in_barrier_except" in text.split("rank 0 Python stacks")[1]
+
+
+@pytest.mark.parametrize("signum, name", [(signal.SIGKILL, "SIGKILL"), (signal.SIGSEGV, "SIGSEGV")])
+def test_a_dead_rank_fails_with_its_signal_and_the_pool_is_rebuilt(pool, signum, name):
+    with pytest.raises(RankFailure) as raised:
+        pool.run(rf.kill_self_on_rank, (1, signum), deadline=soon(60))
+    assert f"rank 1 died with signal {name}" in str(raised.value)
+    assert len(pool.run(rf.identity, (), deadline=soon())) == 2
+
+
+def test_unpicklable_function_or_result_is_explained(pool):
+    with pytest.raises(RankFailure, match="module-level function"):
+        pool.run(lambda: None, (), deadline=soon())
+    with pytest.raises(RankFailure, match="cannot be pickled"):
+        pool.run(rf.unpicklable_result, (), deadline=soon())

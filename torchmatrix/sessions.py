@@ -1,0 +1,56 @@
+"""The bodies of the nox sessions; noxfile.py only declares them.
+
+Every gpu_matrix session of one nox invocation writes into one run directory, so the report
+session finds all torch versions side by side. A torch that fails to install still produces a
+report: its cells are recorded as errors carrying pip's output.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+PROJECT = Path(__file__).resolve().parent.parent
+REPORTS = PROJECT / "reports"
+
+
+def gpu_matrix(session, torch_version: str, run_id: str) -> None:
+    """Install torch==V and this project into the session's venv, then run V's cells."""
+    import nox
+
+    session.install("-e", str(PROJECT))
+    run = ["python", "-m", "torchmatrix", "run", "--torch", torch_version, "--run-id", run_id, "--reports", str(REPORTS)]
+    session.notify("report", [str(REPORTS / run_id)])
+    install_log = REPORTS / run_id / f"torch-{torch_version}" / "logs" / "install.log"
+    install_log.parent.mkdir(parents=True, exist_ok=True)
+    with open(install_log, "w") as log:
+        try:
+            session.install(f"torch=={torch_version}", "numpy", silent=False, stdout=log, stderr=subprocess.STDOUT)
+        except nox.command.CommandFailed:
+            failed = True
+        else:
+            failed = False
+    if failed:
+        session.run(*run, "--install-log", str(install_log), *session.posargs, success_codes=[0, 1])
+        session.error(f"torch=={torch_version} did not install; its cells are reported as errors (see {install_log})")
+    session.run(*run, *session.posargs)
+
+
+def report(session) -> None:
+    """Merge a run directory (default: reports/latest) into junit.xml and the summary pages."""
+    session.install("-e", str(PROJECT))
+    run_dir = session.posargs[0] if session.posargs else str(REPORTS / "latest")
+    session.run("python", "-m", "torchmatrix", "report", run_dir)
+
+
+def tests(session, torch_version: str) -> None:
+    """The project's own tests, in parallel with pytest-xdist, against the baseline torch."""
+    torch = [] if torch_version == "system" else [f"torch=={torch_version}", "numpy"]
+    session.install("-e", f"{PROJECT}[test]", *torch)
+    session.run("python", "-m", "pytest", "-n", "auto", *session.posargs)
+
+
+def lint(session) -> None:
+    session.install("ruff")
+    session.run("ruff", "check", str(PROJECT))
+
