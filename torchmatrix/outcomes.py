@@ -63,8 +63,8 @@ class OutcomeBook:
             for key, run in self.runs.items():
                 if run.suite.name == event["suite"] and key not in self.closed:
                     self.fail_run(key, "error", f"suite {event['suite']} could not be collected", event["text"])
-        elif kind == "finished":
-            self.pool_starts += event.get("pool_starts", 0)
+        elif kind == "pool_start":
+            self.pool_starts += 1
 
     def fail_run(self, key: str, status: str, message: str, text: str = "") -> None:
         """Give every test of the run without a result `status`; a never-collected run gets one case."""

@@ -100,7 +100,6 @@ class CellPlan:
 
     def pytest_sessionfinish(self, session):
         self.pool.close()
-        self.events.write("finished", pool_starts=self.pool.starts)
         self.events.close()
 
     def _key(self, item) -> str | None:
@@ -192,7 +191,11 @@ class Ranks:
 @pytest.fixture
 def ranks(request, cell, _cell_plan) -> Ranks:
     suite = _cell_plan.suite_of(request.node.path)
-    return Ranks(_cell_plan.pool, cell, _cell_plan.suites[suite]["timeout"])
+    starts = _cell_plan.pool.starts
+    ranks = Ranks(_cell_plan.pool, cell, _cell_plan.suites[suite]["timeout"])
+    if _cell_plan.pool.starts != starts:
+        _cell_plan.events.write("pool_start", world_size=ranks.world_size)
+    return ranks
 
 
 @pytest.fixture

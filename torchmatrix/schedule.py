@@ -76,12 +76,8 @@ def _children(pid: int) -> list[int]:
 def exit_reason(code: int) -> str:
     if code < 0:
         return f"the pytest process was killed by {signal.Signals(-code).name}"
-    return {
-        2: "pytest was interrupted",
-        3: "pytest hit an internal error",
-        4: "pytest was called wrongly (usage error)",
-        5: "pytest collected no tests",
-    }.get(code, f"pytest exited with code {code}")
+    meaning = {2: "interrupted", 3: "internal error, or a test ended the process", 4: "usage error", 5: "no tests collected"}.get(code)
+    return f"pytest exited with code {code}" + (f" ({meaning})" if meaning else "")
 
 
 class Scheduler:
