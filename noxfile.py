@@ -14,10 +14,9 @@ import nox
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from torchmatrix import sessions  # noqa: E402
-from torchmatrix.config import load_matrix  # noqa: E402
 from torchmatrix.runner import new_run_id  # noqa: E402
 
-MATRIX = load_matrix(os.environ.get("TORCHMATRIX_CONFIG", "matrix.toml"))
+MATRIX = sessions.matrix_or_exit(os.environ.get("TORCHMATRIX_CONFIG", "matrix.toml"))
 RUN_ID = os.environ.get("TORCHMATRIX_RUN_ID") or new_run_id()
 
 
@@ -25,7 +24,7 @@ RUN_ID = os.environ.get("TORCHMATRIX_RUN_ID") or new_run_id()
 @nox.parametrize("torch", [v for v in MATRIX.versions if v != "system"])
 def gpu_matrix(session, torch):
     """Run every suite over every cell for one torch version (one venv per version)."""
-    sessions.gpu_matrix(session, torch, RUN_ID)
+    sessions.gpu_matrix(session, MATRIX, torch, RUN_ID)
 
 
 @nox.session

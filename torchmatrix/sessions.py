@@ -8,20 +8,32 @@ report: its cells are recorded as errors carrying pip's output.
 from __future__ import annotations
 
 import subprocess
+import sys
 from pathlib import Path
 
+from torchmatrix.config import ConfigError, Matrix, load_matrix
+
 PROJECT = Path(__file__).resolve().parent.parent
-REPORTS = PROJECT / "reports"
 
 
-def gpu_matrix(session, torch_version: str, run_id: str) -> None:
+def matrix_or_exit(path: str) -> Matrix:
+    """Load matrix.toml for the noxfile; a bad file ends nox with one line and exit code 2."""
+    try:
+        return load_matrix(path)
+    except ConfigError as error:
+        print(f"torchmatrix: error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def gpu_matrix(session, matrix: Matrix, torch_version: str, run_id: str) -> None:
     """Install torch==V and this project into the session's venv, then run V's cells."""
     import nox
 
     session.install("-e", str(PROJECT))
-    run = ["python", "-m", "torchmatrix", "run", "--torch", torch_version, "--run-id", run_id, "--reports", str(REPORTS)]
-    session.notify("report", [str(REPORTS / run_id)])
-    install_log = REPORTS / run_id / f"torch-{torch_version}" / "logs" / "install.log"
+    reports = matrix.root / "reports"
+    run = ["python", "-m", "torchmatrix", "run", "--config", str(matrix.path), "--torch", torch_version, "--run-id", run_id, "--reports", str(reports)]
+    session.notify("report", [str(reports / run_id)])
+    install_log = reports / run_id / f"torch-{torch_version}" / "logs" / "install.log"
     install_log.parent.mkdir(parents=True, exist_ok=True)
     with open(install_log, "w") as log:
         try:
@@ -39,7 +51,7 @@ def gpu_matrix(session, torch_version: str, run_id: str) -> None:
 def report(session) -> None:
     """Merge a run directory (default: reports/latest) into junit.xml and the summary pages."""
     session.install("-e", str(PROJECT))
-    run_dir = session.posargs[0] if session.posargs else str(REPORTS / "latest")
+    run_dir = session.posargs[0] if session.posargs else str(PROJECT / "reports" / "latest")
     session.run("python", "-m", "torchmatrix", "report", run_dir)
 
 

@@ -1,0 +1,70 @@
+"""User-caused problems around a run: each is one clear line or an errored cell, never a gap."""
+
+from __future__ import annotations
+
+import pytest
+from junitparser import JUnitXml
+
+MATRIX = """
+[torch]
+versions = ["2.13.0", "9.9.9"]
+
+[axes]
+world_size = [1, 2]
+
+[suites.demo]
+path = "suites/test_demo.py"
+timeout = 30
+"""
+
+
+@pytest.fixture
+def demo(project):
+    project.write("matrix.toml", MATRIX)
+    project.write("suites/test_demo.py", "def test_x(cell):\n    pass\n")
+    return project
+
+
+def merged_cases(project):
+    return [(suite.name, case) for suite in JUnitXml.fromfile(str(project.root / "reports" / "latest" / "junit.xml")) for case in suite]
+
+
+def test_a_torch_that_failed_to_install_errors_every_cell_with_pips_output(demo):
+    log = demo.write("install.log", "ERROR: Could not find a version that satisfies the requirement torch==9.9.9\n")
+    done = demo.torchmatrix("run", "--torch", "9.9.9", "--install-log", str(log))
+    assert done.returncode == 1
+    cases = merged_cases(demo)
+    assert [name for name, _ in cases] == ["torch-9.9.9/ws1", "torch-9.9.9/ws2"]
+    for _, case in cases:
+        assert case.is_error
+        assert "torch==9.9.9 failed to install" in case.result[0].message
+        assert "Could not find a version" in case.result[0].text
+
+
+def test_a_venv_with_another_torch_is_reported_not_run(demo):
+    done = demo.torchmatrix("run", "--torch", "9.9.9")
+    assert done.returncode == 1
+    for _, case in merged_cases(demo):
+        assert case.is_error and "not 9.9.9" in case.result[0].message
+
+
+def test_a_version_missing_from_the_matrix_is_a_usage_error(demo):
+    done = demo.torchmatrix("run", "--torch", "2.99.0")
+    assert done.returncode == 2
+    assert done.stderr.strip().count("\n") == 0
+    assert "not in [torch].versions" in done.stderr
+
+
+def test_an_unwritable_reports_path_fails_before_any_cell(demo):
+    demo.write("taken", "a file where the reports directory should go")
+    done = demo.torchmatrix("run", "--torch", "system", "--reports", "taken/reports")
+    assert done.returncode == 2
+    assert "cannot write reports to" in done.stderr and "--reports" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_bad_filters_are_usage_errors(demo):
+    for args in (["--only", "flavor=x"], ["--shard", "3/2"], ["-k", "ws1 and"]):
+        done = demo.torchmatrix("list", *args)
+        assert done.returncode == 2, args
+        assert done.stderr.startswith("torchmatrix: error:") and done.stderr.count("\n") == 1, done.stderr
