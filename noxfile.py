@@ -1,9 +1,9 @@
 """Nox sessions of torchmatrix: declarations only; the bodies live in torchmatrix.sessions.
 
-    nox -s gpu_matrix                          every torch version in matrix.toml
-    nox -s "gpu_matrix(torch='2.14.1')" -- --only fsdp=fsdp2 --shard 1/4
-    nox -s report -- reports/<run-id>
-    nox -s tests
+nox -s gpu_matrix                          every torch version in matrix.toml
+nox -s "gpu_matrix(torch='2.14.1')" -- --only fsdp=fsdp2 --shard 1/4
+nox -s report -- reports/<run-id>
+nox -s tests
 """
 
 import os

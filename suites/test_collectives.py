@@ -31,7 +31,9 @@ def test_every_rank_joined(cell, ranks):
     identities = ranks.run(_rank_identity)
     world = cell.world_size
     assert [i["rank"] for i in identities] == list(range(world)), f"ranks answered out of order: {identities}"
-    assert all(i["world_size"] == world for i in identities), f"process group size differs from the cell's world size {world}: {identities}"
+    assert all(i["world_size"] == world for i in identities), (
+        f"process group size differs from the cell's world size {world}: {identities}"
+    )
 
 
 def test_all_reduce_sums_over_ranks(cell, ranks):

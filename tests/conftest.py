@@ -33,7 +33,14 @@ class Project:
 
     def torchmatrix(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
         """Run `python -m torchmatrix ARGS` in the project directory."""
-        return subprocess.run([sys.executable, "-m", "torchmatrix", *args], cwd=self.root, env=checkout_env(), capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(
+            [sys.executable, "-m", "torchmatrix", *args],
+            cwd=self.root,
+            env=checkout_env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
 
 
 @pytest.fixture

@@ -40,7 +40,10 @@ def test_github_docs_exclude_example():
     """The "Excluding matrix configurations" example: partial matches remove cells."""
     cells = expand_cells(
         {"os": ["macos-latest", "windows-latest"], "version": [12, 14, 16], "environment": ["staging", "production"]},
-        exclude=[{"os": "macos-latest", "version": 12, "environment": "production"}, {"os": "windows-latest", "version": 16}],
+        exclude=[
+            {"os": "macos-latest", "version": 12, "environment": "production"},
+            {"os": "windows-latest", "version": 16},
+        ],
     )
     assert len(cells) == 12 - 1 - 2
     assert {"os": "macos-latest", "version": 12, "environment": "production"} not in as_dicts(cells)
@@ -49,7 +52,10 @@ def test_github_docs_exclude_example():
 
 def test_github_docs_include_extends_single_axis():
     """The docs' example where an include adds a key to every matching original combination."""
-    cells = expand_cells({"os": ["windows-latest", "ubuntu-latest"], "node": [14, 16]}, include=[{"os": "windows-latest", "node": 16, "npm": 6}])
+    cells = expand_cells(
+        {"os": ["windows-latest", "ubuntu-latest"], "node": [14, 16]},
+        include=[{"os": "windows-latest", "node": 16, "npm": 6}],
+    )
     assert as_dicts(cells) == [
         {"os": "windows-latest", "node": 14},
         {"os": "windows-latest", "node": 16, "npm": 6},
@@ -59,12 +65,18 @@ def test_github_docs_include_extends_single_axis():
 
 
 def test_includes_apply_after_excludes():
-    cells = expand_cells({"world_size": [1, 2], "fsdp": ["none", "fsdp2"]}, exclude=[{"fsdp": "none", "world_size": [2]}], include=[{"world_size": 2, "fsdp": "none"}])
+    cells = expand_cells(
+        {"world_size": [1, 2], "fsdp": ["none", "fsdp2"]},
+        exclude=[{"fsdp": "none", "world_size": [2]}],
+        include=[{"world_size": 2, "fsdp": "none"}],
+    )
     assert [c.id for c in cells] == ["ws1-none", "ws1-fsdp2", "ws2-fsdp2", "ws2-none"]
 
 
 def test_include_with_new_value_becomes_a_new_cell():
-    cells = expand_cells({"world_size": [2], "optimizer": ["adamw"]}, include=[{"world_size": 2, "optimizer": "te_fused_adam"}])
+    cells = expand_cells(
+        {"world_size": [2], "optimizer": ["adamw"]}, include=[{"world_size": 2, "optimizer": "te_fused_adam"}]
+    )
     assert [c.id for c in cells] == ["ws2-adamw", "ws2-te_fused_adam"]
 
 
@@ -83,7 +95,10 @@ def test_cell_without_world_size_runs_on_one_rank():
     assert Cell({"fruit": "banana"}).world_size == 1
 
 
-MATRIX = expand_cells({"world_size": [1, 2, 4], "fsdp": ["none", "fsdp1", "fsdp2"], "attn": ["sdpa", "eager"]}, exclude=[{"fsdp": "none", "world_size": [2, 4]}])
+MATRIX = expand_cells(
+    {"world_size": [1, 2, 4], "fsdp": ["none", "fsdp1", "fsdp2"], "attn": ["sdpa", "eager"]},
+    exclude=[{"fsdp": "none", "world_size": [2, 4]}],
+)
 
 
 @pytest.mark.parametrize("count", [1, 2, 3, 4, 5, 7, 16, 40])
@@ -131,7 +146,17 @@ def test_bad_only_is_a_selection_error(text):
 @pytest.mark.parametrize(
     "expression, expected",
     [
-        ("fsdp2", ["ws1-fsdp2-sdpa", "ws1-fsdp2-eager", "ws2-fsdp2-sdpa", "ws2-fsdp2-eager", "ws4-fsdp2-sdpa", "ws4-fsdp2-eager"]),
+        (
+            "fsdp2",
+            [
+                "ws1-fsdp2-sdpa",
+                "ws1-fsdp2-eager",
+                "ws2-fsdp2-sdpa",
+                "ws2-fsdp2-eager",
+                "ws4-fsdp2-sdpa",
+                "ws4-fsdp2-eager",
+            ],
+        ),
         ("fsdp2 and not ws4 and eager", ["ws1-fsdp2-eager", "ws2-fsdp2-eager"]),
         ("none or (ws4 and fsdp1 and sdpa)", ["ws1-none-sdpa", "ws1-none-eager", "ws4-fsdp1-sdpa"]),
         ("not (ws1 or ws2)", [c.id for c in MATRIX if c.world_size == 4]),

@@ -28,8 +28,14 @@ MALFORMED = [
     (GOOD.replace('[torch]\nversions = ["2.13.0", "2.14.1"]\nbaseline = "2.13.0"', ""), ["torch: missing"]),
     (GOOD.replace('versions = ["2.13.0", "2.14.1"]', "versions = []"), ["torch.versions", "non-empty array"]),
     (GOOD.replace('versions = ["2.13.0", "2.14.1"]', 'versions = "2.13.0"'), ["torch.versions", "non-empty array"]),
-    (GOOD.replace('versions = ["2.13.0", "2.14.1"]', 'versions = ["2.13.0", "latest"]'), ["torch.versions[1]", "'latest' is not a torch version"]),
-    (GOOD.replace('versions = ["2.13.0", "2.14.1"]', 'versions = ["2.13.0", "2.13.0"]'), ["torch.versions", "listed twice"]),
+    (
+        GOOD.replace('versions = ["2.13.0", "2.14.1"]', 'versions = ["2.13.0", "latest"]'),
+        ["torch.versions[1]", "'latest' is not a torch version"],
+    ),
+    (
+        GOOD.replace('versions = ["2.13.0", "2.14.1"]', 'versions = ["2.13.0", "2.13.0"]'),
+        ["torch.versions", "listed twice"],
+    ),
     (GOOD.replace('baseline = "2.13.0"', 'baseline = "2.12.0"'), ["torch.baseline", "not among versions"]),
     (GOOD.replace('baseline = "2.13.0"', 'baseline = "2.13.0"\npin = "x"'), ["torch.pin", "unknown key"]),
     (GOOD.replace("world_size = [1, 2]", "world_size = []"), ["axes.world_size", "has no values"]),
@@ -37,7 +43,10 @@ MALFORMED = [
     (GOOD.replace("world_size = [1, 2]", "world_size = [1, 1]"), ["axes.world_size", "listed twice"]),
     (GOOD.replace("world_size = [1, 2]", "world_size = [0, 2]"), ["axes.world_size[0]", "not a world size"]),
     (GOOD.replace("world_size = [1, 2]", 'world_size = ["two"]'), ["axes.world_size[0]", "not a world size"]),
-    (GOOD.replace('fsdp = ["none", "fsdp2"]', 'fsdp = ["none", "../../etc"]'), ["axes.fsdp[1]", "not a valid axis value"]),
+    (
+        GOOD.replace('fsdp = ["none", "fsdp2"]', 'fsdp = ["none", "../../etc"]'),
+        ["axes.fsdp[1]", "not a valid axis value"],
+    ),
     (GOOD.replace('fsdp = ["none", "fsdp2"]', 'fsdp = ["none", "/abs"]'), ["axes.fsdp[1]", "not a valid axis value"]),
     (GOOD.replace('fsdp = ["none", "fsdp2"]', 'Fsdp = ["none"]'), ["axes.Fsdp", "lower-case identifiers"]),
     (GOOD.replace('fsdp = ["none", "fsdp2"]', 'fsdp = [["none"]]'), ["axes.fsdp[0]", "not a valid axis value"]),
@@ -48,16 +57,25 @@ MALFORMED = [
     (GOOD + '\n[[include]]\noptimizer = "adamw"\n', ["include[0].optimizer", "is not an axis"]),
     (GOOD + '\n[[include]]\nfsdp = ["fsdp1", "fsdp2"]\n', ["include[0].fsdp", "single value"]),
     (GOOD + '\n[[include]]\nfsdp = "fsdp1"\n[[include]]\nfsdp = "fsdp1"\n', ["would share the id", "fsdp1"]),
-    (GOOD.replace('path = "suites/test_demo.py"', 'path = "suites/missing.py"'), ["suites.demo.path", "not a Python file"]),
-    (GOOD.replace('path = "suites/test_demo.py"', 'path = "../outside/test_demo.py"'), ["suites.demo.path", "leaves the project directory"]),
-    (GOOD.replace('path = "suites/test_demo.py"', 'path = "/etc/passwd"'), ["suites.demo.path", "leaves the project directory"]),
+    (
+        GOOD.replace('path = "suites/test_demo.py"', 'path = "suites/missing.py"'),
+        ["suites.demo.path", "not a Python file"],
+    ),
+    (
+        GOOD.replace('path = "suites/test_demo.py"', 'path = "../outside/test_demo.py"'),
+        ["suites.demo.path", "leaves the project directory"],
+    ),
+    (
+        GOOD.replace('path = "suites/test_demo.py"', 'path = "/etc/passwd"'),
+        ["suites.demo.path", "leaves the project directory"],
+    ),
     (GOOD.replace("timeout = 30", "timeout = -1"), ["suites.demo.timeout", "not a positive number"]),
     (GOOD.replace("timeout = 30", 'timeout = "30s"'), ["suites.demo.timeout", "not a positive number"]),
     (GOOD.replace('axes = ["world_size"]', 'axes = ["optimizer"]'), ["suites.demo.axes", "'optimizer' is not an axis"]),
     (GOOD.replace("timeout = 30", "timeout = 30\nretries = 2"), ["suites.demo.retries", "unknown key"]),
     (GOOD.replace("[suites.demo]", "[suites.Demo]"), ["suites.Demo", "lower-case identifiers"]),
     (GOOD + '\n[components]\nmodel = "models/transformer.py"\n', ["components.model", "not an import path"]),
-    (GOOD + '\n[[exclude]]\nworld_size = [1, 2]\n', ["every cell is excluded"]),
+    (GOOD + "\n[[exclude]]\nworld_size = [1, 2]\n", ["every cell is excluded"]),
     (GOOD + "\n[report]\ndrift_ratio = 0\n", ["report.drift_ratio", "not a positive number"]),
 ]
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from conftest import REPO
 from junitparser import JUnitXml
 from lxml import etree
 
-from conftest import REPO
 from torchmatrix import junit
 from torchmatrix.cells import Cell
 from torchmatrix.config import Suite
@@ -13,8 +13,13 @@ from torchmatrix.outcomes import OutcomeBook
 from torchmatrix.plan import plan_runs
 
 SCHEMA = etree.XMLSchema(etree.parse(str(REPO / "tests" / "data" / "junit-10.xsd")))
-ENVIRONMENT = {"torch": "2.13.0+cpu", "git_version": "abc", "cuda_version": None, "device": "cpu (ranks simulated as processes, gloo)"}
-HOSTILE = 'bad <script>alert("x")</script> & \'quotes\' \x00\x07\x1b[31m ]]> end'
+ENVIRONMENT = {
+    "torch": "2.13.0+cpu",
+    "git_version": "abc",
+    "cuda_version": None,
+    "device": "cpu (ranks simulated as processes, gloo)",
+}
+HOSTILE = "bad <script>alert(\"x\")</script> & 'quotes' \x00\x07\x1b[31m ]]> end"
 
 
 def book_with_every_status():
@@ -23,7 +28,9 @@ def book_with_every_status():
     runs = plan_runs(cells, suites)
     book = OutcomeBook(runs)
     for run in runs:
-        book.feed({"event": "collected", "runs": {run.key: ["test_pass", "test_fail", "test_skip", "test_missing"]}}, 0.0)
+        book.feed(
+            {"event": "collected", "runs": {run.key: ["test_pass", "test_fail", "test_skip", "test_missing"]}}, 0.0
+        )
         for name, status in (("test_pass", "passed"), ("test_fail", "failed"), ("test_skip", "skipped")):
             book.feed(
                 {"event": "test", "suite": "demo", "cell": run.cell.id, "test": name, "status": status, "duration": 1e-7,
@@ -37,7 +44,10 @@ def book_with_every_status():
 def write_run(tmp_path):
     cells, book = book_with_every_status()
     for cell in cells:
-        junit.write_suites(tmp_path / "torch-2.13.0" / f"{cell.id}.xml", [junit.cell_report("2.13.0", ENVIRONMENT, cell, book.for_cell(cell))])
+        junit.write_suites(
+            tmp_path / "torch-2.13.0" / f"{cell.id}.xml",
+            [junit.cell_report("2.13.0", ENVIRONMENT, cell, book.for_cell(cell))],
+        )
     return junit.merge_run(tmp_path)
 
 

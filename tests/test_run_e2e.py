@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import REPO
 from junitparser import JUnitXml
 from lxml import etree
-
-from conftest import REPO
 
 pytestmark = pytest.mark.slow
 
@@ -120,8 +119,15 @@ def test_exit_code_is_1_when_anything_failed(finished_run):
 def test_every_planned_cell_is_in_the_merged_report(finished_run):
     project, _ = finished_run
     names = sorted(suite.name for suite in merged(project))
-    assert names == ["torch-system/ws1-plain", "torch-system/ws1-spicy", "torch-system/ws2-plain", "torch-system/ws2-spicy"]
-    assert sorted(p.name for p in (project.root / "out" / "latest" / "torch-system").glob("*.xml")) == [f"{n.split('/')[1]}.xml" for n in names]
+    assert names == [
+        "torch-system/ws1-plain",
+        "torch-system/ws1-spicy",
+        "torch-system/ws2-plain",
+        "torch-system/ws2-spicy",
+    ]
+    assert sorted(p.name for p in (project.root / "out" / "latest" / "torch-system").glob("*.xml")) == [
+        f"{n.split('/')[1]}.xml" for n in names
+    ]
 
 
 def test_testcase_names_are_unique_across_the_file(finished_run):

@@ -26,7 +26,11 @@ def demo(project):
 
 
 def merged_cases(project):
-    return [(suite.name, case) for suite in JUnitXml.fromfile(str(project.root / "reports" / "latest" / "junit.xml")) for case in suite]
+    return [
+        (suite.name, case)
+        for suite in JUnitXml.fromfile(str(project.root / "reports" / "latest" / "junit.xml"))
+        for case in suite
+    ]
 
 
 def test_a_torch_that_failed_to_install_errors_every_cell_with_pips_output(demo):

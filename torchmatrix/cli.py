@@ -21,28 +21,54 @@ USAGE_EXIT = 2
 
 def _add_selection(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", default="matrix.toml", help="the matrix file (default: ./matrix.toml)")
-    parser.add_argument("--only", action="append", default=[], metavar="AXIS=V1,V2", help="keep cells with one of these values (repeatable; AND across axes)")
-    parser.add_argument("-k", dest="keyword", metavar="EXPR", help="keep cells whose id matches, e.g. -k 'fsdp2 and not ws4'")
-    parser.add_argument("--shard", metavar="I/N", help="keep shard I of N (1-based); the N shards partition the selection")
+    parser.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        metavar="AXIS=V1,V2",
+        help="keep cells with one of these values (repeatable; AND across axes)",
+    )
+    parser.add_argument(
+        "-k", dest="keyword", metavar="EXPR", help="keep cells whose id matches, e.g. -k 'fsdp2 and not ws4'"
+    )
+    parser.add_argument(
+        "--shard", metavar="I/N", help="keep shard I of N (1-based); the N shards partition the selection"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="torchmatrix", description="Run PyTorch training-correctness suites over a matrix of cells.")
+    parser = argparse.ArgumentParser(
+        prog="torchmatrix", description="Run PyTorch training-correctness suites over a matrix of cells."
+    )
     commands = parser.add_subparsers(dest="command", required=True)
 
     listing = commands.add_parser("list", help="print the cells the filters select")
     _add_selection(listing)
-    listing.add_argument("--json", action="store_true", help="print JSON: versions, baseline and the cells with their axis values")
+    listing.add_argument(
+        "--json", action="store_true", help="print JSON: versions, baseline and the cells with their axis values"
+    )
 
     run = commands.add_parser("run", help="run the selected cells of one torch version in this environment")
     _add_selection(run)
-    run.add_argument("--torch", required=True, metavar="VERSION", help="a version from matrix.toml, or 'system' for the torch installed here")
-    run.add_argument("--reports", default=None, metavar="DIR", help="where run directories go (default: reports/ next to matrix.toml)")
+    run.add_argument(
+        "--torch",
+        required=True,
+        metavar="VERSION",
+        help="a version from matrix.toml, or 'system' for the torch installed here",
+    )
+    run.add_argument(
+        "--reports",
+        default=None,
+        metavar="DIR",
+        help="where run directories go (default: reports/ next to matrix.toml)",
+    )
     run.add_argument("--run-id", default=None, help="run directory name; nox passes one so all versions land together")
     run.add_argument("--install-log", type=Path, default=None, help=argparse.SUPPRESS)
 
     report = commands.add_parser("report", help="merge a run directory's per-cell JUnit files into junit.xml")
-    report.add_argument("run_dir", nargs="?", default="reports/latest", help="a run directory (default: reports/latest)")
+    report.add_argument(
+        "run_dir", nargs="?", default="reports/latest", help="a run directory (default: reports/latest)"
+    )
     return parser
 
 
@@ -62,23 +88,41 @@ def main(argv: list[str] | None = None) -> int:
 
 def _filters(matrix: Matrix, args) -> dict:
     """The selection flags, parsed and checked against the matrix."""
-    return {"only": parse_only(args.only, matrix.axes), "keyword": args.keyword, "shard": Shard.parse(args.shard) if args.shard else None}
+    return {
+        "only": parse_only(args.only, matrix.axes),
+        "keyword": args.keyword,
+        "shard": Shard.parse(args.shard) if args.shard else None,
+    }
 
 
 def _list(matrix: Matrix, args) -> int:
     cells = select_cells(matrix.cells(), **_filters(matrix, args))
     if args.json:
-        print(json.dumps({"versions": list(matrix.versions), "baseline": matrix.baseline, "cells": [{"id": c.id, **c.to_json()} for c in cells]}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "versions": list(matrix.versions),
+                    "baseline": matrix.baseline,
+                    "cells": [{"id": c.id, **c.to_json()} for c in cells],
+                },
+                indent=2,
+            )
+        )
     else:
         for cell in cells:
             print(cell.id)
-        print(f"{len(cells)} cells x {len(matrix.versions)} torch versions ({', '.join(matrix.versions)})", file=sys.stderr)
+        print(
+            f"{len(cells)} cells x {len(matrix.versions)} torch versions ({', '.join(matrix.versions)})",
+            file=sys.stderr,
+        )
     return 0
 
 
 def _run(matrix: Matrix, args) -> int:
     if args.torch not in matrix.versions and args.torch != "system":
-        raise RunError(f"--torch {args.torch}: not in [torch].versions of {matrix.path.name} ({', '.join(matrix.versions)}); add it there or pass --torch system")
+        raise RunError(
+            f"--torch {args.torch}: not in [torch].versions of {matrix.path.name} ({', '.join(matrix.versions)}); add it there or pass --torch system"
+        )
     request = RunRequest(
         matrix=matrix,
         version=args.torch,

@@ -93,8 +93,14 @@ def load_matrix(path: str | Path) -> Matrix:
     where.unknown_keys(raw, TOP_LEVEL_KEYS, "")
     versions, baseline = _torch(raw, where)
     axes = _axes(raw, where)
-    exclude = tuple(_exclude_entry(entry, axes, where.at(f"exclude[{i}]")) for i, entry in enumerate(where.list_of_tables(raw, "exclude")))
-    include = tuple(_include_entry(entry, axes, where.at(f"include[{i}]")) for i, entry in enumerate(where.list_of_tables(raw, "include")))
+    exclude = tuple(
+        _exclude_entry(entry, axes, where.at(f"exclude[{i}]"))
+        for i, entry in enumerate(where.list_of_tables(raw, "exclude"))
+    )
+    include = tuple(
+        _include_entry(entry, axes, where.at(f"include[{i}]"))
+        for i, entry in enumerate(where.list_of_tables(raw, "include"))
+    )
     suites = _suites(raw, axes, path.parent, where)
     components = _components(raw, where)
     report = _report(raw, where)
@@ -154,7 +160,14 @@ class _Where:
 
 
 def _type_name(value: Any) -> str:
-    return {str: "a string", int: "an integer", float: "a float", bool: "a boolean", list: "an array", dict: "a table"}.get(type(value), type(value).__name__)
+    return {
+        str: "a string",
+        int: "an integer",
+        float: "a float",
+        bool: "a boolean",
+        list: "an array",
+        dict: "a table",
+    }.get(type(value), type(value).__name__)
 
 
 def _torch(raw: dict, where: _Where) -> tuple[tuple[str, ...], str]:
@@ -163,16 +176,27 @@ def _torch(raw: dict, where: _Where) -> tuple[tuple[str, ...], str]:
     where.unknown_keys(table, ("versions", "baseline"), " in [torch]")
     versions = table.get("versions")
     if not isinstance(versions, list) or not versions:
-        raise where.at("versions").error("must be a non-empty array of version strings", 'write e.g. versions = ["2.13.0", "2.14.1"]')
+        raise where.at("versions").error(
+            "must be a non-empty array of version strings", 'write e.g. versions = ["2.13.0", "2.14.1"]'
+        )
     for i, version in enumerate(versions):
         if not isinstance(version, str) or not TORCH_VERSION.match(version):
-            raise where.at("versions").index(i).error(f"{version!r} is not a torch version", 'write a pip version such as "2.13.0", or "system" for the installed torch')
+            raise (
+                where.at("versions")
+                .index(i)
+                .error(
+                    f"{version!r} is not a torch version",
+                    'write a pip version such as "2.13.0", or "system" for the installed torch',
+                )
+            )
     duplicates = sorted({v for v in versions if versions.count(v) > 1})
     if duplicates:
         raise where.at("versions").error(f"{duplicates[0]!r} is listed twice", "list each version once")
     baseline = table.get("baseline", versions[0])
     if baseline not in versions:
-        raise where.at("baseline").error(f"{baseline!r} is not among versions {versions}", "set baseline to one of the listed versions")
+        raise where.at("baseline").error(
+            f"{baseline!r} is not among versions {versions}", "set baseline to one of the listed versions"
+        )
     return tuple(versions), baseline
 
 
@@ -228,7 +252,10 @@ def _exclude_entry(entry: dict, axes: dict, where: _Where) -> dict[str, Any]:
         known = {value_token(axis, a) for a in axes[axis]}
         for v in value if isinstance(value, list) else [value]:
             if not _scalar_ok(v) or value_token(axis, v) not in known:
-                raise at.error(f"{v!r} is not a value of [axes].{axis} {list(axes[axis])}", "fix the value, or the exclude can never match")
+                raise at.error(
+                    f"{v!r} is not a value of [axes].{axis} {list(axes[axis])}",
+                    "fix the value, or the exclude can never match",
+                )
     return dict(entry)
 
 
@@ -256,7 +283,9 @@ def _suites(raw: dict, axes: dict, root: Path, where: _Where) -> dict[str, Suite
         if not NAME.match(name):
             raise at.error("suite names are lower-case identifiers", "rename it using a-z, 0-9 and _")
         if not isinstance(spec, dict):
-            raise at.error(f"must be a table, not {_type_name(spec)}", f'write [suites.{name}] with path = "suites/..."')
+            raise at.error(
+                f"must be a table, not {_type_name(spec)}", f'write [suites.{name}] with path = "suites/..."'
+            )
         at.unknown_keys(spec, SUITE_KEYS, f" in [suites.{name}]")
         suites[name] = Suite(
             name=name,
@@ -279,7 +308,9 @@ def _suite_path(path: Any, root: Path, where: _Where) -> str:
     if candidate.is_absolute() or ".." in candidate.parts:
         raise where.error(f"{path!r} leaves the project directory", "use a path relative to matrix.toml, without '..'")
     if candidate.suffix != ".py" or not (root / candidate).is_file():
-        raise where.error(f"{path!r} is not a Python file next to matrix.toml", "point it at an existing suites/test_*.py")
+        raise where.error(
+            f"{path!r} is not a Python file next to matrix.toml", "point it at an existing suites/test_*.py"
+        )
     return candidate.as_posix()
 
 
@@ -293,7 +324,9 @@ def _suite_axes(value: Any, axes: dict, where: _Where) -> tuple[str, ...]:
     if value is None:
         return tuple(axes)
     if not isinstance(value, list) or not all(isinstance(a, str) for a in value):
-        raise where.error("must be an array of axis names", f"list the axes the suite's result depends on, from: {', '.join(axes)}")
+        raise where.error(
+            "must be an array of axis names", f"list the axes the suite's result depends on, from: {', '.join(axes)}"
+        )
     for axis in value:
         if axis not in axes:
             raise where.error(f"{axis!r} is not an axis", f"use axes from [axes]: {', '.join(axes)}")
@@ -304,7 +337,9 @@ def _suite_axes(value: Any, axes: dict, where: _Where) -> tuple[str, ...]:
 
 def _options(value: Any, where: _Where) -> dict[str, Any]:
     if not isinstance(value, dict):
-        raise where.error(f"must be a table, not {_type_name(value)}", "write the suite's options as a table of key = value")
+        raise where.error(
+            f"must be a table, not {_type_name(value)}", "write the suite's options as a table of key = value"
+        )
     return dict(value)
 
 
@@ -324,7 +359,11 @@ def _report(raw: dict, where: _Where) -> ReportSettings:
     table = where.table(raw, "report", required=False)
     where = where.at("report")
     where.unknown_keys(table, REPORT_KEYS, " in [report]")
-    values = {key: _positive_number(table[key], where.at(key), "a ratio, e.g. 10 for ten times") for key in REPORT_KEYS if key in table}
+    values = {
+        key: _positive_number(table[key], where.at(key), "a ratio, e.g. 10 for ten times")
+        for key in REPORT_KEYS
+        if key in table
+    }
     return ReportSettings(**values)
 
 

@@ -76,7 +76,9 @@ def probe(python: str = sys.executable, timeout: float = 120.0) -> Environment:
         raise ProbeError(f"importing torch with {python} took over {timeout:.0f}s") from None
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
-        raise ProbeError(f"{python} could not run the torch probe: {(done.stderr.strip().splitlines() or ['no output'])[-1]}")
+        raise ProbeError(
+            f"{python} could not run the torch probe: {(done.stderr.strip().splitlines() or ['no output'])[-1]}"
+        )
     found = json.loads(lines[-1])
     if "error" in found:
         raise ProbeError(f"torch is not importable with {python}: {found['error']}")

@@ -38,11 +38,17 @@ def suite_name(version: str, cell_id: str) -> str:
     return f"torch-{version}/{cell_id}"
 
 
-def cell_report(version: str, environment: dict, cell: Cell, outcomes: Sequence[tuple[SuiteRun, TestOutcome]]) -> TestSuite:
+def cell_report(
+    version: str, environment: dict, cell: Cell, outcomes: Sequence[tuple[SuiteRun, TestOutcome]]
+) -> TestSuite:
     """The <testsuite> of one cell: its tests (including those a representative cell ran) and properties."""
     suite = TestSuite(xml_text(suite_name(version, cell.id)))
     suite.add_property("torch", xml_text(version))
-    for name, key in (("torch.build", "torch"), ("torch.git_version", "git_version"), ("torch.cuda_version", "cuda_version")):
+    for name, key in (
+        ("torch.build", "torch"),
+        ("torch.git_version", "git_version"),
+        ("torch.cuda_version", "cuda_version"),
+    ):
         if environment.get(key):
             suite.add_property(name, xml_text(environment[key]))
     suite.add_property("device", xml_text(environment.get("device", "unknown")))
@@ -65,7 +71,11 @@ def cell_report(version: str, environment: dict, cell: Cell, outcomes: Sequence[
 
 
 def _testcase(suite: str, version: str, cell_id: str, outcome: TestOutcome) -> TestCase:
-    case = TestCase(xml_text(testcase_name(outcome.test, version, cell_id)), classname=xml_text(suite), time=round(outcome.duration, 3))
+    case = TestCase(
+        xml_text(testcase_name(outcome.test, version, cell_id)),
+        classname=xml_text(suite),
+        time=round(outcome.duration, 3),
+    )
     result_type = RESULT_TYPES.get(outcome.status)
     if result_type is not None:
         result = result_type(xml_text(outcome.message), None if outcome.status == "skipped" else outcome.status)

@@ -22,7 +22,9 @@ NOT_PLANNED = "suites run through `python -m torchmatrix run`, which tells this 
 
 
 def pytest_addoption(parser):
-    parser.addoption("--torchmatrix-plan", metavar="PLAN.json", help="cells and suites for this process (written by the runner)")
+    parser.addoption(
+        "--torchmatrix-plan", metavar="PLAN.json", help="cells and suites for this process (written by the runner)"
+    )
 
 
 def pytest_configure(config):
@@ -63,7 +65,9 @@ class CellPlan:
         if suite is None:
             return
         if "cell" not in metafunc.fixturenames:
-            raise pytest.UsageError(f"{metafunc.definition.nodeid}: every suite test must take the `cell` (or `ranks`) fixture, so its result belongs to a cell")
+            raise pytest.UsageError(
+                f"{metafunc.definition.nodeid}: every suite test must take the `cell` (or `ranks`) fixture, so its result belongs to a cell"
+            )
         cells = self.cells_by_suite.get(suite, [])
         metafunc.parametrize("cell", cells, ids=[c.id for c in cells])
 
@@ -90,7 +94,11 @@ class CellPlan:
     def pytest_runtest_protocol(self, item, nextitem):
         """Announce the test (so the runner can spot a hang), then record its combined outcome."""
         cell = getattr(item, "callspec", None) and item.callspec.params.get("cell")
-        where = {"suite": self.suite_of(item.path), "cell": cell.id, "test": test_name(item)} if isinstance(cell, Cell) else None
+        where = (
+            {"suite": self.suite_of(item.path), "cell": cell.id, "test": test_name(item)}
+            if isinstance(cell, Cell)
+            else None
+        )
         if where:
             self.events.write("start", **where)
         yield
@@ -110,7 +118,11 @@ class CellPlan:
 
 def test_name(item) -> str:
     """The test's name within its cell: the function name plus any parameters other than the cell."""
-    params = {k: v for k, v in getattr(item, "callspec", None).params.items() if k != "cell"} if hasattr(item, "callspec") else {}
+    params = (
+        {k: v for k, v in getattr(item, "callspec", None).params.items() if k != "cell"}
+        if hasattr(item, "callspec")
+        else {}
+    )
     if not params:
         return item.originalname
     return f"{item.originalname}[{','.join(f'{k}={v}' for k, v in params.items())}]"
@@ -184,7 +196,9 @@ class Ranks:
             return self.pool.run(fn, args, deadline=self.deadline)
         except RankFailure as failure:
             if time.monotonic() >= self.deadline:
-                raise RankFailure(f"deadline of {self.timeout:.0f}s per test exceeded in cell {self.cell.id}: {failure}") from None
+                raise RankFailure(
+                    f"deadline of {self.timeout:.0f}s per test exceeded in cell {self.cell.id}: {failure}"
+                ) from None
             raise RankFailure(f"cell {self.cell.id}: {failure}") from None
 
 

@@ -56,7 +56,15 @@ class RankPool:
             parent_end, child_end = Pipe(duplex=True)
             with open(self._log(rank), "wb") as log:
                 proc = subprocess.Popen(
-                    [sys.executable, "-m", "torchmatrix.worker", str(child_end.fileno()), str(rank), str(self.world_size), str(self._stacks(rank))],
+                    [
+                        sys.executable,
+                        "-m",
+                        "torchmatrix.worker",
+                        str(child_end.fileno()),
+                        str(rank),
+                        str(self.world_size),
+                        str(self._stacks(rank)),
+                    ],
                     pass_fds=[child_end.fileno()],
                     env=self._env(rank),
                     stdout=log,
@@ -77,7 +85,9 @@ class RankPool:
         try:
             payload = pickle.dumps(("call", fn, args))
         except Exception as error:
-            raise RankFailure(f"cannot send {getattr(fn, '__qualname__', fn)!r} to the ranks: {error}; use a module-level function and picklable arguments") from None
+            raise RankFailure(
+                f"cannot send {getattr(fn, '__qualname__', fn)!r} to the ranks: {error}; use a module-level function and picklable arguments"
+            ) from None
         for conn in self._conns:
             conn.send_bytes(payload)
         replies = self._collect(deadline)
@@ -188,7 +198,9 @@ class RankPool:
             lines.append("; ".join(f"rank {r} {reason}" for r, reason in sorted(deaths.items())))
         if missing:
             why = "after another rank failed" if errors or deaths else "before the test's deadline"
-            lines.append(f"rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} did not finish {name} {why} (stacks below)")
+            lines.append(
+                f"rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} did not finish {name} {why} (stacks below)"
+            )
         summary = "; ".join(lines)
         sections = [summary]
         for rank, text in sorted(errors.items()):

@@ -71,7 +71,9 @@ def prepare_directory(path: Path) -> None:
         probe_file.write_text("")
         probe_file.unlink()
     except OSError as error:
-        raise RunError(f"cannot write reports to {path} ({error.strerror}); pass --reports DIR with a writable directory") from None
+        raise RunError(
+            f"cannot write reports to {path} ({error.strerror}); pass --reports DIR with a writable directory"
+        ) from None
 
 
 def point_latest(reports: Path, run_id: str) -> None:
@@ -93,7 +95,9 @@ def run_version(request: RunRequest, stream=sys.stdout) -> int:
     book = OutcomeBook(runs)
     progress = Progress(request.version, len(cells), stream)
     environment = _environment(request, book)
-    progress.say(f"torchmatrix: torch {request.version}, {len(cells)} cells, {len(runs)} suite runs, device: {environment['device']}")
+    progress.say(
+        f"torchmatrix: torch {request.version}, {len(cells)} cells, {len(runs)} suite runs, device: {environment['device']}"
+    )
     interrupted = False
     if "device_type" in environment:
         try:
@@ -123,7 +127,11 @@ def _environment(request: RunRequest, book: OutcomeBook) -> dict:
         _fail_all(book, str(error), "")
         return {"device": "none (torch is not importable)"}
     if request.version != "system" and environment.base_version != request.version:
-        _fail_all(book, f"this environment has torch {environment.torch}, not {request.version}; rebuild the virtualenv (run nox without -R) or pass --torch system", "")
+        _fail_all(
+            book,
+            f"this environment has torch {environment.torch}, not {request.version}; rebuild the virtualenv (run nox without -R) or pass --torch system",
+            "",
+        )
         return {**environment.to_json()}
     return _with_launch_details(environment)
 
@@ -145,7 +153,14 @@ def _tail(path: Path) -> str:
     return "\n".join(lines[-INSTALL_LOG_TAIL_LINES:])
 
 
-def _run_cells(request: RunRequest, cells: list[Cell], runs: list[SuiteRun], book: OutcomeBook, environment: dict, progress: Progress) -> None:
+def _run_cells(
+    request: RunRequest,
+    cells: list[Cell],
+    runs: list[SuiteRun],
+    book: OutcomeBook,
+    environment: dict,
+    progress: Progress,
+) -> None:
     gpu_count = environment["gpu_count"]
     runnable = []
     for run in runs:
@@ -192,7 +207,9 @@ def _start_group(request: RunRequest, group: Group, environment: dict, gpus: lis
                 "events": str(events),
                 "threads_per_rank": max(1, slots // group.world_size),
                 "components": request.matrix.components,
-                "suites": {name: {"path": s.path, "timeout": s.timeout, "options": s.options} for name, s in suites.items()},
+                "suites": {
+                    name: {"path": s.path, "timeout": s.timeout, "options": s.options} for name, s in suites.items()
+                },
                 "runs": [{"suite": run.suite.name, "cell": run.cell.to_json()} for run in group.runs],
             },
             indent=2,
@@ -210,7 +227,16 @@ def _start_group(request: RunRequest, group: Group, environment: dict, gpus: lis
     env = dict(os.environ)
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
-    return GroupProcess.start(group, command, cwd=request.matrix.root, env=env, log=logs / f"{group.name}.log", events=events, gpus=gpus, slots=slots)
+    return GroupProcess.start(
+        group,
+        command,
+        cwd=request.matrix.root,
+        env=env,
+        log=logs / f"{group.name}.log",
+        events=events,
+        gpus=gpus,
+        slots=slots,
+    )
 
 
 def _write_reports(request: RunRequest, cells: list[Cell], book: OutcomeBook, environment: dict) -> None:

@@ -36,9 +36,22 @@ class GroupProcess:
     slots: int = 1
 
     @classmethod
-    def start(cls, group: Group, command: list[str], *, cwd: Path, env: dict, log: Path, events: Path, gpus: list[int], slots: int) -> GroupProcess:
+    def start(
+        cls,
+        group: Group,
+        command: list[str],
+        *,
+        cwd: Path,
+        env: dict,
+        log: Path,
+        events: Path,
+        gpus: list[int],
+        slots: int,
+    ) -> GroupProcess:
         with open(log, "wb") as out:
-            proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            proc = subprocess.Popen(
+                command, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
         return cls(group, proc, log, EventReader(events), gpus, slots)
 
     def kill(self) -> None:
@@ -76,7 +89,12 @@ def _children(pid: int) -> list[int]:
 def exit_reason(code: int) -> str:
     if code < 0:
         return f"the pytest process was killed by {signal.Signals(-code).name}"
-    meaning = {2: "interrupted", 3: "internal error, or a test ended the process", 4: "usage error", 5: "no tests collected"}.get(code)
+    meaning = {
+        2: "interrupted",
+        3: "internal error, or a test ended the process",
+        4: "usage error",
+        5: "no tests collected",
+    }.get(code)
     return f"pytest exited with code {code}" + (f" ({meaning})" if meaning else "")
 
 
@@ -151,7 +169,9 @@ class Scheduler:
             else:
                 for event in process.events.read_new():
                     self.book.feed(event, now)
-                self.book.close_group(process.keys, f"{exit_reason(code)} before this suite reported", process.log_tail())
+                self.book.close_group(
+                    process.keys, f"{exit_reason(code)} before this suite reported", process.log_tail()
+                )
             self.active.remove(process)
             self.free_gpus.extend(process.gpus)
 

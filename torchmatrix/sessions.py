@@ -31,7 +31,20 @@ def gpu_matrix(session, matrix: Matrix, torch_version: str, run_id: str) -> None
 
     session.install("-e", str(PROJECT))
     reports = matrix.root / "reports"
-    run = ["python", "-m", "torchmatrix", "run", "--config", str(matrix.path), "--torch", torch_version, "--run-id", run_id, "--reports", str(reports)]
+    run = [
+        "python",
+        "-m",
+        "torchmatrix",
+        "run",
+        "--config",
+        str(matrix.path),
+        "--torch",
+        torch_version,
+        "--run-id",
+        run_id,
+        "--reports",
+        str(reports),
+    ]
     session.notify("report", [str(reports / run_id)])
     install_log = reports / run_id / f"torch-{torch_version}" / "logs" / "install.log"
     install_log.parent.mkdir(parents=True, exist_ok=True)
@@ -65,4 +78,4 @@ def tests(session, torch_version: str) -> None:
 def lint(session) -> None:
     session.install("ruff")
     session.run("ruff", "check", str(PROJECT))
-
+    session.run("ruff", "format", "--check", str(PROJECT))

@@ -72,7 +72,9 @@ def _serve(conn: Connection) -> None:
         try:
             data = pickle.dumps(reply)
         except Exception:
-            data = pickle.dumps(("error", "the rank function returned a value that cannot be pickled:\n" + traceback.format_exc()))
+            data = pickle.dumps(
+                ("error", "the rank function returned a value that cannot be pickled:\n" + traceback.format_exc())
+            )
         conn.send_bytes(data)
 
 
