@@ -1,0 +1,109 @@
+"""The grad-ckpt suite passes on the reference model and fails on each of its mutants.
+
+Each model factory gets one real `python -m torchmatrix run --torch system` over CPU cells at
+world sizes 1 and 2 (fsdp none / fsdp1 / fsdp2, sdpa and eager), in a throwaway project whose
+matrix.toml points the `model` component at it; the merged JUnit says which tests failed.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+from conftest import REPO, Project
+from junitparser import JUnitXml
+
+pytestmark = pytest.mark.slow
+
+MATRIX = """
+[torch]
+versions = ["2.13.0"]
+
+[axes]
+world_size = [1, 2]
+fsdp = ["none", "fsdp1", "fsdp2"]
+attn = ["sdpa", "eager"]
+
+[[exclude]]
+fsdp = "none"
+world_size = 2
+
+[[exclude]]
+fsdp = ["fsdp1", "fsdp2"]
+world_size = 1
+
+[suites.grad_ckpt]
+path = "suites/test_grad_ckpt.py"
+timeout = 120
+axes = ["world_size", "fsdp", "attn"]
+
+[suites.grad_ckpt.options]
+dtype = "float32"
+
+[components]
+model = "{model}"
+parallelize = "models.parallel:parallelize"
+batch = "models.transformer:make_batch"
+"""
+
+CELLS = ["ws1-none-sdpa", "ws1-none-eager", "ws2-fsdp1-sdpa", "ws2-fsdp1-eager", "ws2-fsdp2-sdpa", "ws2-fsdp2-eager"]
+GRADIENTS = "test_gradients_match_without_checkpointing[dropout={}]"
+RECOMPUTE = "test_recompute_reruns_layers_and_rewrites_cache_identically"
+REFERENCE = "models.transformer:build_model"
+
+# mutant factory -> (tests that must fail in every cell, text each failure must contain)
+MUTANTS = {
+    "models.mutants.grad_ckpt:appending_cache_model": (
+        [GRADIENTS.format(0.0), GRADIENTS.format(0.1), RECOMPUTE],
+        "backward with activation checkpointing failed",
+    ),
+    "models.mutants.grad_ckpt:later_layer_cache_model": (
+        [GRADIENTS.format(0.0), GRADIENTS.format(0.1)],
+        "checkpointing changed the loss or gradients",
+    ),
+    "models.mutants.grad_ckpt:rng_forgetting_model": (
+        [GRADIENTS.format(0.1)],
+        "checkpointing changed the loss or gradients (dropout=0.1",
+    ),
+}
+
+
+def run_suite(root, model: str) -> tuple[int, dict[str, dict[str, object]], str]:
+    """Exit code, {cell id: {test name: testcase}} and the CLI output of one suite run on ``model``."""
+    project = Project(root)
+    project.write("matrix.toml", MATRIX.format(model=model))
+    project.write("suites/__init__.py", "")
+    shutil.copy(REPO / "suites" / "test_grad_ckpt.py", root / "suites" / "test_grad_ckpt.py")
+    done = project.torchmatrix("run", "--torch", "system", "--reports", "out", timeout=300)
+    cases: dict[str, dict[str, object]] = {}
+    for suite in JUnitXml.fromfile(str(root / "out" / "latest" / "junit.xml")):
+        cell = suite.name.split("/", 1)[1]
+        cases[cell] = {case.name.split("[torch=", 1)[0]: case for case in suite}
+    return done.returncode, cases, done.stdout + done.stderr
+
+
+def failure_text(case) -> str:
+    return "\n".join(f"{result.message or ''}\n{result.text or ''}" for result in case.result)
+
+
+def test_suite_passes_on_the_reference_model_in_every_cell(tmp_path):
+    returncode, cases, output = run_suite(tmp_path / "reference", REFERENCE)
+    assert returncode == 0, output
+    assert sorted(cases) == sorted(CELLS), output
+    for cell, tests in cases.items():
+        assert sorted(tests) == sorted([GRADIENTS.format(0.0), GRADIENTS.format(0.1), RECOMPUTE]), cell
+        assert all(case.is_passed for case in tests.values()), {cell: {n: failure_text(c) for n, c in tests.items()}}
+
+
+@pytest.mark.parametrize("mutant", sorted(MUTANTS), ids=lambda path: path.rsplit(":", 1)[1])
+def test_suite_fails_on_each_mutant_in_every_cell(tmp_path, mutant):
+    must_fail, reason = MUTANTS[mutant]
+    returncode, cases, output = run_suite(tmp_path / "mutant", mutant)
+    assert returncode == 1, output
+    assert sorted(cases) == sorted(CELLS), output
+    for cell in CELLS:
+        for test in must_fail:
+            case = cases[cell][test]
+            assert case.is_failure, f"{mutant} not caught by {test} in {cell}"
+            assert reason in failure_text(case), failure_text(case)
+            assert f"cell {cell}" in failure_text(case), "the failure must name the cell"
