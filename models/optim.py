@@ -104,18 +104,36 @@ class PrecisionAwareAdamW(torch.optim.Optimizer):
             "exp_avg_sq": _shaped_like(param, torch.zeros_like(shard, dtype=self.moment_dtype)),
         }
 
+    def state_dict(self) -> dict:
+        """torch's state dict with every floating state tensor widened to fp32, as
+        TransformerEngine's FusedAdam does: lossless, and FSDP1's optimizer state dict (with
+        use_orig_params) requires all state tensors of one parameter to share a dtype."""
+        state_dict = super().state_dict()
+        state_dict["state"] = {
+            param_id: {key: _widened(value) for key, value in state.items()} for param_id, state in state_dict["state"].items()
+        }
+        return state_dict
+
     def load_state_dict(self, state_dict: dict) -> None:
-        """Load param groups as torch does, but keep every state tensor in the dtype it was
-        saved in: torch's default casts floating state to the param dtype, which would round
-        the fp32 master (and fp32 moments) to bf16."""
+        """Load param groups as torch does, but put the state back in this optimizer's own
+        dtypes (fp32 master, `moment_dtype` moments): torch's default casts floating state to
+        the param dtype, which would round the fp32 master to bf16."""
         super().load_state_dict({**state_dict, "state": {}})
         saved_ids = [param_id for group in state_dict["param_groups"] for param_id in group["params"]]
         params = [param for group in self.param_groups for param in group["params"]]
         for param_id, param in zip(saved_ids, params):
             if param_id in state_dict["state"]:
-                self.state[param] = {
-                    key: _state_value_for(param, key, value) for key, value in state_dict["state"][param_id].items()
-                }
+                self.state[param] = {key: self._loaded_state_value(param, key, value) for key, value in state_dict["state"][param_id].items()}
+
+    def _loaded_state_value(self, param: torch.Tensor, key: str, value):
+        """A private copy of a loaded state value in the dtype this optimizer keeps it in, on the
+        param's device; `step` stays a CPU scalar so reading it never synchronises the device."""
+        if not isinstance(value, torch.Tensor):
+            return value
+        if key == "step":
+            return value.to(device="cpu", dtype=torch.float32, copy=True)
+        dtype = torch.float32 if key == "master" else self.moment_dtype
+        return value.to(device=param.device, dtype=dtype, copy=True)
 
 
 def _shaped_like(param: torch.Tensor, shard: torch.Tensor) -> torch.Tensor:
@@ -127,11 +145,8 @@ def _shaped_like(param: torch.Tensor, shard: torch.Tensor) -> torch.Tensor:
     )
 
 
-def _state_value_for(param: torch.Tensor, key: str, value):
-    """A private copy of a loaded state value on the param's device, dtype unchanged; `step`
-    stays a CPU scalar so reading it never synchronises the device."""
-    if not isinstance(value, torch.Tensor):
-        return value
-    if key == "step":
-        return value.to(device="cpu", dtype=torch.float32, copy=True)
-    return value.to(device=param.device, copy=True)
+def _widened(value):
+    """Floating tensors as fp32 (the same tensor when already fp32); anything else unchanged."""
+    if isinstance(value, torch.Tensor) and value.is_floating_point():
+        return value.float()
+    return value

@@ -36,11 +36,6 @@ DEFAULT_OPTIONS = {
     "rebuild_seed": 98765,
 }
 BF16_PARAM_OPTIMIZERS = {"precision_aware"}
-FSDP1_MIXED_STATE_DTYPES = (
-    "FSDP1 (use_orig_params=True) cannot produce an optimizer state dict whose state tensors differ "
-    "in dtype within one parameter (torch.distributed.fsdp._optim_utils._convert_all_state_info "
-    "asserts one dtype), and precision_aware keeps an fp32 master next to bf16 moments"
-)
 
 _experiments: dict[str, list[dict]] = {}
 
@@ -55,8 +50,6 @@ def options_for(suite_options: dict) -> dict:
 def experiment(cell, ranks, suite_options, components, tmp_path) -> list[dict]:
     """Both runs of the cell, one record per rank; computed once per cell and shared by its tests."""
     if cell.id not in _experiments:
-        if cell["fsdp"] == "fsdp1" and cell["optimizer"] == "precision_aware":
-            pytest.skip(FSDP1_MIXED_STATE_DTYPES)
         options = options_for(suite_options)
         dataset = load(components["dataset"])
         data_path = str(tmp_path / "tokens.pt")

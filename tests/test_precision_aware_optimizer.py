@@ -96,6 +96,18 @@ def test_state_is_created_lazily_in_its_dtypes():
         assert state["step"].item() == 1
 
 
+def test_state_dict_widens_state_to_fp32_losslessly():
+    """Like TransformerEngine's FusedAdam; FSDP1 needs one state dtype per parameter."""
+    model = regression_model(torch.bfloat16)
+    optimizer = build_precision_aware(model.parameters(), **HYPERPARAMETERS)
+    train(model, optimizer, 2)
+    saved = optimizer.state_dict()["state"]
+    for param_id, param in enumerate(model.parameters()):
+        for key, value in optimizer.state[param].items():
+            assert saved[param_id][key].dtype == torch.float32, key
+            assert torch.equal(saved[param_id][key].to(value.dtype), value), key
+
+
 @pytest.mark.parametrize("moment_dtype", [torch.bfloat16, torch.float32])
 def test_load_state_dict_keeps_state_dtypes_and_values(moment_dtype):
     model = regression_model(torch.bfloat16)
