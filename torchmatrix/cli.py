@@ -11,10 +11,12 @@ import json
 import sys
 from pathlib import Path
 
-from torchmatrix import junit
 from torchmatrix.config import ConfigError, Matrix, load_matrix
+from torchmatrix.report import append_step_summary, compare_markdown, write_report
+from torchmatrix.results import ResultsError
 from torchmatrix.runner import RunError, RunRequest, new_run_id, run_version
 from torchmatrix.selection import SelectionError, Shard, parse_only, select_cells
+from torchmatrix.upgrade_diff import CompareError
 
 USAGE_EXIT = 2
 
@@ -65,10 +67,18 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--run-id", default=None, help="run directory name; nox passes one so all versions land together")
     run.add_argument("--install-log", type=Path, default=None, help=argparse.SUPPRESS)
 
-    report = commands.add_parser("report", help="merge a run directory's per-cell JUnit files into junit.xml")
+    report = commands.add_parser(
+        "report", help="write a run directory's junit.xml, results.json, summary.md and summary.html"
+    )
     report.add_argument(
         "run_dir", nargs="?", default="reports/latest", help="a run directory (default: reports/latest)"
     )
+    report.add_argument(
+        "--config", default=None, help="matrix file for baseline and thresholds (default: the one plan.json names)"
+    )
+    compare = commands.add_parser("compare", help="upgrade diff of run B against run A; exit 1 on a regression")
+    compare.add_argument("run_a", type=Path, help="the reference run: a run directory or its results.json")
+    compare.add_argument("run_b", type=Path, help="the run to check against it")
     return parser
 
 
@@ -76,12 +86,14 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.command == "report":
-            return _report(Path(args.run_dir))
+            return _report(Path(args.run_dir), args.config)
+        if args.command == "compare":
+            return _compare(args.run_a, args.run_b)
         matrix = load_matrix(args.config)
         if args.command == "list":
             return _list(matrix, args)
         return _run(matrix, args)
-    except (ConfigError, SelectionError, RunError) as error:
+    except (ConfigError, SelectionError, RunError, ResultsError, CompareError) as error:
         print(f"torchmatrix: error: {error}", file=sys.stderr)
         return USAGE_EXIT
 
@@ -134,9 +146,16 @@ def _run(matrix: Matrix, args) -> int:
     return run_version(request)
 
 
-def _report(run_dir: Path) -> int:
+def _report(run_dir: Path, config: str | None = None) -> int:
     if not run_dir.is_dir():
         raise RunError(f"{run_dir} is not a run directory; pass one under reports/, e.g. reports/latest")
-    merged = junit.merge_run(run_dir.resolve())
-    print(f"torchmatrix: merged {len(junit.cell_report_files(run_dir.resolve()))} cell reports into {merged}")
+    written = write_report(run_dir.resolve(), config)
+    print(f"torchmatrix: wrote {', '.join(str(path) for path in written)}")
     return 0
+
+
+def _compare(run_a: Path, run_b: Path) -> int:
+    markdown, regressed = compare_markdown(run_a, run_b)
+    print(markdown)
+    append_step_summary(markdown)
+    return 1 if regressed else 0

@@ -1,0 +1,339 @@
+"""summary.html: one self-contained page (no network) to read a run and its torch-upgrade diff.
+
+The grid of cells x torch versions has one coloured mark per suite and filters by axis value;
+every failure expands to its full text; drift figures get a small inline SVG bar chart across
+torch versions. All test-provided text goes through `html.escape`, and a Content-Security-Policy
+allows only this page's own script (by hash), so injected markup could neither load nor run.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import html
+import math
+from collections import defaultdict
+
+from torchmatrix.results import RunResults, TestRecord, drift_measure, is_drift_figure
+from torchmatrix.untrusted_text import one_line, visible
+from torchmatrix.upgrade_diff import Change, UpgradeDiff, grew
+
+SYMBOLS = {"passed": "✓", "failed": "✗", "error": "!", "skipped": "–"}
+CHART_BAR = 14
+CHART_HEIGHT = 28
+
+STYLE = """
+body { font: 14px/1.45 system-ui, sans-serif; margin: 1.5em; color: #1f2328; }
+code, pre { font-family: ui-monospace, monospace; font-size: 12.5px; }
+pre { background: #f6f8fa; padding: .6em; overflow-x: auto; white-space: pre-wrap; }
+table { border-collapse: collapse; margin: .5em 0 1.2em; }
+th, td { border: 1px solid #d0d7de; padding: .2em .5em; text-align: left; vertical-align: top; }
+th { background: #f6f8fa; }
+.mark { display: inline-block; width: 1.4em; text-align: center; border-radius: 3px; margin-right: 2px;
+        color: #fff; text-decoration: none; font-weight: bold; }
+.passed { background: #1a7f37; } .failed { background: #cf222e; } .error { background: #8250df; }
+.skipped { background: #8c959f; } .none { background: #eaeef2; color: #57606a; }
+.bad { color: #cf222e; font-weight: bold; } .good { color: #1a7f37; }
+details.failure { margin: .3em 0; } details.failure summary { cursor: pointer; }
+#filters label { margin-right: 1em; } #filters select { margin-left: .3em; }
+svg rect.base { fill: #8c959f; } svg rect.same { fill: #0969da; } svg rect.grown { fill: #cf222e; }
+svg rect.zero { fill: #d0d7de; }
+"""
+
+SCRIPT = """
+"use strict";
+const selects = Array.from(document.querySelectorAll("#filters select"));
+const rows = Array.from(document.querySelectorAll("tr.cell-row"));
+function applyFilters() {
+  let shown = 0;
+  for (const row of rows) {
+    const values = row.dataset.values.split(" ");
+    const keep = selects.every((s) => s.value === "" || values[Number(s.dataset.axis)] === s.value);
+    row.hidden = !keep;
+    if (keep) shown += 1;
+  }
+  document.getElementById("shown").textContent = shown + " of " + rows.length + " cells shown";
+}
+for (const select of selects) select.addEventListener("change", applyFilters);
+function openTarget() {
+  const target = location.hash ? document.getElementById(location.hash.slice(1)) : null;
+  if (target && target.tagName === "DETAILS") target.open = true;
+}
+window.addEventListener("hashchange", openTarget);
+openTarget();
+applyFilters();
+"""
+
+
+def render(results: RunResults, diffs: list[UpgradeDiff]) -> str:
+    """The whole page as one string."""
+    failures = results.failures()
+    anchors = {(r.torch, r.suite, r.test, r.run_cell): f"failure-{i}" for i, (r, _) in enumerate(failures)}
+    body = "\n".join(
+        [
+            _header(results),
+            _totals(results),
+            *(_diff(diff) for diff in diffs),
+            _grid(results, anchors),
+            _failures(failures, anchors),
+            _drift(results),
+        ]
+    )
+    script_hash = base64.b64encode(hashlib.sha256(SCRIPT.encode()).digest()).decode()
+    policy = f"default-src 'none'; style-src 'unsafe-inline'; script-src 'sha256-{script_hash}'"
+    return (
+        '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        f'<meta http-equiv="Content-Security-Policy" content="{policy}">\n'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
+        f"<title>torchmatrix run {text(results.run_id)}</title>\n<style>{STYLE}</style>\n</head>\n<body>\n"
+        f"{body}\n<script>{SCRIPT}</script>\n</body>\n</html>\n"
+    )
+
+
+def text(value: object) -> str:
+    """Untrusted text made safe for HTML content and attribute values."""
+    return html.escape(visible(str(value)), quote=True)
+
+
+def _header(results: RunResults) -> str:
+    versions = ", ".join(
+        f"<code>{text(v.torch)}</code> ({text(v.build or 'build unknown')}, {text(v.device or 'device unknown')})"
+        for v in results.versions
+    )
+    return (
+        f"<h1>torchmatrix run <code>{text(results.run_id)}</code></h1>\n"
+        f"<p>torch {versions}; baseline <code>{text(results.baseline)}</code>. "
+        f"Started {text(results.created)} on {text(', '.join(results.hosts))}; "
+        f"matrix <code>{text(results.matrix_path)}</code> sha256 <code>{text(results.matrix_sha256[:12])}</code>.</p>"
+    )
+
+
+def _totals(results: RunResults) -> str:
+    rows = []
+    for v in results.versions:
+        t = results.totals(v.torch)
+        missing = f' <span class="bad">{len(v.missing_cells)} missing</span>' if v.missing_cells else ""
+        cells = len({r.cell for r in results.records(v.torch)})
+        rows.append(
+            f"<tr><th><code>{text(v.torch)}</code></th><td>{cells}{missing}</td>"
+            + "".join(
+                f'<td class="{_count_class(s, t[s])}">{t[s]}</td>' for s in ("passed", "failed", "error", "skipped")
+            )
+            + "</tr>"
+        )
+    return (
+        '<h2>Totals</h2>\n<table id="totals"><tr><th>torch</th><th>cells</th><th>passed</th><th>failed</th>'
+        f"<th>errors</th><th>skipped</th></tr>\n{''.join(rows)}</table>"
+    )
+
+
+def _count_class(status: str, count: int) -> str:
+    return "bad" if count and status in ("failed", "error") else ""
+
+
+def _diff(diff: UpgradeDiff) -> str:
+    before, after = text(diff.before), text(diff.after)
+    summary = (
+        f'<p><span class="{"bad" if diff.regressions else "good"}">{len(diff.regressions)} regressions</span>, '
+        f"{len(diff.fixes)} fixes, {len(diff.newly_skipped)} newly skipped, "
+        f"{len(diff.drift)} drift figures grown more than {diff.settings.drift_ratio:g}×, "
+        f"{len(diff.slowdowns)} suites slower than {diff.settings.slowdown_ratio:g}× "
+        f"({diff.compared} tests compared).</p>"
+    )
+    parts = [f'<h2 class="upgrade">Upgrade diff <code>{before}</code> → <code>{after}</code></h2>', summary]
+    for title, changes in (
+        ("Regressions", diff.regressions),
+        ("Fixes", diff.fixes),
+        ("Newly skipped", diff.newly_skipped),
+    ):
+        if changes:
+            parts.append(f"<h3>{title}</h3>\n" + _changes_table(changes, before, after))
+    if diff.drift:
+        rows = "".join(
+            f"<tr><td><code>{text(d.suite)}</code></td><td><code>{text(d.test)}</code></td>"
+            f"<td><code>{text(d.cell)}</code></td><td><code>{text(d.figure)}</code></td>"
+            f"<td>{d.before:.3g}</td><td>{d.after:.3g}</td></tr>"
+            for d in diff.drift
+        )
+        parts.append(
+            f"<h3>Drift grown more than {diff.settings.drift_ratio:g}×</h3>\n<table><tr><th>suite</th><th>test</th>"
+            f"<th>cell</th><th>figure</th><th>{before}</th><th>{after}</th></tr>{rows}</table>"
+        )
+    if diff.slowdowns:
+        rows = "".join(
+            f"<tr><td><code>{text(s.suite)}</code></td><td>{s.before:.1f} s</td><td>{s.after:.1f} s</td><td>{s.tests}</td></tr>"
+            for s in diff.slowdowns
+        )
+        parts.append(
+            f"<h3>Suites slower than {diff.settings.slowdown_ratio:g}×</h3>\n<table><tr><th>suite</th>"
+            f"<th>{before}</th><th>{after}</th><th>tests timed</th></tr>{rows}</table>"
+        )
+    return "\n".join(parts)
+
+
+def _changes_table(changes: list[Change], before: str, after: str) -> str:
+    rows = "".join(
+        f"<tr><td><code>{text(c.after.suite)}</code></td><td><code>{text(c.after.test)}</code></td>"
+        f"<td><code>{text(c.after.run_cell)}</code>{_more_cells(c.cells)}</td>"
+        f'<td><span class="mark {c.before.status}">{SYMBOLS[c.before.status]}</span></td>'
+        f'<td><span class="mark {c.after.status}">{SYMBOLS[c.after.status]}</span></td>'
+        f"<td>{text(one_line(c.after.message or c.before.message))}</td></tr>"
+        for c in changes
+    )
+    return (
+        f"<table><tr><th>suite</th><th>test</th><th>cell</th><th>{before}</th><th>{after}</th><th>message</th></tr>"
+        f"{rows}</table>"
+    )
+
+
+def _more_cells(cells: tuple[str, ...] | list[str]) -> str:
+    return f" and {len(cells) - 1} more cells" if len(cells) > 1 else ""
+
+
+def _grid(results: RunResults, anchors: dict) -> str:
+    axes = results.axes
+    value_index = {axis: {value: i for i, value in enumerate(values)} for axis, values in axes.items()}
+    filters = "".join(
+        f'<label>{text(axis)}<select data-axis="{a}"><option value="">all</option>'
+        + "".join(f'<option value="{i}">{text(value)}</option>' for i, value in enumerate(values))
+        + "</select></label>"
+        for a, (axis, values) in enumerate(axes.items())
+    )
+    statuses = results.statuses()
+    first_failure = _first_failure_per_suite(results.tests)
+    suites = results.suites
+    head = "".join(f"<th><code>{text(v.torch)}</code></th>" for v in results.versions)
+    rows = []
+    for cell, values in results.cells.items():
+        indices = " ".join(str(value_index[axis].get(values.get(axis), -1)) for axis in axes)
+        marks = []
+        for v in results.versions:
+            cell_marks = []
+            for suite in suites:
+                status = statuses.get((v.torch, cell, suite))
+                title = text(f"{suite}: {status or 'not run'}")
+                if status is None:
+                    cell_marks.append(f'<span class="mark none" title="{title}">·</span>')
+                    continue
+                record = first_failure.get((v.torch, cell, suite))
+                anchor = anchors.get((record.torch, record.suite, record.test, record.run_cell)) if record else None
+                href = f' href="#{anchor}"' if anchor else ""
+                cell_marks.append(f'<a class="mark {status}" title="{title}"{href}>{SYMBOLS[status]}</a>')
+            marks.append(f"<td>{''.join(cell_marks)}</td>")
+        rows.append(
+            f'<tr class="cell-row" data-values="{indices}"><th><code>{text(cell)}</code></th>{"".join(marks)}</tr>'
+        )
+    legend = " ".join(f'<span class="mark {s}">{SYMBOLS[s]}</span> {s}' for s in SYMBOLS)
+    return (
+        f"<h2>Grid: {len(results.cells)} cells × {len(results.versions)} torch versions</h2>\n"
+        f"<p>One mark per suite, in this order: {', '.join(f'<code>{text(s)}</code>' for s in suites)}. {legend}. "
+        "A red or purple mark links to its failure.</p>\n"
+        f'<form id="filters">{filters}<span id="shown"></span></form>\n'
+        f'<table id="grid"><thead><tr><th>cell</th>{head}</tr></thead><tbody>\n'
+        + "\n".join(rows)
+        + "\n</tbody></table>"
+    )
+
+
+def _first_failure_per_suite(records: list[TestRecord]) -> dict[tuple[str, str, str], TestRecord]:
+    found: dict[tuple[str, str, str], TestRecord] = {}
+    for record in records:
+        if record.status in ("failed", "error"):
+            found.setdefault((record.torch, record.cell, record.suite), record)
+    return found
+
+
+def _failures(failures: list[tuple[TestRecord, list[str]]], anchors: dict) -> str:
+    if not failures:
+        return "<h2>Failures</h2>\n<p>None.</p>"
+    items = []
+    for record, cells in failures:
+        anchor = anchors[(record.torch, record.suite, record.test, record.run_cell)]
+        items.append(
+            f'<details class="failure" id="{anchor}"><summary><span class="mark {record.status}">'
+            f"{SYMBOLS[record.status]}</span> torch <code>{text(record.torch)}</code> · <code>{text(record.suite)}</code> "
+            f"<code>{text(record.test)}</code> in <code>{text(record.run_cell)}</code>{_more_cells(cells)}: "
+            f"{text(one_line(record.message)) or '(no message)'}</summary>\n"
+            f"<pre>{text(record.text or record.message)}</pre></details>"
+        )
+    return f"<h2>Failures ({len(failures)})</h2>\n" + "\n".join(items)
+
+
+def _drift(results: RunResults) -> str:
+    """Per (suite, test, measure): the worst value per torch version, then per cell in an expandable table."""
+    versions = [v.torch for v in results.versions]
+    worst: dict[tuple[str, str, str], dict[str, dict[str, float]]] = defaultdict(lambda: defaultdict(dict))
+    for record in results.tests:
+        if record.ran_in is not None:
+            continue
+        for name, value in record.figures.items():
+            if is_drift_figure(name) and isinstance(value, float):
+                per_cell = worst[(record.suite, record.test, drift_measure(name))][record.cell]
+                previous = per_cell.get(record.torch)
+                per_cell[record.torch] = _worse(previous, abs(value))
+    if not worst:
+        return "<h2>Drift</h2>\n<p>No test recorded drift figures in this run.</p>"
+    ratio = results.settings.drift_ratio
+    head = "".join(f"<th><code>{text(v)}</code></th>" for v in versions)
+    blocks = []
+    for (suite, test, measure), cells in worst.items():
+        overall: dict[str, float] = {}
+        for per_version in cells.values():
+            for version, value in per_version.items():
+                overall[version] = _worse(overall.get(version), value)
+        cell_rows = "".join(
+            f"<tr><th><code>{text(cell)}</code></th>{_values(per_version, versions)}"
+            f"<td>{_chart(per_version, versions, results.baseline, ratio)}</td></tr>"
+            for cell, per_version in cells.items()
+        )
+        blocks.append(
+            f"<tr><td><code>{text(suite)}</code></td><td><code>{text(test)}</code></td><td><code>{text(measure)}</code></td>"
+            f"{_values(overall, versions)}<td>{_chart(overall, versions, results.baseline, ratio)}"
+            f"<details><summary>{len(cells)} cells</summary><table><tr><th>cell</th>{head}<th></th></tr>{cell_rows}</table>"
+            "</details></td></tr>"
+        )
+    return (
+        "<h2>Drift</h2>\n<p>Worst value over cells and tensors per torch version, on a log scale; grey is the baseline, "
+        f"red grew more than {ratio:g}× over it.</p>\n"
+        f'<table id="drift"><tr><th>suite</th><th>test</th><th>figure</th>{head}<th>across versions</th></tr>'
+        + "\n".join(blocks)
+        + "</table>"
+    )
+
+
+def _worse(previous: float | None, value: float) -> float:
+    if previous is None or math.isnan(value):
+        return value
+    return previous if math.isnan(previous) else max(previous, value)
+
+
+def _values(per_version: dict[str, float], versions: list[str]) -> str:
+    return "".join(f"<td>{per_version[v]:.3g}</td>" if v in per_version else "<td>·</td>" for v in versions)
+
+
+def _chart(per_version: dict[str, float], versions: list[str], baseline: str, ratio: float) -> str:
+    """A bar per torch version, log-scaled between the row's smallest and largest positive value."""
+    logs = [math.log10(v) for v in per_version.values() if v > 0 and math.isfinite(v)]
+    low, high = (min(logs) - 1, max(logs)) if logs else (0.0, 1.0)
+    base = per_version.get(baseline)
+    bars = []
+    for i, version in enumerate(versions):
+        value = per_version.get(version)
+        if value is None:
+            continue
+        if value > 0 and math.isfinite(value):
+            height = 3 + (CHART_HEIGHT - 3) * (math.log10(value) - low) / max(high - low, 1e-12)
+        else:
+            height = CHART_HEIGHT if value != 0 else 1
+        kind = "base" if version == baseline else "grown" if base is not None and grew(base, value, ratio) else "same"
+        kind = "zero" if value == 0 and kind != "base" else kind
+        x = i * (CHART_BAR + 2)
+        bars.append(
+            f'<rect class="{kind}" x="{x}" y="{CHART_HEIGHT - height:.1f}" width="{CHART_BAR}" height="{height:.1f}">'
+            f"<title>torch {text(version)}: {value:.3g}</title></rect>"
+        )
+    width = len(versions) * (CHART_BAR + 2)
+    return (
+        f'<svg width="{width}" height="{CHART_HEIGHT}" viewBox="0 0 {width} {CHART_HEIGHT}" role="img" '
+        f'aria-label="drift across torch versions">{"".join(bars)}</svg>'
+    )
