@@ -7,6 +7,7 @@ report: its cells are recorded as errors carrying pip's output.
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 from pathlib import Path
@@ -62,10 +63,15 @@ def gpu_matrix(session, matrix: Matrix, torch_version: str, run_id: str) -> None
 
 
 def report(session) -> None:
-    """Merge a run directory (default: reports/latest) into junit.xml and the summary pages."""
+    """Write a run directory's reports (default: reports/latest); with `-- --compare RUN`, diff it against RUN."""
+    parser = argparse.ArgumentParser(prog="nox -s report --")
+    parser.add_argument("run_dir", nargs="?", default=str(PROJECT / "reports" / "latest"))
+    parser.add_argument("--compare", metavar="RUN", help="a reference run directory or results.json")
+    args = parser.parse_args(session.posargs)
     session.install("-e", str(PROJECT))
-    run_dir = session.posargs[0] if session.posargs else str(PROJECT / "reports" / "latest")
-    session.run("python", "-m", "torchmatrix", "report", run_dir)
+    session.run("python", "-m", "torchmatrix", "report", args.run_dir)
+    if args.compare:
+        session.run("python", "-m", "torchmatrix", "compare", args.compare, args.run_dir)
 
 
 def tests(session, torch_version: str) -> None:
