@@ -1,5 +1,6 @@
 """The reference model of the grad-ckpt suite: a tiny decoder that uses a KV cache the way
-pi05's PaliGemma-with-expert does (../shared/seeds/grad-ckpt-kv-cache-equivalence.txt).
+pi05's PaliGemma-with-expert does (public report "pi05 grad-ckpt + KV cache: pin
+gradient-equivalence with a focused regression test").
 
 A prefix stack writes ``past_key_values[i]`` during forward; an "expert" stack then runs on
 the suffix tokens and its layer ``i`` attends over the prefix keys/values that prefix layer

@@ -1,9 +1,9 @@
 """Known-bad models for the grad-ckpt suite: each makes checkpoint recompute disagree with forward.
 
 All three are identical to the reference decoder without checkpointing and only go wrong
-when a layer body runs a second time during backward, which is the bug class of
-../shared/seeds/grad-ckpt-kv-cache-equivalence.txt. Point matrix.toml's ``model`` component at
-one of the factories below and suites/test_grad_ckpt.py must fail.
+when a layer body runs a second time during backward: the bug class the grad-ckpt suite
+exists for. Point matrix.toml's ``model`` component at one of the factories below and
+suites/test_grad_ckpt.py must fail.
 """
 
 from __future__ import annotations
