@@ -1,4 +1,4 @@
-"""`python -m torchmatrix list | run | report`.
+"""`python -m torchmatrix list | run | report | merge | github-matrix`.
 
 Exit codes: 0 all passed or skipped, 1 a test failed or errored, 2 a usage or matrix.toml error
 (printed as one line, no traceback), 130 interrupted.
@@ -11,7 +11,10 @@ import json
 import sys
 from pathlib import Path
 
+from torchmatrix import junit
 from torchmatrix.config import ConfigError, Matrix, load_matrix
+from torchmatrix.github import github_matrix
+from torchmatrix.merge import MergeError, merge_reports
 from torchmatrix.report import append_step_summary, compare_markdown, write_report
 from torchmatrix.results import ResultsError
 from torchmatrix.runner import RunError, RunRequest, new_run_id, run_version
@@ -79,6 +82,23 @@ def build_parser() -> argparse.ArgumentParser:
     compare = commands.add_parser("compare", help="upgrade diff of run B against run A; exit 1 on a regression")
     compare.add_argument("run_a", type=Path, help="the reference run: a run directory or its results.json")
     compare.add_argument("run_b", type=Path, help="the run to check against it")
+    merge = commands.add_parser("merge", help="merge report directories of shards, jobs and versions into one run")
+    merge.add_argument(
+        "inputs", nargs="+", type=Path, metavar="DIR", help="report directories (e.g. downloaded artifacts)"
+    )
+    merge.add_argument("--out", required=True, type=Path, help="the merged run directory to write")
+    merge.add_argument(
+        "--config", default="matrix.toml", help="the matrix file the shards ran (default: ./matrix.toml)"
+    )
+    merge.add_argument(
+        "--versions", default=None, metavar="V1,V2", help="torch versions to expect (default: all in matrix.toml)"
+    )
+
+    fan_out = commands.add_parser(
+        "github-matrix", help="print the GitHub Actions job matrix: one job per torch version and shard"
+    )
+    _add_selection(fan_out)
+    fan_out.add_argument("--shards", type=int, default=1, help="shards per torch version (default 1)")
     return parser
 
 
@@ -92,8 +112,12 @@ def main(argv: list[str] | None = None) -> int:
         matrix = load_matrix(args.config)
         if args.command == "list":
             return _list(matrix, args)
+        if args.command == "merge":
+            return _merge(matrix, args)
+        if args.command == "github-matrix":
+            return _github_matrix(matrix, args)
         return _run(matrix, args)
-    except (ConfigError, SelectionError, RunError, ResultsError, CompareError) as error:
+    except (ConfigError, SelectionError, RunError, MergeError, ResultsError, CompareError) as error:
         print(f"torchmatrix: error: {error}", file=sys.stderr)
         return USAGE_EXIT
 
@@ -159,3 +183,31 @@ def _compare(run_a: Path, run_b: Path) -> int:
     print(markdown)
     append_step_summary(markdown)
     return 1 if regressed else 0
+
+
+def _merge(matrix: Matrix, args) -> int:
+    versions = [v.strip() for v in args.versions.split(",") if v.strip()] if args.versions else None
+    out = args.out.resolve()
+    result = merge_reports([path.resolve() for path in args.inputs], out, matrix, versions)
+    for version, missing in result.missing.items():
+        print(
+            f"torchmatrix: torch {version}: {len(missing)} planned cells had no report: {', '.join(missing)}",
+            file=sys.stderr,
+        )
+    cells = ", ".join(f"torch {v}: {n} cells" for v, n in result.cells.items())
+    print(f"torchmatrix: merged {result.inputs} report directories into {out} ({cells})")
+    _report(out)
+    return 1 if junit.has_problems(out / junit.MERGED_NAME) else 0
+
+
+def _github_matrix(matrix: Matrix, args) -> int:
+    filters = _filters(matrix, args)
+    if filters["shard"]:
+        raise SelectionError("github-matrix: use --shards N, not --shard; every job gets its own --shard i/N")
+    filter_args = [f"--only={text}" for text in args.only] + (["-k", args.keyword] if args.keyword else [])
+    print(
+        json.dumps(
+            github_matrix(matrix, args.shards, only=filters["only"], keyword=args.keyword, filter_args=filter_args)
+        )
+    )
+    return 0

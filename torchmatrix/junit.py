@@ -34,6 +34,11 @@ def testcase_name(test: str, version: str, cell_id: str) -> str:
     return f"{test}[torch={version},{cell_id}]"
 
 
+def test_of_testcase(name: str) -> str:
+    """The test's own name back from a testcase name."""
+    return name.rsplit("[torch=", 1)[0]
+
+
 def suite_name(version: str, cell_id: str) -> str:
     return f"torch-{version}/{cell_id}"
 
@@ -105,6 +110,13 @@ def write_suites(path: Path, suites: Sequence[TestSuite]) -> None:
     os.replace(partial, path)
 
 
+def write_cell(version_dir: Path, version: str, environment: dict, cell: Cell, outcomes) -> Path:
+    """Write `<version_dir>/<cell-id>.xml`, the one-cell file every merge starts from."""
+    path = version_dir / f"{cell.id}.xml"
+    write_suites(path, [cell_report(version, environment, cell, outcomes)])
+    return path
+
+
 def read_suites(path: Path) -> list[TestSuite]:
     return list(JUnitXml.fromfile(str(path)))
 
@@ -120,3 +132,8 @@ def merge_run(run_dir: Path) -> Path:
     merged = run_dir / MERGED_NAME
     write_suites(merged, suites)
     return merged
+
+
+def has_problems(path: Path) -> bool:
+    """Whether a JUnit file holds any failure or error."""
+    return any(suite.failures or suite.errors for suite in read_suites(path))

@@ -51,7 +51,7 @@ class OutcomeBook:
         if kind == "collected":
             for key, names in event["runs"].items():
                 if key in self.expected:
-                    self.expected[key] = names
+                    self.expect(key, names)
         elif kind == "start":
             self.running[f"{event['suite']}|{event['cell']}"] = (event["test"], now)
         elif kind == "test":
@@ -65,6 +65,10 @@ class OutcomeBook:
                     self.fail_run(key, "error", f"suite {event['suite']} could not be collected", event["text"])
         elif kind == "pool_start":
             self.pool_starts += 1
+
+    def expect(self, key: str, names: Sequence[str]) -> None:
+        """Name the tests a run would have had (as collection would), so failures list each one."""
+        self.expected[key] = list(names)
 
     def fail_run(self, key: str, status: str, message: str, text: str = "") -> None:
         """Give every test of the run without a result `status`; a never-collected run gets one case."""

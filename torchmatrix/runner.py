@@ -241,8 +241,7 @@ def _start_group(request: RunRequest, group: Group, environment: dict, gpus: lis
 
 def _write_reports(request: RunRequest, cells: list[Cell], book: OutcomeBook, environment: dict) -> None:
     for cell in cells:
-        suite = junit.cell_report(request.version, environment, cell, book.for_cell(cell))
-        junit.write_suites(request.version_dir / f"{cell.id}.xml", [suite])
+        junit.write_cell(request.version_dir, request.version, environment, cell, book.for_cell(cell))
     (request.version_dir / "plan.json").write_text(
         json.dumps(
             {

@@ -1,0 +1,169 @@
+"""Merge report directories from shards, CI jobs and torch versions into one run directory.
+
+The result reads like a single-machine run of the same matrix: every planned cell once. The
+matrix file tells which cells were planned, so a shard whose job died or whose artifact never
+arrived shows up as errored cells that say so, never as silence.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from torchmatrix import junit
+from torchmatrix.config import Matrix
+from torchmatrix.outcomes import OutcomeBook
+from torchmatrix.plan import plan_runs
+from torchmatrix.selection import Shard, select_cells, shard_cells
+
+PLAN_FILE = "plan.json"
+
+
+class MergeError(Exception):
+    """Inputs that cannot be merged into one honest report; the message says what to change."""
+
+
+@dataclass
+class VersionReport:
+    """One `torch-<V>` directory found among the inputs."""
+
+    path: Path
+    plan: dict
+
+    @property
+    def version(self) -> str:
+        return self.plan["torch"]
+
+    @property
+    def shard(self) -> Shard | None:
+        return Shard.parse(self.plan["shard"]) if self.plan.get("shard") else None
+
+    @property
+    def filters(self) -> tuple:
+        return (json.dumps(self.plan.get("only") or {}, sort_keys=True), self.plan.get("keyword"))
+
+
+@dataclass
+class MergeResult:
+    """What the merge found, for the one-line summary the CLI prints."""
+
+    cells: dict[str, int] = field(default_factory=dict)
+    missing: dict[str, list[str]] = field(default_factory=dict)
+    inputs: int = 0
+
+
+def find_version_reports(inputs: Sequence[Path]) -> list[VersionReport]:
+    """Every `torch-*/plan.json` below the inputs, not following symlinks (`latest` would double-count)."""
+    found = []
+    for root in inputs:
+        if not root.is_dir():
+            raise MergeError(f"{root} is not a directory; pass the report directories (downloaded artifacts) to merge")
+        for directory, subdirectories, files in os.walk(root):
+            subdirectories.sort()
+            if Path(directory).name.startswith("torch-") and PLAN_FILE in files:
+                path = Path(directory)
+                found.append(VersionReport(path, json.loads((path / PLAN_FILE).read_text())))
+    return found
+
+
+def merge_reports(
+    inputs: Sequence[Path], out: Path, matrix: Matrix, versions: Sequence[str] | None = None
+) -> MergeResult:
+    """Write `out` as one run directory holding every planned cell of every expected version."""
+    reports = find_version_reports(inputs)
+    for report in reports:
+        if report.plan.get("matrix_sha256") != matrix.digest:
+            raise MergeError(
+                f"{report.path} was produced from another matrix.toml than {matrix.path}; pass --config with the file the shards ran"
+            )
+    if any(out.glob("torch-*")):
+        raise MergeError(f"{out} already holds a report; choose an empty --out directory")
+    expected_versions = list(versions or [v for v in matrix.versions if v != "system"])
+    expected_versions += sorted({r.version for r in reports} - set(expected_versions))
+    result = MergeResult(inputs=len(reports))
+    for version in expected_versions:
+        mine = [r for r in reports if r.version == version]
+        cells_written, missing = _merge_version(version, mine, out / f"torch-{version}", matrix)
+        result.cells[version] = cells_written
+        if missing:
+            result.missing[version] = missing
+    junit.merge_run(out)
+    return result
+
+
+def _merge_version(version: str, reports: list[VersionReport], out: Path, matrix: Matrix) -> tuple[int, list[str]]:
+    filters = {r.filters for r in reports}
+    if len(filters) > 1:
+        raise MergeError(
+            f"the torch {version} reports were run with different --only/-k filters; merge runs of one selection"
+        )
+    counts = {r.shard.count if r.shard else 1 for r in reports}
+    if len(counts) > 1:
+        raise MergeError(
+            f"the torch {version} reports mix shard counts {sorted(counts)}; merge the shards of one --shards N"
+        )
+    plan = reports[0].plan if reports else {}
+    only = {axis: set(values) for axis, values in (plan.get("only") or {}).items()}
+    expected = select_cells(matrix.cells(), only=only, keyword=plan.get("keyword"))
+    shard_count = counts.pop() if counts else 1
+    out.mkdir(parents=True, exist_ok=True)
+    sources: dict[str, Path] = {}
+    for report in reports:
+        for path in sorted(report.path.glob("*.xml")):
+            if path.stem in sources:
+                raise MergeError(
+                    f"cell {path.stem} of torch {version} is reported twice ({sources[path.stem]} and {path}); pass each shard's reports once"
+                )
+            sources[path.stem] = path
+            shutil.copyfile(path, out / path.name)
+    missing = [cell for cell in expected if cell.id not in sources]
+    environment = plan.get("environment") or {"device": "unknown (no shard of this version reported)"}
+    known_tests = _tests_per_suite(out)
+    for cell in missing:
+        book = OutcomeBook(plan_runs([cell], matrix.suites))
+        for key, run in book.runs.items():
+            if run.suite.name in known_tests:
+                book.expect(key, known_tests[run.suite.name])
+            book.fail_run(key, "error", _missing_reason(version, cell, expected, shard_count))
+        junit.write_cell(out, version, environment, cell, book.for_cell(cell))
+    (out / PLAN_FILE).write_text(
+        json.dumps(
+            {
+                **{k: plan.get(k) for k in ("matrix", "only", "keyword")},
+                "torch": version,
+                "matrix_sha256": matrix.digest,
+                "shard": None,
+                "merged_from": [{"path": str(r.path), "shard": r.plan.get("shard")} for r in reports],
+                "environment": environment,
+                "cells": [cell.id for cell in expected],
+                "missing": [cell.id for cell in missing],
+                "pool_starts": sum(r.plan.get("pool_starts", 0) for r in reports),
+            },
+            indent=2,
+        )
+    )
+    return len(sources) + len(missing), [cell.id for cell in missing]
+
+
+def _tests_per_suite(version_dir: Path) -> dict[str, list[str]]:
+    """Test names per suite as other cells reported them, so a missing cell lists the same tests."""
+    names: dict[str, list[str]] = {}
+    for path in sorted(version_dir.glob("*.xml")):
+        for suite in junit.read_suites(path):
+            for case in suite:
+                tests = names.setdefault(case.classname, [])
+                test = junit.test_of_testcase(case.name)
+                if test not in tests:
+                    tests.append(test)
+    return names
+
+
+def _missing_reason(version: str, cell, expected, shard_count: int) -> str:
+    if shard_count == 1:
+        return f"no report for this cell: the torch {version} job delivered none (it failed before writing reports, or its artifact is missing)"
+    index = next(i for i in range(1, shard_count + 1) if cell in shard_cells(expected, Shard(i, shard_count)))
+    return f"no report for this cell: shard {index}/{shard_count} of torch {version} delivered none (its job failed before writing reports, or its artifact is missing)"
