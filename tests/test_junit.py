@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from conftest import REPO
 from junitparser import JUnitXml
 from lxml import etree
 
@@ -11,6 +10,8 @@ from torchmatrix.cells import Cell
 from torchmatrix.config import Suite
 from torchmatrix.outcomes import OutcomeBook
 from torchmatrix.plan import plan_runs
+
+from conftest import REPO
 
 SCHEMA = etree.XMLSchema(etree.parse(str(REPO / "tests" / "data" / "junit-10.xsd")))
 ENVIRONMENT = {

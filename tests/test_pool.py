@@ -6,9 +6,10 @@ import signal
 import time
 
 import pytest
-import rank_functions as rf
 
 from torchmatrix.pool import RankFailure, RankPool
+
+import rank_functions as rf
 
 pytestmark = pytest.mark.slow
 

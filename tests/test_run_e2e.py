@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import REPO
 from junitparser import JUnitXml
 from lxml import etree
+
+from conftest import REPO
 
 pytestmark = pytest.mark.slow
 

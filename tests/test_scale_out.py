@@ -9,8 +9,9 @@ import pytest
 import yaml
 from junitparser import JUnitXml
 
-from conftest import REPO, Project
 from torchmatrix.cli import build_parser
+
+from conftest import REPO, Project
 
 MATRIX = """
 [torch]
