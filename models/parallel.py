@@ -15,7 +15,7 @@ from collections.abc import Mapping
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
@@ -28,25 +28,29 @@ def parallelize(
     *,
     device: torch.device,
     activation_checkpointing: bool = False,
+    mesh: DeviceMesh | None = None,
 ) -> nn.Module:
     """Component ``parallelize``: the model ready to train on ``device`` under ``cell["fsdp"]``.
 
     ``model`` must offer ``decoder_layers()`` (the checkpointing and sharding units, each
-    with a boolean ``checkpointing`` attribute). Sharding uses the default process group.
+    with a boolean ``checkpointing`` attribute). FSDP shards over ``mesh``, a 1-D mesh of
+    ``device``'s type; by default one spanning every rank of the default process group.
     """
+    fsdp = cell["fsdp"]
+    if fsdp not in FSDP_KINDS:
+        raise ValueError(f"cell axis fsdp={fsdp!r}: expected one of {', '.join(FSDP_KINDS)}")
     for layer in model.decoder_layers():
         layer.checkpointing = activation_checkpointing
-    fsdp = cell["fsdp"]
     if fsdp == "none":
         return model.to(device)
+    if mesh is None:
+        mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     if fsdp == "fsdp1":
-        return wrap_fsdp1(model, device)
-    if fsdp == "fsdp2":
-        return shard_fsdp2(model, device)
-    raise ValueError(f"cell axis fsdp={fsdp!r}: expected one of {', '.join(FSDP_KINDS)}")
+        return wrap_fsdp1(model, device, mesh)
+    return shard_fsdp2(model, device, mesh)
 
 
-def wrap_fsdp1(model: nn.Module, device: torch.device) -> FullyShardedDataParallel:
+def wrap_fsdp1(model: nn.Module, device: torch.device, mesh: DeviceMesh) -> FullyShardedDataParallel:
     """FSDP1 with one unit per decoder layer plus the root; ``device_id`` makes it work on CPU too.
 
     ``use_orig_params=True`` keeps per-parameter names and gradients visible, which the
@@ -56,14 +60,14 @@ def wrap_fsdp1(model: nn.Module, device: torch.device) -> FullyShardedDataParall
     return FullyShardedDataParallel(
         model,
         auto_wrap_policy=ModuleWrapPolicy(layer_types),
+        process_group=mesh.get_group(),
         device_id=device,
         use_orig_params=True,
     )
 
 
-def shard_fsdp2(model: nn.Module, device: torch.device) -> nn.Module:
-    """FSDP2: ``fully_shard`` each decoder layer, then the root, on a 1-D mesh over all ranks."""
-    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+def shard_fsdp2(model: nn.Module, device: torch.device, mesh: DeviceMesh) -> nn.Module:
+    """FSDP2: ``fully_shard`` each decoder layer, then the root."""
     model.to(device)
     for layer in model.decoder_layers():
         fully_shard(layer, mesh=mesh)
