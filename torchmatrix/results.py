@@ -33,6 +33,8 @@ class ResultsError(Exception):
 class TestRecord:
     """One test of one suite in one cell under one torch version, as its JUnit testcase reports it."""
 
+    __test__ = False  # a record of a test, not a test class for pytest to collect
+
     torch: str
     cell: str
     suite: str

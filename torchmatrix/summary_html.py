@@ -134,10 +134,10 @@ def _count_class(status: str, count: int) -> str:
 def _diff(diff: UpgradeDiff) -> str:
     before, after = text(diff.before), text(diff.after)
     summary = (
-        f'<p><span class="{"bad" if diff.regressions else "good"}">{len(diff.regressions)} regressions</span>, '
-        f"{len(diff.fixes)} fixes, {len(diff.newly_skipped)} newly skipped, "
-        f"{len(diff.drift)} drift figures grown more than {diff.settings.drift_ratio:g}×, "
-        f"{len(diff.slowdowns)} suites slower than {diff.settings.slowdown_ratio:g}× "
+        f'<p><span class="{"bad" if diff.regressions else "good"}">{_count(len(diff.regressions), "regression")}</span>, '
+        f"{_count(len(diff.fixes), 'fix', 'fixes')}, {len(diff.newly_skipped)} newly skipped, "
+        f"{_count(len(diff.drift), 'drift figure')} grown more than {diff.settings.drift_ratio:g}×, "
+        f"{_count(len(diff.slowdowns), 'suite')} slower than {diff.settings.slowdown_ratio:g}× "
         f"({diff.compared} tests compared).</p>"
     )
     parts = [f'<h2 class="upgrade">Upgrade diff <code>{before}</code> → <code>{after}</code></h2>', summary]
@@ -169,6 +169,10 @@ def _diff(diff: UpgradeDiff) -> str:
             f"<th>{before}</th><th>{after}</th><th>tests timed</th></tr>{rows}</table>"
         )
     return "\n".join(parts)
+
+
+def _count(n: int, singular: str, plural: str | None = None) -> str:
+    return f"{n} {singular if n == 1 else plural or singular + 's'}"
 
 
 def _changes_table(changes: list[Change], before: str, after: str) -> str:
@@ -225,7 +229,7 @@ def _grid(results: RunResults, anchors: dict) -> str:
         )
     legend = " ".join(f'<span class="mark {s}">{SYMBOLS[s]}</span> {s}' for s in SYMBOLS)
     return (
-        f"<h2>Grid: {len(results.cells)} cells × {len(results.versions)} torch versions</h2>\n"
+        f"<h2>Grid: {_count(len(results.cells), 'cell')} × {_count(len(results.versions), 'torch version')}</h2>\n"
         f"<p>One mark per suite, in this order: {', '.join(f'<code>{text(s)}</code>' for s in suites)}. {legend}. "
         "A red or purple mark links to its failure.</p>\n"
         f'<form id="filters">{filters}<span id="shown"></span></form>\n'

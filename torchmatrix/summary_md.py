@@ -101,10 +101,10 @@ def fenced(text: str) -> str:
 
 
 def _header(results: RunResults) -> str:
-    versions = ", ".join(v.torch for v in results.versions)
+    versions = ", ".join(code(v.torch) for v in results.versions)
     return (
         f"## torchmatrix run {code(results.run_id)}\n\n"
-        f"torch {code(versions)}, baseline {code(results.baseline)}; started {code(results.created)} "
+        f"torch {versions}; baseline {code(results.baseline)}; started {code(results.created)} "
         f"on {code(', '.join(results.hosts))}; matrix sha256 {code(results.matrix_sha256[:12])}"
     )
 
@@ -131,7 +131,7 @@ def _grid(results: RunResults) -> str:
         for cell in results.cells
     ]  # fmt: skip
     return (
-        f"### Grid: {len(results.cells)} cells × {len(results.versions)} torch versions\n\n"
+        f"### Grid: {_count(len(results.cells), 'cell')} × {_count(len(results.versions), 'torch version')}\n\n"
         f"One mark per suite, in this order: {', '.join(code(s, table=False) for s in suites)}. "
         f"{legend}, {NOT_RUN} not run.\n\n" + _table(["cell", *(code(v.torch) for v in results.versions)], rows)
     )
@@ -151,10 +151,10 @@ def _failures(results: RunResults) -> str:
         )
         lines = record.text.splitlines()[:FAILURE_TEXT_LINES]
         block = "\n".join("  " + line for line in fenced("\n".join(lines)).splitlines()) if lines else ""
-        items.append(headline + ("\n\n" + block + "\n" if block else ""))
+        items.append(headline + ("\n\n" + block if block else ""))
     more = len(failures) - MAX_FAILURES
     tail = f"\n\n… and {more} more in summary.html and results.json." if more > 0 else ""
-    return f"### Failures ({len(failures)})\n\n" + "\n".join(items) + tail
+    return f"### Failures ({len(failures)})\n\n" + "\n\n".join(items) + tail
 
 
 def _cells(cell: str, cells: tuple[str, ...]) -> str:

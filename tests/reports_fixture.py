@@ -1,0 +1,157 @@
+"""A crafted run directory for the report tests: two torch versions, every status, shared runs, drift.
+
+It is written with the runner's own JUnit writer, then host and timestamps are pinned, so the
+golden files stay byte-stable. Cells ws1-none, ws1-fsdp2, ws2-none, ws2-fsdp2; suite `alpha`
+runs in every cell, suite `beta` once per world size (ws1-none and ws2-none stand for the rest).
+
+What changes from 2.13.0 (baseline) to 2.14.1:
+  alpha test_regress   passed -> failed in ws2-fsdp2          (regression)
+  alpha test_fixed     failed -> passed in ws1-none           (fix)
+  alpha test_drift     grad_max_abs/layer0.w 1e-9 -> 1e-6 in ws2-fsdp2 (drift grown 1000x)
+  beta  test_slow      1 s -> 3 s per run                     (suite slower)
+  beta  test_skipped   passed -> skipped                      (newly skipped)
+  beta  test_broken    error in ws2 on both                   (still failing, not a change)
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+from torchmatrix import junit
+from torchmatrix.cells import Cell
+from torchmatrix.config import Suite
+from torchmatrix.outcomes import TestOutcome
+from torchmatrix.plan import plan_runs
+
+BASELINE, CANDIDATE = "2.13.0", "2.14.1"
+HOST = "fixture-host"
+TIMESTAMP = "2026-01-02T03:04:05+00:00"
+RUN_ID = "run-fixture"
+ENVIRONMENTS = {
+    BASELINE: {"torch": "2.13.0+cpu", "git_version": "aaa111", "cuda_version": None, "gpu_count": 0,
+               "device": "cpu (ranks simulated as processes, gloo)"},
+    CANDIDATE: {"torch": "2.14.1+cpu", "git_version": "bbb222", "cuda_version": None, "gpu_count": 0,
+                "device": "cpu (ranks simulated as processes, gloo)"},
+}  # fmt: skip
+CELLS = [Cell({"world_size": ws, "fsdp": fsdp}) for ws in (1, 2) for fsdp in ("none", "fsdp2")]
+SUITES = {
+    "alpha": Suite("alpha", "suites/test_alpha.py", 60.0, ("world_size", "fsdp")),
+    "beta": Suite("beta", "suites/test_beta.py", 60.0, ("world_size",)),
+}
+MATRIX_TOML = """
+[torch]
+versions = ["2.13.0", "2.14.1"]
+baseline = "2.13.0"
+
+[axes]
+world_size = [1, 2]
+fsdp = ["none", "fsdp2"]
+
+[suites.alpha]
+path = "suites/test_alpha.py"
+timeout = 60
+
+[suites.beta]
+path = "suites/test_beta.py"
+timeout = 60
+axes = ["world_size"]
+
+[report]
+drift_ratio = 10.0
+slowdown_ratio = 1.5
+"""
+TRACEBACK = textwrap.dedent(
+    """\
+    Traceback (most recent call last):
+      File "suites/test_alpha.py", line 12, in test_regress
+        assert grads_equal
+    AssertionError: gradient of layer0.w differs
+    """
+)
+
+
+def outcomes(version: str, suite: str, cell: Cell) -> list[TestOutcome]:
+    """The tests a suite run in `cell` reports under `version` (cell is the run's own cell)."""
+    new = version == CANDIDATE
+    if suite == "alpha":
+        regressed = new and cell.id == "ws2-fsdp2"
+        still_broken = not new and cell.id == "ws1-none"
+        drift = 1e-6 if new and cell.id == "ws2-fsdp2" else 1e-9
+        return [
+            TestOutcome("alpha", "test_ok", "passed", 0.25),
+            TestOutcome(
+                "alpha", "test_regress", "failed", 0.5, "AssertionError: gradient of layer0.w differs", TRACEBACK
+            )
+            if regressed
+            else TestOutcome("alpha", "test_regress", "passed", 0.5),
+            TestOutcome("alpha", "test_fixed", "failed", 0.5, "assert 3 == 4", "E   assert 3 == 4")
+            if still_broken
+            else TestOutcome("alpha", "test_fixed", "passed", 0.5),
+            TestOutcome(
+                "alpha",
+                "test_drift[0.0]",
+                "passed",
+                0.75,
+                properties=[
+                    ["grad_max_abs/layer0.w", drift],
+                    ["grad_max_rel/layer0.w", 1e-7],
+                    ["loss_max_abs", 0.0],
+                    ["sharded_states", 3],
+                ],
+            ),
+        ]
+    broken = cell.world_size == 2
+    return [
+        TestOutcome("beta", "test_slow", "passed", 3.0 if new else 1.0),
+        TestOutcome("beta", "test_skipped", "skipped", 0.0, "needs TransformerEngine")
+        if new
+        else TestOutcome("beta", "test_skipped", "passed", 0.5),
+        TestOutcome("beta", "test_broken", "error", 60.0, "rank 1 died with SIGKILL", "rank 1: killed by signal 9")
+        if broken
+        else TestOutcome("beta", "test_broken", "passed", 0.5),
+    ]
+
+
+def write_project(root: Path) -> Path:
+    """matrix.toml and (empty) suite files, so the report finds baseline and thresholds in plan.json."""
+    (root / "suites").mkdir(parents=True, exist_ok=True)
+    for suite in SUITES.values():
+        (root / suite.path).write_text("")
+    matrix = root / "matrix.toml"
+    matrix.write_text(MATRIX_TOML)
+    return matrix
+
+
+def write_version(run_dir: Path, version: str, matrix: Path, outcome_for=outcomes) -> None:
+    """One torch version's per-cell JUnit files and plan.json, as `torchmatrix run` writes them."""
+    version_dir = run_dir / f"torch-{version}"
+    environment = ENVIRONMENTS.get(version) or {**ENVIRONMENTS[CANDIDATE], "torch": f"{version}+cpu"}
+    runs = plan_runs(CELLS, SUITES)
+    for cell in CELLS:
+        pairs = [(run, o) for run in runs if cell in run.covers for o in outcome_for(version, run.suite.name, run.cell)]
+        suite = junit.cell_report(version, environment, cell, pairs)
+        suite.hostname, suite.timestamp = HOST, TIMESTAMP
+        junit.write_suites(version_dir / f"{cell.id}.xml", [suite])
+    plan = {
+        "torch": version,
+        "matrix": str(matrix),
+        "matrix_sha256": "0123456789abcdef" * 4,
+        "only": {},
+        "keyword": None,
+        "shard": None,
+        "environment": environment,
+        "cells": [cell.id for cell in CELLS],
+        "pool_starts": 2,
+    }
+    (version_dir / "plan.json").write_text(json.dumps(plan, indent=2))
+
+
+def write_fixture_run(root: Path, versions=(BASELINE, CANDIDATE), run_id: str = RUN_ID) -> Path:
+    """The project with matrix.toml and a run directory reports/<run_id> of the given versions."""
+    matrix = write_project(root)
+    run_dir = root / "reports" / run_id
+    for version in versions:
+        write_version(run_dir, version, matrix)
+    return run_dir

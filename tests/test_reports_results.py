@@ -1,0 +1,120 @@
+"""results.json: the golden file of the fixture run, the records behind it, and its round trip."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+
+import pytest
+from reports_fixture import BASELINE, CANDIDATE, write_fixture_run
+
+from torchmatrix import junit, results
+from torchmatrix.report import load_run, write_report
+
+from conftest import REPO
+
+GOLDEN = REPO / "tests" / "data" / "golden"
+
+
+def normalised(text: str, project) -> str:
+    """Output with the temporary project path replaced, so golden files do not depend on tmp_path."""
+    return text.replace(str(project), "<project>")
+
+
+def check_golden(name: str, actual: str) -> None:
+    """Compare with tests/data/golden/<name>; TORCHMATRIX_UPDATE_GOLDEN=1 rewrites it instead."""
+    path = GOLDEN / name
+    if os.environ.get("TORCHMATRIX_UPDATE_GOLDEN"):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(actual)
+    assert actual == path.read_text(), (
+        f"{name} differs from its golden file; rerun with TORCHMATRIX_UPDATE_GOLDEN=1 and review the diff"
+    )
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    return write_fixture_run(tmp_path / "project")
+
+
+def test_results_json_matches_golden(run_dir, tmp_path):
+    write_report(run_dir)
+    check_golden("results.json", normalised((run_dir / "results.json").read_text(), tmp_path / "project"))
+
+
+def test_records_carry_status_duration_messages_figures_and_the_running_cell(run_dir):
+    run = load_run(run_dir)
+    assert (run.baseline, [v.torch for v in run.versions]) == (BASELINE, ["2.13.0", "2.14.1"])
+    assert run.settings.drift_ratio == 10.0 and run.settings.slowdown_ratio == 1.5
+    assert run.totals(CANDIDATE) == {"error": 2, "failed": 1, "passed": 21, "skipped": 4}
+    by_key = {(r.torch, r.cell, r.suite, r.test): r for r in run.tests}
+    regress = by_key[(CANDIDATE, "ws2-fsdp2", "alpha", "test_regress")]
+    assert (regress.status, regress.duration, regress.message) == (
+        "failed",
+        0.5,
+        "AssertionError: gradient of layer0.w differs",
+    )
+    assert "Traceback" in regress.text
+    drift = by_key[(CANDIDATE, "ws2-fsdp2", "alpha", "test_drift[0.0]")]
+    assert drift.figures == {
+        "grad_max_abs/layer0.w": 1e-6,
+        "grad_max_rel/layer0.w": 1e-7,
+        "loss_max_abs": 0.0,
+        "sharded_states": 3.0,
+    }
+    shared = by_key[(BASELINE, "ws2-fsdp2", "beta", "test_broken")]
+    assert (shared.status, shared.ran_in, shared.run_cell) == ("error", "ws2-none", "ws2-none")
+    assert run.cells["ws2-fsdp2"] == {"world_size": "2", "fsdp": "fsdp2"}
+    assert run.version(CANDIDATE).build == "2.14.1+cpu"
+
+
+def test_drift_figures_are_named_after_what_they_measure():
+    assert results.is_drift_figure("grad_max_abs/layers.0.attn.wq")
+    assert results.is_drift_figure("loss_max_abs") and results.is_drift_figure("logits_drift")
+    assert not results.is_drift_figure("sharded_states")
+    assert not results.is_drift_figure("reshard_tensors_compared/relative.weight")
+
+
+def test_results_json_round_trips_and_reads_as_a_run(run_dir):
+    write_report(run_dir)
+    from_file = results.load_results(run_dir / "results.json")
+    from_dir = load_run(run_dir)
+    assert from_file.to_json() == from_dir.to_json()
+
+
+def test_only_the_merged_junit_file_is_enough(run_dir, tmp_path):
+    junit.merge_run(run_dir)
+    copy = tmp_path / "artifact"
+    copy.mkdir()
+    shutil.copy(run_dir / "junit.xml", copy / "junit.xml")
+    run = results.load_results(copy)
+    assert len(run.tests) == len(load_run(run_dir).tests)
+    assert run.baseline == BASELINE, "without a matrix file the oldest version is the baseline"
+
+
+def test_a_planned_cell_without_a_report_is_listed_missing(run_dir):
+    (run_dir / f"torch-{CANDIDATE}" / "ws1-fsdp2.xml").unlink()
+    run = load_run(run_dir)
+    assert run.version(CANDIDATE).missing_cells == ("ws1-fsdp2",)
+    assert run.version(BASELINE).missing_cells == ()
+
+
+def test_non_finite_figures_are_strings_in_strict_json(run_dir):
+    path = run_dir / f"torch-{CANDIDATE}" / "ws1-none.xml"
+    path.write_text(path.read_text().replace('value="1e-09"', 'value="nan"', 1))
+    write_report(run_dir)
+    data = json.loads((run_dir / "results.json").read_text(), parse_constant=lambda c: pytest.fail(f"bare {c}"))
+    figures = next(t for t in data["tests"] if t["torch"] == CANDIDATE and t["test"] == "test_drift[0.0]")["figures"]
+    assert figures["grad_max_abs/layer0.w"] == "nan"
+    loaded = results.load_results(run_dir / "results.json")
+    record = next(r for r in loaded.tests if r.torch == CANDIDATE and r.test == "test_drift[0.0]")
+    assert math.isnan(record.figures["grad_max_abs/layer0.w"])
+
+
+def test_a_results_file_of_another_schema_is_refused(tmp_path):
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps({"schema": "torchmatrix.results", "schema_version": 99}))
+    with pytest.raises(results.ResultsError, match="regenerate"):
+        results.load_results(path)

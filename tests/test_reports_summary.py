@@ -1,0 +1,154 @@
+"""summary.md against its golden file, summary.html's structure, hostile text in md/html/json, CI hooks."""
+
+from __future__ import annotations
+
+import json
+import re
+from html.parser import HTMLParser
+
+import pytest
+from junitparser import JUnitXml
+from lxml import etree
+from reports_fixture import BASELINE, ENVIRONMENTS, write_fixture_run, write_project
+from test_reports_results import check_golden, normalised
+
+from torchmatrix import junit, outcomes
+from torchmatrix.cells import Cell
+from torchmatrix.config import Suite
+from torchmatrix.plan import SuiteRun
+from torchmatrix.report import write_report
+
+from conftest import REPO, Project
+
+SCHEMA = etree.XMLSchema(etree.parse(str(REPO / "tests" / "data" / "junit-10.xsd")))
+HOSTILE = (
+    "x<script>alert(\"pwned\")</script>&amp; 'q' `tick` | pipe **bold** [link](http://e.invalid) \x9b31m\u202e\x07 end"
+)
+INVISIBLE = ("\x9b", "\u202e", "\x07")
+PAGE_TAGS = {
+    "html", "head", "meta", "title", "style", "body", "script", "h1", "h2", "h3", "p", "code", "pre", "span", "a",
+    "table", "thead", "tbody", "tr", "th", "td", "form", "label", "select", "option", "details", "summary", "svg",
+    "rect",
+}  # fmt: skip
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    return write_fixture_run(tmp_path / "project")
+
+
+def write_hostile_run(root):
+    """One cell whose axis value, suite, test, message, failure text and figure name are all hostile."""
+    matrix = write_project(root)
+    run_dir = root / "reports" / "hostile"
+    cell = Cell({"world_size": 1, "fsdp": HOSTILE})
+    run = SuiteRun(Suite(HOSTILE, "suites/test_alpha.py", 60.0, ("fsdp",)), cell, (cell,))
+    outcome = outcomes.TestOutcome(
+        HOSTILE, f"test_{HOSTILE}", "failed", 1.0, HOSTILE, HOSTILE + "\n" + HOSTILE, [[f"grad_max_abs/{HOSTILE}", 0.5]]
+    )
+    suite = junit.cell_report(BASELINE, ENVIRONMENTS[BASELINE], cell, [(run, outcome)])
+    junit.write_suites(run_dir / f"torch-{BASELINE}" / "hostile.xml", [suite])
+    (run_dir / f"torch-{BASELINE}" / "plan.json").write_text(
+        json.dumps({"matrix": str(matrix), "cells": [junit.xml_text(cell.id)]})
+    )
+    write_report(run_dir)
+    return run_dir
+
+
+def test_summary_md_matches_golden(run_dir, tmp_path):
+    write_report(run_dir)
+    check_golden("summary.md", normalised((run_dir / "summary.md").read_text(), tmp_path / "project"))
+
+
+def test_report_command_writes_every_file_and_the_step_summary(run_dir, tmp_path, monkeypatch):
+    step_summary = tmp_path / "step_summary.md"
+    step_summary.write_text("earlier step\n")
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(step_summary))
+    done = Project(tmp_path / "project").torchmatrix("report", str(run_dir))
+    assert done.returncode == 0, done.stderr
+    for name in ("junit.xml", "results.json", "summary.md", "summary.html"):
+        assert (run_dir / name).is_file(), name
+    assert step_summary.read_text() == "earlier step\n" + (run_dir / "summary.md").read_text() + "\n"
+
+
+def test_merged_junit_validates_parses_and_keeps_names_unique_and_properties(run_dir):
+    write_report(run_dir)
+    merged = run_dir / "junit.xml"
+    assert SCHEMA.validate(etree.parse(str(merged))), SCHEMA.error_log
+    suites = list(JUnitXml.fromfile(str(merged)))
+    assert len(suites) == 8, "one testsuite per (torch version, cell)"
+    keys = [(case.classname, case.name) for suite in suites for case in suite]
+    assert len(keys) == len(set(keys))
+    first = next(suite for suite in suites if suite.name == "torch-2.13.0/ws1-none")
+    properties = {p.name: p.value for p in first.properties()}
+    assert properties["axis.fsdp"] == "none" and properties["alpha::test_drift[0.0]::grad_max_abs/layer0.w"] == "1e-09"
+
+
+def test_summary_html_is_self_contained_and_has_the_grid(run_dir):
+    write_report(run_dir)
+    page = (run_dir / "summary.html").read_text()
+    assert not re.search(r"(src|href)=\"(https?:)?//", page), "no network: every resource is inline"
+    assert "default-src 'none'" in page
+    assert page.count('class="cell-row"') == 4
+    assert len(re.findall(r'<details class="failure"', page)) == 4
+    assert "Upgrade diff <code>2.13.0</code> → <code>2.14.1</code>" in page
+    assert "<svg" in page, "drift across versions is drawn"
+
+
+def code_spans_removed(line: str) -> str:
+    return re.sub(r"(`+)(.+?)\1", "", line)
+
+
+def test_hostile_text_stays_literal_in_markdown(tmp_path):
+    markdown = (write_hostile_run(tmp_path) / "summary.md").read_text()
+    assert not any(c in markdown for c in INVISIBLE), "control and bidi characters are shown as escapes"
+    assert "\\x9b31m" in markdown and "\\u202e" in markdown
+    fence, columns = None, None
+    for line in markdown.splitlines():
+        stripped = line.strip()
+        if fence is None and stripped.startswith("```"):
+            fence = re.match("`+", stripped).group()
+            continue
+        if fence is not None:
+            fence = None if stripped == fence else fence
+            continue
+        outside = code_spans_removed(line)
+        assert "<" not in outside and "[link]" not in outside and "**bold**" not in outside, line
+        pipes = len(re.findall(r"(?<!\\)\|", line))
+        if line.startswith("|"):
+            columns = columns or pipes
+            assert pipes == columns, f"an unescaped pipe split a table row: {line}"
+        else:
+            columns = None
+
+
+class Tags(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.tags, self.handlers, self.text = [], [], []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append(tag)
+        self.handlers += [name for name, _ in attrs if name.startswith("on")]
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+def test_hostile_text_stays_literal_in_html(tmp_path):
+    page = (write_hostile_run(tmp_path) / "summary.html").read_text()
+    assert page.count("<script") == 1 and "alert(" not in page.replace("alert(&quot;", "")
+    assert not any(c in page for c in INVISIBLE)
+    parser = Tags()
+    parser.feed(page)
+    assert parser.tags.count("script") == 1 and not parser.handlers
+    assert set(parser.tags) <= PAGE_TAGS, set(parser.tags) - PAGE_TAGS
+    assert 'x<script>alert("pwned")</script>' in "".join(parser.text), "shown to the reader as text"
+
+
+def test_hostile_text_round_trips_in_json(tmp_path):
+    raw = (write_hostile_run(tmp_path) / "results.json").read_text()
+    assert all(c == "\n" or " " <= c <= "~" for c in raw), "the file itself is plain printable ASCII"
+    [record] = json.loads(raw)["tests"]
+    assert record["message"] == junit.xml_text(HOSTILE), "exactly what the JUnit file holds"
+    assert record["figures"] == {f"grad_max_abs/{junit.xml_text(HOSTILE)}": 0.5}

@@ -1,0 +1,132 @@
+"""The torch-upgrade diff: inside one run (every version against the baseline) and across two runs."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from reports_fixture import BASELINE, CANDIDATE, outcomes, write_fixture_run, write_project, write_version
+
+from torchmatrix.config import ReportSettings
+from torchmatrix.report import load_run
+from torchmatrix.results import TestRecord
+from torchmatrix.upgrade_diff import CompareError, compare_runs, diff_records, grew, upgrade_diffs
+
+from conftest import Project
+
+
+def summary(changes):
+    return sorted((c.after.suite, c.after.test, c.after.run_cell, len(c.cells)) for c in changes)
+
+
+def test_every_kind_of_change_between_baseline_and_candidate(tmp_path):
+    [diff] = upgrade_diffs(load_run(write_fixture_run(tmp_path)))
+    assert (diff.before, diff.after) == (BASELINE, CANDIDATE)
+    assert summary(diff.regressions) == [("alpha", "test_regress", "ws2-fsdp2", 1)]
+    assert summary(diff.fixes) == [("alpha", "test_fixed", "ws1-none", 1)]
+    assert summary(diff.newly_skipped) == [
+        ("beta", "test_skipped", "ws1-none", 2),
+        ("beta", "test_skipped", "ws2-none", 2),
+    ]
+    assert [(d.test, d.cell, d.figure, d.before, d.after) for d in diff.drift] == [
+        ("test_drift[0.0]", "ws2-fsdp2", "grad_max_abs/layer0.w", 1e-9, 1e-6)
+    ]
+    assert [(s.suite, s.before, s.after, s.tests) for s in diff.slowdowns] == [("beta", 2.5, 6.5, 3)]
+    assert diff.compared == 4 * 4 + 2 * 3, "alpha: 4 tests x 4 cells; beta: 3 tests x 2 representative cells"
+
+
+def test_a_shared_result_is_one_change_that_names_every_cell_it_stands_for(tmp_path):
+    [diff] = upgrade_diffs(load_run(write_fixture_run(tmp_path)))
+    change = next(c for c in diff.newly_skipped if c.after.run_cell == "ws1-none")
+    assert change.cells == ("ws1-none", "ws1-fsdp2")
+
+
+def test_thresholds_come_from_matrix_toml(tmp_path):
+    run_dir = write_fixture_run(tmp_path)
+    matrix = tmp_path / "matrix.toml"
+    matrix.write_text(matrix.read_text().replace("drift_ratio = 10.0", "drift_ratio = 5000.0"))
+    [diff] = upgrade_diffs(load_run(run_dir))
+    assert diff.drift == [] and diff.settings.drift_ratio == 5000.0
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "expected"),
+    [
+        (1e-9, 1e-8, False),  # exactly 10x is not beyond 10x
+        (1e-9, 1.1e-8, True),
+        (0.0, 0.0, False),
+        (0.0, 1e-12, True),  # left exact equality
+        (1e-3, math.nan, True),
+        (math.nan, math.nan, False),
+        (math.nan, 1.0, False),
+        (1e-6, 1e-9, False),
+        (1.0, math.inf, True),
+    ],
+)
+def test_when_drift_counts_as_grown(before, after, expected):
+    assert grew(before, after, 10.0) is expected
+
+
+def record(status, duration=1.0, **figures):
+    return TestRecord("2.13.0", "ws1", "s", "t", status, duration, figures=figures)
+
+
+def test_non_drift_figures_and_failed_tests_do_not_count_as_drift_or_slowdown():
+    settings = ReportSettings(drift_ratio=10.0, slowdown_ratio=1.5)
+    diff = diff_records(
+        [record("passed", 1.0, sharded_states=1.0)], [record("failed", 60.0, sharded_states=100.0)], settings, "a", "b"
+    )
+    assert diff.drift == [] and diff.slowdowns == [] and len(diff.regressions) == 1
+
+
+def test_tests_on_one_side_only_are_counted_not_diffed():
+    settings = ReportSettings()
+    only_old = TestRecord("2.13.0", "ws1", "s", "gone", "passed", 1.0)
+    diff = diff_records([record("passed"), only_old], [record("passed")], settings, "a", "b")
+    assert (diff.compared, diff.only_before, diff.only_after, diff.clean) == (1, 1, 0, True)
+
+
+def write_single_version_run(root, version, run_id, outcome_for=outcomes):
+    matrix = write_project(root)
+    run_dir = root / "reports" / run_id
+    write_version(run_dir, version, matrix, outcome_for)
+    return run_dir
+
+
+def test_compare_matches_runs_by_torch_version(tmp_path):
+    main = write_fixture_run(tmp_path, run_id="main")
+    pr = write_fixture_run(tmp_path, run_id="pr")
+    diffs = compare_runs(load_run(main), load_run(pr))
+    assert [(d.before, d.after) for d in diffs] == [
+        ("main (torch 2.13.0)", "pr (torch 2.13.0)"),
+        ("main (torch 2.14.1)", "pr (torch 2.14.1)"),
+    ]
+    assert all(d.clean for d in diffs)
+
+
+def test_compare_of_two_one_version_runs_diffs_their_versions(tmp_path):
+    old = write_single_version_run(tmp_path, BASELINE, "old")
+    new = write_single_version_run(tmp_path, CANDIDATE, "new")
+    [diff] = compare_runs(load_run(old), load_run(new))
+    assert summary(diff.regressions) == [("alpha", "test_regress", "ws2-fsdp2", 1)]
+
+
+def test_compare_refuses_runs_without_a_common_version(tmp_path):
+    old = write_fixture_run(tmp_path, versions=(BASELINE,), run_id="old")
+    new = write_fixture_run(tmp_path, versions=(CANDIDATE, "2.15.0"), run_id="new")
+    with pytest.raises(CompareError, match="no version in common"):
+        compare_runs(load_run(old), load_run(new))
+
+
+def test_compare_command_exits_1_on_a_regression_and_0_without(tmp_path):
+    project = Project(tmp_path)
+    old = write_single_version_run(tmp_path, BASELINE, "old")
+    new = write_single_version_run(tmp_path, CANDIDATE, "new")
+    regressed = project.torchmatrix("compare", str(old), str(new))
+    assert regressed.returncode == 1, regressed.stderr
+    assert "#### Regressions" in regressed.stdout and "`test_regress`" in regressed.stdout
+    same = project.torchmatrix("compare", str(old), str(old))
+    assert same.returncode == 0, same.stderr
+    assert "0 regressions" in same.stdout
+    missing = project.torchmatrix("compare", str(old), str(tmp_path / "nope"))
+    assert missing.returncode == 2 and "does not exist" in missing.stderr
