@@ -16,6 +16,7 @@ What changes from 2.13.0 (baseline) to 2.14.1:
 from __future__ import annotations
 
 import json
+import os
 import textwrap
 from pathlib import Path
 
@@ -23,12 +24,17 @@ from torchmatrix import junit
 from torchmatrix.cells import Cell
 from torchmatrix.config import Suite
 from torchmatrix.outcomes import TestOutcome
-from torchmatrix.plan import plan_runs
+from torchmatrix.plan import SuiteRun, plan_runs
+from torchmatrix.report import write_report
 
 BASELINE, CANDIDATE = "2.13.0", "2.14.1"
 HOST = "fixture-host"
 TIMESTAMP = "2026-01-02T03:04:05+00:00"
 RUN_ID = "run-fixture"
+GOLDEN = Path(__file__).resolve().parent / "data" / "golden"
+HOSTILE = (
+    "x<script>alert(\"pwned\")</script>&amp; 'q' `tick` | pipe **bold** [link](http://e.invalid) \x9b31m\u202e\x07 end"
+)
 ENVIRONMENTS = {
     BASELINE: {"torch": "2.13.0+cpu", "git_version": "aaa111", "cuda_version": None, "gpu_count": 0,
                "device": "cpu (ranks simulated as processes, gloo)"},
@@ -155,3 +161,37 @@ def write_fixture_run(root: Path, versions=(BASELINE, CANDIDATE), run_id: str = 
     for version in versions:
         write_version(run_dir, version, matrix)
     return run_dir
+
+
+def write_hostile_run(root):
+    """One cell whose axis value, suite, test, message, failure text and figure name are all hostile."""
+    matrix = write_project(root)
+    run_dir = root / "reports" / "hostile"
+    cell = Cell({"world_size": 1, "fsdp": HOSTILE})
+    run = SuiteRun(Suite(HOSTILE, "suites/test_alpha.py", 60.0, ("fsdp",)), cell, (cell,))
+    outcome = TestOutcome(
+        HOSTILE, f"test_{HOSTILE}", "failed", 1.0, HOSTILE, HOSTILE + "\n" + HOSTILE, [[f"grad_max_abs/{HOSTILE}", 0.5]]
+    )
+    suite = junit.cell_report(BASELINE, ENVIRONMENTS[BASELINE], cell, [(run, outcome)])
+    junit.write_suites(run_dir / f"torch-{BASELINE}" / "hostile.xml", [suite])
+    (run_dir / f"torch-{BASELINE}" / "plan.json").write_text(
+        json.dumps({"matrix": str(matrix), "cells": [junit.xml_text(cell.id)]})
+    )
+    write_report(run_dir)
+    return run_dir
+
+
+def normalised(text: str, project) -> str:
+    """Output with the temporary project path replaced, so golden files do not depend on tmp_path."""
+    return text.replace(str(project), "<project>")
+
+
+def check_golden(name: str, actual: str) -> None:
+    """Compare with tests/data/golden/<name>; TORCHMATRIX_UPDATE_GOLDEN=1 rewrites it instead."""
+    path = GOLDEN / name
+    if os.environ.get("TORCHMATRIX_UPDATE_GOLDEN"):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(actual)
+    assert actual == path.read_text(), (
+        f"{name} differs from its golden file; rerun with TORCHMATRIX_UPDATE_GOLDEN=1 and review the diff"
+    )

@@ -9,10 +9,10 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from reports_fixture import write_fixture_run
-from test_reports_summary import write_hostile_run
 
 from torchmatrix.report import write_report
+
+from reports_fixture import write_fixture_run, write_hostile_run
 
 CHROMIUM = shutil.which("chromium")
 CHROMEDRIVER = shutil.which("chromedriver")

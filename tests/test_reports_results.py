@@ -4,34 +4,14 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 
 import pytest
-from reports_fixture import BASELINE, CANDIDATE, write_fixture_run
 
 from torchmatrix import junit, results
 from torchmatrix.report import load_run, write_report
 
-from conftest import REPO
-
-GOLDEN = REPO / "tests" / "data" / "golden"
-
-
-def normalised(text: str, project) -> str:
-    """Output with the temporary project path replaced, so golden files do not depend on tmp_path."""
-    return text.replace(str(project), "<project>")
-
-
-def check_golden(name: str, actual: str) -> None:
-    """Compare with tests/data/golden/<name>; TORCHMATRIX_UPDATE_GOLDEN=1 rewrites it instead."""
-    path = GOLDEN / name
-    if os.environ.get("TORCHMATRIX_UPDATE_GOLDEN"):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(actual)
-    assert actual == path.read_text(), (
-        f"{name} differs from its golden file; rerun with TORCHMATRIX_UPDATE_GOLDEN=1 and review the diff"
-    )
+from reports_fixture import BASELINE, CANDIDATE, check_golden, normalised, write_fixture_run
 
 
 @pytest.fixture

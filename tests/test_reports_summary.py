@@ -9,21 +9,14 @@ from html.parser import HTMLParser
 import pytest
 from junitparser import JUnitXml
 from lxml import etree
-from reports_fixture import BASELINE, ENVIRONMENTS, write_fixture_run, write_project
-from test_reports_results import check_golden, normalised
 
-from torchmatrix import junit, outcomes
-from torchmatrix.cells import Cell
-from torchmatrix.config import Suite
-from torchmatrix.plan import SuiteRun
+from torchmatrix import junit
 from torchmatrix.report import write_report
 
 from conftest import REPO, Project
+from reports_fixture import HOSTILE, check_golden, normalised, write_fixture_run, write_hostile_run
 
 SCHEMA = etree.XMLSchema(etree.parse(str(REPO / "tests" / "data" / "junit-10.xsd")))
-HOSTILE = (
-    "x<script>alert(\"pwned\")</script>&amp; 'q' `tick` | pipe **bold** [link](http://e.invalid) \x9b31m\u202e\x07 end"
-)
 INVISIBLE = ("\x9b", "\u202e", "\x07")
 PAGE_TAGS = {
     "html", "head", "meta", "title", "style", "body", "script", "h1", "h2", "h3", "p", "code", "pre", "span", "a",
@@ -35,24 +28,6 @@ PAGE_TAGS = {
 @pytest.fixture
 def run_dir(tmp_path):
     return write_fixture_run(tmp_path / "project")
-
-
-def write_hostile_run(root):
-    """One cell whose axis value, suite, test, message, failure text and figure name are all hostile."""
-    matrix = write_project(root)
-    run_dir = root / "reports" / "hostile"
-    cell = Cell({"world_size": 1, "fsdp": HOSTILE})
-    run = SuiteRun(Suite(HOSTILE, "suites/test_alpha.py", 60.0, ("fsdp",)), cell, (cell,))
-    outcome = outcomes.TestOutcome(
-        HOSTILE, f"test_{HOSTILE}", "failed", 1.0, HOSTILE, HOSTILE + "\n" + HOSTILE, [[f"grad_max_abs/{HOSTILE}", 0.5]]
-    )
-    suite = junit.cell_report(BASELINE, ENVIRONMENTS[BASELINE], cell, [(run, outcome)])
-    junit.write_suites(run_dir / f"torch-{BASELINE}" / "hostile.xml", [suite])
-    (run_dir / f"torch-{BASELINE}" / "plan.json").write_text(
-        json.dumps({"matrix": str(matrix), "cells": [junit.xml_text(cell.id)]})
-    )
-    write_report(run_dir)
-    return run_dir
 
 
 def test_summary_md_matches_golden(run_dir, tmp_path):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 import pytest
-from reports_fixture import BASELINE, CANDIDATE, outcomes, write_fixture_run, write_project, write_version
 
 from torchmatrix.config import ReportSettings
 from torchmatrix.report import load_run
@@ -13,6 +12,7 @@ from torchmatrix.results import TestRecord
 from torchmatrix.upgrade_diff import CompareError, compare_runs, diff_records, grew, upgrade_diffs
 
 from conftest import Project
+from reports_fixture import BASELINE, CANDIDATE, outcomes, write_fixture_run, write_project, write_version
 
 
 def summary(changes):
