@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.bias import causal_lower_right
 from torch.utils.checkpoint import checkpoint
 
 SDPA_BACKENDS = {
@@ -96,15 +97,21 @@ def lower_right_causal_mask(query_len: int, key_len: int, device: torch.device) 
 
 
 def attend(query: Tensor, keys: Tensor, values: Tensor, config: DecoderConfig) -> Tensor:
-    """Causal attention, either through ``F.scaled_dot_product_attention`` or spelled out (eager)."""
-    mask = lower_right_causal_mask(query.shape[-2], keys.shape[-2], query.device)
+    """Lower-right causal attention, through ``F.scaled_dot_product_attention`` or spelled out (eager).
+
+    SDPA gets the mask as a ``causal_lower_right`` bias rather than a tensor, so fused kernels
+    (flash, memory-efficient) can take it on GPU.
+    """
+    query_len, key_len = query.shape[-2], keys.shape[-2]
     if config.attn == "eager":
         scores = (query @ keys.transpose(-2, -1)) * query.shape[-1] ** -0.5
+        mask = lower_right_causal_mask(query_len, key_len, query.device)
         return scores.masked_fill(~mask, float("-inf")).softmax(dim=-1) @ values
+    bias = causal_lower_right(query_len, key_len)
     if config.sdpa_backend is None:
-        return F.scaled_dot_product_attention(query, keys, values, attn_mask=mask)
+        return F.scaled_dot_product_attention(query, keys, values, attn_mask=bias)
     with sdpa_kernel(SDPA_BACKENDS[config.sdpa_backend]):
-        return F.scaled_dot_product_attention(query, keys, values, attn_mask=mask)
+        return F.scaled_dot_product_attention(query, keys, values, attn_mask=bias)
 
 
 class DecoderLayer(nn.Module):

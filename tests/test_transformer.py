@@ -11,9 +11,9 @@ from models.transformer import DecoderConfig, KVCache, build_model, lower_right_
 CPU = torch.device("cpu")
 
 
-def trained_model(attn: str = "sdpa", checkpointing: bool = False):
+def trained_model(attn: str = "sdpa", checkpointing: bool = False, **cell):
     torch.manual_seed(0)
-    model = build_model({"attn": attn, "fsdp": "none"})
+    model = build_model({"attn": attn, "fsdp": "none", **cell})
     batch = make_batch(model, seed=1, device=CPU)
     model = parallelize(model, {"fsdp": "none"}, device=CPU, activation_checkpointing=checkpointing)
     output = model(**batch)
@@ -48,6 +48,14 @@ def test_sdpa_and_eager_attention_agree():
     _, sdpa = trained_model("sdpa")
     _, eager = trained_model("eager")
     torch.testing.assert_close(sdpa.loss, eager.loss)
+
+
+def test_a_named_sdpa_backend_is_used():
+    _, math = trained_model("sdpa", sdpa_backend="math")
+    _, eager = trained_model("eager")
+    torch.testing.assert_close(math.loss, eager.loss)
+    with pytest.raises(RuntimeError, match="scaled_dot_product_attention"):
+        trained_model("sdpa", sdpa_backend="cudnn")
 
 
 def test_mask_puts_the_queries_at_the_end_of_the_keys():
