@@ -126,4 +126,6 @@ def require_same_on_every_rank(progress: dict) -> None:
     dist.all_gather_object(gathered, progress)
     differing = [rank for rank, other in enumerate(gathered) if other != gathered[0]]
     if differing:
-        raise RuntimeError(f"training progress differs between ranks, cannot checkpoint: rank 0 has {gathered[0]}, ranks {differing} have {[gathered[r] for r in differing]}")
+        raise RuntimeError(
+            f"training progress differs between ranks, cannot checkpoint: rank 0 has {gathered[0]}, ranks {differing} have {[gathered[r] for r in differing]}"
+        )

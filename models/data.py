@@ -25,7 +25,9 @@ class TokenDataset:
         self.vocab_size: int = saved["vocab_size"]
 
     @classmethod
-    def write(cls, path: str | Path, *, vocab_size: int = 64, num_sequences: int = 256, seq_len: int = 32, seed: int = 0) -> TokenDataset:
+    def write(
+        cls, path: str | Path, *, vocab_size: int = 64, num_sequences: int = 256, seq_len: int = 32, seed: int = 0
+    ) -> TokenDataset:
         """Write sequences that each start at a random token and then follow one random successor
         permutation, a pattern a tiny model starts learning within a few steps."""
         generator = torch.Generator().manual_seed(seed)

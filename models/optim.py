@@ -27,7 +27,9 @@ def build_precision_aware(
     params, *, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, moment_dtype=torch.bfloat16
 ) -> PrecisionAwareAdamW:
     """PrecisionAwareAdamW; the suites give it bf16 params, as a mixed-precision stack does."""
-    return PrecisionAwareAdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, moment_dtype=moment_dtype)
+    return PrecisionAwareAdamW(
+        params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, moment_dtype=moment_dtype
+    )
 
 
 def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
@@ -110,7 +112,8 @@ class PrecisionAwareAdamW(torch.optim.Optimizer):
         use_orig_params) requires all state tensors of one parameter to share a dtype."""
         state_dict = super().state_dict()
         state_dict["state"] = {
-            param_id: {key: _widened(value) for key, value in state.items()} for param_id, state in state_dict["state"].items()
+            param_id: {key: _widened(value) for key, value in state.items()}
+            for param_id, state in state_dict["state"].items()
         }
         return state_dict
 
@@ -123,7 +126,10 @@ class PrecisionAwareAdamW(torch.optim.Optimizer):
         params = [param for group in self.param_groups for param in group["params"]]
         for param_id, param in zip(saved_ids, params):
             if param_id in state_dict["state"]:
-                self.state[param] = {key: self._loaded_state_value(param, key, value) for key, value in state_dict["state"][param_id].items()}
+                self.state[param] = {
+                    key: self._loaded_state_value(param, key, value)
+                    for key, value in state_dict["state"][param_id].items()
+                }
 
     def _loaded_state_value(self, param: torch.Tensor, key: str, value):
         """A private copy of a loaded state value in the dtype this optimizer keeps it in, on the

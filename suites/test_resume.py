@@ -34,34 +34,51 @@ DEFAULT_OPTIONS = {
     "num_sequences": 64,
     "seed": 1234,
     "rebuild_seed": 98765,
+    "bf16_param_optimizers": ["precision_aware"],
 }
-BF16_PARAM_OPTIMIZERS = {"precision_aware"}
 
-_experiments: dict[str, list[dict]] = {}
+_experiments: dict[str, list[dict] | str] = {}
 
 
 def options_for(suite_options: dict) -> dict:
+    """`[suites.resume.options]` over DEFAULT_OPTIONS, checked for at least two resumed steps."""
     options = {**DEFAULT_OPTIONS, **suite_options}
     if not 1 <= options["resume_step"] <= options["steps"] - 2:
-        raise pytest.UsageError(f"[suites.resume.options]: need 1 <= resume_step <= steps - 2 (two resumed steps at least), got steps={options['steps']}, resume_step={options['resume_step']}")
+        raise pytest.UsageError(
+            f"[suites.resume.options]: need 1 <= resume_step <= steps - 2 (two resumed steps at least), got steps={options['steps']}, resume_step={options['resume_step']}"
+        )
     return options
 
 
 def experiment(cell, ranks, suite_options, components, tmp_path) -> list[dict]:
-    """Both runs of the cell, one record per rank; computed once per cell and shared by its tests."""
+    """Both runs of the cell, one record per rank; computed once per cell and shared by its tests
+    (a failure too, so a broken or hung cell costs one deadline, not one per test)."""
     if cell.id not in _experiments:
+        _experiments[cell.id] = f"{cell.id}: the training runs failed in an earlier test of this cell"
         options = options_for(suite_options)
         dataset = load(components["dataset"])
         data_path = str(tmp_path / "tokens.pt")
-        dataset.write(data_path, vocab_size=options["vocab_size"], num_sequences=options["num_sequences"], seq_len=options["seq_len"], seed=0)
-        _experiments[cell.id] = ranks.run(straight_and_resumed, dict(cell), options, components, data_path, str(tmp_path / "checkpoint"))
+        dataset.write(
+            data_path,
+            vocab_size=options["vocab_size"],
+            num_sequences=options["num_sequences"],
+            seq_len=options["seq_len"],
+            seed=0,
+        )
+        _experiments[cell.id] = ranks.run(
+            straight_and_resumed, dict(cell), options, components, data_path, str(tmp_path / "checkpoint")
+        )
+    elif isinstance(_experiments[cell.id], str):
+        pytest.fail(_experiments[cell.id])
     return _experiments[cell.id]
 
 
 def test_rebuilt_run_starts_from_other_weights(cell, ranks, suite_options, components, tmp_path):
     """Guards the suite itself: the rebuilt run must differ before the load, or a no-op load would pass."""
     for rank, record in enumerate(experiment(cell, ranks, suite_options, components, tmp_path)):
-        assert not record["rebuilt_equals_saved"], f"{cell.id} rank {rank}: the rebuilt model already equals the checkpointed one; the rebuild seed has no effect"
+        assert not record["rebuilt_equals_saved"], (
+            f"{cell.id} rank {rank}: the rebuilt model already equals the checkpointed one; the rebuild seed has no effect"
+        )
 
 
 def test_moments_restored_before_first_step(cell, ranks, suite_options, components, tmp_path):
@@ -70,7 +87,8 @@ def test_moments_restored_before_first_step(cell, ranks, suite_options, componen
         saved, loaded = record["state_at_save"], record["state_after_load"]
         assert saved, f"{cell.id} rank {rank}: the optimizer had no state at the checkpoint step"
         problems = state_mismatches(saved, loaded)
-        assert not problems, f"{cell.id} rank {rank}, optimizer state right after load vs at save:\n" + "\n".join(problems)
+        listing = "\n".join(problems)
+        assert not problems, f"{cell.id} rank {rank}, optimizer state right after load vs at save:\n{listing}"
 
 
 def test_losses_identical_after_resume(cell, ranks, suite_options, components, tmp_path):
@@ -79,20 +97,26 @@ def test_losses_identical_after_resume(cell, ranks, suite_options, components, t
     for rank, record in enumerate(experiment(cell, ranks, suite_options, components, tmp_path)):
         straight, resumed = record["straight"]["losses"][first - 1 :], record["resumed"]["losses"]
         for step, (a, b) in enumerate(zip(straight, resumed), start=first):
-            assert torch.equal(a, b), f"{cell.id} rank {rank}: loss at step {step} (resumed at {first - 1}): straight {a.item()!r}, resumed {b.item()!r}, diff {(b - a).item():+.3e}"
+            assert torch.equal(a, b), (
+                f"{cell.id} rank {rank}: loss at step {step} (resumed at {first - 1}): straight {a.item()!r}, resumed {b.item()!r}, diff {(b - a).item():+.3e}"
+            )
 
 
 def test_final_parameters_identical(cell, ranks, suite_options, components, tmp_path):
     for rank, record in enumerate(experiment(cell, ranks, suite_options, components, tmp_path)):
         straight, resumed = record["straight"]["parameters"], record["resumed"]["parameters"]
-        problems = [f"  {name}: {problem}" for name in straight if (problem := tensor_mismatch(straight[name], resumed[name]))]
-        assert not problems, f"{cell.id} rank {rank}, final parameters, straight vs resumed:\n" + "\n".join(problems)
+        problems = [
+            f"  {name}: {problem}" for name in straight if (problem := tensor_mismatch(straight[name], resumed[name]))
+        ]
+        listing = "\n".join(problems)
+        assert not problems, f"{cell.id} rank {rank}, final parameters, straight vs resumed:\n{listing}"
 
 
 def test_final_optimizer_state_identical(cell, ranks, suite_options, components, tmp_path):
     for rank, record in enumerate(experiment(cell, ranks, suite_options, components, tmp_path)):
         problems = state_mismatches(record["straight"]["optimizer_state"], record["resumed"]["optimizer_state"])
-        assert not problems, f"{cell.id} rank {rank}, final optimizer state, straight vs resumed:\n" + "\n".join(problems)
+        listing = "\n".join(problems)
+        assert not problems, f"{cell.id} rank {rank}, final optimizer state, straight vs resumed:\n{listing}"
 
 
 def tensor_mismatch(expected: torch.Tensor, actual: torch.Tensor) -> str | None:
@@ -157,8 +181,16 @@ def straight_and_resumed(cell: dict, options: dict, components: dict, data_path:
     resumed_losses = [rebuilt.train_step() for _ in range(steps - resume_step)]
 
     return {
-        "straight": {"losses": straight_losses, "parameters": run_a.parameters(), "optimizer_state": run_a.optimizer_state()},
-        "resumed": {"losses": resumed_losses, "parameters": rebuilt.parameters(), "optimizer_state": rebuilt.optimizer_state()},
+        "straight": {
+            "losses": straight_losses,
+            "parameters": run_a.parameters(),
+            "optimizer_state": run_a.optimizer_state(),
+        },
+        "resumed": {
+            "losses": resumed_losses,
+            "parameters": rebuilt.parameters(),
+            "optimizer_state": rebuilt.optimizer_state(),
+        },
         "state_at_save": state_at_save,
         "state_after_load": state_after_load,
         "rebuilt_equals_saved": rebuilt_equals_saved,
@@ -172,11 +204,13 @@ class TrainingRun:
     `seed + 1 + rank`, so ranks mask differently, as they do in real data-parallel training.
     """
 
-    def __init__(self, cell: dict, options: dict, components: dict, data_path: str, rank: int, world_size: int, *, seed: int):
+    def __init__(
+        self, cell: dict, options: dict, components: dict, data_path: str, rank: int, world_size: int, *, seed: int
+    ):
         from torchmatrix.worker import current_device
 
         self.device = current_device()
-        param_dtype = torch.bfloat16 if cell["optimizer"] in BF16_PARAM_OPTIMIZERS else torch.float32
+        param_dtype = torch.bfloat16 if cell["optimizer"] in options["bf16_param_optimizers"] else torch.float32
         torch.manual_seed(seed)
         model = load(components["model"])(cell, dropout=options["dropout"], dtype=param_dtype)
         self.model = load(components["parallelize"])(model, cell, device=self.device)
@@ -211,7 +245,9 @@ class TrainingRun:
         """This rank's shard of every optimizer state value, by parameter name, copied to the CPU."""
         names = {id(param): name for name, param in self.model.named_parameters()}
         return {
-            names[id(param)]: {key: local_shard(value) if isinstance(value, torch.Tensor) else value for key, value in state.items()}
+            names[id(param)]: {
+                key: local_shard(value) if isinstance(value, torch.Tensor) else value for key, value in state.items()
+            }
             for param, state in self.optimizer.state.items()
         }
 

@@ -42,7 +42,10 @@ def train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, steps: int) 
 
 
 def max_abs_deviation(expected: torch.nn.Module, actual: torch.nn.Module) -> float:
-    return max((a.detach().double() - b.detach().double()).abs().max().item() for a, b in zip(expected.parameters(), actual.parameters()))
+    return max(
+        (a.detach().double() - b.detach().double()).abs().max().item()
+        for a, b in zip(expected.parameters(), actual.parameters())
+    )
 
 
 def test_fp32_params_and_moments_match_torch_adamw_step_for_step():
@@ -56,31 +59,45 @@ def test_fp32_params_and_moments_match_torch_adamw_step_for_step():
             one_model(inputs).pow(2).mean().backward()
             one_optimizer.step()
         for (name, expected), actual in zip(reference_model.named_parameters(), model.parameters()):
-            assert torch.equal(expected, actual), f"step {step}, {name}: max abs diff {(expected - actual).abs().max().item():.3e}"
+            assert torch.equal(expected, actual), (
+                f"step {step}, {name}: max abs diff {(expected - actual).abs().max().item():.3e}"
+            )
             for key in ("exp_avg", "exp_avg_sq"):
-                assert torch.equal(reference.state[expected][key], optimizer.state[actual][key]), f"step {step}, {name}.{key} differs"
+                assert torch.equal(reference.state[expected][key], optimizer.state[actual][key]), (
+                    f"step {step}, {name}.{key} differs"
+                )
 
 
 def test_bf16_moments_stay_within_bound_of_fp32_adamw(record_property):
     reference_model, model = regression_model(torch.float32), regression_model(torch.float32)
-    reference_loss = train(reference_model, torch.optim.AdamW(reference_model.parameters(), foreach=False, **HYPERPARAMETERS), STEPS)
+    reference_loss = train(
+        reference_model, torch.optim.AdamW(reference_model.parameters(), foreach=False, **HYPERPARAMETERS), STEPS
+    )
     loss = train(model, PrecisionAwareAdamW(model.parameters(), moment_dtype=torch.bfloat16, **HYPERPARAMETERS), STEPS)
     deviation = max_abs_deviation(reference_model, model)
     record_property("bf16_moments_max_abs_param_deviation", deviation)
-    print(f"fp32 params, bf16 moments, {STEPS} steps: max |param - fp32 AdamW| = {deviation:.3e} (bound {MOMENT_ROUNDING_BOUND:.1e}); loss {loss:.5f} vs {reference_loss:.5f}")
+    print(
+        f"fp32 params, bf16 moments, {STEPS} steps: max |param - fp32 AdamW| = {deviation:.3e} (bound {MOMENT_ROUNDING_BOUND:.1e}); loss {loss:.5f} vs {reference_loss:.5f}"
+    )
     assert 0 < deviation <= MOMENT_ROUNDING_BOUND
 
 
 def test_bf16_params_and_moments_stay_within_bound_of_fp32_adamw(record_property):
     """The configuration the resume suite runs: most of this deviation comes from the bf16 forward, not the optimizer."""
     reference_model, model = regression_model(torch.float32), regression_model(torch.bfloat16)
-    reference_loss = train(reference_model, torch.optim.AdamW(reference_model.parameters(), foreach=False, **HYPERPARAMETERS), STEPS)
+    reference_loss = train(
+        reference_model, torch.optim.AdamW(reference_model.parameters(), foreach=False, **HYPERPARAMETERS), STEPS
+    )
     optimizer = build_precision_aware(model.parameters(), **HYPERPARAMETERS)
     loss = train(model, optimizer, STEPS)
     masters = [optimizer.state[param]["master"] for param in model.parameters()]
-    deviation = max((a.detach().double() - m.double()).abs().max().item() for a, m in zip(reference_model.parameters(), masters))
+    deviation = max(
+        (a.detach().double() - m.double()).abs().max().item() for a, m in zip(reference_model.parameters(), masters)
+    )
     record_property("bf16_params_bf16_moments_max_abs_master_deviation", deviation)
-    print(f"bf16 params, bf16 moments, {STEPS} steps: max |master - fp32 AdamW| = {deviation:.3e} (bound {BF16_PARAMS_BOUND:.1e}); loss {loss:.5f} vs {reference_loss:.5f}")
+    print(
+        f"bf16 params, bf16 moments, {STEPS} steps: max |master - fp32 AdamW| = {deviation:.3e} (bound {BF16_PARAMS_BOUND:.1e}); loss {loss:.5f} vs {reference_loss:.5f}"
+    )
     assert deviation <= BF16_PARAMS_BOUND
 
 
@@ -91,7 +108,9 @@ def test_state_is_created_lazily_in_its_dtypes():
     train(model, optimizer, 1)
     for param in model.parameters():
         state = optimizer.state[param]
-        assert state["master"].dtype == torch.float32 and torch.equal(state["master"].to(torch.bfloat16), param.detach())
+        assert state["master"].dtype == torch.float32 and torch.equal(
+            state["master"].to(torch.bfloat16), param.detach()
+        )
         assert state["exp_avg"].dtype == state["exp_avg_sq"].dtype == torch.bfloat16
         assert state["step"].item() == 1
 
@@ -151,4 +170,9 @@ def test_dtensor_params_get_dtensor_state_with_their_layout(single_rank_group):
     for key in ("master", "exp_avg", "exp_avg_sq"):
         value = optimizer.state[param][key]
         assert isinstance(value, DTensor), key
-        assert (value.device_mesh, value.placements, value.shape, value.stride()) == (mesh, param.placements, param.shape, param.stride()), key
+        assert (value.device_mesh, value.placements, value.shape, value.stride()) == (
+            mesh,
+            param.placements,
+            param.shape,
+            param.stride(),
+        ), key

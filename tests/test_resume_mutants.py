@@ -15,6 +15,7 @@ import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
 import pytest
+
 from conftest import REPO, checkout_env
 
 pytestmark = pytest.mark.slow
@@ -40,8 +41,16 @@ MUTANTS = {
         BOTH_OPTIMIZERS,
         {MOMENTS, LOSSES, PARAMETERS, STATE},
     ),
-    "rng_not_restored": ({"checkpointer": "models.mutants.resume:RngNotRestoredCheckpointer"}, BOTH_OPTIMIZERS, {LOSSES, PARAMETERS, STATE}),
-    "scheduler_not_restored": ({"checkpointer": "models.mutants.resume:SchedulerNotRestoredCheckpointer"}, BOTH_OPTIMIZERS, {LOSSES, PARAMETERS, STATE}),
+    "rng_not_restored": (
+        {"checkpointer": "models.mutants.resume:RngNotRestoredCheckpointer"},
+        BOTH_OPTIMIZERS,
+        {LOSSES, PARAMETERS, STATE},
+    ),
+    "scheduler_not_restored": (
+        {"checkpointer": "models.mutants.resume:SchedulerNotRestoredCheckpointer"},
+        BOTH_OPTIMIZERS,
+        {LOSSES, PARAMETERS, STATE},
+    ),
     "data_position_not_restored": (
         {"checkpointer": "models.mutants.resume:DataPositionNotRestoredCheckpointer"},
         BOTH_OPTIMIZERS,
@@ -50,7 +59,7 @@ MUTANTS = {
     "precision_aware_cast_on_load": (
         {"optimizer_precision_aware": "models.mutants.resume:build_cast_on_load_precision_aware"},
         ("precision_aware",),
-        {MOMENTS, STATE},
+        {MOMENTS, LOSSES, PARAMETERS, STATE},
     ),
 }
 
@@ -86,13 +95,26 @@ axes = ["world_size", "fsdp", "optimizer"]
 """
 
 
-def run_resume_suite(root: Path, components: dict[str, str], optimizers: tuple[str, ...]) -> tuple[subprocess.CompletedProcess, dict]:
+def run_resume_suite(
+    root: Path, components: dict[str, str], optimizers: tuple[str, ...]
+) -> tuple[subprocess.CompletedProcess, dict]:
     """Run the suite through `python -m torchmatrix run`; return the process and, per cell, test -> outcome."""
     root.mkdir(parents=True)
     (root / "suites").symlink_to(REPO / "suites", target_is_directory=True)
     (root / "matrix.toml").write_text(matrix_toml(components, optimizers))
     done = subprocess.run(
-        [sys.executable, "-m", "torchmatrix", "run", "--torch", "system", "--config", str(root / "matrix.toml"), "--reports", str(root / "reports")],
+        [
+            sys.executable,
+            "-m",
+            "torchmatrix",
+            "run",
+            "--torch",
+            "system",
+            "--config",
+            str(root / "matrix.toml"),
+            "--reports",
+            str(root / "reports"),
+        ],
         cwd=REPO,
         env=checkout_env(),
         capture_output=True,
@@ -101,7 +123,9 @@ def run_resume_suite(root: Path, components: dict[str, str], optimizers: tuple[s
     )
     outcomes = {}
     for report in sorted((root / "reports" / "latest" / "torch-system").glob("*.xml")):
-        outcomes[report.stem] = {case.get("name").split("[")[0]: outcome(case) for case in ElementTree.parse(report).iter("testcase")}
+        outcomes[report.stem] = {
+            case.get("name").split("[")[0]: outcome(case) for case in ElementTree.parse(report).iter("testcase")
+        }
     return done, outcomes
 
 
@@ -131,6 +155,10 @@ def test_suite_catches_mutant_in_every_cell(tmp_path, mutant):
     assert done.returncode == 1, f"{mutant}: expected the run to fail\n{done.stdout}{done.stderr}"
     assert set(outcomes) == expected_cells(optimizers), done.stdout
     for cell, tests in outcomes.items():
-        assert "error" not in tests.values(), f"{mutant} in {cell} crashed the suite instead of failing its checks: {tests}"
+        print(f"{mutant} x {cell}: failed {sorted(test for test, result in tests.items() if result == 'failure')}")
+    for cell, tests in outcomes.items():
+        assert "error" not in tests.values(), (
+            f"{mutant} in {cell} crashed the suite instead of failing its checks: {tests}"
+        )
         missed = {test for test in must_fail if tests.get(test) != "failure"}
         assert not missed, f"{mutant} in {cell}: expected {sorted(missed)} to fail, outcomes {tests}"
