@@ -130,3 +130,12 @@ def test_compare_command_exits_1_on_a_regression_and_0_without(tmp_path):
     assert "0 regressions" in same.stdout
     missing = project.torchmatrix("compare", str(old), str(tmp_path / "nope"))
     assert missing.returncode == 2 and "does not exist" in missing.stderr
+
+
+def test_grown_drift_is_summarised_per_measure_by_the_figure_that_grew_most():
+    before = record("passed", **{"grad_max_abs/a": 1e-9, "grad_max_abs/b": 1e-9, "loss_max_abs": 0.0})
+    after = record("passed", **{"grad_max_abs/a": 1e-6, "grad_max_abs/b": 1e-5, "loss_max_abs": 1e-7})
+    diff = diff_records([before], [after], ReportSettings(), "a", "b")
+    assert len(diff.drift) == 3
+    summary = [(d.figure, d.growth, grown) for d, grown in diff.drift_by_measure()]
+    assert summary == [("loss_max_abs", "was exactly 0", 1), ("grad_max_abs/b", "10000.0×", 2)]

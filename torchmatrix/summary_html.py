@@ -152,12 +152,13 @@ def _diff(diff: UpgradeDiff) -> str:
         rows = "".join(
             f"<tr><td><code>{text(d.suite)}</code></td><td><code>{text(d.test)}</code></td>"
             f"<td><code>{text(d.cell)}</code></td><td><code>{text(d.figure)}</code></td>"
-            f"<td>{d.before:.3g}</td><td>{d.after:.3g}</td></tr>"
-            for d in diff.drift
+            f"<td>{d.before:.3g}</td><td>{d.after:.3g}</td><td>{text(d.growth)}</td><td>{grown}</td></tr>"
+            for d, grown in diff.drift_by_measure()
         )
         parts.append(
-            f"<h3>Drift grown more than {diff.settings.drift_ratio:g}×</h3>\n<table><tr><th>suite</th><th>test</th>"
-            f"<th>cell</th><th>figure</th><th>{before}</th><th>{after}</th></tr>{rows}</table>"
+            f"<h3>Drift grown more than {diff.settings.drift_ratio:g}×</h3>\n<p>Per measure, the figure that grew most; "
+            "every grown figure is in results.json.</p>\n<table><tr><th>suite</th><th>test</th><th>cell</th>"
+            f"<th>figure</th><th>{before}</th><th>{after}</th><th>×</th><th>figures grown</th></tr>{rows}</table>"
         )
     if diff.slowdowns:
         rows = "".join(

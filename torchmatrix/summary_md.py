@@ -12,7 +12,7 @@ import re
 
 from torchmatrix.results import RunResults
 from torchmatrix.untrusted_text import one_line, visible
-from torchmatrix.upgrade_diff import DriftGrowth, UpgradeDiff
+from torchmatrix.upgrade_diff import UpgradeDiff
 
 MARKS = {"passed": "✅", "failed": "❌", "error": "💥", "skipped": "⏭️"}
 NOT_RUN = "·"
@@ -62,12 +62,13 @@ def diff_section(diff: UpgradeDiff) -> str:
             )
     if diff.drift:
         rows = [
-            [code(d.suite), code(d.test), code(d.cell), code(d.figure), _number(d.before), _number(d.after), drift_ratio_text(d)]
-            for d in diff.drift
+            [code(d.suite), code(d.test), code(d.cell), code(d.figure), _number(d.before), _number(d.after), d.growth, str(grown)]
+            for d, grown in diff.drift_by_measure()
         ]  # fmt: skip
         parts.append(
-            f"#### Drift grown more than {diff.settings.drift_ratio:g}×\n\n"
-            + _table(["suite", "test", "cell", "figure", before, after, "×"], rows, MAX_DIFF_ROWS)
+            f"#### Drift grown more than {diff.settings.drift_ratio:g}×\n\nPer measure, the figure that grew most; "
+            "every grown figure is in results.json.\n\n"
+            + _table(["suite", "test", "cell", "figure", before, after, "×", "figures grown"], rows, MAX_DIFF_ROWS)
         )
     if diff.slowdowns:
         rows = [
@@ -180,12 +181,3 @@ def _number(value: float) -> str:
 
 def _ratio(value: float) -> str:
     return f"{value:.1f}×"
-
-
-def drift_ratio_text(growth: DriftGrowth) -> str:
-    """How much a drift figure grew, in words where a ratio means nothing (from exactly 0, to NaN)."""
-    if math.isnan(growth.after):
-        return "became NaN"
-    if growth.before == 0:
-        return "was exactly 0"
-    return _ratio(growth.ratio)

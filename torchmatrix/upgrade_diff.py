@@ -12,7 +12,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from torchmatrix.config import ReportSettings
-from torchmatrix.results import RunResults, TestRecord, is_drift_figure
+from torchmatrix.results import RunResults, TestRecord, drift_measure, is_drift_figure
 
 FAILING = ("failed", "error")
 MIN_SLOWDOWN_SECONDS = 1.0
@@ -59,6 +59,15 @@ class DriftGrowth:
             return math.inf
         return self.after / self.before
 
+    @property
+    def growth(self) -> str:
+        """How much it grew, in words where a ratio means nothing (from exactly 0, to NaN)."""
+        if math.isnan(self.after):
+            return "became NaN"
+        if self.before == 0:
+            return "was exactly 0"
+        return f"{self.ratio:.1f}×"
+
     def to_json(self) -> dict:
         return {
             "suite": self.suite,
@@ -99,6 +108,18 @@ class UpgradeDiff:
     newly_skipped: list[Change] = field(default_factory=list)
     drift: list[DriftGrowth] = field(default_factory=list)
     slowdowns: list[Slowdown] = field(default_factory=list)
+
+    def drift_by_measure(self) -> list[tuple[DriftGrowth, int]]:
+        """Grown drift per (suite, test, cell, measure): the tensor that grew most, and how many grew."""
+        worst: dict[tuple[str, str, str, str], tuple[DriftGrowth, int]] = {}
+        for growth in self.drift:
+            key = (growth.suite, growth.test, growth.cell, drift_measure(growth.figure))
+            if key in worst:
+                top, count = worst[key]
+                worst[key] = (top if _rank(top) >= _rank(growth) else growth, count + 1)
+            else:
+                worst[key] = (growth, 1)
+        return sorted(worst.values(), key=lambda pair: _rank(pair[0]), reverse=True)
 
     @property
     def clean(self) -> bool:
@@ -141,7 +162,7 @@ def diff_records(
         elif a.status != "skipped" and b.status == "skipped":
             diff.newly_skipped.append(change)
         diff.drift.extend(_drift_growth(a, b, settings.drift_ratio))
-    diff.drift.sort(key=lambda d: -d.ratio)
+    diff.drift.sort(key=_rank, reverse=True)
     diff.slowdowns = _slowdowns(old, new, settings.slowdown_ratio)
     return diff
 
@@ -219,6 +240,11 @@ def _drift_growth(before: TestRecord, after: TestRecord, ratio: float) -> list[D
         if grew(abs(old), abs(new), ratio):
             found.append(DriftGrowth(after.suite, after.test, after.run_cell, name, abs(old), abs(new)))
     return found
+
+
+def _rank(growth: DriftGrowth) -> tuple[float, float]:
+    """Larger growth first; among growth from exactly 0 (infinite ratio), the larger value first."""
+    return (growth.ratio, growth.after if not math.isnan(growth.after) else math.inf)
 
 
 def _slowdowns(old: dict, new: dict, ratio: float) -> list[Slowdown]:
