@@ -127,3 +127,51 @@ def test_hostile_text_round_trips_in_json(tmp_path):
     [record] = json.loads(raw)["tests"]
     assert record["message"] == junit.xml_text(HOSTILE), "exactly what the JUnit file holds"
     assert record["figures"] == {f"grad_max_abs/{junit.xml_text(HOSTILE)}": 0.5}
+
+
+MATRIX = """
+[torch]
+versions = ["2.13.0"]
+
+[axes]
+world_size = [1]
+flavor = ["plain", "spicy"]
+
+[suites.figures]
+path = "suites/test_figures.py"
+timeout = 30
+axes = ["world_size"]
+"""
+
+FIGURES_SUITE = """
+def test_records_drift(cell, record_property):
+    record_property("grad_max_abs/w", 2.5e-7)
+
+
+def test_fails(cell):
+    assert cell.world_size == 2, "one rank is not two"
+"""
+
+
+@pytest.mark.slow
+def test_a_real_run_reports_its_figures_and_failures(tmp_path):
+    """`run --torch system` then `report`: figures recorded in a rank's test reach results.json and both pages."""
+    project = Project(tmp_path)
+    project.write("matrix.toml", MATRIX)
+    project.write("suites/test_figures.py", FIGURES_SUITE)
+    run = project.torchmatrix("run", "--torch", "system", "--reports", "out", "--run-id", "real", timeout=300)
+    assert run.returncode == 1, run.stdout + run.stderr
+    report = project.torchmatrix("report", "out/real")
+    assert report.returncode == 0, report.stderr
+    data = json.loads((tmp_path / "out" / "real" / "results.json").read_text())
+    by_test = {(t["cell"], t["test"]): t for t in data["tests"]}
+    drift = by_test[("ws1-spicy", "test_records_drift")]
+    assert (drift["status"], drift["ran_in"], drift["figures"]) == ("passed", "ws1-plain", {"grad_max_abs/w": 2.5e-7})
+    assert by_test[("ws1-plain", "test_fails")]["message"].startswith("AssertionError: one rank is not two")
+    assert data["versions"][0]["torch"] == "system" and data["versions"][0]["planned_cells"] == [
+        "ws1-plain",
+        "ws1-spicy",
+    ]
+    markdown = (tmp_path / "out" / "real" / "summary.md").read_text()
+    assert "| `ws1-plain` | ❌ |" in markdown and "one rank is not two" in markdown
+    assert "grad_max_abs" in (tmp_path / "out" / "real" / "summary.html").read_text()
