@@ -34,6 +34,12 @@ def report(session):
 
 
 @nox.session
+def merge(session):
+    """Merge report directories of shards and jobs: nox -s merge -- DIR... --out DIR."""
+    sessions.merge(session)
+
+
+@nox.session
 def tests(session):
     """The runner's own tests (pytest-xdist), on the baseline torch."""
     sessions.tests(session, MATRIX.baseline)

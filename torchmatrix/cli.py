@@ -1,4 +1,4 @@
-"""`python -m torchmatrix list | run | report | merge | github-matrix`.
+"""`python -m torchmatrix list | run | report | compare | merge | github-matrix | slurm`.
 
 Exit codes: 0 all passed or skipped, 1 a test failed or errored, 2 a usage or matrix.toml error
 (printed as one line, no traceback), 130 interrupted.
@@ -19,6 +19,7 @@ from torchmatrix.report import append_step_summary, compare_markdown, write_repo
 from torchmatrix.results import ResultsError
 from torchmatrix.runner import RunError, RunRequest, new_run_id, run_version
 from torchmatrix.selection import SelectionError, Shard, parse_only, select_cells
+from torchmatrix.slurm import SlurmOptions, write_slurm
 from torchmatrix.upgrade_diff import CompareError
 
 USAGE_EXIT = 2
@@ -69,6 +70,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--run-id", default=None, help="run directory name; nox passes one so all versions land together")
     run.add_argument("--install-log", type=Path, default=None, help=argparse.SUPPRESS)
+    run.add_argument(
+        "--gpus-per-node", type=int, default=None, help="GPUs per node (default: the GPUs seen here; no limit on CPU)"
+    )
+    run.add_argument(
+        "--multinode-launcher",
+        default=None,
+        metavar="CMD",
+        help="runs cells wider than a node, e.g. 'srun --nodes={nnodes} torchrun --nnodes={nnodes} --nproc-per-node={nproc_per_node} ...'",
+    )
 
     report = commands.add_parser(
         "report", help="write a run directory's junit.xml, results.json, summary.md and summary.html"
@@ -83,13 +93,11 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("run_a", type=Path, help="the reference run: a run directory or its results.json")
     compare.add_argument("run_b", type=Path, help="the run to check against it")
     merge = commands.add_parser("merge", help="merge report directories of shards, jobs and versions into one run")
+    _add_selection(merge)
     merge.add_argument(
         "inputs", nargs="+", type=Path, metavar="DIR", help="report directories (e.g. downloaded artifacts)"
     )
     merge.add_argument("--out", required=True, type=Path, help="the merged run directory to write")
-    merge.add_argument(
-        "--config", default="matrix.toml", help="the matrix file the shards ran (default: ./matrix.toml)"
-    )
     merge.add_argument(
         "--versions", default=None, metavar="V1,V2", help="torch versions to expect (default: all in matrix.toml)"
     )
@@ -99,6 +107,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_selection(fan_out)
     fan_out.add_argument("--shards", type=int, default=1, help="shards per torch version (default 1)")
+    slurm = commands.add_parser(
+        "slurm", help="write sbatch scripts: an array job per shard, multi-node jobs, a merge job"
+    )
+    _add_selection(slurm)
+    slurm.add_argument("--shards", type=int, default=1, help="shards per torch version for cells that fit on one node")
+    slurm.add_argument("--gpus-per-node", type=int, required=True, help="GPUs per node; wider cells span nodes")
+    slurm.add_argument("--partition", default=None, help="sbatch --partition")
+    slurm.add_argument("--time", default="04:00:00", help="sbatch --time per job (default 04:00:00)")
+    slurm.add_argument("--rdzv-port", type=int, default=29500, help="torchrun rendezvous port on the first node")
+    slurm.add_argument(
+        "--out", type=Path, default=Path("reports/slurm"), help="where the scripts go (default reports/slurm)"
+    )
     return parser
 
 
@@ -116,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
             return _merge(matrix, args)
         if args.command == "github-matrix":
             return _github_matrix(matrix, args)
+        if args.command == "slurm":
+            return _slurm(matrix, args)
         return _run(matrix, args)
     except (ConfigError, SelectionError, RunError, MergeError, ResultsError, CompareError) as error:
         print(f"torchmatrix: error: {error}", file=sys.stderr)
@@ -165,6 +187,8 @@ def _run(matrix: Matrix, args) -> int:
         reports=Path(args.reports).resolve() if args.reports else matrix.root / "reports",
         run_id=args.run_id or new_run_id(),
         install_log=args.install_log,
+        gpus_per_node=args.gpus_per_node,
+        multinode_launcher=args.multinode_launcher,
         **_filters(matrix, args),
     )
     return run_version(request)
@@ -188,7 +212,11 @@ def _compare(run_a: Path, run_b: Path) -> int:
 def _merge(matrix: Matrix, args) -> int:
     versions = [v.strip() for v in args.versions.split(",") if v.strip()] if args.versions else None
     out = args.out.resolve()
-    result = merge_reports([path.resolve() for path in args.inputs], out, matrix, versions)
+    filters = _filters(matrix, args)
+    if filters["shard"]:
+        raise SelectionError("merge: pass the filters the jobs shared (--only, -k), not --shard")
+    expected = select_cells(matrix.cells(), **filters)
+    result = merge_reports([path.resolve() for path in args.inputs], out, matrix, expected=expected, versions=versions)
     for version, missing in result.missing.items():
         print(
             f"torchmatrix: torch {version}: {len(missing)} planned cells had no report: {', '.join(missing)}",
@@ -200,14 +228,28 @@ def _merge(matrix: Matrix, args) -> int:
     return 1 if junit.has_problems(out / junit.MERGED_NAME) else 0
 
 
-def _github_matrix(matrix: Matrix, args) -> int:
+def _fan_out_filters(matrix: Matrix, args) -> tuple[dict, list[str]]:
+    """Filters of a fan-out command, parsed, and as the arguments each job passes on."""
     filters = _filters(matrix, args)
     if filters["shard"]:
-        raise SelectionError("github-matrix: use --shards N, not --shard; every job gets its own --shard i/N")
-    filter_args = [f"--only={text}" for text in args.only] + (["-k", args.keyword] if args.keyword else [])
+        raise SelectionError(f"{args.command}: use --shards N, not --shard; every job gets its own --shard i/N")
+    return filters, [f"--only={text}" for text in args.only] + (["-k", args.keyword] if args.keyword else [])
+
+
+def _github_matrix(matrix: Matrix, args) -> int:
+    filters, filter_args = _fan_out_filters(matrix, args)
     print(
         json.dumps(
             github_matrix(matrix, args.shards, only=filters["only"], keyword=args.keyword, filter_args=filter_args)
         )
     )
+    return 0
+
+
+def _slurm(matrix: Matrix, args) -> int:
+    filters, filter_args = _fan_out_filters(matrix, args)
+    options = SlurmOptions(args.shards, args.gpus_per_node, args.partition, args.time, args.rdzv_port)
+    out = args.out if args.out.is_absolute() else matrix.root / args.out
+    scripts = write_slurm(matrix, options, out, only=filters["only"], keyword=args.keyword, filter_args=filter_args)
+    print(f"torchmatrix: wrote {', '.join(p.name for p in scripts)} to {out}; submit with {out / 'submit.sh'}")
     return 0

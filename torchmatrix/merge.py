@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from torchmatrix import junit
+from torchmatrix.cells import Cell
 from torchmatrix.config import Matrix
 from torchmatrix.outcomes import OutcomeBook
 from torchmatrix.plan import plan_runs
@@ -42,10 +43,6 @@ class VersionReport:
     def shard(self) -> Shard | None:
         return Shard.parse(self.plan["shard"]) if self.plan.get("shard") else None
 
-    @property
-    def filters(self) -> tuple:
-        return (json.dumps(self.plan.get("only") or {}, sort_keys=True), self.plan.get("keyword"))
-
 
 @dataclass
 class MergeResult:
@@ -71,9 +68,18 @@ def find_version_reports(inputs: Sequence[Path]) -> list[VersionReport]:
 
 
 def merge_reports(
-    inputs: Sequence[Path], out: Path, matrix: Matrix, versions: Sequence[str] | None = None
+    inputs: Sequence[Path],
+    out: Path,
+    matrix: Matrix,
+    *,
+    expected: Sequence[Cell],
+    versions: Sequence[str] | None = None,
 ) -> MergeResult:
-    """Write `out` as one run directory holding every planned cell of every expected version."""
+    """Write `out` as one run directory holding every expected cell of every expected version.
+
+    `expected` is the selection the jobs were planned from (the matrix, after the user's
+    filters); each job may have run any slice of it (shards, world sizes).
+    """
     reports = find_version_reports(inputs)
     for report in reports:
         if report.plan.get("matrix_sha256") != matrix.digest:
@@ -87,7 +93,7 @@ def merge_reports(
     result = MergeResult(inputs=len(reports))
     for version in expected_versions:
         mine = [r for r in reports if r.version == version]
-        cells_written, missing = _merge_version(version, mine, out / f"torch-{version}", matrix)
+        cells_written, missing = _merge_version(version, mine, out / f"torch-{version}", matrix, expected)
         result.cells[version] = cells_written
         if missing:
             result.missing[version] = missing
@@ -95,21 +101,9 @@ def merge_reports(
     return result
 
 
-def _merge_version(version: str, reports: list[VersionReport], out: Path, matrix: Matrix) -> tuple[int, list[str]]:
-    filters = {r.filters for r in reports}
-    if len(filters) > 1:
-        raise MergeError(
-            f"the torch {version} reports were run with different --only/-k filters; merge runs of one selection"
-        )
-    counts = {r.shard.count if r.shard else 1 for r in reports}
-    if len(counts) > 1:
-        raise MergeError(
-            f"the torch {version} reports mix shard counts {sorted(counts)}; merge the shards of one --shards N"
-        )
-    plan = reports[0].plan if reports else {}
-    only = {axis: set(values) for axis, values in (plan.get("only") or {}).items()}
-    expected = select_cells(matrix.cells(), only=only, keyword=plan.get("keyword"))
-    shard_count = counts.pop() if counts else 1
+def _merge_version(
+    version: str, reports: list[VersionReport], out: Path, matrix: Matrix, expected: Sequence[Cell]
+) -> tuple[int, list[str]]:
     out.mkdir(parents=True, exist_ok=True)
     sources: dict[str, Path] = {}
     for report in reports:
@@ -121,25 +115,34 @@ def _merge_version(version: str, reports: list[VersionReport], out: Path, matrix
             sources[path.stem] = path
             shutil.copyfile(path, out / path.name)
     missing = [cell for cell in expected if cell.id not in sources]
-    environment = plan.get("environment") or {"device": "unknown (no shard of this version reported)"}
+    plan = reports[0].plan if reports else {}
+    environment = plan.get("environment") or {"device": "unknown (no job of this version reported)"}
     known_tests = _tests_per_suite(out)
     for cell in missing:
         book = OutcomeBook(plan_runs([cell], matrix.suites))
         for key, run in book.runs.items():
             if run.suite.name in known_tests:
                 book.expect(key, known_tests[run.suite.name])
-            book.fail_run(key, "error", _missing_reason(version, cell, expected, shard_count))
+            book.fail_run(key, "error", _missing_reason(version, cell, reports, matrix))
         junit.write_cell(out, version, environment, cell, book.for_cell(cell))
     (out / PLAN_FILE).write_text(
         json.dumps(
             {
-                **{k: plan.get(k) for k in ("matrix", "only", "keyword")},
                 "torch": version,
+                "matrix": str(matrix.path),
                 "matrix_sha256": matrix.digest,
                 "shard": None,
-                "merged_from": [{"path": str(r.path), "shard": r.plan.get("shard")} for r in reports],
+                "merged_from": [
+                    {
+                        "path": str(r.path),
+                        "shard": r.plan.get("shard"),
+                        "only": r.plan.get("only"),
+                        "keyword": r.plan.get("keyword"),
+                    }
+                    for r in reports
+                ],
                 "environment": environment,
-                "cells": [cell.id for cell in expected],
+                "cells": sorted(set(sources) | {cell.id for cell in missing}),
                 "missing": [cell.id for cell in missing],
                 "pool_starts": sum(r.plan.get("pool_starts", 0) for r in reports),
             },
@@ -162,8 +165,17 @@ def _tests_per_suite(version_dir: Path) -> dict[str, list[str]]:
     return names
 
 
-def _missing_reason(version: str, cell, expected, shard_count: int) -> str:
-    if shard_count == 1:
-        return f"no report for this cell: the torch {version} job delivered none (it failed before writing reports, or its artifact is missing)"
-    index = next(i for i in range(1, shard_count + 1) if cell in shard_cells(expected, Shard(i, shard_count)))
-    return f"no report for this cell: shard {index}/{shard_count} of torch {version} delivered none (its job failed before writing reports, or its artifact is missing)"
+def _missing_reason(version: str, cell: Cell, reports: list[VersionReport], matrix: Matrix) -> str:
+    """Name the shard that should have covered the cell, when the other shards' plans tell."""
+    generic = f"no report for this cell from torch {version}: its job failed before writing reports, or its artifact is missing"
+    for report in reports:
+        if not report.shard:
+            continue
+        only = {axis: set(values) for axis, values in (report.plan.get("only") or {}).items()}
+        selection = select_cells(matrix.cells(), only=only, keyword=report.plan.get("keyword"))
+        if cell not in selection:
+            continue
+        count = report.shard.count
+        index = next(i for i in range(1, count + 1) if cell in shard_cells(selection, Shard(i, count)))
+        return f"no report for this cell: shard {index}/{count} of torch {version} delivered none (its job failed before writing reports, or its artifact is missing)"
+    return generic

@@ -26,11 +26,16 @@ class SuiteRun:
 
 @dataclass(frozen=True)
 class Group:
-    """Suite runs of one world size, run by one pytest process with one rank pool."""
+    """Suite runs of one world size, run by one pytest process with one rank pool.
+
+    A group wider than one node has a `launcher` (e.g. `srun ... torchrun ...`) that starts
+    pytest once per rank instead.
+    """
 
     name: str
     world_size: int
     runs: tuple[SuiteRun, ...]
+    launcher: str | None = None
 
 
 def plan_runs(cells: Sequence[Cell], suites: Mapping[str, Suite]) -> list[SuiteRun]:

@@ -15,6 +15,7 @@ import pytest
 
 from torchmatrix.cells import Cell
 from torchmatrix.events import EventLog, run_key
+from torchmatrix.launched import LaunchedRank, launched_rank
 from torchmatrix.pool import RankFailure, RankPool
 
 PLAN_KEY = pytest.StashKey["CellPlan"]()
@@ -36,7 +37,12 @@ def pytest_configure(config):
 
 
 class CellPlan:
-    """One process's share of the matrix: a world size, its suite runs, and their pool."""
+    """One process's share of the matrix: a world size, its suite runs, and their ranks.
+
+    The ranks are a local RankPool, or, when an external launcher started this process as one
+    rank of a multi-node world, this process itself (only rank 0 writes the event log the
+    runner reads).
+    """
 
     def __init__(self, data: dict, rootpath: Path):
         self.data = data
@@ -47,14 +53,20 @@ class CellPlan:
         for run in data["runs"]:
             self.cells_by_suite.setdefault(run["suite"], []).append(Cell(run["cell"]))
         self.order = {run_key(r["suite"], Cell(r["cell"]).id): i for i, r in enumerate(data["runs"])}
-        self.events = EventLog(data["events"])
         device = data["device"]
-        self.pool = RankPool(
-            data["world_size"],
-            device_type=device["device_type"],
-            backend=device["backend"],
-            threads_per_rank=data["threads_per_rank"],
-        )
+        if data.get("launcher") == "external":
+            timeout = max(spec["timeout"] for spec in self.suites.values())
+            self.pool = LaunchedRank(data["world_size"], backend=device["backend"], timeout_s=timeout)
+            rank = launched_rank()
+            self.events = EventLog(data["events"] if rank == 0 else f"{data['events']}.rank{rank}")
+        else:
+            self.pool = RankPool(
+                data["world_size"],
+                device_type=device["device_type"],
+                backend=device["backend"],
+                threads_per_rank=data["threads_per_rank"],
+            )
+            self.events = EventLog(data["events"])
         self._reports: dict[str, list] = {}
 
     def suite_of(self, path: Path) -> str | None:
@@ -181,7 +193,7 @@ def _cell_plan(request) -> CellPlan:
 class Ranks:
     """What a test holds to run functions on every rank of its cell, under the test's deadline."""
 
-    def __init__(self, pool: RankPool, cell: Cell, timeout: float):
+    def __init__(self, pool: RankPool | LaunchedRank, cell: Cell, timeout: float):
         self.pool = pool
         self.cell = cell
         self.timeout = timeout

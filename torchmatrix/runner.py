@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from torchmatrix import junit
@@ -48,6 +49,8 @@ class RunRequest:
     keyword: str | None = None
     shard: Shard | None = None
     install_log: Path | None = None
+    gpus_per_node: int | None = None
+    multinode_launcher: str | None = None
 
     @property
     def run_dir(self) -> Path:
@@ -162,12 +165,18 @@ def _run_cells(
     progress: Progress,
 ) -> None:
     gpu_count = environment["gpu_count"]
+    node_size = request.gpus_per_node or (gpu_count if environment["device_type"] == "cuda" else None)
     runnable = []
     for run in runs:
-        if environment["device_type"] == "cuda" and run.cell.world_size > gpu_count:
-            book.fail_run(run.key, "skipped", f"needs {run.cell.world_size} GPUs; this machine has {gpu_count}")
+        if node_size and run.cell.world_size > node_size and not request.multinode_launcher:
+            book.fail_run(
+                run.key,
+                "skipped",
+                f"needs {run.cell.world_size} GPUs; this node has {node_size} (pass --multinode-launcher to span nodes)",
+            )
         else:
             runnable.append(run)
+    groups = [_with_launcher(group, node_size, request.multinode_launcher) for group in group_runs(runnable)]
     finished: set[Cell] = set()
 
     def report_finished_cells() -> None:
@@ -181,7 +190,7 @@ def _run_cells(
 
     report_finished_cells()
     scheduler = Scheduler(
-        group_runs(runnable),
+        groups,
         book,
         start=start,
         slots=len(os.sched_getaffinity(0)),
@@ -190,6 +199,14 @@ def _run_cells(
     )
     scheduler.run()
     report_finished_cells()
+
+
+def _with_launcher(group: Group, node_size: int | None, template: str | None) -> Group:
+    """Give a group wider than one node its launch command, with {nnodes} and {nproc_per_node} filled in."""
+    if not template or not node_size or group.world_size <= node_size:
+        return group
+    nnodes = -(-group.world_size // node_size)
+    return replace(group, launcher=template.format(nnodes=nnodes, nproc_per_node=node_size))
 
 
 def _start_group(request: RunRequest, group: Group, environment: dict, gpus: list[int], slots: int) -> GroupProcess:
@@ -206,6 +223,7 @@ def _start_group(request: RunRequest, group: Group, environment: dict, gpus: lis
                 "device": environment,
                 "events": str(events),
                 "threads_per_rank": max(1, slots // group.world_size),
+                "launcher": "external" if group.launcher else "pool",
                 "components": request.matrix.components,
                 "suites": {
                     name: {"path": s.path, "timeout": s.timeout, "options": s.options} for name, s in suites.items()
@@ -215,8 +233,9 @@ def _start_group(request: RunRequest, group: Group, environment: dict, gpus: lis
             indent=2,
         )
     )
+    python = shlex.split(group.launcher) if group.launcher else [sys.executable]
     command = [
-        sys.executable, "-m", "pytest",
+        *python, "-m", "pytest",
         "-p", "torchmatrix.plugin",
         "-p", "no:cacheprovider",
         "--torchmatrix-plan", str(plan),
@@ -225,6 +244,8 @@ def _start_group(request: RunRequest, group: Group, environment: dict, gpus: lis
         *sorted({s.path for s in suites.values()}),
     ]  # fmt: skip
     env = dict(os.environ)
+    if group.launcher:
+        env["TORCHMATRIX_DEVICE"] = environment["device_type"]
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
     return GroupProcess.start(

@@ -141,7 +141,12 @@ class Scheduler:
 
     def _start_what_fits(self) -> None:
         for group in list(self.pending):
-            if self.use_gpus:
+            if group.launcher:
+                if self.active:
+                    continue
+                gpus, self.free_gpus = self.free_gpus, []
+                slots = self.slots
+            elif self.use_gpus:
                 if len(self.free_gpus) < group.world_size:
                     continue
                 gpus, self.free_gpus = self.free_gpus[: group.world_size], self.free_gpus[group.world_size :]

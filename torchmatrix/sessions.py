@@ -74,6 +74,12 @@ def report(session) -> None:
         session.run("python", "-m", "torchmatrix", "compare", args.compare, args.run_dir)
 
 
+def merge(session) -> None:
+    """Merge report directories (shards, jobs, versions): `nox -s merge -- DIR... --out DIR`."""
+    session.install("-e", str(PROJECT))
+    session.run("python", "-m", "torchmatrix", "merge", *session.posargs)
+
+
 def tests(session, torch_version: str) -> None:
     """The project's own tests, in parallel with pytest-xdist, against the baseline torch."""
     torch = [] if torch_version == "system" else [f"torch=={torch_version}", "numpy"]

@@ -1,0 +1,70 @@
+"""Ranks started by an external launcher (torchrun under srun) for cells wider than one node.
+
+There, every rank runs the whole pytest session itself; `run(fn)` calls fn on this rank and
+gathers every rank's reply, so suites see the same contract as with the local rank pool. A
+hang cannot be interrupted from inside one rank: the runner's backstop kills the whole launch.
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+from datetime import timedelta
+
+from torchmatrix.pool import RankFailure
+from torchmatrix.worker import current_device
+
+
+def launched_rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+class LaunchedRank:
+    """This process as one rank of a launcher-made world: same interface as RankPool."""
+
+    def __init__(self, world_size: int, *, backend: str, timeout_s: float):
+        self.world_size = world_size
+        self.backend = backend
+        self.timeout_s = timeout_s
+        self.starts = 0
+
+    def start(self) -> None:
+        import torch
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            return
+        launched = int(os.environ.get("WORLD_SIZE", "0"))
+        if launched != self.world_size:
+            raise RankFailure(
+                f"the launcher started {launched} ranks for a world size {self.world_size} cell; check --gpus-per-node and the launcher's --nnodes/--nproc-per-node"
+            )
+        device = current_device()
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        dist.init_process_group(self.backend, timeout=timedelta(seconds=self.timeout_s))
+        self.starts += 1
+
+    def run(self, fn, args: tuple, *, deadline: float) -> list:
+        """fn(*args) here, then every rank's reply gathered; any rank's exception fails every rank."""
+        import torch.distributed as dist
+
+        self.start()
+        try:
+            reply = ("ok", fn(*args))
+        except BaseException:
+            reply = ("error", traceback.format_exc())
+        replies: list = [None] * self.world_size
+        dist.all_gather_object(replies, reply)
+        errors = {rank: value for rank, (kind, value) in enumerate(replies) if kind == "error"}
+        if errors:
+            sections = [f"{getattr(fn, '__qualname__', fn)} raised on ranks {', '.join(map(str, errors))}"]
+            sections += [f"---- rank {rank} traceback ----\n{text.rstrip()}" for rank, text in errors.items()]
+            raise RankFailure("\n".join(sections))
+        return [value for _, value in replies]
+
+    def close(self, *, graceful: bool = True) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
