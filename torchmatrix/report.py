@@ -45,15 +45,16 @@ def compare_markdown(run_a: Path, run_b: Path) -> tuple[str, bool]:
 def load_run(path: Path, config: str | None = None) -> RunResults:
     """A run directory (or results.json) with the baseline and thresholds of its matrix file."""
     matrix = _matrix(path, config)
-    if matrix is None:
-        if path.is_dir() and not (path / results.FILE_NAME).is_file():
-            print(
-                f"torchmatrix: no readable matrix file for {path}: baseline is its oldest torch version, "
-                "thresholds are the defaults; pass --config FILE to choose",
-                file=sys.stderr,
-            )
-        return results.load_results(path)
-    return results.load_results(path, matrix.baseline, matrix.report)
+    if matrix is not None:
+        return results.load_results(path, matrix.baseline, matrix.report)
+    run = results.load_results(path)
+    if path.is_dir() and not (path / results.FILE_NAME).is_file():
+        print(
+            f"torchmatrix: no readable matrix file for {path}: baseline is its oldest torch version, "
+            "thresholds are the defaults; pass --config FILE to choose",
+            file=sys.stderr,
+        )
+    return run
 
 
 def append_step_summary(markdown: str) -> None:
