@@ -98,3 +98,9 @@ def test_a_results_file_of_another_schema_is_refused(tmp_path):
     path.write_text(json.dumps({"schema": "torchmatrix.results", "schema_version": 99}))
     with pytest.raises(results.ResultsError, match="regenerate"):
         results.load_results(path)
+
+
+def test_a_corrupt_cell_file_is_named_in_a_one_line_error(run_dir):
+    (run_dir / f"torch-{BASELINE}" / "ws1-none.xml").write_text("<testsuites><testsuite")
+    with pytest.raises(results.ResultsError, match="ws1-none.xml is not readable JUnit XML"):
+        results.load_results(run_dir)

@@ -211,8 +211,7 @@ class RunResults:
 
 def is_drift_figure(name: str) -> bool:
     """Drift figures are named after what they measure: `grad_max_abs/<param>`, `loss_max_abs`, `logits_drift`."""
-    measure = name.split("/", 1)[0]
-    return bool(DRIFT_WORDS.intersection(re.split(r"[^a-z0-9]+", measure.lower())))
+    return bool(DRIFT_WORDS.intersection(re.split(r"[^a-z0-9]+", drift_measure(name).lower())))
 
 
 def drift_measure(name: str) -> str:
@@ -253,7 +252,15 @@ def _suites(run_dir: Path) -> list[TestSuite]:
     files = junit.cell_report_files(run_dir)
     if not files and (run_dir / junit.MERGED_NAME).is_file():
         files = [run_dir / junit.MERGED_NAME]
-    return [suite for path in files for suite in junit.read_suites(path)]
+    suites = []
+    for path in files:
+        try:
+            suites.extend(junit.read_suites(path))
+        except SyntaxError as error:  # ElementTree's ParseError and lxml's XMLSyntaxError both are
+            raise ResultsError(
+                f"{path} is not readable JUnit XML ({error}); rerun that cell or delete the file"
+            ) from None
+    return suites
 
 
 def _from_suites(run_dir: Path, suites: list[TestSuite], baseline: str | None, settings: ReportSettings) -> RunResults:
