@@ -50,7 +50,13 @@ class Checkpointer:
         dcp.save(state, checkpoint_id=directory)
 
     def load(self, directory: str, *, model, optimizer, scheduler, loader) -> int:
-        """Restore every piece from `directory` and return the step it was saved at."""
+        """Restore every piece from `directory` and return the step it was saved at.
+
+        Gradients are dropped first: torch's state-dict getter only allocates the lazily-created
+        moments of an optimizer whose params have no gradients, so stale gradients would
+        silently make the load skip the moments (and would be stale after the load anyway).
+        """
+        optimizer.zero_grad(set_to_none=True)
         state = {
             "model": self.model_state(model),
             "optimizer": self.optimizer_state(model, optimizer),
