@@ -71,6 +71,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--run-id", default=None, help="run directory name; nox passes one so all versions land together")
     run.add_argument("--install-log", type=Path, default=None, help=argparse.SUPPRESS)
     run.add_argument(
+        "--slots",
+        type=int,
+        default=None,
+        help="ranks that may run at once on a CPU-only machine (default: its cores); GPUs are the slots on CUDA",
+    )
+    run.add_argument(
         "--gpus-per-node", type=int, default=None, help="GPUs per node (default: the GPUs seen here; no limit on CPU)"
     )
     run.add_argument(
@@ -189,6 +195,7 @@ def _run(matrix: Matrix, args) -> int:
         install_log=args.install_log,
         gpus_per_node=args.gpus_per_node,
         multinode_launcher=args.multinode_launcher,
+        slots=args.slots,
         **_filters(matrix, args),
     )
     return run_version(request)

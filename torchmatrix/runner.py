@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
 import sys
 import time
 from dataclasses import dataclass, field, replace
@@ -51,6 +52,7 @@ class RunRequest:
     install_log: Path | None = None
     gpus_per_node: int | None = None
     multinode_launcher: str | None = None
+    slots: int | None = None
 
     @property
     def run_dir(self) -> Path:
@@ -103,10 +105,13 @@ def run_version(request: RunRequest, stream=sys.stdout) -> int:
     )
     interrupted = False
     if "device_type" in environment:
+        previous = signal.signal(signal.SIGTERM, _interrupt)
         try:
             _run_cells(request, cells, runs, book, environment, progress)
         except KeyboardInterrupt:
             interrupted = True
+        finally:
+            signal.signal(signal.SIGTERM, previous)
     _write_reports(request, cells, book, environment)
     totals = book.counts(cells)
     progress.say(
@@ -116,6 +121,11 @@ def run_version(request: RunRequest, stream=sys.stdout) -> int:
     if interrupted:
         return INTERRUPTED_EXIT
     return 1 if totals["failed"] or totals["error"] else 0
+
+
+def _interrupt(signum, frame):
+    """SIGTERM (a cancelled CI job) stops the run like Ctrl-C: reports are still written."""
+    raise KeyboardInterrupt
 
 
 def _environment(request: RunRequest, book: OutcomeBook) -> dict:
@@ -193,7 +203,7 @@ def _run_cells(
         groups,
         book,
         start=start,
-        slots=len(os.sched_getaffinity(0)),
+        slots=request.slots or len(os.sched_getaffinity(0)),
         gpu_ids=list(range(gpu_count)),
         on_update=report_finished_cells,
     )
