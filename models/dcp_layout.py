@@ -73,18 +73,14 @@ class TensorLayout:
         """True when the chunks lie inside the tensor, do not overlap and add up to it."""
         chunks = self.stored_chunks
         inside = all(
-            o >= 0 and o + s <= dim
-            for chunk in chunks
-            for o, s, dim in zip(chunk.offsets, chunk.sizes, self.size)
+            o >= 0 and o + s <= dim for chunk in chunks for o, s, dim in zip(chunk.offsets, chunk.sizes, self.size)
         )
         disjoint = not any(a.overlaps(b) for i, a in enumerate(chunks) for b in chunks[i + 1 :])
         return inside and disjoint and sum(c.numel for c in chunks) == math.prod(self.size)
 
     def describe(self) -> str:
         """One line with the figures a reader needs to judge the layout."""
-        pieces = ", ".join(
-            f"rank {c.writer}: {list(c.sizes)} at {list(c.offsets)}" for c in self.stored_chunks
-        )
+        pieces = ", ".join(f"rank {c.writer}: {list(c.sizes)} at {list(c.offsets)}" for c in self.stored_chunks)
         return (
             f"{self.key}: {list(self.size)} {self.dtype}, {len(self.stored_chunks)} chunk(s) "
             f"[{pieces}], {self.stored_bytes} B stored vs {self.full_copy_bytes} B for one full copy"

@@ -6,7 +6,7 @@ TransformerEngine's FusedAdam once turned the state of DTensor params into plain
 so DCP saved each rank's shard as if it were the whole tensor. Each test here catches that
 class of bug for whichever model, wrapper and optimizer matrix.toml names as components.
 
-Every check runs twice: on the `model` component, and on a probe model whose first dims (7, 5)
+Every check runs twice: on the `model` component, and on a probe model whose first dims (7, 11)
 split unevenly over 2 and 4 ranks, since a state wrapped without its global shape is only
 wrong on uneven shards. Functions named `on_rank_*` run in every rank process.
 """
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import inspect
 import math
-from contextlib import contextmanager
 from typing import NamedTuple
 
 import pytest
@@ -39,10 +38,11 @@ from torchmatrix.worker import current_device
 
 LR = 1e-2
 SAVE_SEED, LOAD_SEED = 0, 1
-BF16_PARAM_OPTIMIZERS = {"precision_aware", "te_fused_adam"}
+DEFAULT_BF16_PARAM_OPTIMIZERS = ["precision_aware", "te_fused_adam"]
 MODEL_KINDS = ("model", "uneven_probe")
 RESHARDS = [(2, 1), (1, 2), (4, 2), (2, 4)]
-FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+FULL = StateDictOptions(full_state_dict=True)
+SUB_WORLD_MESHES: dict[int, DeviceMesh] = {}
 
 
 # ---- main process: which cells and components this suite can check --------------------------
@@ -62,17 +62,23 @@ def model_kind(request) -> str:
 
 
 @pytest.fixture
-def recipe(cell, components, model_kind) -> Recipe:
+def recipe(cell, components, suite_options, model_kind) -> Recipe:
     """What every rank needs to build the stack; a component whose module needs a package that
-    is not installed (TransformerEngine on a CPU box) skips the cell with that reason."""
+    is not installed (TransformerEngine on a CPU box) skips the cell with that reason.
+
+    Option `bf16_param_optimizers` names the optimizer values that get bf16 params, as a
+    mixed-precision stack gives its precision-aware optimizer; the others get fp32 params."""
     optimizer_key = f"optimizer_{cell['optimizer']}"
     if optimizer_key not in components:
         pytest.fail(f"matrix.toml [components] has no {optimizer_key!r} for optimizer={cell['optimizer']!r}")
     try:
         component_paths.load(components[optimizer_key])
     except ModuleNotFoundError as missing:
-        pytest.skip(f"optimizer={cell['optimizer']}: {components[optimizer_key]} needs {missing.name!r}, which is not installed here")
-    return Recipe(dict(components), cell, model_kind)
+        pytest.skip(
+            f"optimizer={cell['optimizer']}: {components[optimizer_key]} needs {missing.name!r}, which is not installed here"
+        )
+    bf16 = cell["optimizer"] in suite_options.get("bf16_param_optimizers", DEFAULT_BF16_PARAM_OPTIMIZERS)
+    return Recipe(dict(components), cell, model_kind, "bfloat16" if bf16 else "float32")
 
 
 def _merged(per_rank: list[list[str]]) -> list[str]:
@@ -86,12 +92,16 @@ def test_state_is_laid_out_like_its_param(cell, ranks, recipe):
     """After a step, every non-scalar state of a DTensor param is a DTensor with the param's
     mesh, placements, global shape and stride, and a local shard of the param's local shape."""
     if cell["fsdp"] != "fsdp2":
-        pytest.skip(f"fsdp={cell['fsdp']}: params are flat-parameter views, not DTensors; test_saved_state_is_sharded covers this cell")
+        pytest.skip(
+            f"fsdp={cell['fsdp']}: params are flat-parameter views, not DTensors; test_saved_state_is_sharded covers this cell"
+        )
     results = ranks.run(on_rank_state_layout, recipe)
     assert not (problems := _merged([r["problems"] for r in results])), "\n".join(problems)
     if ranks.world_size > 1:
         uneven = results[0]["uneven_params"]
-        assert recipe.model_kind == "model" or uneven, f"the uneven probe has no param split unevenly over {ranks.world_size} ranks"
+        assert recipe.model_kind == "model" or uneven, (
+            f"the uneven probe has no param split unevenly over {ranks.world_size} ranks"
+        )
 
 
 def test_saved_state_is_sharded(cell, ranks, recipe, tmp_path, record_property):
@@ -119,7 +129,9 @@ def test_saved_state_is_sharded(cell, ranks, recipe, tmp_path, record_property):
     record_property("sharded_stored_bytes", stored)
     record_property("sharded_full_copy_bytes", full)
     assert expected, "the optimizer saved no param-shaped state after a step"
-    assert not problems, f"{len(problems)} of {len(expected)} param-shaped states are not stored sharded:\n" + "\n".join(problems)
+    assert not problems, (
+        f"{len(problems)} of {len(expected)} param-shaped states are not stored sharded:\n" + "\n".join(problems)
+    )
 
 
 @pytest.mark.parametrize("reshard", RESHARDS, ids=[f"{a}to{b}" for a, b in RESHARDS])
@@ -132,13 +144,20 @@ def test_reshard_load_is_exact(cell, ranks, recipe, reshard, tmp_path, record_pr
         pytest.skip(f"reshard {src}->{dst} needs {max(src, dst)} ranks; this cell has {ranks.world_size}")
     parallelize = component_paths.load(recipe.components["parallelize"])
     if "mesh" not in inspect.signature(parallelize).parameters:
-        pytest.skip(f"{recipe.components['parallelize']} takes no `mesh` argument, so it cannot build the {min(src, dst)}-rank world a reshard needs")
+        pytest.skip(
+            f"{recipe.components['parallelize']} takes no `mesh` argument, so it cannot build the {min(src, dst)}-rank world a reshard needs"
+        )
     results = ranks.run(on_rank_reshard, recipe, str(tmp_path / f"reshard-{src}to{dst}"), src, dst)
     report = results[0]
     record_property("reshard_tensors_compared", report["compared"])
     assert report["compared"], "nothing was compared: the saved state is empty"
-    assert not report["mismatches"], f"reshard {src}->{dst}: {len(report['mismatches'])} of {report['compared']} tensors differ after load:\n" + "\n".join(report["mismatches"])
-    assert not (problems := _merged([r["problems"] for r in results])), f"after a step at {dst} ranks:\n" + "\n".join(problems)
+    assert not report["mismatches"], (
+        f"reshard {src}->{dst}: {len(report['mismatches'])} of {report['compared']} tensors differ after load:\n"
+        + "\n".join(report["mismatches"])
+    )
+    assert not (problems := _merged([r["problems"] for r in results])), f"after a step at {dst} ranks:\n" + "\n".join(
+        problems
+    )
 
 
 def _nonempty_shards(shape: tuple[int, ...], world_size: int) -> int:
@@ -158,13 +177,16 @@ class Recipe(NamedTuple):
     components: dict
     cell: object
     model_kind: str
+    param_dtype: str
 
     def build(self, seed: int, mesh: DeviceMesh | None = None) -> tuple[nn.Module, torch.optim.Optimizer]:
         """Model (from `seed`) wrapped by the `parallelize` component over `mesh` (all ranks when
         None), and the cell's optimizer component over its params."""
         device = current_device()
-        dtype = torch.bfloat16 if self.cell["optimizer"] in BF16_PARAM_OPTIMIZERS else torch.float32
-        build_model = component_paths.load(self.components["model"]) if self.model_kind == "model" else build_uneven_probe
+        dtype = getattr(torch, self.param_dtype)
+        build_model = (
+            component_paths.load(self.components["model"]) if self.model_kind == "model" else build_uneven_probe
+        )
         torch.manual_seed(seed)
         model = build_model(self.cell, dtype=dtype)
         parallelize = component_paths.load(self.components["parallelize"])
@@ -197,11 +219,12 @@ class ProbeOutput(NamedTuple):
 
 
 class UnevenProbe(nn.Module):
-    """8 -> 7 -> 5 -> 8: weights [7, 8], [5, 7] and biases [7], [5] split unevenly over 2 and 4
-    ranks (over 4, the 5-row weight leaves one rank empty); offers `decoder_layers()` as the
-    `parallelize` component expects."""
+    """8 -> 7 -> 11 -> 8: weights [7, 8], [11, 7] and biases [7], [11] split unevenly over 2
+    and 4 ranks, yet every rank holds a piece (a first dim of 5 or 6 would leave a rank of 4
+    empty, which FSDP1 checkpoints cannot load in torch 2.13); offers `decoder_layers()` as
+    the `parallelize` component expects."""
 
-    WIDTHS = (8, 7, 5)
+    WIDTHS = (8, 7, 11)
 
     def __init__(self):
         super().__init__()
@@ -229,21 +252,21 @@ def make_probe_batch(model: UnevenProbe, *, seed: int, device: torch.device) -> 
     return {"inputs": inputs.to(device, dtype), "targets": inputs.flip(-1).to(device)}
 
 
-@contextmanager
-def sub_world(size: int):
-    """Yield (inside, mesh) for the world of ranks 0..size-1: whether this rank belongs to it,
-    and a mesh over a process group of its own (None for all ranks: the components' default)."""
+def sub_world(size: int) -> tuple[bool, DeviceMesh | None]:
+    """(inside, mesh) for the world of ranks 0..size-1: whether this rank belongs to it, and a
+    mesh over a process group of its own (None for all ranks: the components' default).
+
+    Each sub-world's group is created once per rank process and kept: a group destroyed and
+    created again under the same name would rendezvous on the previous one's stale store keys.
+    """
     if size == dist.get_world_size():
-        yield True, None
-        return
+        return True, None
     if dist.get_rank() >= size:
-        yield False, None
-        return
-    group = dist.new_group(list(range(size)), use_local_synchronization=True)
-    try:
-        yield True, DeviceMesh.from_group(group, current_device().type)
-    finally:
-        dist.destroy_process_group(group)
+        return False, None
+    if size not in SUB_WORLD_MESHES:
+        group = dist.new_group(list(range(size)), use_local_synchronization=True)
+        SUB_WORLD_MESHES[size] = DeviceMesh.from_group(group, current_device().type)
+    return True, SUB_WORLD_MESHES[size]
 
 
 # ---- rank side: the checks --------------------------------------------------------------------
@@ -252,7 +275,11 @@ def sub_world(size: int):
 def layout_problems(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
     """Every way a non-scalar state of a DTensor param differs in layout from the param."""
     names = {param: name for name, param in model.named_parameters()}
-    problems = [f"{names[p]}: no optimizer state after a step" for p in names if isinstance(p, DTensor) and not optimizer.state.get(p)]
+    problems = [
+        f"{names[p]}: no optimizer state after a step"
+        for p in names
+        if isinstance(p, DTensor) and not optimizer.state.get(p)
+    ]
     for param, state in optimizer.state.items():
         if not isinstance(param, DTensor):
             continue
@@ -302,14 +329,14 @@ def on_rank_reshard(recipe: Recipe, checkpoint_dir: str, src: int, dst: int) -> 
     """Train and save in the first `src` ranks, load into a fresh stack in the first `dst`
     ranks; rank 0 (in both worlds) compares the full tensors."""
     saved = loaded = None
-    with sub_world(src) as (inside, mesh):
-        if inside:
-            saved = _train_and_save(recipe, mesh, checkpoint_dir)
+    inside, mesh = sub_world(src)
+    if inside:
+        saved = _train_and_save(recipe, mesh, checkpoint_dir)
     dist.barrier()
     problems = []
-    with sub_world(dst) as (inside, mesh):
-        if inside:
-            loaded, problems = _load_and_step(recipe, mesh, checkpoint_dir)
+    inside, mesh = sub_world(dst)
+    if inside:
+        loaded, problems = _load_and_step(recipe, mesh, checkpoint_dir)
     dist.barrier()
     if dist.get_rank() != 0:
         return {"problems": problems}
@@ -336,12 +363,13 @@ def _load_and_step(recipe: Recipe, mesh: DeviceMesh | None, checkpoint_dir: str)
 
 
 def _full_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
-    """A copy of every model and optimizer tensor, gathered whole onto rank 0's CPU (empty
-    elsewhere); copied because on one rank the state dicts alias the live tensors."""
+    """A CPU copy of every model and optimizer tensor, gathered whole on every rank (copied:
+    on one rank the state dicts alias the live tensors). Not `cpu_offload`: FSDP1's rank-0-only
+    gather crashes (SIGSEGV) on CPU/gloo in torch 2.13."""
     tensors = {f"model.{name}": value for name, value in get_model_state_dict(model, options=FULL).items()}
     for name, entries in get_optimizer_state_dict(model, optimizer, options=FULL).get("state", {}).items():
         tensors.update({f"optimizer.{name}.{key}": value for key, value in entries.items() if torch.is_tensor(value)})
-    return {key: value.detach().clone() for key, value in tensors.items()}
+    return {key: value.detach().to("cpu", copy=True) for key, value in tensors.items()}
 
 
 def _compare(saved: dict[str, torch.Tensor], loaded: dict[str, torch.Tensor]) -> dict:
@@ -349,7 +377,9 @@ def _compare(saved: dict[str, torch.Tensor], loaded: dict[str, torch.Tensor]) ->
     for key in sorted(saved.keys() & loaded.keys()):
         before, after = saved[key], loaded[key]
         if before.dtype != after.dtype or before.shape != after.shape:
-            mismatches.append(f"{key}: saved {before.dtype} {list(before.shape)}, loaded {after.dtype} {list(after.shape)}")
+            mismatches.append(
+                f"{key}: saved {before.dtype} {list(before.shape)}, loaded {after.dtype} {list(after.shape)}"
+            )
         elif not torch.equal(before, after):
             diff = (before.float() - after.float()).abs().max().item()
             mismatches.append(f"{key}: values differ (max abs diff {diff:.3g})")
