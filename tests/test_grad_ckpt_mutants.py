@@ -10,8 +10,9 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from conftest import REPO, Project
 from junitparser import JUnitXml
+
+from conftest import REPO, Project
 
 pytestmark = pytest.mark.slow
 
@@ -46,6 +47,7 @@ parallelize = "models.parallel:parallelize"
 batch = "models.transformer:make_batch"
 """
 
+SUITE_FILES = ("__init__.py", "conftest.py", "test_grad_ckpt.py")
 CELLS = ["ws1-none-sdpa", "ws1-none-eager", "ws2-fsdp1-sdpa", "ws2-fsdp1-eager", "ws2-fsdp2-sdpa", "ws2-fsdp2-eager"]
 GRADIENTS = "test_checkpointing_leaves_loss_and_gradients_unchanged[dropout={}]"
 RECOMPUTE = "test_recompute_reruns_layers_and_rewrites_cache_identically"
@@ -72,8 +74,9 @@ def run_suite(root, model: str) -> tuple[int, dict[str, dict[str, object]], str]
     """Exit code, {cell id: {test name: testcase}} and the CLI output of one suite run on ``model``."""
     project = Project(root)
     project.write("matrix.toml", MATRIX.format(model=model))
-    project.write("suites/__init__.py", "")
-    shutil.copy(REPO / "suites" / "test_grad_ckpt.py", root / "suites" / "test_grad_ckpt.py")
+    for name in SUITE_FILES:
+        if (REPO / "suites" / name).exists():
+            shutil.copy(REPO / "suites" / name, root / "suites" / name)
     done = project.torchmatrix("run", "--torch", "system", "--reports", "out", timeout=300)
     cases: dict[str, dict[str, object]] = {}
     for suite in JUnitXml.fromfile(str(root / "out" / "latest" / "junit.xml")):
