@@ -54,9 +54,34 @@ def plan_runs(cells: Sequence[Cell], suites: Mapping[str, Suite]) -> list[SuiteR
     return runs
 
 
-def group_runs(runs: Sequence[SuiteRun]) -> list[Group]:
-    """Group runs by world size, largest first, so the widest groups start while slots are free."""
+def group_runs(runs: Sequence[SuiteRun], slots: int = 1) -> list[Group]:
+    """Group runs by world size, widest first; split a world size into as many groups as fit side by side.
+
+    On 8 GPUs, world-size-1 runs are spread over 8 processes and world-size-4 runs over 2; each
+    split keeps whole cells together so cells finish (and report) early.
+    """
     by_size: dict[int, list[SuiteRun]] = {}
     for run in runs:
         by_size.setdefault(run.cell.world_size, []).append(run)
-    return [Group(f"ws{size}", size, tuple(by_size[size])) for size in sorted(by_size, reverse=True)]
+    groups = []
+    for size in sorted(by_size, reverse=True):
+        cells = list(dict.fromkeys(run.cell for run in by_size[size]))
+        ordered = sorted(by_size[size], key=lambda run: cells.index(run.cell))
+        parts = max(1, min(slots // size, len(cells)))
+        for index, part in enumerate(_split_by_cell(ordered, parts)):
+            name = f"ws{size}" if parts == 1 else f"ws{size}-{index + 1}"
+            groups.append(Group(name, size, tuple(part)))
+    return groups
+
+
+def _split_by_cell(runs: list[SuiteRun], parts: int) -> list[list[SuiteRun]]:
+    """Contiguous slices with about the same number of runs, never splitting one cell's runs."""
+    by_cell: dict[Cell, list[SuiteRun]] = {}
+    for run in runs:
+        by_cell.setdefault(run.cell, []).append(run)
+    slices: list[list[SuiteRun]] = [[] for _ in range(parts)]
+    placed = 0
+    for cell_runs in by_cell.values():
+        slices[min(parts - 1, placed * parts // len(runs))].extend(cell_runs)
+        placed += len(cell_runs)
+    return [s for s in slices if s]

@@ -186,7 +186,8 @@ def _run_cells(
             )
         else:
             runnable.append(run)
-    groups = [_with_launcher(group, node_size, request.multinode_launcher) for group in group_runs(runnable)]
+    slots = request.slots or (gpu_count if environment["device_type"] == "cuda" else len(os.sched_getaffinity(0)))
+    groups = [_with_launcher(group, node_size, request.multinode_launcher) for group in group_runs(runnable, slots)]
     finished: set[Cell] = set()
 
     def report_finished_cells() -> None:
@@ -203,7 +204,7 @@ def _run_cells(
         groups,
         book,
         start=start,
-        slots=request.slots or len(os.sched_getaffinity(0)),
+        slots=slots,
         gpu_ids=list(range(gpu_count)),
         on_update=report_finished_cells,
     )
