@@ -148,7 +148,7 @@ def _outcome(reports) -> dict:
     """
     result = {
         "duration": sum(r.duration for r in reports),
-        "properties": [list(p) for r in reports for p in r.user_properties],
+        "properties": [list(p) for p in reports[-1].user_properties],
         "stdout": reports[-1].capstdout,
         "stderr": reports[-1].capstderr,
         "status": "passed",

@@ -252,6 +252,7 @@ def _start_group(request: RunRequest, group: Group, environment: dict, gpus: lis
         "--torchmatrix-plan", str(plan),
         "--rootdir", str(request.matrix.root),
         "-q",
+        "--tb=short",
         *sorted({s.path for s in suites.values()}),
     ]  # fmt: skip
     env = dict(os.environ)

@@ -7,7 +7,6 @@ tells a user what happened. The testcase times are the times to detect, quoted i
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import subprocess
