@@ -8,8 +8,8 @@ and losses must match exactly in float32, or within the bf16 tolerance of
 it. Why: a per-tensor gradient difference with mean ~0 hides in loss curves (the public
 report "pi05 grad-ckpt + KV cache: pin gradient-equivalence with a focused regression test").
 
-Model contract (beyond the factory signatures in models/transformer.py and models/parallel.py):
-``model(**batch)`` returns ``(loss, past_key_values)`` with the cache a mapping of layer ->
+Model contract (beyond the factory signatures in torchmatrix/protocol.py): ``model(**batch)``
+returns an output with ``.loss`` and ``.past_key_values``, the cache a mapping of layer ->
 tuple of tensors, and ``model.body_calls()`` maps each layer to how often its body ran.
 """
 
@@ -196,7 +196,8 @@ def train_step(cell, components: dict, precision: Precision, dropout: float, che
     parameters = local_parameters(model)
     torch.manual_seed(SEED + 1000 + rank)
     with failing_stage(cell, f"forward {mode} activation checkpointing"):
-        loss, cache = model(**batch)
+        output = model(**batch)
+    loss, cache = output.loss, output.past_key_values
     calls_after_forward = model.body_calls()
     cache_after_forward = cache_snapshot(cache)
     with failing_stage(
