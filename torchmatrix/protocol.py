@@ -34,6 +34,9 @@ class Member:
     returns: str
     on_instance: bool = True
 
+    def call_text(self, owner: str) -> str:
+        return f"{owner}.{self.name}({parameters_text(self.arguments)})"
+
 
 @dataclass(frozen=True)
 class Component:
@@ -47,10 +50,15 @@ class Component:
 
     def call_text(self, callee: str | None = None) -> str:
         """The call as the suites make it, e.g. `model(cell, *, dtype, dropout=...)`."""
-        return f"{callee or self.name}({_parameters_text(self.arguments)})"
+        return f"{callee or self.name}({parameters_text(self.arguments)})"
+
+    def owner_text(self, member: Member) -> str:
+        """How the suites reach a member: `dataset.write`, or `checkpointer().save` on what the factory returns."""
+        return self.call_text() if member.on_instance else self.name
 
 
-def _parameters_text(arguments: tuple[Argument, ...]) -> str:
+def parameters_text(arguments: tuple[Argument, ...]) -> str:
+    """Arguments as a signature reads: positional names, then `*` and the keywords (`=...` when not always passed)."""
     positional = [a.name for a in arguments if a.positional]
     keywords = [a.name if a.passed == ALWAYS else f"{a.name}=..." for a in arguments if not a.positional]
     return ", ".join(positional + (["*", *keywords] if keywords else []))
@@ -223,9 +231,7 @@ def markdown_table() -> str:
             _row(component.name, component.call_text(), component.arguments, component.returns, component.suites)
         )
         for member in component.members:
-            owner = component.call_text() if member.on_instance else component.name
-            call = f"{owner}.{member.name}({_parameters_text(member.arguments)})"
-            rows.append(_row("", call, member.arguments, member.returns, ()))
+            rows.append(_row("", member.call_text(component.owner_text(member)), member.arguments, member.returns, ()))
     return "\n".join(rows)
 
 
