@@ -3,6 +3,7 @@
 nox -s gpu_matrix                          every torch version in matrix.toml
 nox -s "gpu_matrix(torch='2.14.1')" -- --only fsdp=fsdp2 --shard 1/4
 nox -s report -- reports/<run-id>
+nox -s hf_matrix                           the suites on a tiny Hugging Face Llama (examples/hf_llama)
 nox -s tests
 """
 
@@ -25,6 +26,13 @@ RUN_ID = os.environ.get("TORCHMATRIX_RUN_ID") or new_run_id()
 def gpu_matrix(session, torch):
     """Run every suite over every cell for one torch version (one venv per version)."""
     sessions.gpu_matrix(session, MATRIX, torch, RUN_ID)
+
+
+@nox.session
+@nox.parametrize("torch", [v for v in sessions.hf_llama_matrix().versions if v != "system"])
+def hf_matrix(session, torch):
+    """The suites on a tiny Hugging Face Llama (examples/hf_llama), one venv per torch version."""
+    sessions.hf_matrix(session, torch, RUN_ID)
 
 
 @nox.session

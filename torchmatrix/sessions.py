@@ -62,6 +62,19 @@ def gpu_matrix(session, matrix: Matrix, torch_version: str, run_id: str) -> None
     session.run(*run, *session.posargs)
 
 
+def hf_llama_matrix() -> Matrix:
+    """examples/hf_llama/matrix.toml: the suites on a tiny Hugging Face Llama."""
+    return matrix_or_exit(str(PROJECT / "examples" / "hf_llama" / "matrix.toml"))
+
+
+def hf_matrix(session, torch_version: str, run_id: str) -> None:
+    """gpu_matrix over the Hugging Face example, with transformers installed and the project on
+    PYTHONPATH (its components live in examples/ and models/, which are not installed)."""
+    session.install("transformers")
+    session.env["PYTHONPATH"] = str(PROJECT)
+    gpu_matrix(session, hf_llama_matrix(), torch_version, run_id)
+
+
 def report(session) -> None:
     """Write a run directory's reports (default: reports/latest); with `-- --compare RUN`, diff it against RUN."""
     parser = argparse.ArgumentParser(prog="nox -s report --")
