@@ -2,8 +2,8 @@
 
 A wrong import path or a factory that cannot take the suites' arguments would otherwise fail
 every cell, one traceback each, minutes in. The imports run in a child interpreter of the torch
-environment (`python -m torchmatrix.component_check`, like the torch probe of devices.py), so
-the runner never imports torch or the user's code itself.
+environment (like the torch probe of devices.py), so the runner never imports torch or the
+user's code itself.
 """
 
 from __future__ import annotations
@@ -17,6 +17,13 @@ import sys
 from pathlib import Path
 
 from torchmatrix.protocol import ALWAYS, OPTIONAL, Argument, Component, component_for, parameters_text, required_names
+
+CHILD = """
+import sys
+sys.path.append({package_parent!r})
+from torchmatrix.component_check import main
+main()
+"""
 
 
 def check_components(matrix, python: str = sys.executable, timeout: float = 300.0) -> list[str]:
@@ -39,7 +46,7 @@ def check_components(matrix, python: str = sys.executable, timeout: float = 300.
         return problems
     try:
         done = subprocess.run(
-            [python, "-m", "torchmatrix.component_check"],
+            [python, "-c", CHILD.format(package_parent=str(Path(__file__).resolve().parent.parent))],
             input=json.dumps(matrix.components),
             cwd=matrix.root,
             capture_output=True,
@@ -127,11 +134,9 @@ def _call_problems(target, arguments: tuple[Argument, ...], call: str, leading: 
 
 
 def main() -> None:
-    """Child side: read {key: import path} on stdin, print [[key, problem], ...] as one JSON line."""
-    sys.path.insert(0, str(Path.cwd()))
+    """Child side: read {key: import path} on stdin, print [[key, problem], ...] as one JSON line.
+
+    The working directory comes first on sys.path, as for the suites; this torchmatrix comes last.
+    """
     components = json.loads(sys.stdin.read())
     print(json.dumps([[key, problem] for key, path in components.items() for problem in problems_of(key, path)]))
-
-
-if __name__ == "__main__":
-    main()
