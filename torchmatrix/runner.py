@@ -22,6 +22,7 @@ from pathlib import Path
 
 from torchmatrix import junit
 from torchmatrix.cells import Cell
+from torchmatrix.component_check import check_components
 from torchmatrix.config import Matrix
 from torchmatrix.devices import Environment, ProbeError, probe
 from torchmatrix.outcomes import OutcomeBook
@@ -95,6 +96,8 @@ def run_version(request: RunRequest, stream=sys.stdout) -> int:
     """Run the cells of one torch version; return 0 (all passed or skipped), 1 (failures) or 130."""
     matrix = request.matrix
     cells = select_cells(matrix.cells(), only=request.only, keyword=request.keyword, shard=request.shard)
+    if request.install_log is None:
+        _refuse_broken_components(matrix)
     prepare_directory(request.version_dir / "logs")
     runs = plan_runs(cells, matrix.suites)
     book = OutcomeBook(runs)
@@ -121,6 +124,13 @@ def run_version(request: RunRequest, stream=sys.stdout) -> int:
     if interrupted:
         return INTERRUPTED_EXIT
     return 1 if totals["failed"] or totals["error"] else 0
+
+
+def _refuse_broken_components(matrix: Matrix) -> None:
+    """Stop before any cell runs when a component cannot be imported or called as the suites call it."""
+    problems = check_components(matrix)
+    if problems:
+        raise RunError("\n".join(problems))
 
 
 def _interrupt(signum, frame):
