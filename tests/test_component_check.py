@@ -165,3 +165,15 @@ def test_the_reference_components_and_the_hf_example_follow_the_protocol():
 
 def test_the_readme_shows_the_protocol_as_torchmatrix_protocol_has_it():
     assert protocol.markdown_table() in (REPO / "README.md").read_text()
+
+
+@pytest.mark.slow
+def test_run_stops_with_one_line_and_exit_2_before_any_cell(project):
+    problems_with(project, model="userstack.stack:build_modle")
+    done = project.torchmatrix("run", "--torch", "system", "--reports", "out", timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.strip() == (
+        f"torchmatrix: error: {project.root / 'matrix.toml'}: components.model: 'userstack.stack' has no attribute"
+        " 'build_modle'; did you mean 'build_model'?"
+    )
+    assert not (project.root / "out").exists(), "no cell may run"
