@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from torchmatrix.config import Matrix
 from torchmatrix.protocol import ALWAYS, OPTIONAL, Argument, Component, component_for, parameters_text, required_names
 
 CHILD = """
@@ -26,7 +27,7 @@ main()
 """
 
 
-def check_components(matrix, python: str = sys.executable, timeout: float = 300.0) -> list[str]:
+def check_components(matrix: Matrix, python: str = sys.executable, timeout: float = 300.0) -> list[str]:
     """One line per problem, `<matrix.toml>: components.<name>: <problem>; <fix>`; empty when all is well.
 
     Components a registered suite needs but `[components]` lacks are problems too; the import
