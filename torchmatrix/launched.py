@@ -8,8 +8,11 @@ hang cannot be interrupted from inside one rank: the runner's backstop kills the
 from __future__ import annotations
 
 import os
+import re
+import tempfile
 import traceback
 from datetime import timedelta
+from pathlib import Path
 
 from torchmatrix.pool import RankFailure
 from torchmatrix.worker import current_device
@@ -62,6 +65,18 @@ class LaunchedRank:
             sections += [f"---- rank {rank} traceback ----\n{text.rstrip()}" for rank, text in errors.items()]
             raise RankFailure("\n".join(sections))
         return [value for _, value in replies]
+
+    def shared_directory(self, root: Path, name: str) -> Path:
+        """A fresh directory every rank sees: rank 0 makes it under `root` (on the shared filesystem)."""
+        import torch.distributed as dist
+
+        self.start()
+        made = [None]
+        if launched_rank() == 0:
+            root.mkdir(parents=True, exist_ok=True)
+            made = [tempfile.mkdtemp(prefix=re.sub(r"[^\w.-]", "_", name)[:60] + "-", dir=root)]
+        dist.broadcast_object_list(made, src=0)
+        return Path(made[0])
 
     def close(self, *, graceful: bool = True) -> None:
         import torch.distributed as dist

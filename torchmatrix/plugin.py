@@ -225,6 +225,16 @@ def ranks(request, cell, _cell_plan) -> Ranks:
 
 
 @pytest.fixture
+def tmp_path(tmp_path, request):
+    """pytest's tmp_path, except under a launcher: there every rank is its own pytest process, so
+    all ranks share one directory that rank 0 makes next to the run's logs."""
+    plan = request.config.stash.get(PLAN_KEY, None)
+    if plan is None or not isinstance(plan.pool, LaunchedRank):
+        return tmp_path
+    return plan.pool.shared_directory(Path(plan.data["events"]).parent / "tmp", request.node.name)
+
+
+@pytest.fixture
 def suite_options(request, _cell_plan) -> dict:
     """The suite's `[suites.<name>.options]` table from matrix.toml."""
     return dict(_cell_plan.suites[_cell_plan.suite_of(request.node.path)].get("options", {}))

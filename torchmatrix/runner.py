@@ -230,22 +230,23 @@ def _with_launcher(group: Group, node_size: int | None, template: str | None) ->
     return replace(group, launcher=template.format(nnodes=nnodes, nproc_per_node=node_size))
 
 
-def _start_group(request: RunRequest, group: Group, environment: dict, gpus: list[int], slots: int) -> GroupProcess:
-    """Write the group's plan and start `pytest -p torchmatrix.plugin` on its suites."""
-    logs = request.version_dir / "logs"
-    events = logs / f"{group.name}.events.jsonl"
+def group_command(matrix: Matrix, version: str, group: Group, environment: dict, logs: Path, slots: int) -> list[str]:
+    """Write the group's plan under `logs` and return the pytest command that runs it.
+
+    A group with a launcher (torchrun, srun) is started through it, one pytest per rank.
+    """
     plan = logs / f"{group.name}.plan.json"
     suites = {run.suite.name: run.suite for run in group.runs}
     plan.write_text(
         json.dumps(
             {
-                "torch": request.version,
+                "torch": version,
                 "world_size": group.world_size,
                 "device": environment,
-                "events": str(events),
+                "events": str(events_path(logs, group)),
                 "threads_per_rank": max(1, slots // group.world_size),
                 "launcher": "external" if group.launcher else "pool",
-                "components": request.matrix.components,
+                "components": matrix.components,
                 "suites": {
                     name: {"path": s.path, "timeout": s.timeout, "options": s.options} for name, s in suites.items()
                 },
@@ -255,16 +256,26 @@ def _start_group(request: RunRequest, group: Group, environment: dict, gpus: lis
         )
     )
     python = shlex.split(group.launcher) if group.launcher else [sys.executable]
-    command = [
+    return [
         *python, "-m", "pytest",
         "-p", "torchmatrix.plugin",
         "-p", "no:cacheprovider",
         "--torchmatrix-plan", str(plan),
-        "--rootdir", str(request.matrix.root),
+        "--rootdir", str(matrix.root),
         "-q",
         "--tb=short",
         *sorted({s.path for s in suites.values()}),
     ]  # fmt: skip
+
+
+def events_path(logs: Path, group: Group) -> Path:
+    return logs / f"{group.name}.events.jsonl"
+
+
+def _start_group(request: RunRequest, group: Group, environment: dict, gpus: list[int], slots: int) -> GroupProcess:
+    """Start `pytest -p torchmatrix.plugin` on the group's suites, on its own GPUs."""
+    logs = request.version_dir / "logs"
+    command = group_command(request.matrix, request.version, group, environment, logs, slots)
     env = dict(os.environ)
     if group.launcher:
         env["TORCHMATRIX_DEVICE"] = environment["device_type"]
@@ -276,7 +287,7 @@ def _start_group(request: RunRequest, group: Group, environment: dict, gpus: lis
         cwd=request.matrix.root,
         env=env,
         log=logs / f"{group.name}.log",
-        events=events,
+        events=events_path(logs, group),
         gpus=gpus,
         slots=slots,
     )

@@ -1,0 +1,138 @@
+"""Wall time of the matrix two ways, side by side in one invocation, and their ratio.
+
+(a) the naive baseline many projects use: sequentially, per cell,
+    `torchrun --standalone --nproc-per-node=N -m pytest <every suite>` with that one cell planned
+    (each launch imports torch on every rank and creates its own process group);
+(b) `python -m torchmatrix run --torch system`.
+
+Both run the same cells of the matrix in this environment. Usage:
+
+    python bench/matrix_walltime.py [--config matrix.toml] [--only AXIS=V] [-k EXPR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from junitparser import JUnitXml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from torchmatrix.config import load_matrix  # noqa: E402
+from torchmatrix.devices import probe  # noqa: E402
+from torchmatrix.events import EventReader  # noqa: E402
+from torchmatrix.plan import Group, plan_runs  # noqa: E402
+from torchmatrix.runner import events_path, group_command  # noqa: E402
+from torchmatrix.selection import parse_only, select_cells  # noqa: E402
+
+
+def naive(matrix, cells, environment, work: Path) -> dict:
+    """One torchrun launch per cell, one after another, every suite in every cell."""
+    tests = failed = 0
+    started = time.monotonic()
+    for index, cell in enumerate(cells, 1):
+        launcher = (
+            f"{sys.executable} -m torch.distributed.run --standalone --nnodes=1 --nproc-per-node={cell.world_size}"
+        )
+        group = Group(f"cell-{cell.id}", cell.world_size, tuple(plan_runs([cell], matrix.suites)), launcher=launcher)
+        command = group_command(matrix, "system", group, environment, work, slots=cell.world_size)
+        env = {**os.environ, "TORCHMATRIX_DEVICE": environment["device_type"], "OMP_NUM_THREADS": "1"}
+        cell_started = time.monotonic()
+        with open(work / f"{group.name}.log", "wb") as log:
+            subprocess.run(command, cwd=matrix.root, env=env, stdout=log, stderr=subprocess.STDOUT)
+        results = [e for e in EventReader(events_path(work, group)).read_new() if e["event"] == "test"]
+        tests += len(results)
+        failed += sum(e["status"] in ("failed", "error") for e in results)
+        print(
+            f"  naive [{index}/{len(cells)}] {cell.id}: {len(results)} tests in {time.monotonic() - cell_started:.1f}s",
+            flush=True,
+        )
+    return {
+        "seconds": time.monotonic() - started,
+        "cells": len(cells),
+        "tests": tests,
+        "failed": failed,
+        "process_groups": len(cells),
+    }
+
+
+def torchmatrix_run(matrix, selection_args: list[str], work: Path) -> dict:
+    started = time.monotonic()
+    command = [
+        sys.executable,
+        "-m",
+        "torchmatrix",
+        "run",
+        "--torch",
+        "system",
+        "--config",
+        str(matrix.path),
+        "--reports",
+        str(work),
+        "--run-id",
+        "bench",
+        *selection_args,
+    ]
+    subprocess.run(command, cwd=matrix.root, stdout=subprocess.DEVNULL)
+    seconds = time.monotonic() - started
+    run_dir = work / "bench"
+    plan = json.loads((run_dir / "torch-system" / "plan.json").read_text())
+    suites = list(JUnitXml.fromfile(str(run_dir / "junit.xml")))
+    ran = {
+        json.dumps(e["cell"]) + e["suite"] + e["test"]
+        for path in (run_dir / "torch-system" / "logs").glob("*.events.jsonl")
+        for e in EventReader(path).read_new()
+        if e["event"] == "test"
+    }
+    return {
+        "seconds": seconds,
+        "cells": len(suites),
+        "tests": len(ran),
+        "testcases_reported": sum(s.tests for s in suites),
+        "failed": sum(s.failures + s.errors for s in suites),
+        "process_groups": plan["pool_starts"],
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default="matrix.toml")
+    parser.add_argument("--only", action="append", default=[])
+    parser.add_argument("-k", dest="keyword")
+    args = parser.parse_args()
+    matrix = load_matrix(args.config)
+    cells = select_cells(matrix.cells(), only=parse_only(args.only, matrix.axes), keyword=args.keyword)
+    found = probe()
+    environment = {**found.to_json(), "device_type": found.device_type, "backend": found.backend}
+    selection_args = [f"--only={o}" for o in args.only] + (["-k", args.keyword] if args.keyword else [])
+    print(f"torch {found.torch} on {found.description}; {len(cells)} cells, suites: {', '.join(matrix.suites)}")
+    with tempfile.TemporaryDirectory(prefix="torchmatrix-bench-") as tmp:
+        work = Path(tmp)
+        (work / "naive").mkdir()
+        print("(b) python -m torchmatrix run ...", flush=True)
+        ours = torchmatrix_run(matrix, selection_args, work / "ours")
+        print("(a) naive: torchrun -m pytest per cell, sequentially ...", flush=True)
+        baseline = naive(matrix, cells, environment, work / "naive")
+    print()
+    print("| way | wall time | cells | tests executed | process groups created | failed |")
+    print("|---|---|---|---|---|---|")
+    print(
+        f"| naive torchrun per cell | {baseline['seconds']:.1f} s | {baseline['cells']} | {baseline['tests']} | {baseline['process_groups']} | {baseline['failed']} |"
+    )
+    print(
+        f"| torchmatrix run | {ours['seconds']:.1f} s | {ours['cells']} | {ours['tests']} ({ours['testcases_reported']} testcases reported) | {ours['process_groups']} | {ours['failed']} |"
+    )
+    ratio = baseline["seconds"] / ours["seconds"]
+    print(f"\nratio naive / torchmatrix = {ratio:.2f} (target >= 5: {'met' if ratio >= 5 else 'NOT met'})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
