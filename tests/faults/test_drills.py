@@ -216,7 +216,10 @@ def test_two_runs_at_once_with_a_taken_port_stay_apart(slow_project):
         taken.listen()
         env = {**checkout_env(), "MASTER_PORT": "29500", "MASTER_ADDR": "127.0.0.1"}
         command = [sys.executable, "-m", "torchmatrix", "run", "--torch", "system", "--slots", "3", "-k", "not 3"]
-        runs = [subprocess.Popen(command, cwd=slow_project.root, env=env, stdout=subprocess.PIPE, text=True) for _ in range(2)]
+        runs = [
+            subprocess.Popen(command, cwd=slow_project.root, env=env, stdout=subprocess.PIPE, text=True)
+            for _ in range(2)
+        ]
         outputs = [run.communicate(timeout=300)[0] for run in runs]
     assert [run.returncode for run in runs] == [0, 0], outputs
     run_dirs = sorted(p for p in (slow_project.root / "reports").iterdir() if p.is_dir() and not p.is_symlink())
@@ -257,9 +260,23 @@ def test_a_torch_that_does_not_exist_errors_its_cells_and_the_other_version_runs
     version = probe().base_version
     slow_project.write("matrix.toml", NOX_MATRIX.format(version=version))
     slow_project.write("suites/test_slow.py", SLOW_SUITE.replace("1.5 * cell", "0 * cell").replace('cell["step"]', "1"))
-    env = {**checkout_env(), "TORCHMATRIX_CONFIG": str(slow_project.root / "matrix.toml"), "TORCHMATRIX_RUN_ID": "nox-drill"}
+    env = {
+        **checkout_env(),
+        "TORCHMATRIX_CONFIG": str(slow_project.root / "matrix.toml"),
+        "TORCHMATRIX_RUN_ID": "nox-drill",
+    }
     done = subprocess.run(
-        [sys.executable, "-m", "nox", "-f", str(REPO / "noxfile.py"), "--envdir", str(tmp_path / "nox"), "-s", "gpu_matrix"],
+        [
+            sys.executable,
+            "-m",
+            "nox",
+            "-f",
+            str(REPO / "noxfile.py"),
+            "--envdir",
+            str(tmp_path / "nox"),
+            "-s",
+            "gpu_matrix",
+        ],
         env=env,
         capture_output=True,
         text=True,
