@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -42,7 +43,7 @@ DEFAULT_BF16_PARAM_OPTIMIZERS = ["precision_aware", "te_fused_adam"]
 MODEL_KINDS = ("model", "uneven_probe")
 RESHARDS = [(2, 1), (1, 2), (4, 2), (2, 4)]
 FULL = StateDictOptions(full_state_dict=True)
-SUB_WORLD_MESHES: dict[int, DeviceMesh] = {}
+SUB_WORLD_MESHES: dict[int, DeviceMesh | None] = {}
 
 
 # ---- main process: which cells and components this suite can check --------------------------
@@ -108,7 +109,9 @@ def test_saved_state_is_sharded(cell, ranks, recipe, tmp_path, record_property):
     """DCP's metadata shows every param-shaped state stored once, one chunk per rank, at the
     param's global shape: not a single rank's shard posing as the whole tensor."""
     checkpoint = tmp_path / "sharded-save"
-    expected = ranks.run(on_rank_save, recipe, str(checkpoint))[0]
+    results = ranks.run(on_rank_save, recipe, str(checkpoint))
+    assert not (errors := _merged([r["errors"] for r in results])), "\n".join(errors)
+    expected = results[0]["expected"]
     layouts = read_layouts(checkpoint)
     problems, stored, full = [], 0, 0
     for key, shape in sorted(expected.items()):
@@ -148,16 +151,19 @@ def test_reshard_load_is_exact(cell, ranks, recipe, reshard, tmp_path, record_pr
             f"{recipe.components['parallelize']} takes no `mesh` argument, so it cannot build the {min(src, dst)}-rank world a reshard needs"
         )
     results = ranks.run(on_rank_reshard, recipe, str(tmp_path / f"reshard-{src}to{dst}"), src, dst)
+    assert not (errors := _merged([r["errors"] for r in results])), f"reshard {src}->{dst} failed:\n" + "\n".join(
+        errors
+    )
     report = results[0]
     record_property("reshard_tensors_compared", report["compared"])
     assert report["compared"], "nothing was compared: the saved state is empty"
-    assert not report["mismatches"], (
-        f"reshard {src}->{dst}: {len(report['mismatches'])} of {report['compared']} tensors differ after load:\n"
-        + "\n".join(report["mismatches"])
+    mismatches = report["mismatches"]
+    assert not mismatches, (
+        f"reshard {src}->{dst}: {len(mismatches)} of {report['compared']} tensors differ after load:\n"
+        + "\n".join(mismatches)
     )
-    assert not (problems := _merged([r["problems"] for r in results])), f"after a step at {dst} ranks:\n" + "\n".join(
-        problems
-    )
+    problems = _merged([r["problems"] for r in results])
+    assert not problems, f"reshard {src}->{dst}, after a step at {dst} ranks:\n" + "\n".join(problems)
 
 
 def _nonempty_shards(shape: tuple[int, ...], world_size: int) -> int:
@@ -252,21 +258,32 @@ def make_probe_batch(model: UnevenProbe, *, seed: int, device: torch.device) -> 
     return {"inputs": inputs.to(device, dtype), "targets": inputs.flip(-1).to(device)}
 
 
-def sub_world(size: int) -> tuple[bool, DeviceMesh | None]:
-    """(inside, mesh) for the world of ranks 0..size-1: whether this rank belongs to it, and a
-    mesh over a process group of its own (None for all ranks: the components' default).
+def sub_world_meshes() -> dict[int, DeviceMesh | None]:
+    """size -> mesh over ranks 0..size-1 for every world smaller than the cell's (None where
+    this rank is outside it); the cell's own world is absent, meaning the components' default.
 
-    Each sub-world's group is created once per rank process and kept: a group destroyed and
-    created again under the same name would rendezvous on the previous one's stale store keys.
-    """
-    if size == dist.get_world_size():
-        return True, None
-    if dist.get_rank() >= size:
-        return False, None
-    if size not in SUB_WORLD_MESHES:
-        group = dist.new_group(list(range(size)), use_local_synchronization=True)
-        SUB_WORLD_MESHES[size] = DeviceMesh.from_group(group, current_device().type)
-    return True, SUB_WORLD_MESHES[size]
+    Created once per rank process, by every rank in the same order (new_group is collective
+    and names groups by creation order), and kept: a group destroyed and created again under
+    the same name would rendezvous on the previous one's stale store keys."""
+    if not SUB_WORLD_MESHES:
+        for size in range(1, dist.get_world_size()):
+            group = dist.new_group(list(range(size)))
+            inside = dist.get_rank() < size
+            SUB_WORLD_MESHES[size] = DeviceMesh.from_group(group, current_device().type) if inside else None
+    return SUB_WORLD_MESHES
+
+
+def attempt(errors: list[str], phase: str, fn, *args, **kwargs):
+    """fn(*args), or None with the error recorded in `errors`. DCP fails on every rank of its
+    group together (with a CheckpointException, which is not an Exception), so recording
+    instead of raising keeps the ranks in step and the rank pool alive, and the test reports
+    what went wrong in one line."""
+    try:
+        return fn(*args, **kwargs)
+    except (Exception, CheckpointException) as error:
+        last_line = (str(error).strip().splitlines() or [""])[-1]
+        errors.append(f"{phase}: {type(error).__name__}: {last_line}")
+        return None
 
 
 # ---- rank side: the checks --------------------------------------------------------------------
@@ -315,35 +332,40 @@ def on_rank_save(recipe: Recipe, checkpoint_dir: str) -> dict:
     model, optimizer = recipe.build(SAVE_SEED)
     recipe.train_step(model, optimizer, SAVE_SEED)
     state = get_optimizer_state_dict(model, optimizer)
-    dcp.save({"optimizer": state}, checkpoint_id=checkpoint_dir)
+    errors = []
+    attempt(errors, "dcp.save", dcp.save, {"optimizer": state}, checkpoint_id=checkpoint_dir)
     param_shapes = {name: tuple(value.size()) for name, value in get_model_state_dict(model).items()}
-    return {
+    expected = {
         f"optimizer.state.{name}.{key}": param_shapes[name]
         for name, entries in state["state"].items()
         for key, value in entries.items()
         if torch.is_tensor(value) and value.dim() > 0
     }
+    return {"errors": errors, "expected": expected}
 
 
 def on_rank_reshard(recipe: Recipe, checkpoint_dir: str, src: int, dst: int) -> dict:
     """Train and save in the first `src` ranks, load into a fresh stack in the first `dst`
-    ranks; rank 0 (in both worlds) compares the full tensors."""
-    saved = loaded = None
-    inside, mesh = sub_world(src)
-    if inside:
-        saved = _train_and_save(recipe, mesh, checkpoint_dir)
+    ranks and take a step; rank 0 (in both worlds) compares the full tensors."""
+    meshes, rank = sub_world_meshes(), dist.get_rank()
+    errors, saved, loaded, problems = [], None, None, []
+    if rank < src:
+        saved = attempt(errors, f"save at {src} ranks", _train_and_save, recipe, meshes.get(src), checkpoint_dir)
     dist.barrier()
-    problems = []
-    inside, mesh = sub_world(dst)
-    if inside:
-        loaded, problems = _load_and_step(recipe, mesh, checkpoint_dir)
+    if rank < dst:
+        loaded = attempt(errors, f"load at {dst} ranks", _load, recipe, meshes.get(dst), checkpoint_dir)
+    if loaded is not None:
+        model, optimizer, full = loaded
+        attempt(errors, f"step after load at {dst} ranks", recipe.train_step, model, optimizer, LOAD_SEED)
+        problems, loaded = layout_problems(model, optimizer), full
     dist.barrier()
-    if dist.get_rank() != 0:
-        return {"problems": problems}
-    return {"problems": problems, **_compare(saved, loaded)}
+    result = {"errors": errors, "problems": problems}
+    if rank == 0 and saved is not None and loaded is not None:
+        result.update(_compare(saved, loaded))
+    return result
 
 
-def _train_and_save(recipe: Recipe, mesh: DeviceMesh | None, checkpoint_dir: str) -> dict:
+def _train_and_save(recipe: Recipe, mesh: DeviceMesh | None, checkpoint_dir: str) -> dict[str, torch.Tensor]:
     model, optimizer = recipe.build(SAVE_SEED, mesh)
     recipe.train_step(model, optimizer, SAVE_SEED)
     state = {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer)}
@@ -351,15 +373,16 @@ def _train_and_save(recipe: Recipe, mesh: DeviceMesh | None, checkpoint_dir: str
     return _full_state(model, optimizer)
 
 
-def _load_and_step(recipe: Recipe, mesh: DeviceMesh | None, checkpoint_dir: str) -> tuple[dict, list[str]]:
+def _load(
+    recipe: Recipe, mesh: DeviceMesh | None, checkpoint_dir: str
+) -> tuple[nn.Module, torch.optim.Optimizer, dict]:
+    """A fresh stack from another seed with the checkpoint loaded, and its full tensors."""
     model, optimizer = recipe.build(LOAD_SEED, mesh)
     state = {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer)}
     dcp.load(state, checkpoint_id=checkpoint_dir, process_group=mesh.get_group() if mesh else None)
     set_model_state_dict(model, state["model"])
     set_optimizer_state_dict(model, optimizer, state["optimizer"])
-    loaded = _full_state(model, optimizer)
-    recipe.train_step(model, optimizer, LOAD_SEED)
-    return loaded, layout_problems(model, optimizer)
+    return model, optimizer, _full_state(model, optimizer)
 
 
 def _full_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
