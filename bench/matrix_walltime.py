@@ -110,7 +110,7 @@ def main() -> int:
     matrix = load_matrix(args.config)
     cells = select_cells(matrix.cells(), only=parse_only(args.only, matrix.axes), keyword=args.keyword)
     found = probe()
-    environment = {**found.to_json(), "device_type": found.device_type, "backend": found.backend}
+    environment = found.to_json()
     selection_args = [f"--only={o}" for o in args.only] + (["-k", args.keyword] if args.keyword else [])
     print(f"torch {found.torch} on {found.description}; {len(cells)} cells, suites: {', '.join(matrix.suites)}")
     with tempfile.TemporaryDirectory(prefix="torchmatrix-bench-") as tmp:

@@ -65,7 +65,8 @@ class Environment:
         return self.torch.split("+", 1)[0]
 
     def to_json(self) -> dict:
-        return {**asdict(self), "device": self.description}
+        """What plans and reports record: the build, the device in words, and how ranks connect."""
+        return {**asdict(self), "device": self.description, "device_type": self.device_type, "backend": self.backend}
 
 
 def probe(python: str = sys.executable, timeout: float = 120.0) -> Environment:
@@ -83,14 +84,3 @@ def probe(python: str = sys.executable, timeout: float = 120.0) -> Environment:
     if "error" in found:
         raise ProbeError(f"torch is not importable with {python}: {found['error']}")
     return Environment(**found)
-
-
-def gpu_slices(gpu_count: int, sizes: list[int]) -> list[str] | None:
-    """CUDA_VISIBLE_DEVICES values giving each group its own GPUs, or None if they do not fit."""
-    slices, start = [], 0
-    for size in sizes:
-        if start + size > gpu_count:
-            return None
-        slices.append(",".join(str(i) for i in range(start, start + size)))
-        start += size
-    return slices

@@ -24,7 +24,7 @@ from torchmatrix import junit
 from torchmatrix.cells import Cell
 from torchmatrix.component_check import check_components
 from torchmatrix.config import Matrix
-from torchmatrix.devices import Environment, ProbeError, probe
+from torchmatrix.devices import ProbeError, probe
 from torchmatrix.outcomes import OutcomeBook
 from torchmatrix.plan import Group, SuiteRun, group_runs, plan_runs
 from torchmatrix.progress import Progress
@@ -102,12 +102,12 @@ def run_version(request: RunRequest, stream=sys.stdout) -> int:
     runs = plan_runs(cells, matrix.suites)
     book = OutcomeBook(runs)
     progress = Progress(request.version, len(cells), stream)
-    environment = _environment(request, book)
+    environment, runnable = _environment(request, book)
     progress.say(
         f"torchmatrix: torch {request.version}, {len(cells)} cells, {len(runs)} suite runs, device: {environment['device']}"
     )
     interrupted = False
-    if "device_type" in environment:
+    if runnable:
         previous = signal.signal(signal.SIGTERM, _interrupt)
         try:
             _run_cells(request, cells, runs, book, environment, progress)
@@ -138,29 +138,28 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
-def _environment(request: RunRequest, book: OutcomeBook) -> dict:
-    """Probe this environment's torch; when it is unusable, every planned run errors with why."""
+def _environment(request: RunRequest, book: OutcomeBook) -> tuple[dict, bool]:
+    """Probe this environment's torch: (what the reports say about it, whether cells can run).
+
+    When it is unusable, every planned run errors with the reason.
+    """
     if request.install_log is not None:
         tail = _tail(request.install_log)
         _fail_all(book, f"torch=={request.version} failed to install (see {request.install_log})", tail)
-        return {"device": "none (torch did not install)"}
+        return {"device": "none (torch did not install)"}, False
     try:
         environment = probe()
     except ProbeError as error:
         _fail_all(book, str(error), "")
-        return {"device": "none (torch is not importable)"}
+        return {"device": "none (torch is not importable)"}, False
     if request.version != "system" and environment.base_version != request.version:
         _fail_all(
             book,
             f"this environment has torch {environment.torch}, not {request.version}; rebuild the virtualenv (run nox without -R) or pass --torch system",
             "",
         )
-        return {**environment.to_json()}
-    return _with_launch_details(environment)
-
-
-def _with_launch_details(environment: Environment) -> dict:
-    return {**environment.to_json(), "device_type": environment.device_type, "backend": environment.backend}
+        return environment.to_json(), False
+    return environment.to_json(), True
 
 
 def _fail_all(book: OutcomeBook, message: str, text: str) -> None:
