@@ -7,6 +7,7 @@ steps and any divergence after a resume shows in it.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
@@ -29,14 +30,20 @@ class TokenDataset:
         cls, path: str | Path, *, vocab_size: int = 64, num_sequences: int = 256, seq_len: int = 32, seed: int = 0
     ) -> TokenDataset:
         """Write sequences that each start at a random token and then follow one random successor
-        permutation, a pattern a tiny model starts learning within a few steps."""
+        permutation, a pattern a tiny model starts learning within a few steps.
+
+        The write is atomic: under a launcher every rank writes the same file at once.
+        """
         generator = torch.Generator().manual_seed(seed)
         successor = torch.randperm(vocab_size, generator=generator)
         tokens = torch.empty(num_sequences, seq_len, dtype=torch.int64)
         tokens[:, 0] = torch.randint(vocab_size, (num_sequences,), generator=generator)
         for position in range(1, seq_len):
             tokens[:, position] = successor[tokens[:, position - 1]]
-        torch.save({"tokens": tokens, "vocab_size": vocab_size}, path)
+        path = Path(path)
+        partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+        torch.save({"tokens": tokens, "vocab_size": vocab_size}, partial)
+        os.replace(partial, path)
         return cls(path)
 
     @property

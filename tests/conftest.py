@@ -43,6 +43,40 @@ class Project:
         )
 
 
+def cell_outcomes(version_dir: Path) -> dict[str, dict[str, str]]:
+    """Per cell id, test name -> "passed", "failure", "error" or "skipped", from a run's per-cell JUnit."""
+    from junitparser import JUnitXml
+
+    from torchmatrix.junit import test_of_testcase
+
+    outcomes = {}
+    for report in sorted(version_dir.glob("*.xml")):
+        outcomes[report.stem] = {
+            test_of_testcase(case.name): type(case.result[0]).__name__.lower() if case.result else "passed"
+            for suite in JUnitXml.fromfile(str(report))
+            for case in suite
+        }
+    return outcomes
+
+
+def run_suites(root: Path, matrix_text: str) -> tuple[subprocess.CompletedProcess, dict[str, dict[str, str]]]:
+    """Run this checkout's suites over `matrix_text` (a throwaway project at `root`) with
+    `python -m torchmatrix run --torch system`; return the process and `cell_outcomes` of the run."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "suites").symlink_to(REPO / "suites", target_is_directory=True)
+    (root / "matrix.toml").write_text(matrix_text)
+    command = ["run", "--torch", "system", "--config", str(root / "matrix.toml"), "--reports", str(root / "reports")]
+    done = subprocess.run(
+        [sys.executable, "-m", "torchmatrix", *command],
+        cwd=REPO,
+        env=checkout_env(),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    return done, cell_outcomes(root / "reports" / "latest" / "torch-system")
+
+
 @pytest.fixture
 def project(tmp_path) -> Project:
     return Project(tmp_path / "project")

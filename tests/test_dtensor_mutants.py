@@ -10,12 +10,10 @@ single run with one rank pool per world size covers them all.
 from __future__ import annotations
 
 import subprocess
-import sys
-import xml.etree.ElementTree as ElementTree
 
 import pytest
 
-from conftest import REPO, checkout_env
+from conftest import run_suites
 
 pytestmark = pytest.mark.slow
 
@@ -68,42 +66,7 @@ bf16_param_optimizers = [{listed(optimizers)}]
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> tuple[subprocess.CompletedProcess, dict[str, dict[str, str]]]:
     """One run of the suite over reference and mutant cells; per cell id, test -> outcome."""
-    root = tmp_path_factory.mktemp("dtensor_mutants")
-    (root / "suites").symlink_to(REPO / "suites", target_is_directory=True)
-    (root / "matrix.toml").write_text(matrix_toml())
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torchmatrix",
-            "run",
-            "--torch",
-            "system",
-            "--config",
-            str(root / "matrix.toml"),
-            "--reports",
-            str(root / "reports"),
-        ],
-        cwd=REPO,
-        env=checkout_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    outcomes = {
-        report.stem: {
-            case.get("name").split("[torch=")[0]: outcome(case) for case in ElementTree.parse(report).iter("testcase")
-        }
-        for report in sorted((root / "reports" / "latest" / "torch-system").glob("*.xml"))
-    }
-    return done, outcomes
-
-
-def outcome(case: ElementTree.Element) -> str:
-    for kind in ("failure", "error", "skipped"):
-        if case.find(kind) is not None:
-            return kind
-    return "passed"
+    return run_suites(tmp_path_factory.mktemp("dtensor_mutants"), matrix_toml())
 
 
 def cell_id(world_size: int, optimizer: str) -> str:

@@ -10,13 +10,11 @@ cast-on-load mutant only exists for precision_aware.
 from __future__ import annotations
 
 import subprocess
-import sys
-import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO, checkout_env
+from conftest import run_suites
 
 pytestmark = pytest.mark.slow
 
@@ -99,41 +97,7 @@ def run_resume_suite(
     root: Path, components: dict[str, str], optimizers: tuple[str, ...]
 ) -> tuple[subprocess.CompletedProcess, dict]:
     """Run the suite through `python -m torchmatrix run`; return the process and, per cell, test -> outcome."""
-    root.mkdir(parents=True)
-    (root / "suites").symlink_to(REPO / "suites", target_is_directory=True)
-    (root / "matrix.toml").write_text(matrix_toml(components, optimizers))
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torchmatrix",
-            "run",
-            "--torch",
-            "system",
-            "--config",
-            str(root / "matrix.toml"),
-            "--reports",
-            str(root / "reports"),
-        ],
-        cwd=REPO,
-        env=checkout_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    outcomes = {}
-    for report in sorted((root / "reports" / "latest" / "torch-system").glob("*.xml")):
-        outcomes[report.stem] = {
-            case.get("name").split("[")[0]: outcome(case) for case in ElementTree.parse(report).iter("testcase")
-        }
-    return done, outcomes
-
-
-def outcome(case: ElementTree.Element) -> str:
-    for kind in ("failure", "error", "skipped"):
-        if case.find(kind) is not None:
-            return kind
-    return "passed"
+    return run_suites(root, matrix_toml(components, optimizers))
 
 
 def expected_cells(optimizers: tuple[str, ...]) -> set[str]:

@@ -49,10 +49,15 @@ class LaunchedRank:
         self.starts += 1
 
     def run(self, fn, args: tuple, *, deadline: float) -> list:
-        """fn(*args) here, then every rank's reply gathered; any rank's exception fails every rank."""
+        """fn(*args) here, then every rank's reply gathered; any rank's exception fails every rank.
+
+        The barrier first lets every rank finish its own copy of the test's main-process work
+        (writing a dataset, say) before any rank reads it.
+        """
         import torch.distributed as dist
 
         self.start()
+        dist.barrier()
         try:
             reply = ("ok", fn(*args))
         except BaseException:
