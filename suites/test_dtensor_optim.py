@@ -64,20 +64,11 @@ def model_kind(request) -> str:
 
 @pytest.fixture
 def recipe(cell, components, suite_options, model_kind) -> Recipe:
-    """What every rank needs to build the stack; a component whose module needs a package that
-    is not installed (TransformerEngine on a CPU box) skips the cell with that reason.
+    """What every rank needs to build the stack (the plugin has already skipped cells whose
+    optimizer needs a package that is not installed, such as TransformerEngine on a CPU box).
 
     Option `bf16_param_optimizers` names the optimizer values that get bf16 params, as a
     mixed-precision stack gives its precision-aware optimizer; the others get fp32 params."""
-    optimizer_key = f"optimizer_{cell['optimizer']}"
-    if optimizer_key not in components:
-        pytest.fail(f"matrix.toml [components] has no {optimizer_key!r} for optimizer={cell['optimizer']!r}")
-    try:
-        component_paths.load(components[optimizer_key])
-    except ModuleNotFoundError as missing:
-        pytest.skip(
-            f"optimizer={cell['optimizer']}: {components[optimizer_key]} needs {missing.name!r}, which is not installed here"
-        )
     bf16 = cell["optimizer"] in suite_options.get("bf16_param_optimizers", DEFAULT_BF16_PARAM_OPTIMIZERS)
     return Recipe(dict(components), cell, model_kind, "bfloat16" if bf16 else "float32")
 

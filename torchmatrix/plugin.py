@@ -7,6 +7,8 @@ pool, and streams each result to the event log the runner turns into JUnit.
 
 from __future__ import annotations
 
+import functools
+import importlib
 import json
 import time
 from pathlib import Path
@@ -17,6 +19,7 @@ from torchmatrix.cells import Cell
 from torchmatrix.events import EventLog, run_key
 from torchmatrix.launched import LaunchedRank, launched_rank
 from torchmatrix.pool import RankFailure, RankPool
+from torchmatrix.protocol import required_names
 
 PLAN_KEY = pytest.StashKey["CellPlan"]()
 NOT_PLANNED = "suites run through `python -m torchmatrix run`, which tells this plugin the cells to run"
@@ -238,6 +241,35 @@ def tmp_path(tmp_path, request):
 def suite_options(request, _cell_plan) -> dict:
     """The suite's `[suites.<name>.options]` table from matrix.toml."""
     return dict(_cell_plan.suites[_cell_plan.suite_of(request.node.path)].get("options", {}))
+
+
+@pytest.fixture(autouse=True)
+def _skip_cells_whose_components_cannot_import(request):
+    """A component this suite needs for this cell whose module needs a package that is not
+    installed (TransformerEngine on a CPU box) skips the test, with that reason in the report."""
+    plan = request.config.stash.get(PLAN_KEY, None)
+    suite = plan.suite_of(request.node.path) if plan else None
+    if suite is None or "cell" not in request.fixturenames:
+        return
+    cell = request.getfixturevalue("cell")
+    optimizers = [str(cell["optimizer"])] if "optimizer" in cell else []
+    for key in required_names([Path(plan.suites[suite]["path"]).stem.removeprefix("test_")], optimizers):
+        path = plan.data["components"].get(key)
+        missing = missing_package(path) if path else None
+        if missing:
+            pytest.skip(f"{key} = {path} needs {missing!r}, which is not installed here")
+
+
+@functools.cache
+def missing_package(import_path: str) -> str | None:
+    """The package a component's module needs but cannot import, if that is why it fails to import."""
+    module = import_path.partition(":")[0]
+    try:
+        importlib.import_module(module)
+    except ModuleNotFoundError as error:
+        if error.name and not (module == error.name or module.startswith(error.name + ".")):
+            return error.name
+    return None
 
 
 @pytest.fixture
