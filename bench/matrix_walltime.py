@@ -42,7 +42,7 @@ def naive(matrix, cells, environment, work: Path) -> dict:
             f"{sys.executable} -m torch.distributed.run --standalone --nnodes=1 --nproc-per-node={cell.world_size}"
         )
         group = Group(f"cell-{cell.id}", cell.world_size, tuple(plan_runs([cell], matrix.suites)), launcher=launcher)
-        command = group_command(matrix, "system", group, environment, work, slots=cell.world_size)
+        command = group_command(matrix, "system", group, environment, work)
         env = {**os.environ, "TORCHMATRIX_DEVICE": environment["device_type"], "OMP_NUM_THREADS": "1"}
         cell_started = time.monotonic()
         with open(work / f"{group.name}.log", "wb") as log:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import importlib
 import json
+import os
 import time
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from torchmatrix.pool import RankFailure, RankPool
 from torchmatrix.protocol import required_names
 
 PLAN_KEY = pytest.StashKey["CellPlan"]()
+GATE_POLL_S = 0.05
 NOT_PLANNED = "suites run through `python -m torchmatrix run`, which tells this plugin the cells to run"
 
 
@@ -97,6 +99,16 @@ class CellPlan:
                 collected[key].append(test_name(item))
         self.events.write("collected", runs=collected)
 
+    def pytest_collection_finish(self, session):
+        """Imports and collection are done; wait here until the runner grants GPUs and cores."""
+        gate = self.data.get("gate")
+        if gate:
+            grant = _wait_for_gate(Path(gate))
+            if grant["gpus"]:
+                os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, grant["gpus"]))
+            if isinstance(self.pool, RankPool):
+                self.pool.threads_per_rank = grant["threads_per_rank"]
+
     def pytest_collectreport(self, report):
         if report.failed:
             suite = self.suite_of(Path(self.rootpath, report.nodeid.split("::")[0]))
@@ -129,6 +141,12 @@ class CellPlan:
         cell = getattr(item, "callspec", None) and item.callspec.params.get("cell")
         suite = self.suite_of(item.path)
         return run_key(suite, cell.id) if suite and isinstance(cell, Cell) else None
+
+
+def _wait_for_gate(path: Path) -> dict:
+    while not path.exists():
+        time.sleep(GATE_POLL_S)
+    return json.loads(path.read_text())
 
 
 def test_name(item) -> str:

@@ -17,6 +17,7 @@ import shlex
 import signal
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from torchmatrix import junit
 from torchmatrix.cells import Cell
 from torchmatrix.component_check import check_components
 from torchmatrix.config import Matrix
-from torchmatrix.devices import ProbeError, probe
+from torchmatrix.devices import Environment, ProbeError, probe
 from torchmatrix.outcomes import OutcomeBook
 from torchmatrix.plan import Group, SuiteRun, group_runs, plan_runs
 from torchmatrix.progress import Progress
@@ -96,13 +97,15 @@ def run_version(request: RunRequest, stream=sys.stdout) -> int:
     """Run the cells of one torch version; return 0 (all passed or skipped), 1 (failures) or 130."""
     matrix = request.matrix
     cells = select_cells(matrix.cells(), only=request.only, keyword=request.keyword, shard=request.shard)
-    if request.install_log is None:
-        _refuse_broken_components(matrix)
-    prepare_directory(request.version_dir / "logs")
-    runs = plan_runs(cells, matrix.suites)
-    book = OutcomeBook(runs)
-    progress = Progress(request.version, len(cells), stream)
-    environment, runnable = _environment(request, book)
+    with ThreadPoolExecutor(max_workers=2) as children:
+        probed = children.submit(_probe_or_error) if request.install_log is None else None
+        if request.install_log is None:
+            _refuse_broken_components(matrix)
+        prepare_directory(request.version_dir / "logs")
+        runs = plan_runs(cells, matrix.suites)
+        book = OutcomeBook(runs)
+        progress = Progress(request.version, len(cells), stream)
+        environment, runnable = _environment(request, book, probed.result() if probed else None)
     progress.say(
         f"torchmatrix: torch {request.version}, {len(cells)} cells, {len(runs)} suite runs, device: {environment['device']}"
     )
@@ -138,20 +141,27 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
-def _environment(request: RunRequest, book: OutcomeBook) -> tuple[dict, bool]:
-    """Probe this environment's torch: (what the reports say about it, whether cells can run).
+def _probe_or_error() -> Environment | ProbeError:
+    """The torch probe, run beside the component check (each imports torch in a child)."""
+    try:
+        return probe()
+    except ProbeError as error:
+        return error
+
+
+def _environment(request: RunRequest, book: OutcomeBook, probed: Environment | ProbeError | None) -> tuple[dict, bool]:
+    """What the reports say about this environment's torch, and whether cells can run.
 
     When it is unusable, every planned run errors with the reason.
     """
-    if request.install_log is not None:
+    if probed is None:
         tail = _tail(request.install_log)
         _fail_all(book, f"torch=={request.version} failed to install (see {request.install_log})", tail)
         return {"device": "none (torch did not install)"}, False
-    try:
-        environment = probe()
-    except ProbeError as error:
-        _fail_all(book, str(error), "")
+    if isinstance(probed, ProbeError):
+        _fail_all(book, str(probed), "")
         return {"device": "none (torch is not importable)"}, False
+    environment = probed
     if request.version != "system" and environment.base_version != request.version:
         _fail_all(
             book,
@@ -205,8 +215,8 @@ def _run_cells(
                 finished.add(cell)
                 progress.cell_finished(cell.id, [o.status for _, o in book.for_cell(cell)], book.counts(finished))
 
-    def start(group: Group, gpus: list[int], slots: int) -> GroupProcess:
-        return _start_group(request, group, environment, gpus, slots)
+    def start(group: Group) -> GroupProcess:
+        return _start_group(request, group, environment)
 
     report_finished_cells()
     scheduler = Scheduler(
@@ -229,10 +239,20 @@ def _with_launcher(group: Group, node_size: int | None, template: str | None) ->
     return replace(group, launcher=template.format(nnodes=nnodes, nproc_per_node=node_size))
 
 
-def group_command(matrix: Matrix, version: str, group: Group, environment: dict, logs: Path, slots: int) -> list[str]:
+def group_command(
+    matrix: Matrix,
+    version: str,
+    group: Group,
+    environment: dict,
+    logs: Path,
+    *,
+    threads_per_rank: int = 1,
+    gate: Path | None = None,
+) -> list[str]:
     """Write the group's plan under `logs` and return the pytest command that runs it.
 
-    A group with a launcher (torchrun, srun) is started through it, one pytest per rank.
+    A group with a launcher (torchrun, srun) is started through it, one pytest per rank. With a
+    `gate`, the process imports and collects, then waits for the gate file before any test.
     """
     plan = logs / f"{group.name}.plan.json"
     suites = {run.suite.name: run.suite for run in group.runs}
@@ -243,7 +263,8 @@ def group_command(matrix: Matrix, version: str, group: Group, environment: dict,
                 "world_size": group.world_size,
                 "device": environment,
                 "events": str(events_path(logs, group)),
-                "threads_per_rank": max(1, slots // group.world_size),
+                "threads_per_rank": 1,
+                "gate": str(gate) if gate else None,
                 "launcher": "external" if group.launcher else "pool",
                 "components": matrix.components,
                 "suites": {
@@ -271,15 +292,14 @@ def events_path(logs: Path, group: Group) -> Path:
     return logs / f"{group.name}.events.jsonl"
 
 
-def _start_group(request: RunRequest, group: Group, environment: dict, gpus: list[int], slots: int) -> GroupProcess:
-    """Start `pytest -p torchmatrix.plugin` on the group's suites, on its own GPUs."""
+def _start_group(request: RunRequest, group: Group, environment: dict) -> GroupProcess:
+    """Start `pytest -p torchmatrix.plugin` on the group's suites, waiting at its gate."""
     logs = request.version_dir / "logs"
-    command = group_command(request.matrix, request.version, group, environment, logs, slots)
+    gate = logs / f"{group.name}.go"
+    command = group_command(request.matrix, request.version, group, environment, logs, gate=gate)
     env = dict(os.environ)
     if group.launcher:
         env["TORCHMATRIX_DEVICE"] = environment["device_type"]
-    if gpus:
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
     return GroupProcess.start(
         group,
         command,
@@ -287,8 +307,7 @@ def _start_group(request: RunRequest, group: Group, environment: dict, gpus: lis
         env=env,
         log=logs / f"{group.name}.log",
         events=events_path(logs, group),
-        gpus=gpus,
-        slots=slots,
+        gate=gate,
     )
 
 

@@ -1,12 +1,16 @@
 """Run groups of suite runs as pytest processes, in parallel up to the machine's slots.
 
-Slots are GPUs on a CUDA box (each group gets its own CUDA_VISIBLE_DEVICES slice) and cores on
-a CPU box. Each process streams events; the scheduler feeds them to the OutcomeBook, kills a
-process whose test hangs outside the rank pool, and on Ctrl-C kills everything it started.
+Every group's process starts at once and imports torch and its suites while it waits at a gate;
+the scheduler opens a gate (a small JSON file naming the group's GPUs and threads) when slots
+free up, so imports overlap with other groups' tests. Slots are GPUs on a CUDA box (each group
+gets its own CUDA_VISIBLE_DEVICES slice) and cores on a CPU box. The scheduler feeds events to
+the OutcomeBook, kills a process whose test hangs outside the rank pool, and on Ctrl-C kills
+everything it started.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -26,33 +30,33 @@ LOG_TAIL_LINES = 40
 
 @dataclass
 class GroupProcess:
-    """One pytest process running a group, with its log and event stream."""
+    """One pytest process running a group, with its log, event stream and gate."""
 
     group: Group
     proc: subprocess.Popen
     log: Path
     events: EventReader
+    gate: Path
     gpus: list[int] = field(default_factory=list)
-    slots: int = 1
+    slots: int = 0
 
     @classmethod
     def start(
-        cls,
-        group: Group,
-        command: list[str],
-        *,
-        cwd: Path,
-        env: dict,
-        log: Path,
-        events: Path,
-        gpus: list[int],
-        slots: int,
+        cls, group: Group, command: list[str], *, cwd: Path, env: dict, log: Path, events: Path, gate: Path
     ) -> GroupProcess:
         with open(log, "wb") as out:
             proc = subprocess.Popen(
                 command, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
             )
-        return cls(group, proc, log, EventReader(events), gpus, slots)
+        return cls(group, proc, log, EventReader(events), gate)
+
+    def open(self, gpus: list[int], slots: int) -> None:
+        """Let the process run its tests on these GPUs (none on CPU) with this many cores' worth of threads."""
+        self.gpus, self.slots = gpus, slots
+        grant = {"gpus": gpus, "threads_per_rank": max(1, slots // self.group.world_size)}
+        partial = self.gate.with_name(self.gate.name + ".partial")
+        partial.write_text(json.dumps(grant))
+        os.replace(partial, self.gate)
 
     def kill(self) -> None:
         """Kill the pytest process group and the rank processes it started in their own sessions."""
@@ -99,37 +103,39 @@ def exit_reason(code: int) -> str:
 
 
 class Scheduler:
-    """Starts groups when slots free up and turns their events into outcomes."""
+    """Opens groups' gates when slots free up and turns their events into outcomes."""
 
     def __init__(
         self,
         groups: Sequence[Group],
         book: OutcomeBook,
         *,
-        start: Callable[[Group, list[int], int], GroupProcess],
+        start: Callable[[Group], GroupProcess],
         slots: int,
         gpu_ids: Sequence[int] = (),
         on_update: Callable[[], None] = lambda: None,
     ):
-        self.pending = list(groups)
+        self.groups = list(groups)
         self.book = book
         self.start = start
         self.slots = slots
         self.free_gpus = list(gpu_ids)
         self.use_gpus = bool(gpu_ids)
         self.on_update = on_update
+        self.waiting: list[GroupProcess] = []
         self.active: list[GroupProcess] = []
 
     def run(self) -> None:
         """Run every group to completion; on Ctrl-C kill them all, record why, and re-raise."""
         try:
-            while self.pending or self.active:
-                self._start_what_fits()
+            self.waiting = [self.start(group) for group in self.groups]
+            while self.waiting or self.active:
+                self._open_what_fits()
                 self._poll()
                 self.on_update()
                 time.sleep(POLL_S)
         except KeyboardInterrupt:
-            for process in self.active:
+            for process in self.waiting + self.active:
                 process.kill()
             for key in self.book.runs:
                 if not self.book.is_done(key):
@@ -139,8 +145,9 @@ class Scheduler:
     def _used_slots(self) -> int:
         return sum(p.slots for p in self.active)
 
-    def _start_what_fits(self) -> None:
-        for group in list(self.pending):
+    def _open_what_fits(self) -> None:
+        for process in list(self.waiting):
+            group = process.group
             if group.launcher:
                 if self.active:
                     continue
@@ -156,17 +163,18 @@ class Scheduler:
                 if self.active and self._used_slots() + slots > self.slots:
                     continue
                 gpus = []
-            self.pending.remove(group)
-            self.active.append(self.start(group, gpus, slots))
+            process.open(gpus, slots)
+            self.waiting.remove(process)
+            self.active.append(process)
 
     def _poll(self) -> None:
         now = time.monotonic()
-        for process in list(self.active):
+        for process in self.active + self.waiting:
             for event in process.events.read_new():
                 self.book.feed(event, now)
             code = process.proc.poll()
             if code is None:
-                hung = self._hung_test(process, now)
+                hung = self._hung_test(process, now) if process in self.active else None
                 if hung is None:
                     continue
                 process.kill()
@@ -177,8 +185,11 @@ class Scheduler:
                 self.book.close_group(
                     process.keys, f"{exit_reason(code)} before this suite reported", process.log_tail()
                 )
-            self.active.remove(process)
-            self.free_gpus.extend(process.gpus)
+            if process in self.active:
+                self.active.remove(process)
+                self.free_gpus.extend(process.gpus)
+            else:
+                self.waiting.remove(process)
 
     def _hung_test(self, process: GroupProcess, now: float) -> str | None:
         """A test running past its deadline plus a grace: it hangs outside the rank pool's control."""
