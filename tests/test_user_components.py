@@ -124,7 +124,7 @@ def random_tokens(model, *, seed, device):
 '''
 
 SUITES = ("__init__.py", "conftest.py", "test_grad_ckpt.py", "test_resume.py", "test_dtensor_optim.py")
-CELLS = {"ws1-none-adamw": 20, "ws2-fsdp2-adamw": 20}
+CELLS = {"ws1-none-adamw": 16, "ws2-fsdp2-adamw": 16}
 
 
 def test_a_user_model_in_its_own_package_runs_through_every_suite(tmp_path):
