@@ -15,7 +15,6 @@ tuple of tensors, and ``model.body_calls()`` maps each layer to how often its bo
 
 from __future__ import annotations
 
-import os
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -25,6 +24,7 @@ import torch.distributed as dist
 from torch.distributed.fsdp import FullyShardedDataParallel
 from torch.distributed.tensor import DTensor
 
+from suites.deterministic import deterministic_algorithms
 from torchmatrix.components import load
 from torchmatrix.worker import current_device
 
@@ -159,25 +159,6 @@ def failing_stage(cell, what: str):
         yield
     except Exception as error:
         raise RuntimeError(f"cell {cell.id}, torch {torch.__version__}: {what} failed: {error!r}") from error
-
-
-@contextmanager
-def deterministic_algorithms():
-    """Deterministic kernels while comparing, so an exact float32 diff measures checkpointing, not kernel noise.
-
-    Restores the previous setting afterwards, since rank processes are shared with other tests.
-    cuBLAS (CUDA) is only deterministic with CUBLAS_WORKSPACE_CONFIG set.
-    """
-    enabled, warn_only = (
-        torch.are_deterministic_algorithms_enabled(),
-        torch.is_deterministic_algorithms_warn_only_enabled(),
-    )
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.use_deterministic_algorithms(True)
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
 
 
 def train_step(cell, components: dict, precision: Precision, dropout: float, checkpointing: bool) -> StepRecord:

@@ -14,13 +14,12 @@ Components (matrix.toml `[components]`): `model`, `parallelize`, `optimizer_<opt
 
 from __future__ import annotations
 
-import os
 import random
-from contextlib import contextmanager
 
 import pytest
 import torch
 
+from suites.deterministic import deterministic_algorithms
 from torchmatrix.components import load
 
 DEFAULT_OPTIONS = {
@@ -160,28 +159,10 @@ def straight_and_resumed(cell: dict, options: dict, components: dict, data_path:
     """Rank function: run A (N steps straight) and run B (K steps, save, rebuild, load, N - K steps)."""
     import torch.distributed as dist
 
-    with deterministic_kernels():
+    with deterministic_algorithms():
         return _straight_and_resumed(
             cell, options, components, data_path, checkpoint_dir, dist.get_rank(), dist.get_world_size()
         )
-
-
-@contextmanager
-def deterministic_kernels():
-    """Bit-exact comparisons need kernels that return the same bits for the same inputs (CUDA's
-    embedding and attention backward use atomics unless told otherwise); an op without a
-    deterministic kernel then raises instead of passing noise off as a resume bug. The rank
-    processes serve other suites too, so the previous setting comes back afterwards."""
-    enabled, warn_only = (
-        torch.are_deterministic_algorithms_enabled(),
-        torch.is_deterministic_algorithms_warn_only_enabled(),
-    )
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.use_deterministic_algorithms(True)
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
 
 
 def _straight_and_resumed(

@@ -47,7 +47,7 @@ parallelize = "models.parallel:parallelize"
 batch = "models.transformer:make_batch"
 """
 
-SUITE_FILES = ("__init__.py", "conftest.py", "test_grad_ckpt.py")
+SUITE_FILES = ("__init__.py", "conftest.py", "deterministic.py", "test_grad_ckpt.py")
 CELLS = ["ws1-none-sdpa", "ws1-none-eager", "ws2-fsdp1-sdpa", "ws2-fsdp1-eager", "ws2-fsdp2-sdpa", "ws2-fsdp2-eager"]
 GRADIENTS = "test_checkpointing_leaves_loss_and_gradients_unchanged[dropout={}]"
 RECOMPUTE = "test_recompute_reruns_layers_and_rewrites_cache_identically"

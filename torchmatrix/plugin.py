@@ -108,6 +108,8 @@ class CellPlan:
                 os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, grant["gpus"]))
             if isinstance(self.pool, RankPool):
                 self.pool.threads_per_rank = grant["threads_per_rank"]
+            if grant.get("nice"):
+                os.nice(grant["nice"])
 
     def pytest_collectreport(self, report):
         if report.failed:

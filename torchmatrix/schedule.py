@@ -26,6 +26,7 @@ from torchmatrix.plan import Group
 BACKSTOP_GRACE_S = 60.0
 POLL_S = 0.2
 LOG_TAIL_LINES = 40
+FILLER_NICE = 19  # CPU groups beyond the cores run at the lowest priority, on cycles the others leave idle
 
 
 @dataclass
@@ -50,10 +51,11 @@ class GroupProcess:
             )
         return cls(group, proc, log, EventReader(events), gate)
 
-    def open(self, gpus: list[int], slots: int) -> None:
-        """Let the process run its tests on these GPUs (none on CPU) with this many cores' worth of threads."""
+    def open(self, gpus: list[int], slots: int, *, nice: int = 0) -> None:
+        """Let the process run its tests on these GPUs (none on CPU) with this many cores' worth of
+        threads, at this niceness (its rank processes inherit it)."""
         self.gpus, self.slots = gpus, slots
-        grant = {"gpus": gpus, "threads_per_rank": max(1, slots // self.group.world_size)}
+        grant = {"gpus": gpus, "threads_per_rank": max(1, slots // self.group.world_size), "nice": nice}
         partial = self.gate.with_name(self.gate.name + ".partial")
         partial.write_text(json.dumps(grant))
         os.replace(partial, self.gate)
@@ -148,6 +150,7 @@ class Scheduler:
     def _open_what_fits(self) -> None:
         for process in list(self.waiting):
             group = process.group
+            nice = 0
             if group.launcher:
                 if self.active:
                     continue
@@ -161,9 +164,11 @@ class Scheduler:
             else:
                 slots = min(group.world_size, self.slots)
                 if self.active and self._used_slots() + slots > self.slots:
-                    continue
+                    if any(p.group.launcher for p in self.active):
+                        continue
+                    nice, slots = FILLER_NICE, 0
                 gpus = []
-            process.open(gpus, slots)
+            process.open(gpus, slots, nice=nice)
             self.waiting.remove(process)
             self.active.append(process)
 
