@@ -13,6 +13,7 @@ the matrix, so reports/latest is left alone.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -64,7 +65,7 @@ def main() -> int:
         print("| venv backend | fresh venv + `pip install -e .` (the report session) |")
         print("|---|---|")
         for backend in ("virtualenv", "uv"):
-            if backend == "uv" and shutil.which("uv") is None:
+            if backend == "uv" and shutil.which("uv") is None and importlib.util.find_spec("uv") is None:
                 print("| uv | not installed (pip install uv) |")
                 continue
             wall, _ = nox(
