@@ -72,3 +72,12 @@ def test_bad_filters_are_usage_errors(demo):
         done = demo.torchmatrix("list", *args)
         assert done.returncode == 2, args
         assert done.stderr.startswith("torchmatrix: error:") and done.stderr.count("\n") == 1, done.stderr
+
+
+def test_a_selection_of_no_cells_is_an_empty_run_that_still_reports(demo):
+    done = demo.torchmatrix("run", "--torch", "system", "-k", "no_cell_has_this", "--run-id", "empty")
+    assert done.returncode == 0, done.stderr
+    assert "0 cells" in done.stdout
+    report = demo.torchmatrix("report", "reports/empty")
+    assert report.returncode == 0, report.stderr
+    assert (demo.root / "reports" / "empty" / "summary.md").is_file()

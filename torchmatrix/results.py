@@ -236,7 +236,7 @@ def load_results(path: Path, baseline: str | None = None, settings: ReportSettin
     if not path.is_dir():
         raise ResultsError(f"{path} does not exist; pass a run directory (reports/<run-id>) or its results.json")
     suites = _suites(path)
-    if not suites:
+    if not suites and not any(path.glob("torch-*/plan.json")):
         if (path / FILE_NAME).is_file():
             return RunResults.from_json(_read_json(path / FILE_NAME))
         raise ResultsError(f"{path} holds no JUnit reports; pass a run directory made by `python -m torchmatrix run`")
@@ -275,6 +275,9 @@ def _from_suites(run_dir: Path, suites: list[TestSuite], baseline: str | None, s
         seen_versions.setdefault(torch, properties)
         cells.setdefault(cell, {k.removeprefix("axis."): v for k, v in properties.items() if k.startswith("axis.")})
         tests.extend(_records(suite, torch, cell, properties))
+    for version, plan in plans.items():
+        environment = plan.get("environment") or {}
+        seen_versions.setdefault(version, _properties_of(environment))
     versions = sorted(seen_versions, key=_version_key)
     planned = [cell for v in versions for cell in plans.get(v, {}).get("cells", ())]
     order = {cell: i for i, cell in enumerate(dict.fromkeys([*planned, *cells]))}
@@ -288,12 +291,23 @@ def _from_suites(run_dir: Path, suites: list[TestSuite], baseline: str | None, s
         hosts=sorted({s.hostname for s in suites if s.hostname}),
         matrix_path=next((p.get("matrix", "") for p in plans.values()), ""),
         matrix_sha256=plan_sha[0] if plan_sha else "",
-        baseline=baseline if baseline in versions else versions[0],
+        baseline=baseline if baseline in versions or not versions else versions[0],
         settings=settings,
         versions=[_version_info(v, seen_versions[v], plans.get(v, {}), tests) for v in versions],
         cells=cells,
         tests=tests,
     )
+
+
+def _properties_of(environment: dict) -> dict[str, str]:
+    """A version's properties from its plan.json, for a run whose filters selected no cell."""
+    keys = {
+        "torch.build": "torch",
+        "torch.git_version": "git_version",
+        "torch.cuda_version": "cuda_version",
+        "device": "device",
+    }
+    return {name: str(environment.get(key) or "") for name, key in keys.items()}
 
 
 def _records(suite: TestSuite, torch: str, cell: str, properties: dict[str, str]) -> list[TestRecord]:
