@@ -76,7 +76,7 @@ def main() -> int:
                 "-s",
                 "report",
                 "--",
-                str(scratch),
+                str(scratch / "reports" / "env-overhead"),
                 env=env,
             )
             print(f"| {backend} | {wall:.1f} s |")
