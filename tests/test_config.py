@@ -128,7 +128,9 @@ def test_repository_matrix_is_valid():
 
     matrix = load_matrix(REPO / "matrix.toml")
     assert matrix.baseline in matrix.versions
-    assert len(matrix.cells()) == 3 * 2 * 2 + 2 * 2 * 2 * 2 + 1, "ws1 x 3 fsdp, ws2/ws4 x 2 fsdp, x attn x optimizer, + the TE include"
+    assert len(matrix.cells()) == 3 * 2 * 2 + 2 * 2 * 2 * 2 + 1, (
+        "ws1 x 3 fsdp, ws2/ws4 x 2 fsdp, x attn x optimizer, + the TE include"
+    )
 
 
 def test_cli_prints_one_line_and_exits_2(project):

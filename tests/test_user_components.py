@@ -123,7 +123,14 @@ def random_tokens(model, *, seed, device):
     return {"tokens": torch.randint(model.vocab_size, (2, 8), generator=generator).to(device)}
 '''
 
-SUITES = ("__init__.py", "conftest.py", "deterministic.py", "test_grad_ckpt.py", "test_resume.py", "test_dtensor_optim.py")
+SUITES = (
+    "__init__.py",
+    "conftest.py",
+    "deterministic.py",
+    "test_grad_ckpt.py",
+    "test_resume.py",
+    "test_dtensor_optim.py",
+)
 CELLS = {"ws1-none-adamw": 16, "ws2-fsdp2-adamw": 16}
 
 
