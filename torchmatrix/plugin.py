@@ -110,6 +110,18 @@ class CellPlan:
                 self.pool.threads_per_rank = grant["threads_per_rank"]
             if grant.get("nice"):
                 os.nice(grant["nice"])
+        if session.items and isinstance(self.pool, RankPool):
+            try:
+                self.start_pool()
+            except RankFailure:
+                pass  # the first test's `ranks` fixture tries again and reports why, per test
+
+    def start_pool(self) -> None:
+        """Start the ranks if they are down (before the first test, so no test's time includes it)."""
+        starts = self.pool.starts
+        self.pool.start()
+        if self.pool.starts != starts:
+            self.events.write("pool_start", world_size=self.pool.world_size)
 
     def pytest_collectreport(self, report):
         if report.failed:
@@ -214,14 +226,14 @@ def _cell_plan(request) -> CellPlan:
 
 
 class Ranks:
-    """What a test holds to run functions on every rank of its cell, under the test's deadline."""
+    """What a test holds to run functions on every rank of its cell, under the test's deadline
+    (which starts once the ranks are up)."""
 
     def __init__(self, pool: RankPool | LaunchedRank, cell: Cell, timeout: float):
         self.pool = pool
         self.cell = cell
         self.timeout = timeout
         self.world_size = pool.world_size
-        pool.start()
         self.deadline = time.monotonic() + timeout
 
     def run(self, fn, *args) -> list:
@@ -239,12 +251,9 @@ class Ranks:
 
 @pytest.fixture
 def ranks(request, cell, _cell_plan) -> Ranks:
+    _cell_plan.start_pool()
     suite = _cell_plan.suite_of(request.node.path)
-    starts = _cell_plan.pool.starts
-    ranks = Ranks(_cell_plan.pool, cell, _cell_plan.suites[suite]["timeout"])
-    if _cell_plan.pool.starts != starts:
-        _cell_plan.events.write("pool_start", world_size=ranks.world_size)
-    return ranks
+    return Ranks(_cell_plan.pool, cell, _cell_plan.suites[suite]["timeout"])
 
 
 @pytest.fixture
