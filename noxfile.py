@@ -2,7 +2,8 @@
 
 nox -s gpu_matrix                          every torch version in matrix.toml
 nox -s "gpu_matrix(torch='2.14.1')" -- --only fsdp=fsdp2 --shard 1/4
-nox -s report -- reports/<run-id>
+nox -s report -- reports/<run-id> [--compare RUN]
+nox -s merge -- DIR... --out DIR
 nox -s hf_matrix                           the suites on a tiny Hugging Face Llama (examples/hf_llama)
 nox -s tests
 """
@@ -37,7 +38,7 @@ def hf_matrix(session, torch):
 
 @nox.session
 def report(session):
-    """Merge a run directory (default reports/latest) into junit.xml."""
+    """Write a run's junit.xml, results.json and summary pages (default reports/latest); -- --compare RUN diffs."""
     sessions.report(session)
 
 

@@ -101,6 +101,7 @@ def tests(session, torch_version: str) -> None:
 
 
 def lint(session) -> None:
+    """ruff's lint rules and formatting over the whole project (config in pyproject.toml)."""
     session.install("ruff")
     session.run("ruff", "check", str(PROJECT))
     session.run("ruff", "format", "--check", str(PROJECT))
