@@ -111,13 +111,14 @@ def run_version(request: RunRequest, stream=sys.stdout) -> int:
     )
     interrupted = False
     if runnable:
-        previous = signal.signal(signal.SIGTERM, _interrupt)
+        previous = {signum: signal.signal(signum, _interrupt) for signum in (signal.SIGINT, signal.SIGTERM)}
         try:
             _run_cells(request, cells, runs, book, environment, progress)
         except KeyboardInterrupt:
             interrupted = True
         finally:
-            signal.signal(signal.SIGTERM, previous)
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
     _write_reports(request, cells, book, environment)
     totals = book.counts(cells)
     progress.say(
@@ -137,7 +138,11 @@ def _refuse_broken_components(matrix: Matrix) -> None:
 
 
 def _interrupt(signum, frame):
-    """SIGTERM (a cancelled CI job) stops the run like Ctrl-C: reports are still written."""
+    """Ctrl-C and SIGTERM (a cancelled CI job) stop the run, and the reports are still written.
+
+    Installed explicitly: a process started in the background by a non-interactive shell (or
+    by a test runner) inherits SIGINT as ignored, and Ctrl-C would then do nothing.
+    """
     raise KeyboardInterrupt
 
 

@@ -190,12 +190,15 @@ def slow_project(tmp_path):
 
 
 def test_sigint_keeps_finished_cells_and_marks_the_rest_interrupted(slow_project):
+    """The runner starts with SIGINT ignored, as a background job of a non-interactive shell does,
+    and must still stop on it."""
     runner = subprocess.Popen(
         [sys.executable, "-m", "torchmatrix", "run", "--torch", "system", "--run-id", "interrupted", "--slots", "1"],
         cwd=slow_project.root,
         env=checkout_env(),
         stdout=subprocess.PIPE,
         text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
     )
     for line in runner.stdout:
         if line.startswith("[1/6]"):
