@@ -16,7 +16,7 @@ import nox
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from torchmatrix import sessions  # noqa: E402
-from torchmatrix.runner import new_run_id  # noqa: E402
+from torchmatrix.run_directory import new_run_id  # noqa: E402
 
 MATRIX = sessions.matrix_or_exit(os.environ.get("TORCHMATRIX_CONFIG", "matrix.toml"))
 RUN_ID = os.environ.get("TORCHMATRIX_RUN_ID") or new_run_id()

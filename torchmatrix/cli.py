@@ -17,7 +17,8 @@ from torchmatrix.github import github_matrix
 from torchmatrix.merge import MergeError, merge_reports
 from torchmatrix.report import append_step_summary, compare_markdown, write_report
 from torchmatrix.results import ResultsError
-from torchmatrix.runner import RunError, RunRequest, new_run_id, run_version
+from torchmatrix.run_directory import new_run_id
+from torchmatrix.runner import RunError, RunRequest, run_version
 from torchmatrix.selection import SelectionError, Shard, parse_only, select_cells
 from torchmatrix.slurm import SlurmOptions, write_slurm
 from torchmatrix.upgrade_diff import CompareError

@@ -16,7 +16,6 @@ import os
 import shlex
 import signal
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -29,6 +28,7 @@ from torchmatrix.devices import Environment, ProbeError, probe
 from torchmatrix.outcomes import OutcomeBook
 from torchmatrix.plan import Group, SuiteRun, group_runs, plan_runs
 from torchmatrix.progress import Progress
+from torchmatrix.run_directory import point_latest
 from torchmatrix.schedule import GroupProcess, Scheduler
 from torchmatrix.selection import Shard, select_cells
 
@@ -65,11 +65,6 @@ class RunRequest:
         return self.run_dir / f"torch-{self.version}"
 
 
-def new_run_id() -> str:
-    """Sortable and unique per process, so two runs started at once never share a directory."""
-    return time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
-
-
 def prepare_directory(path: Path) -> None:
     """Create `path` and prove it is writable, before any cell runs."""
     try:
@@ -81,16 +76,6 @@ def prepare_directory(path: Path) -> None:
         raise RunError(
             f"cannot write reports to {path} ({error.strerror}); pass --reports DIR with a writable directory"
         ) from None
-
-
-def point_latest(reports: Path, run_id: str) -> None:
-    """Atomically repoint reports/latest at a finished run."""
-    link = reports / "latest"
-    temporary = reports / f".latest-{os.getpid()}"
-    if temporary.is_symlink():
-        temporary.unlink()
-    os.symlink(run_id, temporary)
-    os.replace(temporary, link)
 
 
 def run_version(request: RunRequest, stream=sys.stdout) -> int:
