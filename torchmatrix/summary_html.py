@@ -100,10 +100,10 @@ def _header(results: RunResults) -> str:
         f"<code>{text(v.torch)}</code> ({text(v.build or 'build unknown')}, {text(v.device or 'device unknown')})"
         for v in results.versions
     )
+    started = f"Started {text(results.created)} on {text(', '.join(results.hosts))}; " if results.created else ""
     return (
         f"<h1>torchmatrix run <code>{text(results.run_id)}</code></h1>\n"
-        f"<p>torch {versions}; baseline <code>{text(results.baseline)}</code>. "
-        f"Started {text(results.created)} on {text(', '.join(results.hosts))}; "
+        f"<p>torch {versions}; baseline <code>{text(results.baseline)}</code>. {started}"
         f"matrix <code>{text(results.matrix_path)}</code> sha256 <code>{text(results.matrix_sha256[:12])}</code>.</p>"
     )
 

@@ -103,10 +103,11 @@ def fenced(text: str) -> str:
 
 def _header(results: RunResults) -> str:
     versions = ", ".join(code(v.torch) for v in results.versions)
+    started = f"started {code(results.created)} on {code(', '.join(results.hosts))}; " if results.created else ""
     return (
         f"## torchmatrix run {code(results.run_id)}\n\n"
-        f"torch {versions}; baseline {code(results.baseline)}; started {code(results.created)} "
-        f"on {code(', '.join(results.hosts))}; matrix sha256 {code(results.matrix_sha256[:12])}"
+        f"torch {versions}; baseline {code(results.baseline)}; {started}"
+        f"matrix sha256 {code(results.matrix_sha256[:12])}"
     )
 
 
