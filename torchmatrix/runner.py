@@ -183,8 +183,8 @@ def _run_cells(
     environment: dict,
     progress: Progress,
 ) -> None:
-    gpu_count = environment["gpu_count"]
-    node_size = request.gpus_per_node or (gpu_count if environment["device_type"] == "cuda" else None)
+    gpu_count = environment["gpu_count"] if environment["device_type"] == "cuda" else 0
+    node_size = request.gpus_per_node or gpu_count or None
     runnable = []
     for run in runs:
         if node_size and run.cell.world_size > node_size and not request.multinode_launcher:
@@ -195,7 +195,7 @@ def _run_cells(
             )
         else:
             runnable.append(run)
-    slots = request.slots or (gpu_count if environment["device_type"] == "cuda" else len(os.sched_getaffinity(0)))
+    slots = request.slots or gpu_count or len(os.sched_getaffinity(0))
     groups = [_with_launcher(group, node_size, request.multinode_launcher) for group in group_runs(runnable, slots)]
     finished: set[Cell] = set()
 
