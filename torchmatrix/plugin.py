@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from torchmatrix import zygote
 from torchmatrix.cells import Cell
 from torchmatrix.events import EventLog, run_key
 from torchmatrix.launched import LaunchedRank, launched_rank
@@ -71,6 +72,7 @@ class CellPlan:
                 backend=device["backend"],
                 threads_per_rank=data["threads_per_rank"],
             )
+            zygote.start()
             self.events = EventLog(data["events"])
         self._reports: dict[str, list] = {}
 

@@ -1,8 +1,9 @@
 """RankPool: world_size rank processes that join one process group and run functions on demand.
 
 The pool is started once per pytest process and reused by every test of every cell of its world
-size, so torch is imported and the process group created once, not once per test. A rank that
-raises, hangs past the deadline or dies takes the pool down; the next call starts a fresh one.
+size, so the process group is created once, not once per test. Ranks fork from the zygote, which
+imported torch once for them all. A rank that raises, hangs past the deadline or dies takes the
+pool down; the next call starts a fresh one.
 """
 
 from __future__ import annotations
@@ -10,13 +11,14 @@ from __future__ import annotations
 import os
 import pickle
 import signal
-import subprocess
 import sys
 import tempfile
 import time
-from multiprocessing import Pipe
 from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
 from pathlib import Path
+
+from torchmatrix import worker, zygote
 
 START_TIMEOUT_S = 300.0
 GRACE_AFTER_ERROR_S = 5.0
@@ -38,7 +40,7 @@ class RankPool:
         self.backend = backend
         self.threads_per_rank = threads_per_rank
         self.starts = 0
-        self._procs: list[subprocess.Popen] = []
+        self._procs: list[BaseProcess] = []
         self._conns: list[Connection] = []
         self._dir: Path | None = None
 
@@ -52,25 +54,16 @@ class RankPool:
             return
         self._dir = Path(tempfile.mkdtemp(prefix=f"torchmatrix-ws{self.world_size}-"))
         self.starts += 1
+        ranks = zygote.context()
+        nice = os.getpriority(os.PRIO_PROCESS, 0)
         for rank in range(self.world_size):
-            parent_end, child_end = Pipe(duplex=True)
-            with open(self._log(rank), "wb") as log:
-                proc = subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-m",
-                        "torchmatrix.worker",
-                        str(child_end.fileno()),
-                        str(rank),
-                        str(self.world_size),
-                        str(self._stacks(rank)),
-                    ],
-                    pass_fds=[child_end.fileno()],
-                    env=self._env(rank),
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
+            parent_end, child_end = ranks.Pipe(duplex=True)
+            proc = ranks.Process(
+                target=worker.main,
+                args=(child_end, rank, self.world_size, str(self._stacks(rank)), str(self._log(rank)), self._env(rank), nice),
+                name=f"rank{rank}",
+            )
+            proc.start()
             child_end.close()
             self._procs.append(proc)
             self._conns.append(parent_end)
@@ -110,16 +103,10 @@ class RankPool:
             conn.close()
         for proc in self._procs:
             if graceful:
-                try:
-                    proc.wait(timeout=EXIT_WAIT_S)
-                except subprocess.TimeoutExpired:
-                    pass
-            if proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            proc.wait()
+                proc.join(EXIT_WAIT_S)
+            if proc.exitcode is None:
+                _kill_session(proc.pid)
+            proc.join()
         self._procs, self._conns = [], []
 
     def _env(self, rank: int) -> dict[str, str]:
@@ -210,7 +197,7 @@ class RankPool:
 
     def _evidence(self, ranks, *, stack_ranks=frozenset()) -> str:
         """Log tails of `ranks`, and the Python stacks (dumped via SIGUSR1) of `stack_ranks`."""
-        live = [r for r in sorted(stack_ranks) if self._procs[r].poll() is None]
+        live = [r for r in sorted(stack_ranks) if self._procs[r].exitcode is None]
         for rank in live:
             self._stacks(rank).write_text("")
             os.kill(self._procs[rank].pid, signal.SIGUSR1)
@@ -227,12 +214,25 @@ class RankPool:
         return "\n".join(sections)
 
     def _exit_reason(self, rank: int) -> str:
-        try:
-            code = self._procs[rank].wait(timeout=5)
-        except subprocess.TimeoutExpired:
+        proc = self._procs[rank]
+        proc.join(5)
+        code = proc.exitcode
+        if code is None:
             return "closed its connection but is still running"
         if code < 0:
             name = signal.Signals(-code).name
             hint = " (as the OOM killer does)" if -code == signal.SIGKILL else ""
             return f"died with signal {name}{hint}"
         return f"exited with code {code}"
+
+
+def _kill_session(pid: int) -> None:
+    """SIGKILL a rank and whatever it started (its own session), or the rank alone if it died
+    before making that session."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

@@ -61,8 +61,8 @@ class GroupProcess:
         os.replace(partial, self.gate)
 
     def kill(self) -> None:
-        """Kill the pytest process group and the rank processes it started in their own sessions."""
-        ranks = _children(self.proc.pid)
+        """Kill the pytest process group (its zygote included) and the rank processes forked in their own sessions."""
+        ranks = _descendants(self.proc.pid)
         for pgid in [self.proc.pid, *ranks]:
             try:
                 os.killpg(pgid, signal.SIGKILL)
@@ -79,17 +79,21 @@ class GroupProcess:
         return [run.key for run in self.group.runs]
 
 
-def _children(pid: int) -> list[int]:
-    """Direct children of `pid` (read from /proc before the parent dies and they are re-parented)."""
-    children = []
+def _descendants(pid: int) -> list[int]:
+    """Every process below `pid` (read from /proc before a parent dies and its children are re-parented)."""
+    children: dict[int, list[int]] = {}
     for entry in Path("/proc").glob("[0-9]*"):
         try:
             ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
         except (OSError, IndexError, ValueError):
             continue
-        if ppid == pid:
-            children.append(int(entry.name))
-    return children
+        children.setdefault(ppid, []).append(int(entry.name))
+    found, frontier = [], [pid]
+    while frontier:
+        below = [child for parent in frontier for child in children.get(parent, [])]
+        found += below
+        frontier = below
+    return found
 
 
 def exit_reason(code: int) -> str:

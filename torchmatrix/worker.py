@@ -1,9 +1,9 @@
 """The rank process: join the process group once, then run the functions the pool sends.
 
-Started by `RankPool` as `python -m torchmatrix.worker FD RANK WORLD_SIZE STACK_FILE`, with FD one
-end of a socket pair. Messages are pickled tuples; results go back as ("ok", value) or
-("error", traceback text). SIGUSR1 writes every thread's Python stack to STACK_FILE, which is how
-the pool shows where a hung rank is stuck.
+`RankPool` forks it from the zygote (torchmatrix.zygote) and talks to it over one end of a
+socket pair. Messages are pickled tuples; results go back as ("ok", value) or ("error",
+traceback text). SIGUSR1 writes every thread's Python stack to the rank's stack file, which is
+how the pool shows where a hung rank is stuck.
 """
 
 from __future__ import annotations
@@ -78,14 +78,27 @@ def _serve(conn: Connection) -> None:
         conn.send_bytes(data)
 
 
-def main(argv: list[str]) -> None:
-    fd, rank, world_size, stack_file = int(argv[0]), int(argv[1]), int(argv[2]), argv[3]
-    conn = Connection(fd)
+def main(conn: Connection, rank: int, world_size: int, stack_file: str, log: str, env: dict, nice: int) -> None:
+    """Become the process a fresh interpreter started by the pool would be (own session, the pool's
+    environment and niceness, output into the rank's log), join the process group, then serve."""
+    os.setsid()
+    os.setpriority(os.PRIO_PROCESS, 0, nice)
+    output = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(output, 1)
+    os.dup2(output, 2)
+    os.close(output)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)
+    sys.stderr = open(2, "w", buffering=1, closefd=False)
+    os.environ.clear()
+    os.environ.update(env)
     stacks = open(stack_file, "a")
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     faulthandler.enable(file=sys.stderr)
     sys.path[:] = pickle.loads(conn.recv_bytes())
     try:
+        import torch
+
+        torch.set_num_threads(int(env["OMP_NUM_THREADS"]))  # read from the environment only at torch's import
         _join_process_group(conn, rank, world_size)
     except BaseException:
         conn.send_bytes(pickle.dumps(("error", traceback.format_exc())))
@@ -93,7 +106,3 @@ def main(argv: list[str]) -> None:
     conn.send_bytes(pickle.dumps(("ready", os.getpid())))
     _serve(conn)
     os._exit(0)
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])
