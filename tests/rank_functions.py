@@ -2,6 +2,7 @@
 
 import os
 import signal
+import sys
 import time
 
 
@@ -56,3 +57,19 @@ def kill_self_on_rank(bad_rank, signum):
 
 def unpicklable_result():
     return lambda: None
+
+
+def process_placement():
+    """What the pool set up for this rank before any test code ran: who forked it, whether torch's
+    distributed stack was already imported, its scheduling policy, cores, threads and niceness."""
+    import torch
+
+    return {
+        "parent": os.getppid(),
+        "fsdp_preloaded": "torch.distributed.fsdp" in sys.modules,
+        "policy": os.sched_getscheduler(0),
+        "cores": sorted(os.sched_getaffinity(0)),
+        "threads": torch.get_num_threads(),
+        "nice": os.getpriority(os.PRIO_PROCESS, 0),
+        "session_leader": os.getsid(0) == os.getpid(),
+    }

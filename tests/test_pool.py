@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 
@@ -89,3 +90,27 @@ def test_unpicklable_function_or_result_is_explained(pool):
         pool.run(lambda: None, (), deadline=soon())
     with pytest.raises(RankFailure, match="cannot be pickled"):
         pool.run(rf.unpicklable_result, (), deadline=soon())
+
+
+def test_ranks_fork_from_the_zygote_as_simulated_ranks_on_the_granted_cores():
+    """Ranks start with torch's distributed stack imported (forked from the zygote, not from this
+    process), in their own sessions, as SCHED_BATCH, round robin over the granted cores."""
+    cores = sorted(os.sched_getaffinity(0))
+    granted = [cores[-1], cores[0]]
+    pinned = RankPool(4, device_type="cpu", backend="gloo", cores=granted)
+    unpinned = RankPool(1, device_type="cpu", backend="gloo", threads_per_rank=2)
+    try:
+        placements = pinned.run(rf.process_placement, (), deadline=soon())
+        (free,) = unpinned.run(rf.process_placement, (), deadline=soon())
+    finally:
+        pinned.close()
+        unpinned.close()
+    assert [p["cores"] for p in placements] == [[granted[r % 2]] for r in range(4)]
+    assert free["cores"] == cores and free["threads"] == 2
+    for placement in [*placements, free]:
+        assert placement["parent"] != os.getpid(), "forked from the zygote, not from the pool's process"
+        assert placement["fsdp_preloaded"]
+        assert placement["policy"] == os.SCHED_BATCH
+        assert placement["session_leader"]
+        assert placement["nice"] == os.getpriority(os.PRIO_PROCESS, 0)
+    assert len({p["parent"] for p in [*placements, free]}) == 1, "one zygote serves every pool of the process"

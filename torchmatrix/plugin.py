@@ -110,6 +110,7 @@ class CellPlan:
                 os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, grant["gpus"]))
             if isinstance(self.pool, RankPool):
                 self.pool.threads_per_rank = grant["threads_per_rank"]
+                self.pool.cores = grant.get("cores", [])
             if grant.get("nice"):
                 os.nice(grant["nice"])
         if session.items and isinstance(self.pool, RankPool):

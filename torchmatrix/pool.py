@@ -34,11 +34,14 @@ class RankFailure(Exception):
 class RankPool:
     """Rank processes 0..world_size-1, each serving `fn(*args)` calls over a socket pair."""
 
-    def __init__(self, world_size: int, *, device_type: str, backend: str, threads_per_rank: int = 1):
+    def __init__(
+        self, world_size: int, *, device_type: str, backend: str, threads_per_rank: int = 1, cores: list[int] = ()
+    ):
         self.world_size = world_size
         self.device_type = device_type
         self.backend = backend
         self.threads_per_rank = threads_per_rank
+        self.cores = list(cores)
         self.starts = 0
         self._procs: list[BaseProcess] = []
         self._conns: list[Connection] = []
@@ -60,7 +63,15 @@ class RankPool:
             parent_end, child_end = ranks.Pipe(duplex=True)
             proc = ranks.Process(
                 target=worker.main,
-                args=(child_end, rank, self.world_size, str(self._stacks(rank)), str(self._log(rank)), self._env(rank), nice),
+                args=(child_end, rank, self.world_size),
+                kwargs=dict(
+                    stack_file=str(self._stacks(rank)),
+                    log=str(self._log(rank)),
+                    env=self._env(rank),
+                    nice=nice,
+                    simulated=self.device_type == "cpu",
+                    core=self.cores[rank % len(self.cores)] if self.cores else None,
+                ),
                 name=f"rank{rank}",
             )
             proc.start()

@@ -215,6 +215,7 @@ def _run_cells(
         start=start,
         slots=slots,
         gpu_ids=list(range(gpu_count)),
+        core_ids=[] if gpu_count else sorted(os.sched_getaffinity(0)),
         on_update=report_finished_cells,
     )
     scheduler.run()

@@ -1,9 +1,10 @@
 """Run groups of suite runs as pytest processes, in parallel up to the machine's slots.
 
 Every group's process starts at once and imports torch and its suites while it waits at a gate;
-the scheduler opens a gate (a small JSON file naming the group's GPUs and threads) when slots
-free up, so imports overlap with other groups' tests. Slots are GPUs on a CUDA box (each group
-gets its own CUDA_VISIBLE_DEVICES slice) and cores on a CPU box. The scheduler feeds events to
+the scheduler opens a gate (a small JSON file naming the group's GPUs or cores and threads) when
+slots free up, so imports overlap with other groups' tests. Slots are GPUs on a CUDA box (each
+group gets its own CUDA_VISIBLE_DEVICES slice) and cores on a CPU box (each group's ranks are
+pinned to its own cores; fillers run unpinned on what the others leave idle). The scheduler feeds events to
 the OutcomeBook, kills a process whose test hangs outside the rank pool, and on Ctrl-C kills
 everything it started.
 """
@@ -39,6 +40,7 @@ class GroupProcess:
     events: EventReader
     gate: Path
     gpus: list[int] = field(default_factory=list)
+    cores: list[int] = field(default_factory=list)
     slots: int = 0
 
     @classmethod
@@ -51,11 +53,16 @@ class GroupProcess:
             )
         return cls(group, proc, log, EventReader(events), gate)
 
-    def open(self, gpus: list[int], slots: int, *, nice: int = 0) -> None:
-        """Let the process run its tests on these GPUs (none on CPU) with this many cores' worth of
-        threads, at this niceness (its rank processes inherit it)."""
-        self.gpus, self.slots = gpus, slots
-        grant = {"gpus": gpus, "threads_per_rank": max(1, slots // self.group.world_size), "nice": nice}
+    def open(self, gpus: list[int], slots: int, *, cores: list[int] = (), nice: int = 0) -> None:
+        """Let the process run its tests on these GPUs (none on CPU) or pinned to these cores (none:
+        unpinned) with this many cores' worth of threads, at this niceness (its ranks get it too)."""
+        self.gpus, self.cores, self.slots = gpus, list(cores), slots
+        grant = {
+            "gpus": gpus,
+            "cores": self.cores,
+            "threads_per_rank": max(1, slots // self.group.world_size),
+            "nice": nice,
+        }
         partial = self.gate.with_name(self.gate.name + ".partial")
         partial.write_text(json.dumps(grant))
         os.replace(partial, self.gate)
@@ -119,6 +126,7 @@ class Scheduler:
         start: Callable[[Group], GroupProcess],
         slots: int,
         gpu_ids: Sequence[int] = (),
+        core_ids: Sequence[int] = (),
         on_update: Callable[[], None] = lambda: None,
     ):
         self.groups = list(groups)
@@ -127,6 +135,7 @@ class Scheduler:
         self.slots = slots
         self.free_gpus = list(gpu_ids)
         self.use_gpus = bool(gpu_ids)
+        self.free_cores = list(core_ids)
         self.on_update = on_update
         self.waiting: list[GroupProcess] = []
         self.active: list[GroupProcess] = []
@@ -171,8 +180,9 @@ class Scheduler:
                     if any(p.group.launcher for p in self.active):
                         continue
                     nice, slots = FILLER_NICE, 0
+                cores, self.free_cores = self.free_cores[:slots], self.free_cores[slots:]
                 gpus = []
-            process.open(gpus, slots, nice=nice)
+            process.open(gpus, slots, cores=cores, nice=nice)
             self.waiting.remove(process)
             self.active.append(process)
 
@@ -197,6 +207,7 @@ class Scheduler:
             if process in self.active:
                 self.active.remove(process)
                 self.free_gpus.extend(process.gpus)
+                self.free_cores.extend(process.cores)
             else:
                 self.waiting.remove(process)
 

@@ -1,0 +1,42 @@
+"""The scheduler's grants on a CPU box: cores for the groups that fit, fillers beyond them."""
+
+from __future__ import annotations
+
+from torchmatrix.plan import Group
+from torchmatrix.schedule import FILLER_NICE, Scheduler
+
+
+class GateRecorder:
+    """Stands in for a GroupProcess: records what its gate was opened with."""
+
+    def __init__(self, group: Group):
+        self.group = group
+        self.grant = None
+        self.gpus, self.cores, self.slots = [], [], 0
+
+    def open(self, gpus, slots, *, cores=(), nice=0):
+        self.gpus, self.cores, self.slots = gpus, list(cores), slots
+        self.grant = {"cores": list(cores), "slots": slots, "nice": nice}
+
+
+def scheduler_on(cores: list[int], *world_sizes: int) -> Scheduler:
+    scheduler = Scheduler([], book=None, start=GateRecorder, slots=len(cores), core_ids=cores)
+    scheduler.waiting = [GateRecorder(Group(f"g{i}", size, ())) for i, size in enumerate(world_sizes)]
+    return scheduler
+
+
+def test_the_first_group_gets_the_cores_and_the_rest_fill_in_unpinned_at_lowest_priority():
+    scheduler = scheduler_on([0, 1], 4, 2, 1)
+    scheduler._open_what_fits()
+    assert [p.grant for p in scheduler.active] == [
+        {"cores": [0, 1], "slots": 2, "nice": 0},
+        {"cores": [], "slots": 0, "nice": FILLER_NICE},
+        {"cores": [], "slots": 0, "nice": FILLER_NICE},
+    ]
+
+
+def test_groups_that_fit_side_by_side_get_disjoint_cores():
+    scheduler = scheduler_on([0, 1, 2, 3], 2, 1, 1, 1)
+    scheduler._open_what_fits()
+    assert [p.grant["cores"] for p in scheduler.active] == [[0, 1], [2], [3], []]
+    assert scheduler.active[-1].grant["nice"] == FILLER_NICE
