@@ -40,3 +40,18 @@ def test_groups_that_fit_side_by_side_get_disjoint_cores():
     scheduler._open_what_fits()
     assert [p.grant["cores"] for p in scheduler.active] == [[0, 1], [2], [3], []]
     assert scheduler.active[-1].grant["nice"] == FILLER_NICE
+
+
+def test_on_gpus_groups_get_gpu_slices_and_no_cores():
+    scheduler = Scheduler([], book=None, start=GateRecorder, slots=4, gpu_ids=[0, 1, 2, 3])
+    scheduler.waiting = [GateRecorder(Group(f"g{i}", size, ())) for i, size in enumerate((2, 1, 2))]
+    scheduler._open_what_fits()
+    assert [(p.gpus, p.cores) for p in scheduler.active] == [([0, 1], []), ([2], [])]
+    assert [p.group.name for p in scheduler.waiting] == ["g2"], "waits for GPUs instead of oversubscribing them"
+
+
+def test_a_group_under_a_launcher_runs_alone_with_the_whole_node():
+    scheduler = scheduler_on([0, 1], 1)
+    scheduler.waiting.insert(0, GateRecorder(Group("wide", 4, (), launcher="torchrun --nnodes=2")))
+    scheduler._open_what_fits()
+    assert [(p.group.name, p.grant) for p in scheduler.active] == [("wide", {"cores": [], "slots": 2, "nice": 0})]

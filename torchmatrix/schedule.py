@@ -163,7 +163,7 @@ class Scheduler:
     def _open_what_fits(self) -> None:
         for process in list(self.waiting):
             group = process.group
-            nice = 0
+            nice, cores = 0, []
             if group.launcher:
                 if self.active:
                     continue
