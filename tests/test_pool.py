@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -114,3 +116,35 @@ def test_ranks_fork_from_the_zygote_as_simulated_ranks_on_the_granted_cores():
         assert placement["session_leader"]
         assert placement["nice"] == os.getpriority(os.PRIO_PROCESS, 0)
     assert len({p["parent"] for p in [*placements, free]}) == 1, "one zygote serves every pool of the process"
+
+
+def test_a_killed_zygote_is_replaced_at_the_next_pool_start():
+    from multiprocessing import forkserver
+
+    pool = RankPool(1, device_type="cpu", backend="gloo")
+    try:
+        pool.run(rf.identity, (), deadline=soon())
+        pool.close()
+        os.kill(forkserver._forkserver._forkserver_pid, signal.SIGKILL)
+        time.sleep(0.5)
+        assert len(pool.run(rf.identity, (), deadline=soon())) == 1
+    finally:
+        pool.close()
+
+
+def test_a_zygote_that_cannot_start_fails_the_pool_with_a_rank_failure(tmp_path):
+    """A torch that kills the interpreter at import takes the zygote down: the pool says so in one
+    RankFailure (which the test reports) instead of an EOFError from multiprocessing."""
+    (tmp_path / "dies_at_import.py").write_text("import os\nos._exit(3)\n")
+    script = (
+        "from torchmatrix import zygote\n"
+        "zygote.PRELOAD.insert(0, 'dies_at_import')\n"
+        "from torchmatrix.pool import RankFailure, RankPool\n"
+        "try:\n"
+        "    RankPool(1, device_type='cpu', backend='gloo').start()\n"
+        "except RankFailure as failure:\n"
+        "    print(failure)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    assert "could not fork rank 0: the zygote (torchmatrix.zygote) is gone or refused" in done.stdout, done.stderr

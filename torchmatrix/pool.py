@@ -74,8 +74,16 @@ class RankPool:
                 ),
                 name=f"rank{rank}",
             )
-            proc.start()
-            child_end.close()
+            try:
+                proc.start()
+            except (OSError, EOFError) as error:
+                parent_end.close()
+                self.close(graceful=False)
+                raise RankFailure(
+                    f"could not fork rank {rank}: the zygote (torchmatrix.zygote) is gone or refused ({error!r})"
+                ) from None
+            finally:
+                child_end.close()
             self._procs.append(proc)
             self._conns.append(parent_end)
         path = pickle.dumps(sys.path)
