@@ -60,3 +60,19 @@ def test_two_slots_split_world_size_one_in_two_balanced_processes():
     assert [g.name for g in groups] == ["ws1-1", "ws1-2"]
     sizes = [len(g.runs) for g in groups]
     assert abs(sizes[0] - sizes[1]) <= 4, sizes
+
+
+@pytest.mark.parametrize(
+    "slots, expected",
+    [
+        (2, ["ws4", "ws2", "ws1"]),
+        (4, ["ws4", "ws2", "ws1"]),
+        (8, ["ws4-1", "ws4-2", "ws2", "ws1"]),
+        (16, ["ws4-1", "ws4-2", "ws4-3", "ws4-4", "ws2", "ws1"]),
+    ],
+)
+def test_with_fillers_a_world_size_splits_only_over_the_slots_wider_ones_left(slots, expected):
+    """On CPU every group starts at once and those beyond the cores fill idle cycles, so splitting
+    a world size whose groups would all be fillers only adds processes (and torch imports)."""
+    groups = group_runs(plan_runs(CELLS, SUITES), slots, fillers=True)
+    assert [g.name for g in groups] == expected

@@ -54,20 +54,25 @@ def plan_runs(cells: Sequence[Cell], suites: Mapping[str, Suite]) -> list[SuiteR
     return runs
 
 
-def group_runs(runs: Sequence[SuiteRun], slots: int = 1) -> list[Group]:
+def group_runs(runs: Sequence[SuiteRun], slots: int = 1, *, fillers: bool = False) -> list[Group]:
     """Group runs by world size, widest first; split a world size into as many groups as fit side by side.
 
     On 8 GPUs, world-size-1 runs are spread over 8 processes and world-size-4 runs over 2; each
-    split keeps whole cells together so cells finish (and report) early.
+    split keeps whole cells together so cells finish (and report) early. With `fillers` (CPU,
+    where groups beyond the slots start at once on idle cycles instead of queueing), a world size
+    splits only over the slots wider ones left: another filler process would only add a torch
+    import (default matrix on 2 cores: 68 -> 60 s).
     """
     by_size: dict[int, list[SuiteRun]] = {}
     for run in runs:
         by_size.setdefault(run.cell.world_size, []).append(run)
     groups = []
+    free = slots
     for size in sorted(by_size, reverse=True):
         cells = list(dict.fromkeys(run.cell for run in by_size[size]))
         ordered = sorted(by_size[size], key=lambda run: cells.index(run.cell))
-        parts = max(1, min(slots // size, len(cells)))
+        parts = max(1, min((free if fillers else slots) // size, len(cells)))
+        free = max(0, free - parts * size)
         for index, part in enumerate(_split_by_cell(ordered, parts)):
             name = f"ws{size}" if parts == 1 else f"ws{size}-{index + 1}"
             groups.append(Group(name, size, tuple(part)))

@@ -196,7 +196,10 @@ def _run_cells(
         else:
             runnable.append(run)
     slots = request.slots or gpu_count or len(os.sched_getaffinity(0))
-    groups = [_with_launcher(group, node_size, request.multinode_launcher) for group in group_runs(runnable, slots)]
+    groups = [
+        _with_launcher(group, node_size, request.multinode_launcher)
+        for group in group_runs(runnable, slots, fillers=not gpu_count)
+    ]
     finished: set[Cell] = set()
 
     def report_finished_cells() -> None:
