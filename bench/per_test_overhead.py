@@ -85,7 +85,7 @@ def main() -> int:
         wall = time.monotonic() - started
         print(f"{args.tests} trivial tests per world size, one run per world size; all runs {wall:.1f} s\n")
         print(
-            "| world size | tests | first test (starts the pool) | median per test | p95 per test | mean after the first | target <= 0.1 s |"
+            "| world size | tests | first test | median per test | p95 per test | mean after the first | target <= 0.1 s |"
         )
         print("|---|---|---|---|---|---|---|")
         worst = 0.0
