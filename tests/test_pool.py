@@ -118,6 +118,16 @@ def test_ranks_fork_from_the_zygote_as_simulated_ranks_on_the_granted_cores():
     assert len({p["parent"] for p in [*placements, free]}) == 1, "one zygote serves every pool of the process"
 
 
+def test_closing_the_pool_removes_the_ranks_logs_and_stack_files():
+    pool = RankPool(2, device_type="cpu", backend="gloo")
+    pool.start()
+    directory = pool._dir
+    assert sorted(p.name for p in directory.iterdir()) == ["rank0.log", "rank0.stacks", "rank1.log", "rank1.stacks"]
+    pool.close()
+    assert not directory.exists()
+    pool.close()
+
+
 def test_a_killed_zygote_is_replaced_at_the_next_pool_start():
     from multiprocessing import forkserver
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import shutil
 import signal
 import sys
 import tempfile
@@ -112,7 +113,8 @@ class RankPool:
         raise RankFailure(report)
 
     def close(self, *, graceful: bool = True) -> None:
-        """Stop every rank (asking first when `graceful`) and reap it; safe to call twice."""
+        """Stop every rank (asking first when `graceful`), reap it, and remove the ranks' logs and
+        stack files (a failure report has quoted them by then); safe to call twice."""
         for conn in self._conns:
             if graceful:
                 try:
@@ -127,6 +129,9 @@ class RankPool:
                 _kill_session(proc.pid)
             proc.join()
         self._procs, self._conns = [], []
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
 
     def _env(self, rank: int) -> dict[str, str]:
         env = dict(os.environ)
