@@ -4,9 +4,9 @@ Every group's process starts at once and imports torch and its suites while it w
 the scheduler opens a gate (a small JSON file naming the group's GPUs or cores and threads) when
 slots free up, so imports overlap with other groups' tests. Slots are GPUs on a CUDA box (each
 group gets its own CUDA_VISIBLE_DEVICES slice) and cores on a CPU box (each group's ranks are
-pinned to its own cores; fillers run unpinned on what the others leave idle). The scheduler feeds events to
-the OutcomeBook, kills a process whose test hangs outside the rank pool, and on Ctrl-C kills
-everything it started.
+pinned to its own cores; fillers run unpinned on what the others leave idle). The scheduler
+feeds events to the OutcomeBook, kills a process whose test hangs outside the rank pool, and on
+Ctrl-C kills everything it started.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ class GroupProcess:
         os.replace(partial, self.gate)
 
     def kill(self) -> None:
-        """Kill the pytest process group (its zygote included) and the rank processes forked in their own sessions."""
+        """Kill the pytest process group (its zygote included) and every rank, each in its own session."""
         ranks = _descendants(self.proc.pid)
         for pgid in [self.proc.pid, *ranks]:
             try:
