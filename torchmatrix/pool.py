@@ -70,7 +70,6 @@ class RankPool:
                     log=str(self._log(rank)),
                     env=self._env(rank),
                     nice=nice,
-                    simulated=self.device_type == "cpu",
                     core=self.cores[rank % len(self.cores)] if self.cores else None,
                 ),
                 name=f"rank{rank}",
@@ -142,7 +141,6 @@ class RankPool:
             TORCHMATRIX_DEVICE=self.device_type,
             TORCHMATRIX_BACKEND=self.backend,
             OMP_NUM_THREADS=str(self.threads_per_rank),
-            PYTHONFAULTHANDLER="1",
         )
         return env
 

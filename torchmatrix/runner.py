@@ -195,7 +195,8 @@ def _run_cells(
             )
         else:
             runnable.append(run)
-    slots = request.slots or gpu_count or len(os.sched_getaffinity(0))
+    cores = [] if gpu_count else sorted(os.sched_getaffinity(0))
+    slots = request.slots or gpu_count or len(cores)
     groups = [
         _with_launcher(group, node_size, request.multinode_launcher)
         for group in group_runs(runnable, slots, fillers=not gpu_count)
@@ -218,7 +219,7 @@ def _run_cells(
         start=start,
         slots=slots,
         gpu_ids=list(range(gpu_count)),
-        core_ids=[] if gpu_count else sorted(os.sched_getaffinity(0)),
+        core_ids=cores,
         on_update=report_finished_cells,
     )
     scheduler.run()

@@ -87,14 +87,13 @@ def main(
     log: str,
     env: dict,
     nice: int,
-    simulated: bool,
     core: int | None,
 ) -> None:
     """Become the process a fresh interpreter started by the pool would be (own session, the pool's
     environment and niceness, output into the rank's log), join the process group, then serve."""
     os.setsid()
     os.setpriority(os.PRIO_PROCESS, 0, nice)
-    if simulated:
+    if env["TORCHMATRIX_DEVICE"] == "cpu":
         share_cores(core)
     output = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(output, 1)
