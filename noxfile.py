@@ -4,7 +4,9 @@ nox -s gpu_matrix                          every torch version in matrix.toml
 nox -s "gpu_matrix(torch='2.14.1')" -- --only fsdp=fsdp2 --shard 1/4
 nox -s report -- reports/<run-id> [--compare RUN]
 nox -s merge -- DIR... --out DIR
+nox -s list [-- --json]                    the cells; also: nox -s compare -- RUN_A RUN_B, nox -s cli -- --help
 nox -s hf_matrix                           the suites on a tiny Hugging Face Llama (examples/hf_llama)
+nox -s sensitivity [-- --mutants A,B]      would the suites catch generic mutants of [components]?
 nox -s tests
 """
 
@@ -16,10 +18,11 @@ import nox
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from torchmatrix import sessions  # noqa: E402
-from torchmatrix.run_directory import new_run_id  # noqa: E402
 
+sessions.quiet_uv_probe()
 MATRIX = sessions.matrix_or_exit(os.environ.get("TORCHMATRIX_CONFIG", "matrix.toml"))
-RUN_ID = os.environ.get("TORCHMATRIX_RUN_ID") or new_run_id()
+RUN_ID = sessions.run_id_or_exit(os.environ.get("TORCHMATRIX_RUN_ID"))
+MATRIX_LOCK = sessions.lock_envdir_or_exit(sys.argv[1:])
 
 
 @nox.session
@@ -42,10 +45,34 @@ def report(session):
     sessions.report(session)
 
 
+@nox.session(name="list")
+def list_cells(session):
+    """The cells, versions and baseline: nox -s list [-- --json]."""
+    sessions.cli(session, "list")
+
+
+@nox.session
+def compare(session):
+    """Upgrade diff of run B against run A: nox -s compare -- RUN_A RUN_B; exit 1 on a regression."""
+    sessions.cli(session, "compare")
+
+
+@nox.session
+def cli(session):
+    """Any torchmatrix command: nox -s cli -- COMMAND [ARGS] (e.g. -- --help)."""
+    sessions.cli(session, "")
+
+
 @nox.session
 def merge(session):
     """Merge report directories of shards and jobs: nox -s merge -- DIR... --out DIR."""
     sessions.merge(session)
+
+
+@nox.session
+def sensitivity(session):
+    """Wrap [components] in generic mutants, run the suites on a few cells, fail on a missed mutant."""
+    sessions.sensitivity(session, MATRIX)
 
 
 @nox.session

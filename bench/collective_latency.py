@@ -65,7 +65,7 @@ def main() -> int:
     print("| world size | ranks' scheduling | all_reduce | all_gather | all_reduce speed-up vs a plain process |")
     print("|---|---|---|---|---|")
     for world_size in (2, 4):
-        pool = RankPool(world_size, device_type="cpu", backend="gloo", cores=cores)
+        pool = RankPool(world_size, device_type="cpu", backend="gloo", collective_timeout_s=60, cores=cores)
         try:
             baseline = None
             for name, (policy, pinned) in POLICIES.items():

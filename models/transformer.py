@@ -181,6 +181,8 @@ class PrefixExpertDecoder(nn.Module):
     """Embedding, a prefix stack, an expert stack reading the prefix's cache, and a next-token head.
 
     The loss covers prefix and suffix positions, so every parameter receives a gradient.
+    ``tokens_seen`` is a buffer that forward advances outside the checkpointed layers, the
+    recompute-safe way to keep a counter; ``cache_type`` is what ``past_key_values`` is built as.
     """
 
     def __init__(
@@ -188,9 +190,12 @@ class PrefixExpertDecoder(nn.Module):
         config: DecoderConfig,
         prefix_layer: type[DecoderLayer] = PrefixLayer,
         expert_layer: type[DecoderLayer] = ExpertLayer,
+        cache_type: type[KVCache] = KVCache,
     ) -> None:
         super().__init__()
         self.config = config
+        self.cache_type = cache_type
+        self.register_buffer("tokens_seen", torch.zeros((), dtype=torch.int64), persistent=False)
         self.embed = nn.Embedding(config.vocab_size, config.width)
         self.prefix_layers = nn.ModuleList(prefix_layer(config, i) for i in range(config.layers_per_stack))
         self.expert_layers = nn.ModuleList(expert_layer(config, i) for i in range(config.layers_per_stack))
@@ -198,7 +203,9 @@ class PrefixExpertDecoder(nn.Module):
         self.head = nn.Linear(config.width, config.vocab_size, bias=False)
 
     def forward(self, tokens: Tensor, past_key_values: KVCache | None = None) -> DecoderOutput:
-        cache = KVCache() if past_key_values is None else past_key_values
+        cache = self.cache_type() if past_key_values is None else past_key_values
+        with torch.no_grad():
+            self.tokens_seen += tokens.numel()
         embedded = self.embed(tokens)
         prefix = embedded[:, : self.config.prefix_len]
         suffix = embedded[:, self.config.prefix_len :]
@@ -230,6 +237,7 @@ def build_model(
     dtype: torch.dtype = torch.float32,
     prefix_layer: type[DecoderLayer] = PrefixLayer,
     expert_layer: type[DecoderLayer] = ExpertLayer,
+    cache_type: type[KVCache] = KVCache,
 ) -> PrefixExpertDecoder:
     """Model factory (component ``model``): the reference decoder for a cell, on CPU, in ``dtype``.
 
@@ -238,7 +246,9 @@ def build_model(
     Checkpointing starts off; ``models.parallel.parallelize`` switches it per layer.
     """
     config = DecoderConfig(attn=str(cell["attn"]), sdpa_backend=cell.get("sdpa_backend"), dropout=dropout)
-    return PrefixExpertDecoder(config, prefix_layer=prefix_layer, expert_layer=expert_layer).to(dtype)
+    return PrefixExpertDecoder(config, prefix_layer=prefix_layer, expert_layer=expert_layer, cache_type=cache_type).to(
+        dtype
+    )
 
 
 def make_batch(model: PrefixExpertDecoder, *, seed: int, device: torch.device) -> dict[str, Tensor]:

@@ -3,10 +3,16 @@
 Per cell: the ``model`` component is built twice from one seed, without and with per-layer
 checkpointing, wrapped by the ``parallelize`` component for the cell's ``fsdp``, and run
 forward+backward on the same per-rank ``batch``. Gradients (local shards and full tensors)
-and losses must match exactly in float32, or within the bf16 tolerance of
-``[suites.grad_ckpt.options]``; recompute must really run and leave the cache as forward left
-it. Why: a per-tensor gradient difference with mean ~0 hides in loss curves (the public
-report "pi05 grad-ckpt + KV cache: pin gradient-equivalence with a focused regression test").
+and losses must match bit for bit in float32 (recompute runs the same kernels on the same
+inputs; the max ULP distance is recorded as ``grad_max_ulp``), or within the derived bf16
+tolerance (``BF16_RTOL``); every buffer must match exactly; recompute must really run and leave
+the cache, its tensors and its non-tensor state (counters, lengths), as forward left it; a cell in
+which no cache tensor was replaced or written in place during backward fails, since its cache checks
+saw nothing recompute did (FSDP1 and DDP copy the containers of the output they return, so the
+cache is read from the wrapped module's own output). Why: a
+per-tensor gradient difference with mean ~0 hides in loss curves (the public report "pi05
+grad-ckpt + KV cache: pin gradient-equivalence with a focused regression test"), and a counter
+that recompute bumps twice changes no gradient of this step, only every step after it.
 
 Model contract (beyond the factory signatures in torchmatrix/protocol.py): ``model(**batch)``
 returns an output with ``.loss`` and ``.past_key_values``, the cache a mapping of layer ->
@@ -15,22 +21,35 @@ tuple of tensors, and ``model.body_calls()`` maps each layer to how often its bo
 
 from __future__ import annotations
 
+import types
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import pytest
 import torch
 import torch.distributed as dist
+from torch import nn
 from torch.distributed.fsdp import FullyShardedDataParallel
 from torch.distributed.tensor import DTensor
+from torch.nn.parallel import DistributedDataParallel
 
 from suites.deterministic import deterministic_algorithms
+from suites.names import clean_name
+from suites.ulp import bits_equal, ulp_distance
 from torchmatrix.components import load
 from torchmatrix.worker import current_device
 
 SEED = 0
 DROPOUT = 0.1
-FSDP_NAME_PREFIXES = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
+
+
+# bfloat16 keeps 8 significant bits, eps = 2**-7. The suite's bf16 models accumulate matmuls
+# and reductions in fp32 (as CPU and GPU bf16 kernels do), so a recompute that sums in another
+# order differs there by ~K * 2**-24, far below bf16's resolution; what remains is each side's
+# rounding to bf16, at most one ulp each, so the two may sit two ulps apart: rtol = 2 * eps.
+# Where a gradient element cancelled to near zero a relative bound means nothing, so the
+# absolute floor is the same two ulps at the tensor's own scale: atol = 2 * eps * max|expected|.
+BF16_RTOL = 2 * 2**-7
 
 
 @dataclass(frozen=True)
@@ -38,33 +57,31 @@ class Precision:
     """The dtype the models run in and how close checkpointed gradients must be to the reference."""
 
     dtype: str
-    rtol: float
-    atol: float
+
+    @property
+    def exact(self) -> bool:
+        return self.dtype == "float32"
 
     def describe(self) -> str:
-        if self.dtype == "float32":
-            return "float32, exact (rtol=0, atol=0)"
-        return f"{self.dtype}, rtol={self.rtol}, atol={self.atol} from [suites.grad_ckpt.options]"
+        if self.exact:
+            return "float32, bit for bit"
+        return f"{self.dtype}, rtol={BF16_RTOL} and atol={BF16_RTOL} x max|expected| per tensor (two bf16 ulps)"
+
+
+EXACT = Precision("float32")
 
 
 def precision_from(options: dict) -> Precision:
-    """float32 is compared exactly; bfloat16 needs bf16_rtol and bf16_atol in the suite options."""
+    """float32 is compared bit for bit; bfloat16 within the derived two-ulp tolerance."""
     dtype = options.get("dtype", "float32")
-    if dtype == "float32":
-        return Precision("float32", 0.0, 0.0)
-    if dtype == "bfloat16":
-        missing = [key for key in ("bf16_rtol", "bf16_atol") if key not in options]
-        if missing:
-            pytest.fail(f'[suites.grad_ckpt.options] dtype = "bfloat16" needs {" and ".join(missing)} in matrix.toml')
-        return Precision("bfloat16", float(options["bf16_rtol"]), float(options["bf16_atol"]))
+    stale = [key for key in ("bf16_rtol", "bf16_atol") if key in options]
+    if stale:
+        pytest.fail(
+            f"[suites.grad_ckpt.options] {' and '.join(stale)}: the bf16 tolerance is derived (BF16_RTOL in suites/test_grad_ckpt.py); remove them from matrix.toml"
+        )
+    if dtype in ("float32", "bfloat16"):
+        return Precision(dtype)
     pytest.fail(f'[suites.grad_ckpt.options] dtype = {dtype!r}: expected "float32" or "bfloat16"')
-
-
-def clean_name(name: str) -> str:
-    """A parameter's name as the user's model spells it, without FSDP1/checkpoint-wrapper prefixes."""
-    for prefix in FSDP_NAME_PREFIXES:
-        name = name.replace(prefix, "")
-    return name
 
 
 def local_tensor(tensor):
@@ -98,6 +115,101 @@ def cache_snapshot(cache) -> dict:
     return {layer: tuple(t.detach().clone() for t in entry) for layer, entry in cache.items()}
 
 
+def cache_marks(cache) -> dict[str, tuple[torch.Tensor, int]]:
+    """Each cache tensor by name with its version counter, holding the tensor so its identity stays its own."""
+    tensors = cache_tensors({layer: tuple(entry) for layer, entry in cache.items()})
+    return {name: (tensor, tensor._version) for name, tensor in tensors.items()}
+
+
+def cache_writes(before: dict[str, tuple[torch.Tensor, int]], cache) -> list[str]:
+    """The cache tensors written since ``before`` was marked: replaced, written in place, added or removed."""
+    after = cache_marks(cache)
+    return sorted(
+        name
+        for name in before.keys() | after.keys()
+        if name not in before
+        or name not in after
+        or after[name][0] is not before[name][0]
+        or after[name][1] != before[name][1]
+    )
+
+
+WRAPPERS_THAT_REBUILD_OUTPUT = (FullyShardedDataParallel, DistributedDataParallel)
+
+
+def unwrapped(model: nn.Module) -> nn.Module:
+    """The module inside FSDP1 or DDP: those wrappers rebuild the dicts, lists and dataclasses of the
+    forward's output to hook its tensors, so a cache returned through them is a copy that backward's
+    recompute never writes to; the inner module's output is the cache itself."""
+    while isinstance(model, WRAPPERS_THAT_REBUILD_OUTPUT):
+        model = model.module
+    return model
+
+
+@contextmanager
+def inner_output(model: nn.Module):
+    """Holds, under ``"output"``, what the unwrapped module's forward returned during the block."""
+    seen: dict[str, object] = {}
+    handle = unwrapped(model).register_forward_hook(lambda _module, _args, output: seen.__setitem__("output", output))
+    try:
+        yield seen
+    finally:
+        handle.remove()
+
+
+CACHE_STATE_DEPTH = 6
+OPAQUE = (type, types.ModuleType, types.FunctionType, types.MethodType, types.BuiltinFunctionType, nn.Module)
+
+
+def cache_state(cache) -> dict[str, object]:
+    """The cache object's non-tensor state by path (``past_key_values.writes``,
+    ``len(past_key_values.cache.layers)``): int counters, lengths, flags and lists, whatever the
+    layers change besides the tensors, which ``cache_snapshot`` holds."""
+    state: dict[str, object] = {}
+    seen: set[int] = set()
+
+    def walk(value, path: str, depth: int) -> None:
+        if isinstance(value, (int, float, bool, str, type(None))):
+            state[path] = value
+        elif isinstance(value, (torch.dtype, torch.device)):
+            state[path] = str(value)
+        elif isinstance(value, torch.Tensor) or isinstance(value, OPAQUE) or depth > CACHE_STATE_DEPTH:
+            return
+        elif id(value) not in seen:
+            seen.add(id(value))
+            if hasattr(value, "__len__"):
+                state[f"len({path})"] = len(value)
+            if isinstance(value, (list, tuple)):
+                for index, item in enumerate(value):
+                    walk(item, f"{path}[{index}]", depth + 1)
+            elif isinstance(value, dict):
+                for key, item in value.items():
+                    walk(item, f"{path}[{key!r}]", depth + 1)
+            if hasattr(value, "__dict__"):
+                for name, item in vars(value).items():
+                    walk(item, f"{path}.{name}", depth + 1)
+
+    walk(cache, "past_key_values", 0)
+    return state
+
+
+def compare_values(what: str, actual: dict, expected: dict) -> list[str]:
+    """One line per path whose plain values differ or that only one side has (actual first, expected second)."""
+    problems = [f"{what} {path}: missing from the second" for path in actual.keys() - expected.keys()]
+    problems += [f"{what} {path}: missing from the first" for path in expected.keys() - actual.keys()]
+    problems += [
+        f"{what} {path}: {actual[path]!r} vs {expected[path]!r}"
+        for path in actual.keys() & expected.keys()
+        if actual[path] != expected[path]
+    ]
+    return sorted(problems)
+
+
+def buffers(model) -> dict:
+    """Every buffer by the model's own name, copied to the CPU (FSDP leaves buffers whole on every rank)."""
+    return {clean_name(n): local_tensor(b).detach().to("cpu", copy=True) for n, b in model.named_buffers()}
+
+
 def cache_tensors(snapshot: dict) -> dict:
     """A cache snapshot flattened to names like ``past_key_values[0][1]`` (layer 0, values)."""
     return {
@@ -116,15 +228,28 @@ def drift(actual, expected) -> tuple[float, float]:
 
 
 def mismatch(actual, expected, precision: Precision) -> str | None:
-    """None when the tensors agree under ``precision``, else why not (shape or max abs/rel diff)."""
+    """None when the tensors agree under ``precision`` (bit for bit when exact), else why not."""
+    if actual.dtype != expected.dtype:
+        return f"dtype {actual.dtype} vs {expected.dtype}"
     if actual.shape != expected.shape:
         return f"shape {tuple(actual.shape)} vs {tuple(expected.shape)}"
-    try:
-        torch.testing.assert_close(actual, expected, rtol=precision.rtol, atol=precision.atol)
-    except AssertionError:
-        max_abs, max_rel = drift(actual, expected)
-        return f"max abs diff {max_abs:.3e}, max rel diff {max_rel:.3e}"
-    return None
+    if precision.exact:
+        if bits_equal(actual, expected):
+            return None
+    else:
+        try:
+            atol = BF16_RTOL * expected.detach().abs().max().item() if expected.numel() else 0.0
+            torch.testing.assert_close(actual, expected, rtol=BF16_RTOL, atol=atol)
+            return None
+        except AssertionError:
+            pass
+    differing = int((actual != expected).sum())
+    if not actual.is_floating_point():
+        return (
+            f"{actual.item()} vs {expected.item()}" if actual.numel() == 1 else f"{differing}/{actual.numel()} differ"
+        )
+    max_abs, max_rel = drift(actual, expected)
+    return f"{differing}/{actual.numel()} elements differ, max {ulp_distance(actual, expected)} ULP, max abs diff {max_abs:.3e}, max rel diff {max_rel:.3e}"
 
 
 def compare_tensors(what: str, actual: dict, expected: dict, precision: Precision) -> list[str]:
@@ -148,8 +273,13 @@ class StepRecord:
     full_grads: dict
     calls_after_forward: dict
     calls_after_backward: dict
+    has_cache: bool
     cache_after_forward: dict
     cache_after_backward: dict
+    cache_state_after_forward: dict
+    cache_state_after_backward: dict
+    cache_written_in_backward: list
+    buffers: dict
 
 
 @contextmanager
@@ -176,11 +306,14 @@ def train_step(cell, components: dict, precision: Precision, dropout: float, che
     model.train()
     parameters = local_parameters(model)
     torch.manual_seed(SEED + 1000 + rank)
-    with failing_stage(cell, f"forward {mode} activation checkpointing"):
-        output = model(**batch)
-    loss, cache = output.loss, output.past_key_values
+    with failing_stage(cell, f"forward {mode} activation checkpointing"), inner_output(model) as seen:
+        loss = model(**batch).loss
+    cache = seen["output"].past_key_values
     calls_after_forward = model.body_calls()
-    cache_after_forward = cache_snapshot(cache)
+    has_cache = cache is not None
+    cache_after_forward = cache_snapshot(cache) if has_cache else {}
+    cache_state_after_forward = cache_state(cache) if has_cache else {}
+    marks_after_forward = cache_marks(cache) if has_cache else {}
     with failing_stage(
         cell, f"backward {mode} activation checkpointing (did a recomputed layer differ from its forward?)"
     ):
@@ -192,8 +325,13 @@ def train_step(cell, components: dict, precision: Precision, dropout: float, che
         full_grads=full_gradients(model),
         calls_after_forward=calls_after_forward,
         calls_after_backward=model.body_calls(),
+        has_cache=has_cache,
         cache_after_forward=cache_after_forward,
-        cache_after_backward=cache_snapshot(cache),
+        cache_after_backward=cache_snapshot(cache) if has_cache else {},
+        cache_state_after_forward=cache_state_after_forward,
+        cache_state_after_backward=cache_state(cache) if has_cache else {},
+        cache_written_in_backward=cache_writes(marks_after_forward, cache) if has_cache else [],
+        buffers=buffers(model),
     )
 
 
@@ -215,9 +353,8 @@ def compare_gradients(cell, components: dict, precision: Precision, dropout: flo
     """Rank function: one step without and one with checkpointing; the differences, as plain data."""
     without_ckpt, with_ckpt = both_steps(cell, components, precision, dropout)
     return {
-        "init": compare_tensors(
-            "parameter", with_ckpt.parameters, without_ckpt.parameters, Precision("float32", 0.0, 0.0)
-        ),
+        "compared": len(with_ckpt.full_grads.keys() & without_ckpt.full_grads.keys()),
+        "init": compare_tensors("parameter", with_ckpt.parameters, without_ckpt.parameters, EXACT),
         "loss": (
             without_ckpt.loss.item(),
             with_ckpt.loss.item(),
@@ -235,6 +372,15 @@ def compare_gradients(cell, components: dict, precision: Precision, dropout: flo
             for name in with_ckpt.full_grads.keys() & without_ckpt.full_grads.keys()
             if with_ckpt.full_grads[name].shape == without_ckpt.full_grads[name].shape
         },
+        "ulp": max(
+            (
+                ulp_distance(with_ckpt.full_grads[name], without_ckpt.full_grads[name])
+                for name in with_ckpt.full_grads.keys() & without_ckpt.full_grads.keys()
+                if with_ckpt.full_grads[name].shape == without_ckpt.full_grads[name].shape
+                and with_ckpt.full_grads[name].dtype == without_ckpt.full_grads[name].dtype
+            ),
+            default=0,
+        ),
     }
 
 
@@ -258,6 +404,24 @@ def inspect_recompute(cell, components: dict, precision: Precision, dropout: flo
             cache_tensors(without_ckpt.cache_after_forward),
             precision,
         ),
+        "has_cache": without_ckpt.has_cache,
+        "cache_entries": len(without_ckpt.cache_after_forward),
+        "recompute_writes": with_ckpt.cache_written_in_backward,
+        "state_backward": compare_values(
+            "cache state", with_ckpt.cache_state_after_backward, with_ckpt.cache_state_after_forward
+        ),
+        "state_vs_eager": compare_values(
+            "cache state", with_ckpt.cache_state_after_backward, without_ckpt.cache_state_after_backward
+        ),
+    }
+
+
+def compare_buffers(cell, components: dict, precision: Precision, dropout: float) -> dict:
+    """Rank function: every buffer after one forward+backward, with vs without checkpointing, exactly."""
+    without_ckpt, with_ckpt = both_steps(cell, components, precision, dropout)
+    return {
+        "names": sorted(without_ckpt.buffers),
+        "problems": compare_tensors("buffer", with_ckpt.buffers, without_ckpt.buffers, EXACT),
     }
 
 
@@ -275,6 +439,7 @@ def record_drift(record_property, results: list[dict]) -> None:
         record_property(f"grad_max_abs/{name}", max(r["drift"][name][0] for r in results if name in r["drift"]))
         record_property(f"grad_max_rel/{name}", max(r["drift"][name][1] for r in results if name in r["drift"]))
     record_property("loss_max_abs", max(abs(r["loss"][0] - r["loss"][1]) for r in results))
+    record_property("grad_max_ulp", max(r["ulp"] for r in results))
 
 
 @pytest.mark.parametrize("dropout", [0.0, DROPOUT])
@@ -288,6 +453,10 @@ def test_checkpointing_leaves_loss_and_gradients_unchanged(
     precision = precision_from(suite_options)
     results = ranks.run(compare_gradients, cell, components, precision, dropout)
     record_drift(record_property, results)
+    assert all(r["compared"] for r in results), (
+        f"cell {cell.id}: no parameter has a gradient on some rank, so there is nothing to compare; "
+        f"gradients compared per rank: {[r['compared'] for r in results]}"
+    )
 
     init = {f"rank {rank}": r["init"] for rank, r in enumerate(results) if r["init"]}
     assert not init, failure_text(
@@ -313,13 +482,15 @@ def test_checkpointing_leaves_loss_and_gradients_unchanged(
 
 
 def test_recompute_reruns_layers_and_rewrites_cache_identically(cell, ranks, components, suite_options):
-    """Backward must re-execute every checkpointed layer body, and the reruns must leave the KV cache as forward did."""
+    """Backward must re-execute every checkpointed layer body, and the reruns must leave the KV cache
+    as forward did: its tensors and its non-tensor state (counters, lengths), also against eager."""
     precision = precision_from(suite_options)
     results = ranks.run(inspect_recompute, cell, components, precision, DROPOUT)
     problems = {}
     for rank, result in enumerate(results):
         after_forward, after_backward = result["calls"]["with"]
-        found = [
+        found = [] if after_forward else ["body_calls() names no layer: there is nothing to check recompute on"]
+        found += [
             f"layer {layer}: body ran {after_forward[layer]}x in forward and not again in backward with checkpointing"
             for layer in after_forward
             if after_backward[layer] <= after_forward[layer]
@@ -330,12 +501,44 @@ def test_recompute_reruns_layers_and_rewrites_cache_identically(cell, ranks, com
             for layer in plain_forward
             if plain_backward[layer] != plain_forward[layer]
         ]
+        if result["has_cache"] and not result["cache_entries"]:
+            found.append("the model without checkpointing wrote nothing to past_key_values: no cache to compare")
         found += [f"{p} (after forward; with checkpointing first, without second)" for p in result["cache_forward"]]
         found += [
             f"{p} (with checkpointing; after backward first, after forward second)" for p in result["cache_backward"]
         ]
+        found += [
+            f"{p} (with checkpointing; after backward first, after forward second)" for p in result["state_backward"]
+        ]
+        found += [f"{p} (after backward; with checkpointing first, without second)" for p in result["state_vs_eager"]]
+        if result["has_cache"] and result["cache_entries"] and not result["recompute_writes"]:
+            found.append(
+                "could not observe recompute writing the cache: after backward with checkpointing every tensor "
+                "of the past_key_values the model returned is the one forward left, unchanged (same object, "
+                "same version), so the cache checks compared nothing recompute did; either no layer that "
+                "writes the cache is checkpointed, or the object returned is not the one recompute writes to "
+                "(a wrapper or the model copied it)"
+            )
         if found:
             problems[f"rank {rank}"] = found
     assert not problems, failure_text(
         cell, precision, "recompute did not rerun the layers, or left the KV cache different from forward", problems
+    )
+    if not results[0]["has_cache"]:
+        pytest.skip("the model returns past_key_values=None: layer reruns checked, there is no cache to compare")
+
+
+def test_checkpointing_leaves_every_buffer_unchanged(cell, ranks, components, suite_options):
+    """After forward+backward, every buffer (running statistics, token or routing counters) must
+    equal eager's exactly: a buffer that forward updates is updated again by recompute."""
+    precision = precision_from(suite_options)
+    results = ranks.run(compare_buffers, cell, components, precision, DROPOUT)
+    if not results[0]["names"]:
+        pytest.skip("the model has no buffers (named_buffers() is empty): nothing for recompute to change")
+    problems = {f"rank {rank}": r["problems"] for rank, r in enumerate(results) if r["problems"]}
+    assert not problems, failure_text(
+        cell,
+        precision,
+        f"checkpointing changed buffers (exact; with checkpointing first, without second; compared {', '.join(results[0]['names'])})",
+        problems,
     )

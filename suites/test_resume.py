@@ -3,10 +3,17 @@ never stopped (shared/seeds/resume-optimizer-moments.txt).
 
 Per cell, run A trains N steps straight. Run B trains K steps and checkpoints; then the model,
 optimizer, scheduler, loader and RNG are all rebuilt from a different seed (so a load that
-restores nothing cannot pass), loaded, and trained for the remaining N - K steps. Losses after
-the resume, final parameters and every optimizer state tensor must be equal under torch.equal,
-and the moments must be back before the first resumed step. Dropout, a warm-up LR schedule
-and an on-disk dataset make the RNG, scheduler and loader position part of what must resume.
+restores nothing cannot pass), loaded, and trained for the remaining N - K steps.
+
+Right after the load, before any step, each piece of state is checked against what was saved,
+and a failure names the piece: every parameter (full tensor), every optimizer state value
+(dequantized where it is a tensor subclass, `step` included), the param groups'
+hyper-parameters, the scheduler's `last_epoch` and current LR, the batch the loader would
+yield next, and every RNG stream the run draws from (torch CPU, each CUDA device, numpy,
+Python `random`; a stream counts as used when training advances it). Then losses after the
+resume (bit for bit; `loss_max_ulp` is recorded), final parameters and every optimizer state
+tensor must equal the straight run's. Dropout, a warm-up LR schedule and an on-disk dataset
+make the RNG, scheduler and loader position part of what must resume.
 
 Components (matrix.toml `[components]`): `model`, `parallelize`, `optimizer_<optimizer axis>`,
 `checkpointer`, `dataset`; swapping one for a mutant must turn this suite red.
@@ -14,13 +21,22 @@ Components (matrix.toml `[components]`): `model`, `parallelize`, `optimizer_<opt
 
 from __future__ import annotations
 
+import copy
+import pickle
 import random
 
 import pytest
 import torch
 
 from suites.deterministic import deterministic_algorithms
+from suites.names import clean_name
+from suites.ulp import bits_equal, ulp_distance
 from torchmatrix.components import load
+
+try:
+    import numpy
+except ImportError:
+    numpy = None
 
 DEFAULT_OPTIONS = {
     "steps": 8,
@@ -82,25 +98,38 @@ def test_rebuilt_run_starts_from_other_weights(cell, ranks, suite_options, compo
         )
 
 
-def test_moments_restored_before_first_step(cell, ranks, suite_options, components, tmp_path):
-    """Right after load, before any step: every state tensor the optimizer had at save is back, in its dtype and value."""
-    for rank, record in enumerate(experiment(cell, ranks, suite_options, components, tmp_path)):
-        saved, loaded = record["state_at_save"], record["state_after_load"]
-        assert saved, f"{cell.id} rank {rank}: the optimizer had no state at the checkpoint step"
-        problems = state_mismatches(saved, loaded)
-        listing = "\n".join(problems)
-        assert not problems, f"{cell.id} rank {rank}, optimizer state right after load vs at save:\n{listing}"
+AFTER_LOAD_PIECES = ("parameters", "optimizer_state", "param_groups", "scheduler", "loader", "rng")
 
 
-def test_losses_identical_after_resume(cell, ranks, suite_options, components, tmp_path):
+@pytest.mark.parametrize("piece", AFTER_LOAD_PIECES)
+def test_state_restored_right_after_load(cell, ranks, suite_options, components, tmp_path, piece):
+    """Right after load, before any step: this piece of state equals what was saved, or the failure names what differs."""
+    records = experiment(cell, ranks, suite_options, components, tmp_path)
+    if piece == "rng" and not records[0]["rng_streams_used"]:
+        pytest.skip("training advanced no RNG stream (torch CPU, CUDA, numpy, python random): no RNG state to resume")
+    problems = {rank: record["after_load"][piece] for rank, record in enumerate(records) if record["after_load"][piece]}
+    listing = "\n".join(f"  rank {rank}: {line}" for rank, lines in problems.items() for line in lines)
+    assert not problems, f"{cell.id}, {piece} right after load vs at save:\n{listing}"
+
+
+def test_losses_identical_after_resume(cell, ranks, suite_options, components, tmp_path, record_property):
+    """Bit for bit: the resumed steps run the same kernels on the same state as the straight ones."""
     options = options_for(suite_options)
     first = options["resume_step"] + 1
-    for rank, record in enumerate(experiment(cell, ranks, suite_options, components, tmp_path)):
-        straight, resumed = record["straight"]["losses"][first - 1 :], record["resumed"]["losses"]
-        for step, (a, b) in enumerate(zip(straight, resumed), start=first):
-            assert torch.equal(a, b), (
-                f"{cell.id} rank {rank}: loss at step {step} (resumed at {first - 1}): straight {a.item()!r}, resumed {b.item()!r}, diff {(b - a).item():+.3e}"
-            )
+    records = experiment(cell, ranks, suite_options, components, tmp_path)
+    pairs = [
+        (rank, step, a, b)
+        for rank, record in enumerate(records)
+        for step, (a, b) in enumerate(
+            zip(record["straight"]["losses"][first - 1 :], record["resumed"]["losses"]), start=first
+        )
+    ]
+    assert pairs, f"{cell.id}: no resumed step to compare"
+    record_property("loss_max_ulp", max(ulp_distance(b, a) for _, _, a, b in pairs))
+    for rank, step, a, b in pairs:
+        assert bits_equal(b, a), (
+            f"{cell.id} rank {rank}: loss at step {step} (resumed at {first - 1}): straight {a.item()!r}, resumed {b.item()!r}, diff {(b - a).item():+.3e}, {ulp_distance(b, a)} ULP"
+        )
 
 
 def test_final_parameters_identical(cell, ranks, suite_options, components, tmp_path):
@@ -173,12 +202,13 @@ def _straight_and_resumed(
 
     run_a = TrainingRun(cell, options, components, data_path, rank, world_size, seed=options["seed"])
     straight_losses = [run_a.train_step() for _ in range(steps)]
+    streams_used = sorted(run_a.rng_streams_advanced)
 
     run_b = TrainingRun(cell, options, components, data_path, rank, world_size, seed=options["seed"])
     for _ in range(resume_step):
         run_b.train_step()
     saved_parameters = run_b.parameters()
-    state_at_save = run_b.optimizer_state()
+    at_save = run_b.state_snapshot()
     checkpointer.save(checkpoint_dir, step=resume_step, **run_b.checkpointables())
 
     rebuilt = TrainingRun(cell, options, components, data_path, rank, world_size, seed=options["rebuild_seed"])
@@ -186,7 +216,7 @@ def _straight_and_resumed(
     loaded_step = checkpointer.load(checkpoint_dir, **rebuilt.checkpointables())
     if loaded_step != resume_step:
         raise AssertionError(f"checkpointer.load returned step {loaded_step}, saved at step {resume_step}")
-    state_after_load = rebuilt.optimizer_state()
+    after_load = after_load_differences(at_save, rebuilt.state_snapshot(), run_a.batches, streams_used)
     resumed_losses = [rebuilt.train_step() for _ in range(steps - resume_step)]
 
     return {
@@ -200,8 +230,8 @@ def _straight_and_resumed(
             "parameters": rebuilt.parameters(),
             "optimizer_state": rebuilt.optimizer_state(),
         },
-        "state_at_save": state_at_save,
-        "state_after_load": state_after_load,
+        "after_load": after_load,
+        "rng_streams_used": streams_used,
         "rebuilt_equals_saved": rebuilt_equals_saved,
     }
 
@@ -232,11 +262,23 @@ class TrainingRun:
         self.loader = dataset.loader(batch_size=options["batch_size"], rank=rank, world_size=world_size)
         torch.manual_seed(seed + 1 + rank)
         random.seed(seed + 1 + rank)
+        if numpy is not None:
+            numpy.random.seed(seed + 1 + rank)
+        self.batches: list[torch.Tensor] = []
+        self.rng_at_start = rng_streams()
+
+    @property
+    def rng_streams_advanced(self) -> set[str]:
+        """The RNG streams this run's steps have drawn from so far."""
+        now = rng_streams()
+        return {name for name, state in self.rng_at_start.items() if now.get(name) != state}
 
     def train_step(self) -> torch.Tensor:
         """One optimizer step; returns this rank's loss as a CPU fp32 scalar."""
         self.model.train()
-        loss = self.model(next(self.loader).to(self.device)).loss
+        batch = next(self.loader)
+        self.batches.append(batch.detach().to("cpu", copy=True))
+        loss = self.model(batch.to(self.device)).loss
         loss.backward()
         self.optimizer.step()
         self.scheduler.step()
@@ -252,7 +294,7 @@ class TrainingRun:
 
     def optimizer_state(self) -> dict[str, dict]:
         """This rank's shard of every optimizer state value, by parameter name, copied to the CPU."""
-        names = {id(param): name for name, param in self.model.named_parameters()}
+        names = {id(param): clean_name(name) for name, param in self.model.named_parameters()}
         return {
             names[id(param)]: {
                 key: local_shard(value) if isinstance(value, torch.Tensor) else value for key, value in state.items()
@@ -260,9 +302,154 @@ class TrainingRun:
             for param, state in self.optimizer.state.items()
         }
 
+    def state_snapshot(self) -> dict:
+        """Every piece a resume must restore, as this rank sees it now (a collective: full parameters)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True))
+        return {
+            "parameters": {name: value.detach().to("cpu", copy=True) for name, value in full.items()},
+            "optimizer_state": self.optimizer_state(),
+            "param_groups": [
+                {key: value for key, value in group.items() if key != "params"} for group in self.optimizer.param_groups
+            ],
+            "scheduler": {"last_epoch": self.scheduler.last_epoch, "current LR": list(self.scheduler.get_last_lr())},
+            "next_batch": self.peek_next_batch(),
+            "rng": rng_streams(),
+        }
+
+    def peek_next_batch(self) -> torch.Tensor:
+        """The batch the loader yields next, without moving it: read, then rewind through its state
+        dict; RNG streams are put back too, in case the loader draws from them."""
+        position, generators = copy.deepcopy(self.loader.state_dict()), capture_generators()
+        batch = next(self.loader).detach().to("cpu", copy=True)
+        self.loader.load_state_dict(position)
+        restore_generators(generators)
+        return batch
+
 
 def local_shard(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a state tensor on the CPU, dequantized when it is a tensor subclass
+    that stores something else than its values (a float8 tensor of TransformerEngine, say)."""
     from torch.distributed.tensor import DTensor
 
     local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+    if type(local) not in (torch.Tensor, torch.nn.Parameter) and hasattr(local, "dequantize"):
+        local = local.dequantize()
     return local.detach().to("cpu", copy=True)
+
+
+def capture_generators() -> dict:
+    """The RNG states themselves, to put back with restore_generators."""
+    state = {"torch CPU": torch.get_rng_state(), "python random": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["CUDA"] = torch.cuda.get_rng_state_all()
+    if numpy is not None:
+        state["numpy"] = numpy.random.get_state()
+    return state
+
+
+def restore_generators(state: dict) -> None:
+    torch.set_rng_state(state["torch CPU"])
+    random.setstate(state["python random"])
+    if "CUDA" in state:
+        torch.cuda.set_rng_state_all(state["CUDA"])
+    if "numpy" in state:
+        numpy.random.set_state(state["numpy"])
+
+
+def rng_streams() -> dict[str, bytes]:
+    """Every RNG stream of this process by name ("torch CPU", "CUDA device 0", "numpy", "python
+    random"), each as the bytes of its state, so two captures compare with ==."""
+    state = capture_generators()
+    streams = {"torch CPU": state["torch CPU"].numpy().tobytes(), "python random": pickle.dumps(state["python random"])}
+    for device, device_state in enumerate(state.get("CUDA", [])):
+        streams[f"CUDA device {device}"] = device_state.numpy().tobytes()
+    if "numpy" in state:
+        kind, keys, position, has_gauss, cached = state["numpy"][:5]
+        streams["numpy"] = pickle.dumps((kind, keys.tobytes(), position, has_gauss, cached))
+    return streams
+
+
+def after_load_differences(saved: dict, loaded: dict, straight_batches: list, rng_used: list[str]) -> dict:
+    """Per piece of state, one line for each thing that differs between save and right after load."""
+    return {
+        "parameters": tensor_differences("parameter", saved["parameters"], loaded["parameters"]),
+        "optimizer_state": optimizer_state_differences(saved["optimizer_state"], loaded["optimizer_state"]),
+        "param_groups": param_group_differences(saved["param_groups"], loaded["param_groups"]),
+        "scheduler": [
+            f"after load: scheduler {key} is {loaded['scheduler'][key]!r}, saved {value!r}"
+            for key, value in saved["scheduler"].items()
+            if loaded["scheduler"][key] != value
+        ],
+        "loader": loader_differences(saved["next_batch"], loaded["next_batch"], straight_batches),
+        "rng": [
+            f"after load: RNG stream {name} differs from the saved one"
+            for name in rng_used
+            if loaded["rng"].get(name) != saved["rng"].get(name)
+        ],
+    }
+
+
+def difference(expected, actual) -> str | None:
+    """None when bit-identical, else a short reason: dtype, shape, or the largest difference."""
+    if not isinstance(expected, torch.Tensor) or not isinstance(actual, torch.Tensor):
+        return None if expected == actual else f"is {actual!r}, saved {expected!r}"
+    if expected.dtype != actual.dtype:
+        return f"is {actual.dtype}, saved {expected.dtype}"
+    if expected.shape != actual.shape:
+        return f"has shape {tuple(actual.shape)}, saved {tuple(expected.shape)}"
+    if bits_equal(actual, expected):
+        return None
+    if actual.numel() == 1:
+        return f"is {actual.item()!r}, saved {expected.item()!r}"
+    return f"differs (max |Δ| {(actual.double() - expected.double()).abs().max().item():.1e})"
+
+
+def tensor_differences(what: str, saved: dict, loaded: dict) -> list[str]:
+    if not saved:
+        return [f"after load: no {what} to compare: the model's state dict is empty"]
+    problems = [f"after load: {what} {name} missing" for name in saved.keys() - loaded.keys()]
+    return problems + [
+        f"after load: {what} {name} {reason}"
+        for name in sorted(saved.keys() & loaded.keys())
+        if (reason := difference(saved[name], loaded[name]))
+    ]
+
+
+def optimizer_state_differences(saved: dict, loaded: dict) -> list[str]:
+    if not saved:
+        return ["after load: the optimizer had no state at the checkpoint step: nothing to compare"]
+    problems = []
+    for name, saved_state in sorted(saved.items()):
+        loaded_state = loaded.get(name, {})
+        for key, value in saved_state.items():
+            reason = "missing" if key not in loaded_state else difference(value, loaded_state[key])
+            if reason:
+                problems.append(f"after load: optimizer state {key} of {name} {reason}")
+    return problems + [
+        f"after load: optimizer state of {name} present, none saved" for name in loaded.keys() - saved.keys()
+    ]
+
+
+def param_group_differences(saved: list[dict], loaded: list[dict]) -> list[str]:
+    if len(saved) != len(loaded):
+        return [f"after load: {len(loaded)} param groups, saved {len(saved)}"]
+    return [
+        f"after load: param group {index} {key} {reason}"
+        for index, (saved_group, loaded_group) in enumerate(zip(saved, loaded))
+        for key in sorted(saved_group.keys() | loaded_group.keys())
+        if (reason := difference(saved_group.get(key), loaded_group.get(key)))
+    ]
+
+
+def loader_differences(saved: torch.Tensor, loaded: torch.Tensor, straight_batches: list) -> list[str]:
+    """The next batch after load vs at save, each named by its index in the straight run's reading order."""
+    if bits_equal(loaded, saved):
+        return []
+
+    def index(batch) -> str:
+        found = [i for i, seen in enumerate(straight_batches) if bits_equal(batch, seen)]
+        return f"batch {found[0]}" if found else "a batch the straight run never read"
+
+    return [f"after load: loader would yield {index(loaded)}, saved at {index(saved)}"]

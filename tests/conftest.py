@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -11,6 +12,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+# For a throwaway matrix.toml whose suites/ links to this checkout's: suites may resolve into it.
+PROJECT_IS_THIS_CHECKOUT = f"\n[project]\nroot = {json.dumps(str(REPO))}\n"
 
 
 def checkout_env() -> dict[str, str]:
@@ -59,13 +62,32 @@ def cell_outcomes(version_dir: Path) -> dict[str, dict[str, str]]:
     return outcomes
 
 
+def cell_failures(version_dir: Path) -> dict[str, dict[str, str]]:
+    """Per cell id, test name -> failure message and text, for the tests that failed."""
+    from junitparser import Failure, JUnitXml
+
+    from torchmatrix.junit import test_of_testcase
+
+    return {
+        report.stem: {
+            test_of_testcase(case.name): f"{case.result[0].message or ''}\n{case.result[0].text or ''}"
+            for suite in JUnitXml.fromfile(str(report))
+            for case in suite
+            if case.result and isinstance(case.result[0], Failure)
+        }
+        for report in sorted(version_dir.glob("*.xml"))
+    }
+
+
 def run_suites(root: Path, matrix_text: str) -> tuple[subprocess.CompletedProcess, dict[str, dict[str, str]]]:
     """Run this checkout's suites over `matrix_text` (a throwaway project at `root`) with
     `python -m torchmatrix run --torch system`; return the process and `cell_outcomes` of the run."""
     root.mkdir(parents=True, exist_ok=True)
     (root / "suites").symlink_to(REPO / "suites", target_is_directory=True)
-    (root / "matrix.toml").write_text(matrix_text)
+    (root / "matrix.toml").write_text(matrix_text + PROJECT_IS_THIS_CHECKOUT)
+    # Mutants fail for a known reason; re-running each failure alone would only double the time.
     command = ["run", "--torch", "system", "--config", str(root / "matrix.toml"), "--reports", str(root / "reports")]
+    command += ["--confirm-limit", "0"]
     done = subprocess.run(
         [sys.executable, "-m", "torchmatrix", *command],
         cwd=REPO,
@@ -75,6 +97,20 @@ def run_suites(root: Path, matrix_text: str) -> tuple[subprocess.CompletedProces
         timeout=900,
     )
     return done, cell_outcomes(root / "reports" / "latest" / "torch-system")
+
+
+def processes_with(marker: str) -> list[int]:
+    """Live processes (not zombies) other than this one whose environment carries `marker`: every
+    process a run starts inherits it (the runner, pytest, zygote, ranks)."""
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            if int(entry.name) != os.getpid() and marker.encode() in (entry / "environ").read_bytes():
+                if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                    found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
 
 
 @pytest.fixture

@@ -30,6 +30,44 @@ def raise_on_rank_while_others_wait_in_all_reduce(bad_rank):
     return "unreachable"
 
 
+def raise_chained_on_rank(bad_rank):
+    import torch.distributed as dist
+
+    if dist.get_rank() == bad_rank:
+        try:
+            {}["the innermost cause"]
+        except KeyError as cause:
+            raise RuntimeError("the wrapper") from cause
+    return "fine"
+
+
+def mismatched_collectives():
+    import torch.distributed as dist
+
+    if dist.get_rank() == 0:
+        dist.barrier()
+    else:
+        dist.all_gather_object([None, None], "rank 1")
+
+
+def all_reduce_rank():
+    import torch
+    import torch.distributed as dist
+
+    value = torch.ones(1)
+    dist.all_reduce(value)
+    return int(value.item()) - 1, dist.get_rank(), os.getpid()
+
+
+def process_group_timeout():
+    """The default process group's collective timeout on this rank, in seconds."""
+    import torch
+    import torch.distributed as dist
+
+    backend = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
+    return backend.options._timeout.total_seconds()
+
+
 def spin_forever():
     while True:
         time.sleep(0.05)

@@ -4,13 +4,14 @@ It is written with the runner's own JUnit writer, then host and timestamps are p
 golden files stay byte-stable. Cells ws1-none, ws1-fsdp2, ws2-none, ws2-fsdp2; suite `alpha`
 runs in every cell, suite `beta` once per world size (ws1-none and ws2-none stand for the rest).
 
-What changes from 2.13.0 (baseline) to 2.14.1:
-  alpha test_regress   passed -> failed in ws2-fsdp2          (regression)
-  alpha test_fixed     failed -> passed in ws1-none           (fix)
-  alpha test_drift     grad_max_abs/layer0.w 1e-9 -> 1e-6 in ws2-fsdp2 (drift grown 1000x)
-  beta  test_slow      1 s -> 3 s per run                     (suite slower)
-  beta  test_skipped   passed -> skipped                      (newly skipped)
-  beta  test_broken    error in ws2 on both                   (still failing, not a change)
+What changes from 2.13.0 (baseline) to 2.14.1 (every failure was re-run alone):
+  alpha test_regress   passed -> failed in ws2-fsdp2, fails alone         (regression)
+  alpha test_fixed     failed (fails alone) -> passed in ws1-none         (fix)
+  alpha test_flaky     passed -> failed in ws1-fsdp2, passed alone        (unconfirmed: order-dependent)
+  alpha test_drift     grad_max_abs/layer0.w 1e-9 -> 1e-6 in ws2-fsdp2    (drift grown 1000x)
+  beta  test_slow[i]   1 s -> 3 s per run, three of them                  (suite slower)
+  beta  test_skipped   passed -> skipped                                  (newly skipped)
+  beta  test_broken    error in ws2 on both, fails alone                  (still failing, not a change)
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 from torchmatrix import junit
 from torchmatrix.cells import Cell
 from torchmatrix.config import Suite
-from torchmatrix.outcomes import TestOutcome
+from torchmatrix.outcomes import Confirmation, TestOutcome
 from torchmatrix.plan import SuiteRun, plan_runs
 from torchmatrix.report import write_report
 
@@ -32,6 +33,7 @@ HOST = "fixture-host"
 TIMESTAMP = "2026-01-02T03:04:05+00:00"
 RUN_ID = "run-fixture"
 GOLDEN = Path(__file__).resolve().parent / "data" / "golden"
+ALONE = Confirmation.FAILS_ALONE.value
 HOSTILE = (
     "x<script>alert(\"pwned\")</script>&amp; 'q' `tick` | pipe **bold** [link](http://e.invalid) \x9b31m\u202e\x07 end"
 )
@@ -85,16 +87,41 @@ def outcomes(version: str, suite: str, cell: Cell) -> list[TestOutcome]:
         regressed = new and cell.id == "ws2-fsdp2"
         still_broken = not new and cell.id == "ws1-none"
         drift = 1e-6 if new and cell.id == "ws2-fsdp2" else 1e-9
+        flaky = new and cell.id == "ws1-fsdp2"
         return [
             TestOutcome("alpha", "test_ok", "passed", 0.25),
             TestOutcome(
-                "alpha", "test_regress", "failed", 0.5, "AssertionError: gradient of layer0.w differs", TRACEBACK
+                "alpha",
+                "test_regress",
+                "failed",
+                0.5,
+                "AssertionError: gradient of layer0.w differs",
+                TRACEBACK,
+                confirmation=ALONE,
             )
             if regressed
             else TestOutcome("alpha", "test_regress", "passed", 0.5),
-            TestOutcome("alpha", "test_fixed", "failed", 0.5, "assert 3 == 4", "E   assert 3 == 4")
+            TestOutcome(
+                "alpha",
+                "test_fixed",
+                "failed",
+                0.5,
+                "AssertionError: assert 3 == 4",
+                "E   assert 3 == 4",
+                confirmation=ALONE,
+            )
             if still_broken
             else TestOutcome("alpha", "test_fixed", "passed", 0.5),
+            TestOutcome(
+                "alpha",
+                "test_flaky",
+                "failed",
+                0.5,
+                "RuntimeError: Connection closed by peer [127.0.0.1]:41234",
+                confirmation=Confirmation.PASSED_ALONE.value,
+            )
+            if flaky
+            else TestOutcome("alpha", "test_flaky", "passed", 0.5),
             TestOutcome(
                 "alpha",
                 "test_drift[0.0]",
@@ -110,11 +137,19 @@ def outcomes(version: str, suite: str, cell: Cell) -> list[TestOutcome]:
         ]
     broken = cell.world_size == 2
     return [
-        TestOutcome("beta", "test_slow", "passed", 3.0 if new else 1.0),
+        *(TestOutcome("beta", f"test_slow[{i}]", "passed", 3.0 if new else 1.0) for i in range(3)),
         TestOutcome("beta", "test_skipped", "skipped", 0.0, "needs TransformerEngine")
         if new
         else TestOutcome("beta", "test_skipped", "passed", 0.5),
-        TestOutcome("beta", "test_broken", "error", 60.0, "rank 1 died with SIGKILL", "rank 1: killed by signal 9")
+        TestOutcome(
+            "beta",
+            "test_broken",
+            "error",
+            60.0,
+            "rank 1 died with signal SIGKILL",
+            "rank 1: killed by signal 9",
+            confirmation=ALONE,
+        )
         if broken
         else TestOutcome("beta", "test_broken", "passed", 0.5),
     ]
@@ -175,7 +210,8 @@ def write_hostile_run(root):
     suite = junit.cell_report(BASELINE, ENVIRONMENTS[BASELINE], cell, [(run, outcome)])
     junit.write_suites(run_dir / f"torch-{BASELINE}" / "hostile.xml", [suite])
     (run_dir / f"torch-{BASELINE}" / "plan.json").write_text(
-        json.dumps({"matrix": str(matrix), "cells": [junit.xml_text(cell.id)]})
+        # plan.json names only planned cells, whose ids are plain by construction; the hostile one is in the XML
+        json.dumps({"torch": BASELINE, "matrix": str(matrix), "cells": []})
     )
     write_report(run_dir)
     return run_dir

@@ -77,6 +77,21 @@ MALFORMED = [
     (GOOD + '\n[components]\nmodel = "models/transformer.py"\n', ["components.model", "not an import path"]),
     (GOOD + "\n[[exclude]]\nworld_size = [1, 2]\n", ["every cell is excluded"]),
     (GOOD + "\n[report]\ndrift_ratio = 0\n", ["report.drift_ratio", "not a positive number"]),
+    (GOOD + '\n[torch.install."2.15.0"]\nindex_url = "https://x/"\n', ['torch.install."2.15.0"', "add it to versions"]),
+    (GOOD + '\n[torch.install."2.14.1"]\nindex = "https://x/"\n', ['torch.install."2.14.1".index', "unknown key"]),
+    (GOOD + '\n[torch.install."2.14.1"]\nindex_url = "download.pytorch.org"\n', ["index_url", "not an index URL"]),
+    (GOOD + '\n[torch.install."2.14.1"]\nrequirements = "numpy"\n', ["requirements", "must be an array"]),
+    (
+        GOOD + '\n[torch.install."2.14.1"]\nrequirements = ["numpy<<2"]\n',
+        ["requirements[0]", "not a pip requirement"],
+    ),
+    (
+        GOOD + '\n[torch.install."2.14.1"]\nconstraints = ["torch==2.14.0"]\n',
+        ["constraints[0]", "names torch", "versions instead"],
+    ),
+    (GOOD + '\n[torch.install."2.14.1"]\nenv = { "A-B" = "1" }\n', ["env.A-B", "environment variable name"]),
+    (GOOD + '\n[torch.install."2.14.1"]\nenv = { A = 1 }\n', ["env.A", "set to a string"]),
+    (GOOD.replace('baseline = "2.13.0"', 'baseline = "2.13.0"\ninstall = 3'), ["torch.install", "must be a table"]),
 ]
 
 
@@ -111,6 +126,23 @@ def test_good_matrix_loads(tmp_path):
     assert matrix.suites["demo"].axes == ("world_size",)
     assert matrix.suites["demo"].timeout == 30.0
     assert [c.id for c in matrix.cells()] == ["ws1-none", "ws1-fsdp2", "ws2-none", "ws2-fsdp2"]
+
+
+def test_per_version_install_settings_load(tmp_path):
+    nightly = """
+[torch.install."2.14.1"]
+index_url = "https://download.pytorch.org/whl/nightly/cpu"
+requirements = ["numpy<2", "transformers>=5"]
+constraints = ["sympy==1.13.1"]
+env = { PIP_CACHE_DIR = "/scratch/pip-cache", NCCL_DEBUG = "INFO" }
+"""
+    matrix = load_matrix(write_matrix(tmp_path, GOOD + nightly))
+    install = matrix.install("2.14.1")
+    assert install.index_url == "https://download.pytorch.org/whl/nightly/cpu"
+    assert install.requirements == ("numpy<2", "transformers>=5")
+    assert install.constraints == ("sympy==1.13.1",)
+    assert install.env == {"PIP_CACHE_DIR": "/scratch/pip-cache", "NCCL_DEBUG": "INFO"}
+    assert matrix.install("2.13.0").index_url is None and matrix.install("2.13.0").requirements == ()
 
 
 def test_suite_axes_default_to_every_axis(tmp_path):

@@ -47,10 +47,11 @@ parallelize = "models.parallel:parallelize"
 batch = "models.transformer:make_batch"
 """
 
-SUITE_FILES = ("__init__.py", "conftest.py", "deterministic.py", "test_grad_ckpt.py")
+SUITE_FILES = ("__init__.py", "conftest.py", "deterministic.py", "names.py", "ulp.py", "test_grad_ckpt.py")
 CELLS = ["ws1-none-sdpa", "ws1-none-eager", "ws2-fsdp1-sdpa", "ws2-fsdp1-eager", "ws2-fsdp2-sdpa", "ws2-fsdp2-eager"]
 GRADIENTS = "test_checkpointing_leaves_loss_and_gradients_unchanged[dropout={}]"
 RECOMPUTE = "test_recompute_reruns_layers_and_rewrites_cache_identically"
+BUFFERS = "test_checkpointing_leaves_every_buffer_unchanged"
 REFERENCE = "models.transformer:build_model"
 
 # mutant factory -> (tests that must fail in every cell, text each failure must contain)
@@ -58,6 +59,14 @@ MUTANTS = {
     "models.mutants.grad_ckpt:appending_cache_model": (
         [GRADIENTS.format(0.0), GRADIENTS.format(0.1), RECOMPUTE],
         "backward with activation checkpointing (did a recomputed layer differ from its forward?) failed",
+    ),
+    "models.mutants.grad_ckpt:reappending_cache_model": (
+        [RECOMPUTE],
+        "cache entry past_key_values[0][2]: missing from the second (with checkpointing; after backward first",
+    ),
+    "models.mutants.grad_ckpt:cache_copy_model": (
+        [RECOMPUTE],
+        "could not observe recompute writing the cache",
     ),
     "models.mutants.grad_ckpt:later_layer_cache_model": (
         [GRADIENTS.format(0.0), GRADIENTS.format(0.1)],
@@ -67,22 +76,41 @@ MUTANTS = {
         [GRADIENTS.format(0.1)],
         "checkpointing changed the loss or gradients (dropout=0.1",
     ),
+    "models.mutants.grad_ckpt:buffer_counting_model": (
+        [BUFFERS],
+        "buffer prefix_layers.0.body_runs: 2 vs 1",
+    ),
+    "models.mutants.grad_ckpt:cache_counter_model": (
+        [RECOMPUTE],
+        "cache state past_key_values.writes: 6 vs 3 (after backward; with checkpointing first, without second)",
+    ),
+    # Without dropout: with it, FSDP1's averaging reduce-scatter can round a one-ULP change of one
+    # rank's element away (seen in ws2-fsdp1-eager), so that variant proves nothing either way.
+    "models.mutants.grad_ckpt:last_bit_gradient_model": (
+        [GRADIENTS.format(0.0)],
+        # one element moved by one ULP; FSDP1's reduce-scatter can carry it as 2 ULP (ws2-fsdp1-eager)
+        "gradient of prefix_layers.0.o_proj.weight: 1/1024 elements differ, max ",
+    ),
 }
 
 
-def run_suite(root, model: str) -> tuple[int, dict[str, dict[str, object]], str]:
-    """Exit code, {cell id: {test name: testcase}} and the CLI output of one suite run on ``model``."""
+def run_suite(root, model: str) -> tuple[int, dict[str, dict[str, object]], str, dict[str, dict[str, str]]]:
+    """Exit code, {cell id: {test name: testcase}}, the CLI output and {cell id: {property: value}}
+    of one suite run on ``model``."""
     project = Project(root)
     project.write("matrix.toml", MATRIX.format(model=model))
     for name in SUITE_FILES:
         if (REPO / "suites" / name).exists():
             shutil.copy(REPO / "suites" / name, root / "suites" / name)
-    done = project.torchmatrix("run", "--torch", "system", "--reports", "out", timeout=300)
+    # Mutants fail for a known reason; re-running each failure alone would only double the time.
+    done = project.torchmatrix("run", "--torch", "system", "--reports", "out", "--confirm-limit", "0", timeout=600)
     cases: dict[str, dict[str, object]] = {}
+    properties: dict[str, dict[str, str]] = {}
     for suite in JUnitXml.fromfile(str(root / "out" / "latest" / "junit.xml")):
         cell = suite.name.split("/", 1)[1]
         cases[cell] = {case.name.split("[torch=", 1)[0]: case for case in suite}
-    return done.returncode, cases, done.stdout + done.stderr
+        properties[cell] = {prop.name: prop.value for prop in suite.properties()}
+    return done.returncode, cases, done.stdout + done.stderr, properties
 
 
 def failure_text(case) -> str:
@@ -90,18 +118,21 @@ def failure_text(case) -> str:
 
 
 def test_suite_passes_on_the_reference_model_in_every_cell(tmp_path):
-    returncode, cases, output = run_suite(tmp_path / "reference", REFERENCE)
+    returncode, cases, output, properties = run_suite(tmp_path / "reference", REFERENCE)
     assert returncode == 0, output
     assert sorted(cases) == sorted(CELLS), output
     for cell, tests in cases.items():
-        assert sorted(tests) == sorted([GRADIENTS.format(0.0), GRADIENTS.format(0.1), RECOMPUTE]), cell
+        assert sorted(tests) == sorted([GRADIENTS.format(0.0), GRADIENTS.format(0.1), RECOMPUTE, BUFFERS]), cell
         assert all(case.is_passed for case in tests.values()), {cell: {n: failure_text(c) for n, c in tests.items()}}
+        ulps = {name: value for name, value in properties[cell].items() if name.endswith("::grad_max_ulp")}
+        assert sorted(ulps) == [f"grad_ckpt::{GRADIENTS.format(d)}::grad_max_ulp" for d in (0.0, 0.1)], properties[cell]
+        assert set(ulps.values()) == {"0"}, ulps
 
 
 @pytest.mark.parametrize("mutant", sorted(MUTANTS), ids=lambda path: path.rsplit(":", 1)[1])
 def test_suite_fails_on_each_mutant_in_every_cell(tmp_path, mutant):
     must_fail, reason = MUTANTS[mutant]
-    returncode, cases, output = run_suite(tmp_path / "mutant", mutant)
+    returncode, cases, output, _ = run_suite(tmp_path / "mutant", mutant)
     assert returncode == 1, output
     assert sorted(cases) == sorted(CELLS), output
     for cell in CELLS:

@@ -42,8 +42,13 @@ def test_the_suites_on_a_tiny_hf_llama(tmp_path):
     assert {cell for cell, _ in cases} == set(CELLS), output
     failed = {key: case for key, case in cases.items() if not (case.is_passed or case.is_skipped)}
     assert sorted(failed) == [(cell, CACHE_CHECK) for cell in CELLS], output
-    for case in failed.values():
-        assert "cache entry past_key_values[0][0]: missing from the first" in case.result[0].message
+    for (cell, _), case in failed.items():
+        # the message is the root cause line, the assertion's headline; the lines under it name the entry
+        assert case.result[0].message == (
+            f"AssertionError: cell {cell} (float32, bit for bit): "
+            "recompute did not rerun the layers, or left the KV cache different from forward"
+        ), case.result[0].message
+        assert "rank 0: cache entry past_key_values[0][0]: missing from the first" in case.result[0].text
     passed = {test.split("[", 1)[0] for (_, test), case in cases.items() if case.is_passed}
     assert {
         "test_checkpointing_leaves_loss_and_gradients_unchanged",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from junitparser import JUnitXml
 from lxml import etree
 
@@ -90,3 +92,16 @@ def test_a_run_that_never_collected_gets_one_error_case_per_suite():
     book.close_group(list(book.runs), "torch==9.9 failed to install", "pip said no")
     [(_, outcome)] = book.for_cell(cells[0])
     assert (outcome.test, outcome.status, outcome.text) == ("demo", "error", "pip said no")
+
+
+def test_each_testsuite_is_stamped_when_its_cell_started_not_when_reports_were_written():
+    cells, book = book_with_every_status()
+    first, second = cells
+    run_keys = {cell: [run.key for run in book.cell_runs(cell)] for cell in cells}
+    suite, cell_id = run_keys[second][0].split("|")
+    book.feed({"event": "start", "suite": suite, "cell": cell_id, "test": "t"}, now=0.0)
+    started = book.cell_started(second)
+    assert book.cell_started(first) is None, "no test of it has started"
+    stamped = junit.cell_report("2.13.0", ENVIRONMENT, second, book.for_cell(second), started=1767323045.0)
+    assert stamped.timestamp == "2026-01-02T03:04:05+00:00"
+    assert started is not None and abs(started - time.time()) < 3600, "wall-clock epoch seconds"

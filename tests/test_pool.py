@@ -7,10 +7,11 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from torchmatrix.pool import RankFailure, RankPool
+from torchmatrix.pool import RankFailure, RankPool, collective_timeout
 
 import rank_functions as rf
 
@@ -19,7 +20,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def pool():
-    pool = RankPool(2, device_type="cpu", backend="gloo")
+    pool = RankPool(2, device_type="cpu", backend="gloo", collective_timeout_s=60)
     yield pool
     pool.close()
 
@@ -35,16 +36,53 @@ def test_results_come_back_in_rank_order_and_the_pool_is_reused(pool):
     assert [pid for *_, pid in first] == [pid for *_, pid in second], "same processes serve both calls"
 
 
-def test_exception_on_one_rank_fails_with_that_ranks_traceback(pool):
-    starts = pool.starts
+def test_exception_on_one_rank_fails_with_that_ranks_traceback_and_root_cause(pool):
+    before = [pid for *_, pid in pool.run(rf.identity, (), deadline=soon())]
     with pytest.raises(RankFailure) as raised:
         pool.run(rf.raise_on_rank, (1,), deadline=soon())
     text = str(raised.value)
     assert "raised on rank 1" in text
     assert "ValueError: injected failure on rank 1" in text
     assert "rank 0 traceback" not in text
-    assert pool.run(rf.identity, (), deadline=soon())
-    assert pool.starts == starts, "a clean exception keeps the pool"
+    assert raised.value.root_cause == "ValueError: injected failure on rank 1"
+    assert not any(_alive(pid) for pid in before), "any failure takes the whole pool down, leaving no process"
+    after = [pid for *_, pid in pool.run(rf.identity, (), deadline=soon())]
+    assert set(after).isdisjoint(before), "the next call runs on a fresh pool"
+
+
+def test_the_root_cause_is_the_innermost_exception_of_a_chain(pool):
+    with pytest.raises(RankFailure) as raised:
+        pool.run(rf.raise_chained_on_rank, (0,), deadline=soon())
+    assert raised.value.root_cause == "KeyError: 'the innermost cause'"
+    assert "RuntimeError: the wrapper" in str(raised.value), "the whole chain stays in the text"
+
+
+def test_collectives_that_raised_on_every_rank_do_not_break_the_next_test():
+    """Mismatched collectives that gloo times out on every rank leave its pairs closed ("Connection
+    closed by peer" for every later collective): the pool must not be reused after them."""
+    pool = RankPool(2, device_type="cpu", backend="gloo", collective_timeout_s=3)
+    try:
+        with pytest.raises(RankFailure) as raised:
+            pool.run(rf.mismatched_collectives, (), deadline=soon(60))
+        assert "raised on ranks 0, 1" in str(raised.value)
+        assert raised.value.root_cause.startswith("RuntimeError: ") and not raised.value.timed_out
+        assert [r for r, _, _ in pool.run(rf.all_reduce_rank, (), deadline=soon())] == [1, 1]
+    finally:
+        pool.close()
+
+
+def test_the_process_group_outlives_any_deadline(pool):
+    """The ranks' process group times out after the longest deadline plus a margin, never before it."""
+    assert pool.run(rf.process_group_timeout, (), deadline=soon()) == [60.0, 60.0]
+    assert collective_timeout(300) > 300
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
 
 
 def test_exception_while_the_other_rank_waits_shows_its_stack_and_rebuilds(pool):
@@ -65,6 +103,7 @@ def test_deadline_dumps_every_ranks_stack_and_the_next_call_works(pool):
     assert time.monotonic() - started < 20
     text = str(raised.value)
     assert "did not finish spin_forever before the test's deadline" in text
+    assert raised.value.timed_out and raised.value.root_cause == "ranks 0, 1 did not finish spin_forever"
     for rank in (0, 1):
         assert f"rank {rank} Python stacks" in text
     assert text.count("in spin_forever") >= 2, text
@@ -99,8 +138,8 @@ def test_ranks_fork_from_the_zygote_as_simulated_ranks_on_the_granted_cores():
     process), in their own sessions, as SCHED_BATCH, round robin over the granted cores."""
     cores = sorted(os.sched_getaffinity(0))
     granted = [cores[-1], cores[0]]
-    pinned = RankPool(4, device_type="cpu", backend="gloo", cores=granted)
-    unpinned = RankPool(1, device_type="cpu", backend="gloo", threads_per_rank=2)
+    pinned = RankPool(4, device_type="cpu", backend="gloo", collective_timeout_s=60, cores=granted)
+    unpinned = RankPool(1, device_type="cpu", backend="gloo", collective_timeout_s=60, threads_per_rank=2)
     try:
         placements = pinned.run(rf.process_placement, (), deadline=soon())
         (free,) = unpinned.run(rf.process_placement, (), deadline=soon())
@@ -119,7 +158,7 @@ def test_ranks_fork_from_the_zygote_as_simulated_ranks_on_the_granted_cores():
 
 
 def test_closing_the_pool_removes_the_ranks_logs_and_stack_files():
-    pool = RankPool(2, device_type="cpu", backend="gloo")
+    pool = RankPool(2, device_type="cpu", backend="gloo", collective_timeout_s=60)
     pool.start()
     directory = pool._dir
     assert sorted(p.name for p in directory.iterdir()) == ["rank0.log", "rank0.stacks", "rank1.log", "rank1.stacks"]
@@ -131,7 +170,7 @@ def test_closing_the_pool_removes_the_ranks_logs_and_stack_files():
 def test_a_killed_zygote_is_replaced_at_the_next_pool_start():
     from multiprocessing import forkserver
 
-    pool = RankPool(1, device_type="cpu", backend="gloo")
+    pool = RankPool(1, device_type="cpu", backend="gloo", collective_timeout_s=60)
     try:
         pool.run(rf.identity, (), deadline=soon())
         pool.close()
@@ -151,7 +190,7 @@ def test_a_zygote_that_cannot_start_fails_the_pool_with_a_rank_failure(tmp_path)
         "zygote.PRELOAD.insert(0, 'dies_at_import')\n"
         "from torchmatrix.pool import RankFailure, RankPool\n"
         "try:\n"
-        "    RankPool(1, device_type='cpu', backend='gloo').start()\n"
+        "    RankPool(1, device_type='cpu', backend='gloo', collective_timeout_s=60).start()\n"
         "except RankFailure as failure:\n"
         "    print(failure)\n"
     )

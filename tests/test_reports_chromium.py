@@ -92,7 +92,8 @@ def test_filtering_by_an_axis_value_hides_the_other_cells(browser, fixture_page)
 
 def test_a_failure_expands_to_its_full_text(browser, fixture_page):
     open_page(browser, fixture_page)
-    failure = browser.find_element("css selector", "details.failure")
+    section = next(s for s in browser.find_elements("css selector", "section.root-cause") if "assert 3 == 4" in s.text)
+    failure = section.find_element("css selector", "details.failure")
     text = failure.find_element("tag name", "pre")
     assert not text.is_displayed()
     failure.find_element("tag name", "summary").click()

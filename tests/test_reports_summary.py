@@ -14,14 +14,15 @@ from torchmatrix import junit
 from torchmatrix.report import write_report
 
 from conftest import REPO, Project
-from reports_fixture import HOSTILE, check_golden, normalised, write_fixture_run, write_hostile_run
+from reports_fixture import BASELINE, HOSTILE, check_golden, normalised, write_fixture_run, write_hostile_run
 
+OWN_TAGS = re.compile(r"</?details>|<summary>show the text</summary>")  # the page's own, around fenced text
 SCHEMA = etree.XMLSchema(etree.parse(str(REPO / "tests" / "data" / "junit-10.xsd")))
 INVISIBLE = ("\x9b", "\u202e", "\x07")
 PAGE_TAGS = {
     "html", "head", "meta", "title", "style", "body", "script", "h1", "h2", "h3", "p", "code", "pre", "span", "a",
     "table", "thead", "tbody", "tr", "th", "td", "form", "label", "select", "option", "details", "summary", "svg",
-    "rect",
+    "rect", "section", "em", "ul", "li",
 }  # fmt: skip
 
 
@@ -44,6 +45,12 @@ def test_report_command_writes_every_file_and_the_step_summary(run_dir, tmp_path
     for name in ("junit.xml", "results.json", "summary.md", "summary.html"):
         assert (run_dir / name).is_file(), name
     assert step_summary.read_text() == "earlier step\n" + (run_dir / "summary.md").read_text() + "\n"
+    last = done.stdout.splitlines()
+    assert last[-6] == (
+        f"torchmatrix: 69 passed, 3 failed, 4 errors, 4 skipped; read {run_dir / 'summary.md'} or {run_dir / 'summary.html'}"
+    ), "the run ends pointing at its summaries"
+    assert last[-5] == "torchmatrix: failures by root cause (4):"
+    assert last[-4].startswith("  4 tests in 2 cells, torch 2.13.0, 2.14.1: "), last
 
 
 def test_merged_junit_validates_parses_and_keeps_names_unique_and_properties(run_dir):
@@ -65,7 +72,19 @@ def test_summary_html_is_self_contained_and_has_the_grid(run_dir):
     assert not re.search(r"(src|href)=\"(https?:)?//", page), "no network: every resource is inline"
     assert "default-src 'none'" in page
     assert page.count('class="cell-row"') == 4
-    assert len(re.findall(r'<details class="failure"', page)) == 4
+    assert len(re.findall(r'<details class="failure"', page)) == 4, "test_broken's identical text is shown once"
+    assert "the same text in 2 failing tests" in page
+    assert "Failures: 3 failed and 4 errored tests in 4 groups by root cause" in page
+    broken = page.index("<code>test_broken</code> in <code>ws2-none</code>")
+    assert page[broken:].startswith(
+        '<code>test_broken</code> in <code>ws2-none</code> <details class="cells"><summary>and 1 more cell</summary>'
+        "<code>ws2-fsdp2</code></details>"
+    ), "the cells a shared result stands for are named, collapsed"
+    assert page.count('<a class="mark partly-skipped"') == 2, "passed with some skipped is not all passed"
+    skips = page[page.index('<h2 id="skipped">') :]
+    assert skips.startswith('<h2 id="skipped">Skipped: 4 tests for 1 reason</h2>')
+    assert "<td><code>needs TransformerEngine</code></td><td>4</td><td><code>2.14.1</code></td>" in skips
+    assert "<summary>4 cells</summary><code>ws1-none</code>, <code>ws1-fsdp2</code>, <code>ws2-none</code>" in skips
     assert "Upgrade diff <code>2.13.0</code> → <code>2.14.1</code>" in page
     assert "<svg" in page, "drift across versions is drawn"
 
@@ -87,7 +106,7 @@ def test_hostile_text_stays_literal_in_markdown(tmp_path):
         if fence is not None:
             fence = None if stripped == fence else fence
             continue
-        outside = code_spans_removed(line)
+        outside = OWN_TAGS.sub("", code_spans_removed(line))
         assert "<" not in outside and "[link]" not in outside and "**bold**" not in outside, line
         pipes = len(re.findall(r"(?<!\\)\|", line))
         if line.startswith("|"):
@@ -175,3 +194,19 @@ def test_a_real_run_reports_its_figures_and_failures(tmp_path):
     markdown = (tmp_path / "out" / "real" / "summary.md").read_text()
     assert "| `ws1-plain` | ❌ |" in markdown and "one rank is not two" in markdown
     assert "grad_max_abs" in (tmp_path / "out" / "real" / "summary.html").read_text()
+
+
+def test_a_filtered_run_says_so_and_starts_when_its_first_version_started(run_dir):
+    plan_path = run_dir / f"torch-{BASELINE}" / "plan.json"
+    plan = json.loads(plan_path.read_text())
+    plan.update(only={"fsdp": ["fsdp2", "none"]}, keyword="not ws4", shard="1/2", started="2026-01-02T02:00:00+00:00")
+    plan_path.write_text(json.dumps(plan))
+    write_report(run_dir)
+    markdown = (run_dir / "summary.md").read_text()
+    assert (
+        "**Filtered run**, not the whole matrix: torch `2.13.0`: `--only fsdp=fsdp2,none -k 'not ws4' --shard 1/2`"
+        in markdown
+    )
+    assert "started `2026-01-02T02:00:00+00:00`" in markdown, "the run's start, not a cell's"
+    page = (run_dir / "summary.html").read_text()
+    assert "Filtered run, not the whole matrix: torch <code>2.13.0</code>: <code>--only fsdp=fsdp2,none" in page

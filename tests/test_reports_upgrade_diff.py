@@ -24,6 +24,7 @@ def test_every_kind_of_change_between_baseline_and_candidate(tmp_path):
     assert (diff.before, diff.after) == (BASELINE, CANDIDATE)
     assert summary(diff.regressions) == [("alpha", "test_regress", "ws2-fsdp2", 1)]
     assert summary(diff.fixes) == [("alpha", "test_fixed", "ws1-none", 1)]
+    assert summary(diff.unconfirmed) == [("alpha", "test_flaky", "ws1-fsdp2", 1)], "it passed alone"
     assert summary(diff.newly_skipped) == [
         ("beta", "test_skipped", "ws1-none", 2),
         ("beta", "test_skipped", "ws2-none", 2),
@@ -31,8 +32,53 @@ def test_every_kind_of_change_between_baseline_and_candidate(tmp_path):
     assert [(d.test, d.cell, d.figure, d.before, d.after) for d in diff.drift] == [
         ("test_drift[0.0]", "ws2-fsdp2", "grad_max_abs/layer0.w", 1e-9, 1e-6)
     ]
-    assert [(s.suite, s.before, s.after, s.tests) for s in diff.slowdowns] == [("beta", 2.5, 6.5, 3)]
-    assert diff.compared == 4 * 4 + 2 * 3, "alpha: 4 tests x 4 cells; beta: 3 tests x 2 representative cells"
+    assert [(s.suite, s.before, s.after, s.tests, s.median_ratio) for s in diff.slowdowns] == [
+        ("beta", 6.5, 18.5, 7, 3.0)
+    ]
+    assert diff.compared == 5 * 4 + 5 * 2, "alpha: 5 tests x 4 cells; beta: 5 tests x 2 representative cells"
+
+
+def _failing(confirmation: str) -> TestRecord:
+    return TestRecord("2.14.1", "ws1", "s", "t", "failed", 1.0, "RuntimeError: x", confirmation=confirmation)
+
+
+@pytest.mark.parametrize(
+    ("confirmation", "regressions", "unconfirmed", "clean"),
+    [
+        ("fails alone", 1, 0, False),
+        ("passed alone", 0, 1, True),  # order-dependent: listed, does not fail `compare`
+        ("not re-run", 0, 1, False),  # past the limit: unknown, so `compare` cannot call it clean
+        ("", 0, 1, False),  # confirmation switched off
+    ],
+)
+def test_only_confirmed_failures_are_regressions(confirmation, regressions, unconfirmed, clean):
+    diff = diff_records([record("passed")], [_failing(confirmation)], ReportSettings(), "a", "b")
+    assert (len(diff.regressions), len(diff.unconfirmed), diff.clean) == (regressions, unconfirmed, clean)
+
+
+def test_a_fix_needs_the_baselines_failure_confirmed():
+    confirmed = diff_records([_failing("fails alone")], [record("passed")], ReportSettings(), "a", "b")
+    flaky = diff_records([_failing("passed alone")], [record("passed")], ReportSettings(), "a", "b")
+    assert (len(confirmed.fixes), len(flaky.fixes), len(flaky.unconfirmed)) == (1, 0, 1)
+
+
+def timed(durations):
+    return [TestRecord("v", "ws1", "s", f"t{i}", "passed", d) for i, d in enumerate(durations)]
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "flagged"),
+    [
+        ([2.0, 2.0, 2.0, 2.0], [6.0, 6.0, 6.0, 6.0], True),  # every test 3x slower, +16 s
+        ([2.0, 2.0, 2.0, 2.0], [20.0, 2.0, 2.0, 2.0], False),  # one test hit by noise: the median did not move
+        ([0.1] * 30, [0.9] * 30, False),  # tests too short to time (under 0.5 s each)
+        ([1.0, 1.0, 1.0], [2.5, 2.5, 2.5], False),  # 2.5x, but only 4.5 s in all
+        ([3.0, 3.0], [9.0, 9.0], False),  # fewer than three timed tests
+    ],
+)
+def test_a_slowdown_is_flagged_only_beyond_noise(before, after, flagged):
+    diff = diff_records(timed(before), timed(after), ReportSettings(slowdown_ratio=1.5), "a", "b")
+    assert bool(diff.slowdowns) is flagged
 
 
 def test_a_shared_result_is_one_change_that_names_every_cell_it_stands_for(tmp_path):
@@ -76,7 +122,7 @@ def test_non_drift_figures_and_failed_tests_do_not_count_as_drift_or_slowdown():
     diff = diff_records(
         [record("passed", 1.0, sharded_states=1.0)], [record("failed", 60.0, sharded_states=100.0)], settings, "a", "b"
     )
-    assert diff.drift == [] and diff.slowdowns == [] and len(diff.regressions) == 1
+    assert diff.drift == [] and diff.slowdowns == [] and len(diff.unconfirmed) == 1
 
 
 def test_tests_on_one_side_only_are_counted_not_diffed():
@@ -122,9 +168,11 @@ def test_compare_command_exits_1_on_a_regression_and_0_without(tmp_path):
     project = Project(tmp_path)
     old = write_single_version_run(tmp_path, BASELINE, "old")
     new = write_single_version_run(tmp_path, CANDIDATE, "new")
-    regressed = project.torchmatrix("compare", str(old), str(new))
+    regressed = project.torchmatrix("compare", str(old), str(new), "--out", str(new / "compare-old.md"))
     assert regressed.returncode == 1, regressed.stderr
     assert "#### Regressions" in regressed.stdout and "`test_regress`" in regressed.stdout
+    written = (new / "compare-old.md").read_text()
+    assert "#### Regressions" in written and written.strip() in regressed.stdout, "the file holds the printed diff"
     same = project.torchmatrix("compare", str(old), str(old))
     assert same.returncode == 0, same.stderr
     assert "0 regressions" in same.stdout

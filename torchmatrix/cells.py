@@ -7,11 +7,13 @@ every original combination it does not contradict and otherwise becomes a new ce
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 
+@functools.lru_cache(maxsize=65536, typed=True)  # typed: True and 1 spell differently
 def value_token(axis: str, value: Any) -> str:
     """How a value is spelled in cell ids and in `--only` filters."""
     if axis == "world_size":
@@ -31,19 +33,25 @@ def filter_token(value: Any) -> str:
 class Cell(Mapping):
     """An immutable mapping axis -> value with a stable, filename-safe id like `ws2-fsdp2-sdpa-adamw`."""
 
-    __slots__ = ("_items",)
+    __slots__ = ("_items", "_values", "_id")
 
     def __init__(self, items: Mapping[str, Any] | tuple[tuple[str, Any], ...]):
-        object.__setattr__(self, "_items", tuple(dict(items).items()))
+        values = dict(items)
+        object.__setattr__(self, "_items", tuple(values.items()))
+        object.__setattr__(self, "_values", values)
+        object.__setattr__(self, "_id", None)
 
     def __setattr__(self, name, value):
         raise AttributeError("Cell is immutable")
 
     def __getitem__(self, axis: str) -> Any:
-        for key, value in self._items:
-            if key == axis:
-                return value
-        raise KeyError(axis)
+        return self._values[axis]
+
+    def __contains__(self, axis: object) -> bool:
+        return axis in self._values
+
+    def get(self, axis: str, default: Any = None) -> Any:
+        return self._values.get(axis, default)
 
     def __iter__(self) -> Iterator[str]:
         return (key for key, _ in self._items)
@@ -65,7 +73,9 @@ class Cell(Mapping):
 
     @property
     def id(self) -> str:
-        return "-".join(value_token(axis, value) for axis, value in self._items)
+        if self._id is None:  # computed once: planning 10^5 cells asks for ids many times
+            object.__setattr__(self, "_id", "-".join([value_token(axis, value) for axis, value in self._items]))
+        return self._id
 
     @property
     def world_size(self) -> int:
@@ -106,7 +116,10 @@ def expand_cells(
                 matched = True
         if not matched:
             extra.append(dict(entry))
-    cells = [_ordered(names, {**combo, **additions}) for combo, additions in zip(originals, added)]
+    cells = [
+        Cell(combo) if not additions else _ordered(names, {**combo, **additions})
+        for combo, additions in zip(originals, added)
+    ]
     return cells + [_ordered(names, combo) for combo in extra]
 
 

@@ -1,4 +1,4 @@
-"""`python -m torchmatrix list | run | report | compare | merge | github-matrix | slurm`.
+"""`python -m torchmatrix list | run | sensitivity | report | compare | merge | github-matrix | slurm`.
 
 Exit codes: 0 all passed or skipped, 1 a test failed or errored, 2 a usage or matrix.toml error
 (printed as one line, no traceback), 130 interrupted.
@@ -13,17 +13,24 @@ from pathlib import Path
 
 from torchmatrix import junit
 from torchmatrix.config import ConfigError, Matrix, load_matrix
+from torchmatrix.confirmation import DEFAULT_LIMIT as DEFAULT_CONFIRM_LIMIT
 from torchmatrix.github import github_matrix
 from torchmatrix.merge import MergeError, merge_reports
-from torchmatrix.report import append_step_summary, compare_markdown, write_report
-from torchmatrix.results import ResultsError
+from torchmatrix.output_cap import DEFAULT_CAP_BYTES
+from torchmatrix.plan_file import PlanFileError
+from torchmatrix.report import append_step_summary, compare_markdown, load_run, write_report
+from torchmatrix.results import ResultsError, RunResults
 from torchmatrix.run_directory import new_run_id
-from torchmatrix.runner import RunError, RunRequest, run_version
+from torchmatrix.runner import DEFAULT_MAX_CPU_RANKS, RunError, RunRequest, run_version
+from torchmatrix.safe_names import UnsafeName, check_relative_path
 from torchmatrix.selection import SelectionError, Shard, parse_only, select_cells
+from torchmatrix.sensitivity import GENERIC_MUTANTS, SensitivityError, run_sensitivity
 from torchmatrix.slurm import SlurmOptions, write_slurm
+from torchmatrix.untrusted_text import one_line
 from torchmatrix.upgrade_diff import CompareError
 
 USAGE_EXIT = 2
+CLOSING_ROOT_CAUSES = 5
 
 
 def _add_selection(parser: argparse.ArgumentParser) -> None:
@@ -41,6 +48,23 @@ def _add_selection(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--shard", metavar="I/N", help="keep shard I of N (1-based); the N shards partition the selection"
     )
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is negative; pass 0 to switch it off")
+    return value
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not positive; pass 1 or more")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -70,15 +94,44 @@ def build_parser() -> argparse.ArgumentParser:
         help="where run directories go (default: reports/ next to matrix.toml)",
     )
     run.add_argument("--run-id", default=None, help="run directory name; nox passes one so all versions land together")
+    run.add_argument(
+        "--restart",
+        action="store_true",
+        help="the run id was used before (a requeued job): delete what that attempt left for this torch version and start clean",
+    )
     run.add_argument("--install-log", type=Path, default=None, help=argparse.SUPPRESS)
     run.add_argument(
         "--slots",
-        type=int,
+        type=_positive,
         default=None,
         help="ranks that may run at once on a CPU-only machine (default: its cores); GPUs are the slots on CUDA",
     )
     run.add_argument(
-        "--gpus-per-node", type=int, default=None, help="GPUs per node (default: the GPUs seen here; no limit on CPU)"
+        "--confirm-limit",
+        type=_non_negative,
+        default=DEFAULT_CONFIRM_LIMIT,
+        metavar="N",
+        help=f"re-run at most N failed tests alone, each in a fresh process, to tell real failures from order-dependent ones (default {DEFAULT_CONFIRM_LIMIT}; 0: off)",
+    )
+    run.add_argument(
+        "--max-cpu-ranks",
+        type=_positive,
+        default=DEFAULT_MAX_CPU_RANKS,
+        metavar="N",
+        help=f"on a CPU-only machine, refuse cells wider than N simulated ranks (default {DEFAULT_MAX_CPU_RANKS}; each is a process)",
+    )
+    run.add_argument(
+        "--output-cap",
+        type=_positive,
+        default=DEFAULT_CAP_BYTES,
+        metavar="BYTES",
+        help=f"keep at most this much of each test's stdout, stderr and failure text (head and tail; default {DEFAULT_CAP_BYTES})",
+    )
+    run.add_argument(
+        "--gpus-per-node",
+        type=_positive,
+        default=None,
+        help="GPUs per node (default: the GPUs seen here; no limit on CPU)",
     )
     run.add_argument(
         "--multinode-launcher",
@@ -86,6 +139,28 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="CMD",
         help="runs cells wider than a node, e.g. 'srun --nodes={nnodes} torchrun --nnodes={nnodes} --nproc-per-node={nproc_per_node} ...'",
     )
+
+    sensitivity = commands.add_parser(
+        "sensitivity",
+        help="wrap the configured components in generic mutants and show which ones the suites catch; exit 1 on a miss",
+    )
+    _add_selection(sensitivity)
+    sensitivity.add_argument(
+        "--torch", default="system", metavar="VERSION", help="a version from matrix.toml, or 'system' (default)"
+    )
+    sensitivity.add_argument(
+        "--mutants",
+        default=None,
+        metavar="A,B",
+        help=f"only these mutants (default all: {', '.join(m.name for m in GENERIC_MUTANTS)})",
+    )
+    sensitivity.add_argument(
+        "--reports",
+        default=None,
+        metavar="DIR",
+        help="where its directory goes (default: reports/ next to matrix.toml)",
+    )
+    sensitivity.add_argument("--slots", type=_positive, default=None, help="as for run")
 
     report = commands.add_parser(
         "report", help="write a run directory's junit.xml, results.json, summary.md and summary.html"
@@ -99,6 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
     compare = commands.add_parser("compare", help="upgrade diff of run B against run A; exit 1 on a regression")
     compare.add_argument("run_a", type=Path, help="the reference run: a run directory or its results.json")
     compare.add_argument("run_b", type=Path, help="the run to check against it")
+    compare.add_argument("--out", type=Path, default=None, help="also write the diff (markdown) to this file")
     merge = commands.add_parser("merge", help="merge report directories of shards, jobs and versions into one run")
     _add_selection(merge)
     merge.add_argument(
@@ -113,16 +189,18 @@ def build_parser() -> argparse.ArgumentParser:
         "github-matrix", help="print the GitHub Actions job matrix: one job per torch version and shard"
     )
     _add_selection(fan_out)
-    fan_out.add_argument("--shards", type=int, default=1, help="shards per torch version (default 1)")
+    fan_out.add_argument("--shards", type=_positive, default=1, help="shards per torch version (default 1)")
     slurm = commands.add_parser(
         "slurm", help="write sbatch scripts: an array job per shard, multi-node jobs, a merge job"
     )
     _add_selection(slurm)
-    slurm.add_argument("--shards", type=int, default=1, help="shards per torch version for cells that fit on one node")
-    slurm.add_argument("--gpus-per-node", type=int, required=True, help="GPUs per node; wider cells span nodes")
+    slurm.add_argument(
+        "--shards", type=_positive, default=1, help="shards per torch version for cells that fit on one node"
+    )
+    slurm.add_argument("--gpus-per-node", type=_positive, required=True, help="GPUs per node; wider cells span nodes")
     slurm.add_argument("--partition", default=None, help="sbatch --partition")
     slurm.add_argument("--time", default="04:00:00", help="sbatch --time per job (default 04:00:00)")
-    slurm.add_argument("--rdzv-port", type=int, default=29500, help="torchrun rendezvous port on the first node")
+    slurm.add_argument("--rdzv-port", type=_positive, default=29500, help="torchrun rendezvous port on the first node")
     slurm.add_argument(
         "--out", type=Path, default=Path("reports/slurm"), help="where the scripts go (default reports/slurm)"
     )
@@ -135,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "report":
             return _report(Path(args.run_dir), args.config)
         if args.command == "compare":
-            return _compare(args.run_a, args.run_b)
+            return _compare(args.run_a, args.run_b, args.out)
         matrix = load_matrix(args.config)
         if args.command == "list":
             return _list(matrix, args)
@@ -145,8 +223,20 @@ def main(argv: list[str] | None = None) -> int:
             return _github_matrix(matrix, args)
         if args.command == "slurm":
             return _slurm(matrix, args)
+        if args.command == "sensitivity":
+            return _sensitivity(matrix, args)
         return _run(matrix, args)
-    except (ConfigError, SelectionError, RunError, MergeError, ResultsError, CompareError) as error:
+    except (
+        ConfigError,
+        SelectionError,
+        RunError,
+        MergeError,
+        ResultsError,
+        CompareError,
+        SensitivityError,
+        UnsafeName,
+        PlanFileError,
+    ) as error:
         print(f"torchmatrix: error: {error}", file=sys.stderr)
         return USAGE_EXIT
 
@@ -192,14 +282,39 @@ def _run(matrix: Matrix, args) -> int:
         matrix=matrix,
         version=args.torch,
         reports=Path(args.reports).resolve() if args.reports else matrix.root / "reports",
-        run_id=args.run_id or new_run_id(),
+        run_id=check_relative_path(args.run_id, "--run-id") if args.run_id else new_run_id(),
+        restart=args.restart,
+        max_cpu_ranks=args.max_cpu_ranks,
+        output_cap=args.output_cap,
         install_log=args.install_log,
         gpus_per_node=args.gpus_per_node,
         multinode_launcher=args.multinode_launcher,
         slots=args.slots,
+        confirm_limit=args.confirm_limit,
         **_filters(matrix, args),
     )
     return run_version(request)
+
+
+def _sensitivity(matrix: Matrix, args) -> int:
+    if args.torch not in matrix.versions and args.torch != "system":
+        raise RunError(
+            f"--torch {args.torch}: not in [torch].versions of {matrix.path.name}; pass one of them or system"
+        )
+    filters = _filters(matrix, args)
+    if filters["shard"]:
+        raise SelectionError(
+            "sensitivity: --shard does not apply; it picks its own few cells (narrow them with --only, -k)"
+        )
+    reports = Path(args.reports).resolve() if args.reports else matrix.root / "reports"
+    out = reports / f"sensitivity-{new_run_id()}"
+    try:
+        return run_sensitivity(
+            matrix, version=args.torch, out=out, filters=filters, mutant_names=args.mutants, slots=args.slots
+        )
+    except KeyboardInterrupt:
+        print(f"torchmatrix sensitivity: interrupted; the finished runs are under {out / 'runs'}", file=sys.stderr)
+        return 130
 
 
 def _report(run_dir: Path, config: str | None = None) -> int:
@@ -207,12 +322,35 @@ def _report(run_dir: Path, config: str | None = None) -> int:
         raise RunError(f"{run_dir} is not a run directory; pass one under reports/, e.g. reports/latest")
     written = write_report(run_dir.resolve(), config)
     print(f"torchmatrix: wrote {', '.join(str(path) for path in written)}")
+    print(closing_lines(load_run(run_dir.resolve(), config), run_dir.resolve()))
     return 0
 
 
-def _compare(run_a: Path, run_b: Path) -> int:
+def closing_lines(run: RunResults, run_dir: Path) -> str:
+    """The run's last words: its totals, where to read it, and on failure each root cause with its reach."""
+    totals = run.totals()
+    lines = [
+        f"torchmatrix: {totals['passed']} passed, {totals['failed']} failed, {totals['error']} errors, "
+        f"{totals['skipped']} skipped; read {run_dir / 'summary.md'} or {run_dir / 'summary.html'}"
+    ]
+    causes = run.root_causes()
+    if causes:
+        lines.append(f"torchmatrix: failures by root cause ({len(causes)}):")
+        lines += [
+            f"  {cause.tests} tests in {len(cause.cells)} cells, torch {', '.join(cause.versions)}: {one_line(cause.line, 200)}"
+            for cause in causes[:CLOSING_ROOT_CAUSES]
+        ]
+        if len(causes) > CLOSING_ROOT_CAUSES:
+            lines.append(f"  … and {len(causes) - CLOSING_ROOT_CAUSES} more in the summary")
+    return "\n".join(lines)
+
+
+def _compare(run_a: Path, run_b: Path, out: Path | None = None) -> int:
     markdown, regressed = compare_markdown(run_a, run_b)
     print(markdown)
+    if out is not None:
+        out.write_text(markdown + "\n")
+        print(f"torchmatrix: wrote {out}")
     append_step_summary(markdown)
     return 1 if regressed else 0
 

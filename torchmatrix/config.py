@@ -6,12 +6,17 @@ file, the key path and what to change, so the CLI can print it and exit 2 withou
 
 from __future__ import annotations
 
+import datetime
+import functools
 import hashlib
+import math
 import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from packaging.requirements import InvalidRequirement, Requirement
 
 from torchmatrix.cells import Cell, expand_cells, value_token
 from torchmatrix.components import IMPORT_PATH
@@ -24,9 +29,14 @@ else:
 NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 VALUE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+]*$")
 TORCH_VERSION = re.compile(r"^(system|[0-9]+(\.[0-9]+)*([a-z]+[0-9]*)?(\.[a-z]+[0-9]+)*(\+[A-Za-z0-9.]+)?)$")
-TOP_LEVEL_KEYS = ("torch", "axes", "exclude", "include", "suites", "components", "report")
+TOP_LEVEL_KEYS = ("torch", "axes", "exclude", "include", "suites", "components", "report", "project")
 SUITE_KEYS = ("path", "timeout", "axes", "options")
+INSTALL_KEYS = ("index_url", "requirements", "constraints", "env")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+INDEX_URL = re.compile(r"^(https?|file)://\S+$")
 REPORT_KEYS = ("drift_ratio", "slowdown_ratio")
+PROJECT_KEYS = ("root",)
+TOML_DATES = (datetime.date, datetime.time)  # datetime.datetime is a date
 
 
 class ConfigError(Exception):
@@ -42,6 +52,19 @@ class Suite:
     timeout: float
     axes: tuple[str, ...]
     options: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+
+
+@dataclass(frozen=True)
+class TorchInstall:
+    """How one torch version is installed: its index, what goes in beside it, its environment.
+
+    The environment variables are set for the install and for the run of that version's cells.
+    """
+
+    index_url: str | None = None
+    requirements: tuple[str, ...] = ()
+    constraints: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict, hash=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -66,6 +89,11 @@ class Matrix:
     components: dict[str, str]
     report: ReportSettings
     digest: str
+    installs: dict[str, TorchInstall] = field(default_factory=dict)
+
+    def install(self, version: str) -> TorchInstall:
+        """`[torch.install."V"]`, or pip's defaults when the version has no table."""
+        return self.installs.get(version, TorchInstall())
 
     @property
     def root(self) -> Path:
@@ -74,7 +102,12 @@ class Matrix:
 
     def cells(self) -> list[Cell]:
         """Every cell of the matrix, in expansion order."""
-        return expand_cells(self.axes, self.exclude, self.include)
+        return list(self._expanded)
+
+    @functools.cached_property
+    def _expanded(self) -> tuple[Cell, ...]:
+        """Expanded once: loading checks the ids and every command then selects from the same cells."""
+        return tuple(expand_cells(self.axes, self.exclude, self.include))
 
 
 def load_matrix(path: str | Path) -> Matrix:
@@ -91,7 +124,7 @@ def load_matrix(path: str | Path) -> Matrix:
         raise ConfigError(f"{path.name}: not valid TOML ({error}); fix the syntax") from None
 
     where.unknown_keys(raw, TOP_LEVEL_KEYS, "")
-    versions, baseline = _torch(raw, where)
+    versions, baseline, installs = _torch(raw, where)
     axes = _axes(raw, where)
     exclude = tuple(
         _exclude_entry(entry, axes, where.at(f"exclude[{i}]"))
@@ -101,7 +134,7 @@ def load_matrix(path: str | Path) -> Matrix:
         _include_entry(entry, axes, where.at(f"include[{i}]"))
         for i, entry in enumerate(where.list_of_tables(raw, "include"))
     )
-    suites = _suites(raw, axes, path.parent, where)
+    suites = _suites(raw, axes, path.parent, _project_root(raw, path.parent, where), where)
     components = _components(raw, where)
     report = _report(raw, where)
     matrix = Matrix(
@@ -115,6 +148,7 @@ def load_matrix(path: str | Path) -> Matrix:
         components=components,
         report=report,
         digest=hashlib.sha256(raw_bytes).hexdigest(),
+        installs=installs,
     )
     _check_cells(matrix, where)
     return matrix
@@ -170,10 +204,10 @@ def _type_name(value: Any) -> str:
     }.get(type(value), type(value).__name__)
 
 
-def _torch(raw: dict, where: _Where) -> tuple[tuple[str, ...], str]:
+def _torch(raw: dict, where: _Where) -> tuple[tuple[str, ...], str, dict[str, TorchInstall]]:
     table = where.table(raw, "torch", required=True)
     where = where.at("torch")
-    where.unknown_keys(table, ("versions", "baseline"), " in [torch]")
+    where.unknown_keys(table, ("versions", "baseline", "install"), " in [torch]")
     versions = table.get("versions")
     if not isinstance(versions, list) or not versions:
         raise where.at("versions").error(
@@ -197,14 +231,74 @@ def _torch(raw: dict, where: _Where) -> tuple[tuple[str, ...], str]:
         raise where.at("baseline").error(
             f"{baseline!r} is not among versions {versions}", "set baseline to one of the listed versions"
         )
-    return tuple(versions), baseline
+    return tuple(versions), baseline, _installs(table, versions, where)
+
+
+def _installs(table: dict, versions: list[str], where: _Where) -> dict[str, TorchInstall]:
+    installs = table.get("install", {})
+    where = where.at("install")
+    if not isinstance(installs, dict):
+        raise where.error(f"must be a table, not {_type_name(installs)}", 'write [torch.install."<version>"] tables')
+    result = {}
+    for version, spec in installs.items():
+        at = where.at(f'"{version}"')
+        if version not in versions or version == "system":
+            raise at.error(
+                f"{version!r} is not an installable version in [torch].versions",
+                "name a listed pip version, or add it to versions",
+            )
+        if not isinstance(spec, dict):
+            raise at.error(f"must be a table, not {_type_name(spec)}", f'write it as [torch.install."{version}"]')
+        at.unknown_keys(spec, INSTALL_KEYS, f' in [torch.install."{version}"]')
+        index_url = spec.get("index_url")
+        if index_url is not None and (not isinstance(index_url, str) or not INDEX_URL.match(index_url)):
+            raise at.at("index_url").error(
+                f"{index_url!r} is not an index URL",
+                'write e.g. index_url = "https://download.pytorch.org/whl/nightly/cpu"',
+            )
+        env = spec.get("env", {})
+        if not isinstance(env, dict):
+            raise at.at("env").error(f"must be a table, not {_type_name(env)}", 'write env = { NAME = "value" }')
+        for name, value in env.items():
+            if not ENV_NAME.match(name) or not isinstance(value, str):
+                raise (
+                    at.at("env")
+                    .at(name)
+                    .error("must be an environment variable name set to a string", 'write NAME = "value"')
+                )
+        result[version] = TorchInstall(
+            index_url=index_url,
+            requirements=_requirements(spec.get("requirements", []), at.at("requirements")),
+            constraints=_requirements(spec.get("constraints", []), at.at("constraints")),
+            env=dict(env),
+        )
+    return result
+
+
+def _requirements(value: Any, where: _Where) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        raise where.error(f"must be an array, not {_type_name(value)}", 'write e.g. ["numpy<2"]')
+    for i, text in enumerate(value):
+        try:
+            requirement = Requirement(text) if isinstance(text, str) else None
+        except InvalidRequirement as error:
+            raise where.index(i).error(
+                f"{text!r} is not a pip requirement ({str(error).splitlines()[0]})", 'write e.g. "numpy<2"'
+            ) from None
+        if requirement is None:
+            raise where.index(i).error(f"{text!r} is not a string", 'write e.g. "numpy<2"')
+        if requirement.name.lower() == "torch":
+            raise where.index(i).error(
+                "names torch, which [torch].versions pins", "list the version in versions instead"
+            )
+    return tuple(value)
 
 
 def _scalar_ok(value: Any) -> bool:
-    if isinstance(value, bool) or isinstance(value, int):
+    if isinstance(value, bool):
         return True
-    if isinstance(value, float):
-        return value == value and abs(value) != float("inf")
+    if isinstance(value, (int, float)):
+        return math.isfinite(value) and "-" not in str(value)
     return isinstance(value, str) and bool(VALUE.match(value))
 
 
@@ -212,7 +306,7 @@ def _check_value(axis: str, value: Any, where: _Where) -> None:
     if not _scalar_ok(value):
         raise where.error(
             f"{value!r} is not a valid axis value",
-            "use a number, a boolean or a string of letters, digits, '_', '.' and '+' that starts with a letter or digit",
+            "use a finite number without '-' (it separates values in cell ids), a boolean, or a string of letters, digits, '_', '.' and '+' that starts with a letter or digit",
         )
     if axis == "world_size" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
         raise where.error(f"{value!r} is not a world size", "use a positive integer GPU count")
@@ -272,7 +366,7 @@ def _include_entry(entry: dict, axes: dict, where: _Where) -> dict[str, Any]:
     return dict(entry)
 
 
-def _suites(raw: dict, axes: dict, root: Path, where: _Where) -> dict[str, Suite]:
+def _suites(raw: dict, axes: dict, root: Path, project: Path, where: _Where) -> dict[str, Suite]:
     table = where.table(raw, "suites", required=True)
     where = where.at("suites")
     if not table:
@@ -289,7 +383,7 @@ def _suites(raw: dict, axes: dict, root: Path, where: _Where) -> dict[str, Suite
         at.unknown_keys(spec, SUITE_KEYS, f" in [suites.{name}]")
         suites[name] = Suite(
             name=name,
-            path=_suite_path(spec.get("path"), root, at.at("path")),
+            path=_suite_path(spec.get("path"), root, project, at.at("path")),
             timeout=_positive_number(spec.get("timeout", 300), at.at("timeout"), "seconds per test"),
             axes=_suite_axes(spec.get("axes"), axes, at.at("axes")),
             options=_options(spec.get("options", {}), at.at("options")),
@@ -301,7 +395,7 @@ def _suites(raw: dict, axes: dict, root: Path, where: _Where) -> dict[str, Suite
     return suites
 
 
-def _suite_path(path: Any, root: Path, where: _Where) -> str:
+def _suite_path(path: Any, root: Path, project: Path, where: _Where) -> str:
     if not isinstance(path, str) or not path:
         raise where.error("missing or not a string", 'set path = "suites/test_<name>.py"')
     candidate = Path(path)
@@ -311,12 +405,33 @@ def _suite_path(path: Any, root: Path, where: _Where) -> str:
         raise where.error(
             f"{path!r} is not a Python file next to matrix.toml", "point it at an existing suites/test_*.py"
         )
+    target = (root / candidate).resolve()
+    if not target.is_relative_to(project):
+        raise where.error(
+            f"{path!r} is a symlink to {target}, outside the project {project}",
+            "copy the suite into the project, or set [project] root to a directory that holds it",
+        )
     return candidate.as_posix()
 
 
+def _project_root(raw: dict, matrix_dir: Path, where: _Where) -> Path:
+    """The directory suite paths may resolve into through symlinks: matrix.toml's own, or the
+    `[project] root` the file names (a scratch or example project linking to shared suites)."""
+    table = where.table(raw, "project", required=False)
+    where = where.at("project")
+    where.unknown_keys(table, PROJECT_KEYS, " in [project]")
+    root = table.get("root", ".")
+    if not isinstance(root, str) or not root:
+        raise where.at("root").error(f"{root!r} is not a directory path", 'write e.g. root = "../.."')
+    resolved = (matrix_dir / root).resolve()
+    if not resolved.is_dir():
+        raise where.at("root").error(f"{root!r} is not a directory", "name the directory that holds the suites")
+    return resolved
+
+
 def _positive_number(value: Any, where: _Where, unit: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise where.error(f"{value!r} is not a positive number", f"set it in {unit}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value > 0 and math.isfinite(value)):
+        raise where.error(f"{value!r} is not a positive number", f"set it in {unit} (finite)")
     return float(value)
 
 
@@ -340,7 +455,22 @@ def _options(value: Any, where: _Where) -> dict[str, Any]:
         raise where.error(
             f"must be a table, not {_type_name(value)}", "write the suite's options as a table of key = value"
         )
+    _refuse_dates(value, where)
     return dict(value)
+
+
+def _refuse_dates(value: Any, where: _Where) -> None:
+    """Options travel to the suites as JSON, which has no dates: a TOML date must be written as a string."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _refuse_dates(item, where.at(key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _refuse_dates(item, where.index(i))
+    elif isinstance(value, TOML_DATES):
+        raise where.error(
+            f"{value.isoformat()} is a TOML date, which the suites cannot receive", f'quote it: "{value.isoformat()}"'
+        )
 
 
 def _components(raw: dict, where: _Where) -> dict[str, str]:

@@ -18,16 +18,26 @@ from junitparser import Error, Failure, JUnitXml, Skipped, TestCase, TestSuite
 
 from torchmatrix.cells import Cell, filter_token
 from torchmatrix.outcomes import TestOutcome
+from torchmatrix.output_cap import HARD_LIMIT_BYTES, cap_text
 from torchmatrix.plan import SuiteRun
+from torchmatrix.untrusted_text import visible
 
 NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 RESULT_TYPES = {"failed": Failure, "error": Error, "skipped": Skipped}
 MERGED_NAME = "junit.xml"
+CONFIRMATION_PROPERTY = "torchmatrix.confirmation"
+
+
+def confirmation_property(suite: str, test: str) -> str:
+    """The testsuite property that says what re-running a failed test alone showed."""
+    return f"{CONFIRMATION_PROPERTY}::{suite}::{test}"
 
 
 def xml_text(value: object) -> str:
-    """Text XML 1.0 can carry: characters it forbids are written as \\xNN escapes."""
-    return NOT_XML.sub(lambda m: f"\\x{ord(m.group()):02x}", str(value))
+    """Test-provided text as a report may show it: control and bidi characters, and any other
+    character XML 1.0 forbids (NUL, lone surrogates), written as escapes; no longer than a parser takes."""
+    escaped = NOT_XML.sub(lambda m: f"\\u{ord(m.group()):04x}", visible(value))
+    return cap_text(escaped, HARD_LIMIT_BYTES)
 
 
 def testcase_name(test: str, version: str, cell_id: str) -> str:
@@ -44,9 +54,14 @@ def suite_name(version: str, cell_id: str) -> str:
 
 
 def cell_report(
-    version: str, environment: dict, cell: Cell, outcomes: Sequence[tuple[SuiteRun, TestOutcome]]
+    version: str,
+    environment: dict,
+    cell: Cell,
+    outcomes: Sequence[tuple[SuiteRun, TestOutcome]],
+    started: float | None = None,
 ) -> TestSuite:
-    """The <testsuite> of one cell: its tests (including those a representative cell ran) and properties."""
+    """The <testsuite> of one cell: its tests (including those a representative cell ran) and properties;
+    its timestamp is when the cell's first test started (epoch seconds), or now for a cell that never ran."""
     suite = TestSuite(xml_text(suite_name(version, cell.id)))
     suite.add_property("torch", xml_text(version))
     for name, key in (
@@ -67,10 +82,13 @@ def cell_report(
         suite.add_testcase(_testcase(run.suite.name, version, cell.id, outcome))
         for name, value in outcome.properties:
             suite.add_property(xml_text(f"{run.suite.name}::{outcome.test}::{name}"), xml_text(value))
+        if outcome.confirmation:
+            suite.add_property(xml_text(confirmation_property(run.suite.name, outcome.test)), outcome.confirmation)
     for name, representative in ran_in.items():
         suite.add_property(f"{name}.ran_in", xml_text(representative))
     suite.hostname = xml_text(socket.gethostname())
-    suite.timestamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    when = datetime.fromtimestamp(started, timezone.utc) if started is not None else datetime.now(timezone.utc)
+    suite.timestamp = when.isoformat(timespec="seconds")
     suite.update_statistics()
     return suite
 
@@ -110,10 +128,12 @@ def write_suites(path: Path, suites: Sequence[TestSuite]) -> None:
     os.replace(partial, path)
 
 
-def write_cell(version_dir: Path, version: str, environment: dict, cell: Cell, outcomes) -> Path:
+def write_cell(
+    version_dir: Path, version: str, environment: dict, cell: Cell, outcomes, started: float | None = None
+) -> Path:
     """Write `<version_dir>/<cell-id>.xml`, the one-cell file every merge starts from."""
     path = version_dir / f"{cell.id}.xml"
-    write_suites(path, [cell_report(version, environment, cell, outcomes)])
+    write_suites(path, [cell_report(version, environment, cell, outcomes, started)])
     return path
 
 

@@ -10,12 +10,11 @@ from __future__ import annotations
 import os
 import re
 import tempfile
-import traceback
 from datetime import timedelta
 from pathlib import Path
 
 from torchmatrix.pool import RankFailure
-from torchmatrix.worker import current_device
+from torchmatrix.worker import current_device, error_reply
 
 
 def launched_rank() -> int:
@@ -25,10 +24,10 @@ def launched_rank() -> int:
 class LaunchedRank:
     """This process as one rank of a launcher-made world: same interface as RankPool."""
 
-    def __init__(self, world_size: int, *, backend: str, timeout_s: float):
+    def __init__(self, world_size: int, *, backend: str, collective_timeout_s: float):
         self.world_size = world_size
         self.backend = backend
-        self.timeout_s = timeout_s
+        self.collective_timeout_s = collective_timeout_s
         self.starts = 0
 
     def start(self) -> None:
@@ -45,7 +44,7 @@ class LaunchedRank:
         device = current_device()
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        dist.init_process_group(self.backend, timeout=timedelta(seconds=self.timeout_s))
+        dist.init_process_group(self.backend, timeout=timedelta(seconds=self.collective_timeout_s))
         self.starts += 1
 
     def run(self, fn, args: tuple, *, deadline: float) -> list:
@@ -60,15 +59,15 @@ class LaunchedRank:
         dist.barrier()
         try:
             reply = ("ok", fn(*args))
-        except BaseException:
-            reply = ("error", traceback.format_exc())
+        except BaseException as error:
+            reply = error_reply(error)
         replies: list = [None] * self.world_size
         dist.all_gather_object(replies, reply)
         errors = {rank: value for rank, (kind, value) in enumerate(replies) if kind == "error"}
         if errors:
             sections = [f"{getattr(fn, '__qualname__', fn)} raised on ranks {', '.join(map(str, errors))}"]
-            sections += [f"---- rank {rank} traceback ----\n{text.rstrip()}" for rank, text in errors.items()]
-            raise RankFailure("\n".join(sections))
+            sections += [f"---- rank {rank} traceback ----\n{text.rstrip()}" for rank, (text, _) in errors.items()]
+            raise RankFailure("\n".join(sections), next(iter(errors.values()))[1])
         return [value for _, value in replies]
 
     def shared_directory(self, root: Path, name: str) -> Path:

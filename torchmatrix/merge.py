@@ -7,7 +7,6 @@ arrived shows up as errored cells that say so, never as silence.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from collections.abc import Sequence
@@ -19,9 +18,10 @@ from torchmatrix.cells import Cell
 from torchmatrix.config import Matrix
 from torchmatrix.outcomes import OutcomeBook
 from torchmatrix.plan import plan_runs
-from torchmatrix.selection import Shard, select_cells, shard_cells
-
-PLAN_FILE = "plan.json"
+from torchmatrix.plan_file import FILE_NAME as PLAN_FILE
+from torchmatrix.plan_file import PlanFileError, read_plan, write_plan
+from torchmatrix.safe_names import UnsafeName, check_name
+from torchmatrix.selection import SelectionError, Shard, select_cells, shard_cells
 
 
 class MergeError(Exception):
@@ -41,7 +41,10 @@ class VersionReport:
 
     @property
     def shard(self) -> Shard | None:
-        return Shard.parse(self.plan["shard"]) if self.plan.get("shard") else None
+        try:
+            return Shard.parse(self.plan["shard"]) if self.plan.get("shard") else None
+        except SelectionError as error:
+            raise MergeError(f"{self.path / PLAN_FILE}: {error}") from None
 
 
 @dataclass
@@ -63,7 +66,10 @@ def find_version_reports(inputs: Sequence[Path]) -> list[VersionReport]:
             subdirectories.sort()
             if Path(directory).name.startswith("torch-") and PLAN_FILE in files:
                 path = Path(directory)
-                found.append(VersionReport(path, json.loads((path / PLAN_FILE).read_text())))
+                try:
+                    found.append(VersionReport(path, read_plan(path / PLAN_FILE)))
+                except PlanFileError as error:
+                    raise MergeError(str(error)) from None
     return found
 
 
@@ -108,6 +114,12 @@ def _merge_version(
     sources: dict[str, Path] = {}
     for report in reports:
         for path in sorted(report.path.glob("*.xml")):
+            try:
+                check_name(path.stem, "cell report")
+            except UnsafeName as error:
+                raise MergeError(f"{path}: {error}") from None
+            if path.is_symlink():
+                raise MergeError(f"{path} is a symlink; a cell report must be a file of the report directory")
             if path.stem in sources:
                 raise MergeError(
                     f"cell {path.stem} of torch {version} is reported twice ({sources[path.stem]} and {path}); pass each shard's reports once"
@@ -125,29 +137,27 @@ def _merge_version(
                 book.expect(key, known_tests[run.suite.name])
             book.fail_run(key, "error", _missing_reason(version, cell, reports, matrix))
         junit.write_cell(out, version, environment, cell, book.for_cell(cell))
-    (out / PLAN_FILE).write_text(
-        json.dumps(
-            {
-                "torch": version,
-                "matrix": str(matrix.path),
-                "matrix_sha256": matrix.digest,
-                "shard": None,
-                "merged_from": [
-                    {
-                        "path": str(r.path),
-                        "shard": r.plan.get("shard"),
-                        "only": r.plan.get("only"),
-                        "keyword": r.plan.get("keyword"),
-                    }
-                    for r in reports
-                ],
-                "environment": environment,
-                "cells": sorted(set(sources) | {cell.id for cell in missing}),
-                "missing": [cell.id for cell in missing],
-                "pool_starts": sum(r.plan.get("pool_starts", 0) for r in reports),
-            },
-            indent=2,
-        )
+    write_plan(
+        out,
+        {
+            "torch": version,
+            "matrix": str(matrix.path),
+            "matrix_sha256": matrix.digest,
+            "shard": None,
+            "merged_from": [
+                {
+                    "path": str(r.path),
+                    "shard": r.plan.get("shard"),
+                    "only": r.plan.get("only"),
+                    "keyword": r.plan.get("keyword"),
+                }
+                for r in reports
+            ],
+            "environment": environment,
+            "cells": sorted(set(sources) | {cell.id for cell in missing}),
+            "missing": [cell.id for cell in missing],
+            "pool_starts": sum(r.plan.get("pool_starts", 0) for r in reports),
+        },
     )
     return len(sources) + len(missing), [cell.id for cell in missing]
 
@@ -172,7 +182,12 @@ def _missing_reason(version: str, cell: Cell, reports: list[VersionReport], matr
         if not report.shard:
             continue
         only = {axis: set(values) for axis, values in (report.plan.get("only") or {}).items()}
-        selection = select_cells(matrix.cells(), only=only, keyword=report.plan.get("keyword"))
+        try:
+            selection = select_cells(matrix.cells(), only=only, keyword=report.plan.get("keyword"))
+        except SelectionError as error:
+            raise MergeError(
+                f"{report.path / PLAN_FILE}: its filters do not apply to {matrix.path.name} ({error})"
+            ) from None
         if cell not in selection:
             continue
         count = report.shard.count

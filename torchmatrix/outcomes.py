@@ -6,13 +6,39 @@ not install) is filled in with an error or skip that says why, so no planned cel
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
+from enum import Enum
 
 from torchmatrix.cells import Cell
 from torchmatrix.plan import SuiteRun
 
 STATUSES = ("passed", "failed", "error", "skipped")
+
+
+class Confirmation(str, Enum):
+    """What re-running a failed test alone showed (torchmatrix.confirmation); str-valued, as the
+    reports write it."""
+
+    FAILS_ALONE = "fails alone"
+    PASSED_ALONE = "passed alone"
+    SKIPPED_ALONE = "skipped alone"
+    NOT_RERUN = "not re-run"
+
+    @property
+    def description(self) -> str:
+        return {
+            "fails alone": "fails alone",
+            "passed alone": "passed alone (order-dependent or flaky)",
+            "skipped alone": "skipped alone (depends on an earlier test)",
+            "not re-run": "not re-run alone (unconfirmed)",
+        }[self.value]
+
+    @staticmethod
+    def describe(value: str) -> str:
+        """Words for a recorded confirmation; '' (a run with confirmation off) reads as not re-run."""
+        return Confirmation(value or Confirmation.NOT_RERUN).description
 
 
 @dataclass
@@ -28,6 +54,7 @@ class TestOutcome:
     properties: list = field(default_factory=list)
     stdout: str = ""
     stderr: str = ""
+    confirmation: str = ""
 
     @classmethod
     def from_event(cls, event: dict) -> TestOutcome:
@@ -39,10 +66,16 @@ class OutcomeBook:
 
     def __init__(self, runs: Sequence[SuiteRun]):
         self.runs = {run.key: run for run in runs}
+        self._runs_of_cell: dict[Cell, list[SuiteRun]] = {}
+        for run in runs:
+            for cell in dict.fromkeys(run.covers):
+                self._runs_of_cell.setdefault(cell, []).append(run)
         self.expected: dict[str, list[str] | None] = {run.key: None for run in runs}
         self.tests: dict[str, list[TestOutcome]] = {run.key: [] for run in runs}
         self.closed: set[str] = set()
+        self.uncollectable: set[str] = set()
         self.running: dict[str, tuple[str, float]] = {}
+        self.first_started: dict[str, float] = {}
         self.pool_starts = 0
 
     def feed(self, event: dict, now: float) -> None:
@@ -53,7 +86,9 @@ class OutcomeBook:
                 if key in self.expected:
                     self.expect(key, names)
         elif kind == "start":
-            self.running[f"{event['suite']}|{event['cell']}"] = (event["test"], now)
+            key = f"{event['suite']}|{event['cell']}"
+            self.running[key] = (event["test"], now)
+            self.first_started.setdefault(key, time.time())
         elif kind == "test":
             key = f"{event['suite']}|{event['cell']}"
             self.running.pop(key, None)
@@ -62,6 +97,7 @@ class OutcomeBook:
         elif kind == "collect_error":
             for key, run in self.runs.items():
                 if run.suite.name == event["suite"] and key not in self.closed:
+                    self.uncollectable.add(key)
                     self.fail_run(key, "error", f"suite {event['suite']} could not be collected", event["text"])
         elif kind == "pool_start":
             self.pool_starts += 1
@@ -94,7 +130,7 @@ class OutcomeBook:
         return expected is not None and len(self.tests[key]) >= len(expected)
 
     def cell_runs(self, cell: Cell) -> list[SuiteRun]:
-        return [run for run in self.runs.values() if cell in run.covers]
+        return list(self._runs_of_cell.get(cell, ()))
 
     def cell_done(self, cell: Cell) -> bool:
         return all(self.is_done(run.key) for run in self.cell_runs(cell))
@@ -102,6 +138,11 @@ class OutcomeBook:
     def for_cell(self, cell: Cell) -> list[tuple[SuiteRun, TestOutcome]]:
         """Every test outcome that stands for this cell, with the run it came from."""
         return [(run, outcome) for run in self.cell_runs(cell) for outcome in self.tests[run.key]]
+
+    def cell_started(self, cell: Cell) -> float | None:
+        """Wall-clock time (epoch seconds) the cell's first test started, None if none did."""
+        starts = [self.first_started[run.key] for run in self.cell_runs(cell) if run.key in self.first_started]
+        return min(starts, default=None)
 
     def counts(self, cells: Sequence[Cell]) -> dict[str, int]:
         """Testcases per status over the cells, counted as the JUnit report shows them."""

@@ -29,13 +29,14 @@ class Group:
     """Suite runs of one world size, run by one pytest process with one rank pool.
 
     A group wider than one node has a `launcher` (e.g. `srun ... torchrun ...`) that starts
-    pytest once per rank instead.
+    pytest once per rank instead. A confirmation group names the `only_tests` it re-runs.
     """
 
     name: str
     world_size: int
     runs: tuple[SuiteRun, ...]
     launcher: str | None = None
+    only_tests: tuple[str, ...] = ()
 
 
 def plan_runs(cells: Sequence[Cell], suites: Mapping[str, Suite]) -> list[SuiteRun]:
@@ -69,8 +70,9 @@ def group_runs(runs: Sequence[SuiteRun], slots: int = 1, *, fillers: bool = Fals
     groups = []
     free = slots
     for size in sorted(by_size, reverse=True):
-        cells = list(dict.fromkeys(run.cell for run in by_size[size]))
-        ordered = sorted(by_size[size], key=lambda run: cells.index(run.cell))
+        position = {cell: i for i, cell in enumerate(dict.fromkeys(run.cell for run in by_size[size]))}
+        cells = list(position)
+        ordered = sorted(by_size[size], key=lambda run: position[run.cell])
         parts = max(1, min((free if fillers else slots) // size, len(cells)))
         free = max(0, free - parts * size)
         for index, part in enumerate(_split_by_cell(ordered, parts)):

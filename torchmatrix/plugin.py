@@ -20,8 +20,11 @@ from torchmatrix import zygote
 from torchmatrix.cells import Cell
 from torchmatrix.events import EventLog, run_key
 from torchmatrix.launched import LaunchedRank, launched_rank
-from torchmatrix.pool import RankFailure, RankPool
+from torchmatrix.output_cap import DEFAULT_CAP_BYTES, cap_text
+from torchmatrix.parent_death import exit_with_runner
+from torchmatrix.pool import RankFailure, RankPool, collective_timeout
 from torchmatrix.protocol import required_names
+from torchmatrix.root_cause import root_cause
 
 PLAN_KEY = pytest.StashKey["CellPlan"]()
 GATE_POLL_S = 0.05
@@ -37,6 +40,7 @@ def pytest_addoption(parser):
 def pytest_configure(config):
     path = config.getoption("--torchmatrix-plan")
     if path:
+        exit_with_runner()
         plan = CellPlan(json.loads(Path(path).read_text()), Path(config.rootpath))
         config.stash[PLAN_KEY] = plan
         config.pluginmanager.register(plan, "torchmatrix-plan")
@@ -59,10 +63,11 @@ class CellPlan:
         for run in data["runs"]:
             self.cells_by_suite.setdefault(run["suite"], []).append(Cell(run["cell"]))
         self.order = {run_key(r["suite"], Cell(r["cell"]).id): i for i, r in enumerate(data["runs"])}
+        self.only_tests = {key: set(names) for key, names in (data.get("only_tests") or {}).items()}
         device = data["device"]
+        timeout = collective_timeout(max(spec["timeout"] for spec in self.suites.values()))
         if data.get("launcher") == "external":
-            timeout = max(spec["timeout"] for spec in self.suites.values())
-            self.pool = LaunchedRank(data["world_size"], backend=device["backend"], timeout_s=timeout)
+            self.pool = LaunchedRank(data["world_size"], backend=device["backend"], collective_timeout_s=timeout)
             rank = launched_rank()
             self.events = EventLog(data["events"] if rank == 0 else f"{data['events']}.rank{rank}")
         else:
@@ -70,6 +75,7 @@ class CellPlan:
                 data["world_size"],
                 device_type=device["device_type"],
                 backend=device["backend"],
+                collective_timeout_s=timeout,
                 threads_per_rank=data["threads_per_rank"],
             )
             zygote.start()
@@ -91,8 +97,13 @@ class CellPlan:
         metafunc.parametrize("cell", cells, ids=[c.id for c in cells])
 
     @pytest.hookimpl(trylast=True)
-    def pytest_collection_modifyitems(self, items):
-        """Run cell by cell (in plan order) so results of whole cells arrive early."""
+    def pytest_collection_modifyitems(self, config, items):
+        """Run cell by cell (in plan order) so results of whole cells arrive early; a confirmation
+        run keeps only the test it re-runs."""
+        if self.only_tests:
+            kept = [item for item in items if test_name(item) in self.only_tests.get(self._key(item), ())]
+            config.hook.pytest_deselected(items=[item for item in items if item not in kept])
+            items[:] = kept
         items.sort(key=lambda item: self.order.get(self._key(item), len(self.order)))
         collected: dict[str, list[str]] = {key: [] for key in self.order}
         for item in items:
@@ -129,7 +140,8 @@ class CellPlan:
     def pytest_collectreport(self, report):
         if report.failed:
             suite = self.suite_of(Path(self.rootpath, report.nodeid.split("::")[0]))
-            self.events.write("collect_error", suite=suite, nodeid=report.nodeid, text=str(report.longrepr))
+            text = cap_text(str(report.longrepr), self.data.get("output_cap", DEFAULT_CAP_BYTES))
+            self.events.write("collect_error", suite=suite, nodeid=report.nodeid, text=text)
 
     def pytest_runtest_logreport(self, report):
         self._reports.setdefault(report.nodeid, []).append(report)
@@ -148,7 +160,21 @@ class CellPlan:
         yield
         reports = self._reports.pop(item.nodeid, [])
         if where and reports:
-            self.events.write("test", nodeid=item.nodeid, **where, **_outcome(reports))
+            cap = self.data.get("output_cap", DEFAULT_CAP_BYTES)
+            self.events.write("test", nodeid=item.nodeid, **where, **_outcome(reports, cap))
+        if nextitem is not None and isinstance(self.pool, RankPool) and self.pool.starts and not self.pool.running:
+            try:
+                self.start_pool()  # the rebuild after a failure, timed as no test's
+            except RankFailure:
+                pass  # the next test's `ranks` fixture tries again and reports why
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(self, item, call):
+        """Keep the failure's root cause line with its report (the rank's, for a RankFailure)."""
+        outcome = yield
+        report = outcome.get_result()
+        if call.excinfo is not None and report.failed:
+            report.root_cause = root_cause(call.excinfo.value)
 
     def pytest_sessionfinish(self, session):
         self.pool.close()
@@ -178,8 +204,9 @@ def test_name(item) -> str:
     return f"{item.originalname}[{','.join(f'{k}={v}' for k, v in params.items())}]"
 
 
-def _outcome(reports) -> dict:
-    """Fold setup/call/teardown reports into one result the way JUnit reads it.
+def _outcome(reports, cap: int = DEFAULT_CAP_BYTES) -> dict:
+    """Fold setup/call/teardown reports into one result the way JUnit reads it, each text capped
+    at `cap` bytes (head and tail kept).
 
     A failing call is a failure; a failing setup or teardown is an error; otherwise a skip in
     any phase is a skip (with its reason); otherwise the test passed.
@@ -187,8 +214,8 @@ def _outcome(reports) -> dict:
     result = {
         "duration": sum(r.duration for r in reports),
         "properties": [list(p) for p in reports[-1].user_properties],
-        "stdout": reports[-1].capstdout,
-        "stderr": reports[-1].capstderr,
+        "stdout": cap_text(reports[-1].capstdout, cap),
+        "stderr": cap_text(reports[-1].capstderr, cap),
         "status": "passed",
         "message": "",
         "text": "",
@@ -199,10 +226,11 @@ def _outcome(reports) -> dict:
         first = failed[0]
         crash = getattr(first.longrepr, "reprcrash", None)
         text = first.longreprtext
+        fallback = crash.message if crash is not None else (text.strip().splitlines() or ["failed"])[-1]
         result.update(
             status="failed" if first.when == "call" else "error",
-            message=crash.message if crash is not None else (text.strip().splitlines() or ["failed"])[-1],
-            text=text,
+            message=cap_text(getattr(first, "root_cause", None) or fallback, cap),
+            text=cap_text(text, cap),
         )
     elif skipped:
         first = skipped[0]
@@ -245,11 +273,12 @@ class Ranks:
         try:
             return self.pool.run(fn, args, deadline=self.deadline)
         except RankFailure as failure:
-            if time.monotonic() >= self.deadline:
+            if failure.timed_out:
+                exceeded = f"deadline of {self.timeout:.0f}s per test exceeded"
                 raise RankFailure(
-                    f"deadline of {self.timeout:.0f}s per test exceeded in cell {self.cell.id}: {failure}"
+                    f"{exceeded} in cell {self.cell.id}: {failure}", f"{exceeded}: {failure.root_cause}"
                 ) from None
-            raise RankFailure(f"cell {self.cell.id}: {failure}") from None
+            raise RankFailure(f"cell {self.cell.id}: {failure}", failure.root_cause) from None
 
 
 @pytest.fixture

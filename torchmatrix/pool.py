@@ -2,8 +2,13 @@
 
 The pool is started once per pytest process and reused by every test of every cell of its world
 size, so the process group is created once, not once per test. Ranks fork from the zygote, which
-imported torch once for them all. A rank that raises, hangs past the deadline or dies takes the
-pool down; the next call starts a fresh one.
+imported torch once for them all.
+
+A test in which any rank did not answer "ok" (it raised, died or missed the deadline) takes the
+whole pool down, and the next test gets a fresh one. Proving the old one healthy instead would
+cost a collective whose own failure mode is a hang, and a rank that raised inside a collective
+leaves its gloo pairs closed for every later test ("Connection closed by peer"); a rebuild from
+the zygote costs well under a second. A failing test never changes a later test's result.
 """
 
 from __future__ import annotations
@@ -26,21 +31,42 @@ GRACE_AFTER_ERROR_S = 5.0
 STACK_WAIT_S = 1.0
 LOG_TAIL_LINES = 30
 EXIT_WAIT_S = 2.0
+COLLECTIVE_TIMEOUT_MARGIN_S = 60.0
+
+
+def collective_timeout(deadline_s: float) -> float:
+    """The process group's timeout for tests with this deadline: longer, so a hung collective is
+    always caught by the deadline (with every rank's stack), never by gloo or nccl first."""
+    return deadline_s + COLLECTIVE_TIMEOUT_MARGIN_S
 
 
 class RankFailure(Exception):
-    """A rank raised, died, or missed the deadline; the message holds every rank's evidence."""
+    """A rank raised, died, or missed the deadline; the message holds every rank's evidence and
+    `root_cause` the one line that says what broke (the first failing rank's innermost exception)."""
+
+    def __init__(self, report: str, root_cause: str = "", *, timed_out: bool = False):
+        super().__init__(report)
+        self.root_cause = root_cause
+        self.timed_out = timed_out
 
 
 class RankPool:
     """Rank processes 0..world_size-1, each serving `fn(*args)` calls over a socket pair."""
 
     def __init__(
-        self, world_size: int, *, device_type: str, backend: str, threads_per_rank: int = 1, cores: list[int] = ()
+        self,
+        world_size: int,
+        *,
+        device_type: str,
+        backend: str,
+        collective_timeout_s: float,
+        threads_per_rank: int = 1,
+        cores: list[int] = (),
     ):
         self.world_size = world_size
         self.device_type = device_type
         self.backend = backend
+        self.collective_timeout_s = collective_timeout_s
         self.threads_per_rank = threads_per_rank
         self.cores = list(cores)
         self.starts = 0
@@ -106,10 +132,10 @@ class RankPool:
         failed = {rank: reply for rank, reply in replies.items() if reply[0] != "ok"}
         if not failed and len(replies) == self.world_size:
             return [replies[rank][1] for rank in range(self.world_size)]
-        report = self._failure_report(getattr(fn, "__qualname__", repr(fn)), replies)
-        if len(replies) < self.world_size or any(kind == "died" for kind, _ in failed.values()):
-            self.close(graceful=False)
-        raise RankFailure(report)
+        name = getattr(fn, "__qualname__", repr(fn))
+        report = self._failure_report(name, replies)
+        self.close(graceful=False)
+        raise RankFailure(report, self._root_cause(name, replies), timed_out=not failed)
 
     def close(self, *, graceful: bool = True) -> None:
         """Stop every rank (asking first when `graceful`), reap it, and remove the ranks' logs and
@@ -142,6 +168,7 @@ class RankPool:
             TORCHMATRIX_BACKEND=self.backend,
             OMP_NUM_THREADS=str(self.threads_per_rank),
         )
+        env[worker.COLLECTIVE_TIMEOUT_VARIABLE] = str(self.collective_timeout_s)
         return env
 
     def _log(self, rank: int) -> Path:
@@ -169,13 +196,18 @@ class RankPool:
                 elif kind == "ready":
                     ready.add(rank)
                 else:
-                    text = f"rank {rank} could not join the process group: {value}\n{self._evidence(range(self.world_size))}"
+                    why, cause = value if kind == "error" else (value, f"rank {rank} {value}")
+                    text = (
+                        f"rank {rank} could not join the process group: {why}\n{self._evidence(range(self.world_size))}"
+                    )
                     self.close(graceful=False)
-                    raise RankFailure(text)
+                    raise RankFailure(text, cause)
             if time.monotonic() >= deadline and len(ready) < self.world_size:
-                text = f"ranks {sorted(set(range(self.world_size)) - ready)} did not join the process group within {START_TIMEOUT_S:.0f}s\n{self._evidence(range(self.world_size), stack_ranks=set(range(self.world_size)) - ready)}"
+                late = sorted(set(range(self.world_size)) - ready)
+                summary = f"ranks {late} did not join the process group within {START_TIMEOUT_S:.0f}s"
+                text = f"{summary}\n{self._evidence(range(self.world_size), stack_ranks=set(late))}"
                 self.close(graceful=False)
-                raise RankFailure(text)
+                raise RankFailure(text, summary)
 
     def _collect(self, deadline: float) -> dict[int, tuple[str, object]]:
         """Gather replies until all ranks answered, the deadline passed, or a failure's grace ran out."""
@@ -196,9 +228,21 @@ class RankPool:
                     cutoff = min(cutoff, time.monotonic() + GRACE_AFTER_ERROR_S)
         return replies
 
+    def _root_cause(self, name: str, replies: dict[int, tuple[str, object]]) -> str:
+        """What broke, in one line: the first rank to raise (in order of arrival), else the first to
+        die, else the ranks that did not finish."""
+        for kind, value in replies.values():
+            if kind == "error":
+                return value[1]
+        for rank, (kind, value) in replies.items():
+            if kind == "died":
+                return f"rank {rank} {value}"
+        missing = [r for r in range(self.world_size) if r not in replies]
+        return f"rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} did not finish {name}"
+
     def _failure_report(self, name: str, replies: dict[int, tuple[str, object]]) -> str:
         missing = [r for r in range(self.world_size) if r not in replies]
-        errors = {r: v for r, (k, v) in replies.items() if k == "error"}
+        errors = {r: v[0] for r, (k, v) in replies.items() if k == "error"}
         deaths = {r: v for r, (k, v) in replies.items() if k == "died"}
         lines = []
         if errors:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from torchmatrix import junit, results, summary_html, summary_md
 from torchmatrix.config import ConfigError, Matrix, load_matrix
+from torchmatrix.recovery import rebuild_missing_cells
 from torchmatrix.results import RunResults
 from torchmatrix.upgrade_diff import compare_runs, upgrade_diffs
 
@@ -21,7 +22,9 @@ SUMMARY_HTML = "summary.html"
 
 
 def write_report(run_dir: Path, config: str | None = None) -> list[Path]:
-    """Write junit.xml, results.json, summary.md and summary.html into the run directory."""
+    """Write junit.xml, results.json, summary.md and summary.html into the run directory (first
+    rebuilding, from the event logs, the cells a killed runner left without a report)."""
+    rebuild_missing_cells(run_dir)
     written = [junit.merge_run(run_dir)] if junit.cell_report_files(run_dir) else []
     run = load_run(run_dir, config)
     diffs = upgrade_diffs(run)

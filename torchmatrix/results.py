@@ -17,9 +17,11 @@ from junitparser import TestSuite
 
 from torchmatrix import junit
 from torchmatrix.config import ReportSettings
+from torchmatrix.outcomes import STATUSES, Confirmation
+from torchmatrix.root_cause import group_key
 
 SCHEMA = "torchmatrix.results"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 FILE_NAME = "results.json"
 STATUS_ORDER = ("error", "failed", "passed", "skipped")
 DRIFT_WORDS = {"abs", "rel", "drift", "diff", "err", "error", "ulp"}
@@ -45,6 +47,7 @@ class TestRecord:
     text: str = ""
     ran_in: str | None = None
     figures: dict = field(default_factory=dict, hash=False, compare=False)
+    confirmation: str = ""
 
     @property
     def run_cell(self) -> str:
@@ -63,12 +66,50 @@ class TestRecord:
             "text": self.text,
             "ran_in": self.ran_in,
             "figures": {name: _json_number(value) for name, value in self.figures.items()},
+            "confirmation": self.confirmation,
         }
 
     @classmethod
     def from_json(cls, data: dict) -> TestRecord:
         figures = {name: _figure_value(value) for name, value in data.get("figures", {}).items()}
         return cls(**{**data, "figures": figures})
+
+
+@dataclass
+class RootCause:
+    """Failed and errored tests that share one root cause line, across cells and torch versions."""
+
+    line: str
+    failures: list[tuple[TestRecord, list[str]]] = field(default_factory=list)
+
+    @property
+    def tests(self) -> int:
+        """Testcases, as the totals count them: once per cell a shared result stands for."""
+        return sum(len(cells) for _, cells in self.failures)
+
+    @property
+    def cells(self) -> list[str]:
+        return list(dict.fromkeys(cell for _, cells in self.failures for cell in cells))
+
+    @property
+    def versions(self) -> list[str]:
+        return list(dict.fromkeys(record.torch for record, _ in self.failures))
+
+
+@dataclass
+class SkipReason:
+    """Skipped tests that give one reason, across cells and torch versions."""
+
+    line: str
+    records: list[TestRecord] = field(default_factory=list)
+
+    @property
+    def cells(self) -> list[str]:
+        return list(dict.fromkeys(record.cell for record in self.records))
+
+    @property
+    def versions(self) -> list[str]:
+        return list(dict.fromkeys(record.torch for record in self.records))
 
 
 @dataclass(frozen=True)
@@ -165,6 +206,46 @@ class RunResults:
                 grouped.setdefault(key, (record, []))[1].append(record.cell)
         return list(grouped.values())
 
+    def root_causes(self) -> list[RootCause]:
+        """The failures grouped by root cause (what differs between runs of it blanked), most tests first."""
+        causes: dict[str, RootCause] = {}
+        for record, cells in self.failures():
+            line = record.message or "(no message)"
+            blanked = line.replace(record.run_cell, "<cell>") if record.run_cell else line  # suites name their cell
+            key = group_key(blanked)
+            causes.setdefault(key, RootCause(line)).failures.append((record, cells))
+        return sorted(causes.values(), key=lambda cause: -cause.tests)
+
+    def partly_skipped(self) -> dict[tuple[str, str, str], tuple[int, int]]:
+        """(torch, cell, suite) that passed with some tests skipped -> (skipped, tests): a green mark
+        that checked less than the suite has."""
+        counts: dict[tuple[str, str, str], list[int]] = {}
+        for record in self.tests:
+            tally = counts.setdefault((record.torch, record.cell, record.suite), [0, 0])
+            tally[0] += record.status == "skipped"
+            tally[1] += 1
+        statuses = self.statuses()
+        return {
+            key: (skipped, tests) for key, (skipped, tests) in counts.items() if statuses[key] == "passed" and skipped
+        }
+
+    def skip_reasons(self) -> list[SkipReason]:
+        """Skipped tests grouped by their reason, most tests first."""
+        reasons: dict[str, SkipReason] = {}
+        for record in self.tests:
+            if record.status == "skipped":
+                line = record.message or "(no reason given)"
+                reasons.setdefault(line, SkipReason(line)).records.append(record)
+        return sorted(reasons.values(), key=lambda reason: -len(reason.records))
+
+    def order_dependent(self) -> set[tuple[str, str, str]]:
+        """(torch, cell, suite) whose failures all passed when re-run alone: order-dependent or flaky."""
+        confirmations: dict[tuple[str, str, str], set[str]] = {}
+        for record in self.tests:
+            if record.status in ("failed", "error"):
+                confirmations.setdefault((record.torch, record.cell, record.suite), set()).add(record.confirmation)
+        return {key for key, seen in confirmations.items() if seen == {Confirmation.PASSED_ALONE.value}}
+
     def to_json(self, upgrade: list[dict] | None = None) -> dict:
         return {
             "schema": SCHEMA,
@@ -189,6 +270,21 @@ class RunResults:
 
     @classmethod
     def from_json(cls, data: dict) -> RunResults:
+        """The run a results.json holds; anything malformed in it is a ResultsError naming the first problem."""
+        if not isinstance(data, dict):
+            raise ResultsError("not a JSON object; regenerate it with `python -m torchmatrix report RUN_DIR`")
+        try:
+            results = cls._from_json(data)
+            _check_types(results)
+        except (KeyError, TypeError, AttributeError, ValueError) as error:
+            problem = f"missing key {error}" if isinstance(error, KeyError) else str(error)
+            raise ResultsError(
+                f"malformed ({problem}); regenerate it with `python -m torchmatrix report RUN_DIR`"
+            ) from None
+        return results
+
+    @classmethod
+    def _from_json(cls, data: dict) -> RunResults:
         if data.get("schema") != SCHEMA or data.get("schema_version") != SCHEMA_VERSION:
             raise ResultsError(
                 f"not a {SCHEMA} v{SCHEMA_VERSION} file (schema {data.get('schema')!r} v{data.get('schema_version')!r}); "
@@ -207,6 +303,26 @@ class RunResults:
             cells={cell["id"]: cell["axes"] for cell in data["cells"]},
             tests=[TestRecord.from_json(record) for record in data["tests"]],
         )
+
+
+def _check_types(results: RunResults) -> None:
+    """Raise TypeError or ValueError for a value of the wrong kind, before a report trips over it."""
+    texts = {"torch", "cell", "suite", "test", "message", "text", "confirmation"}
+    for record in results.tests:
+        for name in texts:
+            if not isinstance(getattr(record, name), str):
+                raise TypeError(f"tests[].{name} {getattr(record, name)!r} is not text")
+        if record.status not in STATUSES:
+            raise ValueError(f"tests[].status {record.status!r} is not one of {', '.join(STATUSES)}")
+        if isinstance(record.duration, bool) or not isinstance(record.duration, (int, float)):
+            raise TypeError(f"tests[].duration {record.duration!r} is not a number")
+        if record.ran_in is not None and not isinstance(record.ran_in, str):
+            raise TypeError(f"tests[].ran_in {record.ran_in!r} is not text")
+    for version in results.versions:
+        if not isinstance(version.torch, str):
+            raise TypeError(f"versions[].torch {version.torch!r} is not text")
+    if not isinstance(results.run_id, str) or not isinstance(results.baseline, str):
+        raise TypeError("run.id and run.baseline must be text")
 
 
 def is_drift_figure(name: str) -> bool:
@@ -232,7 +348,10 @@ def matrix_paths(run_dir: Path) -> list[Path]:
 def load_results(path: Path, baseline: str | None = None, settings: ReportSettings | None = None) -> RunResults:
     """Read a run directory, or a results.json (a CI artifact), into RunResults."""
     if path.is_file():
-        return RunResults.from_json(_read_json(path))
+        try:
+            return RunResults.from_json(_read_json(path))
+        except ResultsError as error:
+            raise ResultsError(f"{path}: {error}") from None
     if not path.is_dir():
         raise ResultsError(f"{path} does not exist; pass a run directory (reports/<run-id>) or its results.json")
     suites = _suites(path)
@@ -287,7 +406,7 @@ def _from_suites(run_dir: Path, suites: list[TestSuite], baseline: str | None, s
     plan_sha = [p.get("matrix_sha256", "") for p in plans.values()]
     return RunResults(
         run_id=run_dir.name,
-        created=min((s.timestamp for s in suites if s.timestamp), default=""),
+        created=run_started(plans.values(), suites),
         hosts=sorted({s.hostname for s in suites if s.hostname}),
         matrix_path=next((p.get("matrix", "") for p in plans.values()), ""),
         matrix_sha256=plan_sha[0] if plan_sha else "",
@@ -297,6 +416,13 @@ def _from_suites(run_dir: Path, suites: list[TestSuite], baseline: str | None, s
         cells=cells,
         tests=tests,
     )
+
+
+def run_started(plans, suites: list[TestSuite]) -> str:
+    """When the run started: the earliest start its versions' plan.json files record, else the
+    earliest cell's JUnit timestamp (a run directory holding only junit.xml)."""
+    recorded = [plan["started"] for plan in plans if plan.get("started")]
+    return min(recorded or [s.timestamp for s in suites if s.timestamp], default="")
 
 
 def _properties_of(environment: dict) -> dict[str, str]:
@@ -327,6 +453,7 @@ def _records(suite: TestSuite, torch: str, cell: str, properties: dict[str, str]
                 message=(result.message or "") if result is not None else "",
                 text=(result.text or "") if result is not None else "",
                 ran_in=properties.get(f"{case.classname}.ran_in"),
+                confirmation=properties.get(junit.confirmation_property(case.classname, test), ""),
                 figures={
                     name.removeprefix(prefix): _figure_value(value)
                     for name, value in properties.items()

@@ -14,19 +14,24 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import signal
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
 from pathlib import Path
 
-from torchmatrix import junit
+from torchmatrix import confirmation, junit
 from torchmatrix.cells import Cell
 from torchmatrix.component_check import check_components
 from torchmatrix.config import Matrix
 from torchmatrix.devices import Environment, ProbeError, probe
 from torchmatrix.outcomes import OutcomeBook
+from torchmatrix.output_cap import DEFAULT_CAP_BYTES
+from torchmatrix.parent_death import PARENT_PID_VARIABLE
 from torchmatrix.plan import Group, SuiteRun, group_runs, plan_runs
+from torchmatrix.plan_file import write_plan
 from torchmatrix.progress import Progress
 from torchmatrix.run_directory import point_latest
 from torchmatrix.schedule import GroupProcess, Scheduler
@@ -34,6 +39,7 @@ from torchmatrix.selection import Shard, select_cells
 
 INTERRUPTED_EXIT = 130
 INSTALL_LOG_TAIL_LINES = 40
+DEFAULT_MAX_CPU_RANKS = 64  # each simulated rank is a process with torch loaded (~0.3 GB)
 
 
 class RunError(Exception):
@@ -55,6 +61,10 @@ class RunRequest:
     gpus_per_node: int | None = None
     multinode_launcher: str | None = None
     slots: int | None = None
+    confirm_limit: int = confirmation.DEFAULT_LIMIT
+    restart: bool = False
+    max_cpu_ranks: int = DEFAULT_MAX_CPU_RANKS
+    output_cap: int = DEFAULT_CAP_BYTES
 
     @property
     def run_dir(self) -> Path:
@@ -78,19 +88,50 @@ def prepare_directory(path: Path) -> None:
         ) from None
 
 
+def claim_version_directory(request: RunRequest) -> None:
+    """Refuse a torch version directory an earlier run with this id used (its events and gates
+    would mix into this run), or with `restart`, clear it; a nox install log written for this run stays."""
+    used = [
+        path
+        for path in [request.version_dir / "plan.json", *request.version_dir.glob("*.xml")]
+        + sorted((request.version_dir / "logs").glob("*.events.jsonl"))
+        if path.exists()
+    ]
+    if not used:
+        return
+    if not request.restart:
+        raise RunError(
+            f"{request.version_dir} already holds a run (found {used[0].name}); pass a new --run-id, or --restart to delete it and start clean"
+        )
+    keep = request.install_log.resolve() if request.install_log else None
+    logs = request.version_dir / "logs"
+    for path in [*request.version_dir.iterdir(), *(logs.iterdir() if logs.is_dir() else [])]:
+        if path == logs or path.resolve() == keep or not path.exists():
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+
+
 def run_version(request: RunRequest, stream=sys.stdout) -> int:
     """Run the cells of one torch version; return 0 (all passed or skipped), 1 (failures) or 130."""
     matrix = request.matrix
+    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     cells = select_cells(matrix.cells(), only=request.only, keyword=request.keyword, shard=request.shard)
     with ThreadPoolExecutor(max_workers=2) as children:
         probed = children.submit(_probe_or_error) if request.install_log is None else None
         if request.install_log is None:
             _refuse_broken_components(matrix)
+        claim_version_directory(request)
         prepare_directory(request.version_dir / "logs")
         runs = plan_runs(cells, matrix.suites)
         book = OutcomeBook(runs)
         progress = Progress(request.version, len(cells), stream)
         environment, runnable = _environment(request, book, probed.result() if probed else None)
+    if runnable:
+        _refuse_too_wide_for_cpu(request, cells, environment)
+    _write_plan(request, cells, book, environment, started, finished=False)
     progress.say(
         f"torchmatrix: torch {request.version}, {len(cells)} cells, {len(runs)} suite runs, device: {environment['device']}"
     )
@@ -104,7 +145,7 @@ def run_version(request: RunRequest, stream=sys.stdout) -> int:
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
-    _write_reports(request, cells, book, environment)
+    _write_reports(request, cells, book, environment, started)
     totals = book.counts(cells)
     progress.say(
         f"torchmatrix: torch {request.version}: {totals['passed']} passed, {totals['failed']} failed, "
@@ -113,6 +154,19 @@ def run_version(request: RunRequest, stream=sys.stdout) -> int:
     if interrupted:
         return INTERRUPTED_EXIT
     return 1 if totals["failed"] or totals["error"] else 0
+
+
+def _refuse_too_wide_for_cpu(request: RunRequest, cells: list[Cell], environment: dict) -> None:
+    """On CPU every rank is a process: a world size of thousands would fork until the machine
+    gives out, so cells wider than `--max-cpu-ranks` stop the run before it starts."""
+    if environment["device_type"] != "cpu" or request.multinode_launcher:
+        return
+    widest = max((cell.world_size for cell in cells), default=0)
+    if widest > request.max_cpu_ranks:
+        raise RunError(
+            f"world size {widest} needs {widest} rank processes on this CPU-only machine, above the limit of {request.max_cpu_ranks}; "
+            f"narrow the selection (--only world_size=...) or pass --max-cpu-ranks {widest}"
+        )
 
 
 def _refuse_broken_components(matrix: Matrix) -> None:
@@ -197,33 +251,60 @@ def _run_cells(
             runnable.append(run)
     cores = [] if gpu_count else sorted(os.sched_getaffinity(0))
     slots = request.slots or gpu_count or len(cores)
-    groups = [
-        _with_launcher(group, node_size, request.multinode_launcher)
-        for group in group_runs(runnable, slots, fillers=not gpu_count)
-    ]
     finished: set[Cell] = set()
 
     def report_finished_cells() -> None:
         for cell in cells:
             if cell not in finished and book.cell_done(cell):
                 finished.add(cell)
-                progress.cell_finished(cell.id, [o.status for _, o in book.for_cell(cell)], book.counts(finished))
+                junit.write_cell(
+                    request.version_dir,
+                    request.version,
+                    environment,
+                    cell,
+                    book.for_cell(cell),
+                    book.cell_started(cell),
+                )
+                tests = [(f"{run.suite.name}::{o.test}", o.status) for run, o in book.for_cell(cell)]
+                progress.cell_finished(cell.id, tests, book.counts(finished))
 
-    def start(group: Group) -> GroupProcess:
-        return _start_group(request, group, environment)
+    def scheduler(groups: list[Group], **kwargs) -> Scheduler:
+        return Scheduler(
+            [_with_launcher(group, node_size, request.multinode_launcher) for group in groups],
+            start=lambda group: _start_group(request, group, environment),
+            slots=slots,
+            gpu_ids=list(range(gpu_count)),
+            core_ids=cores,
+            **kwargs,
+        )
 
     report_finished_cells()
-    scheduler = Scheduler(
-        groups,
-        book,
-        start=start,
-        slots=slots,
-        gpu_ids=list(range(gpu_count)),
-        core_ids=cores,
-        on_update=report_finished_cells,
+    scheduler(group_runs(runnable, slots, fillers=not gpu_count), book=book, on_update=report_finished_cells).run()
+    report_finished_cells()
+    _confirm_failures(request, book, progress, scheduler, slots)
+
+
+def _confirm_failures(request: RunRequest, book: OutcomeBook, progress: Progress, scheduler, slots: int) -> None:
+    """Re-run each failed test alone in a fresh process (up to the limit), `slots` processes at a
+    time, and mark it with what that showed."""
+    retries = confirmation.retries(book) if request.confirm_limit > 0 else []
+    if not retries:
+        return
+    chosen, past_limit = retries[: request.confirm_limit], retries[request.confirm_limit :]
+    progress.say(
+        f"torchmatrix: torch {request.version}: re-running {len(chosen)} failed tests alone, each in a fresh process"
+        + (f" ({len(past_limit)} more past --confirm-limit {request.confirm_limit})" if past_limit else "")
     )
-    scheduler.run()
-    report_finished_cells()
+    groups = [retry.group(index) for index, retry in enumerate(chosen, 1)]
+    alone = [OutcomeBook(group.runs) for group in groups]
+    scheduler(groups, book=None, books={g.name: b for g, b in zip(groups, alone)}, max_started=slots).run()
+    confirmation.record(chosen, alone, past_limit, request.confirm_limit)
+    book.pool_starts += sum(b.pool_starts for b in alone)
+    verdicts = [retry.outcome.confirmation for retry in chosen]
+    progress.say(
+        f"torchmatrix: torch {request.version}: {verdicts.count(confirmation.Confirmation.FAILS_ALONE)} of {len(chosen)} fail alone, "
+        f"{verdicts.count(confirmation.Confirmation.PASSED_ALONE)} passed alone (order-dependent or flaky)"
+    )
 
 
 def _with_launcher(group: Group, node_size: int | None, template: str | None) -> Group:
@@ -243,6 +324,7 @@ def group_command(
     *,
     threads_per_rank: int = 1,
     gate: Path | None = None,
+    output_cap: int = DEFAULT_CAP_BYTES,
 ) -> list[str]:
     """Write the group's plan under `logs` and return the pytest command that runs it.
 
@@ -259,6 +341,7 @@ def group_command(
                 "device": environment,
                 "events": str(events_path(logs, group)),
                 "threads_per_rank": 1,
+                "output_cap": output_cap,
                 "gate": str(gate) if gate else None,
                 "launcher": "external" if group.launcher else "pool",
                 "components": matrix.components,
@@ -266,6 +349,7 @@ def group_command(
                     name: {"path": s.path, "timeout": s.timeout, "options": s.options} for name, s in suites.items()
                 },
                 "runs": [{"suite": run.suite.name, "cell": run.cell.to_json()} for run in group.runs],
+                "only_tests": {run.key: list(group.only_tests) for run in group.runs} if group.only_tests else None,
             },
             indent=2,
         )
@@ -275,6 +359,7 @@ def group_command(
         *python, "-m", "pytest",
         "-p", "torchmatrix.plugin",
         "-p", "no:cacheprovider",
+        "--continue-on-collection-errors",
         "--torchmatrix-plan", str(plan),
         "--rootdir", str(matrix.root),
         "-q",
@@ -291,10 +376,14 @@ def _start_group(request: RunRequest, group: Group, environment: dict) -> GroupP
     """Start `pytest -p torchmatrix.plugin` on the group's suites, waiting at its gate."""
     logs = request.version_dir / "logs"
     gate = logs / f"{group.name}.go"
-    command = group_command(request.matrix, request.version, group, environment, logs, gate=gate)
+    command = group_command(
+        request.matrix, request.version, group, environment, logs, gate=gate, output_cap=request.output_cap
+    )
     env = dict(os.environ)
     if group.launcher:
         env["TORCHMATRIX_DEVICE"] = environment["device_type"]
+    else:
+        env[PARENT_PID_VARIABLE] = str(os.getpid())
     return GroupProcess.start(
         group,
         command,
@@ -306,24 +395,39 @@ def _start_group(request: RunRequest, group: Group, environment: dict) -> GroupP
     )
 
 
-def _write_reports(request: RunRequest, cells: list[Cell], book: OutcomeBook, environment: dict) -> None:
+def _write_reports(request: RunRequest, cells: list[Cell], book: OutcomeBook, environment: dict, started: str) -> None:
     for cell in cells:
-        junit.write_cell(request.version_dir, request.version, environment, cell, book.for_cell(cell))
-    (request.version_dir / "plan.json").write_text(
-        json.dumps(
-            {
-                "torch": request.version,
-                "matrix": str(request.matrix.path),
-                "matrix_sha256": request.matrix.digest,
-                "only": {axis: sorted(values) for axis, values in request.only.items()},
-                "keyword": request.keyword,
-                "shard": str(request.shard) if request.shard else None,
-                "environment": environment,
-                "cells": [cell.id for cell in cells],
-                "pool_starts": book.pool_starts,
-            },
-            indent=2,
+        junit.write_cell(
+            request.version_dir, request.version, environment, cell, book.for_cell(cell), book.cell_started(cell)
         )
-    )
+    _write_plan(request, cells, book, environment, started, finished=True)
     junit.merge_run(request.run_dir)
     point_latest(request.reports, request.run_id)
+
+
+def _write_plan(
+    request: RunRequest, cells: list[Cell], book: OutcomeBook, environment: dict, started: str, *, finished: bool
+) -> None:
+    """plan.json, first before any cell runs (with what `report` needs to rebuild the cells of a
+    runner that was killed: each cell's axis values and the suites), then again at the end."""
+    write_plan(
+        request.version_dir,
+        {
+            "torch": request.version,
+            "started": started,
+            "matrix": str(request.matrix.path),
+            "matrix_sha256": request.matrix.digest,
+            "only": {axis: sorted(values) for axis, values in request.only.items()},
+            "keyword": request.keyword,
+            "shard": str(request.shard) if request.shard else None,
+            "environment": environment,
+            "cells": [cell.id for cell in cells],
+            "cell_axes": [cell.to_json() for cell in cells],
+            "suites": {
+                name: {"path": suite.path, "timeout": suite.timeout, "axes": list(suite.axes)}
+                for name, suite in request.matrix.suites.items()
+            },
+            "pool_starts": book.pool_starts,
+            "finished": finished,
+        },
+    )

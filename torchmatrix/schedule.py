@@ -16,7 +16,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -116,21 +116,30 @@ def exit_reason(code: int) -> str:
 
 
 class Scheduler:
-    """Opens groups' gates when slots free up and turns their events into outcomes."""
+    """Opens groups' gates when slots free up and turns their events into outcomes.
+
+    Every group's events feed `book`, or its own book in `books` (by group name: confirmation
+    processes each re-run one test of a suite run the main book already holds). With
+    `max_started`, groups start only as earlier ones finish, so that many at most import at once.
+    """
 
     def __init__(
         self,
         groups: Sequence[Group],
-        book: OutcomeBook,
+        book: OutcomeBook | None,
         *,
         start: Callable[[Group], GroupProcess],
         slots: int,
         gpu_ids: Sequence[int] = (),
         core_ids: Sequence[int] = (),
         on_update: Callable[[], None] = lambda: None,
+        books: Mapping[str, OutcomeBook] | None = None,
+        max_started: int | None = None,
     ):
         self.groups = list(groups)
         self.book = book
+        self.books = dict(books or {})
+        self.max_started = max_started
         self.start = start
         self.slots = slots
         self.free_gpus = list(gpu_ids)
@@ -142,9 +151,11 @@ class Scheduler:
 
     def run(self) -> None:
         """Run every group to completion; on Ctrl-C kill them all, record why, and re-raise."""
+        pending = list(self.groups)
         try:
-            self.waiting = [self.start(group) for group in self.groups]
-            while self.waiting or self.active:
+            while pending or self.waiting or self.active:
+                while pending and (self.max_started is None or len(self.waiting + self.active) < self.max_started):
+                    self.waiting.append(self.start(pending.pop(0)))
                 self._open_what_fits()
                 self._poll()
                 self.on_update()
@@ -152,9 +163,10 @@ class Scheduler:
         except KeyboardInterrupt:
             for process in self.waiting + self.active:
                 process.kill()
-            for key in self.book.runs:
-                if not self.book.is_done(key):
-                    self.book.fail_run(key, "error", "interrupted (Ctrl-C or SIGTERM) before this suite finished")
+            for book in {id(b): b for b in [self.book, *self.books.values()] if b is not None}.values():
+                for key in book.runs:
+                    if not book.is_done(key):
+                        book.fail_run(key, "error", "interrupted (Ctrl-C or SIGTERM) before this suite finished")
             raise
 
     def _used_slots(self) -> int:
@@ -186,24 +198,26 @@ class Scheduler:
             self.waiting.remove(process)
             self.active.append(process)
 
+    def _book(self, process: GroupProcess) -> OutcomeBook:
+        return self.books.get(process.group.name, self.book)
+
     def _poll(self) -> None:
         now = time.monotonic()
         for process in self.active + self.waiting:
+            book = self._book(process)
             for event in process.events.read_new():
-                self.book.feed(event, now)
+                book.feed(event, now)
             code = process.proc.poll()
             if code is None:
                 hung = self._hung_test(process, now) if process in self.active else None
                 if hung is None:
                     continue
                 process.kill()
-                self.book.close_group(process.keys, hung, process.log_tail())
+                book.close_group(process.keys, hung, process.log_tail())
             else:
                 for event in process.events.read_new():
-                    self.book.feed(event, now)
-                self.book.close_group(
-                    process.keys, f"{exit_reason(code)} before this suite reported", process.log_tail()
-                )
+                    book.feed(event, now)
+                book.close_group(process.keys, f"{exit_reason(code)} before this suite reported", process.log_tail())
             if process in self.active:
                 self.active.remove(process)
                 self.free_gpus.extend(process.gpus)
@@ -213,10 +227,11 @@ class Scheduler:
 
     def _hung_test(self, process: GroupProcess, now: float) -> str | None:
         """A test running past its deadline plus a grace: it hangs outside the rank pool's control."""
+        book = self._book(process)
         for key in process.keys:
-            if key in self.book.running:
-                test, since = self.book.running[key]
-                limit = self.book.runs[key].suite.timeout + BACKSTOP_GRACE_S
+            if key in book.running:
+                test, since = book.running[key]
+                limit = book.runs[key].suite.timeout + BACKSTOP_GRACE_S
                 if now - since > limit:
                     return f"{test} ran {now - since:.0f}s, past its deadline plus {BACKSTOP_GRACE_S:.0f}s grace, outside the rank pool; the pytest process was killed"
         return None

@@ -56,14 +56,40 @@ def select_cells(
     keyword: str | None = None,
     shard: Shard | None = None,
 ) -> list[Cell]:
-    """Apply the filters, then take the shard: shards partition exactly what the filters kept."""
+    """Apply the filters, then take the shard: shards partition exactly what the filters kept.
+
+    `--only` or `-k` that keep no cell is a typo, not an empty run: it raises, naming what exists.
+    (A shard may be empty: more shards than cells.)
+    """
     chosen = [c for c in cells if _passes_only(c, only or {})]
+    if cells and only and not chosen:
+        raise SelectionError(_nothing_for_only(cells, only))
     if keyword:
         expression = KeywordExpression(keyword)
-        chosen = [c for c in chosen if expression.matches(c.id)]
+        kept = [c for c in chosen if expression.matches(c.id)]
+        if chosen and not kept:
+            examples = ", ".join(c.id for c in chosen[:3]) + (", ..." if len(chosen) > 3 else "")
+            raise SelectionError(
+                f"-k {keyword!r} matches none of the {len(chosen)} cell ids the other filters kept ({examples}); run `python -m torchmatrix list` to see them"
+            )
+        chosen = kept
     if shard:
         chosen = shard_cells(chosen, shard)
     return chosen
+
+
+def _nothing_for_only(cells: Sequence[Cell], only: Mapping[str, set[str]]) -> str:
+    """Which `--only` value matched no cell, with the values that axis has."""
+    for axis, wanted in only.items():
+        existing = sorted({filter_token(c[axis]) for c in cells if axis in c}, key=_natural)
+        if not wanted & set(existing):
+            return f"--only {axis}={','.join(sorted(wanted, key=_natural))} selects no cell; {axis} has: {', '.join(existing)}"
+    written = " ".join(f"--only {axis}={','.join(sorted(values, key=_natural))}" for axis, values in only.items())
+    return f"{written}: each value exists, but no cell has them together; run `python -m torchmatrix list` to see the cells"
+
+
+def _natural(text: str) -> tuple:
+    return (0, int(text), "") if text.isdigit() else (1, 0, text)
 
 
 def _passes_only(cell: Cell, only: Mapping[str, set[str]]) -> bool:

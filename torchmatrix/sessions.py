@@ -8,11 +8,15 @@ report: its cells are recorded as errors carrying pip's output.
 from __future__ import annotations
 
 import argparse
-import subprocess
+import logging
 import sys
 from pathlib import Path
 
 from torchmatrix.config import ConfigError, Matrix, load_matrix
+from torchmatrix.envdir_lock import EnvdirBusy, envdir_of, lock_envdir, runs_matrix_sessions
+from torchmatrix.run_directory import new_run_id
+from torchmatrix.safe_names import UnsafeName, check_relative_path
+from torchmatrix.torch_install import install_torch
 
 PROJECT = Path(__file__).resolve().parent.parent
 
@@ -26,11 +30,32 @@ def matrix_or_exit(path: str) -> Matrix:
         raise SystemExit(2) from None
 
 
-def gpu_matrix(session, matrix: Matrix, torch_version: str, run_id: str) -> None:
-    """Install torch==V and this project into the session's venv, then run V's cells."""
-    import nox
+def run_id_or_exit(given: str | None) -> str:
+    """TORCHMATRIX_RUN_ID as a run directory name under reports/ (or a new one); one that would
+    leave reports/ ends nox with one line and exit code 2."""
+    try:
+        return check_relative_path(given, "TORCHMATRIX_RUN_ID") if given else new_run_id()
+    except UnsafeName as error:
+        print(f"torchmatrix: error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
 
-    session.install("-e", str(PROJECT))
+
+def lock_envdir_or_exit(argv: list[str]) -> int | None:
+    """When this nox command runs matrix sessions, hold its envdir's matrix lock until nox exits
+    (taken as the noxfile loads, before nox touches a venv); a second one ends with exit code 2."""
+    if not runs_matrix_sessions(argv):
+        return None
+    try:
+        return lock_envdir(envdir_of(argv, PROJECT))
+    except EnvdirBusy as error:
+        print(f"torchmatrix: error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def gpu_matrix(session, matrix: Matrix, torch_version: str, run_id: str) -> None:
+    """Install torch==V as matrix.toml says (checked first, progress on the terminal), this project, then run V's cells."""
+    install = matrix.install(torch_version)
+    session.env.update(install.env)
     reports = matrix.root / "reports"
     run = [
         "python",
@@ -49,16 +74,13 @@ def gpu_matrix(session, matrix: Matrix, torch_version: str, run_id: str) -> None
     session.notify("report", [str(reports / run_id)])
     install_log = reports / run_id / f"torch-{torch_version}" / "logs" / "install.log"
     install_log.parent.mkdir(parents=True, exist_ok=True)
-    with open(install_log, "w") as log:
-        try:
-            session.install(f"torch=={torch_version}", "numpy", silent=False, stdout=log, stderr=subprocess.STDOUT)
-        except nox.command.CommandFailed:
-            failed = True
-        else:
-            failed = False
-    if failed:
+    installed = install_torch(session, torch_version, install, install_log)
+    session.install("-e", str(PROJECT))
+    if not installed.ok:
         session.run(*run, "--install-log", str(install_log), *session.posargs, success_codes=[0, 1])
-        session.error(f"torch=={torch_version} did not install; its cells are reported as errors (see {install_log})")
+        session.error(
+            f"torch=={torch_version} did not install: {installed.reason}; its cells are reported as errors (see {install_log})"
+        )
     session.run(*run, *session.posargs)
 
 
@@ -84,13 +106,25 @@ def report(session) -> None:
     session.install("-e", str(PROJECT))
     session.run("python", "-m", "torchmatrix", "report", args.run_dir)
     if args.compare:
-        session.run("python", "-m", "torchmatrix", "compare", args.compare, args.run_dir)
+        out = Path(args.run_dir) / f"compare-{Path(args.compare).resolve().name}.md"
+        session.run("python", "-m", "torchmatrix", "compare", args.compare, args.run_dir, "--out", str(out))
 
 
 def merge(session) -> None:
     """Merge report directories (shards, jobs, versions): `nox -s merge -- DIR... --out DIR`."""
     session.install("-e", str(PROJECT))
     session.run("python", "-m", "torchmatrix", "merge", *session.posargs)
+
+
+def sensitivity(session, matrix: Matrix) -> None:
+    """`python -m torchmatrix sensitivity` on the baseline torch: which generic mutants of the
+    configured components the suites catch; the session fails when one is missed."""
+    torch = [] if matrix.baseline == "system" else [f"torch=={matrix.baseline}", "numpy"]
+    session.install("-e", str(PROJECT), *torch)
+    session.run(
+        "python", "-m", "torchmatrix", "sensitivity", "--config", str(matrix.path), "--torch", matrix.baseline,
+        *session.posargs,
+    )  # fmt: skip
 
 
 def tests(session, torch_version: str) -> None:
@@ -105,3 +139,23 @@ def lint(session) -> None:
     session.install("ruff")
     session.run("ruff", "check", str(PROJECT))
     session.run("ruff", "format", "--check", str(PROJECT))
+
+
+def cli(session, command: str) -> None:
+    """`python -m torchmatrix COMMAND` from a venv that has this project installed (nox's own
+    environment lacks its dependencies): the README's commands work from its set-up."""
+    session.install("-e", str(PROJECT))
+    session.run("python", "-m", "torchmatrix", *([command] if command else []), *session.posargs)
+
+
+class UvProbeFilter(logging.Filter):
+    """Drops nox's "uv binary not found." line: nox probes for uv before creating any venv, even
+    with the virtualenv backend this project uses, and says so on every session."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() != "uv binary not found."
+
+
+def quiet_uv_probe() -> None:
+    """Install UvProbeFilter on nox's logger."""
+    logging.getLogger("nox").addFilter(UvProbeFilter())

@@ -8,6 +8,7 @@ still end up in the report as errored cells.
 
 from __future__ import annotations
 
+import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,8 +16,12 @@ from pathlib import Path
 from torchmatrix.config import Matrix
 from torchmatrix.selection import SelectionError, select_cells
 
-NOX_RUN = "nox -R -s \"gpu_matrix(torch='$VERSION')\" -- "
+# --restart: a requeued task reruns with its run id, and starts clean instead of being refused.
+NOX_RUN = "nox -R -s \"gpu_matrix(torch='$VERSION')\" -- --restart "
 SHARD_ARG = '--shard "$SHARD"'
+PARTITION = re.compile(r"^[A-Za-z0-9_.-]+(,[A-Za-z0-9_.-]+)*$")
+TIME_LIMIT = re.compile(r"^([0-9]+(-[0-9]+)?(:[0-9]+){0,2}|UNLIMITED|INFINITE|infinite|unlimited)$")
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 MULTINODE_LAUNCHER = (
     "srun --nodes={{nnodes}} --ntasks-per-node=1 torchrun --nnodes={{nnodes}} --nproc-per-node={{nproc_per_node}}"
     " --rdzv-backend=c10d --rdzv-endpoint=$head:{port} --rdzv-id=$SLURM_JOB_ID"
@@ -32,6 +37,21 @@ class SlurmOptions:
     partition: str | None = None
     time: str = "04:00:00"
     rdzv_port: int = 29500
+
+    def check(self) -> None:
+        """Values land in `#SBATCH` lines, which no shell quoting protects: only plain spellings pass."""
+        if self.shards < 1 or self.gpus_per_node < 1:
+            raise SelectionError("slurm: --shards and --gpus-per-node must be positive")
+        if self.partition is not None and not PARTITION.match(self.partition):
+            raise SelectionError(
+                f"slurm: --partition {self.partition!r} is not a partition name; use letters, digits, '_', '.', '-' (comma-separated for several)"
+            )
+        if not TIME_LIMIT.match(self.time):
+            raise SelectionError(
+                f"slurm: --time {self.time!r} is not a Slurm time limit; write e.g. 04:00:00, 90 or 1-12:00:00"
+            )
+        if not 1 <= self.rdzv_port <= 65535:
+            raise SelectionError(f"slurm: --rdzv-port {self.rdzv_port} is not a TCP port (1-65535)")
 
 
 def _header(job_name: str, options: SlurmOptions, root: Path, *, nodes: int = 1, array: str | None = None) -> list[str]:
@@ -64,8 +84,11 @@ def write_slurm(
     matrix: Matrix, options: SlurmOptions, out: Path, *, only: dict, keyword: str | None, filter_args: list[str]
 ) -> list[Path]:
     """Write the scripts into `out` and return them; `out/submit.sh` submits the whole chain."""
-    if options.shards < 1 or options.gpus_per_node < 1:
-        raise SelectionError("slurm: --shards and --gpus-per-node must be positive")
+    options.check()
+    if CONTROL.search(str(matrix.root)):
+        raise SelectionError(
+            f"slurm: the project path {str(matrix.root)!r} holds a control character (a newline?), which would break the #SBATCH lines; move the project"
+        )
     versions = [v for v in matrix.versions if v != "system"]
     if not versions:
         raise SelectionError("slurm: matrix.toml lists no installable torch version (only 'system')")

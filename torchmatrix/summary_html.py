@@ -14,11 +14,15 @@ import html
 import math
 from collections import defaultdict
 
+from torchmatrix.outcomes import Confirmation
 from torchmatrix.results import RunResults, TestRecord, drift_measure, is_drift_figure
+from torchmatrix.summary_md import describe_filters, distinct_texts, failure_count
 from torchmatrix.untrusted_text import one_line, visible
 from torchmatrix.upgrade_diff import Change, UpgradeDiff, grew
 
 SYMBOLS = {"passed": "✓", "failed": "✗", "error": "!", "skipped": "–"}
+ORDER_DEPENDENT = ("order-dependent", "?")
+PARTLY_SKIPPED = ("partly-skipped", "✓")
 CHART_BAR = 14
 CHART_HEIGHT = 28
 
@@ -33,8 +37,11 @@ th { background: #f6f8fa; }
         color: #fff; text-decoration: none; font-weight: bold; }
 .passed { background: #1a7f37; } .failed { background: #cf222e; } .error { background: #8250df; }
 .skipped { background: #8c959f; } .none { background: #eaeef2; color: #57606a; }
+.order-dependent { background: #bf8700; }
+.partly-skipped { background: #fff; color: #1a7f37; box-shadow: inset 0 0 0 2px #1a7f37; }
 .bad { color: #cf222e; font-weight: bold; } .good { color: #1a7f37; }
 details.failure { margin: .3em 0; } details.failure summary { cursor: pointer; }
+details.cells { display: inline; } details.cells summary { display: inline; cursor: pointer; color: #0969da; }
 #filters label { margin-right: 1em; } #filters select { margin-left: .3em; }
 svg rect.base { fill: #8c959f; } svg rect.same { fill: #0969da; } svg rect.grown { fill: #cf222e; }
 svg rect.zero { fill: #d0d7de; }
@@ -67,15 +74,20 @@ applyFilters();
 
 def render(results: RunResults, diffs: list[UpgradeDiff]) -> str:
     """The whole page as one string."""
-    failures = results.failures()
-    anchors = {(r.torch, r.suite, r.test, r.run_cell): f"failure-{i}" for i, (r, _) in enumerate(failures)}
+    anchors = {
+        (r.torch, r.suite, r.test, r.run_cell): f"failure-{c}-{t}"
+        for c, cause in enumerate(results.root_causes())
+        for t, records in enumerate(distinct_texts(cause))
+        for r in records
+    }
     body = "\n".join(
         [
             _header(results),
             _totals(results),
             *(_diff(diff) for diff in diffs),
             _grid(results, anchors),
-            _failures(failures, anchors),
+            _failures(results, anchors),
+            _skips(results),
             _drift(results),
         ]
     )
@@ -101,9 +113,15 @@ def _header(results: RunResults) -> str:
         for v in results.versions
     )
     started = f"Started {text(results.created)} on {text(', '.join(results.hosts))}; " if results.created else ""
+    filtered = "; ".join(
+        f"torch <code>{text(v.torch)}</code>: <code>{text(describe_filters(v.filters))}</code>"
+        for v in results.versions
+        if v.filters
+    )
     return (
         f"<h1>torchmatrix run <code>{text(results.run_id)}</code></h1>\n"
-        f"<p>torch {versions}; baseline <code>{text(results.baseline)}</code>. {started}"
+        + (f'<p class="bad">Filtered run, not the whole matrix: {filtered}</p>\n' if filtered else "")
+        + f"<p>torch {versions}; baseline <code>{text(results.baseline)}</code>. {started}"
         f"matrix <code>{text(results.matrix_path)}</code> sha256 <code>{text(results.matrix_sha256[:12])}</code>.</p>"
     )
 
@@ -135,19 +153,23 @@ def _diff(diff: UpgradeDiff) -> str:
     before, after = text(diff.before), text(diff.after)
     summary = (
         f'<p><span class="{"bad" if diff.regressions else "good"}">{_count(len(diff.regressions), "regression")}</span>, '
-        f"{_count(len(diff.fixes), 'fix', 'fixes')}, {len(diff.newly_skipped)} newly skipped, "
+        f"{_count(len(diff.fixes), 'fix', 'fixes')} (confirmed: the failure fails alone), "
+        f"{len(diff.unconfirmed)} unconfirmed, {len(diff.newly_skipped)} newly skipped, "
         f"{_count(len(diff.drift), 'drift figure')} grown more than {diff.settings.drift_ratio:g}×, "
         f"{_count(len(diff.slowdowns), 'suite')} slower than {diff.settings.slowdown_ratio:g}× "
         f"({diff.compared} tests compared).</p>"
     )
     parts = [f'<h2 class="upgrade">Upgrade diff <code>{before}</code> → <code>{after}</code></h2>', summary]
     for title, changes in (
-        ("Regressions", diff.regressions),
-        ("Fixes", diff.fixes),
+        ("Regressions (fail alone)", diff.regressions),
+        ("Fixes (the baseline's failure failed alone)", diff.fixes),
+        ("Unconfirmed changes (the failing side passed alone, or was not re-run)", diff.unconfirmed),
         ("Newly skipped", diff.newly_skipped),
     ):
         if changes:
-            parts.append(f"<h3>{title}</h3>\n" + _changes_table(changes, before, after))
+            parts.append(
+                f"<h3>{title}</h3>\n" + _changes_table(changes, before, after, changes is not diff.newly_skipped)
+            )
     if diff.drift:
         rows = "".join(
             f"<tr><td><code>{text(d.suite)}</code></td><td><code>{text(d.test)}</code></td>"
@@ -162,12 +184,13 @@ def _diff(diff: UpgradeDiff) -> str:
         )
     if diff.slowdowns:
         rows = "".join(
-            f"<tr><td><code>{text(s.suite)}</code></td><td>{s.before:.1f} s</td><td>{s.after:.1f} s</td><td>{s.tests}</td></tr>"
+            f"<tr><td><code>{text(s.suite)}</code></td><td>{s.before:.1f} s</td><td>{s.after:.1f} s</td>"
+            f"<td>{s.median_ratio:.1f}×</td><td>{s.tests}</td></tr>"
             for s in diff.slowdowns
         )
         parts.append(
             f"<h3>Suites slower than {diff.settings.slowdown_ratio:g}×</h3>\n<table><tr><th>suite</th>"
-            f"<th>{before}</th><th>{after}</th><th>tests timed</th></tr>{rows}</table>"
+            f"<th>{before}</th><th>{after}</th><th>median test ×</th><th>tests timed</th></tr>{rows}</table>"
         )
     return "\n".join(parts)
 
@@ -176,23 +199,40 @@ def _count(n: int, singular: str, plural: str | None = None) -> str:
     return f"{n} {singular if n == 1 else plural or singular + 's'}"
 
 
-def _changes_table(changes: list[Change], before: str, after: str) -> str:
+def _changes_table(changes: list[Change], before: str, after: str, failing: bool) -> str:
+    """Status changes; those with a failing side show what it did alone and its root cause, skips their reason."""
     rows = "".join(
         f"<tr><td><code>{text(c.after.suite)}</code></td><td><code>{text(c.after.test)}</code></td>"
         f"<td><code>{text(c.after.run_cell)}</code>{_more_cells(c.cells)}</td>"
         f'<td><span class="mark {c.before.status}">{SYMBOLS[c.before.status]}</span></td>'
         f'<td><span class="mark {c.after.status}">{SYMBOLS[c.after.status]}</span></td>'
-        f"<td>{text(one_line(c.after.message or c.before.message))}</td></tr>"
+        + (
+            f"<td>{text(_alone(c))}</td><td>{text(one_line(c.failing.message))}</td></tr>"
+            if failing
+            else f"<td>{text(one_line(c.after.message))}</td></tr>"
+        )
         for c in changes
     )
+    last = "<th>alone</th><th>root cause</th>" if failing else "<th>reason</th>"
     return (
-        f"<table><tr><th>suite</th><th>test</th><th>cell</th><th>{before}</th><th>{after}</th><th>message</th></tr>"
-        f"{rows}</table>"
+        f"<table><tr><th>suite</th><th>test</th><th>cell</th><th>{before}</th><th>{after}</th>{last}</tr>{rows}</table>"
     )
+
+
+def _alone(change: Change) -> str:
+    """What re-running the failing side alone showed."""
+    return Confirmation.describe(change.failing.confirmation)
 
 
 def _more_cells(cells: tuple[str, ...] | list[str]) -> str:
-    return f" and {len(cells) - 1} more cells" if len(cells) > 1 else ""
+    """The cells beyond the first, named, collapsed behind their count."""
+    if len(cells) <= 1:
+        return ""
+    return f' <details class="cells"><summary>and {_count(len(cells) - 1, "more cell")}</summary>{_cell_names(cells[1:])}</details>'
+
+
+def _cell_names(cells: list[str] | tuple[str, ...]) -> str:
+    return ", ".join(f"<code>{text(cell)}</code>" for cell in cells)
 
 
 def _grid(results: RunResults, anchors: dict) -> str:
@@ -205,6 +245,8 @@ def _grid(results: RunResults, anchors: dict) -> str:
         for a, (axis, values) in enumerate(axes.items())
     )
     statuses = results.statuses()
+    order_dependent = results.order_dependent()
+    partly_skipped = results.partly_skipped()
     first_failure = _first_failure_per_suite(results.tests)
     suites = results.suites
     head = "".join(f"<th><code>{text(v.torch)}</code></th>" for v in results.versions)
@@ -223,12 +265,30 @@ def _grid(results: RunResults, anchors: dict) -> str:
                 record = first_failure.get((v.torch, cell, suite))
                 anchor = anchors.get((record.torch, record.suite, record.test, record.run_cell)) if record else None
                 href = f' href="#{anchor}"' if anchor else ""
-                cell_marks.append(f'<a class="mark {status}" title="{title}"{href}>{SYMBOLS[status]}</a>')
+                key = (v.torch, cell, suite)
+                kind, symbol = (status, SYMBOLS[status])
+                if key in order_dependent:
+                    kind, symbol = ORDER_DEPENDENT
+                elif key in partly_skipped:
+                    kind, symbol = PARTLY_SKIPPED
+                    skipped, tests = partly_skipped[key]
+                    title = text(f"{suite}: passed, {skipped} of {tests} tests skipped")
+                    href = ' href="#skipped"'
+
+                cell_marks.append(f'<a class="mark {kind}" title="{title}"{href}>{symbol}</a>')
             marks.append(f"<td>{''.join(cell_marks)}</td>")
         rows.append(
             f'<tr class="cell-row" data-values="{indices}"><th><code>{text(cell)}</code></th>{"".join(marks)}</tr>'
         )
-    legend = " ".join(f'<span class="mark {s}">{SYMBOLS[s]}</span> {s}' for s in SYMBOLS)
+    legend = " ".join(
+        f'<span class="mark {s}">{SYMBOLS[s]}</span> {"all passed" if s == "passed" else s}' for s in SYMBOLS
+    )
+    legend += f' <span class="mark {PARTLY_SKIPPED[0]}">{PARTLY_SKIPPED[1]}</span> passed with some tests skipped'
+
+    legend += (
+        f' <span class="mark {ORDER_DEPENDENT[0]}">{ORDER_DEPENDENT[1]}</span> failed in the run but passed alone'
+        " (order-dependent or flaky)"
+    )
     return (
         f"<h2>Grid: {_count(len(results.cells), 'cell')} × {_count(len(results.versions), 'torch version')}</h2>\n"
         f"<p>One mark per suite, in this order: {', '.join(f'<code>{text(s)}</code>' for s in suites)}. {legend}. "
@@ -248,20 +308,69 @@ def _first_failure_per_suite(records: list[TestRecord]) -> dict[tuple[str, str, 
     return found
 
 
-def _failures(failures: list[tuple[TestRecord, list[str]]], anchors: dict) -> str:
-    if not failures:
+def _failures(results: RunResults, anchors: dict) -> str:
+    """Failures grouped by root cause; each distinct failure text expands once, with every failing
+    test that printed exactly it."""
+    causes = results.root_causes()
+    if not causes:
         return "<h2>Failures</h2>\n<p>None.</p>"
-    items = []
-    for record, cells in failures:
-        anchor = anchors[(record.torch, record.suite, record.test, record.run_cell)]
-        items.append(
-            f'<details class="failure" id="{anchor}"><summary><span class="mark {record.status}">'
-            f"{SYMBOLS[record.status]}</span> torch <code>{text(record.torch)}</code> · <code>{text(record.suite)}</code> "
-            f"<code>{text(record.test)}</code> in <code>{text(record.run_cell)}</code>{_more_cells(cells)}: "
-            f"{text(one_line(record.message)) or '(no message)'}</summary>\n"
-            f"<pre>{text(record.text or record.message)}</pre></details>"
+    cells_of = {(r.torch, r.suite, r.test, r.run_cell): cells for cause in causes for r, cells in cause.failures}
+    sections = []
+    for cause in causes:
+        items = []
+        for records in distinct_texts(cause):
+            first = records[0]
+            anchor = anchors[(first.torch, first.suite, first.test, first.run_cell)]
+            lines = "".join(
+                f"<li>{_failure_line(r, cells_of[(r.torch, r.suite, r.test, r.run_cell)])}</li>" for r in records
+            )
+            same = f"the same text in {_count(len(records), 'failing test')}" if len(records) > 1 else "the text"
+            items.append(
+                f'<ul class="where">{lines}</ul>\n<details class="failure" id="{anchor}"><summary>{same}</summary>\n'
+                f"<pre>{text(first.text or first.message)}</pre></details>"
+            )
+        versions = ", ".join(f"<code>{text(v)}</code>" for v in cause.versions)
+        sections.append(
+            f'<section class="root-cause"><h3><code>{text(cause.line)}</code></h3>\n'
+            f"<p>{_count(cause.tests, 'test')} in {_count(len(cause.cells), 'cell')}, torch {versions}</p>\n"
+            + "\n".join(items)
+            + "</section>"
         )
-    return f"<h2>Failures ({len(failures)})</h2>\n" + "\n".join(items)
+    return (
+        f"<h2>Failures: {failure_count(results)} in {_count(len(causes), 'group')} by root cause</h2>\n"
+        "<p>Each root cause is the innermost exception of the first failing rank. Every failure was re-run alone in a "
+        "fresh process: <em>fails alone</em> is a behaviour of that torch; <em>passed alone</em> is order-dependent "
+        "or flaky.</p>\n" + "\n".join(sections)
+    )
+
+
+def _failure_line(record: TestRecord, cells: list[str]) -> str:
+    """One failing test: status, torch, suite, test, the cell that ran it (and those it stands for), confirmation."""
+    flag = ' class="bad"' if record.confirmation == Confirmation.FAILS_ALONE else ""
+    return (
+        f'<span class="mark {record.status}">{SYMBOLS[record.status]}</span> torch <code>{text(record.torch)}</code> · '
+        f"<code>{text(record.suite)}</code> <code>{text(record.test)}</code> in <code>{text(record.run_cell)}</code>"
+        f"{_more_cells(cells)} · <span{flag}>{text(Confirmation.describe(record.confirmation))}</span>"
+    )
+
+
+def _skips(results: RunResults) -> str:
+    """Why tests were skipped: one row per reason, with how many tests, the torch versions and the cells."""
+    reasons = results.skip_reasons()
+    if not reasons:
+        return '<h2 id="skipped">Skipped</h2>\n<p>None.</p>'
+    rows = "".join(
+        f"<tr><td><code>{text(reason.line)}</code></td><td>{len(reason.records)}</td>"
+        f"<td>{', '.join(f'<code>{text(v)}</code>' for v in reason.versions)}</td>"
+        f'<td><details class="cells"><summary>{_count(len(reason.cells), "cell")}</summary>'
+        f"{_cell_names(reason.cells)}</details></td></tr>"
+        for reason in reasons
+    )
+    skipped = sum(len(reason.records) for reason in reasons)
+    return (
+        f'<h2 id="skipped">Skipped: {_count(skipped, "test")} for {_count(len(reasons), "reason")}</h2>\n'
+        f'<table id="skips"><tr><th>reason</th><th>tests</th><th>torch</th><th>cells</th></tr>{rows}</table>'
+    )
 
 
 def _drift(results: RunResults) -> str:
@@ -317,7 +426,10 @@ def _values(per_version: dict[str, float], versions: list[str]) -> str:
 
 
 def _chart(per_version: dict[str, float], versions: list[str], baseline: str, ratio: float) -> str:
-    """A bar per torch version, log-scaled between the row's smallest and largest positive value."""
+    """A bar per torch version, log-scaled between the row's smallest and largest positive value;
+    a row whose figures are all 0 says so instead of drawing empty axes."""
+    if all(value == 0 for value in per_version.values()):
+        return '<span class="all-zero">all 0</span>'
     logs = [math.log10(v) for v in per_version.values() if v > 0 and math.isfinite(v)]
     low, high = (min(logs) - 1, max(logs)) if logs else (0.0, 1.0)
     base = per_version.get(baseline)

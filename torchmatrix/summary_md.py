@@ -10,15 +10,23 @@ from __future__ import annotations
 import math
 import re
 
-from torchmatrix.results import RunResults
+from torchmatrix.outcomes import Confirmation
+from torchmatrix.results import RootCause, RunResults, TestRecord
 from torchmatrix.untrusted_text import one_line, visible
 from torchmatrix.upgrade_diff import UpgradeDiff
 
 MARKS = {"passed": "✅", "failed": "❌", "error": "💥", "skipped": "⏭️"}
 NOT_RUN = "·"
-MAX_FAILURES = 50
+MAX_ROOT_CAUSES = 30
+MAX_FAILURES_PER_CAUSE = 12
+ROOT_CAUSE_CHARS = 300
 MAX_DIFF_ROWS = 30
-FAILURE_TEXT_LINES = 8
+FAILURE_TEXT_LINES = 40
+RANK_TRACEBACK = re.compile(r"^-+ rank \d+ traceback -+$")
+ORDER_DEPENDENT = "⚠️"
+PARTLY_SKIPPED = "☑️"
+MAX_CELLS_NAMED = 12
+MAX_TEXTS_PER_CAUSE = 3
 
 
 def render(results: RunResults, diffs: list[UpgradeDiff]) -> str:
@@ -28,6 +36,7 @@ def render(results: RunResults, diffs: list[UpgradeDiff]) -> str:
         _totals(results),
         _grid(results),
         _failures(results),
+        _skips(results),
         *(diff_section(diff) for diff in diffs),
     ]
     return "\n\n".join(section for section in sections if section) + "\n"
@@ -37,8 +46,8 @@ def diff_section(diff: UpgradeDiff) -> str:
     """The upgrade diff of one baseline/candidate pair, as a markdown section of its own."""
     before, after = code(diff.before), code(diff.after)
     counts = (
-        f"{_count(len(diff.regressions), 'regression')}, {_count(len(diff.fixes), 'fix', 'fixes')}, "
-        f"{len(diff.newly_skipped)} newly skipped, "
+        f"{_count(len(diff.regressions), 'regression')}, {_count(len(diff.fixes), 'fix', 'fixes')} (confirmed: "
+        f"the failure fails alone), {len(diff.unconfirmed)} unconfirmed, {len(diff.newly_skipped)} newly skipped, "
         f"{_count(len(diff.drift), 'drift figure')} grown more than {diff.settings.drift_ratio:g}×, "
         f"{_count(len(diff.slowdowns), 'suite')} slower than {diff.settings.slowdown_ratio:g}× "
         f"({diff.compared} tests compared"
@@ -48,18 +57,27 @@ def diff_section(diff: UpgradeDiff) -> str:
     )
     parts = [f"### Upgrade diff {before} → {after}", ("**" + counts + "**") if diff.regressions else counts]
     for title, changes in (
-        ("Regressions (passed → failed or error)", diff.regressions),
-        ("Fixes (failed or error → passed)", diff.fixes),
-        ("Newly skipped", diff.newly_skipped),
+        ("Regressions (passed → failed or error, fails alone)", diff.regressions),
+        ("Fixes (failed or error, and failed alone → passed)", diff.fixes),
+        ("Unconfirmed changes (the failing side passed alone, or was not re-run)", diff.unconfirmed),
     ):
         if changes:
             rows = [
-                [code(c.after.suite), code(c.after.test), _cells(c.after.run_cell, c.cells), c.before.status, c.after.status, code(one_line(c.after.message or c.before.message))]
+                [code(c.after.suite), code(c.after.test), _cells(c.after.run_cell, c.cells), c.before.status, c.after.status, _confirmation(c.failing.confirmation), code(one_line(c.failing.message))]
                 for c in changes
             ]  # fmt: skip
             parts.append(
-                f"#### {title}\n\n" + _table(["suite", "test", "cell", before, after, "message"], rows, MAX_DIFF_ROWS)
+                f"#### {title}\n\n"
+                + _table(["suite", "test", "cell", before, after, "alone", "root cause"], rows, MAX_DIFF_ROWS)
             )
+    if diff.newly_skipped:
+        rows = [
+            [code(c.after.suite), code(c.after.test), _cells(c.after.run_cell, c.cells), c.before.status, c.after.status, code(one_line(c.after.message))]
+            for c in diff.newly_skipped
+        ]  # fmt: skip
+        parts.append(
+            "#### Newly skipped\n\n" + _table(["suite", "test", "cell", before, after, "reason"], rows, MAX_DIFF_ROWS)
+        )
     if diff.drift:
         rows = [
             [code(d.suite), code(d.test), code(d.cell), code(d.figure), _number(d.before), _number(d.after), d.growth, str(grown)]
@@ -72,12 +90,14 @@ def diff_section(diff: UpgradeDiff) -> str:
         )
     if diff.slowdowns:
         rows = [
-            [code(s.suite), f"{s.before:.1f} s", f"{s.after:.1f} s", _ratio(s.after / s.before if s.before else math.inf), str(s.tests)]
+            [code(s.suite), f"{s.before:.1f} s", f"{s.after:.1f} s", _ratio(s.after / s.before if s.before else math.inf), _ratio(s.median_ratio), str(s.tests)]
             for s in diff.slowdowns
         ]  # fmt: skip
         parts.append(
             f"#### Suites slower than {diff.settings.slowdown_ratio:g}×\n\n"
-            + _table(["suite", before, after, "×", "tests timed"], rows)
+            "Flagged only when the total and the median test both grew that much, by 5 s or more, over 3 or more "
+            "tests of 0.5 s or more, so one test slowed by a busy core does not flag its suite.\n\n"
+            + _table(["suite", before, after, "×", "median test ×", "tests timed"], rows)
         )
     return "\n\n".join(parts)
 
@@ -104,11 +124,23 @@ def fenced(text: str) -> str:
 def _header(results: RunResults) -> str:
     versions = ", ".join(code(v.torch) for v in results.versions)
     started = f"started {code(results.created)} on {code(', '.join(results.hosts))}; " if results.created else ""
+    filtered = [f"torch {code(v.torch)}: {code(describe_filters(v.filters))}" for v in results.versions if v.filters]
     return (
         f"## torchmatrix run {code(results.run_id)}\n\n"
         f"torch {versions}; baseline {code(results.baseline)}; {started}"
         f"matrix sha256 {code(results.matrix_sha256[:12])}"
+        + (f"\n\n**Filtered run**, not the whole matrix: {'; '.join(filtered)}" if filtered else "")
     )
+
+
+def describe_filters(filters: dict) -> str:
+    """A version's filters as the command line spelled them: `--only fsdp=fsdp1,fsdp2 -k 'ws2' --shard 1/4`."""
+    parts = [f"--only {axis}={','.join(map(str, values))}" for axis, values in filters.get("only", {}).items()]
+    if filters.get("keyword"):
+        parts.append(f"-k '{filters['keyword']}'")
+    if filters.get("shard"):
+        parts.append(f"--shard {filters['shard']}")
+    return " ".join(parts)
 
 
 def _totals(results: RunResults) -> str:
@@ -127,11 +159,21 @@ def _totals(results: RunResults) -> str:
 def _grid(results: RunResults) -> str:
     suites = results.suites
     statuses = results.statuses()
-    legend = ", ".join(f"{mark} {status}" for status, mark in MARKS.items())
+    order_dependent = results.order_dependent()
+    partly_skipped = results.partly_skipped()
+
+    def mark(key: tuple[str, str, str]) -> str:
+        if key in order_dependent:
+            return ORDER_DEPENDENT
+        return PARTLY_SKIPPED if key in partly_skipped else MARKS.get(statuses.get(key), NOT_RUN)
+
+    legend = f"{MARKS['passed']} all passed, {PARTLY_SKIPPED} passed with some tests skipped (see Skipped), "
+    legend += ", ".join(f"{mark} {status}" for status, mark in MARKS.items() if status != "passed")
+    legend += f", {ORDER_DEPENDENT} failed in the run but passed alone (order-dependent or flaky)"
     rows = [
-        [code(cell)] + ["".join(MARKS.get(statuses.get((v.torch, cell, s)), NOT_RUN) for s in suites) for v in results.versions]
+        [code(cell)] + ["".join(mark((v.torch, cell, s)) for s in suites) for v in results.versions]
         for cell in results.cells
-    ]  # fmt: skip
+    ]
     return (
         f"### Grid: {_count(len(results.cells), 'cell')} × {_count(len(results.versions), 'torch version')}\n\n"
         f"One mark per suite, in this order: {', '.join(code(s, table=False) for s in suites)}. "
@@ -140,23 +182,115 @@ def _grid(results: RunResults) -> str:
 
 
 def _failures(results: RunResults) -> str:
-    failures = results.failures()
-    if not failures:
+    """Failures grouped by root cause: the line that says what broke, how far it reaches, each
+    failing test with the cells it stands for and what re-running it alone showed, and each
+    distinct failure text once, with where it occurred."""
+    causes = results.root_causes()
+    if not causes:
         return ""
-    items = []
-    for record, cells in failures[:MAX_FAILURES]:
-        shared = f" (and {len(cells) - 1} more cells)" if len(cells) > 1 else ""
-        headline = (
-            f"- {record.status} · torch {code(record.torch, False)} · {code(record.suite, False)} "
-            f"{code(record.test, False)} in {code(record.run_cell, False)}{shared}: "
-            f"{code(one_line(record.message), False) or '(no message)'}"
+    sections = []
+    for index, cause in enumerate(causes[:MAX_ROOT_CAUSES], 1):
+        versions = ", ".join(code(v, False) for v in cause.versions)
+        items = []
+        for record, cells in cause.failures[:MAX_FAILURES_PER_CAUSE]:
+            others = [cell for cell in cells if cell != record.run_cell]
+            shared = f" (its result stands for {cell_list(others, MAX_CELLS_NAMED)})" if others else ""
+            items.append(
+                f"- {record.status} · torch {code(record.torch, False)} · {code(record.suite, False)} "
+                f"{code(record.test, False)} in {code(record.run_cell, False)}{shared} · {_confirmation(record.confirmation)}"
+            )
+        more = len(cause.failures) - MAX_FAILURES_PER_CAUSE
+        if more > 0:
+            items.append(f"- … and {more} more in summary.html and results.json")
+        sections.append(
+            f"#### {index}. {code(one_line(cause.line, ROOT_CAUSE_CHARS), False)}\n\n"
+            f"{_count(cause.tests, 'test')} in {_count(len(cause.cells), 'cell')}, torch {versions}\n\n"
+            + "\n".join(items)
+            + "".join(f"\n\n{_text_once(where)}" for where in distinct_texts(cause)[:MAX_TEXTS_PER_CAUSE])
         )
-        lines = record.text.splitlines()[:FAILURE_TEXT_LINES]
-        block = "\n".join("  " + line for line in fenced("\n".join(lines)).splitlines()) if lines else ""
-        items.append(headline + ("\n\n" + block if block else ""))
-    more = len(failures) - MAX_FAILURES
-    tail = f"\n\n… and {more} more in summary.html and results.json." if more > 0 else ""
-    return f"### Failures ({len(failures)})\n\n" + "\n\n".join(items) + tail
+    more = len(causes) - MAX_ROOT_CAUSES
+    tail = f"\n\n… and {_count(more, 'more root cause')} in summary.html and results.json." if more > 0 else ""
+    return (
+        f"### Failures: {failure_count(results)} in {_count(len(causes), 'group')} by root cause\n\n"
+        "Each root cause is the innermost exception of the first failing rank. Every failure was re-run alone "
+        "in a fresh process: *fails alone* is a behaviour of that torch; *passed alone* is order-dependent or flaky.\n\n"
+        + "\n\n".join(sections)
+        + tail
+    )
+
+
+def failure_count(results: RunResults) -> str:
+    """'13 failed tests', or '11 failed and 2 errored tests': the totals' own numbers."""
+    totals = results.totals()
+    failed, errored = totals["failed"], totals["error"]
+    if failed and errored:
+        return f"{failed} failed and {errored} errored tests"
+    return _count(failed, "failed test") if failed else _count(errored, "errored test")
+
+
+def distinct_texts(cause: RootCause) -> list[list[TestRecord]]:
+    """The cause's failures grouped by identical full text, each group in the order first seen."""
+    groups: dict[str, list[TestRecord]] = {}
+    for record, _ in cause.failures:
+        groups.setdefault(record.text or record.message, []).append(record)
+    return list(groups.values())
+
+
+def where(record: TestRecord) -> str:
+    return f"{code(record.test, False)} in {code(record.run_cell, False)} (torch {code(record.torch, False)})"
+
+
+def _text_once(records: list[TestRecord]) -> str:
+    """One failure text, a click away, with every failure that printed exactly it."""
+    first = records[0]
+    places = "; ".join(where(record) for record in records[:MAX_CELLS_NAMED])
+    more = f" and {len(records) - MAX_CELLS_NAMED} more" if len(records) > MAX_CELLS_NAMED else ""
+    label = f"Text of {places}{more}:" if len(records) == 1 else f"The same text in {len(records)}: {places}{more}:"
+    return (
+        f"{label}\n\n<details><summary>show the text</summary>\n\n"
+        f"{fenced(excerpt(first.text or first.message))}\n\n</details>"
+    )
+
+
+def _skips(results: RunResults) -> str:
+    """Why tests were skipped: one row per reason with how many tests, which torch versions and cells."""
+    reasons = results.skip_reasons()
+    if not reasons:
+        return ""
+    skipped = sum(len(reason.records) for reason in reasons)
+    rows = [
+        [
+            code(one_line(reason.line, ROOT_CAUSE_CHARS)),
+            str(len(reason.records)),
+            ", ".join(code(v) for v in reason.versions),
+            cell_list(reason.cells),
+        ]
+        for reason in reasons
+    ]
+    return f"### Skipped: {_count(skipped, 'test')} for {_count(len(reasons), 'reason')}\n\n" + _table(
+        ["reason", "tests", "torch", "cells"], rows
+    )
+
+
+def cell_list(cells: list[str], limit: int = MAX_CELLS_NAMED) -> str:
+    """Cells by name, the first ``limit`` of them, then how many more."""
+    named = ", ".join(code(cell) for cell in cells[:limit])
+    return named + (f" and {len(cells) - limit} more" if len(cells) > limit else "")
+
+
+def excerpt(text: str) -> str:
+    """What a reader needs of a failure's text: the first failing rank's traceback when there is one
+    (the pytest frames before it only say which test called ranks.run), else the text's end."""
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if RANK_TRACEBACK.match(line)), None)
+    if start is not None:
+        return "\n".join(lines[start : start + FAILURE_TEXT_LINES])
+    return "\n".join(lines[-FAILURE_TEXT_LINES:])
+
+
+def _confirmation(value: str) -> str:
+    description = Confirmation.describe(value)
+    return f"{ORDER_DEPENDENT} {description}" if value == Confirmation.PASSED_ALONE else description
 
 
 def _cells(cell: str, cells: tuple[str, ...]) -> str:

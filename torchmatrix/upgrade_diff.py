@@ -3,6 +3,13 @@
 Tests are matched by (suite, test, the cell that actually ran them), so a result shared by many
 cells through a representative is counted once. The same diff serves every version against the
 baseline inside one run and one version across two runs (`torchmatrix compare`).
+
+Only confirmed failures (re-run alone, failed again) make regressions and fixes; a status change
+whose failing side passed alone, or was never re-run, is listed apart as unconfirmed. A suite is
+slower only when the slowdown is beyond what re-running the same torch shows (bench/timing_noise.py):
+its total over tests that passed on both sides, and the median of those tests' own ratios, both
+grew more than slowdown_ratio, by at least MIN_SLOWDOWN_SECONDS, over MIN_TIMED_TESTS tests that
+took MIN_TIMED_SECONDS or more on the baseline.
 """
 
 from __future__ import annotations
@@ -10,12 +17,16 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
+from statistics import median
 
 from torchmatrix.config import ReportSettings
+from torchmatrix.outcomes import Confirmation
 from torchmatrix.results import RunResults, TestRecord, drift_measure, is_drift_figure
 
 FAILING = ("failed", "error")
-MIN_SLOWDOWN_SECONDS = 1.0
+MIN_SLOWDOWN_SECONDS = 5.0
+MIN_TIMED_SECONDS = 0.5
+MIN_TIMED_TESTS = 3
 
 
 class CompareError(Exception):
@@ -30,6 +41,16 @@ class Change:
     after: TestRecord
     cells: tuple[str, ...]
 
+    @property
+    def failing(self) -> TestRecord:
+        """The side that failed (the candidate for a regression, the baseline for a fix)."""
+        return self.after if self.after.status in FAILING else self.before
+
+    @property
+    def confirmed(self) -> bool:
+        """Whether the failing side failed again when re-run alone."""
+        return self.failing.confirmation == Confirmation.FAILS_ALONE
+
     def to_json(self) -> dict:
         return {
             "suite": self.after.suite,
@@ -39,6 +60,7 @@ class Change:
             "before": self.before.status,
             "after": self.after.status,
             "message": self.after.message or self.before.message,
+            "confirmation": self.failing.confirmation,
         }
 
 
@@ -82,15 +104,22 @@ class DriftGrowth:
 
 @dataclass(frozen=True)
 class Slowdown:
-    """A suite whose total time, over the tests that passed on both sides, grew by more than slowdown_ratio."""
+    """A suite that got slower beyond noise (the rule is in the module docstring)."""
 
     suite: str
     before: float
     after: float
     tests: int
+    median_ratio: float
 
     def to_json(self) -> dict:
-        return {"suite": self.suite, "before": self.before, "after": self.after, "tests": self.tests}
+        return {
+            "suite": self.suite,
+            "before": self.before,
+            "after": self.after,
+            "tests": self.tests,
+            "median_ratio": round(self.median_ratio, 3),
+        }
 
 
 @dataclass
@@ -105,6 +134,7 @@ class UpgradeDiff:
     only_after: int = 0
     regressions: list[Change] = field(default_factory=list)
     fixes: list[Change] = field(default_factory=list)
+    unconfirmed: list[Change] = field(default_factory=list)
     newly_skipped: list[Change] = field(default_factory=list)
     drift: list[DriftGrowth] = field(default_factory=list)
     slowdowns: list[Slowdown] = field(default_factory=list)
@@ -123,7 +153,10 @@ class UpgradeDiff:
 
     @property
     def clean(self) -> bool:
-        return not (self.regressions or self.drift or self.slowdowns or self.newly_skipped)
+        """Nothing regressed, and no unconfirmed change could hide a regression (one that was never
+        re-run alone; a failure that passed alone is order-dependent and does not count)."""
+        unknown = [c for c in self.unconfirmed if c.failing.confirmation != Confirmation.PASSED_ALONE]
+        return not (self.regressions or unknown or self.drift or self.slowdowns or self.newly_skipped)
 
     def to_json(self) -> dict:
         return {
@@ -136,6 +169,7 @@ class UpgradeDiff:
             "only_after": self.only_after,
             "regressions": [c.to_json() for c in self.regressions],
             "fixes": [c.to_json() for c in self.fixes],
+            "unconfirmed": [c.to_json() for c in self.unconfirmed],
             "newly_skipped": [c.to_json() for c in self.newly_skipped],
             "drift": [d.to_json() for d in self.drift],
             "slowdowns": [s.to_json() for s in self.slowdowns],
@@ -156,9 +190,9 @@ def diff_records(
         diff.compared += 1
         change = Change(a, b, cells[key])
         if a.status == "passed" and b.status in FAILING:
-            diff.regressions.append(change)
+            (diff.regressions if change.confirmed else diff.unconfirmed).append(change)
         elif a.status in FAILING and b.status == "passed":
-            diff.fixes.append(change)
+            (diff.fixes if change.confirmed else diff.unconfirmed).append(change)
         elif a.status != "skipped" and b.status == "skipped":
             diff.newly_skipped.append(change)
         diff.drift.extend(_drift_growth(a, b, settings.drift_ratio))
@@ -248,21 +282,24 @@ def _rank(growth: DriftGrowth) -> tuple[float, float]:
 
 
 def _slowdowns(old: dict, new: dict, ratio: float) -> list[Slowdown]:
-    before: dict[str, float] = defaultdict(float)
-    after: dict[str, float] = defaultdict(float)
-    count: dict[str, int] = defaultdict(int)
+    """Suites slower beyond noise: see the module docstring for the rule and why."""
+    timed: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for key in (k for k in new if k in old):
-        if old[key].status != "passed" or new[key].status != "passed":
-            continue
-        suite = key[0]
-        before[suite] += old[key].duration
-        after[suite] += new[key].duration
-        count[suite] += 1
-    return [
-        Slowdown(suite, round(before[suite], 3), round(after[suite], 3), count[suite])
-        for suite in before
-        if after[suite] > ratio * before[suite] and after[suite] - before[suite] >= MIN_SLOWDOWN_SECONDS
-    ]
+        a, b = old[key], new[key]
+        if a.status == "passed" and b.status == "passed" and a.duration >= MIN_TIMED_SECONDS:
+            timed[key[0]].append((a.duration, b.duration))
+    found = []
+    for suite, pairs in timed.items():
+        before, after = sum(a for a, _ in pairs), sum(b for _, b in pairs)
+        typical = median(b / a for a, b in pairs)
+        if (
+            len(pairs) >= MIN_TIMED_TESTS
+            and after > ratio * before
+            and typical > ratio
+            and after - before >= MIN_SLOWDOWN_SECONDS
+        ):
+            found.append(Slowdown(suite, round(before, 3), round(after, 3), len(pairs), typical))
+    return found
 
 
 def _json_float(value: float) -> float | str:

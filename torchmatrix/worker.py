@@ -2,8 +2,8 @@
 
 `RankPool` forks it from the zygote (torchmatrix.zygote) and talks to it over one end of a
 socket pair. Messages are pickled tuples; results go back as ("ok", value) or ("error",
-traceback text). SIGUSR1 writes every thread's Python stack to the rank's stack file, which is
-how the pool shows where a hung rank is stuck.
+(traceback text, root cause line)). SIGUSR1 writes every thread's Python stack to the rank's
+stack file, which is how the pool shows where a hung rank is stuck.
 """
 
 from __future__ import annotations
@@ -16,7 +16,10 @@ import sys
 import traceback
 from multiprocessing.connection import Connection
 
-RENDEZVOUS_TIMEOUT_S = 120
+from torchmatrix.parent_death import exit_with_parent
+from torchmatrix.root_cause import root_cause
+
+COLLECTIVE_TIMEOUT_VARIABLE = "TORCHMATRIX_COLLECTIVE_TIMEOUT_S"
 
 
 def current_device():
@@ -29,13 +32,17 @@ def current_device():
 
 
 def _join_process_group(conn: Connection, rank: int, world_size: int) -> None:
-    """Rank 0 hosts the TCPStore on a port the OS picks, so parallel cells never collide."""
+    """Rank 0 hosts the TCPStore on a port the OS picks, so parallel cells never collide.
+
+    The process group's timeout (and the store's) is the pool's collective timeout, which is
+    longer than any test's deadline: a hang ends with the deadline's stacks, not a gloo timeout.
+    """
     from datetime import timedelta
 
     import torch
     import torch.distributed as dist
 
-    timeout = timedelta(seconds=RENDEZVOUS_TIMEOUT_S)
+    timeout = timedelta(seconds=float(os.environ[COLLECTIVE_TIMEOUT_VARIABLE]))
     if rank == 0:
         store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, timeout=timeout, wait_for_workers=False)
         conn.send_bytes(pickle.dumps(("port", store.port)))
@@ -67,15 +74,18 @@ def _serve(conn: Connection) -> None:
             if kind == "exit":
                 return
             reply = ("ok", fn(*args))
-        except BaseException:
-            reply = ("error", traceback.format_exc())
+        except BaseException as error:
+            reply = error_reply(error)
         try:
             data = pickle.dumps(reply)
-        except Exception:
-            data = pickle.dumps(
-                ("error", "the rank function returned a value that cannot be pickled:\n" + traceback.format_exc())
-            )
+        except Exception as error:
+            data = pickle.dumps(error_reply(error, "the rank function returned a value that cannot be pickled:\n"))
         conn.send_bytes(data)
+
+
+def error_reply(error: BaseException, preface: str = "") -> tuple[str, tuple[str, str]]:
+    """The reply for the exception being handled: its traceback, and its root cause line for the report."""
+    return ("error", (preface + traceback.format_exc(), root_cause(error)))
 
 
 def main(
@@ -90,8 +100,10 @@ def main(
     core: int | None,
 ) -> None:
     """Become the process a fresh interpreter started by the pool would be (own session, the pool's
-    environment and niceness, output into the rank's log), join the process group, then serve."""
+    environment and niceness, output into the rank's log), join the process group, then serve.
+    It dies with the zygote, which dies with its pytest process, so no rank outlives a killed run."""
     os.setsid()
+    exit_with_parent()
     os.setpriority(os.PRIO_PROCESS, 0, nice)
     if env["TORCHMATRIX_DEVICE"] == "cpu":
         share_cores(core)
@@ -112,8 +124,8 @@ def main(
 
         torch.set_num_threads(int(env["OMP_NUM_THREADS"]))  # torch read the variable at import, in the zygote
         _join_process_group(conn, rank, world_size)
-    except BaseException:
-        conn.send_bytes(pickle.dumps(("error", traceback.format_exc())))
+    except BaseException as error:
+        conn.send_bytes(pickle.dumps(error_reply(error)))
         return
     conn.send_bytes(pickle.dumps(("ready", os.getpid())))
     _serve(conn)

@@ -12,6 +12,7 @@ import multiprocessing
 from multiprocessing import forkserver
 
 PRELOAD = [
+    "torchmatrix.zygote_guard",
     "torch",
     "torch.distributed",
     "torch.distributed.checkpoint",

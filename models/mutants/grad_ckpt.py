@@ -1,6 +1,6 @@
 """Known-bad models for the grad-ckpt suite: each makes checkpoint recompute disagree with forward.
 
-All three are identical to the reference decoder without checkpointing and only go wrong
+All of them are identical to the reference decoder without checkpointing and only go wrong
 when a layer body runs a second time during backward: the bug class the grad-ckpt suite
 exists for. Point matrix.toml's ``model`` component at one of the factories below and
 suites/test_grad_ckpt.py must fail.
@@ -11,10 +11,20 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from models.transformer import ExpertLayer, KVCache, PrefixExpertDecoder, PrefixLayer, build_model
+from models.transformer import (
+    DecoderConfig,
+    DecoderOutput,
+    ExpertLayer,
+    KVCache,
+    PrefixExpertDecoder,
+    PrefixLayer,
+    attend,
+    build_model,
+)
 
 
 class AppendingPrefixLayer(PrefixLayer):
@@ -32,6 +42,39 @@ class AppendingPrefixLayer(PrefixLayer):
         return key, value
 
 
+class PlainDictDecoder(PrefixExpertDecoder):
+    """Returns as ``past_key_values`` the plain dict the layers write their entries to, as models
+    that keep a ``dict`` of per-layer keys/values do. FSDP1 rebuilds the dicts in the root's output
+    (to hook its tensors for backward), so under FSDP1 the dict returned is a copy made after
+    forward, which recompute never writes to."""
+
+    def forward(self, tokens: Tensor, past_key_values: KVCache | None = None) -> DecoderOutput:
+        loss, cache = super().forward(tokens, past_key_values)
+        return DecoderOutput(loss, cache._entries)
+
+
+class CacheCopyDecoder(PrefixExpertDecoder):
+    """Returns a copy of its cache taken right after forward: no check can see what recompute wrote,
+    so the suite must fail saying so rather than pass having compared nothing."""
+
+    def forward(self, tokens: Tensor, past_key_values: KVCache | None = None) -> DecoderOutput:
+        loss, cache = super().forward(tokens, past_key_values)
+        return DecoderOutput(loss, dict(cache.items()))
+
+
+class ReappendingPrefixLayer(PrefixLayer):
+    """Appends its keys/values to its cache entry on every run and attends over the latest pair.
+
+    Forward leaves ``(keys, values)``; recompute makes it ``(keys, values, keys, values)``: gradients
+    and losses are unchanged, only the cache grows, so only a check that sees the cache the recompute
+    wrote to can catch it.
+    """
+
+    def keys_values(self, cache: KVCache, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
+        cache[self.layer_idx] = cache.get(self.layer_idx, ()) + (key, value)
+        return key, value
+
+
 class LatestEntryPrefixLayer(PrefixLayer):
     """Attends over the most recently added cache entry, assuming it is its own.
 
@@ -42,6 +85,67 @@ class LatestEntryPrefixLayer(PrefixLayer):
     def keys_values(self, cache: KVCache, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
         cache[self.layer_idx] = (key, value)
         return list(cache.values())[-1]
+
+
+class RunCountingPrefixLayer(PrefixLayer):
+    """Counts its body runs in a buffer (a routing or token counter kept inside the layer): recompute
+    counts a second time, so the buffer ends a checkpointed step one ahead of eager."""
+
+    def __init__(self, config, layer_idx: int) -> None:
+        super().__init__(config, layer_idx)
+        self.register_buffer("body_runs", torch.zeros((), dtype=torch.int64))
+
+    def body(self, hidden: Tensor, cache: KVCache) -> Tensor:
+        with torch.no_grad():
+            self.body_runs += 1
+        return super().body(hidden, cache)
+
+
+class WriteCountingKVCache(KVCache):
+    """A cache that counts writes in a plain int, like a ``seen_tokens`` counter: every recomputed
+    prefix layer writes its entry again and bumps the counter, tensors left as they were."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = 0
+
+    def __setitem__(self, layer_idx: int, keys_values: tuple[Tensor, Tensor]) -> None:
+        self.writes += 1
+        super().__setitem__(layer_idx, keys_values)
+
+
+class NextUlpGradient(torch.autograd.Function):
+    """Identity forward; backward moves the first element of the gradient one ULP up (its last bit)."""
+
+    @staticmethod
+    def forward(ctx, tensor: Tensor) -> Tensor:
+        return tensor.view_as(tensor)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        grad = grad.clone()
+        first = grad.view(-1)[:1]
+        first.copy_(torch.nextafter(first, torch.full_like(first, float("inf"))))
+        return grad
+
+
+class LastBitPrefixLayer(PrefixLayer):
+    """Prefix layer 0, when checkpointed, hands its output projection's weight a gradient one ULP
+    off in one element: the smallest difference a float32 comparison can see. The body is the
+    reference one with the output projection spelled out."""
+
+    def body(self, hidden: Tensor, cache: KVCache) -> Tensor:
+        if not (self.checkpointing and self.layer_idx == 0):
+            return super().body(hidden, cache)
+        self.body_calls += 1
+        normed = self.attn_norm(hidden)
+        query, key, value = (self.split_heads(proj(normed)) for proj in (self.q_proj, self.k_proj, self.v_proj))
+        keys, values = self.keys_values(cache, key, value)
+        attended = attend(query, keys, values, self.config).transpose(1, 2).flatten(2)
+        projected = F.linear(attended, NextUlpGradient.apply(self.o_proj.weight))
+        hidden = hidden + self.dropout(projected)
+        mlp = self.mlp_out(F.gelu(self.mlp_in(self.mlp_norm(hidden))))
+        return hidden + self.dropout(mlp)
 
 
 class ForgetsRngState:
@@ -68,6 +172,22 @@ def appending_cache_model(
     return build_model(cell, dropout=dropout, dtype=dtype, prefix_layer=AppendingPrefixLayer)
 
 
+def reappending_cache_model(
+    cell: Mapping[str, object], *, dropout: float = 0.0, dtype: torch.dtype = torch.float32
+) -> PrefixExpertDecoder:
+    """Model factory: prefix layers append to their entry of a plain-dict cache again on recompute."""
+    config = DecoderConfig(attn=str(cell["attn"]), sdpa_backend=cell.get("sdpa_backend"), dropout=dropout)
+    return PlainDictDecoder(config, prefix_layer=ReappendingPrefixLayer).to(dtype)
+
+
+def cache_copy_model(
+    cell: Mapping[str, object], *, dropout: float = 0.0, dtype: torch.dtype = torch.float32
+) -> PrefixExpertDecoder:
+    """Model factory: the reference decoder returning a copy of its cache instead of the cache."""
+    config = DecoderConfig(attn=str(cell["attn"]), sdpa_backend=cell.get("sdpa_backend"), dropout=dropout)
+    return CacheCopyDecoder(config).to(dtype)
+
+
 def later_layer_cache_model(
     cell: Mapping[str, object], *, dropout: float = 0.0, dtype: torch.dtype = torch.float32
 ) -> PrefixExpertDecoder:
@@ -82,3 +202,24 @@ def rng_forgetting_model(
     return build_model(
         cell, dropout=dropout, dtype=dtype, prefix_layer=RngForgettingPrefixLayer, expert_layer=RngForgettingExpertLayer
     )
+
+
+def buffer_counting_model(
+    cell: Mapping[str, object], *, dropout: float = 0.0, dtype: torch.dtype = torch.float32
+) -> PrefixExpertDecoder:
+    """Model factory: prefix layers count their body runs in a buffer, recompute included."""
+    return build_model(cell, dropout=dropout, dtype=dtype, prefix_layer=RunCountingPrefixLayer)
+
+
+def cache_counter_model(
+    cell: Mapping[str, object], *, dropout: float = 0.0, dtype: torch.dtype = torch.float32
+) -> PrefixExpertDecoder:
+    """Model factory: the cache bumps an int counter on every write, recompute included."""
+    return build_model(cell, dropout=dropout, dtype=dtype, cache_type=WriteCountingKVCache)
+
+
+def last_bit_gradient_model(
+    cell: Mapping[str, object], *, dropout: float = 0.0, dtype: torch.dtype = torch.float32
+) -> PrefixExpertDecoder:
+    """Model factory: checkpointing moves one element of one gradient by one ULP."""
+    return build_model(cell, dropout=dropout, dtype=dtype, prefix_layer=LastBitPrefixLayer)

@@ -10,6 +10,7 @@ import torch
 
 from models.checkpoint import Checkpointer
 from models.optim import PrecisionAwareAdamW
+from torchmatrix.generic_mutants import restores_on_rank_zero_only
 
 
 class RawOptimizerStateCheckpointer(Checkpointer):
@@ -43,6 +44,29 @@ class DataPositionNotRestoredCheckpointer(Checkpointer):
 
     def restore_loader(self, loader, state: dict) -> None:
         pass
+
+
+class SchedulerOneStepLateCheckpointer(Checkpointer):
+    """Restores the LR scheduler, then steps it once more (a resume that replays the save step's
+    `scheduler.step()`): warm-up and decay run one step ahead for the rest of training."""
+
+    def restore_scheduler(self, scheduler, state: dict) -> None:
+        super().restore_scheduler(scheduler, state)
+        scheduler.step()
+
+
+class LoaderOneBatchLateCheckpointer(Checkpointer):
+    """Restores the loader, then skips one batch (a position saved before the step's `next()`
+    was counted): every resumed step reads the batch after the one it should."""
+
+    def restore_loader(self, loader, state: dict) -> None:
+        super().restore_loader(loader, state)
+        next(loader)
+
+
+RankZeroOnlyCheckpointer = restores_on_rank_zero_only("models.checkpoint:Checkpointer")
+"""Loads on every rank, but only rank 0 keeps what it loaded (a restore guarded by `if rank == 0`,
+or a rank-0 read that is never broadcast): the other ranks resume from freshly built state."""
 
 
 class CastOnLoadPrecisionAwareAdamW(PrecisionAwareAdamW):

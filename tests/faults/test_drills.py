@@ -90,7 +90,8 @@ def fault_run(tmp_path_factory):
     project.write("suites/__init__.py", "")
     project.write("suites/test_faults.py", FAULTS_SUITE)
     started = time.monotonic()
-    done = project.torchmatrix("run", "--torch", "system", "--run-id", "faults")
+    # Confirmation re-runs are drilled in test_containment.py; here they would only add time.
+    done = project.torchmatrix("run", "--torch", "system", "--run-id", "faults", "--confirm-limit", "0")
     return project.root / "reports" / "faults", done, time.monotonic() - started
 
 
@@ -238,12 +239,10 @@ def test_two_runs_at_once_with_a_taken_port_stay_apart(slow_project):
 
 def test_an_unwritable_reports_directory_is_refused_before_any_cell(slow_project):
     slow_project.write("blocked", "a file where the reports directory should be")
-    started = time.monotonic()
     done = slow_project.torchmatrix("run", "--torch", "system", "--reports", "blocked/reports")
     assert done.returncode == 2
     assert done.stderr.startswith("torchmatrix: error: cannot write reports to") and done.stderr.count("\n") == 1
     assert "[1/" not in done.stdout, "no cell ran"
-    assert time.monotonic() - started < 10
 
 
 NOX_MATRIX = """

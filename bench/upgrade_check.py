@@ -1,0 +1,145 @@
+"""Proof on real torch: the default matrix with an older release as baseline and today's pin as candidate.
+
+Runs `nox -R -s gpu_matrix` (building a venv only where none exists) on a scratch copy of
+matrix.toml whose [torch] lists the given versions, every failure re-run alone, then prints what
+README's "Checking a torch upgrade, for real" shows: totals per version, each distinct root cause
+with its count, and for every failing test of the baseline whether it fails alone.
+
+    pip install -e . && python bench/upgrade_check.py [--baseline 2.7.1] [--candidate 2.13.0] [--deadline 60]
+
+`--deadline` caps every suite's per-test deadline: a release that hangs (2.7.1 hangs in FSDP1's
+optimizer state_dict on a resharded load) costs one deadline per hang and per confirmation, and
+no test of the default matrix takes more than ~10 s here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+sys.path.insert(0, str(REPO))
+
+from torchmatrix.results import load_results  # noqa: E402
+from torchmatrix.untrusted_text import one_line  # noqa: E402
+from torchmatrix.upgrade_diff import upgrade_diffs  # noqa: E402
+
+
+def project_root_line() -> str:
+    """`[project] root` naming this checkout, so the scratch matrix's suites/ may link into it."""
+    return f"\n[project]\nroot = {json.dumps(str(REPO))}\n"
+
+
+def scratch_matrix(directory: Path, versions: list[str], deadline: int | None) -> Path:
+    """matrix.toml with only its [torch] versions and baseline changed (and deadlines capped),
+    beside links to the suites and models."""
+    text = (REPO / "matrix.toml").read_text()
+    listed = ", ".join(f'"{v}"' for v in versions)
+    text = re.sub(r"(?m)^versions = \[.*?\]", f"versions = [{listed}]", text, count=1)
+    text = re.sub(r'(?m)^baseline = ".*?"', f'baseline = "{versions[0]}"', text, count=1)
+    if deadline:
+        text = re.sub(r"(?m)^timeout = (\d+)", lambda m: f"timeout = {min(int(m.group(1)), deadline)}", text)
+    for name in ("suites", "models"):
+        (directory / name).symlink_to(REPO / name, target_is_directory=True)
+    path = directory / "matrix.toml"
+    path.write_text(text + project_root_line())
+    return path
+
+
+def run(matrix: Path, run_id: str) -> float:
+    env = {**os.environ, "TORCHMATRIX_CONFIG": str(matrix), "TORCHMATRIX_RUN_ID": run_id}
+    started = time.monotonic()
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "nox",
+            "-f",
+            str(REPO / "noxfile.py"),
+            "-R",
+            "-s",
+            "gpu_matrix",
+            "--",
+            "--confirm-limit",
+            "1000",
+        ],
+        env=env,
+        check=False,
+    )
+    elapsed = time.monotonic() - started
+    subprocess.run([sys.executable, "-m", "torchmatrix", "report", str(matrix.parent / "reports" / run_id)], check=True)
+    return elapsed
+
+
+def print_tables(run_dir: Path, elapsed: float) -> None:
+    results = load_results(run_dir)
+    print(f"\nrun {results.run_id}: {elapsed:.0f} s, {results.versions[0].device}\n")
+    print("| torch | build | cells | passed | failed | errors | skipped | re-run alone: fail alone | passed alone |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for version in results.versions:
+        totals = results.totals(version.torch)
+        failing = [r for r, _ in results.failures() if r.torch == version.torch]
+        alone = [r.confirmation for r in failing]
+        print(
+            f"| {version.torch} | {version.build} | {len(version.planned_cells)} | {totals['passed']} | "
+            f"{totals['failed']} | {totals['error']} | {totals['skipped']} | {alone.count('fails alone')} | "
+            f"{alone.count('passed alone')} |"
+        )
+    print("\n| root cause | testcases | cells | torch | fail alone / re-run |")
+    print("|---|---|---|---|---|")
+    for cause in results.root_causes():
+        confirmed = sum(1 for record, _ in cause.failures if record.confirmation == "fails alone")
+        line = one_line(cause.line, 160).replace("|", "\\|")
+        print(
+            f"| `{line}` | {cause.tests} | {len(cause.cells)} | {', '.join(cause.versions)} | "
+            f"{confirmed} / {len(cause.failures)} |"
+        )
+    print(f"\nEvery failing test of torch {results.baseline}, each once per cell that ran it:\n")
+    print("| suite | test | cell | status | alone | root cause |")
+    print("|---|---|---|---|---|---|")
+    for record, cells in results.failures():
+        if record.torch == results.baseline:
+            more = f" +{len(cells) - 1}" if len(cells) > 1 else ""
+            line = one_line(record.message, 120).replace("|", "\\|")
+            print(
+                f"| {record.suite} | `{record.test}` | {record.run_cell}{more} | {record.status} | "
+                f"{record.confirmation or 'not re-run'} | `{line}` |"
+            )
+    for diff in upgrade_diffs(results):
+        print(
+            f"\nupgrade diff {diff.before} -> {diff.after}: {len(diff.regressions)} regressions, {len(diff.fixes)} fixes, "
+            f"{len(diff.unconfirmed)} unconfirmed, {len(diff.newly_skipped)} newly skipped, {len(diff.drift)} drift "
+            f"figures grown, {len(diff.slowdowns)} suites slower ({diff.compared} tests compared)"
+        )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--baseline", default="2.7.1")
+    parser.add_argument("--candidate", action="append", default=None, help="repeatable (default 2.13.0)")
+    parser.add_argument("--deadline", type=int, default=None, help="cap every suite's per-test deadline (seconds)")
+    parser.add_argument("--keep", type=Path, default=None, help="copy the run directory here")
+    args = parser.parse_args()
+    versions = [args.baseline, *(args.candidate or ["2.13.0"])]
+    with tempfile.TemporaryDirectory(prefix="torchmatrix-upgrade-") as tmp:
+        matrix = scratch_matrix(Path(tmp), versions, args.deadline)
+        run_id = f"upgrade-{'-'.join(versions)}"
+        elapsed = run(matrix, run_id)
+        run_dir = matrix.parent / "reports" / run_id
+        print_tables(run_dir, elapsed)
+        if args.keep:
+            shutil.copytree(run_dir, args.keep / run_id, dirs_exist_ok=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,455 @@
+"""Hostile and unlucky inputs that stop before any cell runs: each case is data (what it does, the
+command, the exit code, the one-line message), and the runner must answer with exactly one
+`torchmatrix: error:` line, no traceback, and write nothing outside the reports directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from torchmatrix.envdir_lock import EnvdirBusy, envdir_of, lock_envdir, runs_matrix_sessions
+
+from conftest import Project
+
+MATRIX = """
+[torch]
+versions = ["2.13.0"]
+
+[axes]
+world_size = [1, 2]
+fsdp = ["none", "fsdp2"]
+
+[suites.demo]
+path = "suites/test_demo.py"
+{suite_extra}
+{extra}
+"""
+
+SUITE = "def test_demo(cell):\n    pass\n"
+
+
+@dataclass
+class Case:
+    """One hostile input: the files it writes (relative to the project), the command, what must come back."""
+
+    id: str
+    what: str
+    args: list[str]
+    exit_code: int
+    message: str
+    extra: str = ""
+    suite_extra: str = ""
+    files: dict[str, str] = field(default_factory=dict)
+
+
+def _plan(**overrides) -> str:
+    plan = {"torch": "2.13.0", "matrix_sha256": "SHA", "cells": ["ws1-none"], "environment": {}, "shard": None}
+    return json.dumps({**plan, **overrides})
+
+
+def _results(**overrides) -> str:
+    results = {
+        "schema": "torchmatrix.results",
+        "schema_version": 2,
+        "run": {
+            "id": "a",
+            "created": "",
+            "hosts": [],
+            "matrix": {"path": "", "sha256": ""},
+            "baseline": "2.13.0",
+            "thresholds": {"drift_ratio": 10.0, "slowdown_ratio": 1.5},
+        },
+        "versions": [],
+        "cells": [],
+        "tests": [],
+    }
+    return json.dumps({**results, **overrides})
+
+
+TEST_RECORD = {"torch": "2.13.0", "cell": "ws1", "suite": "s", "test": "t", "status": "passed", "duration": 1.0}
+
+CASES = [
+    Case(
+        "merge-torch-pin-escapes",
+        "a plan.json whose torch version is ../../.. would make merge write outside --out",
+        ["merge", "in", "--out", "merged"],
+        2,
+        "torch version '../../..' cannot be a file name",
+        files={"in/torch-2.13.0/plan.json": _plan(torch="../../..")},
+    ),
+    Case(
+        "merge-torch-pin-not-its-directory",
+        "a plan.json naming another version than its torch-* directory",
+        ["merge", "in", "--out", "merged"],
+        2,
+        "is not the 'torch-2.13.0' its directory names",
+        files={"in/torch-2.13.0/plan.json": _plan(torch="2.14.1")},
+    ),
+    Case(
+        "merge-cell-id-escapes",
+        "a plan.json listing a cell id with a path in it",
+        ["merge", "in", "--out", "merged"],
+        2,
+        "cell id '../../evil' cannot be a file name",
+        files={"in/torch-2.13.0/plan.json": _plan(cells=["../../evil"])},
+    ),
+    Case(
+        "merge-suite-name-escapes",
+        "a plan.json naming a suite with a path in it",
+        ["merge", "in", "--out", "merged"],
+        2,
+        "suite name '../s' cannot be a file name",
+        files={"in/torch-2.13.0/plan.json": _plan(suites={"../s": {}})},
+    ),
+    Case(
+        "merge-plan-not-json",
+        "a truncated plan.json",
+        ["merge", "in", "--out", "merged"],
+        2,
+        "not a readable plan",
+        files={"in/torch-2.13.0/plan.json": '{"torch": "2.13'},
+    ),
+    Case(
+        "run-id-escapes-reports",
+        "--run-id ../../x would put the run directory outside reports/",
+        ["run", "--torch", "2.13.0", "--run-id", "../../x"],
+        2,
+        "--run-id '../../x' would leave the reports directory",
+    ),
+    Case(
+        "run-id-absolute",
+        "--run-id /tmp/x",
+        ["run", "--torch", "2.13.0", "--run-id", "/tmp/x"],
+        2,
+        "--run-id '/tmp/x' would leave the reports directory",
+    ),
+    Case(
+        "suite-symlink-outside-project",
+        "a suite path that is a symlink to a file outside the project",
+        ["list"],
+        2,
+        "outside the project",
+        files={"@suites/test_demo.py": "../../outside/test_demo.py"},
+    ),
+    Case(
+        "project-root-not-a-directory",
+        "[project] root naming nothing",
+        ["list"],
+        2,
+        "project.root: 'nowhere' is not a directory",
+        extra='[project]\nroot = "nowhere"',
+    ),
+    Case(
+        "slurm-partition-newline",
+        "--partition with a newline and a command would add lines to every sbatch script",
+        ["slurm", "--gpus-per-node", "2", "--partition", "gpu\n#SBATCH --wrap=rm -rf ~"],
+        2,
+        "is not a partition name",
+    ),
+    Case(
+        "slurm-partition-shell",
+        "--partition with shell metacharacters",
+        ["slurm", "--gpus-per-node", "2", "--partition", "gpu;touch pwned"],
+        2,
+        "is not a partition name",
+    ),
+    Case(
+        "slurm-time-newline",
+        "--time with a newline",
+        ["slurm", "--gpus-per-node", "2", "--time", "01:00:00\nrm -rf ~"],
+        2,
+        "is not a Slurm time limit",
+    ),
+    Case(
+        "compare-results-not-an-object",
+        "compare of a results.json that is a JSON list",
+        ["compare", "a.json", "b.json"],
+        2,
+        "not a JSON object",
+        files={"a.json": "[]", "b.json": "[]"},
+    ),
+    Case(
+        "compare-results-missing-run",
+        "compare of a results.json without its run table",
+        ["compare", "a.json", "a.json"],
+        2,
+        "malformed (missing key 'run')",
+        files={"a.json": json.dumps({"schema": "torchmatrix.results", "schema_version": 2})},
+    ),
+    Case(
+        "compare-results-bad-status",
+        "compare of a results.json whose test has an unknown status",
+        ["compare", "a.json", "a.json"],
+        2,
+        "tests[].status 'exploded' is not one of",
+        files={"a.json": _results(tests=[{**TEST_RECORD, "status": "exploded"}])},
+    ),
+    Case(
+        "compare-results-bad-duration",
+        "compare of a results.json whose duration is text",
+        ["compare", "a.json", "a.json"],
+        2,
+        "tests[].duration 'slow' is not a number",
+        files={"a.json": _results(tests=[{**TEST_RECORD, "duration": "slow"}])},
+    ),
+    Case(
+        "compare-results-truncated",
+        "compare of a truncated results.json",
+        ["compare", "a.json", "a.json"],
+        2,
+        "cannot read",
+        files={"a.json": '{"schema": '},
+    ),
+    Case(
+        "only-value-that-does-not-exist",
+        "--only world_size=3 when 3 is not a world size",
+        ["list", "--only", "world_size=3"],
+        2,
+        "--only world_size=3 selects no cell; world_size has: 1, 2",
+    ),
+    Case(
+        "only-values-never-together",
+        "--only values that exist but never in one cell",
+        ["list", "--only", "world_size=1", "--only", "fsdp=fsdp2"],
+        2,
+        "each value exists, but no cell has them together",
+        extra='[[exclude]]\nworld_size = 1\nfsdp = "fsdp2"',
+    ),
+    Case(
+        "keyword-matches-nothing",
+        "-k that matches no cell id",
+        ["list", "-k", "nothing"],
+        2,
+        "-k 'nothing' matches none of the 4 cell ids",
+    ),
+    Case(
+        "run-keyword-matches-nothing",
+        "run with -k that matches no cell id (used to exit 0 with 0 cells)",
+        ["run", "--torch", "2.13.0", "-k", "nothing"],
+        2,
+        "-k 'nothing' matches none of the 4 cell ids",
+    ),
+    Case(
+        "toml-datetime-in-options",
+        "a TOML datetime in a suite's options (JSON cannot carry it to the suite)",
+        ["list"],
+        2,
+        "suites.demo.options.when: 1979-05-27T07:32:00 is a TOML date",
+        suite_extra="options = { when = 1979-05-27T07:32:00 }",
+    ),
+    Case(
+        "toml-date-in-nested-options",
+        "a TOML date inside an array of a suite's options",
+        ["list"],
+        2,
+        "suites.demo.options.days[0]: 1979-05-27 is a TOML date",
+        suite_extra="options = { days = [1979-05-27] }",
+    ),
+    Case(
+        "toml-datetime-as-timeout",
+        "a TOML datetime as the per-test deadline",
+        ["list"],
+        2,
+        "suites.demo.timeout: datetime.datetime(1979, 5, 27",
+        suite_extra="timeout = 1979-05-27T07:32:00",
+    ),
+    Case(
+        "toml-datetime-as-axis-value",
+        "a TOML time as an axis value",
+        ["list"],
+        2,
+        "axes.when[0]: datetime.time(7, 32) is not a valid axis value",
+    ),
+    Case(
+        "timeout-inf",
+        "timeout = inf (a test that hangs would never end)",
+        ["list"],
+        2,
+        "suites.demo.timeout: inf is not a positive number",
+        suite_extra="timeout = inf",
+    ),
+    Case(
+        "timeout-nan",
+        "timeout = nan",
+        ["list"],
+        2,
+        "suites.demo.timeout: nan is not a positive number",
+        suite_extra="timeout = nan",
+    ),
+    Case(
+        "timeout-negative",
+        "timeout = -5",
+        ["list"],
+        2,
+        "suites.demo.timeout: -5 is not a positive number",
+        suite_extra="timeout = -5",
+    ),
+    Case(
+        "drift-ratio-inf",
+        "[report] drift_ratio = inf",
+        ["list"],
+        2,
+        "report.drift_ratio: inf is not a positive number",
+        extra="[report]\ndrift_ratio = inf",
+    ),
+    Case(
+        "negative-axis-value",
+        "a negative number as an axis value would give ids like ws2--1",
+        ["list"],
+        2,
+        "axes.lr_shift[1]: -1 is not a valid axis value",
+    ),
+    Case(
+        "exponent-axis-value",
+        "a float whose spelling has '-' (1e-05)",
+        ["list"],
+        2,
+        "1e-05 is not a valid axis value",
+    ),
+    Case(
+        "slots-zero",
+        "--slots 0 would never start a cell",
+        ["run", "--torch", "2.13.0", "--slots", "0"],
+        2,
+        "argument --slots: 0 is not positive",
+    ),
+    Case(
+        "slots-negative",
+        "--slots -1",
+        ["run", "--torch", "2.13.0", "--slots=-1"],
+        2,
+        "argument --slots: -1 is not positive",
+    ),
+    Case(
+        "shards-zero",
+        "github-matrix --shards 0",
+        ["github-matrix", "--shards", "0"],
+        2,
+        "argument --shards: 0 is not positive",
+    ),
+]
+
+# Axis-level cases replace the [axes] table: written here, where the TOML needs it whole.
+AXES = {
+    "toml-datetime-as-axis-value": 'world_size = [1, 2]\nfsdp = ["none", "fsdp2"]\nwhen = [07:32:00]',
+    "negative-axis-value": 'world_size = [1, 2]\nfsdp = ["none", "fsdp2"]\nlr_shift = [0, -1]',
+    "exponent-axis-value": 'world_size = [1, 2]\nfsdp = ["none", "fsdp2"]\nlr = [1e-05]',
+}
+
+
+def _write(project: Project, case: Case) -> None:
+    text = MATRIX.format(suite_extra=case.suite_extra, extra=case.extra if case.id not in AXES else "")
+    if case.id in AXES:
+        text = text.replace('world_size = [1, 2]\nfsdp = ["none", "fsdp2"]', AXES[case.id])
+    project.write("matrix.toml", text)
+    if "@suites/test_demo.py" not in case.files:
+        project.write("suites/test_demo.py", SUITE)
+    for relative, content in case.files.items():
+        if relative.startswith("@"):  # a symlink: content is its target
+            target = project.root / Path(relative[1:]).parent / content
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(SUITE)
+            (project.root / relative[1:]).symlink_to(content)
+        else:
+            project.write(relative, content.replace("SHA", _digest(project)))
+
+
+def _digest(project: Project) -> str:
+    from torchmatrix.config import load_matrix
+
+    return load_matrix(project.root / "matrix.toml").digest
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
+def test_hostile_input_is_refused_with_one_line(tmp_path, case):
+    project = Project(tmp_path / "project")
+    _write(project, case)
+    before = set(tmp_path.rglob("*"))
+    done = project.torchmatrix(*case.args, timeout=120)
+    assert done.returncode == case.exit_code, (case.what, done.stdout, done.stderr)
+    assert "Traceback" not in done.stderr, case.what
+    last = done.stderr.strip().splitlines()[-1]
+    assert case.message in last, (case.what, done.stderr)
+    if not case.args[0] == "run" or "--slots" in " ".join(case.args):
+        return
+    assert last.startswith("torchmatrix: error: ")
+    escaped = {path for path in set(tmp_path.rglob("*")) - before if not path.is_relative_to(project.root / "reports")}
+    assert not escaped, escaped
+
+
+def test_merge_of_a_hostile_plan_writes_nothing_outside_out(tmp_path):
+    project = Project(tmp_path / "a" / "b" / "project")
+    _write(project, CASES[0])
+    outside = set(tmp_path.rglob("*"))
+    done = project.torchmatrix("merge", "in", "--out", "merged")
+    assert done.returncode == 2
+    assert set(tmp_path.rglob("*")) == outside  # not even --out was created
+
+
+def test_a_suite_symlink_into_the_named_project_root_is_accepted(tmp_path):
+    """The documented way for scratch and example projects: [project] root names the tree the
+    symlink leads into."""
+    shared = tmp_path / "shared"
+    (shared / "suites").mkdir(parents=True)
+    (shared / "suites" / "test_demo.py").write_text(SUITE)
+    project = Project(tmp_path / "shared" / "example")
+    (project.root / "suites").rmdir()
+    (project.root / "suites").symlink_to(shared / "suites", target_is_directory=True)
+    project.write("matrix.toml", MATRIX.format(suite_extra="", extra='[project]\nroot = ".."'))
+    done = project.torchmatrix("list")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["ws1-none", "ws1-fsdp2", "ws2-none", "ws2-fsdp2"]
+    project.write("matrix.toml", MATRIX.format(suite_extra="", extra=""))
+    refused = project.torchmatrix("list")
+    assert refused.returncode == 2 and "outside the project" in refused.stderr
+
+
+def test_slurm_values_that_pass_are_plain(tmp_path):
+    """Accepted values reach the scripts verbatim, and no script gains a line from them."""
+    project = Project(tmp_path / "project")
+    project.write("matrix.toml", MATRIX.format(suite_extra="", extra=""))
+    project.write("suites/test_demo.py", SUITE)
+    done = project.torchmatrix("slurm", "--gpus-per-node", "2", "--partition", "gpu,gpu-long", "--time", "1-12:00:00")
+    assert done.returncode == 0, done.stderr
+    cells = (project.root / "reports" / "slurm" / "cells.sbatch").read_text()
+    assert "#SBATCH --partition=gpu,gpu-long\n" in cells and "#SBATCH --time=1-12:00:00\n" in cells
+    assert "-- --restart " in cells  # a requeued task starts its run directory clean
+
+
+def test_a_second_matrix_run_on_one_envdir_is_refused_naming_the_first(tmp_path):
+    fd = lock_envdir(tmp_path / ".nox")
+    try:
+        with pytest.raises(EnvdirBusy, match=f"another matrix run \\(pid {os.getpid()}, started "):
+            lock_envdir(tmp_path / ".nox")
+        lock_envdir(tmp_path / "other-envdir")  # separate venvs: no conflict
+    finally:
+        os.close(fd)
+    os.close(lock_envdir(tmp_path / ".nox"))  # released with its holder
+
+
+@pytest.mark.parametrize(
+    ("argv", "locks"),
+    [
+        ([], True),
+        (["-s", "gpu_matrix"], True),
+        (["-R", "-s", "gpu_matrix(torch='2.13.0')", "--", "-k", "x"], True),
+        (["-s", "hf_matrix"], True),
+        (["-s", "report"], False),
+        (["-s", "tests"], False),
+        (["-l"], False),
+        (["--list", "-s", "gpu_matrix"], False),
+    ],
+)
+def test_which_nox_command_lines_take_the_lock(argv, locks):
+    assert runs_matrix_sessions(argv) is locks
+
+
+def test_the_lock_lives_in_the_envdir_nox_uses(tmp_path):
+    assert envdir_of(["-s", "gpu_matrix"], tmp_path) == tmp_path / ".nox"
+    assert envdir_of(["--envdir", "/x/venvs", "-s", "gpu_matrix"], tmp_path) == Path("/x/venvs")
+    assert envdir_of(["--envdir=venvs"], tmp_path) == tmp_path / "venvs"

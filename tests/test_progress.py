@@ -1,0 +1,38 @@
+"""The terminal line of a finished cell says what a newcomer would otherwise open results.json for."""
+
+from __future__ import annotations
+
+import io
+
+from torchmatrix.progress import Progress, cell_outcome
+
+
+def test_a_passing_cell_counts_its_skips():
+    tests = [(f"dtensor_optim::t{i}", "skipped") for i in range(13)] + [
+        (f"grad_ckpt::t{i}", "passed") for i in range(6)
+    ]
+    assert cell_outcome(tests) == "passed (19 tests, 13 skipped)"
+    assert cell_outcome([("a::t", "passed")]) == "passed (1 tests)"
+    assert cell_outcome([("a::t", "skipped")]) == "skipped (1 tests)"
+
+
+def test_a_failing_cell_names_its_first_failing_tests_then_how_many_more():
+    tests = [
+        ("g::ok", "passed"),
+        ("g::a", "failed"),
+        ("g::b", "error"),
+        ("g::c", "failed"),
+        ("g::d", "failed"),
+        ("g::e", "failed"),
+    ]
+    assert cell_outcome(tests) == "error (6 tests): g::a, g::b, g::c +2"
+    assert cell_outcome(tests[:3]) == "error (3 tests): g::a, g::b"
+
+
+def test_the_line_carries_the_outcome_and_totals():
+    stream = io.StringIO()
+    Progress("2.13.0", 2, stream).cell_finished(
+        "ws1-none", [("g::a", "failed"), ("g::b", "skipped")], {"passed": 0, "failed": 1, "error": 0, "skipped": 1}
+    )
+    line = stream.getvalue()
+    assert line.startswith("[1/2] torch 2.13.0 ws1-none: failed (2 tests, 1 skipped): g::a | 0 passed, 1 failed")

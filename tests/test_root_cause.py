@@ -1,0 +1,50 @@
+"""The root cause line: the innermost exception, an introducing line joined with its detail, and grouping."""
+
+from __future__ import annotations
+
+from torchmatrix.results import RunResults, TestRecord
+from torchmatrix.root_cause import group_key, root_cause
+
+
+def raised(function) -> BaseException:
+    try:
+        function()
+    except BaseException as error:  # noqa: BLE001 - the test inspects whatever was raised
+        return error
+    raise AssertionError("nothing was raised")
+
+
+def test_the_innermost_exception_of_a_chain_is_the_root_cause():
+    def chained():
+        try:
+            {}["key"]
+        except KeyError as cause:
+            raise RuntimeError("wrapper") from cause
+
+    assert root_cause(raised(chained)) == "KeyError: 'key'"
+
+
+def test_a_headline_that_introduces_its_detail_takes_the_first_detail_line():
+    def suite_assertion():
+        raise AssertionError(
+            "ws2-fsdp1, loader right after load vs at save:\n  rank 0: loader would yield batch 4\n  rank 1: …"
+        )
+
+    assert root_cause(raised(suite_assertion)) == (
+        "AssertionError: ws2-fsdp1, loader right after load vs at save: rank 0: loader would yield batch 4"
+    )
+
+
+def test_volatile_parts_are_blanked_for_grouping():
+    assert group_key("RuntimeError: Connection closed by peer [127.0.0.1]:41234") == group_key(
+        "RuntimeError: Connection closed by peer [127.0.0.1]:5021"
+    )
+
+
+def test_the_same_failure_in_two_cells_is_one_root_cause():
+    def record(cell):
+        return TestRecord("2.7.1", cell, "resume", "t", "failed", 1.0, f"AssertionError: {cell}: loader late")
+
+    results = RunResults("r", "", [], "", "", "2.7.1", None, [], {}, [record("ws1-a"), record("ws2-b")])
+    [cause] = results.root_causes()
+    assert cause.tests == 2 and cause.cells == ["ws1-a", "ws2-b"]

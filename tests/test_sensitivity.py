@@ -1,0 +1,206 @@
+"""`python -m torchmatrix sensitivity`: the cell cover, the generated wrappers, and two real runs
+on one CPU cell, one where every chosen mutant is caught (exit 0) and one where the suite
+cannot see a mutant because the run draws no random numbers (exit 1, reported as missed)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from torchmatrix import junit, outcomes
+from torchmatrix.cells import Cell
+from torchmatrix.config import Suite, load_matrix
+from torchmatrix.plan import SuiteRun
+from torchmatrix.sensitivity import (
+    GENERIC_MUTANTS,
+    SensitivityError,
+    chosen_mutants,
+    covering_cells,
+    generated_module,
+    judge,
+)
+from torchmatrix.sensitivity_junit import read_cells
+
+from conftest import PROJECT_IS_THIS_CHECKOUT, REPO, checkout_env
+
+
+def test_covering_cells_show_every_axis_value_once_at_least():
+    cells = [Cell({"ws": ws, "fsdp": f, "opt": o}) for ws in (1, 2) for f in ("a", "b") for o in ("x", "y")]
+    chosen = covering_cells(cells)
+    assert len(chosen) == 2
+    assert {(axis, value) for cell in chosen for axis, value in cell.items()} == {
+        (axis, value) for cell in cells for axis, value in cell.items()
+    }
+
+
+def test_generated_module_wraps_each_configured_component_the_mutant_targets():
+    matrix = load_matrix(REPO / "matrix.toml")
+    source = generated_module(matrix, GENERIC_MUTANTS)
+    assert "skip_rng_on_load__checkpointer = skips_on_load('models.checkpoint:Checkpointer', 'rng')" in source
+    assert "moments_cast_to_param_dtype__optimizer_precision_aware = moments_cast_on_load(" in source
+    assert "moments_cast_to_param_dtype__optimizer_adamw = moments_cast_on_load('models.optim:build_adamw')" in source
+    assert "recompute_bumps_buffer__model = counts_body_runs_in_buffer('models.transformer:build_model')" in source
+    compile(source, "generated", "exec")
+
+
+def test_unknown_mutant_is_a_one_line_error():
+    with pytest.raises(SensitivityError, match="unknown nope; choose from skip_model_on_load"):
+        chosen_mutants("skip_rng_on_load,nope")
+
+
+RESUME = Suite("resume", "suites/test_resume.py", 240, ("world_size",))
+CELL_A, CELL_B = Cell({"world_size": 1, "optimizer": "adamw"}), Cell({"world_size": 1, "optimizer": "te"})
+TE_SKIP = "optimizer_te = models.te_optim:build needs 'transformer_engine', which is not installed here"
+
+
+def loader_failure(*rank_lines: str) -> outcomes.TestOutcome:
+    """A failed right-after-load check as the runner records it: the root cause headline as the
+    message, pytest's text (the exception's lines marked E) and the confirmation note after it."""
+    listing = "".join(f"\nE         {line}" for line in rank_lines)
+    text = (
+        "cell = ws1-adamw\n\n    def test_state_restored_right_after_load(...):\n"
+        '>       assert not problems, f"{cell.id}, {piece} right after load vs at save:\\n{listing}"\n'
+        f"E       AssertionError: ws1-adamw, loader right after load vs at save:{listing}\n"
+        "E       assert not {0: ['...']}\n\n"
+        "suites/test_resume.py:112: AssertionError\n\n---- re-run alone: fails alone ----\n"
+        "failed: AssertionError: ws1-adamw, loader right after load vs at save:"
+    )
+    return outcomes.TestOutcome(
+        "resume",
+        "test_state_restored_right_after_load[piece=loader]",
+        "failed",
+        message="AssertionError: ws1-adamw, loader right after load vs at save:",
+        text=text,
+    )
+
+
+def write_run(directory, outcomes_by_cell: dict) -> None:
+    """The per-cell JUnit files a run writes, through the runner's own writer."""
+    for cell, recorded in outcomes_by_cell.items():
+        run = SuiteRun(RESUME, cell, (cell,))
+        junit.write_cell(directory, "system", {}, cell, [(run, outcome) for outcome in recorded])
+
+
+def test_the_failure_names_what_differs_from_its_text_not_its_root_cause_headline(tmp_path):
+    write_run(
+        tmp_path,
+        {
+            CELL_A: [
+                outcomes.TestOutcome("resume", "test_losses_identical_after_resume", "passed"),
+                loader_failure("rank 0: after load: loader would yield batch 0, saved at batch 2"),
+                outcomes.TestOutcome(
+                    "resume", "test_state_restored_right_after_load[piece=rng]", "skipped", message="no RNG"
+                ),
+            ]
+        },
+    )
+    result = read_cells(tmp_path, "resume")[CELL_A.id]
+    assert (result.ran, result.skip_reasons, result.skipped) == (2, ["no RNG"], None)
+    (failure,) = result.failures
+    assert failure.rank_lines == ("rank 0: after load: loader would yield batch 0, saved at batch 2",)
+    assert failure.telling_line() == (
+        "test_state_restored_right_after_load: rank 0: after load: loader would yield batch 0, saved at batch 2"
+    )
+
+
+def test_a_cell_the_unmutated_run_skips_reads_skipped_with_its_reason_never_missed(tmp_path):
+    te_skipped = [outcomes.TestOutcome("resume", "test_losses_identical_after_resume", "skipped", message=TE_SKIP)]
+    write_run(tmp_path / "unmutated", {CELL_A: [loader_failure("rank 0: known")], CELL_B: te_skipped})
+    baseline = read_cells(tmp_path / "unmutated", "resume")
+    assert baseline[CELL_B.id].skipped == TE_SKIP
+    write_run(tmp_path / "caught", {CELL_A: [loader_failure("rank 0: known", "rank 1: after load: new")]})
+    write_run(tmp_path / "same", {CELL_A: [loader_failure("rank 0: known")]})
+    mutant = chosen_mutants("skip_loader_on_load")[0]
+
+    caught = judge(mutant, [CELL_A, CELL_B], baseline, tmp_path / "caught")
+    assert (caught.caught_in, caught.missed_in, caught.skipped_in) == ([CELL_A.id], [], {CELL_B.id: TE_SKIP})
+    assert caught.message == "test_state_restored_right_after_load: rank 1: after load: new"
+    assert caught.result_text() == f"caught in 1 of 1 cells; skipped in {CELL_B.id} ({TE_SKIP})"
+    assert not caught.missed
+
+    same = judge(mutant, [CELL_A, CELL_B], baseline, tmp_path / "same")
+    assert same.missed and same.result_text() == f"**missed**; skipped in {CELL_B.id} ({TE_SKIP})"
+
+    only_skipped = judge(mutant, [CELL_B], baseline, None)
+    assert not only_skipped.missed and only_skipped.result_text() == f"skipped ({TE_SKIP})"
+
+
+MATRIX = """
+[torch]
+versions = ["system"]
+
+[axes]
+world_size = [1]
+fsdp = ["none"]
+attn = ["sdpa"]
+optimizer = ["adamw"]
+
+[suites.grad_ckpt]
+path = "suites/test_grad_ckpt.py"
+timeout = 120
+axes = ["world_size", "fsdp", "attn"]
+
+[suites.resume]
+path = "suites/test_resume.py"
+timeout = 240
+axes = ["world_size", "fsdp", "optimizer"]
+
+[suites.resume.options]
+steps = 5
+resume_step = 2
+dropout = {dropout}
+
+[components]
+model = "models.transformer:build_model"
+parallelize = "models.parallel:parallelize"
+batch = "models.transformer:make_batch"
+optimizer_adamw = "models.optim:build_adamw"
+checkpointer = "models.checkpoint:Checkpointer"
+dataset = "models.data:TokenDataset"
+"""
+
+
+def sensitivity(tmp_path, dropout: float, mutants: str) -> tuple[subprocess.CompletedProcess, dict]:
+    """Run the command on a one-cell matrix next to this checkout's suites; the process and sensitivity.json."""
+    (tmp_path / "suites").symlink_to(REPO / "suites", target_is_directory=True)
+    (tmp_path / "matrix.toml").write_text(MATRIX.format(dropout=dropout) + PROJECT_IS_THIS_CHECKOUT)
+    done = subprocess.run(
+        [sys.executable, "-m", "torchmatrix", "sensitivity", "--config", str(tmp_path / "matrix.toml")]
+        + ["--reports", str(tmp_path / "reports"), "--mutants", mutants],
+        cwd=REPO,
+        env=checkout_env(),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    written = list((tmp_path / "reports").glob("sensitivity-*/sensitivity.json"))
+    return done, json.loads(written[0].read_text()) if written else {}
+
+
+@pytest.mark.slow
+def test_every_chosen_mutant_caught_exits_zero_with_the_table(tmp_path):
+    done, report = sensitivity(tmp_path, 0.1, "skip_loader_on_load,recompute_bumps_buffer")
+    assert done.returncode == 0, done.stdout + done.stderr
+    verdicts = {v["mutant"]: v for v in report["verdicts"]}
+    assert verdicts["skip_loader_on_load"]["caught_in"] == ["ws1-none-sdpa-adamw"]
+    assert "after load: loader would yield batch 0, saved at batch 2" in verdicts["skip_loader_on_load"]["message"]
+    assert "buffer prefix_layers.0.mutant_body_runs: 2 vs 1" in verdicts["recompute_bumps_buffer"]["message"]
+    assert (
+        "| `skip_loader_on_load` | checkpointer leaves the loader at its first batch | resume | caught in 1 of 1 cells |"
+        in done.stdout
+    )
+
+
+@pytest.mark.slow
+def test_a_mutant_the_suites_cannot_see_is_missed_and_exits_one(tmp_path):
+    done, report = sensitivity(tmp_path, 0.0, "skip_rng_on_load")
+    assert done.returncode == 1, done.stdout + done.stderr
+    (verdict,) = report["verdicts"]
+    assert verdict["caught_in"] == [] and verdict["missed_in"] == ["ws1-none-sdpa-adamw"], verdict
+    assert (
+        "| `skip_rng_on_load` | checkpointer leaves the RNG streams unrestored | resume | **missed** |" in done.stdout
+    )
+    assert "missed skip_rng_on_load" in done.stderr

@@ -1,0 +1,119 @@
+"""What pip or uv is doing while it installs a torch version, shown on the terminal.
+
+The installer's full output goes to install.log; the terminal gets one line per torch version
+(what is being downloaded or installed, MB done, elapsed), rewritten in place on a TTY and
+printed every `interval` seconds (and at each change of phase) in a CI log.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import TextIO
+
+PIP_DOWNLOADING = re.compile(r"^\s*Downloading (\S+) \(([\d.]+) (kB|MB|GB)\)")
+PIP_CACHED = re.compile(r"^\s*(?:Using cached (\S+) \(([\d.]+) (kB|MB|GB)\)|File was already downloaded (\S+))")
+PIP_RAW_PROGRESS = re.compile(r"^Progress (\d+) of (\d+)$")
+PIP_INSTALLING = re.compile(r"^Installing collected packages: (.*)$")
+UV_DOWNLOADING = re.compile(r"^\s*Downloading (\S+) \(([\d.]+)\s?(KiB|MiB|GiB)\)")
+UV_DOWNLOADED = re.compile(r"^\s*Downloaded (\S+)")
+UV_PREPARED = re.compile(r"^\s*Prepared (\d+) packages?")
+REASON = re.compile(r"^(ERROR: .*|error: .*|\s*╰─▶ .*)$")
+UNITS = {"kB": 1e3, "MB": 1e6, "GB": 1e9, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
+
+
+@dataclass
+class InstallProgress:
+    """Folds installer output lines into a state that renders as one line."""
+
+    label: str
+    started: float = field(default_factory=time.monotonic)
+    phase: str = "resolving"
+    current: str = ""
+    current_done: int = 0
+    current_total: int = 0
+    downloaded: int = 0
+    downloads: int = 0
+    cached: int = 0
+    reason: str = ""
+
+    def feed(self, line: str) -> None:
+        line = line.rstrip("\n")
+        if match := PIP_RAW_PROGRESS.match(line):
+            self.current_done, self.current_total = int(match[1]), int(match[2]) or self.current_total
+            if self.current_total and self.current_done >= self.current_total:
+                self._finish_download()
+        elif match := PIP_DOWNLOADING.match(line) or UV_DOWNLOADING.match(line):
+            if ".metadata" not in match[1]:
+                self._finish_download()
+                self.phase, self.current = "downloading", "-".join(match[1].split("-")[:2])
+                self.current_done, self.current_total = 0, int(float(match[2]) * UNITS[match[3]])
+        elif match := UV_DOWNLOADED.match(line):
+            self.current_done = self.current_total
+            self._finish_download()
+        elif PIP_CACHED.match(line):
+            self.cached += 1
+        elif match := PIP_INSTALLING.match(line):
+            self._finish_download()
+            self.phase, self.current = "installing", f"{len(match[1].split(','))} packages"
+        elif match := UV_PREPARED.match(line):
+            self._finish_download()
+            self.phase, self.current = "installing", f"{match[1]} packages"
+        elif match := REASON.match(line):
+            self.reason = self.reason or match[1].strip().removeprefix("╰─▶ ")
+
+    def _finish_download(self) -> None:
+        if self.current and self.phase == "downloading":
+            self.downloaded += self.current_done
+            self.downloads += 1
+            self.current, self.current_done, self.current_total = "", 0, 0
+
+    def line(self, now: float | None = None) -> str:
+        elapsed = int((now if now is not None else time.monotonic()) - self.started)
+        parts = [f"{self.label}: {self.phase}"]
+        if self.current:
+            parts[0] += f" {self.current}"
+            if self.current_total:
+                parts[0] += f" {self.current_done / 1e6:.0f}/{self.current_total / 1e6:.0f} MB"
+        done = self.downloaded + (self.current_done if self.phase == "downloading" else 0)
+        if done or self.downloads or self.cached:
+            parts.append(f"{done / 1e6:.0f} MB downloaded ({self.downloads} files, {self.cached} from cache)")
+        parts.append(f"{elapsed // 60}:{elapsed % 60:02d} elapsed")
+        return " | ".join(parts)
+
+
+class ProgressLine:
+    """Writes an InstallProgress to a stream: rewritten in place on a TTY, periodic lines otherwise."""
+
+    def __init__(self, progress: InstallProgress, stream: TextIO = sys.stderr, interval: float = 15.0):
+        self.progress = progress
+        self.stream = stream
+        self.tty = stream.isatty()
+        self.interval = 0.2 if self.tty else interval
+        self.last_shown = float("-inf")
+        self.last_phase = ""
+
+    def update(self, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        changed = self.progress.phase != self.last_phase
+        if not changed and now - self.last_shown < self.interval:
+            return
+        self.last_shown, self.last_phase = now, self.progress.phase
+        self._write(self.progress.line(now))
+
+    def close(self, outcome: str) -> None:
+        self._write(f"{self.progress.line()} | {outcome}")
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+    def _write(self, text: str) -> None:
+        if self.tty:
+            columns = shutil.get_terminal_size().columns - 1
+            self.stream.write("\r" + text[:columns] + "\x1b[K")
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
