@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from torchmatrix.grant import Grant
 from torchmatrix.plan import Group
 from torchmatrix.schedule import FILLER_NICE, Scheduler
 
@@ -14,9 +15,9 @@ class GateRecorder:
         self.grant = None
         self.gpus, self.cores, self.slots = [], [], 0
 
-    def open(self, gpus, slots, *, cores=(), nice=0):
-        self.gpus, self.cores, self.slots = gpus, list(cores), slots
-        self.grant = {"cores": list(cores), "slots": slots, "nice": nice}
+    def open(self, grant, slots):
+        self.gpus, self.cores, self.slots = list(grant.gpus), list(grant.cores), slots
+        self.grant = grant
 
 
 def scheduler_on(cores: list[int], *world_sizes: int) -> Scheduler:
@@ -28,18 +29,18 @@ def scheduler_on(cores: list[int], *world_sizes: int) -> Scheduler:
 def test_the_first_group_gets_the_cores_and_the_rest_fill_in_unpinned_at_lowest_priority():
     scheduler = scheduler_on([0, 1], 4, 2, 1)
     scheduler._open_what_fits()
-    assert [p.grant for p in scheduler.active] == [
-        {"cores": [0, 1], "slots": 2, "nice": 0},
-        {"cores": [], "slots": 0, "nice": FILLER_NICE},
-        {"cores": [], "slots": 0, "nice": FILLER_NICE},
+    assert [(p.grant, p.slots) for p in scheduler.active] == [
+        (Grant(cores=(0, 1), threads_per_rank=1), 2),
+        (Grant(nice=FILLER_NICE), 0),
+        (Grant(nice=FILLER_NICE), 0),
     ]
 
 
 def test_groups_that_fit_side_by_side_get_disjoint_cores():
     scheduler = scheduler_on([0, 1, 2, 3], 2, 1, 1, 1)
     scheduler._open_what_fits()
-    assert [p.grant["cores"] for p in scheduler.active] == [[0, 1], [2], [3], []]
-    assert scheduler.active[-1].grant["nice"] == FILLER_NICE
+    assert [p.grant.cores for p in scheduler.active] == [(0, 1), (2,), (3,), ()]
+    assert scheduler.active[-1].grant.nice == FILLER_NICE
 
 
 def test_on_gpus_groups_get_gpu_slices_and_no_cores():
@@ -54,4 +55,4 @@ def test_a_group_under_a_launcher_runs_alone_with_the_whole_node():
     scheduler = scheduler_on([0, 1], 1)
     scheduler.waiting.insert(0, GateRecorder(Group("wide", 4, (), launcher="torchrun --nnodes=2")))
     scheduler._open_what_fits()
-    assert [(p.group.name, p.grant) for p in scheduler.active] == [("wide", {"cores": [], "slots": 2, "nice": 0})]
+    assert [(p.group.name, p.grant) for p in scheduler.active] == [("wide", Grant(threads_per_rank=1))]

@@ -30,6 +30,12 @@ class LaunchedRank:
         self.collective_timeout_s = collective_timeout_s
         self.starts = 0
 
+    @property
+    def running(self) -> bool:
+        import torch.distributed as dist
+
+        return dist.is_initialized()
+
     def start(self) -> None:
         import torch
         import torch.distributed as dist
@@ -70,15 +76,16 @@ class LaunchedRank:
             raise RankFailure("\n".join(sections), next(iter(errors.values()))[1])
         return [value for _, value in replies]
 
-    def shared_directory(self, root: Path, name: str) -> Path:
-        """A fresh directory every rank sees: rank 0 makes it under `root` (on the shared filesystem)."""
+    def test_directory(self, own: Path, shared_root: Path, name: str) -> Path:
+        """Every rank is its own pytest process, so they share a fresh directory that rank 0 makes
+        under `shared_root` (on the shared filesystem) instead of each using `own`."""
         import torch.distributed as dist
 
         self.start()
         made = [None]
         if launched_rank() == 0:
-            root.mkdir(parents=True, exist_ok=True)
-            made = [tempfile.mkdtemp(prefix=re.sub(r"[^\w.-]", "_", name)[:60] + "-", dir=root)]
+            shared_root.mkdir(parents=True, exist_ok=True)
+            made = [tempfile.mkdtemp(prefix=re.sub(r"[^\w.-]", "_", name)[:60] + "-", dir=shared_root)]
         dist.broadcast_object_list(made, src=0)
         return Path(made[0])
 

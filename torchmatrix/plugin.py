@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import json
 import os
 import time
 from pathlib import Path
@@ -19,15 +18,17 @@ import pytest
 from torchmatrix import zygote
 from torchmatrix.cells import Cell
 from torchmatrix.events import EventLog, run_key
-from torchmatrix.launched import LaunchedRank, launched_rank
+from torchmatrix.grant import Grant
+from torchmatrix.group_plan import GroupPlan
+from torchmatrix.launched import launched_rank
 from torchmatrix.output_cap import DEFAULT_CAP_BYTES, cap_text
 from torchmatrix.parent_death import exit_with_runner
-from torchmatrix.pool import RankFailure, RankPool, collective_timeout
+from torchmatrix.pool import RankFailure
 from torchmatrix.protocol import required_names
+from torchmatrix.rank_group import RankGroup, open_ranks
 from torchmatrix.root_cause import root_cause
 
 PLAN_KEY = pytest.StashKey["CellPlan"]()
-GATE_POLL_S = 0.05
 NOT_PLANNED = "suites run through `python -m torchmatrix run`, which tells this plugin the cells to run"
 
 
@@ -41,7 +42,7 @@ def pytest_configure(config):
     path = config.getoption("--torchmatrix-plan")
     if path:
         exit_with_runner()
-        plan = CellPlan(json.loads(Path(path).read_text()), Path(config.rootpath))
+        plan = CellPlan(GroupPlan.read(Path(path)), Path(config.rootpath))
         config.stash[PLAN_KEY] = plan
         config.pluginmanager.register(plan, "torchmatrix-plan")
 
@@ -49,37 +50,26 @@ def pytest_configure(config):
 class CellPlan:
     """One process's share of the matrix: a world size, its suite runs, and their ranks.
 
-    The ranks are a local RankPool, or, when an external launcher started this process as one
-    rank of a multi-node world, this process itself (only rank 0 writes the event log the
-    runner reads).
+    The ranks (a RankGroup) are built once the runner's grant arrives: a local pool, or, when an
+    external launcher started this process as one rank of a multi-node world, this process
+    itself (only rank 0 writes the event log the runner reads).
     """
 
-    def __init__(self, data: dict, rootpath: Path):
-        self.data = data
+    def __init__(self, plan: GroupPlan, rootpath: Path):
+        self.plan = plan
         self.rootpath = rootpath
-        self.suites = data["suites"]
-        self.suite_by_path = {(rootpath / spec["path"]).resolve(): name for name, spec in self.suites.items()}
+        self.suites = plan.suites
+        self.suite_by_path = {(rootpath / spec.path).resolve(): name for name, spec in self.suites.items()}
         self.cells_by_suite: dict[str, list[Cell]] = {}
-        for run in data["runs"]:
-            self.cells_by_suite.setdefault(run["suite"], []).append(Cell(run["cell"]))
-        self.order = {run_key(r["suite"], Cell(r["cell"]).id): i for i, r in enumerate(data["runs"])}
-        self.only_tests = {key: set(names) for key, names in (data.get("only_tests") or {}).items()}
-        device = data["device"]
-        timeout = collective_timeout(max(spec["timeout"] for spec in self.suites.values()))
-        if data.get("launcher") == "external":
-            self.pool = LaunchedRank(data["world_size"], backend=device["backend"], collective_timeout_s=timeout)
-            rank = launched_rank()
-            self.events = EventLog(data["events"] if rank == 0 else f"{data['events']}.rank{rank}")
-        else:
-            self.pool = RankPool(
-                data["world_size"],
-                device_type=device["device_type"],
-                backend=device["backend"],
-                collective_timeout_s=timeout,
-                threads_per_rank=data["threads_per_rank"],
-            )
+        for suite, cell in plan.runs:
+            self.cells_by_suite.setdefault(suite, []).append(cell)
+        self.order = {run_key(suite, cell.id): i for i, (suite, cell) in enumerate(plan.runs)}
+        self.only_tests = {key: set(names) for key, names in plan.only_tests.items()}
+        self.pool: RankGroup | None = None
+        rank = launched_rank() if plan.launched else 0
+        if not plan.launched:
             zygote.start()
-            self.events = EventLog(data["events"])
+        self.events = EventLog(plan.events if rank == 0 else f"{plan.events}.rank{rank}")
         self._reports: dict[str, list] = {}
 
     def suite_of(self, path: Path) -> str | None:
@@ -113,18 +103,15 @@ class CellPlan:
         self.events.write("collected", runs=collected)
 
     def pytest_collection_finish(self, session):
-        """Imports and collection are done; wait here until the runner grants GPUs and cores."""
-        gate = self.data.get("gate")
-        if gate:
-            grant = _wait_for_gate(Path(gate))
-            if grant["gpus"]:
-                os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, grant["gpus"]))
-            if isinstance(self.pool, RankPool):
-                self.pool.threads_per_rank = grant["threads_per_rank"]
-                self.pool.cores = grant.get("cores", [])
-            if grant.get("nice"):
-                os.nice(grant["nice"])
-        if session.items and isinstance(self.pool, RankPool):
+        """Imports and collection are done; wait here until the runner grants GPUs and cores, then
+        build the ranks from that grant and start them before the first test."""
+        grant = Grant.wait(Path(self.plan.gate)) if self.plan.gate else Grant()
+        if grant.gpus:
+            os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, grant.gpus))
+        if grant.nice:
+            os.nice(grant.nice)
+        self.pool = open_ranks(self.plan, grant)
+        if session.items:
             try:
                 self.start_pool()
             except RankFailure:
@@ -140,7 +127,7 @@ class CellPlan:
     def pytest_collectreport(self, report):
         if report.failed:
             suite = self.suite_of(Path(self.rootpath, report.nodeid.split("::")[0]))
-            text = cap_text(str(report.longrepr), self.data.get("output_cap", DEFAULT_CAP_BYTES))
+            text = cap_text(str(report.longrepr), self.plan.output_cap)
             self.events.write("collect_error", suite=suite, nodeid=report.nodeid, text=text)
 
     def pytest_runtest_logreport(self, report):
@@ -160,9 +147,8 @@ class CellPlan:
         yield
         reports = self._reports.pop(item.nodeid, [])
         if where and reports:
-            cap = self.data.get("output_cap", DEFAULT_CAP_BYTES)
-            self.events.write("test", nodeid=item.nodeid, **where, **_outcome(reports, cap))
-        if nextitem is not None and isinstance(self.pool, RankPool) and self.pool.starts and not self.pool.running:
+            self.events.write("test", nodeid=item.nodeid, **where, **_outcome(reports, self.plan.output_cap))
+        if nextitem is not None and self.pool.starts and not self.pool.running:
             try:
                 self.start_pool()  # the rebuild after a failure, timed as no test's
             except RankFailure:
@@ -177,19 +163,14 @@ class CellPlan:
             report.root_cause = root_cause(call.excinfo.value)
 
     def pytest_sessionfinish(self, session):
-        self.pool.close()
+        if self.pool is not None:
+            self.pool.close()
         self.events.close()
 
     def _key(self, item) -> str | None:
         cell = getattr(item, "callspec", None) and item.callspec.params.get("cell")
         suite = self.suite_of(item.path)
         return run_key(suite, cell.id) if suite and isinstance(cell, Cell) else None
-
-
-def _wait_for_gate(path: Path) -> dict:
-    while not path.exists():
-        time.sleep(GATE_POLL_S)
-    return json.loads(path.read_text())
 
 
 def test_name(item) -> str:
@@ -260,7 +241,7 @@ class Ranks:
     """What a test holds to run functions on every rank of its cell, under the test's deadline
     (which starts once the ranks are up)."""
 
-    def __init__(self, pool: RankPool | LaunchedRank, cell: Cell, timeout: float):
+    def __init__(self, pool: RankGroup, cell: Cell, timeout: float):
         self.pool = pool
         self.cell = cell
         self.timeout = timeout
@@ -285,7 +266,7 @@ class Ranks:
 def ranks(request, cell, _cell_plan) -> Ranks:
     _cell_plan.start_pool()
     suite = _cell_plan.suite_of(request.node.path)
-    return Ranks(_cell_plan.pool, cell, _cell_plan.suites[suite]["timeout"])
+    return Ranks(_cell_plan.pool, cell, _cell_plan.suites[suite].timeout)
 
 
 @pytest.fixture
@@ -293,15 +274,15 @@ def tmp_path(tmp_path, request):
     """pytest's tmp_path, except under a launcher: there every rank is its own pytest process, so
     all ranks share one directory that rank 0 makes next to the run's logs."""
     plan = request.config.stash.get(PLAN_KEY, None)
-    if plan is None or not isinstance(plan.pool, LaunchedRank):
+    if plan is None:
         return tmp_path
-    return plan.pool.shared_directory(Path(plan.data["events"]).parent / "tmp", request.node.name)
+    return plan.pool.test_directory(tmp_path, Path(plan.plan.events).parent / "tmp", request.node.name)
 
 
 @pytest.fixture
 def suite_options(request, _cell_plan) -> dict:
     """The suite's `[suites.<name>.options]` table from matrix.toml."""
-    return dict(_cell_plan.suites[_cell_plan.suite_of(request.node.path)].get("options", {}))
+    return dict(_cell_plan.suites[_cell_plan.suite_of(request.node.path)].options)
 
 
 @pytest.fixture(autouse=True)
@@ -314,8 +295,8 @@ def _skip_cells_whose_components_cannot_import(request):
         return
     cell = request.getfixturevalue("cell")
     optimizers = [str(cell["optimizer"])] if "optimizer" in cell else []
-    for key in required_names([Path(plan.suites[suite]["path"]).stem.removeprefix("test_")], optimizers):
-        path = plan.data["components"].get(key)
+    for key in required_names([Path(plan.suites[suite].path).stem.removeprefix("test_")], optimizers):
+        path = plan.plan.components.get(key)
         missing = missing_package(path) if path else None
         if missing:
             pytest.skip(f"{key} = {path} needs {missing!r}, which is not installed here")
@@ -336,4 +317,4 @@ def missing_package(import_path: str) -> str | None:
 @pytest.fixture
 def components(_cell_plan) -> dict:
     """Import paths from matrix.toml `[components]`; resolve them with torchmatrix.components.load."""
-    return dict(_cell_plan.data["components"])
+    return dict(_cell_plan.plan.components)

@@ -137,6 +137,10 @@ class RankPool:
         self.close(graceful=False)
         raise RankFailure(report, self._root_cause(name, replies), timed_out=not failed)
 
+    def test_directory(self, own: Path, shared_root: Path, name: str) -> Path:
+        """Every rank runs on this machine, so a test's own tmp_path serves them all."""
+        return own
+
     def close(self, *, graceful: bool = True) -> None:
         """Stop every rank (asking first when `graceful`), reap it, and remove the ranks' logs and
         stack files (a failure report has quoted them by then); safe to call twice."""

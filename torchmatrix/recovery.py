@@ -8,13 +8,13 @@ results, and every planned cell without a file gets one, its unfinished tests as
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from torchmatrix import junit
 from torchmatrix.cells import Cell
 from torchmatrix.config import Suite
 from torchmatrix.events import EventReader
+from torchmatrix.group_plan import GroupPlan
 from torchmatrix.outcomes import OutcomeBook
 from torchmatrix.plan import plan_runs
 from torchmatrix.plan_file import FILE_NAME, PlanFileError, read_plan
@@ -73,8 +73,8 @@ def _main_event_logs(logs: Path) -> list[Path]:
     found = []
     for plan in sorted(logs.glob("*.plan.json")):
         try:
-            confirmation = json.loads(plan.read_text()).get("only_tests")
-        except (OSError, ValueError, AttributeError):
+            confirmation = GroupPlan.read(plan).only_tests
+        except (OSError, ValueError):
             continue
         events = plan.with_name(plan.name.removesuffix(".plan.json") + ".events.jsonl")
         if not confirmation and events.is_file():

@@ -11,7 +11,6 @@ Layout of a run directory (shared by every torch version of one nox invocation):
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import shutil
@@ -27,6 +26,7 @@ from torchmatrix.cells import Cell
 from torchmatrix.component_check import check_components
 from torchmatrix.config import Matrix
 from torchmatrix.devices import Environment, ProbeError, probe
+from torchmatrix.group_plan import GroupPlan, SuiteSpec
 from torchmatrix.outcomes import OutcomeBook
 from torchmatrix.output_cap import DEFAULT_CAP_BYTES
 from torchmatrix.parent_death import PARENT_PID_VARIABLE
@@ -322,7 +322,6 @@ def group_command(
     environment: dict,
     logs: Path,
     *,
-    threads_per_rank: int = 1,
     gate: Path | None = None,
     output_cap: int = DEFAULT_CAP_BYTES,
 ) -> list[str]:
@@ -333,27 +332,19 @@ def group_command(
     """
     plan = logs / f"{group.name}.plan.json"
     suites = {run.suite.name: run.suite for run in group.runs}
-    plan.write_text(
-        json.dumps(
-            {
-                "torch": version,
-                "world_size": group.world_size,
-                "device": environment,
-                "events": str(events_path(logs, group)),
-                "threads_per_rank": 1,
-                "output_cap": output_cap,
-                "gate": str(gate) if gate else None,
-                "launcher": "external" if group.launcher else "pool",
-                "components": matrix.components,
-                "suites": {
-                    name: {"path": s.path, "timeout": s.timeout, "options": s.options} for name, s in suites.items()
-                },
-                "runs": [{"suite": run.suite.name, "cell": run.cell.to_json()} for run in group.runs],
-                "only_tests": {run.key: list(group.only_tests) for run in group.runs} if group.only_tests else None,
-            },
-            indent=2,
-        )
-    )
+    GroupPlan(
+        torch=version,
+        world_size=group.world_size,
+        device=environment,
+        events=str(events_path(logs, group)),
+        gate=str(gate) if gate else None,
+        launched=bool(group.launcher),
+        components=matrix.components,
+        suites={name: SuiteSpec(s.path, s.timeout, s.options) for name, s in suites.items()},
+        runs=tuple((run.suite.name, run.cell) for run in group.runs),
+        output_cap=output_cap,
+        only_tests={run.key: group.only_tests for run in group.runs} if group.only_tests else {},
+    ).write(plan)
     python = shlex.split(group.launcher) if group.launcher else [sys.executable]
     return [
         *python, "-m", "pytest",

@@ -11,7 +11,6 @@ Ctrl-C kills everything it started.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -21,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from torchmatrix.events import EventReader
+from torchmatrix.grant import Grant
 from torchmatrix.outcomes import OutcomeBook
 from torchmatrix.plan import Group
 
@@ -53,19 +53,10 @@ class GroupProcess:
             )
         return cls(group, proc, log, EventReader(events), gate)
 
-    def open(self, gpus: list[int], slots: int, *, cores: list[int] = (), nice: int = 0) -> None:
-        """Let the process run its tests on these GPUs (none on CPU) or pinned to these cores (none:
-        unpinned) with this many cores' worth of threads, at this niceness (its ranks get it too)."""
-        self.gpus, self.cores, self.slots = gpus, list(cores), slots
-        grant = {
-            "gpus": gpus,
-            "cores": self.cores,
-            "threads_per_rank": max(1, slots // self.group.world_size),
-            "nice": nice,
-        }
-        partial = self.gate.with_name(self.gate.name + ".partial")
-        partial.write_text(json.dumps(grant))
-        os.replace(partial, self.gate)
+    def open(self, grant: Grant, slots: int) -> None:
+        """Let the process run its tests with `grant`, counting `slots` of the machine as its own."""
+        self.gpus, self.cores, self.slots = list(grant.gpus), list(grant.cores), slots
+        grant.write(self.gate)
 
     def kill(self) -> None:
         """Kill the pytest process group (its zygote included) and every rank, each in its own session."""
@@ -194,7 +185,7 @@ class Scheduler:
                     nice, slots = FILLER_NICE, 0
                 cores, self.free_cores = self.free_cores[:slots], self.free_cores[slots:]
                 gpus = []
-            process.open(gpus, slots, cores=cores, nice=nice)
+            process.open(Grant.for_group(group.world_size, slots, gpus=gpus, cores=cores, nice=nice), slots)
             self.waiting.remove(process)
             self.active.append(process)
 

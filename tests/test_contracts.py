@@ -1,0 +1,74 @@
+"""The runner <-> pytest-process contract: the grant and the group plan read back as written, a
+plan of another format is refused in one line, and the ranks come from the plan and the grant."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from torchmatrix.cells import Cell
+from torchmatrix.grant import Grant
+from torchmatrix.group_plan import GroupPlan, GroupPlanError, SuiteSpec
+from torchmatrix.launched import LaunchedRank
+from torchmatrix.pool import RankPool, collective_timeout
+from torchmatrix.rank_group import open_ranks
+
+
+def group_plan(**changes) -> GroupPlan:
+    fields = dict(
+        torch="2.13.0",
+        world_size=2,
+        device={"device_type": "cpu", "backend": "gloo"},
+        events="/tmp/ws2.events.jsonl",
+        gate="/tmp/ws2.go",
+        launched=False,
+        components={"model": "models.transformer:build_model"},
+        suites={
+            "resume": SuiteSpec("suites/test_resume.py", 300.0, {"steps": 4}),
+            "collectives": SuiteSpec("suites/test_collectives.py", 60.0, {}),
+        },
+        runs=(("resume", Cell({"world_size": 2, "fsdp": "fsdp2"})), ("collectives", Cell({"world_size": 2}))),
+        output_cap=1024,
+        only_tests={},
+    )
+    return GroupPlan(**{**fields, **changes})
+
+
+def test_a_grant_reads_back_as_written(tmp_path):
+    gate = tmp_path / "ws2.go"
+    Grant.for_group(2, 4, cores=[0, 1, 2, 3], nice=19).write(gate)
+    assert Grant.wait(gate) == Grant(gpus=(), cores=(0, 1, 2, 3), threads_per_rank=2, nice=19)
+    assert not list(tmp_path.glob("*.partial"))
+
+
+def test_threads_per_rank_is_derived_where_the_grant_is_made():
+    assert Grant.for_group(4, 2).threads_per_rank == 1, "never below one thread"
+    assert Grant.for_group(2, 8, gpus=[0, 1]).threads_per_rank == 4
+
+
+def test_a_group_plan_reads_back_as_written(tmp_path):
+    plan = group_plan(only_tests={"resume|ws2-fsdp2": ("test_resume_is_exact",)})
+    plan.write(tmp_path / "ws2.plan.json")
+    read = GroupPlan.read(tmp_path / "ws2.plan.json")
+    assert read == plan
+    assert read.deadline == 300.0
+
+
+def test_a_group_plan_of_another_format_is_refused_with_what_to_do(tmp_path):
+    path = tmp_path / "ws2.plan.json"
+    path.write_text(json.dumps({**group_plan().to_json(), "format_version": 0}))
+    with pytest.raises(GroupPlanError, match="reinstall torchmatrix in this venv"):
+        GroupPlan.read(path)
+    path.write_text(json.dumps({k: v for k, v in group_plan().to_json().items() if k != "suites"}))
+    with pytest.raises(GroupPlanError, match="'suites'"):
+        GroupPlan.read(path)
+
+
+def test_ranks_are_built_from_the_plan_and_the_grant():
+    pool = open_ranks(group_plan(), Grant.for_group(2, 2, cores=[0, 1]))
+    assert isinstance(pool, RankPool) and not pool.running
+    assert (pool.cores, pool.threads_per_rank) == ([0, 1], 1)
+    assert pool.collective_timeout_s == collective_timeout(300.0)
+    launched = open_ranks(group_plan(launched=True), Grant())
+    assert isinstance(launched, LaunchedRank) and launched.world_size == 2
