@@ -1,5 +1,6 @@
-"""The runner <-> pytest-process contract: the grant and the group plan read back as written, a
-plan of another format is refused in one line, and the ranks come from the plan and the grant."""
+"""The runner <-> pytest-process contract: the grant, the group plan and the event log read back as
+written, another format or a renamed field is refused in one line, and the ranks come from the
+plan and the grant."""
 
 from __future__ import annotations
 
@@ -8,6 +9,17 @@ import json
 import pytest
 
 from torchmatrix.cells import Cell
+from torchmatrix.events import (
+    Collected,
+    CollectError,
+    EventLog,
+    EventLogError,
+    EventReader,
+    LogOpened,
+    PoolStarted,
+    TestFinished,
+    TestStarted,
+)
 from torchmatrix.grant import Grant
 from torchmatrix.group_plan import GroupPlan, GroupPlanError, SuiteSpec
 from torchmatrix.launched import LaunchedRank
@@ -72,3 +84,30 @@ def test_ranks_are_built_from_the_plan_and_the_grant():
     assert pool.collective_timeout_s == collective_timeout(300.0)
     launched = open_ranks(group_plan(launched=True), Grant())
     assert isinstance(launched, LaunchedRank) and launched.world_size == 2
+
+
+def test_every_event_reads_back_as_written_after_the_format_line(tmp_path):
+    path = tmp_path / "ws2.events.jsonl"
+    written = [
+        Collected({"resume|ws2-fsdp2": ["test_resume_is_exact"]}),
+        PoolStarted(2),
+        TestStarted("resume", "ws2-fsdp2", "test_resume_is_exact"),
+        TestFinished("n", "resume", "ws2-fsdp2", "test_resume_is_exact", "failed", 1.5, "boom", "E boom", [["k", 1]]),
+        CollectError("resume", "suites/test_resume.py", "SyntaxError"),
+    ]
+    log = EventLog(path)
+    for event in written:
+        log.write(event)
+    log.close()
+    assert EventReader(path).read_new() == [LogOpened(), *written]
+    assert json.loads(path.read_text().splitlines()[0]) == {"event": "log", "format_version": 1}
+
+
+def test_an_event_log_of_another_format_or_with_a_renamed_field_is_refused(tmp_path):
+    path = tmp_path / "old.events.jsonl"
+    path.write_text('{"event": "log", "format_version": 0}\n')
+    with pytest.raises(EventLogError, match="format 0, not 1"):
+        EventReader(path).read_new()
+    path.write_text('{"event": "start", "suite": "s", "cell": "c", "testname": "t"}\n')
+    with pytest.raises(EventLogError, match="testname"):
+        EventReader(path).read_new()

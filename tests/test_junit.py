@@ -10,6 +10,7 @@ from lxml import etree
 from torchmatrix import junit
 from torchmatrix.cells import Cell
 from torchmatrix.config import Suite
+from torchmatrix.events import Collected, TestFinished, TestStarted
 from torchmatrix.outcomes import OutcomeBook
 from torchmatrix.plan import plan_runs
 
@@ -31,15 +32,23 @@ def book_with_every_status():
     runs = plan_runs(cells, suites)
     book = OutcomeBook(runs)
     for run in runs:
-        book.feed(
-            {"event": "collected", "runs": {run.key: ["test_pass", "test_fail", "test_skip", "test_missing"]}}, 0.0
-        )
+        book.feed(Collected({run.key: ["test_pass", "test_fail", "test_skip", "test_missing"]}), 0.0)
         for name, status in (("test_pass", "passed"), ("test_fail", "failed"), ("test_skip", "skipped")):
             book.feed(
-                {"event": "test", "suite": "demo", "cell": run.cell.id, "test": name, "status": status, "duration": 1e-7,
-                 "message": HOSTILE if status != "passed" else "", "text": HOSTILE, "properties": [["drift", 1e-9]], "stdout": HOSTILE},
+                TestFinished(
+                    nodeid=name,
+                    suite="demo",
+                    cell=run.cell.id,
+                    test=name,
+                    status=status,
+                    duration=1e-7,
+                    message=HOSTILE if status != "passed" else "",
+                    text=HOSTILE,
+                    properties=[["drift", 1e-9]],
+                    stdout=HOSTILE,
+                ),
                 0.0,
-            )  # fmt: skip
+            )
     book.close_group([run.key for run in runs], "pytest exited with code 3", "log tail")
     return cells, book
 
@@ -99,7 +108,7 @@ def test_each_testsuite_is_stamped_when_its_cell_started_not_when_reports_were_w
     first, second = cells
     run_keys = {cell: [run.key for run in book.cell_runs(cell)] for cell in cells}
     suite, cell_id = run_keys[second][0].split("|")
-    book.feed({"event": "start", "suite": suite, "cell": cell_id, "test": "t"}, now=0.0)
+    book.feed(TestStarted(suite, cell_id, "t"), now=0.0)
     started = book.cell_started(second)
     assert book.cell_started(first) is None, "no test of it has started"
     stamped = junit.cell_report("2.13.0", ENVIRONMENT, second, book.for_cell(second), started=1767323045.0)

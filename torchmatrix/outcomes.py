@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from enum import Enum
 
 from torchmatrix.cells import Cell
+from torchmatrix.events import Collected, CollectError, Event, PoolStarted, TestFinished, TestStarted
 from torchmatrix.plan import SuiteRun
 
 STATUSES = ("passed", "failed", "error", "skipped")
@@ -57,8 +58,18 @@ class TestOutcome:
     confirmation: str = ""
 
     @classmethod
-    def from_event(cls, event: dict) -> TestOutcome:
-        return cls(**{f.name: event[f.name] for f in fields(cls) if event.get(f.name) is not None})
+    def from_event(cls, event: TestFinished) -> TestOutcome:
+        return cls(
+            event.suite,
+            event.test,
+            event.status,
+            event.duration,
+            event.message,
+            event.text,
+            list(event.properties),
+            event.stdout,
+            event.stderr,
+        )
 
 
 class OutcomeBook:
@@ -78,28 +89,25 @@ class OutcomeBook:
         self.first_started: dict[str, float] = {}
         self.pool_starts = 0
 
-    def feed(self, event: dict, now: float) -> None:
+    def feed(self, event: Event, now: float) -> None:
         """Apply one event from a pytest process's log."""
-        kind = event["event"]
-        if kind == "collected":
-            for key, names in event["runs"].items():
+        if isinstance(event, Collected):
+            for key, names in event.runs.items():
                 if key in self.expected:
                     self.expect(key, names)
-        elif kind == "start":
-            key = f"{event['suite']}|{event['cell']}"
-            self.running[key] = (event["test"], now)
-            self.first_started.setdefault(key, time.time())
-        elif kind == "test":
-            key = f"{event['suite']}|{event['cell']}"
-            self.running.pop(key, None)
-            if key in self.tests:
-                self.tests[key].append(TestOutcome.from_event(event))
-        elif kind == "collect_error":
+        elif isinstance(event, TestStarted):
+            self.running[event.key] = (event.test, now)
+            self.first_started.setdefault(event.key, time.time())
+        elif isinstance(event, TestFinished):
+            self.running.pop(event.key, None)
+            if event.key in self.tests:
+                self.tests[event.key].append(TestOutcome.from_event(event))
+        elif isinstance(event, CollectError):
             for key, run in self.runs.items():
-                if run.suite.name == event["suite"] and key not in self.closed:
+                if run.suite.name == event.suite and key not in self.closed:
                     self.uncollectable.add(key)
-                    self.fail_run(key, "error", f"suite {event['suite']} could not be collected", event["text"])
-        elif kind == "pool_start":
+                    self.fail_run(key, "error", f"suite {event.suite} could not be collected", event.text)
+        elif isinstance(event, PoolStarted):
             self.pool_starts += 1
 
     def expect(self, key: str, names: Sequence[str]) -> None:

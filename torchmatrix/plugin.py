@@ -17,7 +17,15 @@ import pytest
 
 from torchmatrix import zygote
 from torchmatrix.cells import Cell
-from torchmatrix.events import EventLog, run_key
+from torchmatrix.events import (
+    Collected,
+    CollectError,
+    EventLog,
+    PoolStarted,
+    TestFinished,
+    TestStarted,
+    run_key,
+)
 from torchmatrix.grant import Grant
 from torchmatrix.group_plan import GroupPlan
 from torchmatrix.launched import launched_rank
@@ -100,7 +108,7 @@ class CellPlan:
             key = self._key(item)
             if key in collected:
                 collected[key].append(test_name(item))
-        self.events.write("collected", runs=collected)
+        self.events.write(Collected(collected))
 
     def pytest_collection_finish(self, session):
         """Imports and collection are done; wait here until the runner grants GPUs and cores, then
@@ -122,13 +130,13 @@ class CellPlan:
         starts = self.pool.starts
         self.pool.start()
         if self.pool.starts != starts:
-            self.events.write("pool_start", world_size=self.pool.world_size)
+            self.events.write(PoolStarted(self.pool.world_size))
 
     def pytest_collectreport(self, report):
         if report.failed:
             suite = self.suite_of(Path(self.rootpath, report.nodeid.split("::")[0]))
             text = cap_text(str(report.longrepr), self.plan.output_cap)
-            self.events.write("collect_error", suite=suite, nodeid=report.nodeid, text=text)
+            self.events.write(CollectError(suite, report.nodeid, text))
 
     def pytest_runtest_logreport(self, report):
         self._reports.setdefault(report.nodeid, []).append(report)
@@ -143,11 +151,11 @@ class CellPlan:
             else None
         )
         if where:
-            self.events.write("start", **where)
+            self.events.write(TestStarted(**where))
         yield
         reports = self._reports.pop(item.nodeid, [])
         if where and reports:
-            self.events.write("test", nodeid=item.nodeid, **where, **_outcome(reports, self.plan.output_cap))
+            self.events.write(TestFinished(nodeid=item.nodeid, **where, **_outcome(reports, self.plan.output_cap)))
         if nextitem is not None and self.pool.starts and not self.pool.running:
             try:
                 self.start_pool()  # the rebuild after a failure, timed as no test's
