@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -12,6 +11,7 @@ import pytest
 from junitparser import JUnitXml
 
 from torchmatrix.devices import probe
+from torchmatrix.group_plan import GroupPlan
 
 from conftest import Project, checkout_env
 
@@ -187,5 +187,4 @@ def test_wide_cells_ran_as_one_pytest_per_rank_under_torchrun(slurm_project):
     logs = version_dir / "logs"
     assert (logs / "ws2.events.jsonl").exists()
     assert (logs / "ws2.events.jsonl.rank1").exists(), "rank 1 was its own pytest process, started by torchrun"
-    plan = json.loads((logs / "ws2.plan.json").read_text())
-    assert plan["launcher"] == "external"
+    assert GroupPlan.read(logs / "ws2.plan.json").launched

@@ -19,7 +19,7 @@ from torchmatrix.config import Matrix
 from torchmatrix.outcomes import OutcomeBook
 from torchmatrix.plan import plan_runs
 from torchmatrix.plan_file import FILE_NAME as PLAN_FILE
-from torchmatrix.plan_file import PlanFileError, read_plan, write_plan
+from torchmatrix.plan_file import PlanFileError, RunPlan, read_plan, write_plan
 from torchmatrix.safe_names import UnsafeName, check_name
 from torchmatrix.selection import SelectionError, Shard, select_cells, shard_cells
 
@@ -33,16 +33,16 @@ class VersionReport:
     """One `torch-<V>` directory found among the inputs."""
 
     path: Path
-    plan: dict
+    plan: RunPlan
 
     @property
     def version(self) -> str:
-        return self.plan["torch"]
+        return self.plan.torch
 
     @property
     def shard(self) -> Shard | None:
         try:
-            return Shard.parse(self.plan["shard"]) if self.plan.get("shard") else None
+            return Shard.parse(self.plan.shard) if self.plan.shard else None
         except SelectionError as error:
             raise MergeError(f"{self.path / PLAN_FILE}: {error}") from None
 
@@ -88,7 +88,7 @@ def merge_reports(
     """
     reports = find_version_reports(inputs)
     for report in reports:
-        if report.plan.get("matrix_sha256") != matrix.digest:
+        if report.plan.matrix_sha256 != matrix.digest:
             raise MergeError(
                 f"{report.path} was produced from another matrix.toml than {matrix.path}; pass --config with the file the shards ran"
             )
@@ -127,8 +127,9 @@ def _merge_version(
             sources[path.stem] = path
             shutil.copyfile(path, out / path.name)
     missing = [cell for cell in expected if cell.id not in sources]
-    plan = reports[0].plan if reports else {}
-    environment = plan.get("environment") or {"device": "unknown (no job of this version reported)"}
+    environment = (reports[0].plan.environment if reports else None) or {
+        "device": "unknown (no job of this version reported)"
+    }
     known_tests = _tests_per_suite(out)
     for cell in missing:
         book = OutcomeBook(plan_runs([cell], matrix.suites))
@@ -139,25 +140,19 @@ def _merge_version(
         junit.write_cell(out, version, environment, cell, book.for_cell(cell))
     write_plan(
         out,
-        {
-            "torch": version,
-            "matrix": str(matrix.path),
-            "matrix_sha256": matrix.digest,
-            "shard": None,
-            "merged_from": [
-                {
-                    "path": str(r.path),
-                    "shard": r.plan.get("shard"),
-                    "only": r.plan.get("only"),
-                    "keyword": r.plan.get("keyword"),
-                }
+        RunPlan(
+            torch=version,
+            matrix=str(matrix.path),
+            matrix_sha256=matrix.digest,
+            merged_from=tuple(
+                {"path": str(r.path), "shard": r.plan.shard, "only": r.plan.only, "keyword": r.plan.keyword}
                 for r in reports
-            ],
-            "environment": environment,
-            "cells": sorted(set(sources) | {cell.id for cell in missing}),
-            "missing": [cell.id for cell in missing],
-            "pool_starts": sum(r.plan.get("pool_starts", 0) for r in reports),
-        },
+            ),
+            environment=environment,
+            cells=tuple(sorted(set(sources) | {cell.id for cell in missing})),
+            missing=tuple(cell.id for cell in missing),
+            pool_starts=sum(r.plan.pool_starts for r in reports),
+        ),
     )
     return len(sources) + len(missing), [cell.id for cell in missing]
 
@@ -181,9 +176,9 @@ def _missing_reason(version: str, cell: Cell, reports: list[VersionReport], matr
     for report in reports:
         if not report.shard:
             continue
-        only = {axis: set(values) for axis, values in (report.plan.get("only") or {}).items()}
+        only = {axis: set(values) for axis, values in report.plan.only.items()}
         try:
-            selection = select_cells(matrix.cells(), only=only, keyword=report.plan.get("keyword"))
+            selection = select_cells(matrix.cells(), only=only, keyword=report.plan.keyword)
         except SelectionError as error:
             raise MergeError(
                 f"{report.path / PLAN_FILE}: its filters do not apply to {matrix.path.name} ({error})"

@@ -17,7 +17,7 @@ from torchmatrix.events import EventReader
 from torchmatrix.group_plan import GroupPlan
 from torchmatrix.outcomes import OutcomeBook
 from torchmatrix.plan import plan_runs
-from torchmatrix.plan_file import FILE_NAME, PlanFileError, read_plan
+from torchmatrix.plan_file import FILE_NAME, PlanFileError, RunPlan, read_plan
 from torchmatrix.safe_names import UnsafeName, check_name
 
 UNFINISHED = "the runner stopped before this suite finished (killed or its machine lost); rebuilt from the event log by `torchmatrix report`"
@@ -29,7 +29,7 @@ def rebuild_missing_cells(run_dir: Path) -> list[Path]:
     for plan_path in sorted(run_dir.glob(f"torch-*/{FILE_NAME}")):
         plan = read_plan(plan_path)
         version_dir = plan_path.parent
-        if all((version_dir / f"{cell}.xml").is_file() for cell in plan.get("cells", ())):
+        if all((version_dir / f"{cell}.xml").is_file() for cell in plan.cells):
             continue
         cells, suites = _planned(plan, plan_path)
         book = OutcomeBook(plan_runs(cells, suites))
@@ -44,26 +44,26 @@ def rebuild_missing_cells(run_dir: Path) -> list[Path]:
         for key in book.runs:
             if not book.is_done(key):
                 book.fail_run(key, "error", UNFINISHED)
-        environment = plan.get("environment") or {"device": "unknown"}
+        environment = plan.environment or {"device": "unknown"}
         for cell in cells:
             if not (version_dir / f"{cell.id}.xml").is_file():
-                written.append(junit.write_cell(version_dir, plan["torch"], environment, cell, book.for_cell(cell)))
+                written.append(junit.write_cell(version_dir, plan.torch, environment, cell, book.for_cell(cell)))
     return written
 
 
-def _planned(plan: dict, path: Path) -> tuple[list[Cell], dict[str, Suite]]:
+def _planned(plan: RunPlan, path: Path) -> tuple[list[Cell], dict[str, Suite]]:
     """The cells and suites plan.json recorded, checked as names before they become file names."""
     try:
-        cells = [Cell(axes) for axes in plan.get("cell_axes") or []]
+        cells = [Cell(axes) for axes in plan.cell_axes]
         for cell in cells:
             check_name(cell.id, "cell id")
         suites = {
-            check_name(name, "suite name"): Suite(name, str(spec["path"]), float(spec["timeout"]), tuple(spec["axes"]))
-            for name, spec in (plan.get("suites") or {}).items()
+            check_name(name, "suite name"): Suite(name, spec.path, spec.timeout, spec.axes)
+            for name, spec in plan.suites.items()
         }
     except (UnsafeName, TypeError, KeyError, ValueError) as error:
         raise PlanFileError(f"{path}: cannot rebuild its cells ({error}); rerun that torch version") from None
-    if [cell.id for cell in cells] != list(plan.get("cells", ())):
+    if [cell.id for cell in cells] != list(plan.cells):
         raise PlanFileError(f"{path}: cell_axes and cells disagree; rerun that torch version")
     return cells, suites
 

@@ -18,6 +18,7 @@ from junitparser import TestSuite
 from torchmatrix import junit
 from torchmatrix.config import ReportSettings
 from torchmatrix.outcomes import STATUSES, Confirmation
+from torchmatrix.plan_file import PlanFileError, RunPlan, read_plan
 from torchmatrix.root_cause import group_key
 
 SCHEMA = "torchmatrix.results"
@@ -339,7 +340,7 @@ def matrix_paths(run_dir: Path) -> list[Path]:
     """The matrix files the run's plan.json files name, existing ones only, first version first."""
     paths = []
     for plan in sorted(run_dir.glob("torch-*/plan.json")):
-        path = Path(_read_json(plan).get("matrix", ""))
+        path = Path(_read_plan(plan).matrix or "")
         if path.is_file() and path not in paths:
             paths.append(path)
     return paths
@@ -383,7 +384,7 @@ def _suites(run_dir: Path) -> list[TestSuite]:
 
 
 def _from_suites(run_dir: Path, suites: list[TestSuite], baseline: str | None, settings: ReportSettings) -> RunResults:
-    plans = {plan.parent.name.removeprefix("torch-"): _read_json(plan) for plan in run_dir.glob("torch-*/plan.json")}
+    plans = {plan.parent.name.removeprefix("torch-"): _read_plan(plan) for plan in run_dir.glob("torch-*/plan.json")}
     cells: dict[str, dict[str, str]] = {}
     tests: list[TestRecord] = []
     seen_versions: dict[str, dict[str, str]] = {}
@@ -395,24 +396,23 @@ def _from_suites(run_dir: Path, suites: list[TestSuite], baseline: str | None, s
         cells.setdefault(cell, {k.removeprefix("axis."): v for k, v in properties.items() if k.startswith("axis.")})
         tests.extend(_records(suite, torch, cell, properties))
     for version, plan in plans.items():
-        environment = plan.get("environment") or {}
-        seen_versions.setdefault(version, _properties_of(environment))
+        seen_versions.setdefault(version, _properties_of(plan.environment))
     versions = sorted(seen_versions, key=_version_key)
-    planned = [cell for v in versions for cell in plans.get(v, {}).get("cells", ())]
+    planned = [cell for v in versions for cell in (plans[v].cells if v in plans else ())]
     order = {cell: i for i, cell in enumerate(dict.fromkeys([*planned, *cells]))}
     cells = {cell: cells[cell] for cell in sorted(cells, key=order.__getitem__)}
     version_rank = {v: i for i, v in enumerate(versions)}
     tests.sort(key=lambda record: (version_rank[record.torch], order[record.cell]))
-    plan_sha = [p.get("matrix_sha256", "") for p in plans.values()]
+    plan_sha = [p.matrix_sha256 or "" for p in plans.values()]
     return RunResults(
         run_id=run_dir.name,
         created=run_started(plans.values(), suites),
         hosts=sorted({s.hostname for s in suites if s.hostname}),
-        matrix_path=next((p.get("matrix", "") for p in plans.values()), ""),
+        matrix_path=next((p.matrix or "" for p in plans.values()), ""),
         matrix_sha256=plan_sha[0] if plan_sha else "",
         baseline=baseline if baseline in versions or not versions else versions[0],
         settings=settings,
-        versions=[_version_info(v, seen_versions[v], plans.get(v, {}), tests) for v in versions],
+        versions=[_version_info(v, seen_versions[v], plans.get(v), tests) for v in versions],
         cells=cells,
         tests=tests,
     )
@@ -421,7 +421,7 @@ def _from_suites(run_dir: Path, suites: list[TestSuite], baseline: str | None, s
 def run_started(plans, suites: list[TestSuite]) -> str:
     """When the run started: the earliest start its versions' plan.json files record, else the
     earliest cell's JUnit timestamp (a run directory holding only junit.xml)."""
-    recorded = [plan["started"] for plan in plans if plan.get("started")]
+    recorded = [plan.started for plan in plans if plan.started]
     return min(recorded or [s.timestamp for s in suites if s.timestamp], default="")
 
 
@@ -474,10 +474,9 @@ def _status(case) -> str:
     return "passed"
 
 
-def _version_info(torch: str, properties: dict[str, str], plan: dict, tests: list[TestRecord]) -> VersionInfo:
+def _version_info(torch: str, properties: dict[str, str], plan: RunPlan | None, tests: list[TestRecord]) -> VersionInfo:
     """The version's build and device from its JUnit properties; what was planned (and never reported) from plan.json."""
-    environment = plan.get("environment", {})
-    planned = tuple(plan.get("cells", ()))
+    planned = plan.cells if plan else ()
     reported = {record.cell for record in tests if record.torch == torch}
     return VersionInfo(
         torch=torch,
@@ -485,11 +484,11 @@ def _version_info(torch: str, properties: dict[str, str], plan: dict, tests: lis
         git_version=properties.get("torch.git_version", ""),
         cuda_version=properties.get("torch.cuda_version", ""),
         device=properties.get("device", ""),
-        gpu_count=environment.get("gpu_count") or 0,
+        gpu_count=(plan.environment.get("gpu_count") if plan else 0) or 0,
         planned_cells=planned,
         missing_cells=tuple(cell for cell in planned if cell not in reported),
-        filters={key: plan[key] for key in ("only", "keyword", "shard") if plan.get(key)},
-        pool_starts=plan.get("pool_starts"),
+        filters=plan.filters if plan else {},
+        pool_starts=plan.pool_starts if plan else None,
     )
 
 
@@ -514,6 +513,13 @@ def _version_key(version: str) -> tuple:
     if not numbers:
         return (1, (), version)
     return (0, tuple(int(n) for n in numbers.group(1).split(".")), version)
+
+
+def _read_plan(path: Path) -> RunPlan:
+    try:
+        return read_plan(path)
+    except PlanFileError as error:
+        raise ResultsError(str(error)) from None
 
 
 def _read_json(path: Path) -> dict:

@@ -31,7 +31,7 @@ from torchmatrix.outcomes import OutcomeBook
 from torchmatrix.output_cap import DEFAULT_CAP_BYTES
 from torchmatrix.parent_death import PARENT_PID_VARIABLE
 from torchmatrix.plan import Group, SuiteRun, group_runs, plan_runs
-from torchmatrix.plan_file import write_plan
+from torchmatrix.plan_file import PlannedSuite, RunPlan, write_plan
 from torchmatrix.progress import Progress
 from torchmatrix.run_directory import point_latest
 from torchmatrix.schedule import GroupProcess, Scheduler
@@ -403,22 +403,22 @@ def _write_plan(
     runner that was killed: each cell's axis values and the suites), then again at the end."""
     write_plan(
         request.version_dir,
-        {
-            "torch": request.version,
-            "started": started,
-            "matrix": str(request.matrix.path),
-            "matrix_sha256": request.matrix.digest,
-            "only": {axis: sorted(values) for axis, values in request.only.items()},
-            "keyword": request.keyword,
-            "shard": str(request.shard) if request.shard else None,
-            "environment": environment,
-            "cells": [cell.id for cell in cells],
-            "cell_axes": [cell.to_json() for cell in cells],
-            "suites": {
-                name: {"path": suite.path, "timeout": suite.timeout, "axes": list(suite.axes)}
+        RunPlan(
+            torch=request.version,
+            started=started,
+            matrix=str(request.matrix.path),
+            matrix_sha256=request.matrix.digest,
+            only={axis: sorted(values) for axis, values in request.only.items()},
+            keyword=request.keyword,
+            shard=str(request.shard) if request.shard else None,
+            environment=environment,
+            cells=tuple(cell.id for cell in cells),
+            cell_axes=tuple(cell.to_json() for cell in cells),
+            suites={
+                name: PlannedSuite(suite.path, suite.timeout, tuple(suite.axes))
                 for name, suite in request.matrix.suites.items()
             },
-            "pool_starts": book.pool_starts,
-            "finished": finished,
-        },
+            pool_starts=book.pool_starts,
+            finished=finished,
+        ),
     )
