@@ -24,9 +24,10 @@ from pathlib import Path
 from torchmatrix import junit
 from torchmatrix.cells import Cell
 from torchmatrix.config import Suite
-from torchmatrix.outcomes import Confirmation, TestOutcome
+from torchmatrix.outcomes import TestOutcome
 from torchmatrix.plan import SuiteRun, plan_runs
 from torchmatrix.report import write_report
+from torchmatrix.status import Confirmation
 
 BASELINE, CANDIDATE = "2.13.0", "2.14.1"
 HOST = "fixture-host"

@@ -25,6 +25,7 @@ from torchmatrix.parent_death import exit_with_runner
 from torchmatrix.pool import RankFailure, RankPool, collective_timeout
 from torchmatrix.protocol import required_names
 from torchmatrix.root_cause import root_cause
+from torchmatrix.status import Status
 
 PLAN_KEY = pytest.StashKey["CellPlan"]()
 GATE_POLL_S = 0.05
@@ -216,7 +217,7 @@ def _outcome(reports, cap: int = DEFAULT_CAP_BYTES) -> dict:
         "properties": [list(p) for p in reports[-1].user_properties],
         "stdout": cap_text(reports[-1].capstdout, cap),
         "stderr": cap_text(reports[-1].capstderr, cap),
-        "status": "passed",
+        "status": Status.PASSED.value,
         "message": "",
         "text": "",
     }
@@ -226,9 +227,9 @@ def _outcome(reports, cap: int = DEFAULT_CAP_BYTES) -> dict:
         first = failed[0]
         crash = getattr(first.longrepr, "reprcrash", None)
         text = first.longreprtext
-        fallback = crash.message if crash is not None else (text.strip().splitlines() or ["failed"])[-1]
+        fallback = crash.message if crash is not None else (text.strip().splitlines() or [Status.FAILED.value])[-1]
         result.update(
-            status="failed" if first.when == "call" else "error",
+            status=(Status.FAILED if first.when == "call" else Status.ERROR).value,
             message=cap_text(getattr(first, "root_cause", None) or fallback, cap),
             text=cap_text(text, cap),
         )
@@ -238,7 +239,7 @@ def _outcome(reports, cap: int = DEFAULT_CAP_BYTES) -> dict:
             reason = f"expected failure: {first.wasxfail}"
         else:
             reason = first.longrepr[2] if isinstance(first.longrepr, tuple) else str(first.longrepr)
-        result.update(status="skipped", message=reason.removeprefix("Skipped: "))
+        result.update(status=Status.SKIPPED.value, message=reason.removeprefix("Skipped: "))
     return result
 
 

@@ -14,15 +14,12 @@ import html
 import math
 from collections import defaultdict
 
-from torchmatrix.outcomes import Confirmation
 from torchmatrix.results import RunResults, TestRecord, drift_measure, is_drift_figure
+from torchmatrix.status import NOT_RUN, ORDER_DEPENDENT, PARTLY_SKIPPED, Confirmation, Mark, Status
 from torchmatrix.summary_md import describe_filters, distinct_texts, failure_count
 from torchmatrix.untrusted_text import one_line, visible
 from torchmatrix.upgrade_diff import Change, UpgradeDiff, grew
 
-SYMBOLS = {"passed": "✓", "failed": "✗", "error": "!", "skipped": "–"}
-ORDER_DEPENDENT = ("order-dependent", "?")
-PARTLY_SKIPPED = ("partly-skipped", "✓")
 CHART_BAR = 14
 CHART_HEIGHT = 28
 
@@ -134,19 +131,13 @@ def _totals(results: RunResults) -> str:
         cells = len({r.cell for r in results.records(v.torch)})
         rows.append(
             f"<tr><th><code>{text(v.torch)}</code></th><td>{cells}{missing}</td>"
-            + "".join(
-                f'<td class="{_count_class(s, t[s])}">{t[s]}</td>' for s in ("passed", "failed", "error", "skipped")
-            )
+            + "".join(f'<td class="{"bad" if t[s] and s.is_failing else ""}">{t[s]}</td>' for s in Status)
             + "</tr>"
         )
     return (
-        '<h2>Totals</h2>\n<table id="totals"><tr><th>torch</th><th>cells</th><th>passed</th><th>failed</th>'
-        f"<th>errors</th><th>skipped</th></tr>\n{''.join(rows)}</table>"
+        '<h2>Totals</h2>\n<table id="totals"><tr><th>torch</th><th>cells</th>'
+        f"{''.join(f'<th>{s.column}</th>' for s in Status)}</tr>\n{''.join(rows)}</table>"
     )
-
-
-def _count_class(status: str, count: int) -> str:
-    return "bad" if count and status in ("failed", "error") else ""
 
 
 def _diff(diff: UpgradeDiff) -> str:
@@ -204,8 +195,7 @@ def _changes_table(changes: list[Change], before: str, after: str, failing: bool
     rows = "".join(
         f"<tr><td><code>{text(c.after.suite)}</code></td><td><code>{text(c.after.test)}</code></td>"
         f"<td><code>{text(c.after.run_cell)}</code>{_more_cells(c.cells)}</td>"
-        f'<td><span class="mark {c.before.status}">{SYMBOLS[c.before.status]}</span></td>'
-        f'<td><span class="mark {c.after.status}">{SYMBOLS[c.after.status]}</span></td>'
+        f"<td>{_mark(c.before.status.mark)}</td><td>{_mark(c.after.status.mark)}</td>"
         + (
             f"<td>{text(_alone(c))}</td><td>{text(one_line(c.failing.message))}</td></tr>"
             if failing
@@ -222,6 +212,11 @@ def _changes_table(changes: list[Change], before: str, after: str, failing: bool
 def _alone(change: Change) -> str:
     """What re-running the failing side alone showed."""
     return Confirmation.describe(change.failing.confirmation)
+
+
+def _mark(mark: Mark, attributes: str = "") -> str:
+    """A status mark as the page's coloured badge."""
+    return f'<span class="mark {mark.css}"{attributes}>{mark.symbol}</span>'
 
 
 def _more_cells(cells: tuple[str, ...] | list[str]) -> str:
@@ -260,35 +255,29 @@ def _grid(results: RunResults, anchors: dict) -> str:
                 status = statuses.get((v.torch, cell, suite))
                 title = text(f"{suite}: {status or 'not run'}")
                 if status is None:
-                    cell_marks.append(f'<span class="mark none" title="{title}">·</span>')
+                    cell_marks.append(_mark(NOT_RUN, f' title="{title}"'))
                     continue
                 record = first_failure.get((v.torch, cell, suite))
                 anchor = anchors.get((record.torch, record.suite, record.test, record.run_cell)) if record else None
                 href = f' href="#{anchor}"' if anchor else ""
                 key = (v.torch, cell, suite)
-                kind, symbol = (status, SYMBOLS[status])
+                mark = status.mark
                 if key in order_dependent:
-                    kind, symbol = ORDER_DEPENDENT
+                    mark = ORDER_DEPENDENT
                 elif key in partly_skipped:
-                    kind, symbol = PARTLY_SKIPPED
+                    mark = PARTLY_SKIPPED
                     skipped, tests = partly_skipped[key]
                     title = text(f"{suite}: passed, {skipped} of {tests} tests skipped")
                     href = ' href="#skipped"'
 
-                cell_marks.append(f'<a class="mark {kind}" title="{title}"{href}>{symbol}</a>')
+                cell_marks.append(f'<a class="mark {mark.css}" title="{title}"{href}>{mark.symbol}</a>')
             marks.append(f"<td>{''.join(cell_marks)}</td>")
         rows.append(
             f'<tr class="cell-row" data-values="{indices}"><th><code>{text(cell)}</code></th>{"".join(marks)}</tr>'
         )
-    legend = " ".join(
-        f'<span class="mark {s}">{SYMBOLS[s]}</span> {"all passed" if s == "passed" else s}' for s in SYMBOLS
-    )
-    legend += f' <span class="mark {PARTLY_SKIPPED[0]}">{PARTLY_SKIPPED[1]}</span> passed with some tests skipped'
-
-    legend += (
-        f' <span class="mark {ORDER_DEPENDENT[0]}">{ORDER_DEPENDENT[1]}</span> failed in the run but passed alone'
-        " (order-dependent or flaky)"
-    )
+    legend = " ".join(f"{_mark(s.mark)} {'all passed' if s is Status.PASSED else s}" for s in Status)
+    legend += f" {_mark(PARTLY_SKIPPED)} passed with some tests skipped"
+    legend += f" {_mark(ORDER_DEPENDENT)} failed in the run but passed alone (order-dependent or flaky)"
     return (
         f"<h2>Grid: {_count(len(results.cells), 'cell')} × {_count(len(results.versions), 'torch version')}</h2>\n"
         f"<p>One mark per suite, in this order: {', '.join(f'<code>{text(s)}</code>' for s in suites)}. {legend}. "
@@ -303,7 +292,7 @@ def _grid(results: RunResults, anchors: dict) -> str:
 def _first_failure_per_suite(records: list[TestRecord]) -> dict[tuple[str, str, str], TestRecord]:
     found: dict[tuple[str, str, str], TestRecord] = {}
     for record in records:
-        if record.status in ("failed", "error"):
+        if record.status.is_failing:
             found.setdefault((record.torch, record.cell, record.suite), record)
     return found
 
@@ -348,7 +337,7 @@ def _failure_line(record: TestRecord, cells: list[str]) -> str:
     """One failing test: status, torch, suite, test, the cell that ran it (and those it stands for), confirmation."""
     flag = ' class="bad"' if record.confirmation == Confirmation.FAILS_ALONE else ""
     return (
-        f'<span class="mark {record.status}">{SYMBOLS[record.status]}</span> torch <code>{text(record.torch)}</code> · '
+        f"{_mark(record.status.mark)} torch <code>{text(record.torch)}</code> · "
         f"<code>{text(record.suite)}</code> <code>{text(record.test)}</code> in <code>{text(record.run_cell)}</code>"
         f"{_more_cells(cells)} · <span{flag}>{text(Confirmation.describe(record.confirmation))}</span>"
     )

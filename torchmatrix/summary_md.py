@@ -10,21 +10,17 @@ from __future__ import annotations
 import math
 import re
 
-from torchmatrix.outcomes import Confirmation
 from torchmatrix.results import RootCause, RunResults, TestRecord
+from torchmatrix.status import NOT_RUN, ORDER_DEPENDENT, PARTLY_SKIPPED, Confirmation, Status
 from torchmatrix.untrusted_text import one_line, visible
 from torchmatrix.upgrade_diff import UpgradeDiff
 
-MARKS = {"passed": "✅", "failed": "❌", "error": "💥", "skipped": "⏭️"}
-NOT_RUN = "·"
 MAX_ROOT_CAUSES = 30
 MAX_FAILURES_PER_CAUSE = 12
 ROOT_CAUSE_CHARS = 300
 MAX_DIFF_ROWS = 30
 FAILURE_TEXT_LINES = 40
 RANK_TRACEBACK = re.compile(r"^-+ rank \d+ traceback -+$")
-ORDER_DEPENDENT = "⚠️"
-PARTLY_SKIPPED = "☑️"
 MAX_CELLS_NAMED = 12
 MAX_TEXTS_PER_CAUSE = 3
 
@@ -150,10 +146,9 @@ def _totals(results: RunResults) -> str:
         cells = len({r.cell for r in results.records(v.torch)})
         missing = f" ({len(v.missing_cells)} missing)" if v.missing_cells else ""
         rows.append(
-            [code(v.torch), code(v.build), code(v.device), f"{cells}{missing}"]
-            + [str(totals[s]) for s in ("passed", "failed", "error", "skipped")]
+            [code(v.torch), code(v.build), code(v.device), f"{cells}{missing}"] + [str(totals[s]) for s in Status]
         )
-    return _table(["torch", "build", "device", "cells", "passed", "failed", "errors", "skipped"], rows)
+    return _table(["torch", "build", "device", "cells", *(s.column for s in Status)], rows)
 
 
 def _grid(results: RunResults) -> str:
@@ -164,12 +159,18 @@ def _grid(results: RunResults) -> str:
 
     def mark(key: tuple[str, str, str]) -> str:
         if key in order_dependent:
-            return ORDER_DEPENDENT
-        return PARTLY_SKIPPED if key in partly_skipped else MARKS.get(statuses.get(key), NOT_RUN)
+            return ORDER_DEPENDENT.emoji
+        if key in partly_skipped:
+            return PARTLY_SKIPPED.emoji
+        return statuses[key].mark.emoji if key in statuses else NOT_RUN.emoji
 
-    legend = f"{MARKS['passed']} all passed, {PARTLY_SKIPPED} passed with some tests skipped (see Skipped), "
-    legend += ", ".join(f"{mark} {status}" for status, mark in MARKS.items() if status != "passed")
-    legend += f", {ORDER_DEPENDENT} failed in the run but passed alone (order-dependent or flaky)"
+    marks = [
+        f"{Status.PASSED.mark.emoji} all passed",
+        f"{PARTLY_SKIPPED.emoji} passed with some tests skipped (see Skipped)",
+    ]
+    marks += [f"{status.mark.emoji} {status}" for status in Status if status is not Status.PASSED]
+    marks.append(f"{ORDER_DEPENDENT.emoji} failed in the run but passed alone (order-dependent or flaky)")
+    legend = ", ".join(marks)
     rows = [
         [code(cell)] + ["".join(mark((v.torch, cell, s)) for s in suites) for v in results.versions]
         for cell in results.cells
@@ -177,7 +178,7 @@ def _grid(results: RunResults) -> str:
     return (
         f"### Grid: {_count(len(results.cells), 'cell')} × {_count(len(results.versions), 'torch version')}\n\n"
         f"One mark per suite, in this order: {', '.join(code(s, table=False) for s in suites)}. "
-        f"{legend}, {NOT_RUN} not run.\n\n" + _table(["cell", *(code(v.torch) for v in results.versions)], rows)
+        f"{legend}, {NOT_RUN.emoji} not run.\n\n" + _table(["cell", *(code(v.torch) for v in results.versions)], rows)
     )
 
 
@@ -222,7 +223,7 @@ def _failures(results: RunResults) -> str:
 def failure_count(results: RunResults) -> str:
     """'13 failed tests', or '11 failed and 2 errored tests': the totals' own numbers."""
     totals = results.totals()
-    failed, errored = totals["failed"], totals["error"]
+    failed, errored = totals[Status.FAILED], totals[Status.ERROR]
     if failed and errored:
         return f"{failed} failed and {errored} errored tests"
     return _count(failed, "failed test") if failed else _count(errored, "errored test")
@@ -290,7 +291,7 @@ def excerpt(text: str) -> str:
 
 def _confirmation(value: str) -> str:
     description = Confirmation.describe(value)
-    return f"{ORDER_DEPENDENT} {description}" if value == Confirmation.PASSED_ALONE else description
+    return f"{ORDER_DEPENDENT.emoji} {description}" if value == Confirmation.PASSED_ALONE else description
 
 
 def _cells(cell: str, cells: tuple[str, ...]) -> str:
