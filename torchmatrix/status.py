@@ -66,6 +66,7 @@ class Status(str, Enum):
 
     @property
     def mark(self) -> Mark:
+        """How the grids show a suite whose worst test came out this way."""
         return _MARKS[self]
 
 
@@ -78,6 +79,8 @@ _MARKS = {
         (Status.SKIPPED, "⏭️", "–"),
     )
 }
+# The grids' marks that no single status gives: a pass that skipped some tests, failures that all
+# passed when re-run alone, a suite the cell did not run.
 PARTLY_SKIPPED = Mark("☑️", "✓", "partly-skipped")
 ORDER_DEPENDENT = Mark("⚠️", "?", "order-dependent")
 NOT_RUN = Mark("·", "·", "none")
