@@ -31,6 +31,7 @@ from torchmatrix.events import EventReader  # noqa: E402
 from torchmatrix.plan import Group, plan_runs  # noqa: E402
 from torchmatrix.runner import events_path, group_command  # noqa: E402
 from torchmatrix.selection import parse_only, select_cells  # noqa: E402
+from torchmatrix.status import Status  # noqa: E402
 
 
 def naive(matrix, cells, environment, work: Path) -> dict:
@@ -49,7 +50,7 @@ def naive(matrix, cells, environment, work: Path) -> dict:
             subprocess.run(command, cwd=matrix.root, env=env, stdout=log, stderr=subprocess.STDOUT)
         results = [e for e in EventReader(events_path(work, group)).read_new() if e["event"] == "test"]
         tests += len(results)
-        failed += sum(e["status"] in ("failed", "error") for e in results)
+        failed += sum(Status.parse(e["status"], "test event status").is_failing for e in results)
         print(
             f"  naive [{index}/{len(cells)}] {cell.id}: {len(results)} tests in {time.monotonic() - cell_started:.1f}s",
             flush=True,

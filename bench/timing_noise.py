@@ -24,6 +24,7 @@ sys.path.insert(0, str(REPO))
 
 from torchmatrix.config import load_matrix  # noqa: E402
 from torchmatrix.results import load_results  # noqa: E402
+from torchmatrix.status import Status  # noqa: E402
 from torchmatrix.upgrade_diff import MIN_TIMED_SECONDS, diff_records  # noqa: E402
 
 
@@ -33,7 +34,7 @@ def timing_ratios(before, after) -> dict[str, tuple[float, float, float, int]]:
     pairs: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for record in after:
         base = old.get((record.suite, record.test, record.run_cell))
-        if record.ran_in is None and base and base.status == record.status == "passed":
+        if record.ran_in is None and base and base.status is record.status is Status.PASSED:
             if base.duration >= MIN_TIMED_SECONDS:
                 pairs[record.suite].append((base.duration, record.duration))
     return {

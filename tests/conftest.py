@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,53 @@ PROJECT_IS_THIS_CHECKOUT = f"\n[project]\nroot = {json.dumps(str(REPO))}\n"
 def checkout_env() -> dict[str, str]:
     """The environment with this checkout importable, as an installed torchmatrix would be."""
     return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
+
+
+def matrix_toml(
+    *,
+    axes: Mapping[str, Sequence[object]],
+    suites: Mapping[str, Mapping[str, object]],
+    torch: Sequence[str] = ("system",),
+    baseline: str | None = None,
+    exclude: Sequence[Mapping[str, object]] = (),
+    components: Mapping[str, str] | None = None,
+    report: Mapping[str, object] | None = None,
+) -> str:
+    """matrix.toml text for a throwaway project, so a test states only what its matrix is about.
+
+    A suite's `path` defaults to suites/test_<name>.py; a nested mapping (a suite's `options`)
+    becomes its own table. Tests about malformed or hostile text write that text literally instead.
+    """
+    lines = _toml_table("torch", {"versions": list(torch), **({"baseline": baseline} if baseline else {})})
+    lines += _toml_table("axes", axes)
+    for rule in exclude:
+        lines += _toml_table("exclude", rule, array=True)
+    for name, suite in suites.items():
+        lines += _toml_table(f"suites.{name}", {"path": f"suites/test_{name}.py", **suite})
+    if components:
+        lines += _toml_table("components", components)
+    if report:
+        lines += _toml_table("report", report)
+    return "\n".join(lines)
+
+
+def write_matrix(root: Path, **sections) -> Path:
+    """Write `matrix_toml(**sections)` to root/matrix.toml and return its path."""
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / "matrix.toml"
+    path.write_text(matrix_toml(**sections))
+    return path
+
+
+def _toml_table(name: str, values: Mapping[str, object], array: bool = False) -> list[str]:
+    """One TOML table (JSON spells its strings, numbers, booleans and lists as TOML does), then its subtables."""
+    nested = {key: value for key, value in values.items() if isinstance(value, Mapping)}
+    lines = [f"[[{name}]]" if array else f"[{name}]"]
+    lines += [f"{key} = {json.dumps(value)}" for key, value in values.items() if key not in nested]
+    lines.append("")
+    for key, value in nested.items():
+        lines += _toml_table(f"{name}.{key}", value)
+    return lines
 
 
 class Project:

@@ -24,9 +24,12 @@ from pathlib import Path
 from torchmatrix import junit
 from torchmatrix.cells import Cell
 from torchmatrix.config import Suite
-from torchmatrix.outcomes import Confirmation, TestOutcome
+from torchmatrix.outcomes import TestOutcome
 from torchmatrix.plan import SuiteRun, plan_runs
 from torchmatrix.report import write_report
+from torchmatrix.status import Confirmation
+
+from conftest import write_matrix
 
 BASELINE, CANDIDATE = "2.13.0", "2.14.1"
 HOST = "fixture-host"
@@ -48,28 +51,13 @@ SUITES = {
     "alpha": Suite("alpha", "suites/test_alpha.py", 60.0, ("world_size", "fsdp")),
     "beta": Suite("beta", "suites/test_beta.py", 60.0, ("world_size",)),
 }
-MATRIX_TOML = """
-[torch]
-versions = ["2.13.0", "2.14.1"]
-baseline = "2.13.0"
-
-[axes]
-world_size = [1, 2]
-fsdp = ["none", "fsdp2"]
-
-[suites.alpha]
-path = "suites/test_alpha.py"
-timeout = 60
-
-[suites.beta]
-path = "suites/test_beta.py"
-timeout = 60
-axes = ["world_size"]
-
-[report]
-drift_ratio = 10.0
-slowdown_ratio = 1.5
-"""
+MATRIX = {
+    "torch": [BASELINE, CANDIDATE],
+    "baseline": BASELINE,
+    "axes": {"world_size": [1, 2], "fsdp": ["none", "fsdp2"]},
+    "suites": {"alpha": {"timeout": 60}, "beta": {"timeout": 60, "axes": ["world_size"]}},
+    "report": {"drift_ratio": 10.0, "slowdown_ratio": 1.5},
+}
 TRACEBACK = textwrap.dedent(
     """\
     Traceback (most recent call last):
@@ -160,9 +148,7 @@ def write_project(root: Path) -> Path:
     (root / "suites").mkdir(parents=True, exist_ok=True)
     for suite in SUITES.values():
         (root / suite.path).write_text("")
-    matrix = root / "matrix.toml"
-    matrix.write_text(MATRIX_TOML)
-    return matrix
+    return write_matrix(root, **MATRIX)
 
 
 def write_version(run_dir: Path, version: str, matrix: Path, outcome_for=outcomes) -> None:

@@ -9,22 +9,13 @@ from torchmatrix import protocol
 from torchmatrix.component_check import check_components
 from torchmatrix.config import load_matrix
 
-from conftest import REPO, Project
+from conftest import REPO, Project, matrix_toml
 
-MATRIX = """
-[torch]
-versions = ["system"]
 
-[axes]
-fsdp = ["none"]
-optimizer = ["adamw"]
+def resume_matrix(components: dict[str, str]) -> str:
+    """One resume cell whose components are exactly these."""
+    return matrix_toml(axes={"fsdp": ["none"], "optimizer": ["adamw"]}, suites={"resume": {}}, components=components)
 
-[suites.resume]
-path = "suites/test_resume.py"
-
-[components]
-{components}
-"""
 
 USER_STACK = """
 def build_model(cell, *, dtype, dropout=0.0):
@@ -94,10 +85,7 @@ def problems_with(project: Project, **changes: str) -> list[str]:
     project.write("userstack/__init__.py", "")
     project.write("userstack/stack.py", USER_STACK)
     project.write("userstack/heavy.py", NEEDS_A_MISSING_PACKAGE)
-    path = project.write(
-        "matrix.toml", MATRIX.format(components="\n".join(f'{k} = "{v}"' for k, v in components.items()))
-    )
-    return check_components(load_matrix(path))
+    return check_components(load_matrix(project.write("matrix.toml", resume_matrix(components))))
 
 
 def the_one_problem(project: Project, key: str, **changes: str) -> str:

@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 
-from conftest import run_suites
+from conftest import matrix_toml, run_suites
 
 pytestmark = pytest.mark.slow
 
@@ -30,7 +30,8 @@ MUTANTS = {
 WORLD_SIZES = (2, 4)
 
 
-def matrix_toml() -> str:
+def dtensor_matrix() -> str:
+    """FSDP2 cells of every world size, the reference optimizer and each mutant as the optimizer axis."""
     optimizers = [REFERENCE, *MUTANTS]
     components = {
         "model": "models.transformer:build_model",
@@ -39,34 +40,23 @@ def matrix_toml() -> str:
         f"optimizer_{REFERENCE}": "models.optim:build_precision_aware",
         **{f"optimizer_{name}": path for name, (path, _) in MUTANTS.items()},
     }
-    listed = lambda values: ", ".join(f'"{v}"' for v in values)  # noqa: E731
-    return f"""
-[torch]
-versions = ["system"]
-
-[axes]
-world_size = [{", ".join(map(str, WORLD_SIZES))}]
-fsdp = ["fsdp2"]
-attn = ["sdpa"]
-optimizer = [{listed(optimizers)}]
-
-[suites.dtensor_optim]
-path = "suites/test_dtensor_optim.py"
-timeout = 120
-axes = ["world_size", "fsdp", "optimizer"]
-
-[suites.dtensor_optim.options]
-bf16_param_optimizers = [{listed(optimizers)}]
-
-[components]
-{chr(10).join(f'{name} = "{path}"' for name, path in components.items())}
-"""
+    return matrix_toml(
+        axes={"world_size": list(WORLD_SIZES), "fsdp": ["fsdp2"], "attn": ["sdpa"], "optimizer": optimizers},
+        suites={
+            "dtensor_optim": {
+                "timeout": 120,
+                "axes": ["world_size", "fsdp", "optimizer"],
+                "options": {"bf16_param_optimizers": optimizers},
+            }
+        },
+        components=components,
+    )
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> tuple[subprocess.CompletedProcess, dict[str, dict[str, str]]]:
     """One run of the suite over reference and mutant cells; per cell id, test -> outcome."""
-    return run_suites(tmp_path_factory.mktemp("dtensor_mutants"), matrix_toml())
+    return run_suites(tmp_path_factory.mktemp("dtensor_mutants"), dtensor_matrix())
 
 
 def cell_id(world_size: int, optimizer: str) -> str:

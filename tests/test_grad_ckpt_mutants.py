@@ -12,40 +12,31 @@ import shutil
 import pytest
 from junitparser import JUnitXml
 
-from conftest import REPO, Project
+from conftest import REPO, Project, matrix_toml
 
 pytestmark = pytest.mark.slow
 
-MATRIX = """
-[torch]
-versions = ["2.13.0"]
 
-[axes]
-world_size = [1, 2]
-fsdp = ["none", "fsdp1", "fsdp2"]
-attn = ["sdpa", "eager"]
+def grad_ckpt_matrix(model: str) -> str:
+    """ws1 without FSDP and ws2 with FSDP1 and FSDP2, both attentions, with this model."""
+    return matrix_toml(
+        torch=["2.13.0"],
+        axes={"world_size": [1, 2], "fsdp": ["none", "fsdp1", "fsdp2"], "attn": ["sdpa", "eager"]},
+        exclude=[{"fsdp": "none", "world_size": 2}, {"fsdp": ["fsdp1", "fsdp2"], "world_size": 1}],
+        suites={
+            "grad_ckpt": {
+                "timeout": 120,
+                "axes": ["world_size", "fsdp", "attn"],
+                "options": {"dtype": "float32"},
+            }
+        },
+        components={
+            "model": model,
+            "parallelize": "models.parallel:parallelize",
+            "batch": "models.transformer:make_batch",
+        },
+    )
 
-[[exclude]]
-fsdp = "none"
-world_size = 2
-
-[[exclude]]
-fsdp = ["fsdp1", "fsdp2"]
-world_size = 1
-
-[suites.grad_ckpt]
-path = "suites/test_grad_ckpt.py"
-timeout = 120
-axes = ["world_size", "fsdp", "attn"]
-
-[suites.grad_ckpt.options]
-dtype = "float32"
-
-[components]
-model = "{model}"
-parallelize = "models.parallel:parallelize"
-batch = "models.transformer:make_batch"
-"""
 
 SUITE_FILES = ("__init__.py", "conftest.py", "deterministic.py", "names.py", "ulp.py", "test_grad_ckpt.py")
 CELLS = ["ws1-none-sdpa", "ws1-none-eager", "ws2-fsdp1-sdpa", "ws2-fsdp1-eager", "ws2-fsdp2-sdpa", "ws2-fsdp2-eager"]
@@ -98,7 +89,7 @@ def run_suite(root, model: str) -> tuple[int, dict[str, dict[str, object]], str,
     """Exit code, {cell id: {test name: testcase}}, the CLI output and {cell id: {property: value}}
     of one suite run on ``model``."""
     project = Project(root)
-    project.write("matrix.toml", MATRIX.format(model=model))
+    project.write("matrix.toml", grad_ckpt_matrix(model))
     for name in SUITE_FILES:
         if (REPO / "suites" / name).exists():
             shutil.copy(REPO / "suites" / name, root / "suites" / name)

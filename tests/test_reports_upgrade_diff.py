@@ -11,8 +11,16 @@ from torchmatrix.report import load_run
 from torchmatrix.results import TestRecord
 from torchmatrix.upgrade_diff import CompareError, compare_runs, diff_records, grew, upgrade_diffs
 
-from conftest import Project
-from reports_fixture import BASELINE, CANDIDATE, outcomes, write_fixture_run, write_project, write_version
+from conftest import Project, write_matrix
+from reports_fixture import (
+    BASELINE,
+    CANDIDATE,
+    MATRIX,
+    outcomes,
+    write_fixture_run,
+    write_project,
+    write_version,
+)
 
 
 def summary(changes):
@@ -89,8 +97,7 @@ def test_a_shared_result_is_one_change_that_names_every_cell_it_stands_for(tmp_p
 
 def test_thresholds_come_from_matrix_toml(tmp_path):
     run_dir = write_fixture_run(tmp_path)
-    matrix = tmp_path / "matrix.toml"
-    matrix.write_text(matrix.read_text().replace("drift_ratio = 10.0", "drift_ratio = 5000.0"))
+    write_matrix(tmp_path, **{**MATRIX, "report": {"drift_ratio": 5000.0, "slowdown_ratio": 1.5}})
     [diff] = upgrade_diffs(load_run(run_dir))
     assert diff.drift == [] and diff.settings.drift_ratio == 5000.0
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import cell_failures, run_suites
+from conftest import cell_failures, matrix_toml, run_suites
 
 pytestmark = pytest.mark.slow
 
@@ -90,39 +90,25 @@ MUTANTS = {
 }
 
 
-def matrix_toml(components: dict[str, str], optimizers: tuple[str, ...]) -> str:
+def resume_matrix(components: dict[str, str], optimizers: tuple[str, ...]) -> str:
     """ws1 without FSDP and ws2 with FSDP1 and FSDP2, for the given optimizers, with these components."""
-    quoted = lambda values: ", ".join(f'"{v}"' for v in values)  # noqa: E731
-    return f"""
-[torch]
-versions = ["system"]
-
-[axes]
-world_size = [1, 2]
-fsdp = ["none", "fsdp1", "fsdp2"]
-attn = ["sdpa"]
-optimizer = [{quoted(optimizers)}]
-
-[[exclude]]
-fsdp = "none"
-world_size = 2
-
-[[exclude]]
-fsdp = ["fsdp1", "fsdp2"]
-world_size = 1
-
-[suites.resume]
-path = "suites/test_resume.py"
-timeout = 240
-axes = ["world_size", "fsdp", "optimizer"]
-
-[suites.resume.options]
-steps = 6
-resume_step = 3
-
-[components]
-{chr(10).join(f'{name} = "{path}"' for name, path in components.items())}
-"""
+    return matrix_toml(
+        axes={
+            "world_size": [1, 2],
+            "fsdp": ["none", "fsdp1", "fsdp2"],
+            "attn": ["sdpa"],
+            "optimizer": list(optimizers),
+        },
+        exclude=[{"fsdp": "none", "world_size": 2}, {"fsdp": ["fsdp1", "fsdp2"], "world_size": 1}],
+        suites={
+            "resume": {
+                "timeout": 240,
+                "axes": ["world_size", "fsdp", "optimizer"],
+                "options": {"steps": 6, "resume_step": 3},
+            }
+        },
+        components=components,
+    )
 
 
 def expected_cells(prefixes: tuple[str, ...], optimizers: tuple[str, ...]) -> set[str]:
@@ -130,7 +116,7 @@ def expected_cells(prefixes: tuple[str, ...], optimizers: tuple[str, ...]) -> se
 
 
 def test_reference_components_pass_every_cell(tmp_path):
-    done, outcomes = run_suites(tmp_path / "reference", matrix_toml(REFERENCE_COMPONENTS, BOTH_OPTIMIZERS))
+    done, outcomes = run_suites(tmp_path / "reference", resume_matrix(REFERENCE_COMPONENTS, BOTH_OPTIMIZERS))
     assert done.returncode == 0, done.stdout + done.stderr
     assert set(outcomes) == expected_cells(CELL_PREFIXES, BOTH_OPTIMIZERS), done.stdout
     for cell, tests in outcomes.items():
@@ -141,7 +127,7 @@ def test_reference_components_pass_every_cell(tmp_path):
 @pytest.mark.parametrize("mutant", list(MUTANTS))
 def test_suite_catches_mutant_in_every_cell(tmp_path, mutant):
     overrides, optimizers, prefixes, must_fail = MUTANTS[mutant]
-    done, outcomes = run_suites(tmp_path / mutant, matrix_toml({**REFERENCE_COMPONENTS, **overrides}, optimizers))
+    done, outcomes = run_suites(tmp_path / mutant, resume_matrix({**REFERENCE_COMPONENTS, **overrides}, optimizers))
     failures = cell_failures(tmp_path / mutant / "reports" / "latest" / "torch-system")
     assert done.returncode == 1, f"{mutant}: expected the run to fail\n{done.stdout}{done.stderr}"
     assert set(outcomes) == expected_cells(CELL_PREFIXES, optimizers), done.stdout

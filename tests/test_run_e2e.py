@@ -8,27 +8,15 @@ import pytest
 from junitparser import JUnitXml
 from lxml import etree
 
-from conftest import REPO
+from conftest import REPO, matrix_toml
 
 pytestmark = pytest.mark.slow
 
-MATRIX = """
-[torch]
-versions = ["2.13.0"]
-
-[axes]
-world_size = [1, 2]
-flavor = ["plain", "spicy"]
-
-[suites.demo]
-path = "suites/test_demo.py"
-timeout = 4
-axes = ["world_size"]
-
-[suites.per_cell]
-path = "suites/test_per_cell.py"
-timeout = 30
-"""
+MATRIX = matrix_toml(
+    torch=["2.13.0"],
+    axes={"world_size": [1, 2], "flavor": ["plain", "spicy"]},
+    suites={"demo": {"timeout": 4, "axes": ["world_size"]}, "per_cell": {"timeout": 30}},
+)
 
 DEMO_SUITE = """
 import time

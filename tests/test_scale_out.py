@@ -11,25 +11,17 @@ from junitparser import JUnitXml
 
 from torchmatrix.cli import build_parser
 
-from conftest import REPO, Project
+from conftest import REPO, Project, matrix_toml
 
-MATRIX = """
-[torch]
-versions = ["system"]
 
-[axes]
-world_size = [1, 2]
-flavor = ["a", "b", "c"]
+def scale_out_matrix(torch=("system",), flavors=("a", "b", "c")) -> str:
+    """A demo suite per world size and a per-cell suite over every flavour."""
+    return matrix_toml(
+        torch=torch,
+        axes={"world_size": [1, 2], "flavor": list(flavors)},
+        suites={"demo": {"timeout": 30, "axes": ["world_size"]}, "per_cell": {"timeout": 30}},
+    )
 
-[suites.demo]
-path = "suites/test_demo.py"
-timeout = 30
-axes = ["world_size"]
-
-[suites.per_cell]
-path = "suites/test_per_cell.py"
-timeout = 30
-"""
 
 DEMO = """
 import torch.distributed as dist
@@ -63,7 +55,7 @@ def statuses(run_dir) -> dict[tuple[str, str], str]:
 def sharded(tmp_path_factory):
     """The same matrix run once whole and once as 4 shards, each its own process and run directory."""
     project = Project(tmp_path_factory.mktemp("scale") / "project")
-    project.write("matrix.toml", MATRIX)
+    project.write("matrix.toml", scale_out_matrix())
     project.write("suites/__init__.py", "")
     project.write("suites/test_demo.py", DEMO)
     project.write("suites/test_per_cell.py", PER_CELL)
@@ -122,7 +114,7 @@ def test_duplicate_reports_are_refused(sharded, tmp_path):
 @pytest.mark.slow
 def test_a_report_from_another_matrix_is_refused(sharded, tmp_path):
     other = sharded.root / "other.toml"
-    other.write_text(MATRIX.replace('"c"]', '"c", "d"]'))
+    other.write_text(scale_out_matrix(flavors=("a", "b", "c", "d")))
     done = sharded.torchmatrix("merge", "artifacts", "--out", str(tmp_path / "merged"), "--config", str(other))
     assert done.returncode == 2 and "another matrix.toml" in done.stderr
 
@@ -133,7 +125,7 @@ def github(project, *args):
 
 
 def test_github_matrix_has_one_job_per_version_and_shard(project):
-    project.write("matrix.toml", MATRIX.replace('["system"]', '["2.13.0", "2.14.1"]'))
+    project.write("matrix.toml", scale_out_matrix(torch=("2.13.0", "2.14.1")))
     project.write("suites/test_demo.py", DEMO)
     project.write("suites/test_per_cell.py", PER_CELL)
     code, jobs = github(project, "--shards", "3", "--only", "flavor=a,b")
@@ -149,7 +141,7 @@ def test_github_matrix_has_one_job_per_version_and_shard(project):
 
 
 def test_github_matrix_refuses_more_than_256_jobs(project):
-    project.write("matrix.toml", MATRIX.replace('["system"]', '["2.13.0", "2.14.1"]'))
+    project.write("matrix.toml", scale_out_matrix(torch=("2.13.0", "2.14.1")))
     project.write("suites/test_demo.py", DEMO)
     project.write("suites/test_per_cell.py", PER_CELL)
     code, error = github(project, "--shards", "200")

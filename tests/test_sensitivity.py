@@ -24,7 +24,7 @@ from torchmatrix.sensitivity import (
 )
 from torchmatrix.sensitivity_junit import read_cells
 
-from conftest import PROJECT_IS_THIS_CHECKOUT, REPO, checkout_env
+from conftest import PROJECT_IS_THIS_CHECKOUT, REPO, checkout_env, matrix_toml
 
 
 def test_covering_cells_show_every_axis_value_once_at_least():
@@ -128,45 +128,33 @@ def test_a_cell_the_unmutated_run_skips_reads_skipped_with_its_reason_never_miss
     assert not only_skipped.missed and only_skipped.result_text() == f"skipped ({TE_SKIP})"
 
 
-MATRIX = """
-[torch]
-versions = ["system"]
-
-[axes]
-world_size = [1]
-fsdp = ["none"]
-attn = ["sdpa"]
-optimizer = ["adamw"]
-
-[suites.grad_ckpt]
-path = "suites/test_grad_ckpt.py"
-timeout = 120
-axes = ["world_size", "fsdp", "attn"]
-
-[suites.resume]
-path = "suites/test_resume.py"
-timeout = 240
-axes = ["world_size", "fsdp", "optimizer"]
-
-[suites.resume.options]
-steps = 5
-resume_step = 2
-dropout = {dropout}
-
-[components]
-model = "models.transformer:build_model"
-parallelize = "models.parallel:parallelize"
-batch = "models.transformer:make_batch"
-optimizer_adamw = "models.optim:build_adamw"
-checkpointer = "models.checkpoint:Checkpointer"
-dataset = "models.data:TokenDataset"
-"""
+def resume_matrix(dropout: float) -> str:
+    """One ws1 cell of grad_ckpt and resume with the reference components, at this dropout."""
+    return matrix_toml(
+        axes={"world_size": [1], "fsdp": ["none"], "attn": ["sdpa"], "optimizer": ["adamw"]},
+        suites={
+            "grad_ckpt": {"timeout": 120, "axes": ["world_size", "fsdp", "attn"]},
+            "resume": {
+                "timeout": 240,
+                "axes": ["world_size", "fsdp", "optimizer"],
+                "options": {"steps": 5, "resume_step": 2, "dropout": dropout},
+            },
+        },
+        components={
+            "model": "models.transformer:build_model",
+            "parallelize": "models.parallel:parallelize",
+            "batch": "models.transformer:make_batch",
+            "optimizer_adamw": "models.optim:build_adamw",
+            "checkpointer": "models.checkpoint:Checkpointer",
+            "dataset": "models.data:TokenDataset",
+        },
+    )
 
 
 def sensitivity(tmp_path, dropout: float, mutants: str) -> tuple[subprocess.CompletedProcess, dict]:
     """Run the command on a one-cell matrix next to this checkout's suites; the process and sensitivity.json."""
     (tmp_path / "suites").symlink_to(REPO / "suites", target_is_directory=True)
-    (tmp_path / "matrix.toml").write_text(MATRIX.format(dropout=dropout) + PROJECT_IS_THIS_CHECKOUT)
+    (tmp_path / "matrix.toml").write_text(resume_matrix(dropout) + PROJECT_IS_THIS_CHECKOUT)
     done = subprocess.run(
         [sys.executable, "-m", "torchmatrix", "sensitivity", "--config", str(tmp_path / "matrix.toml")]
         + ["--reports", str(tmp_path / "reports"), "--mutants", mutants],

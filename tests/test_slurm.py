@@ -13,20 +13,15 @@ from junitparser import JUnitXml
 from torchmatrix.devices import probe
 from torchmatrix.group_plan import GroupPlan
 
-from conftest import Project, checkout_env
+from conftest import Project, checkout_env, matrix_toml
 
-MATRIX = """
-[torch]
-versions = ["{version}"]
 
-[axes]
-world_size = [1, 2]
-flavor = ["a", "b"]
+def slurm_matrix(version: str) -> str:
+    """Two world sizes by two flavours of one demo suite, for the given torch."""
+    return matrix_toml(
+        torch=[version], axes={"world_size": [1, 2], "flavor": ["a", "b"]}, suites={"demo": {"timeout": 60}}
+    )
 
-[suites.demo]
-path = "suites/test_demo.py"
-timeout = 60
-"""
 
 DEMO = """
 import torch
@@ -106,7 +101,7 @@ STAND_INS = {
 def slurm_project(tmp_path_factory):
     root = tmp_path_factory.mktemp("slurm")
     project = Project(root / "project")
-    project.write("matrix.toml", MATRIX.format(version=probe().base_version))
+    project.write("matrix.toml", slurm_matrix(probe().base_version))
     project.write("suites/__init__.py", "")
     project.write("suites/test_demo.py", DEMO)
     bin_dir = root / "bin"

@@ -22,25 +22,12 @@ from torchmatrix.selection import Shard, select_cells
 
 from conftest import Project, checkout_env
 from slurm_cluster import SlurmCluster, missing_reason
-from test_slurm import DEMO, STAND_INS
+from test_slurm import DEMO, STAND_INS, slurm_matrix
 
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(missing_reason() is not None, reason=missing_reason() or ""),
 ]
-
-MATRIX = """
-[torch]
-versions = ["{version}"]
-
-[axes]
-world_size = [1, 2]
-flavor = ["a", "b"]
-
-[suites.demo]
-path = "suites/test_demo.py"
-timeout = 60
-"""
 
 
 @pytest.fixture
@@ -56,7 +43,7 @@ def cluster(tmp_path):
 
 def test_array_on_real_slurm_with_a_requeued_and_a_cancelled_task(cluster, tmp_path):
     project = Project(tmp_path / "project")
-    project.write("matrix.toml", MATRIX.format(version=probe().base_version))
+    project.write("matrix.toml", slurm_matrix(probe().base_version))
     project.write("suites/__init__.py", "")
     project.write("suites/test_demo.py", DEMO)
     bin_dir = tmp_path / "bin"

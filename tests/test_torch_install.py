@@ -14,7 +14,7 @@ from junitparser import JUnitXml
 from torchmatrix.install_progress import InstallProgress, ProgressLine
 from torchmatrix.torch_install import index_has, pip_index_options
 
-from conftest import REPO, checkout_env
+from conftest import REPO, checkout_env, write_matrix
 
 PIP_TRANSCRIPT = """\
 Looking in indexes: https://pypi.org/simple
@@ -158,9 +158,7 @@ def test_a_version_the_index_lacks_fails_fast_with_pips_reason(tmp_path):
     project.mkdir()
     (project / "suites").mkdir()
     (project / "suites" / "test_demo.py").write_text("def test_x(cell):\n    pass\n")
-    (project / "matrix.toml").write_text(
-        '[torch]\nversions = ["9.9.9"]\n\n[axes]\nworld_size = [1, 2]\n\n[suites.demo]\npath = "suites/test_demo.py"\n'
-    )
+    write_matrix(project, torch=["9.9.9"], axes={"world_size": [1, 2]}, suites={"demo": {}})
     env = {**checkout_env(), "TORCHMATRIX_CONFIG": str(project / "matrix.toml"), "TORCHMATRIX_RUN_ID": "missing"}
     done = subprocess.run(
         [sys.executable, "-m", "nox", "-f", str(REPO / "noxfile.py"), "--envdir", str(tmp_path / "nox")]
@@ -189,9 +187,7 @@ def test_a_second_venv_for_a_version_seen_before_downloads_nothing(tmp_path):
     project = tmp_path / "project"
     (project / "suites").mkdir(parents=True)
     (project / "suites" / "test_demo.py").write_text("def test_x(cell):\n    pass\n")
-    (project / "matrix.toml").write_text(
-        f'[torch]\nversions = ["{version}"]\n\n[axes]\nworld_size = [1]\n\n[suites.demo]\npath = "suites/test_demo.py"\n'
-    )
+    write_matrix(project, torch=[version], axes={"world_size": [1]}, suites={"demo": {}})
     wheels = tmp_path / "wheelhouse"
     logs = []
     for attempt in ("cold", "warm"):

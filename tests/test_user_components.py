@@ -12,47 +12,23 @@ import shutil
 import pytest
 from junitparser import JUnitXml
 
-from conftest import REPO, Project
+from conftest import REPO, Project, matrix_toml
 
 pytestmark = pytest.mark.slow
 
-MATRIX = """
-[torch]
-versions = ["system"]
-
-[axes]
-world_size = [1, 2]
-fsdp = ["none", "fsdp2"]
-optimizer = ["adamw"]
-
-[[exclude]]
-fsdp = "none"
-world_size = 2
-
-[[exclude]]
-fsdp = "fsdp2"
-world_size = 1
-
-[suites.grad_ckpt]
-path = "suites/test_grad_ckpt.py"
-timeout = 120
-
-[suites.resume]
-path = "suites/test_resume.py"
-timeout = 120
-
-[suites.dtensor_optim]
-path = "suites/test_dtensor_optim.py"
-timeout = 120
-
-[components]
-model = "userstack.tiny:build_tiny_lm"
-batch = "userstack.tiny:random_tokens"
-parallelize = "models.parallel:parallelize"
-optimizer_adamw = "models.optim:build_adamw"
-checkpointer = "models.checkpoint:Checkpointer"
-dataset = "models.data:TokenDataset"
-"""
+MATRIX = matrix_toml(
+    axes={"world_size": [1, 2], "fsdp": ["none", "fsdp2"], "optimizer": ["adamw"]},
+    exclude=[{"fsdp": "none", "world_size": 2}, {"fsdp": "fsdp2", "world_size": 1}],
+    suites={"grad_ckpt": {"timeout": 120}, "resume": {"timeout": 120}, "dtensor_optim": {"timeout": 120}},
+    components={
+        "model": "userstack.tiny:build_tiny_lm",
+        "batch": "userstack.tiny:random_tokens",
+        "parallelize": "models.parallel:parallelize",
+        "optimizer_adamw": "models.optim:build_adamw",
+        "checkpointer": "models.checkpoint:Checkpointer",
+        "dataset": "models.data:TokenDataset",
+    },
+)
 
 TINY_LM = '''
 from collections import UserDict

@@ -26,6 +26,7 @@ from torchmatrix.safe_names import UnsafeName, check_relative_path
 from torchmatrix.selection import SelectionError, Shard, parse_only, select_cells
 from torchmatrix.sensitivity import GENERIC_MUTANTS, SensitivityError, run_sensitivity
 from torchmatrix.slurm import SlurmOptions, write_slurm
+from torchmatrix.status import tally
 from torchmatrix.untrusted_text import one_line
 from torchmatrix.upgrade_diff import CompareError
 
@@ -328,11 +329,7 @@ def _report(run_dir: Path, config: str | None = None) -> int:
 
 def closing_lines(run: RunResults, run_dir: Path) -> str:
     """The run's last words: its totals, where to read it, and on failure each root cause with its reach."""
-    totals = run.totals()
-    lines = [
-        f"torchmatrix: {totals['passed']} passed, {totals['failed']} failed, {totals['error']} errors, "
-        f"{totals['skipped']} skipped; read {run_dir / 'summary.md'} or {run_dir / 'summary.html'}"
-    ]
+    lines = [f"torchmatrix: {tally(run.totals())}; read {run_dir / 'summary.md'} or {run_dir / 'summary.html'}"]
     causes = run.root_causes()
     if causes:
         lines.append(f"torchmatrix: failures by root cause ({len(causes)}):")

@@ -11,8 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from torchmatrix.outcomes import Confirmation, OutcomeBook, TestOutcome
+from torchmatrix.outcomes import OutcomeBook, TestOutcome
 from torchmatrix.plan import Group, SuiteRun
+from torchmatrix.status import Confirmation, Status
 
 DEFAULT_LIMIT = 25
 
@@ -43,7 +44,7 @@ def retries(book: OutcomeBook) -> list[Retry]:
         for key, outcomes in book.tests.items()
         if key not in book.uncollectable and book.expected[key] is not None
         for outcome in outcomes
-        if outcome.status in ("failed", "error")
+        if outcome.status.is_failing
     ]
 
 
@@ -65,16 +66,16 @@ def _mark(outcome: TestOutcome, verdict: Confirmation, note: str) -> None:
 def _alone_text(outcome: TestOutcome | None) -> str:
     if outcome is None:
         return "the confirmation process reported nothing for this test"
-    if outcome.status in ("failed", "error"):
+    if outcome.status.is_failing:
         return f"{outcome.status}: {outcome.message}"
-    return outcome.status + (f": {outcome.message}" if outcome.message else "")
+    return f"{outcome.status}" + (f": {outcome.message}" if outcome.message else "")
 
 
 def _verdict(outcome: TestOutcome | None) -> Confirmation:
     if outcome is None:
         return Confirmation.NOT_RERUN
-    if outcome.status in ("failed", "error"):
+    if outcome.status.is_failing:
         return Confirmation.FAILS_ALONE
-    if outcome.status == "passed":
+    if outcome.status is Status.PASSED:
         return Confirmation.PASSED_ALONE
     return Confirmation.SKIPPED_ALONE

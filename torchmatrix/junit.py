@@ -20,10 +20,11 @@ from torchmatrix.cells import Cell, filter_token
 from torchmatrix.outcomes import TestOutcome
 from torchmatrix.output_cap import HARD_LIMIT_BYTES, cap_text
 from torchmatrix.plan import SuiteRun
+from torchmatrix.status import Status
 from torchmatrix.untrusted_text import visible
 
 NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
-RESULT_TYPES = {"failed": Failure, "error": Error, "skipped": Skipped}
+RESULT_TYPES = {Status.FAILED: Failure, Status.ERROR: Error, Status.SKIPPED: Skipped}
 MERGED_NAME = "junit.xml"
 CONFIRMATION_PROPERTY = "torchmatrix.confirmation"
 
@@ -101,7 +102,9 @@ def _testcase(suite: str, version: str, cell_id: str, outcome: TestOutcome) -> T
     )
     result_type = RESULT_TYPES.get(outcome.status)
     if result_type is not None:
-        result = result_type(xml_text(outcome.message), None if outcome.status == "skipped" else outcome.status)
+        result = result_type(
+            xml_text(outcome.message), None if outcome.status is Status.SKIPPED else outcome.status.value
+        )
         if outcome.text:
             result.text = xml_text(outcome.text)
         case.result = [result]

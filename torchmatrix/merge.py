@@ -22,6 +22,7 @@ from torchmatrix.plan_file import FILE_NAME as PLAN_FILE
 from torchmatrix.plan_file import PlanFileError, RunPlan, read_plan, write_plan
 from torchmatrix.safe_names import UnsafeName, check_name
 from torchmatrix.selection import SelectionError, Shard, select_cells, shard_cells
+from torchmatrix.status import Status
 
 
 class MergeError(Exception):
@@ -136,7 +137,7 @@ def _merge_version(
         for key, run in book.runs.items():
             if run.suite.name in known_tests:
                 book.expect(key, known_tests[run.suite.name])
-            book.fail_run(key, "error", _missing_reason(version, cell, reports, matrix))
+            book.fail_run(key, Status.ERROR, _missing_reason(version, cell, reports, matrix))
         junit.write_cell(out, version, environment, cell, book.for_cell(cell))
     write_plan(
         out,

@@ -9,37 +9,11 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from enum import Enum
 
 from torchmatrix.cells import Cell
 from torchmatrix.events import Collected, CollectError, Event, PoolStarted, TestFinished, TestStarted
 from torchmatrix.plan import SuiteRun
-
-STATUSES = ("passed", "failed", "error", "skipped")
-
-
-class Confirmation(str, Enum):
-    """What re-running a failed test alone showed (torchmatrix.confirmation); str-valued, as the
-    reports write it."""
-
-    FAILS_ALONE = "fails alone"
-    PASSED_ALONE = "passed alone"
-    SKIPPED_ALONE = "skipped alone"
-    NOT_RERUN = "not re-run"
-
-    @property
-    def description(self) -> str:
-        return {
-            "fails alone": "fails alone",
-            "passed alone": "passed alone (order-dependent or flaky)",
-            "skipped alone": "skipped alone (depends on an earlier test)",
-            "not re-run": "not re-run alone (unconfirmed)",
-        }[self.value]
-
-    @staticmethod
-    def describe(value: str) -> str:
-        """Words for a recorded confirmation; '' (a run with confirmation off) reads as not re-run."""
-        return Confirmation(value or Confirmation.NOT_RERUN).description
+from torchmatrix.status import Status
 
 
 @dataclass
@@ -48,7 +22,7 @@ class TestOutcome:
 
     suite: str
     test: str
-    status: str
+    status: Status
     duration: float = 0.0
     message: str = ""
     text: str = ""
@@ -56,6 +30,9 @@ class TestOutcome:
     stdout: str = ""
     stderr: str = ""
     confirmation: str = ""
+
+    def __post_init__(self) -> None:
+        self.status = Status.parse(self.status, "test event status")
 
     @classmethod
     def from_event(cls, event: TestFinished) -> TestOutcome:
@@ -106,7 +83,7 @@ class OutcomeBook:
             for key, run in self.runs.items():
                 if run.suite.name == event.suite and key not in self.closed:
                     self.uncollectable.add(key)
-                    self.fail_run(key, "error", f"suite {event.suite} could not be collected", event.text)
+                    self.fail_run(key, Status.ERROR, f"suite {event.suite} could not be collected", event.text)
         elif isinstance(event, PoolStarted):
             self.pool_starts += 1
 
@@ -114,7 +91,7 @@ class OutcomeBook:
         """Name the tests a run would have had (as collection would), so failures list each one."""
         self.expected[key] = list(names)
 
-    def fail_run(self, key: str, status: str, message: str, text: str = "") -> None:
+    def fail_run(self, key: str, status: Status, message: str, text: str = "") -> None:
         """Give every test of the run without a result `status`; a never-collected run gets one case."""
         suite = self.runs[key].suite.name
         reported = {t.test for t in self.tests[key]}
@@ -128,7 +105,7 @@ class OutcomeBook:
         """A process ended: its runs that are still incomplete get errors with the reason."""
         for key in keys:
             if not self.is_done(key):
-                self.fail_run(key, "error", message, text)
+                self.fail_run(key, Status.ERROR, message, text)
             self.closed.add(key)
 
     def is_done(self, key: str) -> bool:
@@ -152,9 +129,9 @@ class OutcomeBook:
         starts = [self.first_started[run.key] for run in self.cell_runs(cell) if run.key in self.first_started]
         return min(starts, default=None)
 
-    def counts(self, cells: Sequence[Cell]) -> dict[str, int]:
+    def counts(self, cells: Sequence[Cell]) -> dict[Status, int]:
         """Testcases per status over the cells, counted as the JUnit report shows them."""
-        counts = dict.fromkeys(STATUSES, 0)
+        counts = dict.fromkeys(Status, 0)
         for cell in cells:
             for _, outcome in self.for_cell(cell):
                 counts[outcome.status] += 1

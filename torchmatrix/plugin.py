@@ -35,6 +35,7 @@ from torchmatrix.pool import RankFailure
 from torchmatrix.protocol import required_names
 from torchmatrix.rank_group import RankGroup, open_ranks
 from torchmatrix.root_cause import root_cause
+from torchmatrix.status import Status
 
 PLAN_KEY = pytest.StashKey["CellPlan"]()
 NOT_PLANNED = "suites run through `python -m torchmatrix run`, which tells this plugin the cells to run"
@@ -205,7 +206,7 @@ def _outcome(reports, cap: int = DEFAULT_CAP_BYTES) -> dict:
         "properties": [list(p) for p in reports[-1].user_properties],
         "stdout": cap_text(reports[-1].capstdout, cap),
         "stderr": cap_text(reports[-1].capstderr, cap),
-        "status": "passed",
+        "status": Status.PASSED.value,
         "message": "",
         "text": "",
     }
@@ -215,9 +216,9 @@ def _outcome(reports, cap: int = DEFAULT_CAP_BYTES) -> dict:
         first = failed[0]
         crash = getattr(first.longrepr, "reprcrash", None)
         text = first.longreprtext
-        fallback = crash.message if crash is not None else (text.strip().splitlines() or ["failed"])[-1]
+        fallback = crash.message if crash is not None else (text.strip().splitlines() or [Status.FAILED.value])[-1]
         result.update(
-            status="failed" if first.when == "call" else "error",
+            status=(Status.FAILED if first.when == "call" else Status.ERROR).value,
             message=cap_text(getattr(first, "root_cause", None) or fallback, cap),
             text=cap_text(text, cap),
         )
@@ -227,7 +228,7 @@ def _outcome(reports, cap: int = DEFAULT_CAP_BYTES) -> dict:
             reason = f"expected failure: {first.wasxfail}"
         else:
             reason = first.longrepr[2] if isinstance(first.longrepr, tuple) else str(first.longrepr)
-        result.update(status="skipped", message=reason.removeprefix("Skipped: "))
+        result.update(status=Status.SKIPPED.value, message=reason.removeprefix("Skipped: "))
     return result
 
 

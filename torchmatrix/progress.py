@@ -10,6 +10,8 @@ import time
 from collections.abc import Mapping
 from typing import TextIO
 
+from torchmatrix.status import Status, tally
+
 FAILING_NAMED = 3
 
 
@@ -32,7 +34,7 @@ class Progress:
     def say(self, text: str) -> None:
         print(text, file=self.stream, flush=True)
 
-    def cell_finished(self, cell_id: str, tests: list[tuple[str, str]], totals: Mapping[str, int]) -> None:
+    def cell_finished(self, cell_id: str, tests: list[tuple[str, Status]], totals: Mapping[Status, int]) -> None:
         """One line for a finished cell; ``tests`` is (test name, status) for each of its tests."""
         self.done += 1
         elapsed = time.monotonic() - self.started
@@ -40,20 +42,20 @@ class Progress:
         width = len(str(self.total))
         self.say(
             f"[{self.done:>{width}}/{self.total}] torch {self.version} {cell_id}: {cell_outcome(tests)}"
-            f" | {totals['passed']} passed, {totals['failed']} failed, {totals['error']} errors, {totals['skipped']} skipped"
+            f" | {tally(totals)}"
             f" | {format_seconds(elapsed)} elapsed, ETA {format_seconds(eta)}"
         )
 
 
-def cell_outcome(tests: list[tuple[str, str]]) -> str:
+def cell_outcome(tests: list[tuple[str, Status]]) -> str:
     """`passed (19 tests, 13 skipped)`, or `failed (19 tests): test_a, test_b, test_c +2`: the worst
     status, how many tests, how many skipped, and the failing tests by name."""
     statuses = [status for _, status in tests]
-    worst = next((s for s in ("error", "failed", "passed", "skipped") if s in statuses), "no tests")
-    skipped = statuses.count("skipped")
-    counted = f"{len(tests)} tests" + (f", {skipped} skipped" if skipped and worst != "skipped" else "")
-    failing = [name for name, status in tests if status in ("failed", "error")]
+    worst = Status.worst(statuses)
+    skipped = statuses.count(Status.SKIPPED)
+    counted = f"{len(tests)} tests" + (f", {skipped} skipped" if skipped and worst is not Status.SKIPPED else "")
+    failing = [name for name, status in tests if status.is_failing]
     named = ", ".join(failing[:FAILING_NAMED]) + (
         f" +{len(failing) - FAILING_NAMED}" if len(failing) > FAILING_NAMED else ""
     )
-    return f"{worst} ({counted})" + (f": {named}" if failing else "")
+    return f"{worst or 'no tests'} ({counted})" + (f": {named}" if failing else "")

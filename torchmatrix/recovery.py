@@ -19,6 +19,7 @@ from torchmatrix.outcomes import OutcomeBook
 from torchmatrix.plan import plan_runs
 from torchmatrix.plan_file import FILE_NAME, PlanFileError, RunPlan, read_plan
 from torchmatrix.safe_names import UnsafeName, check_name
+from torchmatrix.status import Status
 
 UNFINISHED = "the runner stopped before this suite finished (killed or its machine lost); rebuilt from the event log by `torchmatrix report`"
 
@@ -43,7 +44,7 @@ def rebuild_missing_cells(run_dir: Path) -> list[Path]:
                 ) from None
         for key in book.runs:
             if not book.is_done(key):
-                book.fail_run(key, "error", UNFINISHED)
+                book.fail_run(key, Status.ERROR, UNFINISHED)
         environment = plan.environment or {"device": "unknown"}
         for cell in cells:
             if not (version_dir / f"{cell.id}.xml").is_file():

@@ -17,14 +17,13 @@ from junitparser import TestSuite
 
 from torchmatrix import junit
 from torchmatrix.config import ReportSettings
-from torchmatrix.outcomes import STATUSES, Confirmation
 from torchmatrix.plan_file import PlanFileError, RunPlan, read_plan
 from torchmatrix.root_cause import group_key
+from torchmatrix.status import Confirmation, Status
 
 SCHEMA = "torchmatrix.results"
 SCHEMA_VERSION = 2
 FILE_NAME = "results.json"
-STATUS_ORDER = ("error", "failed", "passed", "skipped")
 DRIFT_WORDS = {"abs", "rel", "drift", "diff", "err", "error", "ulp"}
 
 
@@ -42,13 +41,16 @@ class TestRecord:
     cell: str
     suite: str
     test: str
-    status: str
+    status: Status
     duration: float
     message: str = ""
     text: str = ""
     ran_in: str | None = None
     figures: dict = field(default_factory=dict, hash=False, compare=False)
     confirmation: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "status", Status.parse(self.status, "tests[].status"))
 
     @property
     def run_cell(self) -> str:
@@ -61,7 +63,7 @@ class TestRecord:
             "cell": self.cell,
             "suite": self.suite,
             "test": self.test,
-            "status": self.status,
+            "status": self.status.value,
             "duration": self.duration,
             "message": self.message,
             "text": self.text,
@@ -183,26 +185,26 @@ class RunResults:
     def records(self, torch: str) -> list[TestRecord]:
         return [record for record in self.tests if record.torch == torch]
 
-    def totals(self, torch: str | None = None) -> dict[str, int]:
-        """Testcases per status, as the merged JUnit file counts them."""
-        counts = dict.fromkeys(STATUS_ORDER, 0)
+    def totals(self, torch: str | None = None) -> dict[Status, int]:
+        """Testcases per status, worst first, as the merged JUnit file counts them."""
+        counts = dict.fromkeys(Status.worst_first(), 0)
         for record in self.tests:
             if torch is None or record.torch == torch:
                 counts[record.status] += 1
         return counts
 
-    def statuses(self) -> dict[tuple[str, str, str], str]:
+    def statuses(self) -> dict[tuple[str, str, str], Status]:
         """(torch, cell, suite) -> the suite's status in that cell: error, else failed, else passed, else skipped."""
-        found: dict[tuple[str, str, str], set[str]] = {}
+        found: dict[tuple[str, str, str], set[Status]] = {}
         for record in self.tests:
             found.setdefault((record.torch, record.cell, record.suite), set()).add(record.status)
-        return {key: next(s for s in STATUS_ORDER if s in seen) for key, seen in found.items()}
+        return {key: Status.worst(seen) for key, seen in found.items()}
 
     def failures(self) -> list[tuple[TestRecord, list[str]]]:
         """Failed and errored tests, once per cell that ran them, with every cell that shares the result."""
         grouped: dict[tuple[str, str, str, str], tuple[TestRecord, list[str]]] = {}
         for record in self.tests:
-            if record.status in ("failed", "error"):
+            if record.status.is_failing:
                 key = (record.torch, record.suite, record.test, record.run_cell)
                 grouped.setdefault(key, (record, []))[1].append(record.cell)
         return list(grouped.values())
@@ -223,18 +225,20 @@ class RunResults:
         counts: dict[tuple[str, str, str], list[int]] = {}
         for record in self.tests:
             tally = counts.setdefault((record.torch, record.cell, record.suite), [0, 0])
-            tally[0] += record.status == "skipped"
+            tally[0] += record.status is Status.SKIPPED
             tally[1] += 1
         statuses = self.statuses()
         return {
-            key: (skipped, tests) for key, (skipped, tests) in counts.items() if statuses[key] == "passed" and skipped
+            key: (skipped, tests)
+            for key, (skipped, tests) in counts.items()
+            if statuses[key] is Status.PASSED and skipped
         }
 
     def skip_reasons(self) -> list[SkipReason]:
         """Skipped tests grouped by their reason, most tests first."""
         reasons: dict[str, SkipReason] = {}
         for record in self.tests:
-            if record.status == "skipped":
+            if record.status is Status.SKIPPED:
                 line = record.message or "(no reason given)"
                 reasons.setdefault(line, SkipReason(line)).records.append(record)
         return sorted(reasons.values(), key=lambda reason: -len(reason.records))
@@ -243,7 +247,7 @@ class RunResults:
         """(torch, cell, suite) whose failures all passed when re-run alone: order-dependent or flaky."""
         confirmations: dict[tuple[str, str, str], set[str]] = {}
         for record in self.tests:
-            if record.status in ("failed", "error"):
+            if record.status.is_failing:
                 confirmations.setdefault((record.torch, record.cell, record.suite), set()).add(record.confirmation)
         return {key for key, seen in confirmations.items() if seen == {Confirmation.PASSED_ALONE.value}}
 
@@ -313,8 +317,6 @@ def _check_types(results: RunResults) -> None:
         for name in texts:
             if not isinstance(getattr(record, name), str):
                 raise TypeError(f"tests[].{name} {getattr(record, name)!r} is not text")
-        if record.status not in STATUSES:
-            raise ValueError(f"tests[].status {record.status!r} is not one of {', '.join(STATUSES)}")
         if isinstance(record.duration, bool) or not isinstance(record.duration, (int, float)):
             raise TypeError(f"tests[].duration {record.duration!r} is not a number")
         if record.ran_in is not None and not isinstance(record.ran_in, str):
@@ -464,14 +466,14 @@ def _records(suite: TestSuite, torch: str, cell: str, properties: dict[str, str]
     return records
 
 
-def _status(case) -> str:
+def _status(case) -> Status:
     if case.is_error:
-        return "error"
+        return Status.ERROR
     if case.is_failure:
-        return "failed"
+        return Status.FAILED
     if case.is_skipped:
-        return "skipped"
-    return "passed"
+        return Status.SKIPPED
+    return Status.PASSED
 
 
 def _version_info(torch: str, properties: dict[str, str], plan: RunPlan | None, tests: list[TestRecord]) -> VersionInfo:

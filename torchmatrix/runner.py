@@ -36,6 +36,7 @@ from torchmatrix.progress import Progress
 from torchmatrix.run_directory import point_latest
 from torchmatrix.schedule import GroupProcess, Scheduler
 from torchmatrix.selection import Shard, select_cells
+from torchmatrix.status import Confirmation, Status, tally
 
 INTERRUPTED_EXIT = 130
 INSTALL_LOG_TAIL_LINES = 40
@@ -148,12 +149,11 @@ def run_version(request: RunRequest, stream=sys.stdout) -> int:
     _write_reports(request, cells, book, environment, started)
     totals = book.counts(cells)
     progress.say(
-        f"torchmatrix: torch {request.version}: {totals['passed']} passed, {totals['failed']} failed, "
-        f"{totals['error']} errors, {totals['skipped']} skipped; merged report: {request.run_dir / junit.MERGED_NAME}"
+        f"torchmatrix: torch {request.version}: {tally(totals)}; merged report: {request.run_dir / junit.MERGED_NAME}"
     )
     if interrupted:
         return INTERRUPTED_EXIT
-    return 1 if totals["failed"] or totals["error"] else 0
+    return 1 if any(count for status, count in totals.items() if status.is_failing) else 0
 
 
 def _refuse_too_wide_for_cpu(request: RunRequest, cells: list[Cell], environment: dict) -> None:
@@ -218,7 +218,7 @@ def _environment(request: RunRequest, book: OutcomeBook, probed: Environment | P
 
 def _fail_all(book: OutcomeBook, message: str, text: str) -> None:
     for key in book.runs:
-        book.fail_run(key, "error", message, text)
+        book.fail_run(key, Status.ERROR, message, text)
 
 
 def _tail(path: Path) -> str:
@@ -244,7 +244,7 @@ def _run_cells(
         if node_size and run.cell.world_size > node_size and not request.multinode_launcher:
             book.fail_run(
                 run.key,
-                "skipped",
+                Status.SKIPPED,
                 f"needs {run.cell.world_size} GPUs; this node has {node_size} (pass --multinode-launcher to span nodes)",
             )
         else:
@@ -302,8 +302,8 @@ def _confirm_failures(request: RunRequest, book: OutcomeBook, progress: Progress
     book.pool_starts += sum(b.pool_starts for b in alone)
     verdicts = [retry.outcome.confirmation for retry in chosen]
     progress.say(
-        f"torchmatrix: torch {request.version}: {verdicts.count(confirmation.Confirmation.FAILS_ALONE)} of {len(chosen)} fail alone, "
-        f"{verdicts.count(confirmation.Confirmation.PASSED_ALONE)} passed alone (order-dependent or flaky)"
+        f"torchmatrix: torch {request.version}: {verdicts.count(Confirmation.FAILS_ALONE)} of {len(chosen)} fail alone, "
+        f"{verdicts.count(Confirmation.PASSED_ALONE)} passed alone (order-dependent or flaky)"
     )
 
 

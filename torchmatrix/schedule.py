@@ -23,6 +23,7 @@ from torchmatrix.events import EventReader
 from torchmatrix.grant import Grant
 from torchmatrix.outcomes import OutcomeBook
 from torchmatrix.plan import Group
+from torchmatrix.status import Status
 
 BACKSTOP_GRACE_S = 60.0
 POLL_S = 0.2
@@ -157,7 +158,7 @@ class Scheduler:
             for book in {id(b): b for b in [self.book, *self.books.values()] if b is not None}.values():
                 for key in book.runs:
                     if not book.is_done(key):
-                        book.fail_run(key, "error", "interrupted (Ctrl-C or SIGTERM) before this suite finished")
+                        book.fail_run(key, Status.ERROR, "interrupted (Ctrl-C or SIGTERM) before this suite finished")
             raise
 
     def _used_slots(self) -> int:

@@ -14,15 +14,12 @@ import html
 import math
 from collections import defaultdict
 
-from torchmatrix.outcomes import Confirmation
 from torchmatrix.results import RunResults, TestRecord, drift_measure, is_drift_figure
-from torchmatrix.summary_md import describe_filters, distinct_texts, failure_count
+from torchmatrix.status import NOT_RUN, ORDER_DEPENDENT, PARTLY_SKIPPED, Confirmation, Mark, Status
+from torchmatrix.summary_data import Summary, count, distinct_texts, summarize
 from torchmatrix.untrusted_text import one_line, visible
 from torchmatrix.upgrade_diff import Change, UpgradeDiff, grew
 
-SYMBOLS = {"passed": "✓", "failed": "✗", "error": "!", "skipped": "–"}
-ORDER_DEPENDENT = ("order-dependent", "?")
-PARTLY_SKIPPED = ("partly-skipped", "✓")
 CHART_BAR = 14
 CHART_HEIGHT = 28
 
@@ -74,20 +71,21 @@ applyFilters();
 
 def render(results: RunResults, diffs: list[UpgradeDiff]) -> str:
     """The whole page as one string."""
+    summary = summarize(results)
     anchors = {
         (r.torch, r.suite, r.test, r.run_cell): f"failure-{c}-{t}"
-        for c, cause in enumerate(results.root_causes())
+        for c, cause in enumerate(summary.root_causes)
         for t, records in enumerate(distinct_texts(cause))
         for r in records
     }
     body = "\n".join(
         [
-            _header(results),
-            _totals(results),
+            _header(summary),
+            _totals(summary),
             *(_diff(diff) for diff in diffs),
-            _grid(results, anchors),
-            _failures(results, anchors),
-            _skips(results),
+            _grid(results, summary, anchors),
+            _failures(summary, anchors),
+            _skips(summary),
             _drift(results),
         ]
     )
@@ -107,56 +105,47 @@ def text(value: object) -> str:
     return html.escape(visible(str(value)), quote=True)
 
 
-def _header(results: RunResults) -> str:
+def _header(summary: Summary) -> str:
     versions = ", ".join(
         f"<code>{text(v.torch)}</code> ({text(v.build or 'build unknown')}, {text(v.device or 'device unknown')})"
-        for v in results.versions
+        for v in summary.versions
     )
-    started = f"Started {text(results.created)} on {text(', '.join(results.hosts))}; " if results.created else ""
+    started = f"Started {text(summary.started)} on {text(summary.hosts)}; " if summary.started else ""
     filtered = "; ".join(
-        f"torch <code>{text(v.torch)}</code>: <code>{text(describe_filters(v.filters))}</code>"
-        for v in results.versions
-        if v.filters
+        f"torch <code>{text(v.torch)}</code>: <code>{text(v.filters)}</code>" for v in summary.filtered
     )
     return (
-        f"<h1>torchmatrix run <code>{text(results.run_id)}</code></h1>\n"
+        f"<h1>torchmatrix run <code>{text(summary.run_id)}</code></h1>\n"
         + (f'<p class="bad">Filtered run, not the whole matrix: {filtered}</p>\n' if filtered else "")
-        + f"<p>torch {versions}; baseline <code>{text(results.baseline)}</code>. {started}"
-        f"matrix <code>{text(results.matrix_path)}</code> sha256 <code>{text(results.matrix_sha256[:12])}</code>.</p>"
+        + f"<p>torch {versions}; baseline <code>{text(summary.baseline)}</code>. {started}"
+        f"matrix <code>{text(summary.matrix_path)}</code> sha256 <code>{text(summary.matrix_sha256)}</code>.</p>"
     )
 
 
-def _totals(results: RunResults) -> str:
+def _totals(summary: Summary) -> str:
     rows = []
-    for v in results.versions:
-        t = results.totals(v.torch)
-        missing = f' <span class="bad">{len(v.missing_cells)} missing</span>' if v.missing_cells else ""
-        cells = len({r.cell for r in results.records(v.torch)})
+    for v in summary.versions:
+        t = v.counts
+        missing = f' <span class="bad">{v.missing} missing</span>' if v.missing else ""
         rows.append(
-            f"<tr><th><code>{text(v.torch)}</code></th><td>{cells}{missing}</td>"
-            + "".join(
-                f'<td class="{_count_class(s, t[s])}">{t[s]}</td>' for s in ("passed", "failed", "error", "skipped")
-            )
+            f"<tr><th><code>{text(v.torch)}</code></th><td>{v.cells}{missing}</td>"
+            + "".join(f'<td class="{"bad" if t[s] and s.is_failing else ""}">{t[s]}</td>' for s in Status)
             + "</tr>"
         )
     return (
-        '<h2>Totals</h2>\n<table id="totals"><tr><th>torch</th><th>cells</th><th>passed</th><th>failed</th>'
-        f"<th>errors</th><th>skipped</th></tr>\n{''.join(rows)}</table>"
+        '<h2>Totals</h2>\n<table id="totals"><tr><th>torch</th><th>cells</th>'
+        f"{''.join(f'<th>{s.column}</th>' for s in Status)}</tr>\n{''.join(rows)}</table>"
     )
-
-
-def _count_class(status: str, count: int) -> str:
-    return "bad" if count and status in ("failed", "error") else ""
 
 
 def _diff(diff: UpgradeDiff) -> str:
     before, after = text(diff.before), text(diff.after)
     summary = (
-        f'<p><span class="{"bad" if diff.regressions else "good"}">{_count(len(diff.regressions), "regression")}</span>, '
-        f"{_count(len(diff.fixes), 'fix', 'fixes')} (confirmed: the failure fails alone), "
+        f'<p><span class="{"bad" if diff.regressions else "good"}">{count(len(diff.regressions), "regression")}</span>, '
+        f"{count(len(diff.fixes), 'fix', 'fixes')} (confirmed: the failure fails alone), "
         f"{len(diff.unconfirmed)} unconfirmed, {len(diff.newly_skipped)} newly skipped, "
-        f"{_count(len(diff.drift), 'drift figure')} grown more than {diff.settings.drift_ratio:g}×, "
-        f"{_count(len(diff.slowdowns), 'suite')} slower than {diff.settings.slowdown_ratio:g}× "
+        f"{count(len(diff.drift), 'drift figure')} grown more than {diff.settings.drift_ratio:g}×, "
+        f"{count(len(diff.slowdowns), 'suite')} slower than {diff.settings.slowdown_ratio:g}× "
         f"({diff.compared} tests compared).</p>"
     )
     parts = [f'<h2 class="upgrade">Upgrade diff <code>{before}</code> → <code>{after}</code></h2>', summary]
@@ -195,17 +184,12 @@ def _diff(diff: UpgradeDiff) -> str:
     return "\n".join(parts)
 
 
-def _count(n: int, singular: str, plural: str | None = None) -> str:
-    return f"{n} {singular if n == 1 else plural or singular + 's'}"
-
-
 def _changes_table(changes: list[Change], before: str, after: str, failing: bool) -> str:
     """Status changes; those with a failing side show what it did alone and its root cause, skips their reason."""
     rows = "".join(
         f"<tr><td><code>{text(c.after.suite)}</code></td><td><code>{text(c.after.test)}</code></td>"
         f"<td><code>{text(c.after.run_cell)}</code>{_more_cells(c.cells)}</td>"
-        f'<td><span class="mark {c.before.status}">{SYMBOLS[c.before.status]}</span></td>'
-        f'<td><span class="mark {c.after.status}">{SYMBOLS[c.after.status]}</span></td>'
+        f"<td>{_mark(c.before.status.mark)}</td><td>{_mark(c.after.status.mark)}</td>"
         + (
             f"<td>{text(_alone(c))}</td><td>{text(one_line(c.failing.message))}</td></tr>"
             if failing
@@ -224,18 +208,23 @@ def _alone(change: Change) -> str:
     return Confirmation.describe(change.failing.confirmation)
 
 
+def _mark(mark: Mark, attributes: str = "") -> str:
+    """A status mark as the page's coloured badge."""
+    return f'<span class="mark {mark.css}"{attributes}>{mark.symbol}</span>'
+
+
 def _more_cells(cells: tuple[str, ...] | list[str]) -> str:
     """The cells beyond the first, named, collapsed behind their count."""
     if len(cells) <= 1:
         return ""
-    return f' <details class="cells"><summary>and {_count(len(cells) - 1, "more cell")}</summary>{_cell_names(cells[1:])}</details>'
+    return f' <details class="cells"><summary>and {count(len(cells) - 1, "more cell")}</summary>{_cell_names(cells[1:])}</details>'
 
 
 def _cell_names(cells: list[str] | tuple[str, ...]) -> str:
     return ", ".join(f"<code>{text(cell)}</code>" for cell in cells)
 
 
-def _grid(results: RunResults, anchors: dict) -> str:
+def _grid(results: RunResults, summary: Summary, anchors: dict) -> str:
     axes = results.axes
     value_index = {axis: {value: i for i, value in enumerate(values)} for axis, values in axes.items()}
     filters = "".join(
@@ -260,37 +249,31 @@ def _grid(results: RunResults, anchors: dict) -> str:
                 status = statuses.get((v.torch, cell, suite))
                 title = text(f"{suite}: {status or 'not run'}")
                 if status is None:
-                    cell_marks.append(f'<span class="mark none" title="{title}">·</span>')
+                    cell_marks.append(_mark(NOT_RUN, f' title="{title}"'))
                     continue
                 record = first_failure.get((v.torch, cell, suite))
                 anchor = anchors.get((record.torch, record.suite, record.test, record.run_cell)) if record else None
                 href = f' href="#{anchor}"' if anchor else ""
                 key = (v.torch, cell, suite)
-                kind, symbol = (status, SYMBOLS[status])
+                mark = status.mark
                 if key in order_dependent:
-                    kind, symbol = ORDER_DEPENDENT
+                    mark = ORDER_DEPENDENT
                 elif key in partly_skipped:
-                    kind, symbol = PARTLY_SKIPPED
+                    mark = PARTLY_SKIPPED
                     skipped, tests = partly_skipped[key]
                     title = text(f"{suite}: passed, {skipped} of {tests} tests skipped")
                     href = ' href="#skipped"'
 
-                cell_marks.append(f'<a class="mark {kind}" title="{title}"{href}>{symbol}</a>')
+                cell_marks.append(f'<a class="mark {mark.css}" title="{title}"{href}>{mark.symbol}</a>')
             marks.append(f"<td>{''.join(cell_marks)}</td>")
         rows.append(
             f'<tr class="cell-row" data-values="{indices}"><th><code>{text(cell)}</code></th>{"".join(marks)}</tr>'
         )
-    legend = " ".join(
-        f'<span class="mark {s}">{SYMBOLS[s]}</span> {"all passed" if s == "passed" else s}' for s in SYMBOLS
-    )
-    legend += f' <span class="mark {PARTLY_SKIPPED[0]}">{PARTLY_SKIPPED[1]}</span> passed with some tests skipped'
-
-    legend += (
-        f' <span class="mark {ORDER_DEPENDENT[0]}">{ORDER_DEPENDENT[1]}</span> failed in the run but passed alone'
-        " (order-dependent or flaky)"
-    )
+    legend = " ".join(f"{_mark(s.mark)} {'all passed' if s is Status.PASSED else s}" for s in Status)
+    legend += f" {_mark(PARTLY_SKIPPED)} passed with some tests skipped"
+    legend += f" {_mark(ORDER_DEPENDENT)} failed in the run but passed alone (order-dependent or flaky)"
     return (
-        f"<h2>Grid: {_count(len(results.cells), 'cell')} × {_count(len(results.versions), 'torch version')}</h2>\n"
+        f"<h2>{summary.grid_title}</h2>\n"
         f"<p>One mark per suite, in this order: {', '.join(f'<code>{text(s)}</code>' for s in suites)}. {legend}. "
         "A red or purple mark links to its failure.</p>\n"
         f'<form id="filters">{filters}<span id="shown"></span></form>\n'
@@ -303,15 +286,15 @@ def _grid(results: RunResults, anchors: dict) -> str:
 def _first_failure_per_suite(records: list[TestRecord]) -> dict[tuple[str, str, str], TestRecord]:
     found: dict[tuple[str, str, str], TestRecord] = {}
     for record in records:
-        if record.status in ("failed", "error"):
+        if record.status.is_failing:
             found.setdefault((record.torch, record.cell, record.suite), record)
     return found
 
 
-def _failures(results: RunResults, anchors: dict) -> str:
+def _failures(summary: Summary, anchors: dict) -> str:
     """Failures grouped by root cause; each distinct failure text expands once, with every failing
     test that printed exactly it."""
-    causes = results.root_causes()
+    causes = summary.root_causes
     if not causes:
         return "<h2>Failures</h2>\n<p>None.</p>"
     cells_of = {(r.torch, r.suite, r.test, r.run_cell): cells for cause in causes for r, cells in cause.failures}
@@ -324,7 +307,7 @@ def _failures(results: RunResults, anchors: dict) -> str:
             lines = "".join(
                 f"<li>{_failure_line(r, cells_of[(r.torch, r.suite, r.test, r.run_cell)])}</li>" for r in records
             )
-            same = f"the same text in {_count(len(records), 'failing test')}" if len(records) > 1 else "the text"
+            same = f"the same text in {count(len(records), 'failing test')}" if len(records) > 1 else "the text"
             items.append(
                 f'<ul class="where">{lines}</ul>\n<details class="failure" id="{anchor}"><summary>{same}</summary>\n'
                 f"<pre>{text(first.text or first.message)}</pre></details>"
@@ -332,12 +315,12 @@ def _failures(results: RunResults, anchors: dict) -> str:
         versions = ", ".join(f"<code>{text(v)}</code>" for v in cause.versions)
         sections.append(
             f'<section class="root-cause"><h3><code>{text(cause.line)}</code></h3>\n'
-            f"<p>{_count(cause.tests, 'test')} in {_count(len(cause.cells), 'cell')}, torch {versions}</p>\n"
+            f"<p>{count(cause.tests, 'test')} in {count(len(cause.cells), 'cell')}, torch {versions}</p>\n"
             + "\n".join(items)
             + "</section>"
         )
     return (
-        f"<h2>Failures: {failure_count(results)} in {_count(len(causes), 'group')} by root cause</h2>\n"
+        f"<h2>{summary.failures_title}</h2>\n"
         "<p>Each root cause is the innermost exception of the first failing rank. Every failure was re-run alone in a "
         "fresh process: <em>fails alone</em> is a behaviour of that torch; <em>passed alone</em> is order-dependent "
         "or flaky.</p>\n" + "\n".join(sections)
@@ -348,27 +331,26 @@ def _failure_line(record: TestRecord, cells: list[str]) -> str:
     """One failing test: status, torch, suite, test, the cell that ran it (and those it stands for), confirmation."""
     flag = ' class="bad"' if record.confirmation == Confirmation.FAILS_ALONE else ""
     return (
-        f'<span class="mark {record.status}">{SYMBOLS[record.status]}</span> torch <code>{text(record.torch)}</code> · '
+        f"{_mark(record.status.mark)} torch <code>{text(record.torch)}</code> · "
         f"<code>{text(record.suite)}</code> <code>{text(record.test)}</code> in <code>{text(record.run_cell)}</code>"
         f"{_more_cells(cells)} · <span{flag}>{text(Confirmation.describe(record.confirmation))}</span>"
     )
 
 
-def _skips(results: RunResults) -> str:
+def _skips(summary: Summary) -> str:
     """Why tests were skipped: one row per reason, with how many tests, the torch versions and the cells."""
-    reasons = results.skip_reasons()
+    reasons = summary.skip_reasons
     if not reasons:
         return '<h2 id="skipped">Skipped</h2>\n<p>None.</p>'
     rows = "".join(
         f"<tr><td><code>{text(reason.line)}</code></td><td>{len(reason.records)}</td>"
         f"<td>{', '.join(f'<code>{text(v)}</code>' for v in reason.versions)}</td>"
-        f'<td><details class="cells"><summary>{_count(len(reason.cells), "cell")}</summary>'
+        f'<td><details class="cells"><summary>{count(len(reason.cells), "cell")}</summary>'
         f"{_cell_names(reason.cells)}</details></td></tr>"
         for reason in reasons
     )
-    skipped = sum(len(reason.records) for reason in reasons)
     return (
-        f'<h2 id="skipped">Skipped: {_count(skipped, "test")} for {_count(len(reasons), "reason")}</h2>\n'
+        f'<h2 id="skipped">{summary.skipped_title}</h2>\n'
         f'<table id="skips"><tr><th>reason</th><th>tests</th><th>torch</th><th>cells</th></tr>{rows}</table>'
     )
 

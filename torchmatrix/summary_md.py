@@ -10,33 +10,31 @@ from __future__ import annotations
 import math
 import re
 
-from torchmatrix.outcomes import Confirmation
-from torchmatrix.results import RootCause, RunResults, TestRecord
+from torchmatrix.results import RunResults, TestRecord
+from torchmatrix.status import NOT_RUN, ORDER_DEPENDENT, PARTLY_SKIPPED, Confirmation, Status
+from torchmatrix.summary_data import Summary, count, distinct_texts, summarize
 from torchmatrix.untrusted_text import one_line, visible
 from torchmatrix.upgrade_diff import UpgradeDiff
 
-MARKS = {"passed": "✅", "failed": "❌", "error": "💥", "skipped": "⏭️"}
-NOT_RUN = "·"
 MAX_ROOT_CAUSES = 30
 MAX_FAILURES_PER_CAUSE = 12
 ROOT_CAUSE_CHARS = 300
 MAX_DIFF_ROWS = 30
 FAILURE_TEXT_LINES = 40
 RANK_TRACEBACK = re.compile(r"^-+ rank \d+ traceback -+$")
-ORDER_DEPENDENT = "⚠️"
-PARTLY_SKIPPED = "☑️"
 MAX_CELLS_NAMED = 12
 MAX_TEXTS_PER_CAUSE = 3
 
 
 def render(results: RunResults, diffs: list[UpgradeDiff]) -> str:
     """The whole page."""
+    summary = summarize(results)
     sections = [
-        _header(results),
-        _totals(results),
-        _grid(results),
-        _failures(results),
-        _skips(results),
+        _header(summary),
+        _totals(summary),
+        _grid(results, summary),
+        _failures(summary),
+        _skips(summary),
         *(diff_section(diff) for diff in diffs),
     ]
     return "\n\n".join(section for section in sections if section) + "\n"
@@ -46,10 +44,10 @@ def diff_section(diff: UpgradeDiff) -> str:
     """The upgrade diff of one baseline/candidate pair, as a markdown section of its own."""
     before, after = code(diff.before), code(diff.after)
     counts = (
-        f"{_count(len(diff.regressions), 'regression')}, {_count(len(diff.fixes), 'fix', 'fixes')} (confirmed: "
+        f"{count(len(diff.regressions), 'regression')}, {count(len(diff.fixes), 'fix', 'fixes')} (confirmed: "
         f"the failure fails alone), {len(diff.unconfirmed)} unconfirmed, {len(diff.newly_skipped)} newly skipped, "
-        f"{_count(len(diff.drift), 'drift figure')} grown more than {diff.settings.drift_ratio:g}×, "
-        f"{_count(len(diff.slowdowns), 'suite')} slower than {diff.settings.slowdown_ratio:g}× "
+        f"{count(len(diff.drift), 'drift figure')} grown more than {diff.settings.drift_ratio:g}×, "
+        f"{count(len(diff.slowdowns), 'suite')} slower than {diff.settings.slowdown_ratio:g}× "
         f"({diff.compared} tests compared"
         + (f"; {diff.only_before} only in {before}" if diff.only_before else "")
         + (f"; {diff.only_after} only in {after}" if diff.only_after else "")
@@ -121,42 +119,29 @@ def fenced(text: str) -> str:
     return f"{fence}text\n{body}\n{fence}"
 
 
-def _header(results: RunResults) -> str:
-    versions = ", ".join(code(v.torch) for v in results.versions)
-    started = f"started {code(results.created)} on {code(', '.join(results.hosts))}; " if results.created else ""
-    filtered = [f"torch {code(v.torch)}: {code(describe_filters(v.filters))}" for v in results.versions if v.filters]
+def _header(summary: Summary) -> str:
+    versions = ", ".join(code(v.torch) for v in summary.versions)
+    started = f"started {code(summary.started)} on {code(summary.hosts)}; " if summary.started else ""
+    filtered = [f"torch {code(v.torch)}: {code(v.filters)}" for v in summary.filtered]
     return (
-        f"## torchmatrix run {code(results.run_id)}\n\n"
-        f"torch {versions}; baseline {code(results.baseline)}; {started}"
-        f"matrix sha256 {code(results.matrix_sha256[:12])}"
+        f"## torchmatrix run {code(summary.run_id)}\n\n"
+        f"torch {versions}; baseline {code(summary.baseline)}; {started}"
+        f"matrix sha256 {code(summary.matrix_sha256)}"
         + (f"\n\n**Filtered run**, not the whole matrix: {'; '.join(filtered)}" if filtered else "")
     )
 
 
-def describe_filters(filters: dict) -> str:
-    """A version's filters as the command line spelled them: `--only fsdp=fsdp1,fsdp2 -k 'ws2' --shard 1/4`."""
-    parts = [f"--only {axis}={','.join(map(str, values))}" for axis, values in filters.get("only", {}).items()]
-    if filters.get("keyword"):
-        parts.append(f"-k '{filters['keyword']}'")
-    if filters.get("shard"):
-        parts.append(f"--shard {filters['shard']}")
-    return " ".join(parts)
-
-
-def _totals(results: RunResults) -> str:
+def _totals(summary: Summary) -> str:
     rows = []
-    for v in results.versions:
-        totals = results.totals(v.torch)
-        cells = len({r.cell for r in results.records(v.torch)})
-        missing = f" ({len(v.missing_cells)} missing)" if v.missing_cells else ""
+    for v in summary.versions:
+        missing = f" ({v.missing} missing)" if v.missing else ""
         rows.append(
-            [code(v.torch), code(v.build), code(v.device), f"{cells}{missing}"]
-            + [str(totals[s]) for s in ("passed", "failed", "error", "skipped")]
+            [code(v.torch), code(v.build), code(v.device), f"{v.cells}{missing}"] + [str(v.counts[s]) for s in Status]
         )
-    return _table(["torch", "build", "device", "cells", "passed", "failed", "errors", "skipped"], rows)
+    return _table(["torch", "build", "device", "cells", *(s.column for s in Status)], rows)
 
 
-def _grid(results: RunResults) -> str:
+def _grid(results: RunResults, summary: Summary) -> str:
     suites = results.suites
     statuses = results.statuses()
     order_dependent = results.order_dependent()
@@ -164,28 +149,34 @@ def _grid(results: RunResults) -> str:
 
     def mark(key: tuple[str, str, str]) -> str:
         if key in order_dependent:
-            return ORDER_DEPENDENT
-        return PARTLY_SKIPPED if key in partly_skipped else MARKS.get(statuses.get(key), NOT_RUN)
+            return ORDER_DEPENDENT.emoji
+        if key in partly_skipped:
+            return PARTLY_SKIPPED.emoji
+        return statuses[key].mark.emoji if key in statuses else NOT_RUN.emoji
 
-    legend = f"{MARKS['passed']} all passed, {PARTLY_SKIPPED} passed with some tests skipped (see Skipped), "
-    legend += ", ".join(f"{mark} {status}" for status, mark in MARKS.items() if status != "passed")
-    legend += f", {ORDER_DEPENDENT} failed in the run but passed alone (order-dependent or flaky)"
+    marks = [
+        f"{Status.PASSED.mark.emoji} all passed",
+        f"{PARTLY_SKIPPED.emoji} passed with some tests skipped (see Skipped)",
+    ]
+    marks += [f"{status.mark.emoji} {status}" for status in Status if status is not Status.PASSED]
+    marks.append(f"{ORDER_DEPENDENT.emoji} failed in the run but passed alone (order-dependent or flaky)")
+    legend = ", ".join(marks)
     rows = [
         [code(cell)] + ["".join(mark((v.torch, cell, s)) for s in suites) for v in results.versions]
         for cell in results.cells
     ]
     return (
-        f"### Grid: {_count(len(results.cells), 'cell')} × {_count(len(results.versions), 'torch version')}\n\n"
+        f"### {summary.grid_title}\n\n"
         f"One mark per suite, in this order: {', '.join(code(s, table=False) for s in suites)}. "
-        f"{legend}, {NOT_RUN} not run.\n\n" + _table(["cell", *(code(v.torch) for v in results.versions)], rows)
+        f"{legend}, {NOT_RUN.emoji} not run.\n\n" + _table(["cell", *(code(v.torch) for v in results.versions)], rows)
     )
 
 
-def _failures(results: RunResults) -> str:
+def _failures(summary: Summary) -> str:
     """Failures grouped by root cause: the line that says what broke, how far it reaches, each
     failing test with the cells it stands for and what re-running it alone showed, and each
     distinct failure text once, with where it occurred."""
-    causes = results.root_causes()
+    causes = summary.root_causes
     if not causes:
         return ""
     sections = []
@@ -204,36 +195,19 @@ def _failures(results: RunResults) -> str:
             items.append(f"- … and {more} more in summary.html and results.json")
         sections.append(
             f"#### {index}. {code(one_line(cause.line, ROOT_CAUSE_CHARS), False)}\n\n"
-            f"{_count(cause.tests, 'test')} in {_count(len(cause.cells), 'cell')}, torch {versions}\n\n"
+            f"{count(cause.tests, 'test')} in {count(len(cause.cells), 'cell')}, torch {versions}\n\n"
             + "\n".join(items)
             + "".join(f"\n\n{_text_once(where)}" for where in distinct_texts(cause)[:MAX_TEXTS_PER_CAUSE])
         )
     more = len(causes) - MAX_ROOT_CAUSES
-    tail = f"\n\n… and {_count(more, 'more root cause')} in summary.html and results.json." if more > 0 else ""
+    tail = f"\n\n… and {count(more, 'more root cause')} in summary.html and results.json." if more > 0 else ""
     return (
-        f"### Failures: {failure_count(results)} in {_count(len(causes), 'group')} by root cause\n\n"
+        f"### {summary.failures_title}\n\n"
         "Each root cause is the innermost exception of the first failing rank. Every failure was re-run alone "
         "in a fresh process: *fails alone* is a behaviour of that torch; *passed alone* is order-dependent or flaky.\n\n"
         + "\n\n".join(sections)
         + tail
     )
-
-
-def failure_count(results: RunResults) -> str:
-    """'13 failed tests', or '11 failed and 2 errored tests': the totals' own numbers."""
-    totals = results.totals()
-    failed, errored = totals["failed"], totals["error"]
-    if failed and errored:
-        return f"{failed} failed and {errored} errored tests"
-    return _count(failed, "failed test") if failed else _count(errored, "errored test")
-
-
-def distinct_texts(cause: RootCause) -> list[list[TestRecord]]:
-    """The cause's failures grouped by identical full text, each group in the order first seen."""
-    groups: dict[str, list[TestRecord]] = {}
-    for record, _ in cause.failures:
-        groups.setdefault(record.text or record.message, []).append(record)
-    return list(groups.values())
 
 
 def where(record: TestRecord) -> str:
@@ -252,12 +226,11 @@ def _text_once(records: list[TestRecord]) -> str:
     )
 
 
-def _skips(results: RunResults) -> str:
+def _skips(summary: Summary) -> str:
     """Why tests were skipped: one row per reason with how many tests, which torch versions and cells."""
-    reasons = results.skip_reasons()
+    reasons = summary.skip_reasons
     if not reasons:
         return ""
-    skipped = sum(len(reason.records) for reason in reasons)
     rows = [
         [
             code(one_line(reason.line, ROOT_CAUSE_CHARS)),
@@ -267,9 +240,7 @@ def _skips(results: RunResults) -> str:
         ]
         for reason in reasons
     ]
-    return f"### Skipped: {_count(skipped, 'test')} for {_count(len(reasons), 'reason')}\n\n" + _table(
-        ["reason", "tests", "torch", "cells"], rows
-    )
+    return f"### {summary.skipped_title}\n\n" + _table(["reason", "tests", "torch", "cells"], rows)
 
 
 def cell_list(cells: list[str], limit: int = MAX_CELLS_NAMED) -> str:
@@ -290,7 +261,7 @@ def excerpt(text: str) -> str:
 
 def _confirmation(value: str) -> str:
     description = Confirmation.describe(value)
-    return f"{ORDER_DEPENDENT} {description}" if value == Confirmation.PASSED_ALONE else description
+    return f"{ORDER_DEPENDENT.emoji} {description}" if value == Confirmation.PASSED_ALONE else description
 
 
 def _cells(cell: str, cells: tuple[str, ...]) -> str:
@@ -304,10 +275,6 @@ def _table(header: list[str], rows: list[list[str]], limit: int | None = None) -
     if len(shown) < len(rows):
         lines.append(f"\n… and {len(rows) - len(shown)} more rows in results.json.")
     return "\n".join(lines)
-
-
-def _count(n: int, singular: str, plural: str | None = None) -> str:
-    return f"{n} {singular if n == 1 else plural or singular + 's'}"
 
 
 def _number(value: float) -> str:

@@ -20,10 +20,9 @@ from dataclasses import dataclass, field
 from statistics import median
 
 from torchmatrix.config import ReportSettings
-from torchmatrix.outcomes import Confirmation
 from torchmatrix.results import RunResults, TestRecord, drift_measure, is_drift_figure
+from torchmatrix.status import Confirmation, Status
 
-FAILING = ("failed", "error")
 MIN_SLOWDOWN_SECONDS = 5.0
 MIN_TIMED_SECONDS = 0.5
 MIN_TIMED_TESTS = 3
@@ -44,7 +43,7 @@ class Change:
     @property
     def failing(self) -> TestRecord:
         """The side that failed (the candidate for a regression, the baseline for a fix)."""
-        return self.after if self.after.status in FAILING else self.before
+        return self.after if self.after.status.is_failing else self.before
 
     @property
     def confirmed(self) -> bool:
@@ -57,8 +56,8 @@ class Change:
             "test": self.after.test,
             "cell": self.after.run_cell,
             "cells": list(self.cells),
-            "before": self.before.status,
-            "after": self.after.status,
+            "before": self.before.status.value,
+            "after": self.after.status.value,
             "message": self.after.message or self.before.message,
             "confirmation": self.failing.confirmation,
         }
@@ -189,11 +188,11 @@ def diff_records(
         a, b = old[key], new[key]
         diff.compared += 1
         change = Change(a, b, cells[key])
-        if a.status == "passed" and b.status in FAILING:
+        if a.status is Status.PASSED and b.status.is_failing:
             (diff.regressions if change.confirmed else diff.unconfirmed).append(change)
-        elif a.status in FAILING and b.status == "passed":
+        elif a.status.is_failing and b.status is Status.PASSED:
             (diff.fixes if change.confirmed else diff.unconfirmed).append(change)
-        elif a.status != "skipped" and b.status == "skipped":
+        elif a.status is not Status.SKIPPED and b.status is Status.SKIPPED:
             diff.newly_skipped.append(change)
         diff.drift.extend(_drift_growth(a, b, settings.drift_ratio))
     diff.drift.sort(key=_rank, reverse=True)
@@ -286,7 +285,7 @@ def _slowdowns(old: dict, new: dict, ratio: float) -> list[Slowdown]:
     timed: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for key in (k for k in new if k in old):
         a, b = old[key], new[key]
-        if a.status == "passed" and b.status == "passed" and a.duration >= MIN_TIMED_SECONDS:
+        if a.status is b.status is Status.PASSED and a.duration >= MIN_TIMED_SECONDS:
             timed[key[0]].append((a.duration, b.duration))
     found = []
     for suite, pairs in timed.items():

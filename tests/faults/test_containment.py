@@ -18,27 +18,16 @@ from pathlib import Path
 import pytest
 from junitparser import JUnitXml
 
-from conftest import Project, processes_with
+from conftest import Project, matrix_toml, processes_with
 
 pytestmark = pytest.mark.slow
 
 DEADLINE_S = 121  # above the 120 s that used to be gloo's timeout, so the deadline must fire first
 
-MATRIX = f"""
-[torch]
-versions = ["system"]
-
-[axes]
-world_size = [2]
-
-[suites.drill]
-path = "suites/test_drill.py"
-timeout = {DEADLINE_S}
-
-[suites.order]
-path = "suites/test_order.py"
-timeout = 30
-"""
+MATRIX = matrix_toml(
+    axes={"world_size": [2]},
+    suites={"drill": {"timeout": DEADLINE_S}, "order": {"timeout": 30}},
+)
 
 DRILL_SUITE = """
 import torch

@@ -17,24 +17,19 @@ import pytest
 from junitparser import JUnitXml
 from lxml import etree
 
-from conftest import REPO, Project, checkout_env
+from conftest import REPO, Project, checkout_env, matrix_toml
 
 pytestmark = pytest.mark.slow
 
 TIMEOUT_S = 6
 
-FAULTS_MATRIX = f"""
-[torch]
-versions = ["system"]
-
-[axes]
-world_size = [2]
-fault = ["none", "collective_hang", "busy_loop", "segfault", "sigkill", "rank_exception"]
-
-[suites.faults]
-path = "suites/test_faults.py"
-timeout = {TIMEOUT_S}
-"""
+FAULTS_MATRIX = matrix_toml(
+    axes={
+        "world_size": [2],
+        "fault": ["none", "collective_hang", "busy_loop", "segfault", "sigkill", "rank_exception"],
+    },
+    suites={"faults": {"timeout": TIMEOUT_S}},
+)
 
 FAULTS_SUITE = """
 import ctypes
@@ -148,18 +143,7 @@ def test_exception_on_one_rank_carries_its_traceback(fault_run):
     assert "raised on rank 1" in text and "RuntimeError: injected: rank 1 only" in text
 
 
-SLOW_MATRIX = """
-[torch]
-versions = ["system"]
-
-[axes]
-world_size = [1, 2]
-step = [1, 2, 3]
-
-[suites.slow]
-path = "suites/test_slow.py"
-timeout = 60
-"""
+SLOW_MATRIX = matrix_toml(axes={"world_size": [1, 2], "step": [1, 2, 3]}, suites={"slow": {"timeout": 60}})
 
 SLOW_SUITE = """
 import socket
@@ -245,25 +229,18 @@ def test_an_unwritable_reports_directory_is_refused_before_any_cell(slow_project
     assert "[1/" not in done.stdout, "no cell ran"
 
 
-NOX_MATRIX = """
-[torch]
-versions = ["{version}", "9.9.9"]
-baseline = "{version}"
-
-[axes]
-world_size = [1, 2]
-
-[suites.slow]
-path = "suites/test_slow.py"
-timeout = 60
-"""
+def nox_matrix(version: str) -> str:
+    """This torch as the baseline, and a pin no index has."""
+    return matrix_toml(
+        torch=[version, "9.9.9"], baseline=version, axes={"world_size": [1, 2]}, suites={"slow": {"timeout": 60}}
+    )
 
 
 def test_a_torch_that_does_not_exist_errors_its_cells_and_the_other_version_runs(slow_project, tmp_path):
     from torchmatrix.devices import probe
 
     version = probe().base_version
-    slow_project.write("matrix.toml", NOX_MATRIX.format(version=version))
+    slow_project.write("matrix.toml", nox_matrix(version))
     slow_project.write("suites/test_slow.py", SLOW_SUITE.replace('SECONDS[cell["step"]]', "0"))
     env = {
         **checkout_env(),

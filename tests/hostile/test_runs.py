@@ -19,28 +19,13 @@ import pytest
 from junitparser import JUnitXml
 from lxml import etree
 
-from conftest import Project, checkout_env, processes_with
+from conftest import Project, checkout_env, matrix_toml, processes_with
 
 pytestmark = pytest.mark.slow
 
-NOISY_MATRIX = """
-[torch]
-versions = ["system"]
-
-[axes]
-world_size = [1]
-kind = ["a", "b"]
-
-[suites.noisy]
-path = "suites/test_noisy.py"
-timeout = 120
-
-[suites.broken]
-path = "suites/test_broken.py"
-
-[suites.fine]
-path = "suites/test_fine.py"
-"""
+NOISY_MATRIX = matrix_toml(
+    axes={"world_size": [1], "kind": ["a", "b"]}, suites={"noisy": {"timeout": 120}, "broken": {}, "fine": {}}
+)
 
 NOISY_SUITE = """
 import os
@@ -125,18 +110,9 @@ def test_a_collection_error_errors_only_that_suite(noisy_run):
     assert suites == {"torch-system/ws1-a", "torch-system/ws1-b"}, "every planned cell is in the report"
 
 
-SLOW_MATRIX = """
-[torch]
-versions = ["system"]
-
-[axes]
-world_size = [2]
-speed = ["fast", "slow", "later"]
-
-[suites.wait]
-path = "suites/test_wait.py"
-timeout = 300
-"""
+SLOW_MATRIX = matrix_toml(
+    axes={"world_size": [2], "speed": ["fast", "slow", "later"]}, suites={"wait": {"timeout": 300}}
+)
 
 SLOW_SUITE = """
 import time
@@ -203,21 +179,13 @@ def test_a_sigkilled_runner_leaves_no_process_and_report_rebuilds_every_cell(tmp
         assert "the runner stopped before this suite finished" in statuses[cell].result[0].message
 
 
-TINY_MATRIX = """
-[torch]
-versions = ["system"]
-
-[axes]
-world_size = [1]
-
-[suites.fine]
-path = "suites/test_fine.py"
-"""
+def tiny_matrix(world_sizes=(1,)) -> str:
+    return matrix_toml(axes={"world_size": list(world_sizes)}, suites={"fine": {}})
 
 
 def test_a_reused_run_id_is_refused_and_restart_starts_clean(tmp_path):
     project = Project(tmp_path / "project")
-    project.write("matrix.toml", TINY_MATRIX)
+    project.write("matrix.toml", tiny_matrix())
     project.write("suites/test_fine.py", FINE_SUITE)
     first = project.torchmatrix("run", "--torch", "system", "--run-id", "again")
     assert first.returncode == 0, first.stderr
@@ -237,7 +205,7 @@ def test_a_reused_run_id_is_refused_and_restart_starts_clean(tmp_path):
 
 def test_a_world_size_beyond_the_cpu_limit_is_refused_unless_allowed(tmp_path):
     project = Project(tmp_path / "project")
-    project.write("matrix.toml", TINY_MATRIX.replace("world_size = [1]", "world_size = [1, 10000]"))
+    project.write("matrix.toml", tiny_matrix(world_sizes=(1, 10000)))
     project.write("suites/test_fine.py", FINE_SUITE)
     done = project.torchmatrix("run", "--torch", "system", "--run-id", "wide")
     assert done.returncode == 2

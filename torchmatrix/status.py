@@ -1,0 +1,115 @@
+"""How a test came out, in the one vocabulary every module and report uses.
+
+`Status` is what pytest reported for a test, `Confirmation` what re-running a failed test alone
+showed. Both are str-valued, so results.json, JUnit files and event logs spell them as plain words.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import Enum
+
+
+@dataclass(frozen=True)
+class Mark:
+    """How a grid shows a suite in a cell: an emoji in summary.md, a symbol on a coloured CSS class in summary.html."""
+
+    emoji: str
+    symbol: str
+    css: str
+
+
+class Status(str, Enum):
+    """A test's outcome, as pytest and the JUnit testcase report it."""
+
+    PASSED = "passed"
+    FAILED = "failed"
+    ERROR = "error"
+    SKIPPED = "skipped"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+    @classmethod
+    def parse(cls, value: object, where: str) -> Status:
+        """A status read from a file another process or person wrote; anything else is a ValueError
+        naming `where` and the words allowed."""
+        try:
+            return cls(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{where} {value!r} is not one of {', '.join(s.value for s in cls)}") from None
+
+    @classmethod
+    def worst_first(cls) -> tuple[Status, ...]:
+        """Every status, the one that decides a suite's mark first: error, failed, passed, skipped."""
+        return (cls.ERROR, cls.FAILED, cls.PASSED, cls.SKIPPED)
+
+    @classmethod
+    def worst(cls, statuses: Iterable[str]) -> Status | None:
+        """The status that stands for all of `statuses` (a suite, a cell); None when there are none."""
+        seen = set(statuses)
+        return next((status for status in cls.worst_first() if status in seen), None)
+
+    @property
+    def is_failing(self) -> bool:
+        """Failed or errored: what the exit code, the failure sections and confirmation re-runs count."""
+        return self in (Status.FAILED, Status.ERROR)
+
+    @property
+    def column(self) -> str:
+        """The word that heads its count in totals tables and terminal lines."""
+        return "errors" if self is Status.ERROR else self.value
+
+    @property
+    def mark(self) -> Mark:
+        """How the grids show a suite whose worst test came out this way."""
+        return _MARKS[self]
+
+
+_MARKS = {
+    status: Mark(emoji, symbol, css=status.value)
+    for status, emoji, symbol in (
+        (Status.PASSED, "✅", "✓"),
+        (Status.FAILED, "❌", "✗"),
+        (Status.ERROR, "💥", "!"),
+        (Status.SKIPPED, "⏭️", "–"),
+    )
+}
+# The grids' marks that no single status gives: a pass that skipped some tests, failures that all
+# passed when re-run alone, a suite the cell did not run.
+PARTLY_SKIPPED = Mark("☑️", "✓", "partly-skipped")
+ORDER_DEPENDENT = Mark("⚠️", "?", "order-dependent")
+NOT_RUN = Mark("·", "·", "none")
+
+
+def tally(totals: Mapping[str, int]) -> str:
+    """`12 passed, 1 failed, 0 errors, 3 skipped`: counts per status as the terminal lines say them."""
+    return ", ".join(f"{totals[status]} {status.column}" for status in Status)
+
+
+class Confirmation(str, Enum):
+    """What re-running a failed test alone showed (torchmatrix.confirmation); str-valued, as the
+    reports write it."""
+
+    FAILS_ALONE = "fails alone"
+    PASSED_ALONE = "passed alone"
+    SKIPPED_ALONE = "skipped alone"
+    NOT_RERUN = "not re-run"
+
+    @property
+    def description(self) -> str:
+        return {
+            "fails alone": "fails alone",
+            "passed alone": "passed alone (order-dependent or flaky)",
+            "skipped alone": "skipped alone (depends on an earlier test)",
+            "not re-run": "not re-run alone (unconfirmed)",
+        }[self.value]
+
+    @staticmethod
+    def describe(value: str) -> str:
+        """Words for a recorded confirmation; '' (a run with confirmation off) reads as not re-run."""
+        return Confirmation(value or Confirmation.NOT_RERUN).description
