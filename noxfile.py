@@ -22,7 +22,6 @@ from torchmatrix import sessions  # noqa: E402
 sessions.quiet_uv_probe()
 MATRIX = sessions.matrix_or_exit(os.environ.get("TORCHMATRIX_CONFIG", "matrix.toml"))
 RUN_ID = sessions.run_id_or_exit(os.environ.get("TORCHMATRIX_RUN_ID"))
-MATRIX_LOCK = sessions.lock_envdir_or_exit(sys.argv[1:])
 
 
 @nox.session
@@ -85,3 +84,9 @@ def tests(session):
 def lint(session):
     """ruff over the project."""
     sessions.lint(session)
+
+
+# Last, once every session is declared (with its tags): nox's -s, -k and -t select as they will.
+MATRIX_LOCK = sessions.lock_envdir_or_exit(
+    sys.argv[1:], {"gpu_matrix": MATRIX.versions, "hf_matrix": sessions.hf_llama_matrix().versions}
+)

@@ -20,9 +20,9 @@ from torchmatrix.output_cap import DEFAULT_CAP_BYTES
 from torchmatrix.plan_file import PlanFileError
 from torchmatrix.report import append_step_summary, compare_markdown, load_run, write_report
 from torchmatrix.results import ResultsError, RunResults
-from torchmatrix.run_directory import new_run_id
+from torchmatrix.run_directory import check_run_id, new_run_id
 from torchmatrix.runner import DEFAULT_MAX_CPU_RANKS, RunError, RunRequest, run_version
-from torchmatrix.safe_names import UnsafeName, check_relative_path
+from torchmatrix.safe_names import UnsafeName, check_name
 from torchmatrix.selection import SelectionError, Shard, parse_only, select_cells
 from torchmatrix.sensitivity import GENERIC_MUTANTS, SensitivityError, run_sensitivity
 from torchmatrix.slurm import SlurmOptions, write_slurm
@@ -283,7 +283,7 @@ def _run(matrix: Matrix, args) -> int:
         matrix=matrix,
         version=args.torch,
         reports=Path(args.reports).resolve() if args.reports else matrix.root / "reports",
-        run_id=check_relative_path(args.run_id, "--run-id") if args.run_id else new_run_id(),
+        run_id=check_run_id(args.run_id, "--run-id") if args.run_id else new_run_id(),
         restart=args.restart,
         max_cpu_ranks=args.max_cpu_ranks,
         output_cap=args.output_cap,
@@ -353,7 +353,11 @@ def _compare(run_a: Path, run_b: Path, out: Path | None = None) -> int:
 
 
 def _merge(matrix: Matrix, args) -> int:
-    versions = [v.strip() for v in args.versions.split(",") if v.strip()] if args.versions else None
+    versions = (
+        [check_name(v.strip(), "--versions entry") for v in args.versions.split(",") if v.strip()]
+        if args.versions
+        else None
+    )
     out = args.out.resolve()
     filters = _filters(matrix, args)
     if filters["shard"]:

@@ -36,6 +36,7 @@ ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 INDEX_URL = re.compile(r"^(https?|file)://\S+$")
 REPORT_KEYS = ("drift_ratio", "slowdown_ratio")
 PROJECT_KEYS = ("root",)
+MAX_TEST_TIMEOUT_S = 86400
 TOML_DATES = (datetime.date, datetime.time)  # datetime.datetime is a date
 
 
@@ -384,7 +385,7 @@ def _suites(raw: dict, axes: dict, root: Path, project: Path, where: _Where) -> 
         suites[name] = Suite(
             name=name,
             path=_suite_path(spec.get("path"), root, project, at.at("path")),
-            timeout=_positive_number(spec.get("timeout", 300), at.at("timeout"), "seconds per test"),
+            timeout=_test_timeout(spec.get("timeout", 300), at.at("timeout")),
             axes=_suite_axes(spec.get("axes"), axes, at.at("axes")),
             options=_options(spec.get("options", {}), at.at("options")),
         )
@@ -433,6 +434,17 @@ def _positive_number(value: Any, where: _Where, unit: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value > 0 and math.isfinite(value)):
         raise where.error(f"{value!r} is not a positive number", f"set it in {unit} (finite)")
     return float(value)
+
+
+def _test_timeout(value: Any, where: _Where) -> float:
+    """A test's deadline in seconds: positive, finite, and at most MAX_TEST_TIMEOUT_S (a day),
+    which keeps every wait the pool derives from it within what the OS timers accept."""
+    seconds = _positive_number(value, where, "seconds per test")
+    if seconds > MAX_TEST_TIMEOUT_S:
+        raise where.error(
+            f"{value!r} seconds is more than a day per test", f"set at most {MAX_TEST_TIMEOUT_S} (seconds per test)"
+        )
+    return seconds
 
 
 def _suite_axes(value: Any, axes: dict, where: _Where) -> tuple[str, ...]:

@@ -25,6 +25,7 @@ SCHEMA = "torchmatrix.results"
 SCHEMA_VERSION = 2
 FILE_NAME = "results.json"
 DRIFT_WORDS = {"abs", "rel", "drift", "diff", "err", "error", "ulp"}
+CONFIRMATIONS = ("", *(confirmation.value for confirmation in Confirmation))
 
 
 class ResultsError(Exception):
@@ -321,11 +322,18 @@ def _check_types(results: RunResults) -> None:
             raise TypeError(f"tests[].duration {record.duration!r} is not a number")
         if record.ran_in is not None and not isinstance(record.ran_in, str):
             raise TypeError(f"tests[].ran_in {record.ran_in!r} is not text")
+        if record.confirmation not in CONFIRMATIONS:
+            raise ValueError(
+                f"tests[].confirmation {record.confirmation!r} is not one of: {', '.join(map(repr, CONFIRMATIONS))}"
+            )
     for version in results.versions:
         if not isinstance(version.torch, str):
             raise TypeError(f"versions[].torch {version.torch!r} is not text")
     if not isinstance(results.run_id, str) or not isinstance(results.baseline, str):
         raise TypeError("run.id and run.baseline must be text")
+    for name, ratio in vars(results.settings).items():
+        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not (ratio > 0 and math.isfinite(ratio)):
+            raise TypeError(f"run.thresholds.{name} {ratio!r} is not a positive number")
 
 
 def is_drift_figure(name: str) -> bool:

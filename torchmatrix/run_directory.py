@@ -6,6 +6,25 @@ import os
 import time
 from pathlib import Path
 
+from torchmatrix.safe_names import UnsafeName, check_relative_path
+
+# Names the reports directory uses for itself; a run directory called so would overwrite or loop.
+RESERVED_NAMES = {
+    "latest": "the link to the last finished run",
+    "slurm": "where `torchmatrix slurm` writes its scripts",
+    "slurm-logs": "where the Slurm jobs write their output",
+}
+
+
+def check_run_id(value: object, what: str) -> str:
+    """`value` as a run directory under reports/: a relative path of plain names whose first is
+    not one the reports directory uses for itself."""
+    run_id = check_relative_path(value, what)
+    first = run_id.split("/", 1)[0]
+    if first in RESERVED_NAMES:
+        raise UnsafeName(f"{what} {run_id!r}: reports/{first} is {RESERVED_NAMES[first]}; choose another run id")
+    return run_id
+
 
 def new_run_id() -> str:
     """Sortable and unique per process, so two runs started at once never share a directory."""

@@ -13,9 +13,17 @@ import sys
 from pathlib import Path
 
 from torchmatrix.config import ConfigError, Matrix, load_matrix
-from torchmatrix.envdir_lock import EnvdirBusy, envdir_of, lock_envdir, runs_matrix_sessions
-from torchmatrix.run_directory import new_run_id
-from torchmatrix.safe_names import UnsafeName, check_relative_path
+from torchmatrix.envdir_lock import (
+    EnvdirBusy,
+    EnvdirUnlockable,
+    MatrixSession,
+    envdir_of,
+    lock_envdir,
+    reuses_venvs_only,
+    runs_matrix_sessions,
+)
+from torchmatrix.run_directory import check_run_id, new_run_id
+from torchmatrix.safe_names import UnsafeName
 from torchmatrix.torch_install import install_torch
 
 PROJECT = Path(__file__).resolve().parent.parent
@@ -34,22 +42,38 @@ def run_id_or_exit(given: str | None) -> str:
     """TORCHMATRIX_RUN_ID as a run directory name under reports/ (or a new one); one that would
     leave reports/ ends nox with one line and exit code 2."""
     try:
-        return check_relative_path(given, "TORCHMATRIX_RUN_ID") if given else new_run_id()
+        return check_run_id(given, "TORCHMATRIX_RUN_ID") if given else new_run_id()
     except UnsafeName as error:
         print(f"torchmatrix: error: {error}", file=sys.stderr)
         raise SystemExit(2) from None
 
 
-def lock_envdir_or_exit(argv: list[str]) -> int | None:
-    """When this nox command runs matrix sessions, hold its envdir's matrix lock until nox exits
-    (taken as the noxfile loads, before nox touches a venv); a second one ends with exit code 2."""
-    if not runs_matrix_sessions(argv):
+def lock_envdir_or_exit(argv: list[str], versions: dict[str, tuple[str, ...]]) -> int | None:
+    """When this nox command runs matrix sessions (`versions`: each one's torch versions), hold its
+    envdir's matrix lock until nox exits, shared when it only reuses venvs (taken as the noxfile
+    loads, before nox touches a venv). A conflicting run ends with exit code 2; a file system
+    without flock gets a warning and no lock."""
+    import nox
+
+    registered = nox.registry.get()
+    matrix_sessions = [
+        MatrixSession.parametrized(
+            name,
+            [v for v in session_versions if v != "system"],
+            registered[name].tags if name in registered else (),
+        )
+        for name, session_versions in versions.items()
+    ]
+    if not runs_matrix_sessions(argv, matrix_sessions):
         return None
     try:
-        return lock_envdir(envdir_of(argv, PROJECT))
+        return lock_envdir(envdir_of(argv, PROJECT), shared=reuses_venvs_only(argv))
     except EnvdirBusy as error:
         print(f"torchmatrix: error: {error}", file=sys.stderr)
         raise SystemExit(2) from None
+    except EnvdirUnlockable as error:
+        print(f"torchmatrix: warning: {error}; matrix runs sharing it are not kept apart", file=sys.stderr)
+        return None
 
 
 def gpu_matrix(session, matrix: Matrix, torch_version: str, run_id: str) -> None:

@@ -6,13 +6,10 @@ command, the exit code, the one-line message), and the runner must answer with e
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-
-from torchmatrix.envdir_lock import EnvdirBusy, envdir_of, lock_envdir, runs_matrix_sessions
 
 from conftest import Project
 
@@ -115,6 +112,28 @@ CASES = [
         files={"in/torch-2.13.0/plan.json": '{"torch": "2.13'},
     ),
     Case(
+        "merge-versions-escapes",
+        "merge --versions with a path would write plan.json and cell reports outside --out",
+        ["merge", "in", "--out", "merged", "--versions", "1/../../../../escaped"],
+        2,
+        "--versions entry '1/../../../../escaped' cannot be a file name",
+        files={"in/torch-2.13.0/plan.json": _plan()},
+    ),
+    Case(
+        "run-id-latest",
+        "--run-id latest would make reports/latest a link to itself",
+        ["run", "--torch", "2.13.0", "--run-id", "latest"],
+        2,
+        "--run-id 'latest': reports/latest is the link to the last finished run; choose another run id",
+    ),
+    Case(
+        "run-id-inside-slurm-scripts",
+        "--run-id slurm/x would put a run among the sbatch scripts",
+        ["run", "--torch", "2.13.0", "--run-id", "slurm/x"],
+        2,
+        "reports/slurm is where `torchmatrix slurm` writes its scripts",
+    ),
+    Case(
         "run-id-escapes-reports",
         "--run-id ../../x would put the run directory outside reports/",
         ["run", "--torch", "2.13.0", "--run-id", "../../x"],
@@ -196,6 +215,26 @@ CASES = [
         2,
         "tests[].duration 'slow' is not a number",
         files={"a.json": _results(tests=[{**TEST_RECORD, "duration": "slow"}])},
+    ),
+    Case(
+        "compare-results-bad-threshold",
+        "compare of a results.json whose slowdown threshold is text (the diff would format it as a number)",
+        ["compare", "a.json", "a.json"],
+        2,
+        "run.thresholds.slowdown_ratio 'x' is not a positive number",
+        files={
+            "a.json": _results(
+                run={**json.loads(_results())["run"], "thresholds": {"drift_ratio": 10.0, "slowdown_ratio": "x"}}
+            )
+        },
+    ),
+    Case(
+        "compare-results-bad-confirmation",
+        "compare of a results.json whose test has an unknown confirmation",
+        ["compare", "a.json", "a.json"],
+        2,
+        "tests[].confirmation 'weird' is not one of: '', 'fails alone'",
+        files={"a.json": _results(tests=[{**TEST_RECORD, "status": "failed", "confirmation": "weird"}])},
     ),
     Case(
         "compare-results-truncated",
@@ -290,6 +329,14 @@ CASES = [
         suite_extra="timeout = -5",
     ),
     Case(
+        "timeout-beyond-a-day",
+        "timeout = 3000000 (finite, but the pool's waits would overflow the OS timers)",
+        ["list"],
+        2,
+        "suites.demo.timeout: 3000000 seconds is more than a day per test; set at most 86400",
+        suite_extra="timeout = 3000000",
+    ),
+    Case(
         "drift-ratio-inf",
         "[report] drift_ratio = inf",
         ["list"],
@@ -373,13 +420,15 @@ def test_hostile_input_is_refused_with_one_line(tmp_path, case):
     done = project.torchmatrix(*case.args, timeout=120)
     assert done.returncode == case.exit_code, (case.what, done.stdout, done.stderr)
     assert "Traceback" not in done.stderr, case.what
-    last = done.stderr.strip().splitlines()[-1]
-    assert case.message in last, (case.what, done.stderr)
-    if not case.args[0] == "run" or "--slots" in " ".join(case.args):
-        return
-    assert last.startswith("torchmatrix: error: ")
+    lines = done.stderr.strip().splitlines()
+    if case.message.startswith("argument "):  # argparse's own refusal: its usage, then the option it names
+        assert lines[0].startswith("usage: torchmatrix"), (case.what, done.stderr)
+        assert lines[-1].startswith(f"torchmatrix {case.args[0]}: error: {case.message}"), (case.what, done.stderr)
+    else:
+        assert len(lines) == 1 and lines[0].startswith("torchmatrix: error: "), (case.what, done.stderr)
+        assert case.message in lines[0], (case.what, done.stderr)
     escaped = {path for path in set(tmp_path.rglob("*")) - before if not path.is_relative_to(project.root / "reports")}
-    assert not escaped, escaped
+    assert not escaped, (case.what, escaped)
 
 
 def test_merge_of_a_hostile_plan_writes_nothing_outside_out(tmp_path):
@@ -419,37 +468,3 @@ def test_slurm_values_that_pass_are_plain(tmp_path):
     cells = (project.root / "reports" / "slurm" / "cells.sbatch").read_text()
     assert "#SBATCH --partition=gpu,gpu-long\n" in cells and "#SBATCH --time=1-12:00:00\n" in cells
     assert "-- --restart " in cells  # a requeued task starts its run directory clean
-
-
-def test_a_second_matrix_run_on_one_envdir_is_refused_naming_the_first(tmp_path):
-    fd = lock_envdir(tmp_path / ".nox")
-    try:
-        with pytest.raises(EnvdirBusy, match=f"another matrix run \\(pid {os.getpid()}, started "):
-            lock_envdir(tmp_path / ".nox")
-        lock_envdir(tmp_path / "other-envdir")  # separate venvs: no conflict
-    finally:
-        os.close(fd)
-    os.close(lock_envdir(tmp_path / ".nox"))  # released with its holder
-
-
-@pytest.mark.parametrize(
-    ("argv", "locks"),
-    [
-        ([], True),
-        (["-s", "gpu_matrix"], True),
-        (["-R", "-s", "gpu_matrix(torch='2.13.0')", "--", "-k", "x"], True),
-        (["-s", "hf_matrix"], True),
-        (["-s", "report"], False),
-        (["-s", "tests"], False),
-        (["-l"], False),
-        (["--list", "-s", "gpu_matrix"], False),
-    ],
-)
-def test_which_nox_command_lines_take_the_lock(argv, locks):
-    assert runs_matrix_sessions(argv) is locks
-
-
-def test_the_lock_lives_in_the_envdir_nox_uses(tmp_path):
-    assert envdir_of(["-s", "gpu_matrix"], tmp_path) == tmp_path / ".nox"
-    assert envdir_of(["--envdir", "/x/venvs", "-s", "gpu_matrix"], tmp_path) == Path("/x/venvs")
-    assert envdir_of(["--envdir=venvs"], tmp_path) == tmp_path / "venvs"
