@@ -3,16 +3,20 @@ settings uv is given, the availability check, and a missing version through nox 
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 from junitparser import JUnitXml
 
+from torchmatrix import sessions, torch_install
+from torchmatrix.config import TorchInstall, load_matrix
 from torchmatrix.install_progress import InstallProgress, ProgressLine
-from torchmatrix.torch_install import index_has, pip_index_options
+from torchmatrix.torch_install import index_has, install_torch, pip_index_options
 
 from conftest import REPO, checkout_env, write_matrix
 
@@ -150,6 +154,141 @@ def test_the_index_listing_accepts_local_labels_and_nightlies():
     assert index_has("2.13.0", listing) and index_has("2.9.0.dev20250801", listing)
     assert not index_has("9.9.9", listing) and not index_has("2.14.1", listing)
     assert not index_has("2.13.0", "ERROR: No matching distribution found for torch")
+
+
+# An installer that says what it does, then goes silent, as pip does while it unpacks torch.
+FAKE_INSTALLER = """
+import os, sys, time
+if "download" in sys.argv:
+    print("  Downloading torch-2.13.0-cp311-none-any.whl (1.0 MB)")
+    print("Progress 1000000 of 1000000")
+elif "install" in sys.argv:
+    print("Installing collected packages: numpy, torch", flush=True)
+    time.sleep(float(os.environ["FAKE_SILENT_S"]))
+"""
+
+
+class FakeSession:
+    """The parts of a nox session that installing torch uses: each command is recorded with the
+    session's env, and installer commands run FAKE_INSTALLER into the stream they are given."""
+
+    def __init__(self, backend: str = "virtualenv", silent_s: float = 0.0):
+        self.venv_backend = backend
+        self.silent_s = silent_s
+        self.env: dict[str, str] = {}
+        self.posargs: list[str] = []
+        self.commands: list[tuple[list[str], dict[str, str]]] = []
+
+    def run_install(self, *args, silent=False, log=True, success_codes=None, stdout=None, stderr=None):
+        self.commands.append((list(args), dict(self.env)))
+        if args[-1] == "--version":
+            return "Python 3.11.7" if self.venv_backend == "uv" else "pip 24.2 from /venv (python 3.11)"
+        if "index" in args:
+            return "torch (2.13.0)\nAvailable versions: 2.13.0\n"
+        subprocess.run(
+            [sys.executable, "-c", FAKE_INSTALLER, *args],
+            env={**os.environ, "FAKE_SILENT_S": str(self.silent_s)},
+            stdout=stdout,
+            stderr=stderr,
+            check=True,
+        )
+        return None
+
+    def install(self, *args, silent=False, stdout=None, stderr=None):
+        installer = ["uv", "pip", "install"] if self.venv_backend == "uv" else ["python", "-m", "pip", "install"]
+        return self.run_install(*installer, *args, stdout=stdout, stderr=stderr)
+
+    def run(self, *args, **kwargs):
+        self.commands.append((list(args), dict(self.env)))
+
+    def notify(self, *args):
+        pass
+
+    def error(self, message):
+        raise AssertionError(message)
+
+    def command(self, *words: str) -> tuple[list[str], dict[str, str]]:
+        """The one recorded command that starts with `words`."""
+        (found,) = [(argv, env) for argv, env in self.commands if argv[: len(words)] == list(words)]
+        return found
+
+
+def test_a_silent_installer_still_gets_periodic_progress_lines(tmp_path, monkeypatch):
+    """pip prints nothing for minutes while it unpacks torch; the CI log must keep getting lines."""
+    monkeypatch.setenv("TORCHMATRIX_WHEELHOUSE", "off")
+    log = io.StringIO()
+    monkeypatch.setattr(torch_install, "ProgressLine", functools.partial(ProgressLine, stream=log, interval=0.3))
+    result = install_torch(FakeSession(silent_s=2.2), "2.13.0", TorchInstall(), tmp_path / "install.log")
+    assert result.ok
+    lines = log.getvalue().splitlines()
+    installing = [line for line in lines[:-1] if line.startswith("torch 2.13.0: installing 2 packages")]
+    assert len(installing) >= 4, lines  # the phase change, then one every 0.3 s of silence
+    assert installing[-1].endswith("0:02 elapsed"), lines
+    assert lines[-1].endswith("| done")
+
+
+def test_a_tty_line_keeps_counting_seconds_while_the_installer_is_silent(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    stream = Terminal()
+    shown = ProgressLine(InstallProgress("torch 2.13.0", phase="installing"), stream)
+    with shown.ticking():
+        time.sleep(2.6)
+    shown.close("done")
+    assert "| 0:01 elapsed" in stream.getvalue() and "| 0:02 elapsed\x1b[K" in stream.getvalue()
+
+
+VERSION_INSTALL = """
+[torch]
+versions = ["2.13.0"]
+
+[torch.install."2.13.0"]
+index_url = "file:///srv/nightly/simple"
+requirements = ["tmx-extra==1.0"]
+constraints = ["numpy<3"]
+env = { TMX_FLAG = "on" }
+
+[axes]
+world_size = [1]
+
+[suites.demo]
+path = "suites/test_demo.py"
+"""
+
+
+def test_a_versions_install_table_reaches_pip(tmp_path, monkeypatch):
+    """index_url, requirements, constraints and env of `[torch.install."V"]`, in the commands nox runs."""
+    (tmp_path / "suites").mkdir()
+    (tmp_path / "suites" / "test_demo.py").write_text("def test_x(cell):\n    pass\n")
+    (tmp_path / "matrix.toml").write_text(VERSION_INSTALL)
+    monkeypatch.setenv("TORCHMATRIX_WHEELHOUSE", str(tmp_path / "wheels"))
+    session = FakeSession()
+    sessions.gpu_matrix(session, load_matrix(tmp_path / "matrix.toml"), "2.13.0", "run-1")
+    logs = tmp_path / "reports" / "run-1" / "torch-2.13.0" / "logs"
+    wheels = str(next((tmp_path / "wheels").iterdir()))
+    constraint = ["--constraint", str(logs / "constraints.txt")]
+    assert (logs / "constraints.txt").read_text() == "numpy<3\n"
+    index = ["--index-url", "file:///srv/nightly/simple"]
+    listing, _ = session.command("python", "-m", "pip", "index", "versions", "torch")
+    assert listing[6:] == index
+    download, env = session.command("python", "-m", "pip", "download")
+    wanted = ["torch==2.13.0", "numpy", "tmx-extra==1.0"]
+    assert download[4:] == ["-d", wheels, *wanted, *index, *constraint, "--progress-bar", "raw"]
+    install, install_env = session.command("python", "-m", "pip", "install", "--no-index")
+    assert install[4:] == ["--no-index", "--find-links", wheels, *wanted, *constraint]
+    assert env["TMX_FLAG"] == install_env["TMX_FLAG"] == "on"
+    _, run_env = session.command("python", "-m", "torchmatrix", "run")
+    assert run_env["TMX_FLAG"] == "on"
+
+
+def test_uv_gets_an_index_a_versions_env_sets(tmp_path, monkeypatch):
+    """PIP_INDEX_URL in `[torch.install."V"].env` is read by pip in the venv; uv gets it as --index-url."""
+    install = TorchInstall(env={"PIP_INDEX_URL": "file:///from/version/env/simple"})
+    session = FakeSession(backend="uv")
+    session.env.update(install.env)
+    assert install_torch(session, "2.13.0", install, tmp_path / "install.log").ok
+    argv, _ = session.command("uv", "pip", "install", "torch==2.13.0", "numpy")
+    at = argv.index("--index-url")
+    assert argv[at + 1] == "file:///from/version/env/simple" and argv.count("--index-url") == 1
 
 
 @pytest.mark.slow

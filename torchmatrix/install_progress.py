@@ -2,7 +2,8 @@
 
 The installer's full output goes to install.log; the terminal gets one line per torch version
 (what is being downloaded or installed, MB done, elapsed), rewritten in place on a TTY and
-printed every `interval` seconds (and at each change of phase) in a CI log.
+printed every `interval` seconds (and at each change of phase) in a CI log. A timer keeps that
+cadence while the installer is silent, as pip is for minutes while it unpacks torch.
 """
 
 from __future__ import annotations
@@ -10,7 +11,10 @@ from __future__ import annotations
 import re
 import shutil
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TextIO
 
@@ -22,6 +26,7 @@ UV_DOWNLOADING = re.compile(r"^\s*Downloading (\S+) \(([\d.]+)\s?(KiB|MiB|GiB)\)
 UV_DOWNLOADED = re.compile(r"^\s*Downloaded (\S+)")
 UV_PREPARED = re.compile(r"^\s*Prepared (\d+) packages?")
 REASON = re.compile(r"^(ERROR: .*|error: .*|\s*╰─▶ .*)$")
+TTY_TICK_S = 1.0  # the elapsed time shows whole seconds
 UNITS = {"kB": 1e3, "MB": 1e6, "GB": 1e9, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
 
 
@@ -93,22 +98,50 @@ class ProgressLine:
         self.stream = stream
         self.tty = stream.isatty()
         self.interval = 0.2 if self.tty else interval
+        self.tick = TTY_TICK_S if self.tty else interval
         self.last_shown = float("-inf")
         self.last_phase = ""
+        self.writing = threading.Lock()
+        self.stopped = threading.Event()
+        self.timer: threading.Thread | None = None
 
     def update(self, now: float | None = None) -> None:
-        now = time.monotonic() if now is None else now
-        changed = self.progress.phase != self.last_phase
-        if not changed and now - self.last_shown < self.interval:
-            return
-        self.last_shown, self.last_phase = now, self.progress.phase
-        self._write(self.progress.line(now))
+        with self.writing:
+            now = time.monotonic() if now is None else now
+            changed = self.progress.phase != self.last_phase
+            if not changed and now - self.last_shown < self.interval:
+                return
+            self.last_shown, self.last_phase = now, self.progress.phase
+            self._write(self.progress.line(now))
+
+    @contextmanager
+    def ticking(self) -> Iterator[ProgressLine]:
+        """Show the line at least every `tick` seconds while the block runs, output or not."""
+        self.stopped.clear()
+        self.timer = threading.Thread(target=self._tick, name="install-progress", daemon=True)
+        self.timer.start()
+        try:
+            yield self
+        finally:
+            self._stop_ticking()
+
+    def _tick(self) -> None:
+        while not self.stopped.wait(max(self.last_shown + self.tick - time.monotonic(), 0.05)):
+            self.update()
+
+    def _stop_ticking(self) -> None:
+        self.stopped.set()
+        if self.timer is not None and self.timer is not threading.current_thread():
+            self.timer.join()
+        self.timer = None
 
     def close(self, outcome: str) -> None:
-        self._write(f"{self.progress.line()} | {outcome}")
-        if self.tty:
-            self.stream.write("\n")
-            self.stream.flush()
+        self._stop_ticking()
+        with self.writing:
+            self._write(f"{self.progress.line()} | {outcome}")
+            if self.tty:
+                self.stream.write("\n")
+                self.stream.flush()
 
     def _write(self, text: str) -> None:
         if self.tty:

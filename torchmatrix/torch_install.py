@@ -136,7 +136,11 @@ def install_torch(session, version: str, install: TorchInstall, log_path: Path) 
     if installer_version is None:
         return InstallResult(True)  # nox -R: the venv is reused and installs are skipped
     pip_config = subprocess.run(
-        [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, check=False
+        [sys.executable, "-m", "pip", "config", "list"],
+        env={**os.environ, **install.env},  # a version's env may set PIP_INDEX_URL and friends
+        capture_output=True,
+        text=True,
+        check=False,
     ).stdout
     options = index_options(install, uv=uv, pip_config_list=pip_config)
     constraints = []
@@ -147,7 +151,7 @@ def install_torch(session, version: str, install: TorchInstall, log_path: Path) 
     installer = ["uv", "pip", "install"] if uv else ["python", "-m", "pip", "install"]
     progress = InstallProgress(f"torch {version}")
     line = ProgressLine(progress)
-    with open(log_path, "w") as log:
+    with open(log_path, "w") as log, line.ticking():
         log.write(f"# {' '.join(installer)} options: {' '.join(options) or '(none: the installer configuration)'}\n")
         pre = ["--pre"] if Version(version).is_prerelease else []
         check = [
