@@ -13,7 +13,7 @@ from junitparser import JUnitXml
 from torchmatrix.devices import probe
 from torchmatrix.group_plan import GroupPlan
 
-from conftest import Project, checkout_env, matrix_toml
+from conftest import REPO, Project, checkout_env, matrix_toml
 
 
 def slurm_matrix(version: str) -> str:
@@ -183,3 +183,20 @@ def test_wide_cells_ran_as_one_pytest_per_rank_under_torchrun(slurm_project):
     assert (logs / "ws2.events.jsonl").exists()
     assert (logs / "ws2.events.jsonl.rank1").exists(), "rank 1 was its own pytest process, started by torchrun"
     assert GroupPlan.read(logs / "ws2.plan.json").launched
+
+
+@pytest.mark.parametrize(("required", "outcome"), [("1", "1 error"), ("", "1 skipped")])
+def test_the_real_slurm_test_fails_instead_of_skipping_where_ci_requires_it(required, outcome):
+    """Where Slurm is missing: skipped with its reason, unless TORCHMATRIX_REQUIRE_SLURM=1 (.ci/run)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:xdist", "-rsE", "tests/test_slurm_cluster.py"],
+        cwd=REPO,
+        env={**checkout_env(), "PATH": os.path.dirname(sys.executable), "TORCHMATRIX_REQUIRE_SLURM": required},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert outcome in done.stdout and (done.returncode != 0) == bool(required), done.stdout[-3000:]
+    assert "Slurm is not installed (munged, slurmctld, slurmd" in done.stdout
+    if required:
+        assert "TORCHMATRIX_REQUIRE_SLURM=1, but Slurm is not installed" in done.stdout
