@@ -61,7 +61,7 @@ def select_cells(
     `--only` or `-k` that keep no cell is a typo, not an empty run: it raises, naming what exists.
     (A shard may be empty: more shards than cells.)
     """
-    chosen = [c for c in cells if _passes_only(c, only or {})]
+    chosen = [c for c in cells if _passes_only(c, only)] if only else list(cells)
     if cells and only and not chosen:
         raise SelectionError(_nothing_for_only(cells, only))
     if keyword:
