@@ -80,6 +80,8 @@ def runs_matrix_sessions(argv: list[str], sessions: Iterable[MatrixSession] | No
     if options & set(LISTING_OPTIONS):
         return False
     keywords, tags, named = _values(argv, KEYWORD_OPTIONS), _values(argv, TAG_OPTIONS), _values(argv, SESSION_OPTIONS)
+    if keywords:
+        from nox.manifest import keyword_match  # nox's own -k semantics; only a nox command line has -k
     for session in sessions:
         if keywords is None and tags is None:
             if named is None or any(session.name in text for text in named):
@@ -87,8 +89,6 @@ def runs_matrix_sessions(argv: list[str], sessions: Iterable[MatrixSession] | No
             continue
         if tags is not None and not set(session.tags) & set(tags):
             continue
-        from nox.manifest import keyword_match  # nox's own -k semantics; only a nox command line has -k
-
         try:
             if not keywords or keyword_match(keywords[-1], [*session.signatures, *session.tags, session.name]):
                 return True
