@@ -21,8 +21,8 @@ from torchmatrix.untrusted_text import one_line, visible
 from torchmatrix.upgrade_diff import SLOWDOWN_RULE, Change, UpgradeDiff, grew
 
 CHART_BAR = 14
-TOTALS_STYLE = {"fail alone": "bad", "passed alone": "warn", "unconfirmed": "bad"}
 CHART_HEIGHT = 28
+CONFIRMED_STYLE = {"fail alone": "bad", "passed alone": "warn", "unconfirmed": "bad"}
 
 STYLE = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 1.5em; color: #1f2328; }
@@ -132,7 +132,7 @@ def _totals(summary: Summary) -> str:
         rows.append(
             f"<tr><th><code>{text(v.torch)}</code></th><td>{v.cells}{missing}</td>"
             + "".join(f"<td>{v.counts[s]}</td>" for s in Status)
-            + "".join(f'<td class="{TOTALS_STYLE[name] if n else ""}">{n}</td>' for name, n in v.confirmations.columns)
+            + "".join(_confirmed_count(name, n) for name, n in v.confirmations.columns)
             + "</tr>"
         )
     confirmations = "".join(f"<th>{name}</th>" for name, _ in summary.confirmations.columns)
@@ -140,6 +140,11 @@ def _totals(summary: Summary) -> str:
         '<h2>Totals</h2>\n<table id="totals"><tr><th>torch</th><th>cells</th>'
         f"{''.join(f'<th>{s.column}</th>' for s in Status)}{confirmations}</tr>\n{''.join(rows)}</table>"
     )
+
+
+def _confirmed_count(column: str, n: int) -> str:
+    """A totals count of what failures did alone; red for real or unconfirmed ones, amber for order-dependent ones."""
+    return f'<td class="{CONFIRMED_STYLE[column]}">{n}</td>' if n else "<td>0</td>"
 
 
 def _diff(diff: UpgradeDiff) -> str:
