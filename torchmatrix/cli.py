@@ -306,7 +306,7 @@ def _run_closing_lines(run_dir: Path, failed: bool) -> str:
     if failed:
         try:
             lines = root_cause_lines(load_results(run_dir))
-        except (ResultsError, PlanFileError) as error:
+        except ResultsError as error:
             lines = [f"torchmatrix: cannot list the root causes: {error}"]
     lines.append(
         f"torchmatrix: write summary.md and summary.html with `python -m torchmatrix report {run_dir}` "
