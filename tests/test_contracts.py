@@ -91,7 +91,7 @@ def test_every_event_reads_back_as_written_after_the_format_line(tmp_path):
     written = [
         Collected({"resume|ws2-fsdp2": ["test_resume_is_exact"]}),
         PoolStarted(2),
-        TestStarted("resume", "ws2-fsdp2", "test_resume_is_exact"),
+        TestStarted("resume", "ws2-fsdp2", "test_resume_is_exact", 1767323045.25),
         TestFinished("n", "resume", "ws2-fsdp2", "test_resume_is_exact", "failed", 1.5, "boom", "E boom", [["k", 1]]),
         CollectError("resume", "suites/test_resume.py", "SyntaxError"),
     ]
@@ -100,14 +100,14 @@ def test_every_event_reads_back_as_written_after_the_format_line(tmp_path):
         log.write(event)
     log.close()
     assert EventReader(path).read_new() == [LogOpened(), *written]
-    assert json.loads(path.read_text().splitlines()[0]) == {"event": "log", "format_version": 1}
+    assert json.loads(path.read_text().splitlines()[0]) == {"event": "log", "format_version": 2}
 
 
 def test_an_event_log_of_another_format_or_with_a_renamed_field_is_refused(tmp_path):
     path = tmp_path / "old.events.jsonl"
-    path.write_text('{"event": "log", "format_version": 0}\n')
-    with pytest.raises(EventLogError, match="format 0, not 1"):
+    path.write_text('{"event": "log", "format_version": 1}\n')
+    with pytest.raises(EventLogError, match="format 1, not 2"):
         EventReader(path).read_new()
-    path.write_text('{"event": "start", "suite": "s", "cell": "c", "testname": "t"}\n')
+    path.write_text('{"event": "start", "suite": "s", "cell": "c", "testname": "t", "started": 1.0}\n')
     with pytest.raises(EventLogError, match="testname"):
         EventReader(path).read_new()

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 from junitparser import JUnitXml
 from lxml import etree
 
@@ -108,9 +106,21 @@ def test_each_testsuite_is_stamped_when_its_cell_started_not_when_reports_were_w
     first, second = cells
     run_keys = {cell: [run.key for run in book.cell_runs(cell)] for cell in cells}
     suite, cell_id = run_keys[second][0].split("|")
-    book.feed(TestStarted(suite, cell_id, "t"), now=0.0)
-    started = book.cell_started(second)
+    book.feed(TestStarted(suite, cell_id, "t", started=1767323045.0), now=0.0)
     assert book.cell_started(first) is None, "no test of it has started"
-    stamped = junit.cell_report("2.13.0", ENVIRONMENT, second, book.for_cell(second), started=1767323045.0)
+    assert book.cell_started(second) == 1767323045.0, "when the event log says, not when it was read"
+    stamped = junit.cell_report("2.13.0", ENVIRONMENT, second, book.for_cell(second), book.cell_started(second))
     assert stamped.timestamp == "2026-01-02T03:04:05+00:00"
-    assert started is not None and abs(started - time.time()) < 3600, "wall-clock epoch seconds"
+
+
+def test_a_cell_is_stamped_when_its_own_tests_started_not_the_run_another_cell_ran_for_it():
+    cells = [Cell({"world_size": 1, "fsdp": "none"}), Cell({"world_size": 1, "fsdp": "fsdp2"})]
+    suites = {
+        "shared": Suite("shared", "suites/test_shared.py", 10.0, ("world_size",)),
+        "own": Suite("own", "suites/test_own.py", 10.0, ("world_size", "fsdp")),
+    }
+    book = OutcomeBook(plan_runs(cells, suites))
+    for suite, cell, started in (("shared", cells[0], 100.0), ("own", cells[0], 101.0), ("own", cells[1], 110.0)):
+        book.feed(TestStarted(suite, cell.id, "t", started=started), now=0.0)
+    assert book.cell_started(cells[0]) == 100.0
+    assert book.cell_started(cells[1]) == 110.0, "not the 100.0 of the shared run ws1-none ran for it"

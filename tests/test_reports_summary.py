@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from html.parser import HTMLParser
@@ -10,11 +11,26 @@ import pytest
 from junitparser import JUnitXml
 from lxml import etree
 
-from torchmatrix import junit
+from torchmatrix import confirmation, junit, summary_html, summary_md
+from torchmatrix.plan import SuiteRun
 from torchmatrix.report import write_report
+from torchmatrix.results import load_results
+from torchmatrix.upgrade_diff import SLOWDOWN_RULE
 
 from conftest import REPO, Project
-from reports_fixture import BASELINE, HOSTILE, check_golden, normalised, write_fixture_run, write_hostile_run
+from reports_fixture import (
+    BASELINE,
+    CANDIDATE,
+    HOSTILE,
+    SUITES,
+    check_golden,
+    normalised,
+    outcomes,
+    write_fixture_run,
+    write_hostile_run,
+    write_project,
+    write_version,
+)
 
 OWN_TAGS = re.compile(r"</?details>|<summary>show the text</summary>")  # the page's own, around fenced text
 SCHEMA = etree.XMLSchema(etree.parse(str(REPO / "tests" / "data" / "junit-10.xsd")))
@@ -87,6 +103,100 @@ def test_summary_html_is_self_contained_and_has_the_grid(run_dir):
     assert "<summary>4 cells</summary><code>ws1-none</code>, <code>ws1-fsdp2</code>, <code>ws2-none</code>" in skips
     assert "Upgrade diff <code>2.13.0</code> → <code>2.14.1</code>" in page
     assert "<svg" in page, "drift across versions is drawn"
+    assert f"<p>{SLOWDOWN_RULE}</p>" in page, "the slowdown rule is stated, as summary.md states it"
+
+
+def test_html_totals_count_what_failures_did_alone_and_colour_only_those_not_order_dependent(run_dir):
+    write_report(run_dir)
+    page = (run_dir / "summary.html").read_text()
+    totals = page[page.index('<table id="totals">') : page.index("</table>", page.index('<table id="totals">'))]
+    assert "<th>skipped</th><th>fail alone</th><th>passed alone</th><th>unconfirmed</th></tr>" in totals
+    assert (
+        f"<tr><th><code>{CANDIDATE}</code></th><td>4</td><td>32</td><td>2</td><td>2</td><td>4</td>"
+        '<td class="bad">3</td><td class="warn">1</td><td>0</td></tr>'
+    ) in totals, "2 failed + 2 errors: 3 fail alone (red), 1 passed alone (order-dependent, not red)"
+
+
+def test_a_drift_figure_that_is_0_everywhere_says_all_0_instead_of_drawing_empty_axes(run_dir):
+    write_report(run_dir)
+    page = (run_dir / "summary.html").read_text()
+    drift = page[page.index('<table id="drift">') :]
+    zero = drift[drift.index("<td><code>loss_max_abs</code></td>") :]
+    zero = zero[: zero.index("<details>")]
+    assert "<td>0</td><td>0</td>" in zero, "the fixture's loss_max_abs is 0 under both versions"
+    assert '<span class="all-zero">all 0</span>' in zero and "<svg" not in zero
+    grown = drift[drift.index("<td><code>grad_max_abs</code></td>") :]
+    assert grown[: grown.index("<details>")].count("<svg") == 1, "a figure that is not all 0 is drawn"
+
+
+def _not_rerun(capped: int | None):
+    """outcomes() as a run with confirmation off (`capped` None) or test_broken past --confirm-limit `capped`
+    shows them: confirmation.record writes the note the page reads back."""
+
+    def outcome_for(version, suite, cell):
+        found = outcomes(version, suite, cell)
+        for outcome in found:
+            if outcome.status.is_failing and (capped is None or outcome.test == "test_broken"):
+                outcome.confirmation = ""
+                if capped is not None:
+                    confirmation.record(
+                        [], [], [confirmation.Retry(SuiteRun(SUITES[suite], cell, (cell,)), outcome)], capped
+                    )
+        return found
+
+    return outcome_for
+
+
+@pytest.mark.parametrize(
+    ("capped", "note", "baseline_totals"),
+    [
+        (
+            None,
+            "No failing test was re-run alone (confirmation switched off by --confirm-limit 0, or a suite that never "
+            "collected): none is confirmed, and any may be order-dependent or flaky.",
+            "| 1 | 2 | 0 | 0 | 0 | 3 |",
+        ),
+        (
+            2,
+            "3 of 7 failing tests were re-run alone in a fresh process: 2 fail alone (a behaviour of that torch), "
+            "1 passed alone (order-dependent or flaky); 4 were not re-run (past --confirm-limit 2) and count as unconfirmed.",
+            "| 1 | 2 | 0 | 1 | 0 | 2 |",
+        ),
+    ],
+    ids=["confirmation-off", "past-the-cap"],
+)
+def test_the_failures_preamble_says_how_many_were_re_run_alone_and_why_the_rest_were_not(
+    tmp_path, capped, note, baseline_totals
+):
+    root = tmp_path / "project"
+    matrix = write_project(root)
+    run_dir = root / "reports" / "capped"
+    for version in (BASELINE, CANDIDATE):
+        write_version(run_dir, version, matrix, outcome_for=_not_rerun(capped))
+    write_report(run_dir)
+    markdown, page = (run_dir / "summary.md").read_text(), (run_dir / "summary.html").read_text()
+    assert f"first failing rank. {note}\n" in markdown
+    assert f"first failing rank. {note}</p>" in page
+    assert "Every failing test was re-run" not in markdown + page
+    baseline_row = next(line for line in markdown.splitlines() if line.startswith(f"| `{BASELINE}`"))
+    assert baseline_row.endswith(baseline_totals), "failed, errors, skipped, fail alone, passed alone, unconfirmed"
+
+
+def test_markdown_says_how_many_failure_texts_of_a_cause_it_left_out(run_dir):
+    results = load_results(run_dir)
+    failing = results.tests[0]
+    extra = [
+        dataclasses.replace(
+            failing, test=f"test_many[{i}]", status="failed", message="RuntimeError: boom", text=f"text {i}"
+        )
+        for i in range(summary_md.MAX_TEXTS_PER_CAUSE + 2)
+    ]
+    markdown = summary_md.render(dataclasses.replace(results, tests=results.tests + extra), [])
+    cause = markdown[markdown.index("`RuntimeError: boom`") :]
+    cause = cause[: cause.index("\n#### ")]
+    assert cause.count("show the text") == summary_md.MAX_TEXTS_PER_CAUSE
+    assert "… and 2 more distinct texts of this cause in summary.html." in cause
+    assert "text 4" in summary_html.render(dataclasses.replace(results, tests=results.tests + extra), [])
 
 
 def code_spans_removed(line: str) -> str:

@@ -82,7 +82,8 @@ def finished_run(tmp_path_factory):
     project.write("suites/__init__.py", "")
     project.write("suites/test_demo.py", DEMO_SUITE)
     project.write("suites/test_per_cell.py", PER_CELL_SUITE)
-    done = project.torchmatrix("run", "--torch", "system", "--reports", "out")
+    # two slots on any machine: the ws2 cells share one process, ws2-spicy's own suite after ws2-plain's hang
+    done = project.torchmatrix("run", "--torch", "system", "--reports", "out", "--slots", "2")
     return project, done
 
 
@@ -198,3 +199,21 @@ def test_progress_lines_count_cells(finished_run):
     _, done = finished_run
     assert "[4/4] torch system" in done.stdout
     assert "merged report:" in done.stdout
+
+
+def test_each_testsuite_is_stamped_when_its_cell_started(finished_run):
+    project, _ = finished_run
+    stamps = {suite.name.split("/", 1)[1]: suite.timestamp for suite in merged(project)}
+    assert stamps["ws2-spicy"] > stamps["ws2-plain"], f"ws2-spicy started after ws2-plain's 4 s hang: {stamps}"
+
+
+def test_the_run_ends_with_its_root_causes_then_the_command_that_writes_the_summaries(finished_run):
+    project, done = finished_run
+    run_dir = (project.root / "out" / "latest").resolve()
+    lines = done.stdout.splitlines()
+    assert lines[-1] == (
+        f"torchmatrix: write summary.md and summary.html with `python -m torchmatrix report {run_dir}` "
+        f"(or `nox -s report -- {run_dir}`)"
+    )
+    causes = lines[lines.index("torchmatrix: failures by root cause (3):") + 1 : -1]
+    assert any(line.endswith("RuntimeError: rank one is unhappy") for line in causes), causes

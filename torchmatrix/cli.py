@@ -19,7 +19,7 @@ from torchmatrix.merge import MergeError, merge_reports
 from torchmatrix.output_cap import DEFAULT_CAP_BYTES
 from torchmatrix.plan_file import PlanFileError
 from torchmatrix.report import append_step_summary, compare_markdown, load_run, write_report
-from torchmatrix.results import ResultsError, RunResults
+from torchmatrix.results import ResultsError, RunResults, load_results
 from torchmatrix.run_directory import check_run_id, new_run_id
 from torchmatrix.runner import DEFAULT_MAX_CPU_RANKS, RunError, RunRequest, run_version
 from torchmatrix.safe_names import UnsafeName, check_name
@@ -293,7 +293,25 @@ def _run(matrix: Matrix, args) -> int:
         confirm_limit=args.confirm_limit,
         **_filters(matrix, args),
     )
-    return run_version(request)
+    code = run_version(request)
+    print(_run_closing_lines(request.run_dir, failed=code == 1))
+    return code
+
+
+def _run_closing_lines(run_dir: Path, failed: bool) -> str:
+    """A direct run's last words: on failure its root causes (as `report` lists them), then the
+    command that writes its summaries, which a run alone does not."""
+    lines = []
+    if failed:
+        try:
+            lines = root_cause_lines(load_results(run_dir))
+        except ResultsError as error:
+            lines = [f"torchmatrix: cannot list the root causes: {error}"]
+    lines.append(
+        f"torchmatrix: write summary.md and summary.html with `python -m torchmatrix report {run_dir}` "
+        f"(or `nox -s report -- {run_dir}`)"
+    )
+    return "\n".join(lines)
 
 
 def _sensitivity(matrix: Matrix, args) -> int:
@@ -328,17 +346,23 @@ def _report(run_dir: Path, config: str | None = None) -> int:
 
 def closing_lines(run: RunResults, run_dir: Path) -> str:
     """The run's last words: its totals, where to read it, and on failure each root cause with its reach."""
-    lines = [f"torchmatrix: {tally(run.totals())}; read {run_dir / 'summary.md'} or {run_dir / 'summary.html'}"]
+    head = f"torchmatrix: {tally(run.totals())}; read {run_dir / 'summary.md'} or {run_dir / 'summary.html'}"
+    return "\n".join([head, *root_cause_lines(run)])
+
+
+def root_cause_lines(run: RunResults) -> list[str]:
+    """Each root cause of the run's failures with how many tests, cells and torch versions it reaches; none if all passed."""
     causes = run.root_causes()
-    if causes:
-        lines.append(f"torchmatrix: failures by root cause ({len(causes)}):")
-        lines += [
-            f"  {cause.tests} tests in {len(cause.cells)} cells, torch {', '.join(cause.versions)}: {one_line(cause.line, 200)}"
-            for cause in causes[:CLOSING_ROOT_CAUSES]
-        ]
-        if len(causes) > CLOSING_ROOT_CAUSES:
-            lines.append(f"  … and {len(causes) - CLOSING_ROOT_CAUSES} more in the summary")
-    return "\n".join(lines)
+    if not causes:
+        return []
+    lines = [f"torchmatrix: failures by root cause ({len(causes)}):"]
+    lines += [
+        f"  {cause.tests} tests in {len(cause.cells)} cells, torch {', '.join(cause.versions)}: {one_line(cause.line, 200)}"
+        for cause in causes[:CLOSING_ROOT_CAUSES]
+    ]
+    if len(causes) > CLOSING_ROOT_CAUSES:
+        lines.append(f"  … and {len(causes) - CLOSING_ROOT_CAUSES} more in the summary")
+    return lines
 
 
 def _compare(run_a: Path, run_b: Path, out: Path | None = None) -> int:

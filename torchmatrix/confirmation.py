@@ -8,6 +8,7 @@ flaky, and the upgrade diff does not count it as a regression or a fix.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -16,6 +17,9 @@ from torchmatrix.plan import Group, SuiteRun
 from torchmatrix.status import Confirmation, Status
 
 DEFAULT_LIMIT = 25
+REPORTED_NOTHING = "the confirmation process reported nothing for this test"
+NOT_RECORDED = "confirmation switched off by --confirm-limit 0, or a suite that never collected"
+PAST_LIMIT = re.compile(r"^more than (\d+) failures to re-run")
 
 
 @dataclass(frozen=True)
@@ -58,14 +62,32 @@ def record(chosen: Sequence[Retry], alone: Sequence[OutcomeBook], past_limit: Se
         _mark(retry.outcome, Confirmation.NOT_RERUN, f"more than {limit} failures to re-run (--confirm-limit {limit})")
 
 
+def why_not_rerun(confirmation: str, text: str) -> str:
+    """Why a failure has no verdict from a re-run alone, in this module's own words (never the
+    text's, which a test wrote): the note `record` left in its text, or, with none, that no re-run
+    was attempted."""
+    if confirmation != Confirmation.NOT_RERUN:
+        return NOT_RECORDED
+    note = text.rpartition(_header(Confirmation.NOT_RERUN))[2].strip().partition("\n")[0]
+    past_limit = PAST_LIMIT.match(note)
+    if past_limit:
+        return f"past --confirm-limit {int(past_limit.group(1))}"
+    return REPORTED_NOTHING if note == REPORTED_NOTHING else "no reason recorded"
+
+
 def _mark(outcome: TestOutcome, verdict: Confirmation, note: str) -> None:
     outcome.confirmation = verdict.value
-    outcome.text = f"{outcome.text.rstrip()}\n\n---- re-run alone: {verdict.description} ----\n{note}".lstrip()
+    outcome.text = f"{outcome.text.rstrip()}\n\n{_header(verdict)}\n{note}".lstrip()
+
+
+def _header(verdict: Confirmation) -> str:
+    """The line that opens what `record` appends to a failure's text."""
+    return f"---- re-run alone: {verdict.description} ----"
 
 
 def _alone_text(outcome: TestOutcome | None) -> str:
     if outcome is None:
-        return "the confirmation process reported nothing for this test"
+        return REPORTED_NOTHING
     if outcome.status.is_failing:
         return f"{outcome.status}: {outcome.message}"
     return f"{outcome.status}" + (f": {outcome.message}" if outcome.message else "")

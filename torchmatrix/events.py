@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: TestStarted carries when the test started
 
 
 class EventLogError(ValueError):
@@ -44,13 +44,15 @@ class Collected:
 
 @dataclass(frozen=True)
 class TestStarted:
-    """A test began (the runner's backstop times hangs from here)."""
+    """A test began (the runner's backstop times hangs from here) at `started`, epoch seconds: a
+    cell's JUnit timestamp, also when `report` rebuilds it from the log long after."""
 
     __test__ = False  # a record, not a pytest test class
     kind: ClassVar[str] = "start"
     suite: str
     cell: str
     test: str
+    started: float
 
     @property
     def key(self) -> str:

@@ -6,7 +6,6 @@ not install) is filled in with an error or skip that says why, so no planned cel
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -74,7 +73,7 @@ class OutcomeBook:
                     self.expect(key, names)
         elif isinstance(event, TestStarted):
             self.running[event.key] = (event.test, now)
-            self.first_started.setdefault(event.key, time.time())
+            self.first_started.setdefault(event.key, event.started)
         elif isinstance(event, TestFinished):
             self.running.pop(event.key, None)
             if event.key in self.tests:
@@ -125,9 +124,11 @@ class OutcomeBook:
         return [(run, outcome) for run in self.cell_runs(cell) for outcome in self.tests[run.key]]
 
     def cell_started(self, cell: Cell) -> float | None:
-        """Wall-clock time (epoch seconds) the cell's first test started, None if none did."""
-        starts = [self.first_started[run.key] for run in self.cell_runs(cell) if run.key in self.first_started]
-        return min(starts, default=None)
+        """Wall-clock time (epoch seconds) the cell's first own test started (else the first test of
+        a run another cell ran for it), None if none did."""
+        started = [run for run in self.cell_runs(cell) if run.key in self.first_started]
+        own = [run for run in started if run.cell == cell] or started
+        return min((self.first_started[run.key] for run in own), default=None)
 
     def counts(self, cells: Sequence[Cell]) -> dict[Status, int]:
         """Testcases per status over the cells, counted as the JUnit report shows them."""

@@ -152,7 +152,7 @@ class CellPlan:
             else None
         )
         if where:
-            self.events.write(TestStarted(**where))
+            self.events.write(TestStarted(**where, started=time.time()))
         yield
         reports = self._reports.pop(item.nodeid, [])
         if where and reports:

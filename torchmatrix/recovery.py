@@ -3,7 +3,8 @@
 The runner writes each cell's JUnit file as the cell finishes and plan.json before any cell runs;
 its pytest processes append every result to their event logs as it happens. When the runner
 itself dies (SIGKILL, a lost node), `report` replays those logs: tests that reported keep their
-results, and every planned cell without a file gets one, its unfinished tests as errors saying so.
+results, and every planned cell without a file gets one, its unfinished tests as errors saying so,
+stamped with when its first test started as the log recorded it (not when it was rebuilt).
 """
 
 from __future__ import annotations
@@ -48,7 +49,11 @@ def rebuild_missing_cells(run_dir: Path) -> list[Path]:
         environment = plan.environment or {"device": "unknown"}
         for cell in cells:
             if not (version_dir / f"{cell.id}.xml").is_file():
-                written.append(junit.write_cell(version_dir, plan.torch, environment, cell, book.for_cell(cell)))
+                written.append(
+                    junit.write_cell(
+                        version_dir, plan.torch, environment, cell, book.for_cell(cell), book.cell_started(cell)
+                    )
+                )
     return written
 
 

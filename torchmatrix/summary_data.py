@@ -6,12 +6,90 @@ the section titles are the same facts in both pages; only their markup differs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 
+from torchmatrix.confirmation import why_not_rerun
 from torchmatrix.results import RootCause, RunResults, SkipReason, TestRecord
-from torchmatrix.status import Status
+from torchmatrix.status import Confirmation, Status
 
 SHA_CHARS = 12
+
+
+@dataclass(frozen=True)
+class Confirmations:
+    """What re-running the failed and errored tests alone showed, per testcase as the totals count them."""
+
+    fails_alone: int = 0
+    passed_alone: int = 0
+    skipped_alone: int = 0
+    not_rerun: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, records: Iterable[TestRecord]) -> Confirmations:
+        seen: Counter[str] = Counter()
+        why: Counter[str] = Counter()
+        for record in records:
+            if record.status.is_failing:
+                seen[record.confirmation] += 1
+                if record.confirmation not in _VERDICTS:
+                    why[why_not_rerun(record.confirmation, record.text)] += 1
+        return cls(
+            seen[Confirmation.FAILS_ALONE.value],
+            seen[Confirmation.PASSED_ALONE.value],
+            seen[Confirmation.SKIPPED_ALONE.value],
+            dict(why.most_common()),
+        )
+
+    @property
+    def rerun(self) -> int:
+        return self.fails_alone + self.passed_alone + self.skipped_alone
+
+    @property
+    def failing(self) -> int:
+        return self.rerun + sum(self.not_rerun.values())
+
+    @property
+    def unconfirmed(self) -> int:
+        """Failures with no verdict either way: skipped alone, or not re-run."""
+        return self.failing - self.fails_alone - self.passed_alone
+
+    @property
+    def columns(self) -> list[tuple[str, int]]:
+        """The counts both totals tables show after the statuses: of the failed and errored tests,
+        how many fail alone (real), passed alone (order-dependent) and are unconfirmed."""
+        return [
+            ("fail alone", self.fails_alone),
+            ("passed alone", self.passed_alone),
+            ("unconfirmed", self.unconfirmed),
+        ]
+
+    @property
+    def note(self) -> str:
+        """How many failures were re-run alone and what that showed, and how many were not and why:
+        the sentence that opens both pages' failure sections."""
+        if not self.failing:
+            return ""
+        verdicts = [
+            f"{self.fails_alone} {'fails' if self.fails_alone == 1 else 'fail'} alone (a behaviour of that torch)",
+            f"{self.passed_alone} passed alone (order-dependent or flaky)",
+        ]
+        if self.skipped_alone:
+            verdicts.append(f"{self.skipped_alone} skipped alone (depends on an earlier test)")
+        reasons = "; ".join(why if len(self.not_rerun) == 1 else f"{n}: {why}" for why, n in self.not_rerun.items())
+        if not self.rerun:
+            return f"No failing test was re-run alone ({reasons}): none is confirmed, and any may be order-dependent or flaky."
+        if not self.not_rerun:
+            return f"Every failing test was re-run alone in a fresh process: {', '.join(verdicts)}."
+        return (
+            f"{self.rerun} of {count(self.failing, 'failing test')} were re-run alone in a fresh process: "
+            f"{', '.join(verdicts)}; {count(self.failing - self.rerun, 'was', 'were')} not re-run ({reasons}) "
+            "and count as unconfirmed."
+        )
+
+
+_VERDICTS = {Confirmation.FAILS_ALONE.value, Confirmation.PASSED_ALONE.value, Confirmation.SKIPPED_ALONE.value}
 
 
 @dataclass(frozen=True)
@@ -24,6 +102,7 @@ class VersionRow:
     cells: int
     missing: int
     counts: dict[Status, int]
+    confirmations: Confirmations
     filters: str
 
 
@@ -40,6 +119,7 @@ class Summary:
     versions: list[VersionRow]
     cells: int
     totals: dict[Status, int]
+    confirmations: Confirmations
     root_causes: list[RootCause]
     skip_reasons: list[SkipReason]
 
@@ -85,12 +165,14 @@ def summarize(results: RunResults) -> Summary:
                 cells=len({record.cell for record in results.records(v.torch)}),
                 missing=len(v.missing_cells),
                 counts=results.totals(v.torch),
+                confirmations=Confirmations.of(results.records(v.torch)),
                 filters=describe_filters(v.filters),
             )
             for v in results.versions
         ],
         cells=len(results.cells),
         totals=results.totals(),
+        confirmations=Confirmations.of(results.tests),
         root_causes=results.root_causes(),
         skip_reasons=results.skip_reasons(),
     )
@@ -112,6 +194,11 @@ def distinct_texts(cause: RootCause) -> list[list[TestRecord]]:
     for record, _ in cause.failures:
         groups.setdefault(record.text or record.message, []).append(record)
     return list(groups.values())
+
+
+def other_cells(run_cell: str, cells: Iterable[str]) -> list[str]:
+    """The cells a result that `run_cell` ran also stands for, as both pages name them."""
+    return [cell for cell in cells if cell != run_cell]
 
 
 def count(n: int, singular: str, plural: str | None = None) -> str:

@@ -16,12 +16,13 @@ from collections import defaultdict
 
 from torchmatrix.results import RunResults, TestRecord, drift_measure, is_drift_figure
 from torchmatrix.status import NOT_RUN, ORDER_DEPENDENT, PARTLY_SKIPPED, Confirmation, Mark, Status
-from torchmatrix.summary_data import Summary, count, distinct_texts, summarize
+from torchmatrix.summary_data import Summary, count, distinct_texts, other_cells, summarize
 from torchmatrix.untrusted_text import one_line, visible
-from torchmatrix.upgrade_diff import Change, UpgradeDiff, grew
+from torchmatrix.upgrade_diff import SLOWDOWN_RULE, Change, UpgradeDiff, grew
 
 CHART_BAR = 14
 CHART_HEIGHT = 28
+CONFIRMED_STYLE = {"fail alone": "bad", "passed alone": "warn", "unconfirmed": "bad"}
 
 STYLE = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 1.5em; color: #1f2328; }
@@ -36,7 +37,7 @@ th { background: #f6f8fa; }
 .skipped { background: #8c959f; } .none { background: #eaeef2; color: #57606a; }
 .order-dependent { background: #bf8700; }
 .partly-skipped { background: #fff; color: #1a7f37; box-shadow: inset 0 0 0 2px #1a7f37; }
-.bad { color: #cf222e; font-weight: bold; } .good { color: #1a7f37; }
+.bad { color: #cf222e; font-weight: bold; } .good { color: #1a7f37; } .warn { color: #9a6700; font-weight: bold; }
 details.failure { margin: .3em 0; } details.failure summary { cursor: pointer; }
 details.cells { display: inline; } details.cells summary { display: inline; cursor: pointer; color: #0969da; }
 #filters label { margin-right: 1em; } #filters select { margin-left: .3em; }
@@ -123,19 +124,27 @@ def _header(summary: Summary) -> str:
 
 
 def _totals(summary: Summary) -> str:
+    """Tests per status, then what re-running the failing ones alone showed: only a failure that
+    fails alone, or that nobody confirmed, is red; one that passed alone is order-dependent."""
     rows = []
     for v in summary.versions:
-        t = v.counts
         missing = f' <span class="bad">{v.missing} missing</span>' if v.missing else ""
         rows.append(
             f"<tr><th><code>{text(v.torch)}</code></th><td>{v.cells}{missing}</td>"
-            + "".join(f'<td class="{"bad" if t[s] and s.is_failing else ""}">{t[s]}</td>' for s in Status)
+            + "".join(f"<td>{v.counts[s]}</td>" for s in Status)
+            + "".join(_confirmed_count(name, n) for name, n in v.confirmations.columns)
             + "</tr>"
         )
+    confirmations = "".join(f"<th>{name}</th>" for name, _ in summary.confirmations.columns)
     return (
         '<h2>Totals</h2>\n<table id="totals"><tr><th>torch</th><th>cells</th>'
-        f"{''.join(f'<th>{s.column}</th>' for s in Status)}</tr>\n{''.join(rows)}</table>"
+        f"{''.join(f'<th>{s.column}</th>' for s in Status)}{confirmations}</tr>\n{''.join(rows)}</table>"
     )
+
+
+def _confirmed_count(column: str, n: int) -> str:
+    """A totals count of what failures did alone; red for real or unconfirmed ones, amber for order-dependent ones."""
+    return f'<td class="{CONFIRMED_STYLE[column]}">{n}</td>' if n else "<td>0</td>"
 
 
 def _diff(diff: UpgradeDiff) -> str:
@@ -178,7 +187,8 @@ def _diff(diff: UpgradeDiff) -> str:
             for s in diff.slowdowns
         )
         parts.append(
-            f"<h3>Suites slower than {diff.settings.slowdown_ratio:g}×</h3>\n<table><tr><th>suite</th>"
+            f"<h3>Suites slower than {diff.settings.slowdown_ratio:g}×</h3>\n<p>{text(SLOWDOWN_RULE)}</p>\n"
+            "<table><tr><th>suite</th>"
             f"<th>{before}</th><th>{after}</th><th>median test ×</th><th>tests timed</th></tr>{rows}</table>"
         )
     return "\n".join(parts)
@@ -188,7 +198,7 @@ def _changes_table(changes: list[Change], before: str, after: str, failing: bool
     """Status changes; those with a failing side show what it did alone and its root cause, skips their reason."""
     rows = "".join(
         f"<tr><td><code>{text(c.after.suite)}</code></td><td><code>{text(c.after.test)}</code></td>"
-        f"<td><code>{text(c.after.run_cell)}</code>{_more_cells(c.cells)}</td>"
+        f"<td><code>{text(c.after.run_cell)}</code>{_more_cells(other_cells(c.after.run_cell, c.cells))}</td>"
         f"<td>{_mark(c.before.status.mark)}</td><td>{_mark(c.after.status.mark)}</td>"
         + (
             f"<td>{text(_alone(c))}</td><td>{text(one_line(c.failing.message))}</td></tr>"
@@ -213,11 +223,11 @@ def _mark(mark: Mark, attributes: str = "") -> str:
     return f'<span class="mark {mark.css}"{attributes}>{mark.symbol}</span>'
 
 
-def _more_cells(cells: tuple[str, ...] | list[str]) -> str:
-    """The cells beyond the first, named, collapsed behind their count."""
-    if len(cells) <= 1:
+def _more_cells(others: list[str]) -> str:
+    """The other cells a result stands for (summary_data.other_cells), named, collapsed behind their count."""
+    if not others:
         return ""
-    return f' <details class="cells"><summary>and {count(len(cells) - 1, "more cell")}</summary>{_cell_names(cells[1:])}</details>'
+    return f' <details class="cells"><summary>and {count(len(others), "more cell")}</summary>{_cell_names(others)}</details>'
 
 
 def _cell_names(cells: list[str] | tuple[str, ...]) -> str:
@@ -321,9 +331,8 @@ def _failures(summary: Summary, anchors: dict) -> str:
         )
     return (
         f"<h2>{summary.failures_title}</h2>\n"
-        "<p>Each root cause is the innermost exception of the first failing rank. Every failure was re-run alone in a "
-        "fresh process: <em>fails alone</em> is a behaviour of that torch; <em>passed alone</em> is order-dependent "
-        "or flaky.</p>\n" + "\n".join(sections)
+        f"<p>Each root cause is the innermost exception of the first failing rank. {text(summary.confirmations.note)}</p>\n"
+        + "\n".join(sections)
     )
 
 
@@ -333,7 +342,7 @@ def _failure_line(record: TestRecord, cells: list[str]) -> str:
     return (
         f"{_mark(record.status.mark)} torch <code>{text(record.torch)}</code> · "
         f"<code>{text(record.suite)}</code> <code>{text(record.test)}</code> in <code>{text(record.run_cell)}</code>"
-        f"{_more_cells(cells)} · <span{flag}>{text(Confirmation.describe(record.confirmation))}</span>"
+        f"{_more_cells(other_cells(record.run_cell, cells))} · <span{flag}>{text(Confirmation.describe(record.confirmation))}</span>"
     )
 
 

@@ -12,9 +12,9 @@ import re
 
 from torchmatrix.results import RunResults, TestRecord
 from torchmatrix.status import NOT_RUN, ORDER_DEPENDENT, PARTLY_SKIPPED, Confirmation, Status
-from torchmatrix.summary_data import Summary, count, distinct_texts, summarize
+from torchmatrix.summary_data import Summary, count, distinct_texts, other_cells, summarize
 from torchmatrix.untrusted_text import one_line, visible
-from torchmatrix.upgrade_diff import UpgradeDiff
+from torchmatrix.upgrade_diff import SLOWDOWN_RULE, UpgradeDiff
 
 MAX_ROOT_CAUSES = 30
 MAX_FAILURES_PER_CAUSE = 12
@@ -92,9 +92,7 @@ def diff_section(diff: UpgradeDiff) -> str:
             for s in diff.slowdowns
         ]  # fmt: skip
         parts.append(
-            f"#### Suites slower than {diff.settings.slowdown_ratio:g}×\n\n"
-            "Flagged only when the total and the median test both grew that much, by 5 s or more, over 3 or more "
-            "tests of 0.5 s or more, so one test slowed by a busy core does not flag its suite.\n\n"
+            f"#### Suites slower than {diff.settings.slowdown_ratio:g}×\n\n{SLOWDOWN_RULE}\n\n"
             + _table(["suite", before, after, "×", "median test ×", "tests timed"], rows)
         )
     return "\n\n".join(parts)
@@ -136,9 +134,12 @@ def _totals(summary: Summary) -> str:
     for v in summary.versions:
         missing = f" ({v.missing} missing)" if v.missing else ""
         rows.append(
-            [code(v.torch), code(v.build), code(v.device), f"{v.cells}{missing}"] + [str(v.counts[s]) for s in Status]
+            [code(v.torch), code(v.build), code(v.device), f"{v.cells}{missing}"]
+            + [str(v.counts[s]) for s in Status]
+            + [str(n) for _, n in v.confirmations.columns]
         )
-    return _table(["torch", "build", "device", "cells", *(s.column for s in Status)], rows)
+    confirmations = [name for name, _ in summary.confirmations.columns]
+    return _table(["torch", "build", "device", "cells", *(s.column for s in Status), *confirmations], rows)
 
 
 def _grid(results: RunResults, summary: Summary) -> str:
@@ -184,7 +185,7 @@ def _failures(summary: Summary) -> str:
         versions = ", ".join(code(v, False) for v in cause.versions)
         items = []
         for record, cells in cause.failures[:MAX_FAILURES_PER_CAUSE]:
-            others = [cell for cell in cells if cell != record.run_cell]
+            others = other_cells(record.run_cell, cells)
             shared = f" (its result stands for {cell_list(others, MAX_CELLS_NAMED)})" if others else ""
             items.append(
                 f"- {record.status} · torch {code(record.torch, False)} · {code(record.suite, False)} "
@@ -193,18 +194,23 @@ def _failures(summary: Summary) -> str:
         more = len(cause.failures) - MAX_FAILURES_PER_CAUSE
         if more > 0:
             items.append(f"- … and {more} more in summary.html and results.json")
+        texts = distinct_texts(cause)
+        left_out = len(texts) - MAX_TEXTS_PER_CAUSE
+        more_texts = (
+            f"\n\n… and {count(left_out, 'more distinct text')} of this cause in summary.html." if left_out > 0 else ""
+        )
         sections.append(
             f"#### {index}. {code(one_line(cause.line, ROOT_CAUSE_CHARS), False)}\n\n"
             f"{count(cause.tests, 'test')} in {count(len(cause.cells), 'cell')}, torch {versions}\n\n"
             + "\n".join(items)
-            + "".join(f"\n\n{_text_once(where)}" for where in distinct_texts(cause)[:MAX_TEXTS_PER_CAUSE])
+            + "".join(f"\n\n{_text_once(where)}" for where in texts[:MAX_TEXTS_PER_CAUSE])
+            + more_texts
         )
     more = len(causes) - MAX_ROOT_CAUSES
     tail = f"\n\n… and {count(more, 'more root cause')} in summary.html and results.json." if more > 0 else ""
     return (
         f"### {summary.failures_title}\n\n"
-        "Each root cause is the innermost exception of the first failing rank. Every failure was re-run alone "
-        "in a fresh process: *fails alone* is a behaviour of that torch; *passed alone* is order-dependent or flaky.\n\n"
+        f"Each root cause is the innermost exception of the first failing rank. {summary.confirmations.note}\n\n"
         + "\n\n".join(sections)
         + tail
     )
@@ -265,7 +271,9 @@ def _confirmation(value: str) -> str:
 
 
 def _cells(cell: str, cells: tuple[str, ...]) -> str:
-    return code(cell) + (f" +{len(cells) - 1}" if len(cells) > 1 else "")
+    """The cell that ran a test, and by name the cells its result stands for."""
+    others = other_cells(cell, cells)
+    return code(cell) + (f" (also {cell_list(others)})" if others else "")
 
 
 def _table(header: list[str], rows: list[list[str]], limit: int | None = None) -> str:

@@ -26,6 +26,11 @@ from torchmatrix.status import Confirmation, Status
 MIN_SLOWDOWN_SECONDS = 5.0
 MIN_TIMED_SECONDS = 0.5
 MIN_TIMED_TESTS = 3
+SLOWDOWN_RULE = (
+    f"Flagged only when the total and the median test both grew that much, by {MIN_SLOWDOWN_SECONDS:g} s or more, "
+    f"over {MIN_TIMED_TESTS} or more tests of {MIN_TIMED_SECONDS:g} s or more, so one test slowed by a busy core "
+    "does not flag its suite."
+)
 
 
 class CompareError(Exception):

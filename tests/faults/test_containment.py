@@ -9,8 +9,10 @@ real report, and every failure re-run alone.
 
 from __future__ import annotations
 
+import html
 import json
 import os
+import re
 import time
 import uuid
 from pathlib import Path
@@ -189,8 +191,9 @@ def test_the_chained_exception_shows_its_innermost_line_everywhere(drill):
     line = "ValueError: the innermost cause: rank 1 only"
     assert _cases(run_dir)["test_2_raises_on_one_rank"].result[0].message == line
     assert _records(run_dir)["test_2_raises_on_one_rank"]["message"] == line
-    assert line in (run_dir / "summary.md").read_text()
-    assert line in (run_dir / "summary.html").read_text()
+    headings = [text for text in (run_dir / "summary.md").read_text().splitlines() if text.startswith("#### ")]
+    assert any(re.fullmatch(rf"#### \d+\. `{re.escape(line)}`", heading) for heading in headings), headings
+    assert f"<h3><code>{html.escape(line)}</code></h3>" in (run_dir / "summary.html").read_text()
 
 
 def test_every_failure_is_confirmed_alone(drill):
@@ -201,6 +204,10 @@ def test_every_failure_is_confirmed_alone(drill):
     assert records["test_3_all_reduce"]["confirmation"] == "", "passing tests are not re-run"
     assert "re-running 3 failed tests alone" in done.stdout
     assert "2 of 3 fail alone, 1 passed alone" in done.stdout
+    assert (
+        "Every failing test was re-run alone in a fresh process: 2 fail alone (a behaviour of that torch), "
+        "1 passed alone (order-dependent or flaky)." in (run_dir / "summary.md").read_text()
+    )
 
 
 def test_a_test_that_fails_only_after_another_is_marked_order_dependent(drill):
@@ -209,8 +216,13 @@ def test_a_test_that_fails_only_after_another_is_marked_order_dependent(drill):
     assert record["status"] == "failed" and record["confirmation"] == "passed alone"
     summary = (run_dir / "summary.md").read_text()
     assert "passed alone (order-dependent or flaky)" in summary
-    order_row = next(line for line in summary.splitlines() if line.startswith("| `ws2`"))
-    assert "⚠️" in order_row, "the grid marks the suite order-dependent, not red"
+    suites = re.search(r"One mark per suite, in this order: (.+?)\. ", summary).group(1).replace("`", "").split(", ")
+    marks = next(line for line in summary.splitlines() if line.startswith("| `ws2`")).split("|")[2].strip()
+    expected = {"drill": "❌", "order": "⚠️"}
+    assert marks == "".join(expected[suite] for suite in suites), "order is order-dependent, not red; drill is red"
+    page = (run_dir / "summary.html").read_text()
+    assert '<a class="mark order-dependent" title="order: failed"' in page
+    assert '<a class="mark failed" title="drill: failed"' in page
 
 
 def test_rebuilds_and_confirmations_leave_no_process_behind(drill):
