@@ -8,8 +8,10 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TextIO
 
+from torchmatrix.eta import WorkEstimate
 from torchmatrix.status import Status, tally
 
 FAILING_NAMED = 3
@@ -21,15 +23,41 @@ def format_seconds(seconds: float) -> str:
     return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
 
 
-class Progress:
-    """Prints `[k/N] torch V cell-id: status | totals | elapsed, ETA` as cells finish."""
+@dataclass(frozen=True)
+class InvocationPart:
+    """This torch version's place among the versions one nox invocation runs, so the count and
+    the ETA continue across them: part `index` of `count`, the invocation started at `since`
+    (seconds since the epoch; None: now)."""
 
-    def __init__(self, version: str, total_cells: int, stream: TextIO = sys.stdout):
+    index: int = 1
+    count: int = 1
+    since: float | None = None
+
+
+class Progress:
+    """Prints `[k/N] torch V cell-id: status | totals | elapsed, ETA` as cells finish.
+
+    k and N count the cells of every torch version of the invocation (`part`); the ETA comes
+    from `estimate` (earlier runs' suite durations) when there is one, else from the rate so far.
+    """
+
+    def __init__(
+        self,
+        version: str,
+        total_cells: int,
+        stream: TextIO = sys.stdout,
+        *,
+        estimate: WorkEstimate | None = None,
+        part: InvocationPart = InvocationPart(),
+    ):
         self.version = version
-        self.total = total_cells
-        self.done = 0
+        self.total = total_cells * part.count
+        self.done = total_cells * (part.index - 1)
         self.stream = stream
-        self.started = time.monotonic()
+        self.started = time.time() if part.since is None else part.since
+        self.estimate = estimate
+        self.work_total = estimate.total * part.count if estimate else 0.0
+        self.work_done = estimate.total * (part.index - 1) if estimate else 0.0
 
     def say(self, text: str) -> None:
         print(text, file=self.stream, flush=True)
@@ -37,8 +65,12 @@ class Progress:
     def cell_finished(self, cell_id: str, tests: list[tuple[str, Status]], totals: Mapping[Status, int]) -> None:
         """One line for a finished cell; ``tests`` is (test name, status) for each of its tests."""
         self.done += 1
-        elapsed = time.monotonic() - self.started
-        eta = elapsed / self.done * (self.total - self.done)
+        elapsed = time.time() - self.started
+        if self.estimate:
+            self.work_done += self.estimate.per_cell.get(cell_id, 0.0)
+            eta = self.estimate.remaining_seconds(elapsed, self.work_done, self.work_total)
+        else:
+            eta = elapsed / self.done * (self.total - self.done)
         width = len(str(self.total))
         self.say(
             f"[{self.done:>{width}}/{self.total}] torch {self.version} {cell_id}: {cell_outcome(tests)}"
