@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from torchmatrix import progress
 from torchmatrix.cells import Cell
 from torchmatrix.config import Suite
 from torchmatrix.eta import WorkEstimate, suite_seconds
@@ -88,11 +89,11 @@ def test_the_first_cells_eta_comes_from_earlier_durations_not_the_elapsed_time(t
     estimate = WorkEstimate.of_runs(runs, suite_seconds(reports, "2.13.0", current_run="now"), slots=2)
     assert estimate.per_cell == {cell.id: 12.0 for cell in cells} and estimate.total == 48.0
 
-    seeded = estimate.remaining_seconds(elapsed=15.0, done=12.0, total=48.0)
+    seeded = estimate.remaining_seconds(elapsed=15.0, done=12.0, left=36.0)
     assert seeded == pytest.approx(0.75 * 0.5 * 36 + 0.25 * (15 / 12) * 36)  # 24.75 s: mostly the seed
-    assert estimate.remaining_seconds(elapsed=15.0, done=0.0, total=48.0) == pytest.approx(24.0)
-    assert estimate.remaining_seconds(elapsed=50.0, done=48.0, total=48.0) == 0.0
-    late = estimate.remaining_seconds(elapsed=40.0, done=36.0, total=48.0)
+    assert estimate.remaining_seconds(elapsed=15.0, done=0.0, left=48.0) == pytest.approx(24.0)
+    assert estimate.remaining_seconds(elapsed=50.0, done=48.0, left=0.0) == 0.0
+    late = estimate.remaining_seconds(elapsed=40.0, done=36.0, left=12.0)
     assert late == pytest.approx(0.25 * 0.5 * 12 + 0.75 * (40 / 36) * 12)  # mostly what was observed
 
     _, slow_suite = four_cells_two_suites(big_timeout=3600.0)
@@ -115,32 +116,56 @@ def eta_of_line(line: str) -> str:
     return line.rsplit("ETA ", 1)[1].strip()
 
 
-def test_the_progress_line_shows_the_seeded_eta():
+class Clock:
+    """Stands in for the time module in torchmatrix.progress."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def time(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch) -> Clock:
+    clock = Clock()
+    monkeypatch.setattr(progress, "time", clock)
+    return clock
+
+
+def test_the_progress_line_shows_the_seeded_eta(clock):
+    """Four cells of 12 slot-seconds on two slots. The first finishes 15 s in (process starts and
+    imports included): the seed alone says 18 s are left. The second, 5 s later, brings in the
+    rate observed since the first."""
     _, runs = four_cells_two_suites()
     estimate = WorkEstimate.of_runs(runs, {"big": 10.0, "small": 2.0}, slots=2)
     seeded, plain = io.StringIO(), io.StringIO()
-    started = time.time() - 15.0
-    Progress("2.13.0", 4, seeded, estimate=estimate, part=InvocationPart(since=started)).cell_finished(
-        "ws1-a", [("big::t", Status.PASSED)], TOTALS
-    )
-    Progress("2.13.0", 4, plain, part=InvocationPart(since=started)).cell_finished(
-        "ws1-a", [("big::t", Status.PASSED)], TOTALS
-    )
-    assert eta_of_line(seeded.getvalue()) == "0:25"
-    assert eta_of_line(plain.getvalue()) == "0:45"
+    lines = [Progress("2.13.0", 4, seeded, estimate=estimate), Progress("2.13.0", 4, plain)]
+    for cell, seconds in [("ws1-a", 15.0), ("ws1-b", 5.0)]:
+        clock.now += seconds
+        for line in lines:
+            line.cell_finished(cell, [("big::t", Status.PASSED)], TOTALS)
+    assert [eta_of_line(line) for line in seeded.getvalue().splitlines()] == [
+        "0:18",
+        "0:11",
+    ]  # 24 x (2/3 x 0.5 + 1/3 x 5/12)
+    assert [eta_of_line(line) for line in plain.getvalue().splitlines()] == ["0:45", "0:20"]
 
 
-def test_the_count_and_eta_continue_across_the_versions_of_an_invocation():
-    """The second of three versions, each of two cells, a minute after the invocation started."""
+def test_the_count_and_elapsed_time_continue_across_the_versions_of_an_invocation(clock):
+    """The second of three versions, each of two cells, started a minute into the invocation:
+    the ETA rates this runner's cells, not the minute of installs and earlier versions."""
     stream = io.StringIO()
-    progress = Progress("2.14.1", 2, stream, part=InvocationPart(2, 3, since=time.time() - 60.0))
-    progress.cell_finished("ws1-a", [("g::t", Status.PASSED)], TOTALS)
-    progress.cell_finished("ws1-b", [("g::t", Status.PASSED)], TOTALS)
+    part = Progress("2.14.1", 2, stream, part=InvocationPart(2, 3, since=clock.now - 60.0))
+    clock.now += 10.0
+    part.cell_finished("ws1-a", [("g::t", Status.PASSED)], TOTALS)
+    clock.now += 10.0
+    part.cell_finished("ws1-b", [("g::t", Status.PASSED)], TOTALS)
     first, second = stream.getvalue().splitlines()
-    assert first.startswith("[3/6] torch 2.14.1 ws1-a") and "1:00 elapsed, ETA 1:00" in first
-    assert second.startswith("[4/6] torch 2.14.1 ws1-b")
+    assert first.startswith("[3/6] torch 2.14.1 ws1-a") and first.endswith("1:10 elapsed, ETA 0:30")
+    assert second.startswith("[4/6] torch 2.14.1 ws1-b") and second.endswith("1:20 elapsed, ETA 0:20")
 
     _, runs = four_cells_two_suites()
     estimate = WorkEstimate.of_runs(runs, {"big": 10.0, "small": 2.0}, slots=2)
-    seeded = Progress("2.14.1", 4, io.StringIO(), estimate=estimate, part=InvocationPart(2, 2, since=time.time()))
-    assert (seeded.done, seeded.total, seeded.work_done, seeded.work_total) == (4, 8, 48.0, 96.0)
+    last = Progress("2.14.1", 4, io.StringIO(), estimate=estimate, part=InvocationPart(2, 2, since=clock.now))
+    assert (last.done, last.total, last.work_left) == (4, 8, 48.0)

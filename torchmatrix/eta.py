@@ -91,12 +91,12 @@ class WorkEstimate:
     def total(self) -> float:
         return sum(self.per_cell.values())
 
-    def remaining_seconds(self, elapsed: float, done: float, total: float) -> float:
-        """Wall seconds left when `done` of `total` slot-seconds took `elapsed`: the seed rate (one
+    def remaining_seconds(self, elapsed: float, done: float, left: float) -> float:
+        """Wall seconds for `left` slot-seconds when `done` took `elapsed`: the seed rate (one
         slot-second per slot) blended with the observed rate, weighted by the share done."""
-        if total <= 0:
+        if left <= 0:
             return 0.0
         seed_rate = 1 / self.slots
         observed_rate = elapsed / done if done > 0 else seed_rate
-        weight = min(done / total, 1.0)
-        return ((1 - weight) * seed_rate + weight * observed_rate) * max(total - done, 0.0)
+        weight = done / (done + left)
+        return ((1 - weight) * seed_rate + weight * observed_rate) * left
