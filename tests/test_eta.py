@@ -13,6 +13,7 @@ import pytest
 
 from torchmatrix import progress
 from torchmatrix.cells import Cell
+from torchmatrix.cli import build_parser
 from torchmatrix.config import Suite
 from torchmatrix.eta import WorkEstimate, suite_seconds
 from torchmatrix.plan import plan_runs
@@ -169,3 +170,12 @@ def test_the_count_and_elapsed_time_continue_across_the_versions_of_an_invocatio
     estimate = WorkEstimate.of_runs(runs, {"big": 10.0, "small": 2.0}, slots=2)
     last = Progress("2.14.1", 4, io.StringIO(), estimate=estimate, part=InvocationPart(2, 2, since=clock.now))
     assert (last.done, last.total, last.work_left) == (4, 8, 48.0)
+
+
+def test_run_takes_its_part_of_the_invocation_on_the_command_line(capsys):
+    args = build_parser().parse_args(["run", "--torch", "system", "--progress-part", "2/3", "--progress-since", "100"])
+    assert (args.progress_part, args.progress_since) == ((2, 3), 100.0)
+    assert build_parser().parse_args(["run", "--torch", "system"]).progress_part == (1, 1)
+    with pytest.raises(SystemExit) as refused:
+        build_parser().parse_args(["run", "--torch", "system", "--progress-part", "3/2"])
+    assert refused.value.code == 2 and "write it as K/N with 1 <= K <= N" in capsys.readouterr().err

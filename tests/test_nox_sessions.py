@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from torchmatrix.sessions import first_missing
+
 from conftest import REPO, checkout_env, write_matrix
 
 UV_NOISE = "uv binary not found."
@@ -114,11 +116,19 @@ def test_a_broken_component_through_nox_is_one_error_exit_2_and_no_run_directory
     output = done.stdout + done.stderr
     assert done.returncode == 2, output[-3000:]
     errors = [line for line in output.splitlines() if "error" in line.lower() or "failed" in line.lower()]
-    assert errors == [
-        f"torchmatrix: error: {project / 'matrix.toml'}: components.model: no module 'userstack.stak'; fix the module path"
-    ] or (
-        len(errors) == 1 and errors[0].startswith(f"torchmatrix: error: {project / 'matrix.toml'}: components.model: ")
-    ), errors
+    assert len(errors) == 1, errors
+    assert errors[0].startswith(f"torchmatrix: error: {project / 'matrix.toml'}: components.model: no module"), errors
+    assert "'userstack.stak:build_model'" in errors[0]
     assert "holds no JUnit reports" not in output and "Running session report" not in output
     assert not (project / "reports" / "broken").exists(), "the session removes the run directory it created"
     assert (project / "reports" / "earlier" / "junit.xml").exists(), "another run's results stay"
+
+
+def test_a_failed_session_removes_only_the_directories_it_created(tmp_path):
+    reports = tmp_path / "reports"
+    logs = reports / "run" / "torch-2.13.0" / "logs"
+    assert first_missing(logs, stop=reports) == reports / "run"
+    (reports / "run" / "torch-2.14.1").mkdir(parents=True)
+    assert first_missing(logs, stop=reports) == reports / "run" / "torch-2.13.0", "another version's results stay"
+    logs.mkdir(parents=True)
+    assert first_missing(logs, stop=reports) is None, "a directory an earlier attempt made stays"
