@@ -19,6 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from torchmatrix import sessions  # noqa: E402
 
+nox.needs_version = ">=2026.7.11"  # CommandFailed.return_code; the uv probe runs late enough to filter
 sessions.quiet_uv_probe()
 MATRIX = sessions.matrix_or_exit(os.environ.get("TORCHMATRIX_CONFIG", "matrix.toml"))
 RUN_ID = sessions.run_id_or_exit(os.environ.get("TORCHMATRIX_RUN_ID"))

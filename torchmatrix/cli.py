@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from torchmatrix.github import github_matrix
 from torchmatrix.merge import MergeError, merge_reports
 from torchmatrix.output_cap import DEFAULT_CAP_BYTES
 from torchmatrix.plan_file import PlanFileError
+from torchmatrix.progress import InvocationPart
 from torchmatrix.report import append_step_summary, compare_markdown, load_run, write_report
 from torchmatrix.results import ResultsError, RunResults, load_results
 from torchmatrix.run_directory import check_run_id, new_run_id
@@ -56,6 +58,13 @@ def _non_negative(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"{text} is negative; pass 0 to switch it off")
     return value
+
+
+def _progress_part(text: str) -> tuple[int, int]:
+    match = re.fullmatch(r"(\d+)/(\d+)", text.strip())
+    if not match or not 1 <= int(match[1]) <= int(match[2]):
+        raise argparse.ArgumentTypeError(f"{text!r}: write it as K/N with 1 <= K <= N, e.g. 2/3")
+    return int(match[1]), int(match[2])
 
 
 def _positive(text: str) -> int:
@@ -101,6 +110,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="the run id was used before (a requeued job): delete what that attempt left for this torch version and start clean",
     )
     run.add_argument("--install-log", type=Path, default=None, help=argparse.SUPPRESS)
+    run.add_argument(
+        "--progress-part",
+        type=_progress_part,
+        default=(1, 1),
+        metavar="K/N",
+        help="this torch version is the K-th of N one invocation runs (nox passes it): the [k/N] count and the ETA continue across them",
+    )
+    run.add_argument(
+        "--progress-since",
+        type=float,
+        default=None,
+        metavar="EPOCH",
+        help="when that invocation started, in seconds since the epoch (nox passes it): elapsed time and ETA count from it",
+    )
     run.add_argument(
         "--slots",
         type=_positive,
@@ -291,6 +314,7 @@ def _run(matrix: Matrix, args) -> int:
         multinode_launcher=args.multinode_launcher,
         slots=args.slots,
         confirm_limit=args.confirm_limit,
+        part=InvocationPart(*args.progress_part, since=args.progress_since),
         **_filters(matrix, args),
     )
     code = run_version(request)

@@ -26,13 +26,14 @@ from torchmatrix.cells import Cell
 from torchmatrix.component_check import check_components
 from torchmatrix.config import Matrix
 from torchmatrix.devices import Environment, ProbeError, probe
+from torchmatrix.eta import WorkEstimate, suite_seconds
 from torchmatrix.group_plan import GroupPlan, SuiteSpec
 from torchmatrix.outcomes import OutcomeBook
 from torchmatrix.output_cap import DEFAULT_CAP_BYTES
 from torchmatrix.parent_death import PARENT_PID_VARIABLE
 from torchmatrix.plan import Group, SuiteRun, group_runs, plan_runs
 from torchmatrix.plan_file import PlannedSuite, RunPlan, write_plan
-from torchmatrix.progress import Progress
+from torchmatrix.progress import InvocationPart, Progress
 from torchmatrix.run_directory import point_latest
 from torchmatrix.schedule import GroupProcess, Scheduler
 from torchmatrix.selection import Shard, select_cells
@@ -66,6 +67,7 @@ class RunRequest:
     restart: bool = False
     max_cpu_ranks: int = DEFAULT_MAX_CPU_RANKS
     output_cap: int = DEFAULT_CAP_BYTES
+    part: InvocationPart = InvocationPart()
 
     @property
     def run_dir(self) -> Path:
@@ -128,8 +130,14 @@ def run_version(request: RunRequest, stream=sys.stdout) -> int:
         prepare_directory(request.version_dir / "logs")
         runs = plan_runs(cells, matrix.suites)
         book = OutcomeBook(runs)
-        progress = Progress(request.version, len(cells), stream)
         environment, runnable = _environment(request, book, probed.result() if probed else None)
+    progress = Progress(
+        request.version,
+        len(cells),
+        stream,
+        estimate=_work_estimate(request, runs, environment) if runnable else None,
+        part=request.part,
+    )
     if runnable:
         _refuse_too_wide_for_cpu(request, cells, environment)
     _write_plan(request, cells, book, environment, started, finished=False)
@@ -154,6 +162,18 @@ def run_version(request: RunRequest, stream=sys.stdout) -> int:
     if interrupted:
         return INTERRUPTED_EXIT
     return 1 if any(count for status, count in totals.items() if status.is_failing) else 0
+
+
+def _slots(request: RunRequest, environment: dict) -> int:
+    """How many ranks may run at once: --slots, else the GPUs, else the cores this process may use."""
+    gpu_count = environment["gpu_count"] if environment["device_type"] == "cuda" else 0
+    return request.slots or gpu_count or len(os.sched_getaffinity(0))
+
+
+def _work_estimate(request: RunRequest, runs: list[SuiteRun], environment: dict) -> WorkEstimate | None:
+    """The ETA's seed: what the planned suite runs took in earlier runs under --reports."""
+    seconds = suite_seconds(request.reports, request.version, request.run_id)
+    return WorkEstimate.of_runs(runs, seconds, _slots(request, environment))
 
 
 def _refuse_too_wide_for_cpu(request: RunRequest, cells: list[Cell], environment: dict) -> None:
@@ -250,7 +270,7 @@ def _run_cells(
         else:
             runnable.append(run)
     cores = [] if gpu_count else sorted(os.sched_getaffinity(0))
-    slots = request.slots or gpu_count or len(cores)
+    slots = _slots(request, environment)
     finished: set[Cell] = set()
 
     def report_finished_cells() -> None:

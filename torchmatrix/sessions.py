@@ -9,8 +9,13 @@ from __future__ import annotations
 
 import argparse
 import logging
+import shutil
 import sys
+import time
+from collections import Counter
 from pathlib import Path
+
+from nox.command import CommandFailed
 
 from torchmatrix.config import ConfigError, Matrix, load_matrix
 from torchmatrix.envdir_lock import (
@@ -27,6 +32,9 @@ from torchmatrix.safe_names import UnsafeName
 from torchmatrix.torch_install import install_torch
 
 PROJECT = Path(__file__).resolve().parent.parent
+USAGE_EXIT = 2
+INVOCATION_STARTED = time.time()  # the noxfile loads once per nox invocation
+_SESSIONS_STARTED: Counter[str] = Counter()
 
 
 def matrix_or_exit(path: str) -> Matrix:
@@ -94,18 +102,71 @@ def gpu_matrix(session, matrix: Matrix, torch_version: str, run_id: str) -> None
         run_id,
         "--reports",
         str(reports),
+        *invocation_part(session),
     ]
-    session.notify("report", [str(reports / run_id)])
-    install_log = reports / run_id / f"torch-{torch_version}" / "logs" / "install.log"
+    run_dir = reports / run_id
+    install_log = run_dir / f"torch-{torch_version}" / "logs" / "install.log"
+    created = first_missing(install_log.parent, stop=reports)
     install_log.parent.mkdir(parents=True, exist_ok=True)
     installed = install_torch(session, torch_version, install, install_log)
     session.install("-e", str(PROJECT))
     if not installed.ok:
-        session.run(*run, "--install-log", str(install_log), *session.posargs, success_codes=[0, 1])
+        run_cells(session, [*run, "--install-log", str(install_log)], run_dir, created, success_codes=[0, 1])
         session.error(
             f"torch=={torch_version} did not install: {installed.reason}; its cells are reported as errors (see {install_log})"
         )
-    session.run(*run, *session.posargs)
+    run_cells(session, run, run_dir, created)
+
+
+def run_cells(
+    session, command: list[str], run_dir: Path, created: Path | None, success_codes: list[int] | None = None
+) -> None:
+    """`torchmatrix run` (with the session's arguments), then the report session over `run_dir`.
+
+    Exit code 2 means the runner said in one line what to change and wrote no reports: the
+    directories this session `created` for them go, nox ends with exit code 2 and says nothing
+    more, and no report session follows to fail on an empty run directory.
+    """
+    nox_logger = logging.getLogger("nox")
+    usage_exit = UsageExitFilter()
+    nox_logger.addFilter(usage_exit)
+    try:
+        session.run(*command, *session.posargs, success_codes=success_codes or [0])
+    except CommandFailed as failed:
+        if failed.return_code != USAGE_EXIT:
+            session.notify("report", [str(run_dir)])
+            raise
+        if created:
+            shutil.rmtree(created, ignore_errors=True)
+        raise SystemExit(USAGE_EXIT) from None
+    finally:
+        nox_logger.removeFilter(usage_exit)
+    session.notify("report", [str(run_dir)])
+
+
+def first_missing(directory: Path, stop: Path) -> Path | None:
+    """The outermost directory between `stop` (excluded) and `directory` that does not exist yet:
+    what creating `directory` adds, and all a failed session may remove."""
+    missing = None
+    for path in [directory, *directory.parents]:
+        if path == stop or stop not in path.parents:
+            break
+        if not path.exists():
+            missing = path
+    return missing
+
+
+def invocation_part(session) -> list[str]:
+    """`--progress-part K/N --progress-since T`: this session is the K-th of the N sessions of its
+    name that this nox invocation runs, so the runner's [k/N] count and ETA continue across
+    torch versions instead of restarting. Reads nox's queue (nox >= 2026.7.11)."""
+    name = session._runner.name
+    _SESSIONS_STARTED[name] += 1
+    queued = sum(
+        1 for runner, selected in session._runner.manifest.list_all_sessions() if selected and runner.name == name
+    )
+    index = _SESSIONS_STARTED[name]
+    return ["--progress-part", f"{index}/{index + queued}", "--progress-since", f"{INVOCATION_STARTED:.3f}"]
 
 
 def hf_llama_matrix() -> Matrix:
@@ -178,6 +239,15 @@ class UvProbeFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return record.getMessage() != "uv binary not found."
+
+
+class UsageExitFilter(logging.Filter):
+    """Drops nox's "Command … failed with exit code 2" while `torchmatrix run` runs: the runner
+    has already said in one line what to change, and nox then ends with exit code 2."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not (message.startswith("Command ") and message.endswith(f"failed with exit code {USAGE_EXIT}"))
 
 
 def quiet_uv_probe() -> None:

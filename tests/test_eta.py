@@ -1,0 +1,181 @@
+"""The ETA: seeded from earlier runs' suite durations in reports/, blended with the observed rate,
+and counted across every torch version of one invocation."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from torchmatrix import progress
+from torchmatrix.cells import Cell
+from torchmatrix.cli import build_parser
+from torchmatrix.config import Suite
+from torchmatrix.eta import WorkEstimate, suite_seconds
+from torchmatrix.plan import plan_runs
+from torchmatrix.progress import InvocationPart, Progress
+from torchmatrix.status import Status
+
+TOTALS = {status: 0 for status in Status}
+
+
+def earlier_run(reports: Path, run_id: str, tests: list[dict], age: float = 0.0) -> Path:
+    """reports/<run_id>/results.json holding `tests` (only the keys the estimate reads matter)."""
+    path = reports / run_id / "results.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"schema": "torchmatrix.results", "tests": tests}))
+    stamp = time.time() - age
+    os.utime(path, (stamp, stamp))
+    return path
+
+
+def record(torch: str, cell: str, suite: str, duration: float, ran_in: str | None = None) -> dict:
+    return {"torch": torch, "cell": cell, "suite": suite, "test": "t", "duration": duration, "ran_in": ran_in}
+
+
+def four_cells_two_suites(big_timeout: float = 600.0):
+    """Four one-rank cells, each running suite `big` and suite `small` itself."""
+    cells = [Cell({"world_size": 1, "fsdp": fsdp}) for fsdp in "abcd"]
+    suites = {
+        "big": Suite("big", "suites/test_big.py", big_timeout, ("fsdp",)),
+        "small": Suite("small", "suites/test_small.py", 60.0, ("fsdp",)),
+    }
+    return cells, plan_runs(cells, suites)
+
+
+def test_suite_seconds_sum_a_suite_runs_tests_and_prefer_the_same_torch(tmp_path):
+    reports = tmp_path / "reports"
+    earlier_run(
+        reports,
+        "old-a",
+        [
+            record("2.13.0", "ws1-a", "big", 4.0),
+            record("2.13.0", "ws1-a", "big", 6.0),
+            record("2.13.0", "ws1-b", "big", 6.0, ran_in="ws1-a"),  # shared, not run again
+            record("2.13.0", "ws1-b", "small", 2.0),
+        ],
+    )
+    earlier_run(reports, "old-b", [record("2.14.1", "ws1-a", "big", 100.0)])
+    (reports / "latest").symlink_to("old-a")
+    (reports / "broken").mkdir()
+    (reports / "broken" / "results.json").write_text("{not json")
+    earlier_run(reports, "now", [record("2.13.0", "ws1-a", "big", 1000.0)])
+
+    assert suite_seconds(reports, "2.13.0", current_run="now") == {"big": 10.0, "small": 2.0}
+    assert suite_seconds(reports, "2.15.0", current_run="now") == {"big": 55.0, "small": 2.0}
+    assert suite_seconds(tmp_path / "no-reports", "2.13.0", current_run="now") == {}
+
+
+def test_only_the_latest_runs_count(tmp_path):
+    reports = tmp_path / "reports"
+    for age in range(8):
+        earlier_run(reports, f"run-{age}", [record("2.13.0", "ws1-a", "big", 10.0 + age)], age=100.0 * age)
+    assert suite_seconds(reports, "2.13.0", current_run="now") == {"big": 12.0}  # 10..14: the newest five
+
+
+def test_the_first_cells_eta_comes_from_earlier_durations_not_the_elapsed_time(tmp_path):
+    """Four cells of 12 slot-seconds each on two slots take about 24 s. The first cell finishes
+    at 15 s (all four started together); elapsed/done × remaining would say 45 s."""
+    reports = tmp_path / "reports"
+    earlier_run(
+        reports,
+        "old",
+        [record("2.13.0", f"ws1-{x}", suite, d) for x in "ab" for suite, d in [("big", 10.0), ("small", 2.0)]],
+    )
+    cells, runs = four_cells_two_suites()
+    estimate = WorkEstimate.of_runs(runs, suite_seconds(reports, "2.13.0", current_run="now"), slots=2)
+    assert estimate.per_cell == {cell.id: 12.0 for cell in cells} and estimate.total == 48.0
+
+    seeded = estimate.remaining_seconds(elapsed=15.0, done=12.0, left=36.0)
+    assert seeded == pytest.approx(0.75 * 0.5 * 36 + 0.25 * (15 / 12) * 36)  # 24.75 s: mostly the seed
+    assert estimate.remaining_seconds(elapsed=15.0, done=0.0, left=48.0) == pytest.approx(24.0)
+    assert estimate.remaining_seconds(elapsed=50.0, done=48.0, left=0.0) == 0.0
+    late = estimate.remaining_seconds(elapsed=40.0, done=36.0, left=12.0)
+    assert late == pytest.approx(0.25 * 0.5 * 12 + 0.75 * (40 / 36) * 12)  # mostly what was observed
+
+    _, slow_suite = four_cells_two_suites(big_timeout=3600.0)
+    assert WorkEstimate.of_runs(slow_suite, {"big": 10.0, "small": 2.0}, slots=2) == estimate, (
+        "timeouts are not estimates"
+    )
+
+
+def test_a_suite_without_history_costs_the_mean_and_no_history_gives_no_seed():
+    cells, runs = four_cells_two_suites()
+    assert WorkEstimate.of_runs(runs, {"big": 10.0}, slots=4).per_cell == {cell.id: 20.0 for cell in cells}
+    assert WorkEstimate.of_runs(runs, {}, slots=4) is None
+    wide = plan_runs([Cell({"world_size": 4})], {"big": Suite("big", "suites/test_big.py", 60.0, ())})
+    assert WorkEstimate.of_runs(wide, {"big": 10.0}, slots=2).per_cell == {"ws4": 20.0}, (
+        "a run holds at most every slot"
+    )
+
+
+def eta_of_line(line: str) -> str:
+    return line.rsplit("ETA ", 1)[1].strip()
+
+
+class Clock:
+    """Stands in for the time module in torchmatrix.progress."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def time(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch) -> Clock:
+    clock = Clock()
+    monkeypatch.setattr(progress, "time", clock)
+    return clock
+
+
+def test_the_progress_line_shows_the_seeded_eta(clock):
+    """Four cells of 12 slot-seconds on two slots. The first finishes 15 s in (process starts and
+    imports included): the seed alone says 18 s are left. The second, 5 s later, brings in the
+    rate observed since the first."""
+    _, runs = four_cells_two_suites()
+    estimate = WorkEstimate.of_runs(runs, {"big": 10.0, "small": 2.0}, slots=2)
+    seeded, plain = io.StringIO(), io.StringIO()
+    lines = [Progress("2.13.0", 4, seeded, estimate=estimate), Progress("2.13.0", 4, plain)]
+    for cell, seconds in [("ws1-a", 15.0), ("ws1-b", 5.0)]:
+        clock.now += seconds
+        for line in lines:
+            line.cell_finished(cell, [("big::t", Status.PASSED)], TOTALS)
+    assert [eta_of_line(line) for line in seeded.getvalue().splitlines()] == [
+        "0:18",
+        "0:11",
+    ]  # 24 x (2/3 x 0.5 + 1/3 x 5/12)
+    assert [eta_of_line(line) for line in plain.getvalue().splitlines()] == ["0:45", "0:20"]
+
+
+def test_the_count_and_elapsed_time_continue_across_the_versions_of_an_invocation(clock):
+    """The second of three versions, each of two cells, started a minute into the invocation:
+    the ETA rates this runner's cells, not the minute of installs and earlier versions."""
+    stream = io.StringIO()
+    part = Progress("2.14.1", 2, stream, part=InvocationPart(2, 3, since=clock.now - 60.0))
+    clock.now += 10.0
+    part.cell_finished("ws1-a", [("g::t", Status.PASSED)], TOTALS)
+    clock.now += 10.0
+    part.cell_finished("ws1-b", [("g::t", Status.PASSED)], TOTALS)
+    first, second = stream.getvalue().splitlines()
+    assert first.startswith("[3/6] torch 2.14.1 ws1-a") and first.endswith("1:10 elapsed, ETA 0:30")
+    assert second.startswith("[4/6] torch 2.14.1 ws1-b") and second.endswith("1:20 elapsed, ETA 0:20")
+
+    _, runs = four_cells_two_suites()
+    estimate = WorkEstimate.of_runs(runs, {"big": 10.0, "small": 2.0}, slots=2)
+    last = Progress("2.14.1", 4, io.StringIO(), estimate=estimate, part=InvocationPart(2, 2, since=clock.now))
+    assert (last.done, last.total, last.work_left) == (4, 8, 48.0)
+
+
+def test_run_takes_its_part_of_the_invocation_on_the_command_line(capsys):
+    args = build_parser().parse_args(["run", "--torch", "system", "--progress-part", "2/3", "--progress-since", "100"])
+    assert (args.progress_part, args.progress_since) == ((2, 3), 100.0)
+    assert build_parser().parse_args(["run", "--torch", "system"]).progress_part == (1, 1)
+    with pytest.raises(SystemExit) as refused:
+        build_parser().parse_args(["run", "--torch", "system", "--progress-part", "3/2"])
+    assert refused.value.code == 2 and "write it as K/N with 1 <= K <= N" in capsys.readouterr().err

@@ -1,0 +1,134 @@
+"""The nox sessions as a user meets them: one error and exit 2 for a broken component, a progress
+count that continues across torch versions, no "uv binary not found." noise."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from torchmatrix.sessions import first_missing
+
+from conftest import REPO, checkout_env, write_matrix
+
+UV_NOISE = "uv binary not found."
+
+
+def nox(noxfile: Path, *args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "nox", "-f", str(noxfile), *args],
+        env=env or checkout_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def throwaway_noxfile(root: Path, body: str) -> Path:
+    """A noxfile that imports this checkout's torchmatrix.sessions, then declares `body`."""
+    path = root / "noxfile.py"
+    header = f"import sys\nimport nox\nsys.path.insert(0, {str(REPO)!r})\nfrom torchmatrix import sessions\n"
+    path.write_text(header + textwrap.dedent(body))
+    return path
+
+
+def test_each_matrix_session_knows_its_place_in_the_invocation(tmp_path):
+    noxfile = throwaway_noxfile(
+        tmp_path,
+        """
+        @nox.session(venv_backend="none")
+        @nox.parametrize("torch", ["2.13.0", "2.14.1", "2.15.0"])
+        def gpu_matrix(session, torch):
+            print("part", torch, *sessions.invocation_part(session))
+
+        @nox.session(venv_backend="none")
+        def other(session):
+            pass
+        """,
+    )
+    every = nox(noxfile, "-s", "gpu_matrix", "other")
+    assert every.returncode == 0, every.stderr
+    parts = [line.split() for line in every.stdout.splitlines() if line.startswith("part ")]
+    assert [(torch, part) for _, torch, _, part, _, _ in parts] == [
+        ("2.13.0", "1/3"),
+        ("2.14.1", "2/3"),
+        ("2.15.0", "3/3"),
+    ]
+    assert len({since for *_, since in parts}) == 1, "elapsed counts from the invocation's start in every version"
+    one = nox(noxfile, "-s", "gpu_matrix(torch='2.14.1')")
+    assert "part 2.14.1 --progress-part 1/1" in one.stdout, one.stdout + one.stderr
+
+
+def test_no_session_says_uv_binary_not_found(tmp_path):
+    """nox logs the line when it probes for uv, as it creates a venv; the noxfile filters it.
+    Without the filter the same nox prints it (unless this machine has uv)."""
+    listed = nox(REPO / "noxfile.py", "-l")
+    assert listed.returncode == 0 and "gpu_matrix" in listed.stdout
+    assert UV_NOISE not in listed.stdout + listed.stderr
+    noxfile = throwaway_noxfile(
+        tmp_path,
+        """
+        if "--quiet-uv" in sys.argv:
+            sessions.quiet_uv_probe()
+
+        @nox.session
+        def hello(session):
+            session.run("python", "-c", "pass")
+        """,
+    )
+    quiet = nox(noxfile, "--envdir", str(tmp_path / "quiet"), "--", "--quiet-uv")
+    assert quiet.returncode == 0, quiet.stderr
+    assert "Creating virtual environment" in quiet.stderr and UV_NOISE not in quiet.stderr
+    installs_filter = "import logging, runpy; runpy.run_path('noxfile.py'); print(logging.getLogger('nox').filters)"
+    filters = subprocess.run([sys.executable, "-c", installs_filter], cwd=REPO, capture_output=True, text=True)
+    assert "UvProbeFilter" in filters.stdout, filters.stdout + filters.stderr
+    if shutil.which("uv") or importlib.util.find_spec("uv"):
+        pytest.skip("nox finds uv on this machine, so it never logs the line the filter drops")
+    noisy = nox(noxfile, "--envdir", str(tmp_path / "noisy"))
+    assert noisy.returncode == 0, noisy.stderr
+    assert UV_NOISE in noisy.stderr, "nox no longer logs the line: drop UvProbeFilter"
+
+
+@pytest.mark.slow
+def test_a_broken_component_through_nox_is_one_error_exit_2_and_no_run_directory(tmp_path):
+    from torchmatrix.devices import probe
+
+    version = probe().base_version
+    project = tmp_path / "project"
+    (project / "suites").mkdir(parents=True)
+    (project / "suites" / "test_demo.py").write_text("def test_x(cell):\n    pass\n")
+    write_matrix(
+        project,
+        torch=[version],
+        axes={"world_size": [1]},
+        suites={"demo": {}},
+        components={"model": "userstack.stak:build_model"},
+    )
+    (project / "reports" / "earlier").mkdir(parents=True)
+    (project / "reports" / "earlier" / "junit.xml").write_text("<testsuites/>")
+    env = {**checkout_env(), "TORCHMATRIX_CONFIG": str(project / "matrix.toml"), "TORCHMATRIX_RUN_ID": "broken"}
+    done = nox(REPO / "noxfile.py", "--envdir", str(tmp_path / "nox"), "-s", "gpu_matrix", env=env, timeout=900)
+    output = done.stdout + done.stderr
+    assert done.returncode == 2, output[-3000:]
+    errors = [line for line in output.splitlines() if "error" in line.lower() or "failed" in line.lower()]
+    assert len(errors) == 1, errors
+    assert errors[0].startswith(f"torchmatrix: error: {project / 'matrix.toml'}: components.model: no module"), errors
+    assert "'userstack.stak:build_model'" in errors[0]
+    assert "holds no JUnit reports" not in output and "Running session report" not in output
+    assert not (project / "reports" / "broken").exists(), "the session removes the run directory it created"
+    assert (project / "reports" / "earlier" / "junit.xml").exists(), "another run's results stay"
+
+
+def test_a_failed_session_removes_only_the_directories_it_created(tmp_path):
+    reports = tmp_path / "reports"
+    logs = reports / "run" / "torch-2.13.0" / "logs"
+    assert first_missing(logs, stop=reports) == reports / "run"
+    (reports / "run" / "torch-2.14.1").mkdir(parents=True)
+    assert first_missing(logs, stop=reports) == reports / "run" / "torch-2.13.0", "another version's results stay"
+    logs.mkdir(parents=True)
+    assert first_missing(logs, stop=reports) is None, "a directory an earlier attempt made stays"
