@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from torchmatrix.pool import RankPool  # noqa: E402
+from torchmatrix.ranks.pool import RankPool  # noqa: E402
 
 POLICIES = {
     "SCHED_OTHER, unpinned (a plain process)": ("other", False),

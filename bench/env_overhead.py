@@ -33,7 +33,7 @@ TARGET_S = 5.0
 
 sys.path.insert(0, str(REPO))
 
-from torchmatrix.config import load_matrix  # noqa: E402
+from torchmatrix.matrix.config import load_matrix  # noqa: E402
 
 
 def nox(*args: str, env: dict) -> tuple[float, str]:

@@ -25,12 +25,12 @@ from junitparser import JUnitXml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from torchmatrix.config import load_matrix  # noqa: E402
-from torchmatrix.devices import probe  # noqa: E402
-from torchmatrix.events import EventReader  # noqa: E402
-from torchmatrix.plan import Group, plan_runs  # noqa: E402
-from torchmatrix.runner import events_path, group_command  # noqa: E402
-from torchmatrix.selection import parse_only, select_cells  # noqa: E402
+from torchmatrix.env.devices import probe  # noqa: E402
+from torchmatrix.matrix.config import load_matrix  # noqa: E402
+from torchmatrix.matrix.plan import Group, plan_runs  # noqa: E402
+from torchmatrix.matrix.selection import parse_only, select_cells  # noqa: E402
+from torchmatrix.messages.events import EventReader  # noqa: E402
+from torchmatrix.run.runner import events_path, group_command  # noqa: E402
 from torchmatrix.status import Status  # noqa: E402
 
 

@@ -27,9 +27,9 @@ GROUP_CELLS = 8_000
 
 sys.path.insert(0, str(REPO))
 
-from torchmatrix.config import load_matrix  # noqa: E402
-from torchmatrix.outcomes import OutcomeBook  # noqa: E402
-from torchmatrix.plan import group_runs, plan_runs  # noqa: E402
+from torchmatrix.matrix.config import load_matrix  # noqa: E402
+from torchmatrix.matrix.plan import group_runs, plan_runs  # noqa: E402
+from torchmatrix.reports.outcomes import OutcomeBook  # noqa: E402
 
 
 def matrix_text() -> str:

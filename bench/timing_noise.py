@@ -22,10 +22,10 @@ REPO = Path(__file__).resolve().parent.parent
 
 sys.path.insert(0, str(REPO))
 
-from torchmatrix.config import load_matrix  # noqa: E402
-from torchmatrix.results import load_results  # noqa: E402
+from torchmatrix.matrix.config import load_matrix  # noqa: E402
+from torchmatrix.reports.results import load_results  # noqa: E402
+from torchmatrix.reports.upgrade_diff import MIN_TIMED_SECONDS, diff_records  # noqa: E402
 from torchmatrix.status import Status  # noqa: E402
-from torchmatrix.upgrade_diff import MIN_TIMED_SECONDS, diff_records  # noqa: E402
 
 
 def timing_ratios(before, after) -> dict[str, tuple[float, float, float, int]]:

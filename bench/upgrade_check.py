@@ -29,9 +29,9 @@ REPO = Path(__file__).resolve().parent.parent
 
 sys.path.insert(0, str(REPO))
 
-from torchmatrix.results import load_results  # noqa: E402
-from torchmatrix.untrusted_text import one_line  # noqa: E402
-from torchmatrix.upgrade_diff import upgrade_diffs  # noqa: E402
+from torchmatrix.reports.results import load_results  # noqa: E402
+from torchmatrix.reports.untrusted_text import one_line  # noqa: E402
+from torchmatrix.reports.upgrade_diff import upgrade_diffs  # noqa: E402
 
 
 def project_root_line() -> str:

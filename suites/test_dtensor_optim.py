@@ -34,8 +34,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
 from models.dcp_layout import read_layouts
-from torchmatrix import components as component_paths
-from torchmatrix.worker import current_device
+from torchmatrix.components import loading as component_paths
+from torchmatrix.ranks.worker import current_device
 
 LR = 1e-2
 SAVE_SEED, LOAD_SEED = 0, 1

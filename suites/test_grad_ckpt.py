@@ -14,7 +14,7 @@ per-tensor gradient difference with mean ~0 hides in loss curves (the public rep
 grad-ckpt + KV cache: pin gradient-equivalence with a focused regression test"), and a counter
 that recompute bumps twice changes no gradient of this step, only every step after it.
 
-Model contract (beyond the factory signatures in torchmatrix/protocol.py): ``model(**batch)``
+Model contract (beyond the factory signatures in torchmatrix/components/protocol.py): ``model(**batch)``
 returns an output with ``.loss`` and ``.past_key_values``, the cache a mapping of layer ->
 tuple of tensors, and ``model.body_calls()`` maps each layer to how often its body ran.
 """
@@ -36,8 +36,8 @@ from torch.nn.parallel import DistributedDataParallel
 from suites.deterministic import deterministic_algorithms
 from suites.names import clean_name
 from suites.ulp import bits_equal, ulp_distance
-from torchmatrix.components import load
-from torchmatrix.worker import current_device
+from torchmatrix.components.loading import load
+from torchmatrix.ranks.worker import current_device
 
 SEED = 0
 DROPOUT = 0.1

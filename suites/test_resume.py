@@ -31,7 +31,7 @@ import torch
 from suites.deterministic import deterministic_algorithms
 from suites.names import clean_name
 from suites.ulp import bits_equal, ulp_distance
-from torchmatrix.components import load
+from torchmatrix.components.loading import load
 
 try:
     import numpy
@@ -246,7 +246,7 @@ class TrainingRun:
     def __init__(
         self, cell: dict, options: dict, components: dict, data_path: str, rank: int, world_size: int, *, seed: int
     ):
-        from torchmatrix.worker import current_device
+        from torchmatrix.ranks.worker import current_device
 
         self.device = current_device()
         param_dtype = torch.bfloat16 if cell["optimizer"] in options["bf16_param_optimizers"] else torch.float32

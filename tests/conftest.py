@@ -98,7 +98,7 @@ def cell_outcomes(version_dir: Path) -> dict[str, dict[str, str]]:
     """Per cell id, test name -> "passed", "failure", "error" or "skipped", from a run's per-cell JUnit."""
     from junitparser import JUnitXml
 
-    from torchmatrix.junit import test_of_testcase
+    from torchmatrix.reports.junit import test_of_testcase
 
     outcomes = {}
     for report in sorted(version_dir.glob("*.xml")):
@@ -114,7 +114,7 @@ def cell_failures(version_dir: Path) -> dict[str, dict[str, str]]:
     """Per cell id, test name -> failure message and text, for the tests that failed."""
     from junitparser import Failure, JUnitXml
 
-    from torchmatrix.junit import test_of_testcase
+    from torchmatrix.reports.junit import test_of_testcase
 
     return {
         report.stem: {

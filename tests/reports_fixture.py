@@ -21,12 +21,12 @@ import os
 import textwrap
 from pathlib import Path
 
-from torchmatrix import junit
-from torchmatrix.cells import Cell
-from torchmatrix.config import Suite
-from torchmatrix.outcomes import TestOutcome
-from torchmatrix.plan import SuiteRun, plan_runs
-from torchmatrix.report import write_report
+from torchmatrix.matrix.cells import Cell
+from torchmatrix.matrix.config import Suite
+from torchmatrix.matrix.plan import SuiteRun, plan_runs
+from torchmatrix.reports import junit
+from torchmatrix.reports.outcomes import TestOutcome
+from torchmatrix.reports.report import write_report
 from torchmatrix.status import Confirmation
 
 from conftest import write_matrix

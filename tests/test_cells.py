@@ -6,8 +6,8 @@ import pickle
 
 import pytest
 
-from torchmatrix.cells import Cell, expand_cells
-from torchmatrix.selection import KeywordExpression, SelectionError, Shard, parse_only, select_cells
+from torchmatrix.matrix.cells import Cell, expand_cells
+from torchmatrix.matrix.selection import KeywordExpression, SelectionError, Shard, parse_only, select_cells
 
 
 def as_dicts(cells):

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from torchmatrix import protocol
-from torchmatrix.component_check import check_components
-from torchmatrix.config import load_matrix
+from torchmatrix.components import protocol
+from torchmatrix.matrix.config import load_matrix
+from torchmatrix.run.component_check import check_components
 
 from conftest import REPO, Project, matrix_toml
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from torchmatrix.config import ConfigError, load_matrix
+from torchmatrix.matrix.config import ConfigError, load_matrix
 
 GOOD = """
 [torch]

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from torchmatrix.cells import Cell
-from torchmatrix.events import (
+from torchmatrix.matrix.cells import Cell
+from torchmatrix.messages.events import (
     Collected,
     CollectError,
     EventLog,
@@ -20,11 +20,11 @@ from torchmatrix.events import (
     TestFinished,
     TestStarted,
 )
-from torchmatrix.grant import Grant
-from torchmatrix.group_plan import GroupPlan, GroupPlanError, SuiteSpec
-from torchmatrix.launched import LaunchedRank
-from torchmatrix.pool import RankPool, collective_timeout
-from torchmatrix.rank_group import open_ranks
+from torchmatrix.messages.grant import Grant
+from torchmatrix.messages.group_plan import GroupPlan, GroupPlanError, SuiteSpec
+from torchmatrix.ranks.launched import LaunchedRank
+from torchmatrix.ranks.pool import RankPool, collective_timeout
+from torchmatrix.ranks.rank_group import open_ranks
 
 
 def group_plan(**changes) -> GroupPlan:

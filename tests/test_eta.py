@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from torchmatrix import progress
-from torchmatrix.cells import Cell
 from torchmatrix.cli import build_parser
-from torchmatrix.config import Suite
-from torchmatrix.eta import WorkEstimate, suite_seconds
-from torchmatrix.plan import plan_runs
-from torchmatrix.progress import InvocationPart, Progress
+from torchmatrix.matrix.cells import Cell
+from torchmatrix.matrix.config import Suite
+from torchmatrix.matrix.plan import plan_runs
+from torchmatrix.run import progress
+from torchmatrix.run.eta import WorkEstimate, suite_seconds
+from torchmatrix.run.progress import InvocationPart, Progress
 from torchmatrix.status import Status
 
 TOTALS = {status: 0 for status in Status}
@@ -118,7 +118,7 @@ def eta_of_line(line: str) -> str:
 
 
 class Clock:
-    """Stands in for the time module in torchmatrix.progress."""
+    """Stands in for the time module in torchmatrix.run.progress."""
 
     def __init__(self) -> None:
         self.now = 1000.0

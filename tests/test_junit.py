@@ -5,12 +5,12 @@ from __future__ import annotations
 from junitparser import JUnitXml
 from lxml import etree
 
-from torchmatrix import junit
-from torchmatrix.cells import Cell
-from torchmatrix.config import Suite
-from torchmatrix.events import Collected, TestFinished, TestStarted
-from torchmatrix.outcomes import OutcomeBook
-from torchmatrix.plan import plan_runs
+from torchmatrix.matrix.cells import Cell
+from torchmatrix.matrix.config import Suite
+from torchmatrix.matrix.plan import plan_runs
+from torchmatrix.messages.events import Collected, TestFinished, TestStarted
+from torchmatrix.reports import junit
+from torchmatrix.reports.outcomes import OutcomeBook
 
 from conftest import REPO
 

@@ -96,7 +96,7 @@ def test_no_session_says_uv_binary_not_found(tmp_path):
 
 @pytest.mark.slow
 def test_a_broken_component_through_nox_is_one_error_exit_2_and_no_run_directory(tmp_path):
-    from torchmatrix.devices import probe
+    from torchmatrix.env.devices import probe
 
     version = probe().base_version
     project = tmp_path / "project"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from torchmatrix.cells import expand_cells
-from torchmatrix.config import Suite
-from torchmatrix.plan import group_runs, plan_runs
+from torchmatrix.matrix.cells import expand_cells
+from torchmatrix.matrix.config import Suite
+from torchmatrix.matrix.plan import group_runs, plan_runs
 
 CELLS = expand_cells(
     {

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from torchmatrix.pool import RankFailure, RankPool, collective_timeout
+from torchmatrix.ranks.pool import RankFailure, RankPool, collective_timeout
 
 import rank_functions as rf
 
@@ -188,7 +188,7 @@ def test_a_zygote_that_cannot_start_fails_the_pool_with_a_rank_failure(tmp_path)
     script = (
         "from torchmatrix import zygote\n"
         "zygote.PRELOAD.insert(0, 'dies_at_import')\n"
-        "from torchmatrix.pool import RankFailure, RankPool\n"
+        "from torchmatrix.ranks.pool import RankFailure, RankPool\n"
         "try:\n"
         "    RankPool(1, device_type='cpu', backend='gloo', collective_timeout_s=60).start()\n"
         "except RankFailure as failure:\n"
@@ -196,4 +196,4 @@ def test_a_zygote_that_cannot_start_fails_the_pool_with_a_rank_failure(tmp_path)
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
-    assert "could not fork rank 0: the zygote (torchmatrix.zygote) is gone or refused" in done.stdout, done.stderr
+    assert "could not fork rank 0: the zygote (torchmatrix.ranks.zygote) is gone or refused" in done.stdout, done.stderr

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from torchmatrix.progress import Progress, cell_outcome
+from torchmatrix.run.progress import Progress, cell_outcome
 from torchmatrix.status import Status
 
 

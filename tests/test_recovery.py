@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from torchmatrix import junit
-from torchmatrix.config import load_matrix
-from torchmatrix.events import Collected, EventLog, TestFinished, TestStarted
-from torchmatrix.plan import Group, plan_runs
-from torchmatrix.plan_file import PlannedSuite, RunPlan, write_plan
-from torchmatrix.recovery import UNFINISHED, rebuild_missing_cells
-from torchmatrix.runner import events_path, group_command
+from torchmatrix.matrix.config import load_matrix
+from torchmatrix.matrix.plan import Group, plan_runs
+from torchmatrix.messages.events import Collected, EventLog, TestFinished, TestStarted
+from torchmatrix.messages.run_plan import PlannedSuite, RunPlan, write_plan
+from torchmatrix.reports import junit
+from torchmatrix.reports.recovery import UNFINISHED, rebuild_missing_cells
+from torchmatrix.run.runner import events_path, group_command
 
 from conftest import write_matrix
 

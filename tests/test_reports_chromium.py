@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 
-from torchmatrix.report import write_report
+from torchmatrix.reports.report import write_report
 
 from reports_fixture import write_fixture_run, write_hostile_run
 

@@ -8,8 +8,8 @@ import shutil
 
 import pytest
 
-from torchmatrix import junit, results
-from torchmatrix.report import load_run, write_report
+from torchmatrix.reports import junit, results
+from torchmatrix.reports.report import load_run, write_report
 
 from reports_fixture import BASELINE, CANDIDATE, check_golden, normalised, write_fixture_run
 

@@ -11,11 +11,11 @@ import pytest
 from junitparser import JUnitXml
 from lxml import etree
 
-from torchmatrix import confirmation, junit, summary_html, summary_md
-from torchmatrix.plan import SuiteRun
-from torchmatrix.report import write_report
-from torchmatrix.results import load_results
-from torchmatrix.upgrade_diff import SLOWDOWN_RULE
+from torchmatrix.matrix.plan import SuiteRun
+from torchmatrix.reports import confirmation, junit, summary_html, summary_md
+from torchmatrix.reports.report import write_report
+from torchmatrix.reports.results import load_results
+from torchmatrix.reports.upgrade_diff import SLOWDOWN_RULE
 
 from conftest import REPO, Project
 from reports_fixture import (

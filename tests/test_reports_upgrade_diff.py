@@ -6,10 +6,10 @@ import math
 
 import pytest
 
-from torchmatrix.config import ReportSettings
-from torchmatrix.report import load_run
-from torchmatrix.results import TestRecord
-from torchmatrix.upgrade_diff import CompareError, compare_runs, diff_records, grew, upgrade_diffs
+from torchmatrix.matrix.config import ReportSettings
+from torchmatrix.reports.report import load_run
+from torchmatrix.reports.results import TestRecord
+from torchmatrix.reports.upgrade_diff import CompareError, compare_runs, diff_records, grew, upgrade_diffs
 
 from conftest import Project, write_matrix
 from reports_fixture import (

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from torchmatrix.results import RunResults, TestRecord
-from torchmatrix.root_cause import group_key, root_cause
+from torchmatrix.ranks.root_cause import group_key, root_cause
+from torchmatrix.reports.results import RunResults, TestRecord
 
 
 def raised(function) -> BaseException:

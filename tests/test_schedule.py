@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from torchmatrix.grant import Grant
-from torchmatrix.plan import Group
-from torchmatrix.schedule import FILLER_NICE, Scheduler
+from torchmatrix.matrix.plan import Group
+from torchmatrix.messages.grant import Grant
+from torchmatrix.run.schedule import FILLER_NICE, Scheduler
 
 
 class GateRecorder:

@@ -10,11 +10,11 @@ import sys
 
 import pytest
 
-from torchmatrix import junit, outcomes
-from torchmatrix.cells import Cell
-from torchmatrix.config import Suite, load_matrix
-from torchmatrix.plan import SuiteRun
-from torchmatrix.sensitivity import (
+from torchmatrix.matrix.cells import Cell
+from torchmatrix.matrix.config import Suite, load_matrix
+from torchmatrix.matrix.plan import SuiteRun
+from torchmatrix.reports import junit, outcomes
+from torchmatrix.sensitivity.command import (
     GENERIC_MUTANTS,
     SensitivityError,
     chosen_mutants,
@@ -22,7 +22,7 @@ from torchmatrix.sensitivity import (
     generated_module,
     judge,
 )
-from torchmatrix.sensitivity_junit import read_cells
+from torchmatrix.sensitivity.verdicts import read_cells
 
 from conftest import PROJECT_IS_THIS_CHECKOUT, REPO, checkout_env, matrix_toml
 

@@ -10,8 +10,8 @@ import textwrap
 import pytest
 from junitparser import JUnitXml
 
-from torchmatrix.devices import probe
-from torchmatrix.group_plan import GroupPlan
+from torchmatrix.env.devices import probe
+from torchmatrix.messages.group_plan import GroupPlan
 
 from conftest import REPO, Project, checkout_env, matrix_toml
 

@@ -16,9 +16,9 @@ import textwrap
 import pytest
 from junitparser import JUnitXml
 
-from torchmatrix.config import load_matrix
-from torchmatrix.devices import probe
-from torchmatrix.selection import Shard, select_cells
+from torchmatrix.env.devices import probe
+from torchmatrix.matrix.config import load_matrix
+from torchmatrix.matrix.selection import Shard, select_cells
 
 from conftest import Project, checkout_env
 from slurm_cluster import SlurmCluster, missing_reason

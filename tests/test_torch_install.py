@@ -9,14 +9,16 @@ import os
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import pytest
 from junitparser import JUnitXml
 
-from torchmatrix import sessions, torch_install
-from torchmatrix.config import TorchInstall, load_matrix
-from torchmatrix.install_progress import InstallProgress, ProgressLine
-from torchmatrix.torch_install import index_has, install_torch, pip_index_options
+from torchmatrix import sessions
+from torchmatrix.env import torch_install
+from torchmatrix.env.install_progress import InstallProgress, ProgressLine
+from torchmatrix.env.torch_install import index_has, install_torch, pip_index_options
+from torchmatrix.matrix.config import TorchInstall, load_matrix
 
 from conftest import REPO, checkout_env, write_matrix
 
@@ -178,6 +180,9 @@ class FakeSession:
         self.env: dict[str, str] = {}
         self.posargs: list[str] = []
         self.commands: list[tuple[list[str], dict[str, str]]] = []
+        self._runner = SimpleNamespace(  # what sessions.invocation_part reads: nox queued nothing after this one
+            name="gpu_matrix(torch='2.13.0')", manifest=SimpleNamespace(list_all_sessions=lambda: [])
+        )
 
     def run_install(self, *args, silent=False, log=True, success_codes=None, stdout=None, stderr=None):
         self.commands.append((list(args), dict(self.env)))
@@ -331,7 +336,7 @@ def test_a_version_the_index_lacks_fails_fast_with_pips_reason(tmp_path):
 @pytest.mark.slow
 def test_a_second_venv_for_a_version_seen_before_downloads_nothing(tmp_path):
     """pip's downloads land in the wheelhouse; a fresh venv for the same version installs from it."""
-    from torchmatrix.devices import probe
+    from torchmatrix.env.devices import probe
 
     version = probe().base_version
     project = tmp_path / "project"

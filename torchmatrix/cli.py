@@ -12,25 +12,25 @@ import re
 import sys
 from pathlib import Path
 
-from torchmatrix import junit
-from torchmatrix.config import ConfigError, Matrix, load_matrix
-from torchmatrix.confirmation import DEFAULT_LIMIT as DEFAULT_CONFIRM_LIMIT
-from torchmatrix.github import github_matrix
-from torchmatrix.merge import MergeError, merge_reports
-from torchmatrix.output_cap import DEFAULT_CAP_BYTES
-from torchmatrix.plan_file import PlanFileError
-from torchmatrix.progress import InvocationPart
-from torchmatrix.report import append_step_summary, compare_markdown, load_run, write_report
-from torchmatrix.results import ResultsError, RunResults, load_results
-from torchmatrix.run_directory import check_run_id, new_run_id
-from torchmatrix.runner import DEFAULT_MAX_CPU_RANKS, RunError, RunRequest, run_version
-from torchmatrix.safe_names import UnsafeName, check_name
-from torchmatrix.selection import SelectionError, Shard, parse_only, select_cells
-from torchmatrix.sensitivity import GENERIC_MUTANTS, SensitivityError, run_sensitivity
-from torchmatrix.slurm import SlurmOptions, write_slurm
+from torchmatrix.matrix.config import ConfigError, Matrix, load_matrix
+from torchmatrix.matrix.safe_names import UnsafeName, check_name
+from torchmatrix.matrix.selection import SelectionError, Shard, parse_only, select_cells
+from torchmatrix.messages.run_plan import PlanFileError
+from torchmatrix.ranks.output_cap import DEFAULT_CAP_BYTES
+from torchmatrix.reports import junit
+from torchmatrix.reports.confirmation import DEFAULT_LIMIT as DEFAULT_CONFIRM_LIMIT
+from torchmatrix.reports.report import append_step_summary, compare_markdown, load_run, write_report
+from torchmatrix.reports.results import ResultsError, RunResults, load_results
+from torchmatrix.reports.untrusted_text import one_line
+from torchmatrix.reports.upgrade_diff import CompareError
+from torchmatrix.run.progress import InvocationPart
+from torchmatrix.run.run_directory import check_run_id, new_run_id
+from torchmatrix.run.runner import DEFAULT_MAX_CPU_RANKS, RunError, RunRequest, run_version
+from torchmatrix.scale.github import github_matrix
+from torchmatrix.scale.merge import MergeError, merge_reports
+from torchmatrix.scale.slurm import SlurmOptions, write_slurm
+from torchmatrix.sensitivity.command import GENERIC_MUTANTS, SensitivityError, run_sensitivity
 from torchmatrix.status import tally
-from torchmatrix.untrusted_text import one_line
-from torchmatrix.upgrade_diff import CompareError
 
 USAGE_EXIT = 2
 CLOSING_ROOT_CAUSES = 5

@@ -17,8 +17,7 @@ from pathlib import Path
 
 from nox.command import CommandFailed
 
-from torchmatrix.config import ConfigError, Matrix, load_matrix
-from torchmatrix.envdir_lock import (
+from torchmatrix.env.envdir_lock import (
     EnvdirBusy,
     EnvdirUnlockable,
     MatrixSession,
@@ -27,9 +26,10 @@ from torchmatrix.envdir_lock import (
     reuses_venvs_only,
     runs_matrix_sessions,
 )
-from torchmatrix.run_directory import check_run_id, new_run_id
-from torchmatrix.safe_names import UnsafeName
-from torchmatrix.torch_install import install_torch
+from torchmatrix.env.torch_install import install_torch
+from torchmatrix.matrix.config import ConfigError, Matrix, load_matrix
+from torchmatrix.matrix.safe_names import UnsafeName
+from torchmatrix.run.run_directory import check_run_id, new_run_id
 
 PROJECT = Path(__file__).resolve().parent.parent
 USAGE_EXIT = 2

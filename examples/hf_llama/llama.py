@@ -1,4 +1,4 @@
-"""A tiny Hugging Face Llama as the `model` and `batch` components (torchmatrix/protocol.py).
+"""A tiny Hugging Face Llama as the `model` and `batch` components (torchmatrix/components/protocol.py).
 
 `LlamaForTraining` is transformers' own LlamaForCausalLM, built from a LlamaConfig with
 random weights (nothing is downloaded), with the three things the suites need on top: a

@@ -1,5 +1,5 @@
 """The `parallelize` component for the Hugging Face Llama: transformers' own gradient
-checkpointing, then FSDP1 or FSDP2 with one unit per decoder layer (torchmatrix/protocol.py).
+checkpointing, then FSDP1 or FSDP2 with one unit per decoder layer (torchmatrix/components/protocol.py).
 
 The FSDP wrapping is the reference one (models/parallel.py): it only needs `decoder_layers()`,
 which the suites' probe model has too.

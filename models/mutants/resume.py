@@ -10,7 +10,7 @@ import torch
 
 from models.checkpoint import Checkpointer
 from models.optim import PrecisionAwareAdamW
-from torchmatrix.generic_mutants import restores_on_rank_zero_only
+from torchmatrix.sensitivity.mutants import restores_on_rank_zero_only
 
 
 class RawOptimizerStateCheckpointer(Checkpointer):

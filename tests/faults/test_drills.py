@@ -237,7 +237,7 @@ def nox_matrix(version: str) -> str:
 
 
 def test_a_torch_that_does_not_exist_errors_its_cells_and_the_other_version_runs(slow_project, tmp_path):
-    from torchmatrix.devices import probe
+    from torchmatrix.env.devices import probe
 
     version = probe().base_version
     slow_project.write("matrix.toml", nox_matrix(version))

@@ -407,7 +407,7 @@ def _write(project: Project, case: Case) -> None:
 
 
 def _digest(project: Project) -> str:
-    from torchmatrix.config import load_matrix
+    from torchmatrix.matrix.config import load_matrix
 
     return load_matrix(project.root / "matrix.toml").digest
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from torchmatrix import sessions
-from torchmatrix.envdir_lock import (
+from torchmatrix.env.envdir_lock import (
     EnvdirBusy,
     MatrixSession,
     envdir_of,

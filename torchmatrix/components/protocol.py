@@ -1,0 +1,241 @@
+"""The component protocol: per `[components]` name, what the suites pass to the factory and what
+they expect back, written down once as data so that the README table and the pre-run signature
+check (torchmatrix.run.component_check) read the same thing.
+
+It is derived from the calls the suites make. An argument is `always` passed, passed by `some`
+suites only (the factory needs a default for it), or `optional` (the factory may leave it out,
+and the suites then skip what needs it).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+ALWAYS, SOME, OPTIONAL = "always", "some", "optional"
+
+
+@dataclass(frozen=True)
+class Argument:
+    """One argument a suite passes; positional ones come first, in order."""
+
+    name: str
+    meaning: str
+    passed: str = ALWAYS
+    positional: bool = False
+
+
+@dataclass(frozen=True)
+class Member:
+    """A method the suites call: on the component itself, or on what calling it returns."""
+
+    name: str
+    arguments: tuple[Argument, ...]
+    returns: str
+    on_instance: bool = True
+
+    def call_text(self, owner: str) -> str:
+        return f"{owner}.{self.name}({parameters_text(self.arguments)})"
+
+
+@dataclass(frozen=True)
+class Component:
+    """What one `[components]` entry must be: a callable taking `arguments`, returning `returns`."""
+
+    name: str
+    arguments: tuple[Argument, ...]
+    returns: str
+    suites: tuple[str, ...]
+    members: tuple[Member, ...] = ()
+
+    def call_text(self, callee: str | None = None) -> str:
+        """The call as the suites make it, e.g. `model(cell, *, dtype, dropout=...)`."""
+        return f"{callee or self.name}({parameters_text(self.arguments)})"
+
+    def owner_text(self, member: Member) -> str:
+        """How the suites reach a member: `dataset.write`, or `checkpointer().save` on what the factory returns."""
+        return self.call_text() if member.on_instance else self.name
+
+
+def parameters_text(arguments: tuple[Argument, ...]) -> str:
+    """Arguments as a signature reads: positional names, then `*` and the keywords (`=...` when not always passed)."""
+    positional = [a.name for a in arguments if a.positional]
+    keywords = [a.name if a.passed == ALWAYS else f"{a.name}=..." for a in arguments if not a.positional]
+    return ", ".join(positional + (["*", *keywords] if keywords else []))
+
+
+GRAD_CKPT, RESUME, DTENSOR_OPTIM = "grad_ckpt", "resume", "dtensor_optim"
+
+CELL = Argument(
+    "cell", 'the cell: a read-only mapping of axis -> value (`cell["attn"]`, `cell.world_size`)', positional=True
+)
+
+COMPONENTS: tuple[Component, ...] = (
+    Component(
+        name="model",
+        arguments=(
+            CELL,
+            Argument("dtype", "torch.dtype of the parameters (float32, or bfloat16 for bf16 suites and optimizers)"),
+            Argument("dropout", "dropout probability; dtensor_optim leaves it out, so default it to 0.0", SOME),
+        ),
+        returns=(
+            "an nn.Module on the CPU, its parameters drawn from the global RNG (the suites seed it first), with "
+            "`decoder_layers()` (the checkpointing and sharding units) and `body_calls()` (layer -> how often its "
+            "body ran); `model(tokens)` (resume, the loader's batch) and `model(**batch)` return an output with "
+            "`.loss` and (grad_ckpt) `.past_key_values`, a mapping layer -> tuple of tensors the layers wrote"
+        ),
+        suites=(GRAD_CKPT, RESUME, DTENSOR_OPTIM),
+    ),
+    Component(
+        name="batch",
+        arguments=(
+            Argument(
+                "model", "the model, before or after `parallelize`: read sizes from it, do not call it", positional=True
+            ),
+            Argument("seed", "seed for this rank's batch; use a torch.Generator, not the global RNG"),
+            Argument("device", "torch.device of this rank"),
+        ),
+        returns="a dict of keyword arguments for `model(**batch)`",
+        suites=(GRAD_CKPT, DTENSOR_OPTIM),
+    ),
+    Component(
+        name="parallelize",
+        arguments=(
+            Argument(
+                "model",
+                "what the `model` factory built, or dtensor_optim's probe model (it has `decoder_layers()`)",
+                positional=True,
+            ),
+            CELL,
+            Argument("device", "torch.device of this rank (cpu with gloo, cuda with nccl)"),
+            Argument(
+                "activation_checkpointing",
+                "checkpoint every decoder layer; only grad_ckpt passes it, default False",
+                SOME,
+            ),
+            Argument(
+                "mesh",
+                "a 1-D DeviceMesh to shard over, default every rank; without it the reshard tests skip",
+                OPTIONAL,
+            ),
+        ),
+        returns='the model on `device`, wrapped as `cell["fsdp"]` says (none | fsdp1 | fsdp2), checkpointing switched as asked',
+        suites=(GRAD_CKPT, RESUME, DTENSOR_OPTIM),
+    ),
+    Component(
+        name="optimizer_<value>",
+        arguments=(
+            Argument("params", "the wrapped model's parameters()", positional=True),
+            Argument("lr", "learning rate"),
+            Argument("betas", "Adam betas; dtensor_optim leaves it out", SOME),
+            Argument("eps", "Adam epsilon; dtensor_optim leaves it out", SOME),
+            Argument("weight_decay", "decoupled weight decay; dtensor_optim leaves it out", SOME),
+        ),
+        returns="a torch.optim.Optimizer; one component per value of the `optimizer` axis",
+        suites=(RESUME, DTENSOR_OPTIM),
+    ),
+    Component(
+        name="checkpointer",
+        arguments=(),
+        returns="an object with `save` and `load`, both collectives called on every rank",
+        suites=(RESUME,),
+        members=(
+            Member(
+                "save",
+                (
+                    Argument("directory", "checkpoint directory, the same on every rank", positional=True),
+                    Argument("model", "the wrapped model"),
+                    Argument("optimizer", "the optimizer"),
+                    Argument("scheduler", "a torch LR scheduler"),
+                    Argument("loader", "the dataset's loader (state_dict / load_state_dict)"),
+                    Argument("step", "the step being saved"),
+                ),
+                "None",
+            ),
+            Member(
+                "load",
+                (
+                    Argument("directory", "checkpoint directory, the same on every rank", positional=True),
+                    Argument("model", "a freshly built wrapped model"),
+                    Argument("optimizer", "a fresh optimizer, no step taken yet"),
+                    Argument("scheduler", "a fresh LR scheduler"),
+                    Argument("loader", "a fresh loader"),
+                ),
+                "the step that was saved",
+            ),
+        ),
+    ),
+    Component(
+        name="dataset",
+        arguments=(Argument("path", "the file `write` created", positional=True),),
+        returns="a dataset with `loader(...)`",
+        suites=(RESUME,),
+        members=(
+            Member(
+                "write",
+                (
+                    Argument("path", "file to create (the suite's main process calls this once)", positional=True),
+                    Argument("vocab_size", "token ids are below this; the model must accept them"),
+                    Argument("num_sequences", "how many sequences"),
+                    Argument("seq_len", "tokens per sequence"),
+                    Argument("seed", "seed of the data"),
+                ),
+                "anything (ignored)",
+                on_instance=False,
+            ),
+            Member(
+                "loader",
+                (
+                    Argument("batch_size", "sequences per rank and step"),
+                    Argument("rank", "this rank"),
+                    Argument("world_size", "ranks of the cell"),
+                ),
+                "an iterator of token-id tensors (batch_size, seq_len), passed as `model(tokens)`, with state_dict()/load_state_dict()",
+            ),
+        ),
+    ),
+)
+
+OPTIMIZER_NAME = re.compile(r"^optimizer_([a-z0-9_.+]+)$", re.IGNORECASE)
+
+
+def component_for(name: str) -> Component | None:
+    """The protocol entry for a `[components]` key (`optimizer_adamw` -> `optimizer_<value>`), or None."""
+    if OPTIMIZER_NAME.match(name):
+        name = "optimizer_<value>"
+    return next((component for component in COMPONENTS if component.name == name), None)
+
+
+def required_names(suite_names: list[str], optimizer_values: list[str]) -> dict[str, list[str]]:
+    """Component key -> the registered suites that need it (`optimizer_<value>` expanded per axis value)."""
+    needed: dict[str, list[str]] = {}
+    for component in COMPONENTS:
+        users = [suite for suite in component.suites if suite in suite_names]
+        if not users:
+            continue
+        keys = (
+            [f"optimizer_{value}" for value in optimizer_values]
+            if component.name == "optimizer_<value>"
+            else [component.name]
+        )
+        for key in keys:
+            needed[key] = users
+    return needed
+
+
+def markdown_table() -> str:
+    """The protocol as the README shows it: one row per component and per method."""
+    rows = ["| component | called as | receives | returns | used by |", "|---|---|---|---|---|"]
+    for component in COMPONENTS:
+        rows.append(
+            _row(component.name, component.call_text(), component.arguments, component.returns, component.suites)
+        )
+        for member in component.members:
+            rows.append(_row("", member.call_text(component.owner_text(member)), member.arguments, member.returns, ()))
+    return "\n".join(rows)
+
+
+def _row(name: str, call: str, arguments: tuple[Argument, ...], returns: str, suites: tuple[str, ...]) -> str:
+    receives = "; ".join(f"`{a.name}`: {a.meaning}" for a in arguments) or "nothing"
+    cells = [f"`{name}`" if name else "", f"`{call}`", receives, returns, ", ".join(suites)]
+    return "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"

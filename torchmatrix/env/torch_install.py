@@ -1,0 +1,211 @@
+"""Install one torch version into a nox session's venv, as matrix.toml's `[torch.install."V"]` says.
+
+First the index is asked whether it has `torch==V` (`pip index versions torch`, which reads the
+user's pip configuration; uv resolves torch alone from metadata), so a version it does not have
+fails in seconds with the installer's one-line reason. Then torch, numpy and the
+version's extra requirements install with their progress on the terminal and the installer's
+full output in install.log.
+
+Downloads are reused across venvs and re-runs. uv's cache keeps every wheel. pip's HTTP cache
+keeps one only when the index allows it (a proxy that strips Cache-Control defeats it), so with
+pip the files go to a wheelhouse first (`pip download -d`, which skips files already there) and
+install from it with `--no-index`: a version seen before costs no download, whatever the network.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from torchmatrix.env.install_progress import InstallProgress, ProgressLine
+from torchmatrix.matrix.config import TorchInstall
+
+WHEELHOUSE_VARIABLE = "TORCHMATRIX_WHEELHOUSE"
+PIP_CONFIG_LINE = re.compile(r"^(?:global|install|:env:)\.([a-z-]+)='(.*)'$")
+PIP_RAW_PROGRESS_SINCE = (24, 1)
+AVAILABLE_VERSIONS = re.compile(r"^Available versions: (.*)$", re.M)
+
+
+@dataclass(frozen=True)
+class InstallResult:
+    """Whether the version installed, and the installer's one-line reason when it did not."""
+
+    ok: bool
+    reason: str = ""
+
+
+def pip_index_options(pip_config_list: str) -> list[str]:
+    """uv options equal to pip's index settings (`pip config list` output: files, then PIP_* vars).
+
+    uv reads neither pip.conf nor PIP_* variables; with these and `--index-strategy
+    unsafe-best-match` it looks where pip looks and picks the best version across indexes as pip does.
+    """
+    settings: dict[str, str] = {}
+    for line in pip_config_list.splitlines():
+        if match := PIP_CONFIG_LINE.match(line.strip()):
+            settings[match[1]] = match[2]
+    options = ["--index-strategy", "unsafe-best-match"]
+    if settings.get("no-index", "").lower() in ("1", "true", "yes", "on"):
+        options.append("--no-index")
+    if "index-url" in settings:
+        options += ["--index-url", settings["index-url"]]
+    for url in settings.get("extra-index-url", "").split():
+        options += ["--extra-index-url", url]
+    for location in settings.get("find-links", "").split():
+        options += ["--find-links", location]
+    return options
+
+
+def index_options(install: TorchInstall, *, uv: bool, pip_config_list: str) -> list[str]:
+    """Where the installer looks: for uv, pip's settings made explicit; then the version's index_url."""
+    options = pip_index_options(pip_config_list) if uv else []
+    if install.index_url:
+        if "--index-url" in options:
+            at = options.index("--index-url")
+            del options[at : at + 2]
+        options += ["--index-url", install.index_url]
+    return options
+
+
+def index_has(version: str, index_versions_output: str) -> bool:
+    """Whether `pip index versions torch` listed a release that `torch==version` accepts (local labels such as +cpu included)."""
+    listed = AVAILABLE_VERSIONS.search(index_versions_output)
+    wanted = SpecifierSet(f"=={version}")
+    for text in listed[1].split(", ") if listed else []:
+        try:
+            if wanted.contains(Version(text), prereleases=True):
+                return True
+        except InvalidVersion:
+            continue
+    return False
+
+
+def wheelhouse(version: str, install: TorchInstall, environ=os.environ) -> Path | None:
+    """Where pip's downloads for this version are kept: `$TORCHMATRIX_WHEELHOUSE` (default
+    `~/.cache/torchmatrix/wheels`, `off` for none), one folder per version and index."""
+    root = environ.get(WHEELHOUSE_VARIABLE)
+    if root == "off":
+        return None
+    if not root:
+        cache = environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+        root = str(Path(cache) / "torchmatrix" / "wheels")
+    index = hashlib.sha256((install.index_url or "").encode()).hexdigest()[:8] if install.index_url else "default"
+    return Path(root) / f"torch-{version}-{index}"
+
+
+class _StreamedCommand:
+    """A pipe a nox command writes into; a thread copies it to the log and feeds the progress."""
+
+    def __init__(self, log, progress: InstallProgress, line: ProgressLine):
+        read_fd, write_fd = os.pipe()
+        self.writer = os.fdopen(write_fd, "w")
+        self.reader = os.fdopen(read_fd, "r", errors="replace")
+        self.log, self.progress, self.line = log, progress, line
+        self.thread = threading.Thread(target=self._copy, daemon=True)
+        self.thread.start()
+
+    def _copy(self) -> None:
+        for text in self.reader:
+            self.log.write(text)
+            self.progress.feed(text)
+            self.line.update()
+        self.log.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+        self.thread.join()
+        self.reader.close()
+
+
+def install_torch(session, version: str, install: TorchInstall, log_path: Path) -> InstallResult:
+    """Check that torch==V resolves, then install it with numpy and the version's requirements."""
+    import nox
+
+    uv = getattr(session, "venv_backend", "virtualenv") == "uv"
+    probe = ["python", "--version"] if uv else ["python", "-m", "pip", "--version"]
+    installer_version = session.run_install(*probe, silent=True, log=False)
+    if installer_version is None:
+        return InstallResult(True)  # nox -R: the venv is reused and installs are skipped
+    pip_config = subprocess.run(
+        [sys.executable, "-m", "pip", "config", "list"],
+        env={**os.environ, **install.env},  # a version's env may set PIP_INDEX_URL and friends
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout
+    options = index_options(install, uv=uv, pip_config_list=pip_config)
+    constraints = []
+    if install.constraints:
+        constraints_file = log_path.parent / "constraints.txt"
+        constraints_file.write_text("\n".join(install.constraints) + "\n")
+        constraints = ["--constraint", str(constraints_file)]
+    installer = ["uv", "pip", "install"] if uv else ["python", "-m", "pip", "install"]
+    progress = InstallProgress(f"torch {version}")
+    line = ProgressLine(progress)
+    with open(log_path, "w") as log, line.ticking():
+        log.write(f"# {' '.join(installer)} options: {' '.join(options) or '(none: the installer configuration)'}\n")
+        pre = ["--pre"] if Version(version).is_prerelease else []
+        check = [
+            *installer,
+            "--dry-run",
+            "--no-deps",
+            f"torch=={version}",
+            *options,
+            *_progress_option(installer_version, uv),
+        ]
+        if not uv:
+            listing = session.run_install(
+                "python", "-m", "pip", "index", "versions", "torch", *pre, *options, silent=True, success_codes=[0, 1]
+            )
+            log.write(f"# pip index versions torch\n{listing}\n")
+            check = None if index_has(version, listing or "") else [*check, "--ignore-installed"]
+        wanted = [f"torch=={version}", "numpy", *install.requirements]
+        wheels = None if uv else wheelhouse(version, install)
+        if wheels is None:
+            install_step = [*wanted, *options, *constraints, *_progress_option(installer_version, uv)]
+            download = None
+        else:
+            wheels.mkdir(parents=True, exist_ok=True)
+            download = ["python", "-m", "pip", "download", "-d", str(wheels), *wanted, *options, *constraints]
+            download += _progress_option(installer_version, uv)
+            install_step = ["--no-index", "--find-links", str(wheels), *wanted, *constraints]
+        steps = [("checking", check), ("downloading", download), ("installing", install_step)]
+        for phase, command in steps:
+            if command is None:
+                continue
+            log.write(f"# {phase}\n")
+            log.flush()
+            progress.phase = phase
+            stream = _StreamedCommand(log, progress, line)
+            try:
+                if phase == "installing":
+                    session.install(*command, silent=False, stdout=stream.writer, stderr=subprocess.STDOUT)
+                else:
+                    session.run_install(*command, stdout=stream.writer, stderr=subprocess.STDOUT)
+            except nox.command.CommandFailed:
+                stream.close()
+                reason = progress.reason or f"the installer failed (see {log_path})"
+                line.close(f"failed: {reason}")
+                return InstallResult(False, reason)
+            stream.close()
+    line.close("done")
+    return InstallResult(True)
+
+
+def _progress_option(installer_version: str, uv: bool) -> list[str]:
+    """pip's machine-readable download progress (pip >= 24.1); uv reports each download itself."""
+    if uv:
+        return []
+    match = re.match(r"pip (\d+)\.(\d+)", installer_version)
+    if match and (int(match[1]), int(match[2])) >= PIP_RAW_PROGRESS_SINCE:
+        return ["--progress-bar", "raw"]
+    return []

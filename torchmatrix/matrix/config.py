@@ -1,0 +1,523 @@
+"""Load and validate matrix.toml into a `Matrix`.
+
+Every problem a user can make in the file is reported as one `ConfigError` line that names the
+file, the key path and what to change, so the CLI can print it and exit 2 without a traceback.
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import hashlib
+import math
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from packaging.requirements import InvalidRequirement, Requirement
+
+from torchmatrix.components.loading import IMPORT_PATH
+from torchmatrix.matrix.cells import Cell, expand_cells, value_token
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    import tomli as tomllib
+
+NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+VALUE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+]*$")
+TORCH_VERSION = re.compile(r"^(system|[0-9]+(\.[0-9]+)*([a-z]+[0-9]*)?(\.[a-z]+[0-9]+)*(\+[A-Za-z0-9.]+)?)$")
+TOP_LEVEL_KEYS = ("torch", "axes", "exclude", "include", "suites", "components", "report", "project")
+SUITE_KEYS = ("path", "timeout", "axes", "options")
+INSTALL_KEYS = ("index_url", "requirements", "constraints", "env")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+INDEX_URL = re.compile(r"^(https?|file)://\S+$")
+REPORT_KEYS = ("drift_ratio", "slowdown_ratio")
+PROJECT_KEYS = ("root",)
+MAX_TEST_TIMEOUT_S = 86400
+TOML_DATES = (datetime.date, datetime.time)  # datetime.datetime is a date
+
+
+class ConfigError(Exception):
+    """A problem in matrix.toml, phrased as one line that says where and what to change."""
+
+
+@dataclass(frozen=True)
+class Suite:
+    """A pytest module run once per distinct combination of the axes it depends on."""
+
+    name: str
+    path: str
+    timeout: float
+    axes: tuple[str, ...]
+    options: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+
+
+@dataclass(frozen=True)
+class TorchInstall:
+    """How one torch version is installed: its index, what goes in beside it, its environment.
+
+    The environment variables are set for the install and for the run of that version's cells.
+    """
+
+    index_url: str | None = None
+    requirements: tuple[str, ...] = ()
+    constraints: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict, hash=False, compare=False)
+
+
+@dataclass(frozen=True)
+class ReportSettings:
+    """Thresholds the upgrade diff uses to call drift or slowdown significant."""
+
+    drift_ratio: float = 10.0
+    slowdown_ratio: float = 1.5
+
+
+@dataclass(frozen=True)
+class Matrix:
+    """The validated contents of one matrix.toml."""
+
+    path: Path
+    versions: tuple[str, ...]
+    baseline: str
+    axes: dict[str, tuple[Any, ...]]
+    exclude: tuple[dict[str, Any], ...]
+    include: tuple[dict[str, Any], ...]
+    suites: dict[str, Suite]
+    components: dict[str, str]
+    report: ReportSettings
+    digest: str
+    installs: dict[str, TorchInstall] = field(default_factory=dict)
+
+    def install(self, version: str) -> TorchInstall:
+        """`[torch.install."V"]`, or pip's defaults when the version has no table."""
+        return self.installs.get(version, TorchInstall())
+
+    @property
+    def root(self) -> Path:
+        """The directory suite paths and component imports are resolved from."""
+        return self.path.parent
+
+    def cells(self) -> list[Cell]:
+        """Every cell of the matrix, in expansion order."""
+        return list(self._expanded)
+
+    @functools.cached_property
+    def _expanded(self) -> tuple[Cell, ...]:
+        """Expanded once: loading checks the ids and every command then selects from the same cells."""
+        return tuple(expand_cells(self.axes, self.exclude, self.include))
+
+
+def load_matrix(path: str | Path) -> Matrix:
+    """Read and validate matrix.toml; raise ConfigError naming the first problem found."""
+    path = Path(path).resolve()
+    where = _Where(path.name)
+    try:
+        raw_bytes = path.read_bytes()
+    except OSError as error:
+        raise ConfigError(f"{path}: cannot read the matrix file ({error.strerror}); pass --config PATH") from None
+    try:
+        raw = tomllib.loads(raw_bytes.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
+        raise ConfigError(f"{path.name}: not valid TOML ({error}); fix the syntax") from None
+
+    where.unknown_keys(raw, TOP_LEVEL_KEYS, "")
+    versions, baseline, installs = _torch(raw, where)
+    axes = _axes(raw, where)
+    exclude = tuple(
+        _exclude_entry(entry, axes, where.at(f"exclude[{i}]"))
+        for i, entry in enumerate(where.list_of_tables(raw, "exclude"))
+    )
+    include = tuple(
+        _include_entry(entry, axes, where.at(f"include[{i}]"))
+        for i, entry in enumerate(where.list_of_tables(raw, "include"))
+    )
+    suites = _suites(raw, axes, path.parent, _project_root(raw, path.parent, where), where)
+    components = _components(raw, where)
+    report = _report(raw, where)
+    matrix = Matrix(
+        path=path,
+        versions=versions,
+        baseline=baseline,
+        axes=axes,
+        exclude=exclude,
+        include=include,
+        suites=suites,
+        components=components,
+        report=report,
+        digest=hashlib.sha256(raw_bytes).hexdigest(),
+        installs=installs,
+    )
+    _check_cells(matrix, where)
+    return matrix
+
+
+class _Where:
+    """Formats error lines as `<file>: <key path>: <problem>; <fix>`."""
+
+    def __init__(self, filename: str, key: str = ""):
+        self.filename = filename
+        self.key = key
+
+    def at(self, key: str) -> _Where:
+        return _Where(self.filename, f"{self.key}.{key}" if self.key else key)
+
+    def index(self, i: int) -> _Where:
+        return _Where(self.filename, f"{self.key}[{i}]")
+
+    def error(self, problem: str, fix: str) -> ConfigError:
+        location = f"{self.filename}: {self.key}" if self.key else self.filename
+        return ConfigError(f"{location}: {problem}; {fix}")
+
+    def unknown_keys(self, table: dict, allowed: tuple[str, ...], what: str) -> None:
+        for key in table:
+            if key not in allowed:
+                raise self.at(key).error(f"unknown key{what}", f"use one of: {', '.join(allowed)}")
+
+    def table(self, raw: dict, key: str, *, required: bool) -> dict:
+        value = raw.get(key)
+        if value is None:
+            if required:
+                raise self.at(key).error("missing", f"add a [{key}] table")
+            return {}
+        if not isinstance(value, dict):
+            raise self.at(key).error(f"must be a table, not {_type_name(value)}", f"write it as [{key}]")
+        return value
+
+    def list_of_tables(self, raw: dict, key: str) -> list[dict]:
+        value = raw.get(key, [])
+        if not isinstance(value, list) or not all(isinstance(entry, dict) for entry in value):
+            raise self.at(key).error("must be an array of tables", f"write each entry as [[{key}]]")
+        return value
+
+
+def _type_name(value: Any) -> str:
+    return {
+        str: "a string",
+        int: "an integer",
+        float: "a float",
+        bool: "a boolean",
+        list: "an array",
+        dict: "a table",
+    }.get(type(value), type(value).__name__)
+
+
+def _torch(raw: dict, where: _Where) -> tuple[tuple[str, ...], str, dict[str, TorchInstall]]:
+    table = where.table(raw, "torch", required=True)
+    where = where.at("torch")
+    where.unknown_keys(table, ("versions", "baseline", "install"), " in [torch]")
+    versions = table.get("versions")
+    if not isinstance(versions, list) or not versions:
+        raise where.at("versions").error(
+            "must be a non-empty array of version strings", 'write e.g. versions = ["2.13.0", "2.14.1"]'
+        )
+    for i, version in enumerate(versions):
+        if not isinstance(version, str) or not TORCH_VERSION.match(version):
+            raise (
+                where.at("versions")
+                .index(i)
+                .error(
+                    f"{version!r} is not a torch version",
+                    'write a pip version such as "2.13.0", or "system" for the installed torch',
+                )
+            )
+    duplicates = sorted({v for v in versions if versions.count(v) > 1})
+    if duplicates:
+        raise where.at("versions").error(f"{duplicates[0]!r} is listed twice", "list each version once")
+    baseline = table.get("baseline", versions[0])
+    if baseline not in versions:
+        raise where.at("baseline").error(
+            f"{baseline!r} is not among versions {versions}", "set baseline to one of the listed versions"
+        )
+    return tuple(versions), baseline, _installs(table, versions, where)
+
+
+def _installs(table: dict, versions: list[str], where: _Where) -> dict[str, TorchInstall]:
+    installs = table.get("install", {})
+    where = where.at("install")
+    if not isinstance(installs, dict):
+        raise where.error(f"must be a table, not {_type_name(installs)}", 'write [torch.install."<version>"] tables')
+    result = {}
+    for version, spec in installs.items():
+        at = where.at(f'"{version}"')
+        if version not in versions or version == "system":
+            raise at.error(
+                f"{version!r} is not an installable version in [torch].versions",
+                "name a listed pip version, or add it to versions",
+            )
+        if not isinstance(spec, dict):
+            raise at.error(f"must be a table, not {_type_name(spec)}", f'write it as [torch.install."{version}"]')
+        at.unknown_keys(spec, INSTALL_KEYS, f' in [torch.install."{version}"]')
+        index_url = spec.get("index_url")
+        if index_url is not None and (not isinstance(index_url, str) or not INDEX_URL.match(index_url)):
+            raise at.at("index_url").error(
+                f"{index_url!r} is not an index URL",
+                'write e.g. index_url = "https://download.pytorch.org/whl/nightly/cpu"',
+            )
+        env = spec.get("env", {})
+        if not isinstance(env, dict):
+            raise at.at("env").error(f"must be a table, not {_type_name(env)}", 'write env = { NAME = "value" }')
+        for name, value in env.items():
+            if not ENV_NAME.match(name) or not isinstance(value, str):
+                raise (
+                    at.at("env")
+                    .at(name)
+                    .error("must be an environment variable name set to a string", 'write NAME = "value"')
+                )
+        result[version] = TorchInstall(
+            index_url=index_url,
+            requirements=_requirements(spec.get("requirements", []), at.at("requirements")),
+            constraints=_requirements(spec.get("constraints", []), at.at("constraints")),
+            env=dict(env),
+        )
+    return result
+
+
+def _requirements(value: Any, where: _Where) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        raise where.error(f"must be an array, not {_type_name(value)}", 'write e.g. ["numpy<2"]')
+    for i, text in enumerate(value):
+        try:
+            requirement = Requirement(text) if isinstance(text, str) else None
+        except InvalidRequirement as error:
+            raise where.index(i).error(
+                f"{text!r} is not a pip requirement ({str(error).splitlines()[0]})", 'write e.g. "numpy<2"'
+            ) from None
+        if requirement is None:
+            raise where.index(i).error(f"{text!r} is not a string", 'write e.g. "numpy<2"')
+        if requirement.name.lower() == "torch":
+            raise where.index(i).error(
+                "names torch, which [torch].versions pins", "list the version in versions instead"
+            )
+    return tuple(value)
+
+
+def _scalar_ok(value: Any) -> bool:
+    if isinstance(value, bool):
+        return True
+    if isinstance(value, (int, float)):
+        return math.isfinite(value) and "-" not in str(value)
+    return isinstance(value, str) and bool(VALUE.match(value))
+
+
+def _check_value(axis: str, value: Any, where: _Where) -> None:
+    if not _scalar_ok(value):
+        raise where.error(
+            f"{value!r} is not a valid axis value",
+            "use a finite number without '-' (it separates values in cell ids), a boolean, or a string of letters, digits, '_', '.' and '+' that starts with a letter or digit",
+        )
+    if axis == "world_size" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise where.error(f"{value!r} is not a world size", "use a positive integer GPU count")
+
+
+def _axes(raw: dict, where: _Where) -> dict[str, tuple[Any, ...]]:
+    table = where.table(raw, "axes", required=True)
+    where = where.at("axes")
+    if not table:
+        raise where.error("no axes defined", "add at least one axis, e.g. world_size = [1, 2]")
+    axes = {}
+    for name, values in table.items():
+        at = where.at(name)
+        if not NAME.match(name):
+            raise at.error("axis names are lower-case identifiers", "rename it using a-z, 0-9 and _")
+        if not isinstance(values, list):
+            raise at.error(f"must be an array, not {_type_name(values)}", f"write {name} = [{values!r}]")
+        if not values:
+            raise at.error("has no values", "list at least one value or remove the axis")
+        for i, value in enumerate(values):
+            _check_value(name, value, at.index(i))
+        tokens = [value_token(name, v) for v in values]
+        duplicate = next((v for v, t in zip(values, tokens) if tokens.count(t) > 1), None)
+        if duplicate is not None:
+            raise at.error(f"value {duplicate!r} is listed twice", "list each value once")
+        axes[name] = tuple(values)
+    return axes
+
+
+def _exclude_entry(entry: dict, axes: dict, where: _Where) -> dict[str, Any]:
+    if not entry:
+        raise where.error("is empty and would exclude every cell", "name at least one axis value")
+    for axis, value in entry.items():
+        at = where.at(axis)
+        if axis not in axes:
+            raise at.error("is not an axis", f"exclude only names axes from [axes]: {', '.join(axes)}")
+        known = {value_token(axis, a) for a in axes[axis]}
+        for v in value if isinstance(value, list) else [value]:
+            if not _scalar_ok(v) or value_token(axis, v) not in known:
+                raise at.error(
+                    f"{v!r} is not a value of [axes].{axis} {list(axes[axis])}",
+                    "fix the value, or the exclude can never match",
+                )
+    return dict(entry)
+
+
+def _include_entry(entry: dict, axes: dict, where: _Where) -> dict[str, Any]:
+    if not entry:
+        raise where.error("is empty", "name the axis values the include adds or extends")
+    for axis, value in entry.items():
+        at = where.at(axis)
+        if axis not in axes:
+            raise at.error("is not an axis", f"include only names axes from [axes]: {', '.join(axes)}")
+        if isinstance(value, list):
+            raise at.error("must be a single value", "write one [[include]] entry per value")
+        _check_value(axis, value, at)
+    return dict(entry)
+
+
+def _suites(raw: dict, axes: dict, root: Path, project: Path, where: _Where) -> dict[str, Suite]:
+    table = where.table(raw, "suites", required=True)
+    where = where.at("suites")
+    if not table:
+        raise where.error("no suites registered", 'add e.g. [suites.collectives] path = "suites/test_collectives.py"')
+    suites = {}
+    for name, spec in table.items():
+        at = where.at(name)
+        if not NAME.match(name):
+            raise at.error("suite names are lower-case identifiers", "rename it using a-z, 0-9 and _")
+        if not isinstance(spec, dict):
+            raise at.error(
+                f"must be a table, not {_type_name(spec)}", f'write [suites.{name}] with path = "suites/..."'
+            )
+        at.unknown_keys(spec, SUITE_KEYS, f" in [suites.{name}]")
+        suites[name] = Suite(
+            name=name,
+            path=_suite_path(spec.get("path"), root, project, at.at("path")),
+            timeout=_test_timeout(spec.get("timeout", 300), at.at("timeout")),
+            axes=_suite_axes(spec.get("axes"), axes, at.at("axes")),
+            options=_options(spec.get("options", {}), at.at("options")),
+        )
+    paths = [suite.path for suite in suites.values()]
+    duplicate = next((p for p in paths if paths.count(p) > 1), None)
+    if duplicate:
+        raise where.error(f"two suites use the path {duplicate!r}", "register each pytest module once")
+    return suites
+
+
+def _suite_path(path: Any, root: Path, project: Path, where: _Where) -> str:
+    if not isinstance(path, str) or not path:
+        raise where.error("missing or not a string", 'set path = "suites/test_<name>.py"')
+    candidate = Path(path)
+    if candidate.is_absolute() or ".." in candidate.parts:
+        raise where.error(f"{path!r} leaves the project directory", "use a path relative to matrix.toml, without '..'")
+    if candidate.suffix != ".py" or not (root / candidate).is_file():
+        raise where.error(
+            f"{path!r} is not a Python file next to matrix.toml", "point it at an existing suites/test_*.py"
+        )
+    target = (root / candidate).resolve()
+    if not target.is_relative_to(project):
+        raise where.error(
+            f"{path!r} is a symlink to {target}, outside the project {project}",
+            "copy the suite into the project, or set [project] root to a directory that holds it",
+        )
+    return candidate.as_posix()
+
+
+def _project_root(raw: dict, matrix_dir: Path, where: _Where) -> Path:
+    """The directory suite paths may resolve into through symlinks: matrix.toml's own, or the
+    `[project] root` the file names (a scratch or example project linking to shared suites)."""
+    table = where.table(raw, "project", required=False)
+    where = where.at("project")
+    where.unknown_keys(table, PROJECT_KEYS, " in [project]")
+    root = table.get("root", ".")
+    if not isinstance(root, str) or not root:
+        raise where.at("root").error(f"{root!r} is not a directory path", 'write e.g. root = "../.."')
+    resolved = (matrix_dir / root).resolve()
+    if not resolved.is_dir():
+        raise where.at("root").error(f"{root!r} is not a directory", "name the directory that holds the suites")
+    return resolved
+
+
+def _positive_number(value: Any, where: _Where, unit: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value > 0 and math.isfinite(value)):
+        raise where.error(f"{value!r} is not a positive number", f"set it in {unit} (finite)")
+    return float(value)
+
+
+def _test_timeout(value: Any, where: _Where) -> float:
+    """A test's deadline in seconds: positive, finite, and at most MAX_TEST_TIMEOUT_S (a day),
+    which keeps every wait the pool derives from it within what the OS timers accept."""
+    seconds = _positive_number(value, where, "seconds per test")
+    if seconds > MAX_TEST_TIMEOUT_S:
+        raise where.error(
+            f"{value!r} seconds is more than a day per test", f"set at most {MAX_TEST_TIMEOUT_S} (seconds per test)"
+        )
+    return seconds
+
+
+def _suite_axes(value: Any, axes: dict, where: _Where) -> tuple[str, ...]:
+    if value is None:
+        return tuple(axes)
+    if not isinstance(value, list) or not all(isinstance(a, str) for a in value):
+        raise where.error(
+            "must be an array of axis names", f"list the axes the suite's result depends on, from: {', '.join(axes)}"
+        )
+    for axis in value:
+        if axis not in axes:
+            raise where.error(f"{axis!r} is not an axis", f"use axes from [axes]: {', '.join(axes)}")
+    if len(set(value)) != len(value):
+        raise where.error("names an axis twice", "list each axis once")
+    return tuple(a for a in axes if a in value)
+
+
+def _options(value: Any, where: _Where) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise where.error(
+            f"must be a table, not {_type_name(value)}", "write the suite's options as a table of key = value"
+        )
+    _refuse_dates(value, where)
+    return dict(value)
+
+
+def _refuse_dates(value: Any, where: _Where) -> None:
+    """Options travel to the suites as JSON, which has no dates: a TOML date must be written as a string."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _refuse_dates(item, where.at(key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _refuse_dates(item, where.index(i))
+    elif isinstance(value, TOML_DATES):
+        raise where.error(
+            f"{value.isoformat()} is a TOML date, which the suites cannot receive", f'quote it: "{value.isoformat()}"'
+        )
+
+
+def _components(raw: dict, where: _Where) -> dict[str, str]:
+    table = where.table(raw, "components", required=False)
+    where = where.at("components")
+    for name, path in table.items():
+        at = where.at(name)
+        if not NAME.match(name):
+            raise at.error("component names are lower-case identifiers", "rename it using a-z, 0-9 and _")
+        if not isinstance(path, str) or not IMPORT_PATH.match(path):
+            raise at.error(f"{path!r} is not an import path", 'write it as "package.module:attribute"')
+    return dict(table)
+
+
+def _report(raw: dict, where: _Where) -> ReportSettings:
+    table = where.table(raw, "report", required=False)
+    where = where.at("report")
+    where.unknown_keys(table, REPORT_KEYS, " in [report]")
+    values = {
+        key: _positive_number(table[key], where.at(key), "a ratio, e.g. 10 for ten times")
+        for key in REPORT_KEYS
+        if key in table
+    }
+    return ReportSettings(**values)
+
+
+def _check_cells(matrix: Matrix, where: _Where) -> None:
+    cells = matrix.cells()
+    if not cells:
+        raise where.at("exclude").error("every cell is excluded", "loosen the [[exclude]] entries")
+    seen: dict[str, Cell] = {}
+    for cell in cells:
+        other = seen.setdefault(cell.id, cell)
+        if other is not cell:
+            raise where.at("include").error(
+                f"cells {dict(other)} and {dict(cell)} would share the id {cell.id!r}",
+                "make the include name every axis, or give the values distinct spellings",
+            )

@@ -1,0 +1,109 @@
+"""The group plan: what the runner tells one pytest process to run (`logs/<group>.plan.json`).
+
+The runner writes it and the plugin (`-p torchmatrix.ranks.plugin`) reads it in another process, so
+both use this one definition; a plan of another format version is refused with what to do.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from torchmatrix.matrix.cells import Cell
+
+FORMAT_VERSION = 1
+
+
+class GroupPlanError(ValueError):
+    """A group plan this plugin cannot read; the message names the file."""
+
+
+@dataclass(frozen=True)
+class SuiteSpec:
+    """What a process needs to know of a suite: where its tests are, their deadline, its options."""
+
+    path: str
+    timeout: float
+    options: dict
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    """One group's share of the matrix: its world size, suites, the (suite, cell) runs in order,
+    and where its events, gate and ranks come from.
+
+    `launched` is True when an external launcher (torchrun, srun) starts one pytest per rank;
+    `only_tests` maps a run key to the tests a confirmation process re-runs (empty otherwise).
+    """
+
+    torch: str
+    world_size: int
+    device: dict
+    events: str
+    gate: str | None
+    launched: bool
+    components: dict
+    suites: dict[str, SuiteSpec]
+    runs: tuple[tuple[str, Cell], ...]
+    output_cap: int
+    only_tests: dict[str, tuple[str, ...]]
+
+    @property
+    def deadline(self) -> float:
+        """The longest per-test deadline of the group's suites (the process group's timeout derives from it)."""
+        return max(spec.timeout for spec in self.suites.values())
+
+    def to_json(self) -> dict:
+        return {
+            "format_version": FORMAT_VERSION,
+            "torch": self.torch,
+            "world_size": self.world_size,
+            "device": self.device,
+            "events": self.events,
+            "gate": self.gate,
+            "launched": self.launched,
+            "components": self.components,
+            "suites": {
+                name: {"path": s.path, "timeout": s.timeout, "options": s.options} for name, s in self.suites.items()
+            },
+            "runs": [{"suite": suite, "cell": cell.to_json()} for suite, cell in self.runs],
+            "output_cap": self.output_cap,
+            "only_tests": {key: list(names) for key, names in self.only_tests.items()},
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> GroupPlan:
+        return cls(
+            torch=data["torch"],
+            world_size=int(data["world_size"]),
+            device=dict(data["device"]),
+            events=data["events"],
+            gate=data["gate"],
+            launched=bool(data["launched"]),
+            components=dict(data["components"]),
+            suites={
+                name: SuiteSpec(spec["path"], float(spec["timeout"]), dict(spec["options"]))
+                for name, spec in data["suites"].items()
+            },
+            runs=tuple((run["suite"], Cell(run["cell"])) for run in data["runs"]),
+            output_cap=int(data["output_cap"]),
+            only_tests={key: tuple(names) for key, names in data["only_tests"].items()},
+        )
+
+    def write(self, path: Path) -> None:
+        path.write_text(json.dumps(self.to_json(), indent=2))
+
+    @classmethod
+    def read(cls, path: Path) -> GroupPlan:
+        """The plan at `path`; one written by another torchmatrix version is refused, naming the file."""
+        data = json.loads(Path(path).read_text())
+        if data.get("format_version") != FORMAT_VERSION:
+            raise GroupPlanError(
+                f"{path} is a group plan of format {data.get('format_version')!r}, not {FORMAT_VERSION}: "
+                "the runner and the plugin come from different torchmatrix installs; reinstall torchmatrix in this venv"
+            )
+        try:
+            return cls.from_json(data)
+        except (KeyError, TypeError, ValueError) as error:
+            raise GroupPlanError(f"{path}: not a group plan this torchmatrix wrote ({error!r})") from None

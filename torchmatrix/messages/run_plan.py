@@ -1,0 +1,165 @@
+"""plan.json: what one torch version of a run planned, written when the run starts and again when it ends.
+
+Runs, merges and `report` read it back, possibly from a directory another job wrote (a CI
+artifact, a shard), so every value is checked as it is read: a pin, cell id or suite name that
+becomes a path must be a plain name, and the version must be the one its directory names. The
+file outlives its run, so it carries a format version; files from before it count as format 1.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from torchmatrix.matrix.safe_names import UnsafeName, check_name
+
+FILE_NAME = "plan.json"
+VERSION_PREFIX = "torch-"
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class PlannedSuite:
+    """A suite as planned: where its tests are, their deadline, and the axes its runs depend on."""
+
+    path: str
+    timeout: float
+    axes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """One torch version's plan: its cells (ids and axis values), suites, filters and environment.
+
+    A merged version (from shards) also names the cells no shard delivered (`missing`) and where
+    each input came from (`merged_from`); `finished` is False while the runner is still going.
+    """
+
+    torch: str
+    cells: tuple[str, ...] = ()
+    environment: dict = field(default_factory=dict)
+    started: str | None = None
+    matrix: str | None = None
+    matrix_sha256: str | None = None
+    only: dict[str, list[str]] = field(default_factory=dict)
+    keyword: str | None = None
+    shard: str | None = None
+    cell_axes: tuple[dict, ...] = ()
+    suites: dict[str, PlannedSuite] = field(default_factory=dict)
+    pool_starts: int = 0
+    finished: bool = False
+    missing: tuple[str, ...] = ()
+    merged_from: tuple[dict, ...] = ()
+
+    @property
+    def filters(self) -> dict:
+        """The filters the version was run with (only, keyword, shard), those that were set."""
+        return {
+            key: value
+            for key, value in (("only", self.only), ("keyword", self.keyword), ("shard", self.shard))
+            if value
+        }
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        return {
+            "format_version": FORMAT_VERSION,
+            **data,
+            "cells": list(self.cells),
+            "cell_axes": list(self.cell_axes),
+            "suites": {name: {**asdict(suite), "axes": list(suite.axes)} for name, suite in self.suites.items()},
+            "missing": list(self.missing),
+            "merged_from": list(self.merged_from),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> RunPlan:
+        return cls(
+            torch=data["torch"],
+            cells=tuple(data.get("cells") or ()),
+            environment=dict(data.get("environment") or {}),
+            started=data.get("started"),
+            matrix=data.get("matrix"),
+            matrix_sha256=data.get("matrix_sha256"),
+            only={axis: list(values) for axis, values in (data.get("only") or {}).items()},
+            keyword=data.get("keyword"),
+            shard=data.get("shard"),
+            cell_axes=tuple(data.get("cell_axes") or ()),
+            suites={
+                name: PlannedSuite(str(spec["path"]), float(spec["timeout"]), tuple(spec.get("axes") or ()))
+                for name, spec in (data.get("suites") or {}).items()
+            },
+            pool_starts=int(data.get("pool_starts") or 0),
+            finished=bool(data.get("finished")),
+            missing=tuple(data.get("missing") or ()),
+            merged_from=tuple(data.get("merged_from") or ()),
+        )
+
+
+class PlanFileError(ValueError):
+    """A plan.json that cannot be trusted or parsed; the message names the file and the value."""
+
+
+def read_plan(path: Path) -> RunPlan:
+    """The plan in `path` (a `torch-<V>/plan.json`), checked; raise PlanFileError naming what is wrong."""
+    try:
+        plan = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise PlanFileError(
+            f"{path}: not a readable plan ({error}); delete that torch-* directory or rerun it"
+        ) from None
+    if not isinstance(plan, dict):
+        raise PlanFileError(f"{path}: not a JSON object; delete that torch-* directory or rerun it")
+    if plan.get("format_version", FORMAT_VERSION) != FORMAT_VERSION:
+        raise PlanFileError(
+            f"{path}: a plan of format {plan['format_version']!r}, not {FORMAT_VERSION} (written by another torchmatrix version); "
+            "rerun that torch version or report it with the torchmatrix that wrote it"
+        )
+    try:
+        _check(plan, path)
+        return RunPlan.from_json(plan)
+    except UnsafeName as error:
+        raise PlanFileError(f"{path}: {error}; refusing to use it") from None
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        raise PlanFileError(
+            f"{path}: not a plan this torchmatrix wrote ({error!r}); rerun that torch version"
+        ) from None
+
+
+def _check(plan: dict, path: Path) -> None:
+    version = check_name(plan.get("torch"), "torch version")
+    if path.parent.name != VERSION_PREFIX + version:
+        raise UnsafeName(f"torch version {version!r} is not the {path.parent.name!r} its directory names")
+    for cell in _list(plan, "cells"):
+        check_name(cell, "cell id")
+    for cell in _list(plan, "missing"):
+        check_name(cell, "cell id")
+    for name in plan.get("suites") or {}:
+        check_name(name, "suite name")
+    for key in ("shard", "keyword", "matrix", "matrix_sha256"):
+        if plan.get(key) is not None and not isinstance(plan[key], str):
+            raise UnsafeName(f"{key} {plan[key]!r} is not text")
+    only = plan.get("only") or {}
+    if not isinstance(only, dict) or not all(
+        isinstance(values, list) and all(isinstance(v, str) for v in values) for values in only.values()
+    ):
+        raise UnsafeName(f"only {only!r} is not a table of axis -> values")
+    if not isinstance(plan.get("pool_starts", 0), int) or not isinstance(plan.get("environment") or {}, dict):
+        raise UnsafeName("pool_starts or environment has the wrong type")
+
+
+def _list(plan: dict, key: str) -> list:
+    value = plan.get(key) or []
+    if not isinstance(value, list):
+        raise UnsafeName(f"{key} {value!r} is not a list")
+    return value
+
+
+def write_plan(version_dir: Path, plan: RunPlan) -> Path:
+    """Write `<version_dir>/plan.json` atomically (a reader never sees half of it)."""
+    path = version_dir / FILE_NAME
+    partial = path.with_name(f".{FILE_NAME}.partial")
+    partial.write_text(json.dumps(plan.to_json(), indent=2))
+    partial.replace(path)
+    return path

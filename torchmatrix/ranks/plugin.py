@@ -1,0 +1,329 @@
+"""The pytest plugin the runner loads into each suite process (`-p torchmatrix.ranks.plugin`).
+
+It parametrizes every suite test by the cells planned for it, gives tests the `cell`, `ranks`,
+`suite_options` and `components` fixtures, enforces the per-test deadline through the rank
+pool, and streams each result to the event log the runner turns into JUnit.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from torchmatrix.components.protocol import required_names
+from torchmatrix.matrix.cells import Cell
+from torchmatrix.matrix.plan import run_key
+from torchmatrix.messages.events import (
+    Collected,
+    CollectError,
+    EventLog,
+    PoolStarted,
+    TestFinished,
+    TestStarted,
+)
+from torchmatrix.messages.grant import Grant
+from torchmatrix.messages.group_plan import GroupPlan
+from torchmatrix.ranks import zygote
+from torchmatrix.ranks.launched import launched_rank
+from torchmatrix.ranks.output_cap import DEFAULT_CAP_BYTES, cap_text
+from torchmatrix.ranks.parent_death import exit_with_runner
+from torchmatrix.ranks.pool import RankFailure
+from torchmatrix.ranks.rank_group import RankGroup, open_ranks
+from torchmatrix.ranks.root_cause import root_cause
+from torchmatrix.status import Status
+
+PLAN_KEY = pytest.StashKey["CellPlan"]()
+NOT_PLANNED = "suites run through `python -m torchmatrix run`, which tells this plugin the cells to run"
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--torchmatrix-plan", metavar="PLAN.json", help="cells and suites for this process (written by the runner)"
+    )
+
+
+def pytest_configure(config):
+    path = config.getoption("--torchmatrix-plan")
+    if path:
+        exit_with_runner()
+        plan = CellPlan(GroupPlan.read(Path(path)), Path(config.rootpath))
+        config.stash[PLAN_KEY] = plan
+        config.pluginmanager.register(plan, "torchmatrix-plan")
+
+
+class CellPlan:
+    """One process's share of the matrix: a world size, its suite runs, and their ranks.
+
+    The ranks (a RankGroup) are built once the runner's grant arrives: a local pool, or, when an
+    external launcher started this process as one rank of a multi-node world, this process
+    itself (only rank 0 writes the event log the runner reads).
+    """
+
+    def __init__(self, plan: GroupPlan, rootpath: Path):
+        self.plan = plan
+        self.rootpath = rootpath
+        self.suites = plan.suites
+        self.suite_by_path = {(rootpath / spec.path).resolve(): name for name, spec in self.suites.items()}
+        self.cells_by_suite: dict[str, list[Cell]] = {}
+        for suite, cell in plan.runs:
+            self.cells_by_suite.setdefault(suite, []).append(cell)
+        self.order = {run_key(suite, cell.id): i for i, (suite, cell) in enumerate(plan.runs)}
+        self.only_tests = {key: set(names) for key, names in plan.only_tests.items()}
+        self.pool: RankGroup | None = None
+        rank = launched_rank() if plan.launched else 0
+        if not plan.launched:
+            zygote.start()
+        self.events = EventLog(plan.events if rank == 0 else f"{plan.events}.rank{rank}")
+        self._reports: dict[str, list] = {}
+
+    def suite_of(self, path: Path) -> str | None:
+        return self.suite_by_path.get(Path(path).resolve())
+
+    def pytest_generate_tests(self, metafunc):
+        suite = self.suite_of(metafunc.definition.path)
+        if suite is None:
+            return
+        if "cell" not in metafunc.fixturenames:
+            raise pytest.UsageError(
+                f"{metafunc.definition.nodeid}: every suite test must take the `cell` (or `ranks`) fixture, so its result belongs to a cell"
+            )
+        cells = self.cells_by_suite.get(suite, [])
+        metafunc.parametrize("cell", cells, ids=[c.id for c in cells])
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, config, items):
+        """Run cell by cell (in plan order) so results of whole cells arrive early; a confirmation
+        run keeps only the test it re-runs."""
+        if self.only_tests:
+            kept = [item for item in items if test_name(item) in self.only_tests.get(self._key(item), ())]
+            config.hook.pytest_deselected(items=[item for item in items if item not in kept])
+            items[:] = kept
+        items.sort(key=lambda item: self.order.get(self._key(item), len(self.order)))
+        collected: dict[str, list[str]] = {key: [] for key in self.order}
+        for item in items:
+            key = self._key(item)
+            if key in collected:
+                collected[key].append(test_name(item))
+        self.events.write(Collected(collected))
+
+    def pytest_collection_finish(self, session):
+        """Imports and collection are done; wait here until the runner grants GPUs and cores, then
+        build the ranks from that grant and start them before the first test."""
+        grant = Grant.wait(Path(self.plan.gate)) if self.plan.gate else Grant()
+        if grant.gpus:
+            os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, grant.gpus))
+        if grant.nice:
+            os.nice(grant.nice)
+        self.pool = open_ranks(self.plan, grant)
+        if session.items:
+            try:
+                self.start_pool()
+            except RankFailure:
+                pass  # the first test's `ranks` fixture tries again and reports why, per test
+
+    def start_pool(self) -> None:
+        """Start the ranks if they are down (before the first test, so no test's time includes it)."""
+        starts = self.pool.starts
+        self.pool.start()
+        if self.pool.starts != starts:
+            self.events.write(PoolStarted(self.pool.world_size))
+
+    def pytest_collectreport(self, report):
+        if report.failed:
+            suite = self.suite_of(Path(self.rootpath, report.nodeid.split("::")[0]))
+            text = cap_text(str(report.longrepr), self.plan.output_cap)
+            self.events.write(CollectError(suite, report.nodeid, text))
+
+    def pytest_runtest_logreport(self, report):
+        self._reports.setdefault(report.nodeid, []).append(report)
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(self, item, nextitem):
+        """Announce the test (so the runner can spot a hang), then record its combined outcome."""
+        cell = getattr(item, "callspec", None) and item.callspec.params.get("cell")
+        where = (
+            {"suite": self.suite_of(item.path), "cell": cell.id, "test": test_name(item)}
+            if isinstance(cell, Cell)
+            else None
+        )
+        if where:
+            self.events.write(TestStarted(**where, started=time.time()))
+        yield
+        reports = self._reports.pop(item.nodeid, [])
+        if where and reports:
+            self.events.write(TestFinished(nodeid=item.nodeid, **where, **_outcome(reports, self.plan.output_cap)))
+        if nextitem is not None and self.pool.starts and not self.pool.running:
+            try:
+                self.start_pool()  # the rebuild after a failure, timed as no test's
+            except RankFailure:
+                pass  # the next test's `ranks` fixture tries again and reports why
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(self, item, call):
+        """Keep the failure's root cause line with its report (the rank's, for a RankFailure)."""
+        outcome = yield
+        report = outcome.get_result()
+        if call.excinfo is not None and report.failed:
+            report.root_cause = root_cause(call.excinfo.value)
+
+    def pytest_sessionfinish(self, session):
+        if self.pool is not None:
+            self.pool.close()
+        self.events.close()
+
+    def _key(self, item) -> str | None:
+        cell = getattr(item, "callspec", None) and item.callspec.params.get("cell")
+        suite = self.suite_of(item.path)
+        return run_key(suite, cell.id) if suite and isinstance(cell, Cell) else None
+
+
+def test_name(item) -> str:
+    """The test's name within its cell: the function name plus any parameters other than the cell."""
+    params = (
+        {k: v for k, v in getattr(item, "callspec", None).params.items() if k != "cell"}
+        if hasattr(item, "callspec")
+        else {}
+    )
+    if not params:
+        return item.originalname
+    return f"{item.originalname}[{','.join(f'{k}={v}' for k, v in params.items())}]"
+
+
+def _outcome(reports, cap: int = DEFAULT_CAP_BYTES) -> dict:
+    """Fold setup/call/teardown reports into one result the way JUnit reads it, each text capped
+    at `cap` bytes (head and tail kept).
+
+    A failing call is a failure; a failing setup or teardown is an error; otherwise a skip in
+    any phase is a skip (with its reason); otherwise the test passed.
+    """
+    result = {
+        "duration": sum(r.duration for r in reports),
+        "properties": [list(p) for p in reports[-1].user_properties],
+        "stdout": cap_text(reports[-1].capstdout, cap),
+        "stderr": cap_text(reports[-1].capstderr, cap),
+        "status": Status.PASSED.value,
+        "message": "",
+        "text": "",
+    }
+    failed = [r for r in reports if r.failed]
+    skipped = [r for r in reports if r.skipped]
+    if failed:
+        first = failed[0]
+        crash = getattr(first.longrepr, "reprcrash", None)
+        text = first.longreprtext
+        fallback = crash.message if crash is not None else (text.strip().splitlines() or [Status.FAILED.value])[-1]
+        result.update(
+            status=(Status.FAILED if first.when == "call" else Status.ERROR).value,
+            message=cap_text(getattr(first, "root_cause", None) or fallback, cap),
+            text=cap_text(text, cap),
+        )
+    elif skipped:
+        first = skipped[0]
+        if hasattr(first, "wasxfail"):
+            reason = f"expected failure: {first.wasxfail}"
+        else:
+            reason = first.longrepr[2] if isinstance(first.longrepr, tuple) else str(first.longrepr)
+        result.update(status=Status.SKIPPED.value, message=reason.removeprefix("Skipped: "))
+    return result
+
+
+@pytest.fixture
+def cell():
+    """The cell this test runs for; the plugin parametrizes it, so reaching here is a misuse."""
+    raise pytest.UsageError(NOT_PLANNED)
+
+
+@pytest.fixture(scope="session")
+def _cell_plan(request) -> CellPlan:
+    plan = request.config.stash.get(PLAN_KEY, None)
+    if plan is None:
+        raise pytest.UsageError(NOT_PLANNED)
+    return plan
+
+
+class Ranks:
+    """What a test holds to run functions on every rank of its cell, under the test's deadline
+    (which starts once the ranks are up)."""
+
+    def __init__(self, pool: RankGroup, cell: Cell, timeout: float):
+        self.pool = pool
+        self.cell = cell
+        self.timeout = timeout
+        self.world_size = pool.world_size
+        self.deadline = time.monotonic() + timeout
+
+    def run(self, fn, *args) -> list:
+        """fn(*args) on every rank; one result per rank, in rank order."""
+        __tracebackhide__ = True
+        try:
+            return self.pool.run(fn, args, deadline=self.deadline)
+        except RankFailure as failure:
+            if failure.timed_out:
+                exceeded = f"deadline of {self.timeout:.0f}s per test exceeded"
+                raise RankFailure(
+                    f"{exceeded} in cell {self.cell.id}: {failure}", f"{exceeded}: {failure.root_cause}"
+                ) from None
+            raise RankFailure(f"cell {self.cell.id}: {failure}", failure.root_cause) from None
+
+
+@pytest.fixture
+def ranks(request, cell, _cell_plan) -> Ranks:
+    _cell_plan.start_pool()
+    suite = _cell_plan.suite_of(request.node.path)
+    return Ranks(_cell_plan.pool, cell, _cell_plan.suites[suite].timeout)
+
+
+@pytest.fixture
+def tmp_path(tmp_path, request):
+    """pytest's tmp_path, except under a launcher: there every rank is its own pytest process, so
+    all ranks share one directory that rank 0 makes next to the run's logs."""
+    plan = request.config.stash.get(PLAN_KEY, None)
+    if plan is None:
+        return tmp_path
+    return plan.pool.test_directory(tmp_path, Path(plan.plan.events).parent / "tmp", request.node.name)
+
+
+@pytest.fixture
+def suite_options(request, _cell_plan) -> dict:
+    """The suite's `[suites.<name>.options]` table from matrix.toml."""
+    return dict(_cell_plan.suites[_cell_plan.suite_of(request.node.path)].options)
+
+
+@pytest.fixture(autouse=True)
+def _skip_cells_whose_components_cannot_import(request):
+    """A component this suite needs for this cell whose module needs a package that is not
+    installed (TransformerEngine on a CPU box) skips the test, with that reason in the report."""
+    plan = request.config.stash.get(PLAN_KEY, None)
+    suite = plan.suite_of(request.node.path) if plan else None
+    if suite is None or "cell" not in request.fixturenames:
+        return
+    cell = request.getfixturevalue("cell")
+    optimizers = [str(cell["optimizer"])] if "optimizer" in cell else []
+    for key in required_names([Path(plan.suites[suite].path).stem.removeprefix("test_")], optimizers):
+        path = plan.plan.components.get(key)
+        missing = missing_package(path) if path else None
+        if missing:
+            pytest.skip(f"{key} = {path} needs {missing!r}, which is not installed here")
+
+
+@functools.cache
+def missing_package(import_path: str) -> str | None:
+    """The package a component's module needs but cannot import, if that is why it fails to import."""
+    module = import_path.partition(":")[0]
+    try:
+        importlib.import_module(module)
+    except ModuleNotFoundError as error:
+        if error.name and not (module == error.name or module.startswith(error.name + ".")):
+            return error.name
+    return None
+
+
+@pytest.fixture
+def components(_cell_plan) -> dict:
+    """Import paths from matrix.toml `[components]`; resolve them with torchmatrix.components.loading.load."""
+    return dict(_cell_plan.plan.components)

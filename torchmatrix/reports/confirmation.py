@@ -1,0 +1,103 @@
+"""Confirmation: every failed or errored test is re-run once alone, in a fresh pytest process.
+
+A test can fail because of what ran before it in the same process (state a suite cached, a rank
+pool an earlier test broke) rather than because of the torch under test. Re-run alone, it tells
+the two apart: "fails alone" is a behaviour of that torch; "passed alone" is order-dependent or
+flaky, and the upgrade diff does not count it as a regression or a fix.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from torchmatrix.matrix.plan import Group, SuiteRun
+from torchmatrix.reports.outcomes import OutcomeBook, TestOutcome
+from torchmatrix.status import Confirmation, Status
+
+DEFAULT_LIMIT = 25
+REPORTED_NOTHING = "the confirmation process reported nothing for this test"
+NOT_RECORDED = "confirmation switched off by --confirm-limit 0, or a suite that never collected"
+PAST_LIMIT = re.compile(r"^more than (\d+) failures to re-run")
+
+
+@dataclass(frozen=True)
+class Retry:
+    """One failed test of one suite run, to re-run alone."""
+
+    run: SuiteRun
+    outcome: TestOutcome
+
+    def group(self, index: int) -> Group:
+        """A pytest process of its own, whose plan keeps only this test of this run."""
+        return Group(
+            f"confirm{index}-ws{self.run.cell.world_size}",
+            self.run.cell.world_size,
+            (self.run,),
+            only_tests=(self.outcome.test,),
+        )
+
+
+def retries(book: OutcomeBook) -> list[Retry]:
+    """The failed and errored tests worth re-running, in plan order: those of suite runs that were
+    collected (a suite that could not be collected, or a process that died before collecting,
+    would fail the same way), including tests that never got to run because an earlier one crashed."""
+    return [
+        Retry(book.runs[key], outcome)
+        for key, outcomes in book.tests.items()
+        if key not in book.uncollectable and book.expected[key] is not None
+        for outcome in outcomes
+        if outcome.status.is_failing
+    ]
+
+
+def record(chosen: Sequence[Retry], alone: Sequence[OutcomeBook], past_limit: Sequence[Retry], limit: int) -> None:
+    """Mark each re-run test with what its run alone showed (`alone`: the books of the
+    confirmation processes, in the order of `chosen`), and those past the limit as not re-run."""
+    for retry, book in zip(chosen, alone):
+        outcome = next((o for o in book.tests[retry.run.key] if o.test == retry.outcome.test), None)
+        _mark(retry.outcome, _verdict(outcome), _alone_text(outcome))
+    for retry in past_limit:
+        _mark(retry.outcome, Confirmation.NOT_RERUN, f"more than {limit} failures to re-run (--confirm-limit {limit})")
+
+
+def why_not_rerun(confirmation: str, text: str) -> str:
+    """Why a failure has no verdict from a re-run alone, in this module's own words (never the
+    text's, which a test wrote): the note `record` left in its text, or, with none, that no re-run
+    was attempted."""
+    if confirmation != Confirmation.NOT_RERUN:
+        return NOT_RECORDED
+    note = text.rpartition(_header(Confirmation.NOT_RERUN))[2].strip().partition("\n")[0]
+    past_limit = PAST_LIMIT.match(note)
+    if past_limit:
+        return f"past --confirm-limit {int(past_limit.group(1))}"
+    return REPORTED_NOTHING if note == REPORTED_NOTHING else "no reason recorded"
+
+
+def _mark(outcome: TestOutcome, verdict: Confirmation, note: str) -> None:
+    outcome.confirmation = verdict.value
+    outcome.text = f"{outcome.text.rstrip()}\n\n{_header(verdict)}\n{note}".lstrip()
+
+
+def _header(verdict: Confirmation) -> str:
+    """The line that opens what `record` appends to a failure's text."""
+    return f"---- re-run alone: {verdict.description} ----"
+
+
+def _alone_text(outcome: TestOutcome | None) -> str:
+    if outcome is None:
+        return REPORTED_NOTHING
+    if outcome.status.is_failing:
+        return f"{outcome.status}: {outcome.message}"
+    return f"{outcome.status}" + (f": {outcome.message}" if outcome.message else "")
+
+
+def _verdict(outcome: TestOutcome | None) -> Confirmation:
+    if outcome is None:
+        return Confirmation.NOT_RERUN
+    if outcome.status.is_failing:
+        return Confirmation.FAILS_ALONE
+    if outcome.status is Status.PASSED:
+        return Confirmation.PASSED_ALONE
+    return Confirmation.SKIPPED_ALONE

@@ -1,0 +1,162 @@
+"""JUnit XML: one file per (torch version, cell), and the merged file CI tools read.
+
+Each cell's file is self-describing (torch build, device and axis values as properties), so
+merging is concatenation. Testcase names carry the torch version and cell id, because several
+CI reporters keep only the first of two same-named cases. junitparser writes the XML.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+
+from junitparser import Error, Failure, JUnitXml, Skipped, TestCase, TestSuite
+
+from torchmatrix.matrix.cells import Cell, filter_token
+from torchmatrix.matrix.plan import SuiteRun
+from torchmatrix.ranks.output_cap import HARD_LIMIT_BYTES, cap_text
+from torchmatrix.reports.outcomes import TestOutcome
+from torchmatrix.reports.untrusted_text import visible
+from torchmatrix.status import Status
+
+NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+RESULT_TYPES = {Status.FAILED: Failure, Status.ERROR: Error, Status.SKIPPED: Skipped}
+MERGED_NAME = "junit.xml"
+CONFIRMATION_PROPERTY = "torchmatrix.confirmation"
+
+
+def confirmation_property(suite: str, test: str) -> str:
+    """The testsuite property that says what re-running a failed test alone showed."""
+    return f"{CONFIRMATION_PROPERTY}::{suite}::{test}"
+
+
+def xml_text(value: object) -> str:
+    """Test-provided text as a report may show it: control and bidi characters, and any other
+    character XML 1.0 forbids (NUL, lone surrogates), written as escapes; no longer than a parser takes."""
+    escaped = NOT_XML.sub(lambda m: f"\\u{ord(m.group()):04x}", visible(value))
+    return cap_text(escaped, HARD_LIMIT_BYTES)
+
+
+def testcase_name(test: str, version: str, cell_id: str) -> str:
+    return f"{test}[torch={version},{cell_id}]"
+
+
+def test_of_testcase(name: str) -> str:
+    """The test's own name back from a testcase name."""
+    return name.rsplit("[torch=", 1)[0]
+
+
+def suite_name(version: str, cell_id: str) -> str:
+    return f"torch-{version}/{cell_id}"
+
+
+def cell_report(
+    version: str,
+    environment: dict,
+    cell: Cell,
+    outcomes: Sequence[tuple[SuiteRun, TestOutcome]],
+    started: float | None = None,
+) -> TestSuite:
+    """The <testsuite> of one cell: its tests (including those a representative cell ran) and properties;
+    its timestamp is when the cell's first test started (epoch seconds), or now for a cell that never ran."""
+    suite = TestSuite(xml_text(suite_name(version, cell.id)))
+    suite.add_property("torch", xml_text(version))
+    for name, key in (
+        ("torch.build", "torch"),
+        ("torch.git_version", "git_version"),
+        ("torch.cuda_version", "cuda_version"),
+    ):
+        if environment.get(key):
+            suite.add_property(name, xml_text(environment[key]))
+    suite.add_property("device", xml_text(environment.get("device", "unknown")))
+    suite.add_property("cell", xml_text(cell.id))
+    for axis, value in cell.items():
+        suite.add_property(f"axis.{axis}", xml_text(filter_token(value)))
+    ran_in = {}
+    for run, outcome in outcomes:
+        if run.cell != cell:
+            ran_in[run.suite.name] = run.cell.id
+        suite.add_testcase(_testcase(run.suite.name, version, cell.id, outcome))
+        for name, value in outcome.properties:
+            suite.add_property(xml_text(f"{run.suite.name}::{outcome.test}::{name}"), xml_text(value))
+        if outcome.confirmation:
+            suite.add_property(xml_text(confirmation_property(run.suite.name, outcome.test)), outcome.confirmation)
+    for name, representative in ran_in.items():
+        suite.add_property(f"{name}.ran_in", xml_text(representative))
+    suite.hostname = xml_text(socket.gethostname())
+    when = datetime.fromtimestamp(started, timezone.utc) if started is not None else datetime.now(timezone.utc)
+    suite.timestamp = when.isoformat(timespec="seconds")
+    suite.update_statistics()
+    return suite
+
+
+def _testcase(suite: str, version: str, cell_id: str, outcome: TestOutcome) -> TestCase:
+    case = TestCase(
+        xml_text(testcase_name(outcome.test, version, cell_id)),
+        classname=xml_text(suite),
+        time=round(outcome.duration, 3),
+    )
+    result_type = RESULT_TYPES.get(outcome.status)
+    if result_type is not None:
+        result = result_type(
+            xml_text(outcome.message), None if outcome.status is Status.SKIPPED else outcome.status.value
+        )
+        if outcome.text:
+            result.text = xml_text(outcome.text)
+        case.result = [result]
+    if outcome.stdout:
+        case.system_out = xml_text(outcome.stdout)
+    if outcome.stderr:
+        case.system_err = xml_text(outcome.stderr)
+    return case
+
+
+def write_suites(path: Path, suites: Sequence[TestSuite]) -> None:
+    """Write <testsuites> atomically, with totals but no `skipped` attribute (junit-10.xsd has none)."""
+    xml = JUnitXml("torchmatrix")
+    for suite in suites:
+        suite.update_statistics()
+        xml.add_testsuite(suite)
+    xml.tests = sum(s.tests for s in suites)
+    xml.failures = sum(s.failures for s in suites)
+    xml.errors = sum(s.errors for s in suites)
+    xml.time = round(sum(s.time for s in suites), 3)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    xml.write(str(partial), pretty=True)
+    os.replace(partial, path)
+
+
+def write_cell(
+    version_dir: Path, version: str, environment: dict, cell: Cell, outcomes, started: float | None = None
+) -> Path:
+    """Write `<version_dir>/<cell-id>.xml`, the one-cell file every merge starts from."""
+    path = version_dir / f"{cell.id}.xml"
+    write_suites(path, [cell_report(version, environment, cell, outcomes, started)])
+    return path
+
+
+def read_suites(path: Path) -> list[TestSuite]:
+    return list(JUnitXml.fromfile(str(path)))
+
+
+def cell_report_files(run_dir: Path) -> list[Path]:
+    """Per-cell files of every torch version in a run directory, in a stable order."""
+    return sorted(run_dir.glob("torch-*/*.xml"))
+
+
+def merge_run(run_dir: Path) -> Path:
+    """Merge the per-cell files of a run directory into <run_dir>/junit.xml."""
+    suites = [suite for path in cell_report_files(run_dir) for suite in read_suites(path)]
+    merged = run_dir / MERGED_NAME
+    write_suites(merged, suites)
+    return merged
+
+
+def has_problems(path: Path) -> bool:
+    """Whether a JUnit file holds any failure or error."""
+    return any(suite.failures or suite.errors for suite in read_suites(path))

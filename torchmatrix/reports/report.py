@@ -1,0 +1,84 @@
+"""`torchmatrix report` and `torchmatrix compare`: every report file of a run, and the diff of two runs.
+
+The baseline and the thresholds come from matrix.toml: the file given with --config, else the
+one the run's plan.json names. A run copied away from its matrix file still reports, against
+its oldest torch version with the default thresholds, and says so.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from torchmatrix.matrix.config import ConfigError, Matrix, load_matrix
+from torchmatrix.reports import junit, results, summary_html, summary_md
+from torchmatrix.reports.recovery import rebuild_missing_cells
+from torchmatrix.reports.results import RunResults
+from torchmatrix.reports.upgrade_diff import compare_runs, upgrade_diffs
+
+SUMMARY_MD = "summary.md"
+SUMMARY_HTML = "summary.html"
+
+
+def write_report(run_dir: Path, config: str | None = None) -> list[Path]:
+    """Write junit.xml, results.json, summary.md and summary.html into the run directory (first
+    rebuilding, from the event logs, the cells a killed runner left without a report)."""
+    rebuild_missing_cells(run_dir)
+    written = [junit.merge_run(run_dir)] if junit.cell_report_files(run_dir) else []
+    run = load_run(run_dir, config)
+    diffs = upgrade_diffs(run)
+    markdown = summary_md.render(run, diffs)
+    written.append(results.write_json(run_dir / results.FILE_NAME, run, [d.to_json() for d in diffs]))
+    written.append(_write(run_dir / SUMMARY_MD, markdown))
+    written.append(_write(run_dir / SUMMARY_HTML, summary_html.render(run, diffs)))
+    append_step_summary(markdown)
+    return written
+
+
+def compare_markdown(run_a: Path, run_b: Path) -> tuple[str, bool]:
+    """The upgrade diff of run B against run A as markdown, and whether it holds a regression."""
+    old, new = load_run(run_a), load_run(run_b)
+    diffs = compare_runs(old, new)
+    markdown = f"## torchmatrix compare {summary_md.code(old.run_id)} → {summary_md.code(new.run_id)}\n\n"
+    markdown += "\n\n".join(summary_md.diff_section(diff) for diff in diffs) + "\n"
+    return markdown, any(diff.regressions for diff in diffs)
+
+
+def load_run(path: Path, config: str | None = None) -> RunResults:
+    """A run directory (or results.json) with the baseline and thresholds of its matrix file."""
+    matrix = _matrix(path, config)
+    if matrix is not None:
+        return results.load_results(path, matrix.baseline, matrix.report)
+    run = results.load_results(path)
+    if path.is_dir() and not (path / results.FILE_NAME).is_file():
+        print(
+            f"torchmatrix: no readable matrix file for {path}: baseline is its oldest torch version, "
+            "thresholds are the defaults; pass --config FILE to choose",
+            file=sys.stderr,
+        )
+    return run
+
+
+def append_step_summary(markdown: str) -> None:
+    """On GitHub Actions, add the markdown to the job's summary page."""
+    target = os.environ.get("GITHUB_STEP_SUMMARY")
+    if target:
+        with open(target, "a", encoding="utf-8") as summary:
+            summary.write(markdown + "\n")
+
+
+def _matrix(path: Path, config: str | None) -> Matrix | None:
+    if config:
+        return load_matrix(config)
+    for candidate in results.matrix_paths(path) if path.is_dir() else []:
+        try:
+            return load_matrix(candidate)
+        except ConfigError:
+            continue
+    return None
+
+
+def _write(path: Path, content: str) -> Path:
+    path.write_text(content, encoding="utf-8")
+    return path

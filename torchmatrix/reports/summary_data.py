@@ -1,0 +1,206 @@
+"""What summary.md and summary.html both say about a run, computed once for both to render.
+
+The header (run, start, hosts, filters, versions), the totals per torch version and the counts in
+the section titles are the same facts in both pages; only their markup differs.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from torchmatrix.reports.confirmation import why_not_rerun
+from torchmatrix.reports.results import RootCause, RunResults, SkipReason, TestRecord
+from torchmatrix.status import Confirmation, Status
+
+SHA_CHARS = 12
+
+
+@dataclass(frozen=True)
+class Confirmations:
+    """What re-running the failed and errored tests alone showed, per testcase as the totals count them."""
+
+    fails_alone: int = 0
+    passed_alone: int = 0
+    skipped_alone: int = 0
+    not_rerun: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, records: Iterable[TestRecord]) -> Confirmations:
+        seen: Counter[str] = Counter()
+        why: Counter[str] = Counter()
+        for record in records:
+            if record.status.is_failing:
+                seen[record.confirmation] += 1
+                if record.confirmation not in _VERDICTS:
+                    why[why_not_rerun(record.confirmation, record.text)] += 1
+        return cls(
+            seen[Confirmation.FAILS_ALONE.value],
+            seen[Confirmation.PASSED_ALONE.value],
+            seen[Confirmation.SKIPPED_ALONE.value],
+            dict(why.most_common()),
+        )
+
+    @property
+    def rerun(self) -> int:
+        return self.fails_alone + self.passed_alone + self.skipped_alone
+
+    @property
+    def failing(self) -> int:
+        return self.rerun + sum(self.not_rerun.values())
+
+    @property
+    def unconfirmed(self) -> int:
+        """Failures with no verdict either way: skipped alone, or not re-run."""
+        return self.failing - self.fails_alone - self.passed_alone
+
+    @property
+    def columns(self) -> list[tuple[str, int]]:
+        """The counts both totals tables show after the statuses: of the failed and errored tests,
+        how many fail alone (real), passed alone (order-dependent) and are unconfirmed."""
+        return [
+            ("fail alone", self.fails_alone),
+            ("passed alone", self.passed_alone),
+            ("unconfirmed", self.unconfirmed),
+        ]
+
+    @property
+    def note(self) -> str:
+        """How many failures were re-run alone and what that showed, and how many were not and why:
+        the sentence that opens both pages' failure sections."""
+        if not self.failing:
+            return ""
+        verdicts = [
+            f"{self.fails_alone} {'fails' if self.fails_alone == 1 else 'fail'} alone (a behaviour of that torch)",
+            f"{self.passed_alone} passed alone (order-dependent or flaky)",
+        ]
+        if self.skipped_alone:
+            verdicts.append(f"{self.skipped_alone} skipped alone (depends on an earlier test)")
+        reasons = "; ".join(why if len(self.not_rerun) == 1 else f"{n}: {why}" for why, n in self.not_rerun.items())
+        if not self.rerun:
+            return f"No failing test was re-run alone ({reasons}): none is confirmed, and any may be order-dependent or flaky."
+        if not self.not_rerun:
+            return f"Every failing test was re-run alone in a fresh process: {', '.join(verdicts)}."
+        return (
+            f"{self.rerun} of {count(self.failing, 'failing test')} were re-run alone in a fresh process: "
+            f"{', '.join(verdicts)}; {count(self.failing - self.rerun, 'was', 'were')} not re-run ({reasons}) "
+            "and count as unconfirmed."
+        )
+
+
+_VERDICTS = {Confirmation.FAILS_ALONE.value, Confirmation.PASSED_ALONE.value, Confirmation.SKIPPED_ALONE.value}
+
+
+@dataclass(frozen=True)
+class VersionRow:
+    """One torch version of the run as its totals row shows it."""
+
+    torch: str
+    build: str
+    device: str
+    cells: int
+    missing: int
+    counts: dict[Status, int]
+    confirmations: Confirmations
+    filters: str
+
+
+@dataclass(frozen=True)
+class Summary:
+    """The header, totals, root causes and skip reasons of a run; section titles worded once."""
+
+    run_id: str
+    started: str
+    hosts: str
+    baseline: str
+    matrix_path: str
+    matrix_sha256: str
+    versions: list[VersionRow]
+    cells: int
+    totals: dict[Status, int]
+    confirmations: Confirmations
+    root_causes: list[RootCause]
+    skip_reasons: list[SkipReason]
+
+    @property
+    def filtered(self) -> list[VersionRow]:
+        """The versions whose run was filtered, so the page says it is not the whole matrix."""
+        return [version for version in self.versions if version.filters]
+
+    @property
+    def grid_title(self) -> str:
+        return f"Grid: {count(self.cells, 'cell')} × {count(len(self.versions), 'torch version')}"
+
+    @property
+    def failures_title(self) -> str:
+        """`Failures: 11 failed and 2 errored tests in 3 groups by root cause`: the totals' own numbers."""
+        failed, errored = self.totals[Status.FAILED], self.totals[Status.ERROR]
+        if failed and errored:
+            tests = f"{failed} failed and {errored} errored tests"
+        else:
+            tests = count(failed, "failed test") if failed else count(errored, "errored test")
+        return f"Failures: {tests} in {count(len(self.root_causes), 'group')} by root cause"
+
+    @property
+    def skipped_title(self) -> str:
+        reasons = len(self.skip_reasons)
+        return f"Skipped: {count(self.totals[Status.SKIPPED], 'test')} for {count(reasons, 'reason')}"
+
+
+def summarize(results: RunResults) -> Summary:
+    """The facts both summary pages render, from a run read back."""
+    return Summary(
+        run_id=results.run_id,
+        started=results.created,
+        hosts=", ".join(results.hosts),
+        baseline=results.baseline,
+        matrix_path=results.matrix_path,
+        matrix_sha256=results.matrix_sha256[:SHA_CHARS],
+        versions=[
+            VersionRow(
+                torch=v.torch,
+                build=v.build,
+                device=v.device,
+                cells=len({record.cell for record in results.records(v.torch)}),
+                missing=len(v.missing_cells),
+                counts=results.totals(v.torch),
+                confirmations=Confirmations.of(results.records(v.torch)),
+                filters=describe_filters(v.filters),
+            )
+            for v in results.versions
+        ],
+        cells=len(results.cells),
+        totals=results.totals(),
+        confirmations=Confirmations.of(results.tests),
+        root_causes=results.root_causes(),
+        skip_reasons=results.skip_reasons(),
+    )
+
+
+def describe_filters(filters: dict) -> str:
+    """A version's filters as the command line spelled them: `--only fsdp=fsdp1,fsdp2 -k 'ws2' --shard 1/4`."""
+    parts = [f"--only {axis}={','.join(map(str, values))}" for axis, values in filters.get("only", {}).items()]
+    if filters.get("keyword"):
+        parts.append(f"-k '{filters['keyword']}'")
+    if filters.get("shard"):
+        parts.append(f"--shard {filters['shard']}")
+    return " ".join(parts)
+
+
+def distinct_texts(cause: RootCause) -> list[list[TestRecord]]:
+    """The cause's failures grouped by identical full text, each group in the order first seen."""
+    groups: dict[str, list[TestRecord]] = {}
+    for record, _ in cause.failures:
+        groups.setdefault(record.text or record.message, []).append(record)
+    return list(groups.values())
+
+
+def other_cells(run_cell: str, cells: Iterable[str]) -> list[str]:
+    """The cells a result that `run_cell` ran also stands for, as both pages name them."""
+    return [cell for cell in cells if cell != run_cell]
+
+
+def count(n: int, singular: str, plural: str | None = None) -> str:
+    """`1 cell`, `3 cells`, `2 fixes`: a number with its noun, as both pages word them."""
+    return f"{n} {singular if n == 1 else plural or singular + 's'}"

@@ -1,0 +1,293 @@
+"""summary.md: the GitHub-flavoured markdown page a person pastes into the PR that bumps torch.
+
+Totals per torch version, the grid of cells x versions (one mark per suite), the failures with
+their first lines, then the upgrade diff. Test-provided text only ever appears inside code spans
+or fenced blocks sized to the text, so no name or message can turn into markup or HTML.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from torchmatrix.reports.results import RunResults, TestRecord
+from torchmatrix.reports.summary_data import Summary, count, distinct_texts, other_cells, summarize
+from torchmatrix.reports.untrusted_text import one_line, visible
+from torchmatrix.reports.upgrade_diff import SLOWDOWN_RULE, UpgradeDiff
+from torchmatrix.status import NOT_RUN, ORDER_DEPENDENT, PARTLY_SKIPPED, Confirmation, Status
+
+MAX_ROOT_CAUSES = 30
+MAX_FAILURES_PER_CAUSE = 12
+ROOT_CAUSE_CHARS = 300
+MAX_DIFF_ROWS = 30
+FAILURE_TEXT_LINES = 40
+RANK_TRACEBACK = re.compile(r"^-+ rank \d+ traceback -+$")
+MAX_CELLS_NAMED = 12
+MAX_TEXTS_PER_CAUSE = 3
+
+
+def render(results: RunResults, diffs: list[UpgradeDiff]) -> str:
+    """The whole page."""
+    summary = summarize(results)
+    sections = [
+        _header(summary),
+        _totals(summary),
+        _grid(results, summary),
+        _failures(summary),
+        _skips(summary),
+        *(diff_section(diff) for diff in diffs),
+    ]
+    return "\n\n".join(section for section in sections if section) + "\n"
+
+
+def diff_section(diff: UpgradeDiff) -> str:
+    """The upgrade diff of one baseline/candidate pair, as a markdown section of its own."""
+    before, after = code(diff.before), code(diff.after)
+    counts = (
+        f"{count(len(diff.regressions), 'regression')}, {count(len(diff.fixes), 'fix', 'fixes')} (confirmed: "
+        f"the failure fails alone), {len(diff.unconfirmed)} unconfirmed, {len(diff.newly_skipped)} newly skipped, "
+        f"{count(len(diff.drift), 'drift figure')} grown more than {diff.settings.drift_ratio:g}×, "
+        f"{count(len(diff.slowdowns), 'suite')} slower than {diff.settings.slowdown_ratio:g}× "
+        f"({diff.compared} tests compared"
+        + (f"; {diff.only_before} only in {before}" if diff.only_before else "")
+        + (f"; {diff.only_after} only in {after}" if diff.only_after else "")
+        + ")"
+    )
+    parts = [f"### Upgrade diff {before} → {after}", ("**" + counts + "**") if diff.regressions else counts]
+    for title, changes in (
+        ("Regressions (passed → failed or error, fails alone)", diff.regressions),
+        ("Fixes (failed or error, and failed alone → passed)", diff.fixes),
+        ("Unconfirmed changes (the failing side passed alone, or was not re-run)", diff.unconfirmed),
+    ):
+        if changes:
+            rows = [
+                [code(c.after.suite), code(c.after.test), _cells(c.after.run_cell, c.cells), c.before.status, c.after.status, _confirmation(c.failing.confirmation), code(one_line(c.failing.message))]
+                for c in changes
+            ]  # fmt: skip
+            parts.append(
+                f"#### {title}\n\n"
+                + _table(["suite", "test", "cell", before, after, "alone", "root cause"], rows, MAX_DIFF_ROWS)
+            )
+    if diff.newly_skipped:
+        rows = [
+            [code(c.after.suite), code(c.after.test), _cells(c.after.run_cell, c.cells), c.before.status, c.after.status, code(one_line(c.after.message))]
+            for c in diff.newly_skipped
+        ]  # fmt: skip
+        parts.append(
+            "#### Newly skipped\n\n" + _table(["suite", "test", "cell", before, after, "reason"], rows, MAX_DIFF_ROWS)
+        )
+    if diff.drift:
+        rows = [
+            [code(d.suite), code(d.test), code(d.cell), code(d.figure), _number(d.before), _number(d.after), d.growth, str(grown)]
+            for d, grown in diff.drift_by_measure()
+        ]  # fmt: skip
+        parts.append(
+            f"#### Drift grown more than {diff.settings.drift_ratio:g}×\n\nPer measure, the figure that grew most; "
+            "every grown figure is in results.json.\n\n"
+            + _table(["suite", "test", "cell", "figure", before, after, "×", "figures grown"], rows, MAX_DIFF_ROWS)
+        )
+    if diff.slowdowns:
+        rows = [
+            [code(s.suite), f"{s.before:.1f} s", f"{s.after:.1f} s", _ratio(s.after / s.before if s.before else math.inf), _ratio(s.median_ratio), str(s.tests)]
+            for s in diff.slowdowns
+        ]  # fmt: skip
+        parts.append(
+            f"#### Suites slower than {diff.settings.slowdown_ratio:g}×\n\n{SLOWDOWN_RULE}\n\n"
+            + _table(["suite", before, after, "×", "median test ×", "tests timed"], rows)
+        )
+    return "\n\n".join(parts)
+
+
+def code(text: object, table: bool = True) -> str:
+    """`text` as one code span: markdown and HTML inside it stay literal; pipes are escaped for tables."""
+    line = visible(" ".join(str(text).split())) if str(text).strip() else ""
+    if not line:
+        return ""
+    if table:
+        line = line.replace("|", "\\|")
+    fence = "`" * (max((len(run) for run in re.findall("`+", line)), default=0) + 1)
+    pad = " " if line.startswith("`") or line.endswith("`") else ""
+    return f"{fence}{pad}{line}{pad}{fence}"
+
+
+def fenced(text: str) -> str:
+    """`text` as a fenced code block whose fence is longer than any backtick run inside it."""
+    body = visible(text)
+    fence = "`" * max(3, max((len(run) for run in re.findall("`+", body)), default=0) + 1)
+    return f"{fence}text\n{body}\n{fence}"
+
+
+def _header(summary: Summary) -> str:
+    versions = ", ".join(code(v.torch) for v in summary.versions)
+    started = f"started {code(summary.started)} on {code(summary.hosts)}; " if summary.started else ""
+    filtered = [f"torch {code(v.torch)}: {code(v.filters)}" for v in summary.filtered]
+    return (
+        f"## torchmatrix run {code(summary.run_id)}\n\n"
+        f"torch {versions}; baseline {code(summary.baseline)}; {started}"
+        f"matrix sha256 {code(summary.matrix_sha256)}"
+        + (f"\n\n**Filtered run**, not the whole matrix: {'; '.join(filtered)}" if filtered else "")
+    )
+
+
+def _totals(summary: Summary) -> str:
+    rows = []
+    for v in summary.versions:
+        missing = f" ({v.missing} missing)" if v.missing else ""
+        rows.append(
+            [code(v.torch), code(v.build), code(v.device), f"{v.cells}{missing}"]
+            + [str(v.counts[s]) for s in Status]
+            + [str(n) for _, n in v.confirmations.columns]
+        )
+    confirmations = [name for name, _ in summary.confirmations.columns]
+    return _table(["torch", "build", "device", "cells", *(s.column for s in Status), *confirmations], rows)
+
+
+def _grid(results: RunResults, summary: Summary) -> str:
+    suites = results.suites
+    statuses = results.statuses()
+    order_dependent = results.order_dependent()
+    partly_skipped = results.partly_skipped()
+
+    def mark(key: tuple[str, str, str]) -> str:
+        if key in order_dependent:
+            return ORDER_DEPENDENT.emoji
+        if key in partly_skipped:
+            return PARTLY_SKIPPED.emoji
+        return statuses[key].mark.emoji if key in statuses else NOT_RUN.emoji
+
+    marks = [
+        f"{Status.PASSED.mark.emoji} all passed",
+        f"{PARTLY_SKIPPED.emoji} passed with some tests skipped (see Skipped)",
+    ]
+    marks += [f"{status.mark.emoji} {status}" for status in Status if status is not Status.PASSED]
+    marks.append(f"{ORDER_DEPENDENT.emoji} failed in the run but passed alone (order-dependent or flaky)")
+    legend = ", ".join(marks)
+    rows = [
+        [code(cell)] + ["".join(mark((v.torch, cell, s)) for s in suites) for v in results.versions]
+        for cell in results.cells
+    ]
+    return (
+        f"### {summary.grid_title}\n\n"
+        f"One mark per suite, in this order: {', '.join(code(s, table=False) for s in suites)}. "
+        f"{legend}, {NOT_RUN.emoji} not run.\n\n" + _table(["cell", *(code(v.torch) for v in results.versions)], rows)
+    )
+
+
+def _failures(summary: Summary) -> str:
+    """Failures grouped by root cause: the line that says what broke, how far it reaches, each
+    failing test with the cells it stands for and what re-running it alone showed, and each
+    distinct failure text once, with where it occurred."""
+    causes = summary.root_causes
+    if not causes:
+        return ""
+    sections = []
+    for index, cause in enumerate(causes[:MAX_ROOT_CAUSES], 1):
+        versions = ", ".join(code(v, False) for v in cause.versions)
+        items = []
+        for record, cells in cause.failures[:MAX_FAILURES_PER_CAUSE]:
+            others = other_cells(record.run_cell, cells)
+            shared = f" (its result stands for {cell_list(others, MAX_CELLS_NAMED)})" if others else ""
+            items.append(
+                f"- {record.status} · torch {code(record.torch, False)} · {code(record.suite, False)} "
+                f"{code(record.test, False)} in {code(record.run_cell, False)}{shared} · {_confirmation(record.confirmation)}"
+            )
+        more = len(cause.failures) - MAX_FAILURES_PER_CAUSE
+        if more > 0:
+            items.append(f"- … and {more} more in summary.html and results.json")
+        texts = distinct_texts(cause)
+        left_out = len(texts) - MAX_TEXTS_PER_CAUSE
+        more_texts = (
+            f"\n\n… and {count(left_out, 'more distinct text')} of this cause in summary.html." if left_out > 0 else ""
+        )
+        sections.append(
+            f"#### {index}. {code(one_line(cause.line, ROOT_CAUSE_CHARS), False)}\n\n"
+            f"{count(cause.tests, 'test')} in {count(len(cause.cells), 'cell')}, torch {versions}\n\n"
+            + "\n".join(items)
+            + "".join(f"\n\n{_text_once(where)}" for where in texts[:MAX_TEXTS_PER_CAUSE])
+            + more_texts
+        )
+    more = len(causes) - MAX_ROOT_CAUSES
+    tail = f"\n\n… and {count(more, 'more root cause')} in summary.html and results.json." if more > 0 else ""
+    return (
+        f"### {summary.failures_title}\n\n"
+        f"Each root cause is the innermost exception of the first failing rank. {summary.confirmations.note}\n\n"
+        + "\n\n".join(sections)
+        + tail
+    )
+
+
+def where(record: TestRecord) -> str:
+    return f"{code(record.test, False)} in {code(record.run_cell, False)} (torch {code(record.torch, False)})"
+
+
+def _text_once(records: list[TestRecord]) -> str:
+    """One failure text, a click away, with every failure that printed exactly it."""
+    first = records[0]
+    places = "; ".join(where(record) for record in records[:MAX_CELLS_NAMED])
+    more = f" and {len(records) - MAX_CELLS_NAMED} more" if len(records) > MAX_CELLS_NAMED else ""
+    label = f"Text of {places}{more}:" if len(records) == 1 else f"The same text in {len(records)}: {places}{more}:"
+    return (
+        f"{label}\n\n<details><summary>show the text</summary>\n\n"
+        f"{fenced(excerpt(first.text or first.message))}\n\n</details>"
+    )
+
+
+def _skips(summary: Summary) -> str:
+    """Why tests were skipped: one row per reason with how many tests, which torch versions and cells."""
+    reasons = summary.skip_reasons
+    if not reasons:
+        return ""
+    rows = [
+        [
+            code(one_line(reason.line, ROOT_CAUSE_CHARS)),
+            str(len(reason.records)),
+            ", ".join(code(v) for v in reason.versions),
+            cell_list(reason.cells),
+        ]
+        for reason in reasons
+    ]
+    return f"### {summary.skipped_title}\n\n" + _table(["reason", "tests", "torch", "cells"], rows)
+
+
+def cell_list(cells: list[str], limit: int = MAX_CELLS_NAMED) -> str:
+    """Cells by name, the first ``limit`` of them, then how many more."""
+    named = ", ".join(code(cell) for cell in cells[:limit])
+    return named + (f" and {len(cells) - limit} more" if len(cells) > limit else "")
+
+
+def excerpt(text: str) -> str:
+    """What a reader needs of a failure's text: the first failing rank's traceback when there is one
+    (the pytest frames before it only say which test called ranks.run), else the text's end."""
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if RANK_TRACEBACK.match(line)), None)
+    if start is not None:
+        return "\n".join(lines[start : start + FAILURE_TEXT_LINES])
+    return "\n".join(lines[-FAILURE_TEXT_LINES:])
+
+
+def _confirmation(value: str) -> str:
+    description = Confirmation.describe(value)
+    return f"{ORDER_DEPENDENT.emoji} {description}" if value == Confirmation.PASSED_ALONE else description
+
+
+def _cells(cell: str, cells: tuple[str, ...]) -> str:
+    """The cell that ran a test, and by name the cells its result stands for."""
+    others = other_cells(cell, cells)
+    return code(cell) + (f" (also {cell_list(others)})" if others else "")
+
+
+def _table(header: list[str], rows: list[list[str]], limit: int | None = None) -> str:
+    shown = rows[:limit]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in shown]
+    if len(shown) < len(rows):
+        lines.append(f"\n… and {len(rows) - len(shown)} more rows in results.json.")
+    return "\n".join(lines)
+
+
+def _number(value: float) -> str:
+    return f"{value:.3g}"
+
+
+def _ratio(value: float) -> str:
+    return f"{value:.1f}×"

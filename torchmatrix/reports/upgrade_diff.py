@@ -1,0 +1,310 @@
+"""The torch-upgrade diff: what changed between a baseline and a candidate, test by test.
+
+Tests are matched by (suite, test, the cell that actually ran them), so a result shared by many
+cells through a representative is counted once. The same diff serves every version against the
+baseline inside one run and one version across two runs (`torchmatrix compare`).
+
+Only confirmed failures (re-run alone, failed again) make regressions and fixes; a status change
+whose failing side passed alone, or was never re-run, is listed apart as unconfirmed. A suite is
+slower only when the slowdown is beyond what re-running the same torch shows (bench/timing_noise.py):
+its total over tests that passed on both sides, and the median of those tests' own ratios, both
+grew more than slowdown_ratio, by at least MIN_SLOWDOWN_SECONDS, over MIN_TIMED_TESTS tests that
+took MIN_TIMED_SECONDS or more on the baseline.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from statistics import median
+
+from torchmatrix.matrix.config import ReportSettings
+from torchmatrix.reports.results import RunResults, TestRecord, drift_measure, is_drift_figure
+from torchmatrix.status import Confirmation, Status
+
+MIN_SLOWDOWN_SECONDS = 5.0
+MIN_TIMED_SECONDS = 0.5
+MIN_TIMED_TESTS = 3
+SLOWDOWN_RULE = (
+    f"Flagged only when the total and the median test both grew that much, by {MIN_SLOWDOWN_SECONDS:g} s or more, "
+    f"over {MIN_TIMED_TESTS} or more tests of {MIN_TIMED_SECONDS:g} s or more, so one test slowed by a busy core "
+    "does not flag its suite."
+)
+
+
+class CompareError(Exception):
+    """Two runs with nothing to compare; the message says which versions each has."""
+
+
+@dataclass(frozen=True)
+class Change:
+    """A test whose status differs between baseline and candidate."""
+
+    before: TestRecord
+    after: TestRecord
+    cells: tuple[str, ...]
+
+    @property
+    def failing(self) -> TestRecord:
+        """The side that failed (the candidate for a regression, the baseline for a fix)."""
+        return self.after if self.after.status.is_failing else self.before
+
+    @property
+    def confirmed(self) -> bool:
+        """Whether the failing side failed again when re-run alone."""
+        return self.failing.confirmation == Confirmation.FAILS_ALONE
+
+    def to_json(self) -> dict:
+        return {
+            "suite": self.after.suite,
+            "test": self.after.test,
+            "cell": self.after.run_cell,
+            "cells": list(self.cells),
+            "before": self.before.status.value,
+            "after": self.after.status.value,
+            "message": self.after.message or self.before.message,
+            "confirmation": self.failing.confirmation,
+        }
+
+
+@dataclass(frozen=True)
+class DriftGrowth:
+    """A drift figure of one test that grew by more than the matrix's drift_ratio."""
+
+    suite: str
+    test: str
+    cell: str
+    figure: str
+    before: float
+    after: float
+
+    @property
+    def ratio(self) -> float:
+        if self.before == 0 or math.isnan(self.after):
+            return math.inf
+        return self.after / self.before
+
+    @property
+    def growth(self) -> str:
+        """How much it grew, in words where a ratio means nothing (from exactly 0, to NaN)."""
+        if math.isnan(self.after):
+            return "became NaN"
+        if self.before == 0:
+            return "was exactly 0"
+        return f"{self.ratio:.1f}×"
+
+    def to_json(self) -> dict:
+        return {
+            "suite": self.suite,
+            "test": self.test,
+            "cell": self.cell,
+            "figure": self.figure,
+            "before": _json_float(self.before),
+            "after": _json_float(self.after),
+            "ratio": _json_float(self.ratio),
+        }
+
+
+@dataclass(frozen=True)
+class Slowdown:
+    """A suite that got slower beyond noise (the rule is in the module docstring)."""
+
+    suite: str
+    before: float
+    after: float
+    tests: int
+    median_ratio: float
+
+    def to_json(self) -> dict:
+        return {
+            "suite": self.suite,
+            "before": self.before,
+            "after": self.after,
+            "tests": self.tests,
+            "median_ratio": round(self.median_ratio, 3),
+        }
+
+
+@dataclass
+class UpgradeDiff:
+    """Baseline vs candidate: regressions, fixes, newly skipped tests, grown drift and slowdowns."""
+
+    before: str
+    after: str
+    settings: ReportSettings
+    compared: int = 0
+    only_before: int = 0
+    only_after: int = 0
+    regressions: list[Change] = field(default_factory=list)
+    fixes: list[Change] = field(default_factory=list)
+    unconfirmed: list[Change] = field(default_factory=list)
+    newly_skipped: list[Change] = field(default_factory=list)
+    drift: list[DriftGrowth] = field(default_factory=list)
+    slowdowns: list[Slowdown] = field(default_factory=list)
+
+    def drift_by_measure(self) -> list[tuple[DriftGrowth, int]]:
+        """Grown drift per (suite, test, cell, measure): the tensor that grew most, and how many grew."""
+        worst: dict[tuple[str, str, str, str], tuple[DriftGrowth, int]] = {}
+        for growth in self.drift:
+            key = (growth.suite, growth.test, growth.cell, drift_measure(growth.figure))
+            if key in worst:
+                top, count = worst[key]
+                worst[key] = (top if _rank(top) >= _rank(growth) else growth, count + 1)
+            else:
+                worst[key] = (growth, 1)
+        return sorted(worst.values(), key=lambda pair: _rank(pair[0]), reverse=True)
+
+    @property
+    def clean(self) -> bool:
+        """Nothing regressed, and no unconfirmed change could hide a regression (one that was never
+        re-run alone; a failure that passed alone is order-dependent and does not count)."""
+        unknown = [c for c in self.unconfirmed if c.failing.confirmation != Confirmation.PASSED_ALONE]
+        return not (self.regressions or unknown or self.drift or self.slowdowns or self.newly_skipped)
+
+    def to_json(self) -> dict:
+        return {
+            "before": self.before,
+            "after": self.after,
+            "drift_ratio": self.settings.drift_ratio,
+            "slowdown_ratio": self.settings.slowdown_ratio,
+            "compared": self.compared,
+            "only_before": self.only_before,
+            "only_after": self.only_after,
+            "regressions": [c.to_json() for c in self.regressions],
+            "fixes": [c.to_json() for c in self.fixes],
+            "unconfirmed": [c.to_json() for c in self.unconfirmed],
+            "newly_skipped": [c.to_json() for c in self.newly_skipped],
+            "drift": [d.to_json() for d in self.drift],
+            "slowdowns": [s.to_json() for s in self.slowdowns],
+        }
+
+
+def diff_records(
+    before: list[TestRecord], after: list[TestRecord], settings: ReportSettings, before_label: str, after_label: str
+) -> UpgradeDiff:
+    """Compare two sets of records of the same matrix (one torch version each)."""
+    old, new = _by_test(before), _by_test(after)
+    cells = _cells_per_test(after)
+    diff = UpgradeDiff(before_label, after_label, settings)
+    diff.only_before = len(old.keys() - new.keys())
+    diff.only_after = len(new.keys() - old.keys())
+    for key in (k for k in new if k in old):
+        a, b = old[key], new[key]
+        diff.compared += 1
+        change = Change(a, b, cells[key])
+        if a.status is Status.PASSED and b.status.is_failing:
+            (diff.regressions if change.confirmed else diff.unconfirmed).append(change)
+        elif a.status.is_failing and b.status is Status.PASSED:
+            (diff.fixes if change.confirmed else diff.unconfirmed).append(change)
+        elif a.status is not Status.SKIPPED and b.status is Status.SKIPPED:
+            diff.newly_skipped.append(change)
+        diff.drift.extend(_drift_growth(a, b, settings.drift_ratio))
+    diff.drift.sort(key=_rank, reverse=True)
+    diff.slowdowns = _slowdowns(old, new, settings.slowdown_ratio)
+    return diff
+
+
+def upgrade_diffs(results: RunResults) -> list[UpgradeDiff]:
+    """Every torch version of the run against the run's baseline."""
+    baseline = results.records(results.baseline)
+    return [
+        diff_records(baseline, results.records(v.torch), results.settings, results.baseline, v.torch)
+        for v in results.versions
+        if v.torch != results.baseline
+    ]
+
+
+def compare_runs(old: RunResults, new: RunResults) -> list[UpgradeDiff]:
+    """Run A against run B: each torch version both have; or their only versions, when each has one."""
+    old_versions = [v.torch for v in old.versions]
+    new_versions = [v.torch for v in new.versions]
+    pairs = [(v, v) for v in new_versions if v in old_versions]
+    if not pairs and len(old_versions) == len(new_versions) == 1:
+        pairs = [(old_versions[0], new_versions[0])]
+    if not pairs:
+        raise CompareError(
+            f"run {old.run_id} has torch {', '.join(old_versions)} and run {new.run_id} has {', '.join(new_versions)}: "
+            "no version in common; compare runs of the same versions, or runs of one version each"
+        )
+    return [
+        diff_records(
+            old.records(a),
+            new.records(b),
+            new.settings,
+            f"{old.run_id} (torch {a})",
+            f"{new.run_id} (torch {b})",
+        )
+        for a, b in pairs
+    ]
+
+
+def _key(record: TestRecord) -> tuple[str, str, str]:
+    return (record.suite, record.test, record.run_cell)
+
+
+def _by_test(records: list[TestRecord]) -> dict[tuple[str, str, str], TestRecord]:
+    """One record per test that actually ran: the representative's own record where it is there."""
+    chosen: dict[tuple[str, str, str], TestRecord] = {}
+    for record in records:
+        key = _key(record)
+        if key not in chosen or record.ran_in is None:
+            chosen[key] = record
+    return chosen
+
+
+def _cells_per_test(records: list[TestRecord]) -> dict[tuple[str, str, str], tuple[str, ...]]:
+    cells: dict[tuple[str, str, str], list[str]] = defaultdict(list)
+    for record in records:
+        cells[_key(record)].append(record.cell)
+    return {key: tuple(value) for key, value in cells.items()}
+
+
+def grew(before: float, after: float, ratio: float) -> bool:
+    """Drift grew when it became NaN, left exactly zero, or rose more than `ratio` times."""
+    if math.isnan(after):
+        return not math.isnan(before)
+    if math.isnan(before) or after <= 0:
+        return False
+    return before == 0 or after > ratio * before
+
+
+def _drift_growth(before: TestRecord, after: TestRecord, ratio: float) -> list[DriftGrowth]:
+    found = []
+    for name, new in after.figures.items():
+        old = before.figures.get(name)
+        if not is_drift_figure(name) or not isinstance(old, float) or not isinstance(new, float):
+            continue
+        if grew(abs(old), abs(new), ratio):
+            found.append(DriftGrowth(after.suite, after.test, after.run_cell, name, abs(old), abs(new)))
+    return found
+
+
+def _rank(growth: DriftGrowth) -> tuple[float, float]:
+    """Larger growth first; among growth from exactly 0 (infinite ratio), the larger value first."""
+    return (growth.ratio, growth.after if not math.isnan(growth.after) else math.inf)
+
+
+def _slowdowns(old: dict, new: dict, ratio: float) -> list[Slowdown]:
+    """Suites slower beyond noise: see the module docstring for the rule and why."""
+    timed: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for key in (k for k in new if k in old):
+        a, b = old[key], new[key]
+        if a.status is b.status is Status.PASSED and a.duration >= MIN_TIMED_SECONDS:
+            timed[key[0]].append((a.duration, b.duration))
+    found = []
+    for suite, pairs in timed.items():
+        before, after = sum(a for a, _ in pairs), sum(b for _, b in pairs)
+        typical = median(b / a for a, b in pairs)
+        if (
+            len(pairs) >= MIN_TIMED_TESTS
+            and after > ratio * before
+            and typical > ratio
+            and after - before >= MIN_SLOWDOWN_SECONDS
+        ):
+            found.append(Slowdown(suite, round(before, 3), round(after, 3), len(pairs), typical))
+    return found
+
+
+def _json_float(value: float) -> float | str:
+    return value if math.isfinite(value) else str(value)

@@ -1,0 +1,102 @@
+"""The ETA of a run, seeded from what earlier runs in reports/ took.
+
+Elapsed time over finished cells alone is far too high at first: cells run side by side, so the
+first to finish carries most of the time since the start (imports, pool starts, its neighbours'
+work). Earlier runs' results.json say how long each suite takes; that work spread over the
+machine's slots is the seed, and it gives way to the observed rate as the work gets done.
+Suite timeouts are limits, not estimates, and are never used.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from statistics import mean
+
+from torchmatrix.matrix.plan import SuiteRun
+
+RUNS_CONSIDERED = 5
+RESULTS_FILE = "results.json"
+
+
+def suite_seconds(reports: Path, torch: str, current_run: str) -> dict[str, float]:
+    """Mean seconds of one run of each suite (its tests' durations summed, per cell that ran it)
+    in the latest few results.json under `reports`, from runs of `torch` when any ran it.
+
+    An unreadable or foreign results.json is passed over: an estimate never stops a run.
+    """
+    runs = [_suite_run_seconds(path) for path in _latest_results(reports, current_run)]
+    same_torch = [{key: seconds for key, seconds in run.items() if key[0] == torch} for run in runs]
+    by_suite: dict[str, list[float]] = defaultdict(list)
+    for run in same_torch if any(same_torch) else runs:
+        for (_, _, suite), seconds in run.items():
+            if seconds > 0:
+                by_suite[suite].append(seconds)
+    return {suite: mean(durations) for suite, durations in by_suite.items()}
+
+
+def _latest_results(reports: Path, current_run: str) -> list[Path]:
+    """The newest RUNS_CONSIDERED results.json one or two levels under `reports` (run ids may
+    hold a `/`), each once however many links point at its run, never the current run's."""
+    current = (reports / current_run).resolve()
+    found = {
+        path.resolve()
+        for path in [*reports.glob(f"*/{RESULTS_FILE}"), *reports.glob(f"*/*/{RESULTS_FILE}")]
+        if path.resolve().parent != current and path.is_file()
+    }
+    return sorted(found, key=lambda path: path.stat().st_mtime, reverse=True)[:RUNS_CONSIDERED]
+
+
+def _suite_run_seconds(path: Path) -> dict[tuple[str, str, str], float]:
+    """(torch, cell, suite) -> seconds its tests took, for each suite run a results.json holds
+    (a result a cell shares from another counts once, for the cell that ran it)."""
+    try:
+        tests = json.loads(path.read_text()).get("tests", [])
+    except (OSError, ValueError, AttributeError):
+        return {}
+    seconds: dict[tuple[str, str, str], float] = defaultdict(float)
+    for record in tests if isinstance(tests, list) else []:
+        if not isinstance(record, dict) or record.get("ran_in") not in (None, record.get("cell")):
+            continue
+        duration = record.get("duration")
+        if isinstance(duration, (int, float)) and not isinstance(duration, bool):
+            seconds[str(record.get("torch")), str(record.get("cell")), str(record.get("suite"))] += duration
+    return dict(seconds)
+
+
+@dataclass(frozen=True)
+class WorkEstimate:
+    """Expected slot-seconds of each cell's suite runs (a run counts for the cell that runs it),
+    and the slots they share: the seed of the ETA."""
+
+    per_cell: Mapping[str, float]
+    slots: int
+
+    @classmethod
+    def of_runs(cls, runs: Iterable[SuiteRun], seconds: Mapping[str, float], slots: int) -> WorkEstimate | None:
+        """The work of `runs`, a suite without history costing the mean of those with; None when
+        no earlier run says anything."""
+        if not seconds:
+            return None
+        unknown = mean(seconds.values())
+        per_cell: dict[str, float] = defaultdict(float)
+        for run in runs:
+            per_cell[run.cell.id] += seconds.get(run.suite.name, unknown) * min(run.cell.world_size, slots)
+        return cls(dict(per_cell), slots)
+
+    @property
+    def total(self) -> float:
+        return sum(self.per_cell.values())
+
+    def remaining_seconds(self, elapsed: float, done: float, left: float) -> float:
+        """Wall seconds for `left` slot-seconds when `done` took `elapsed`: the seed rate (one
+        slot-second per slot) blended with the observed rate, weighted by the share done."""
+        if left <= 0:
+            return 0.0
+        seed_rate = 1 / self.slots
+        observed_rate = elapsed / done if done > 0 else seed_rate
+        weight = done / (done + left)
+        return ((1 - weight) * seed_rate + weight * observed_rate) * left

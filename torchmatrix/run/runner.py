@@ -1,0 +1,444 @@
+"""`torchmatrix run`: run the selected cells of one torch version and write their reports.
+
+Layout of a run directory (shared by every torch version of one nox invocation):
+
+    reports/<run-id>/torch-<V>/<cell-id>.xml   one JUnit file per cell
+    reports/<run-id>/torch-<V>/plan.json       what was planned: cells, filters, environment
+    reports/<run-id>/torch-<V>/logs/           pytest logs, event logs and plans per group
+    reports/<run-id>/junit.xml                 every cell of every version, merged
+    reports/latest -> <run-id>
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import signal
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+from pathlib import Path
+
+from torchmatrix.env.devices import Environment, ProbeError, probe
+from torchmatrix.matrix.cells import Cell
+from torchmatrix.matrix.config import Matrix
+from torchmatrix.matrix.plan import Group, SuiteRun, group_runs, plan_runs
+from torchmatrix.matrix.selection import Shard, select_cells
+from torchmatrix.messages.group_plan import GroupPlan, SuiteSpec
+from torchmatrix.messages.run_plan import PlannedSuite, RunPlan, write_plan
+from torchmatrix.ranks.output_cap import DEFAULT_CAP_BYTES
+from torchmatrix.ranks.parent_death import PARENT_PID_VARIABLE
+from torchmatrix.reports import confirmation, junit
+from torchmatrix.reports.outcomes import OutcomeBook
+from torchmatrix.run.component_check import check_components
+from torchmatrix.run.eta import WorkEstimate, suite_seconds
+from torchmatrix.run.progress import InvocationPart, Progress
+from torchmatrix.run.run_directory import point_latest
+from torchmatrix.run.schedule import GroupProcess, Scheduler
+from torchmatrix.status import Confirmation, Status, tally
+
+INTERRUPTED_EXIT = 130
+INSTALL_LOG_TAIL_LINES = 40
+DEFAULT_MAX_CPU_RANKS = 64  # each simulated rank is a process with torch loaded (~0.3 GB)
+
+
+class RunError(Exception):
+    """A problem that stops the run before any cell starts; the message says what to change."""
+
+
+@dataclass
+class RunRequest:
+    """Everything `torchmatrix run` was asked to do."""
+
+    matrix: Matrix
+    version: str
+    reports: Path
+    run_id: str
+    only: dict = field(default_factory=dict)
+    keyword: str | None = None
+    shard: Shard | None = None
+    install_log: Path | None = None
+    gpus_per_node: int | None = None
+    multinode_launcher: str | None = None
+    slots: int | None = None
+    confirm_limit: int = confirmation.DEFAULT_LIMIT
+    restart: bool = False
+    max_cpu_ranks: int = DEFAULT_MAX_CPU_RANKS
+    output_cap: int = DEFAULT_CAP_BYTES
+    part: InvocationPart = InvocationPart()
+
+    @property
+    def run_dir(self) -> Path:
+        return self.reports / self.run_id
+
+    @property
+    def version_dir(self) -> Path:
+        return self.run_dir / f"torch-{self.version}"
+
+
+def prepare_directory(path: Path) -> None:
+    """Create `path` and prove it is writable, before any cell runs."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe_file = path / f".write-test-{os.getpid()}"
+        probe_file.write_text("")
+        probe_file.unlink()
+    except OSError as error:
+        raise RunError(
+            f"cannot write reports to {path} ({error.strerror}); pass --reports DIR with a writable directory"
+        ) from None
+
+
+def claim_version_directory(request: RunRequest) -> None:
+    """Refuse a torch version directory an earlier run with this id used (its events and gates
+    would mix into this run), or with `restart`, clear it; a nox install log written for this run stays."""
+    used = [
+        path
+        for path in [request.version_dir / "plan.json", *request.version_dir.glob("*.xml")]
+        + sorted((request.version_dir / "logs").glob("*.events.jsonl"))
+        if path.exists()
+    ]
+    if not used:
+        return
+    if not request.restart:
+        raise RunError(
+            f"{request.version_dir} already holds a run (found {used[0].name}); pass a new --run-id, or --restart to delete it and start clean"
+        )
+    keep = request.install_log.resolve() if request.install_log else None
+    logs = request.version_dir / "logs"
+    for path in [*request.version_dir.iterdir(), *(logs.iterdir() if logs.is_dir() else [])]:
+        if path == logs or path.resolve() == keep or not path.exists():
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+
+
+def run_version(request: RunRequest, stream=sys.stdout) -> int:
+    """Run the cells of one torch version; return 0 (all passed or skipped), 1 (failures) or 130."""
+    matrix = request.matrix
+    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    cells = select_cells(matrix.cells(), only=request.only, keyword=request.keyword, shard=request.shard)
+    with ThreadPoolExecutor(max_workers=2) as children:
+        probed = children.submit(_probe_or_error) if request.install_log is None else None
+        if request.install_log is None:
+            _refuse_broken_components(matrix)
+        claim_version_directory(request)
+        prepare_directory(request.version_dir / "logs")
+        runs = plan_runs(cells, matrix.suites)
+        book = OutcomeBook(runs)
+        environment, runnable = _environment(request, book, probed.result() if probed else None)
+    progress = Progress(
+        request.version,
+        len(cells),
+        stream,
+        estimate=_work_estimate(request, runs, environment) if runnable else None,
+        part=request.part,
+    )
+    if runnable:
+        _refuse_too_wide_for_cpu(request, cells, environment)
+    _write_plan(request, cells, book, environment, started, finished=False)
+    progress.say(
+        f"torchmatrix: torch {request.version}, {len(cells)} cells, {len(runs)} suite runs, device: {environment['device']}"
+    )
+    interrupted = False
+    if runnable:
+        previous = {signum: signal.signal(signum, _interrupt) for signum in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            _run_cells(request, cells, runs, book, environment, progress)
+        except KeyboardInterrupt:
+            interrupted = True
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+    _write_reports(request, cells, book, environment, started)
+    totals = book.counts(cells)
+    progress.say(
+        f"torchmatrix: torch {request.version}: {tally(totals)}; merged report: {request.run_dir / junit.MERGED_NAME}"
+    )
+    if interrupted:
+        return INTERRUPTED_EXIT
+    return 1 if any(count for status, count in totals.items() if status.is_failing) else 0
+
+
+def _slots(request: RunRequest, environment: dict) -> int:
+    """How many ranks may run at once: --slots, else the GPUs, else the cores this process may use."""
+    gpu_count = environment["gpu_count"] if environment["device_type"] == "cuda" else 0
+    return request.slots or gpu_count or len(os.sched_getaffinity(0))
+
+
+def _work_estimate(request: RunRequest, runs: list[SuiteRun], environment: dict) -> WorkEstimate | None:
+    """The ETA's seed: what the planned suite runs took in earlier runs under --reports."""
+    seconds = suite_seconds(request.reports, request.version, request.run_id)
+    return WorkEstimate.of_runs(runs, seconds, _slots(request, environment))
+
+
+def _refuse_too_wide_for_cpu(request: RunRequest, cells: list[Cell], environment: dict) -> None:
+    """On CPU every rank is a process: a world size of thousands would fork until the machine
+    gives out, so cells wider than `--max-cpu-ranks` stop the run before it starts."""
+    if environment["device_type"] != "cpu" or request.multinode_launcher:
+        return
+    widest = max((cell.world_size for cell in cells), default=0)
+    if widest > request.max_cpu_ranks:
+        raise RunError(
+            f"world size {widest} needs {widest} rank processes on this CPU-only machine, above the limit of {request.max_cpu_ranks}; "
+            f"narrow the selection (--only world_size=...) or pass --max-cpu-ranks {widest}"
+        )
+
+
+def _refuse_broken_components(matrix: Matrix) -> None:
+    """Stop before any cell runs when a component cannot be imported or called as the suites call it."""
+    problems = check_components(matrix)
+    if problems:
+        raise RunError("\n".join(problems))
+
+
+def _interrupt(signum, frame):
+    """Ctrl-C and SIGTERM (a cancelled CI job) stop the run, and the reports are still written.
+
+    Installed explicitly: a process started in the background by a non-interactive shell (or
+    by a test runner) inherits SIGINT as ignored, and Ctrl-C would then do nothing.
+    """
+    raise KeyboardInterrupt
+
+
+def _probe_or_error() -> Environment | ProbeError:
+    """The torch probe, run beside the component check (each imports torch in a child)."""
+    try:
+        return probe()
+    except ProbeError as error:
+        return error
+
+
+def _environment(request: RunRequest, book: OutcomeBook, probed: Environment | ProbeError | None) -> tuple[dict, bool]:
+    """What the reports say about this environment's torch, and whether cells can run.
+
+    When it is unusable, every planned run errors with the reason.
+    """
+    if probed is None:
+        tail = _tail(request.install_log)
+        _fail_all(book, f"torch=={request.version} failed to install (see {request.install_log})", tail)
+        return {"device": "none (torch did not install)"}, False
+    if isinstance(probed, ProbeError):
+        _fail_all(book, str(probed), "")
+        return {"device": "none (torch is not importable)"}, False
+    environment = probed
+    if request.version != "system" and environment.base_version != request.version:
+        _fail_all(
+            book,
+            f"this environment has torch {environment.torch}, not {request.version}; rebuild the virtualenv (run nox without -R) or pass --torch system",
+            "",
+        )
+        return environment.to_json(), False
+    return environment.to_json(), True
+
+
+def _fail_all(book: OutcomeBook, message: str, text: str) -> None:
+    for key in book.runs:
+        book.fail_run(key, Status.ERROR, message, text)
+
+
+def _tail(path: Path) -> str:
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError as error:
+        return f"(cannot read {path}: {error.strerror})"
+    return "\n".join(lines[-INSTALL_LOG_TAIL_LINES:])
+
+
+def _run_cells(
+    request: RunRequest,
+    cells: list[Cell],
+    runs: list[SuiteRun],
+    book: OutcomeBook,
+    environment: dict,
+    progress: Progress,
+) -> None:
+    gpu_count = environment["gpu_count"] if environment["device_type"] == "cuda" else 0
+    node_size = request.gpus_per_node or gpu_count or None
+    runnable = []
+    for run in runs:
+        if node_size and run.cell.world_size > node_size and not request.multinode_launcher:
+            book.fail_run(
+                run.key,
+                Status.SKIPPED,
+                f"needs {run.cell.world_size} GPUs; this node has {node_size} (pass --multinode-launcher to span nodes)",
+            )
+        else:
+            runnable.append(run)
+    cores = [] if gpu_count else sorted(os.sched_getaffinity(0))
+    slots = _slots(request, environment)
+    finished: set[Cell] = set()
+
+    def report_finished_cells() -> None:
+        for cell in cells:
+            if cell not in finished and book.cell_done(cell):
+                finished.add(cell)
+                junit.write_cell(
+                    request.version_dir,
+                    request.version,
+                    environment,
+                    cell,
+                    book.for_cell(cell),
+                    book.cell_started(cell),
+                )
+                tests = [(f"{run.suite.name}::{o.test}", o.status) for run, o in book.for_cell(cell)]
+                progress.cell_finished(cell.id, tests, book.counts(finished))
+
+    def scheduler(groups: list[Group], **kwargs) -> Scheduler:
+        return Scheduler(
+            [_with_launcher(group, node_size, request.multinode_launcher) for group in groups],
+            start=lambda group: _start_group(request, group, environment),
+            slots=slots,
+            gpu_ids=list(range(gpu_count)),
+            core_ids=cores,
+            **kwargs,
+        )
+
+    report_finished_cells()
+    scheduler(group_runs(runnable, slots, fillers=not gpu_count), book=book, on_update=report_finished_cells).run()
+    report_finished_cells()
+    _confirm_failures(request, book, progress, scheduler, slots)
+
+
+def _confirm_failures(request: RunRequest, book: OutcomeBook, progress: Progress, scheduler, slots: int) -> None:
+    """Re-run each failed test alone in a fresh process (up to the limit), `slots` processes at a
+    time, and mark it with what that showed."""
+    retries = confirmation.retries(book) if request.confirm_limit > 0 else []
+    if not retries:
+        return
+    chosen, past_limit = retries[: request.confirm_limit], retries[request.confirm_limit :]
+    progress.say(
+        f"torchmatrix: torch {request.version}: re-running {len(chosen)} failed tests alone, each in a fresh process"
+        + (f" ({len(past_limit)} more past --confirm-limit {request.confirm_limit})" if past_limit else "")
+    )
+    groups = [retry.group(index) for index, retry in enumerate(chosen, 1)]
+    alone = [OutcomeBook(group.runs) for group in groups]
+    scheduler(groups, book=None, books={g.name: b for g, b in zip(groups, alone)}, max_started=slots).run()
+    confirmation.record(chosen, alone, past_limit, request.confirm_limit)
+    book.pool_starts += sum(b.pool_starts for b in alone)
+    verdicts = [retry.outcome.confirmation for retry in chosen]
+    progress.say(
+        f"torchmatrix: torch {request.version}: {verdicts.count(Confirmation.FAILS_ALONE)} of {len(chosen)} fail alone, "
+        f"{verdicts.count(Confirmation.PASSED_ALONE)} passed alone (order-dependent or flaky)"
+    )
+
+
+def _with_launcher(group: Group, node_size: int | None, template: str | None) -> Group:
+    """Give a group wider than one node its launch command, with {nnodes} and {nproc_per_node} filled in."""
+    if not template or not node_size or group.world_size <= node_size:
+        return group
+    nnodes = -(-group.world_size // node_size)
+    return replace(group, launcher=template.format(nnodes=nnodes, nproc_per_node=node_size))
+
+
+def group_command(
+    matrix: Matrix,
+    version: str,
+    group: Group,
+    environment: dict,
+    logs: Path,
+    *,
+    gate: Path | None = None,
+    output_cap: int = DEFAULT_CAP_BYTES,
+) -> list[str]:
+    """Write the group's plan under `logs` and return the pytest command that runs it.
+
+    A group with a launcher (torchrun, srun) is started through it, one pytest per rank. With a
+    `gate`, the process imports and collects, then waits for the gate file before any test.
+    """
+    plan = logs / f"{group.name}.plan.json"
+    suites = {run.suite.name: run.suite for run in group.runs}
+    GroupPlan(
+        torch=version,
+        world_size=group.world_size,
+        device=environment,
+        events=str(events_path(logs, group)),
+        gate=str(gate) if gate else None,
+        launched=bool(group.launcher),
+        components=matrix.components,
+        suites={name: SuiteSpec(s.path, s.timeout, s.options) for name, s in suites.items()},
+        runs=tuple((run.suite.name, run.cell) for run in group.runs),
+        output_cap=output_cap,
+        only_tests={run.key: group.only_tests for run in group.runs} if group.only_tests else {},
+    ).write(plan)
+    python = shlex.split(group.launcher) if group.launcher else [sys.executable]
+    return [
+        *python, "-m", "pytest",
+        "-p", "torchmatrix.ranks.plugin",
+        "-p", "no:cacheprovider",
+        "--continue-on-collection-errors",
+        "--torchmatrix-plan", str(plan),
+        "--rootdir", str(matrix.root),
+        "-q",
+        "--tb=short",
+        *sorted({s.path for s in suites.values()}),
+    ]  # fmt: skip
+
+
+def events_path(logs: Path, group: Group) -> Path:
+    return logs / f"{group.name}.events.jsonl"
+
+
+def _start_group(request: RunRequest, group: Group, environment: dict) -> GroupProcess:
+    """Start `pytest -p torchmatrix.ranks.plugin` on the group's suites, waiting at its gate."""
+    logs = request.version_dir / "logs"
+    gate = logs / f"{group.name}.go"
+    command = group_command(
+        request.matrix, request.version, group, environment, logs, gate=gate, output_cap=request.output_cap
+    )
+    env = dict(os.environ)
+    if group.launcher:
+        env["TORCHMATRIX_DEVICE"] = environment["device_type"]
+    else:
+        env[PARENT_PID_VARIABLE] = str(os.getpid())
+    return GroupProcess.start(
+        group,
+        command,
+        cwd=request.matrix.root,
+        env=env,
+        log=logs / f"{group.name}.log",
+        events=events_path(logs, group),
+        gate=gate,
+    )
+
+
+def _write_reports(request: RunRequest, cells: list[Cell], book: OutcomeBook, environment: dict, started: str) -> None:
+    for cell in cells:
+        junit.write_cell(
+            request.version_dir, request.version, environment, cell, book.for_cell(cell), book.cell_started(cell)
+        )
+    _write_plan(request, cells, book, environment, started, finished=True)
+    junit.merge_run(request.run_dir)
+    point_latest(request.reports, request.run_id)
+
+
+def _write_plan(
+    request: RunRequest, cells: list[Cell], book: OutcomeBook, environment: dict, started: str, *, finished: bool
+) -> None:
+    """plan.json, first before any cell runs (with what `report` needs to rebuild the cells of a
+    runner that was killed: each cell's axis values and the suites), then again at the end."""
+    write_plan(
+        request.version_dir,
+        RunPlan(
+            torch=request.version,
+            started=started,
+            matrix=str(request.matrix.path),
+            matrix_sha256=request.matrix.digest,
+            only={axis: sorted(values) for axis, values in request.only.items()},
+            keyword=request.keyword,
+            shard=str(request.shard) if request.shard else None,
+            environment=environment,
+            cells=tuple(cell.id for cell in cells),
+            cell_axes=tuple(cell.to_json() for cell in cells),
+            suites={
+                name: PlannedSuite(suite.path, suite.timeout, tuple(suite.axes))
+                for name, suite in request.matrix.suites.items()
+            },
+            pool_starts=book.pool_starts,
+            finished=finished,
+        ),
+    )

@@ -1,0 +1,192 @@
+"""Merge report directories from shards, CI jobs and torch versions into one run directory.
+
+The result reads like a single-machine run of the same matrix: every planned cell once. The
+matrix file tells which cells were planned, so a shard whose job died or whose artifact never
+arrived shows up as errored cells that say so, never as silence.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from torchmatrix.matrix.cells import Cell
+from torchmatrix.matrix.config import Matrix
+from torchmatrix.matrix.plan import plan_runs
+from torchmatrix.matrix.safe_names import UnsafeName, check_name
+from torchmatrix.matrix.selection import SelectionError, Shard, select_cells, shard_cells
+from torchmatrix.messages.run_plan import FILE_NAME as PLAN_FILE
+from torchmatrix.messages.run_plan import PlanFileError, RunPlan, read_plan, write_plan
+from torchmatrix.reports import junit
+from torchmatrix.reports.outcomes import OutcomeBook
+from torchmatrix.status import Status
+
+
+class MergeError(Exception):
+    """Inputs that cannot be merged into one honest report; the message says what to change."""
+
+
+@dataclass
+class VersionReport:
+    """One `torch-<V>` directory found among the inputs."""
+
+    path: Path
+    plan: RunPlan
+
+    @property
+    def version(self) -> str:
+        return self.plan.torch
+
+    @property
+    def shard(self) -> Shard | None:
+        try:
+            return Shard.parse(self.plan.shard) if self.plan.shard else None
+        except SelectionError as error:
+            raise MergeError(f"{self.path / PLAN_FILE}: {error}") from None
+
+
+@dataclass
+class MergeResult:
+    """What the merge found, for the one-line summary the CLI prints."""
+
+    cells: dict[str, int] = field(default_factory=dict)
+    missing: dict[str, list[str]] = field(default_factory=dict)
+    inputs: int = 0
+
+
+def find_version_reports(inputs: Sequence[Path]) -> list[VersionReport]:
+    """Every `torch-*/plan.json` below the inputs, not following symlinks (`latest` would double-count)."""
+    found = []
+    for root in inputs:
+        if not root.is_dir():
+            raise MergeError(f"{root} is not a directory; pass the report directories (downloaded artifacts) to merge")
+        for directory, subdirectories, files in os.walk(root):
+            subdirectories.sort()
+            if Path(directory).name.startswith("torch-") and PLAN_FILE in files:
+                path = Path(directory)
+                try:
+                    found.append(VersionReport(path, read_plan(path / PLAN_FILE)))
+                except PlanFileError as error:
+                    raise MergeError(str(error)) from None
+    return found
+
+
+def merge_reports(
+    inputs: Sequence[Path],
+    out: Path,
+    matrix: Matrix,
+    *,
+    expected: Sequence[Cell],
+    versions: Sequence[str] | None = None,
+) -> MergeResult:
+    """Write `out` as one run directory holding every expected cell of every expected version.
+
+    `expected` is the selection the jobs were planned from (the matrix, after the user's
+    filters); each job may have run any slice of it (shards, world sizes).
+    """
+    reports = find_version_reports(inputs)
+    for report in reports:
+        if report.plan.matrix_sha256 != matrix.digest:
+            raise MergeError(
+                f"{report.path} was produced from another matrix.toml than {matrix.path}; pass --config with the file the shards ran"
+            )
+    if any(out.glob("torch-*")):
+        raise MergeError(f"{out} already holds a report; choose an empty --out directory")
+    expected_versions = list(versions or [v for v in matrix.versions if v != "system"])
+    expected_versions += sorted({r.version for r in reports} - set(expected_versions))
+    result = MergeResult(inputs=len(reports))
+    for version in expected_versions:
+        mine = [r for r in reports if r.version == version]
+        cells_written, missing = _merge_version(version, mine, out / f"torch-{version}", matrix, expected)
+        result.cells[version] = cells_written
+        if missing:
+            result.missing[version] = missing
+    junit.merge_run(out)
+    return result
+
+
+def _merge_version(
+    version: str, reports: list[VersionReport], out: Path, matrix: Matrix, expected: Sequence[Cell]
+) -> tuple[int, list[str]]:
+    out.mkdir(parents=True, exist_ok=True)
+    sources: dict[str, Path] = {}
+    for report in reports:
+        for path in sorted(report.path.glob("*.xml")):
+            try:
+                check_name(path.stem, "cell report")
+            except UnsafeName as error:
+                raise MergeError(f"{path}: {error}") from None
+            if path.is_symlink():
+                raise MergeError(f"{path} is a symlink; a cell report must be a file of the report directory")
+            if path.stem in sources:
+                raise MergeError(
+                    f"cell {path.stem} of torch {version} is reported twice ({sources[path.stem]} and {path}); pass each shard's reports once"
+                )
+            sources[path.stem] = path
+            shutil.copyfile(path, out / path.name)
+    missing = [cell for cell in expected if cell.id not in sources]
+    environment = (reports[0].plan.environment if reports else None) or {
+        "device": "unknown (no job of this version reported)"
+    }
+    known_tests = _tests_per_suite(out)
+    for cell in missing:
+        book = OutcomeBook(plan_runs([cell], matrix.suites))
+        for key, run in book.runs.items():
+            if run.suite.name in known_tests:
+                book.expect(key, known_tests[run.suite.name])
+            book.fail_run(key, Status.ERROR, _missing_reason(version, cell, reports, matrix))
+        junit.write_cell(out, version, environment, cell, book.for_cell(cell))
+    write_plan(
+        out,
+        RunPlan(
+            torch=version,
+            matrix=str(matrix.path),
+            matrix_sha256=matrix.digest,
+            merged_from=tuple(
+                {"path": str(r.path), "shard": r.plan.shard, "only": r.plan.only, "keyword": r.plan.keyword}
+                for r in reports
+            ),
+            environment=environment,
+            cells=tuple(sorted(set(sources) | {cell.id for cell in missing})),
+            missing=tuple(cell.id for cell in missing),
+            pool_starts=sum(r.plan.pool_starts for r in reports),
+        ),
+    )
+    return len(sources) + len(missing), [cell.id for cell in missing]
+
+
+def _tests_per_suite(version_dir: Path) -> dict[str, list[str]]:
+    """Test names per suite as other cells reported them, so a missing cell lists the same tests."""
+    names: dict[str, list[str]] = {}
+    for path in sorted(version_dir.glob("*.xml")):
+        for suite in junit.read_suites(path):
+            for case in suite:
+                tests = names.setdefault(case.classname, [])
+                test = junit.test_of_testcase(case.name)
+                if test not in tests:
+                    tests.append(test)
+    return names
+
+
+def _missing_reason(version: str, cell: Cell, reports: list[VersionReport], matrix: Matrix) -> str:
+    """Name the shard that should have covered the cell, when the other shards' plans tell."""
+    generic = f"no report for this cell from torch {version}: its job failed before writing reports, or its artifact is missing"
+    for report in reports:
+        if not report.shard:
+            continue
+        only = {axis: set(values) for axis, values in report.plan.only.items()}
+        try:
+            selection = select_cells(matrix.cells(), only=only, keyword=report.plan.keyword)
+        except SelectionError as error:
+            raise MergeError(
+                f"{report.path / PLAN_FILE}: its filters do not apply to {matrix.path.name} ({error})"
+            ) from None
+        if cell not in selection:
+            continue
+        count = report.shard.count
+        index = next(i for i in range(1, count + 1) if cell in shard_cells(selection, Shard(i, count)))
+        return f"no report for this cell: shard {index}/{count} of torch {version} delivered none (its job failed before writing reports, or its artifact is missing)"
+    return generic

@@ -1,0 +1,1 @@
+"""`torchmatrix sensitivity`: generic mutants of your components and whether the suites catch them."""

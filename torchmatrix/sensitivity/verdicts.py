@@ -1,0 +1,90 @@
+"""What one suite did in each cell of a sensitivity run, read back from the per-cell JUnit files.
+
+A failure's JUnit message is its root cause line, which for a suite's assertion is only the
+headline ("cell …: checkpointing changed buffers"); the per-rank lines that name what differs
+follow it in the failure's text, where pytest marks the exception's lines with `E`.
+"""
+
+from __future__ import annotations
+
+import re
+import xml.etree.ElementTree as ElementTree
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from torchmatrix.ranks.root_cause import group_key
+from torchmatrix.reports.junit import test_of_testcase
+
+MESSAGE_WIDTH = 150
+RAISED_LINE = re.compile(r"^E(?:\s+(.*))?$")
+RANK_LINE = re.compile(r"^(?:every rank|rank \d+): ")
+
+
+@dataclass(frozen=True)
+class SuiteFailure:
+    """One failed or errored test: its root cause line and the per-rank lines of what differs."""
+
+    test: str
+    root_cause: str
+    rank_lines: tuple[str, ...] = ()
+
+    def says(self) -> frozenset[str]:
+        """What the failure says, comparable between runs: its per-rank lines (else its root cause),
+        with ports, addresses, temporary paths and pids blanked."""
+        return frozenset(group_key(line) for line in self.rank_lines or (self.root_cause,))
+
+    def telling_line(self, known: frozenset[str] = frozenset()) -> str:
+        """The failure in one line: the test and its first per-rank line not in `known` (else its root cause)."""
+        fresh = [line for line in self.rank_lines if group_key(line) not in known]
+        line = fresh[0] if fresh else self.root_cause.removeprefix("AssertionError: ") or "(no message)"
+        line = line if len(line) <= MESSAGE_WIDTH else line[: MESSAGE_WIDTH - 1] + "…"
+        return f"{self.test.split('[', 1)[0]}: {line}"
+
+
+@dataclass
+class CellResult:
+    """The suite's tests in one cell: which failed, and why those that skipped did."""
+
+    failures: list[SuiteFailure] = field(default_factory=list)
+    skip_reasons: list[str] = field(default_factory=list)
+    ran: int = 0
+
+    @property
+    def skipped(self) -> str | None:
+        """Why the suite skipped this cell, when it skipped every test there (None when any ran)."""
+        return self.skip_reasons[0] if self.skip_reasons and not self.ran else None
+
+
+def raised_rank_lines(text: str) -> tuple[str, ...]:
+    """The per-rank lines (`rank 0: …`, `every rank: …`) among the exception lines of a failure's text."""
+    raised = ((match.group(1) or "").strip() for line in text.splitlines() if (match := RAISED_LINE.match(line)))
+    return tuple(line for line in raised if RANK_LINE.match(line))
+
+
+def read_cells(version_dir: Path, suite: str) -> dict[str, CellResult]:
+    """Per cell id, what `suite`'s tests did there, from `<version_dir>/<cell id>.xml`."""
+    cells = {}
+    for report in sorted(version_dir.glob("*.xml")):
+        result = cells[report.stem] = CellResult()
+        for case in ElementTree.parse(report).iter("testcase"):
+            if case.get("classname") != suite:
+                continue
+            problem = next((child for child in case if child.tag in ("failure", "error", "skipped")), None)
+            if problem is None:
+                result.ran += 1
+            elif problem.tag == "skipped":
+                result.skip_reasons.append(problem.get("message") or "no reason given")
+            else:
+                result.ran += 1
+                test = test_of_testcase(case.get("name", ""))
+                result.failures.append(
+                    SuiteFailure(test, problem.get("message") or "", raised_rank_lines(problem.text or ""))
+                )
+    return cells
+
+
+def new_failures(found: list[SuiteFailure], baseline: list[SuiteFailure]) -> list[SuiteFailure]:
+    """The failures of a mutant run that the unmutated run did not have: a test that passed there,
+    or one that failed there too but now says something it did not."""
+    before = {failure.test: failure.says() for failure in baseline}
+    return [failure for failure in found if failure.test not in before or not failure.says() <= before[failure.test]]
