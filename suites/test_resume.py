@@ -240,12 +240,12 @@ def _straight_and_resumed(
     run_b = TrainingRun(cell, options, components, data_path, rank, world_size, seed=options["seed"])
     for _ in range(resume_step):
         run_b.train_step()
-    saved_parameters = run_b.parameters()
     at_save = run_b.state_snapshot()
     checkpointer.save(checkpoint_dir, step=resume_step, **run_b.checkpointables())
 
     rebuilt = TrainingRun(cell, options, components, data_path, rank, world_size, seed=options["rebuild_seed"])
-    rebuilt_equals_saved = all(torch.equal(p, saved_parameters[n]) for n, p in rebuilt.parameters().items())
+    saved_shards = at_save["parameter_shards"]
+    rebuilt_equals_saved = all(torch.equal(p, saved_shards[n]) for n, p in rebuilt.parameters().items())
     loaded_step = checkpointer.load(checkpoint_dir, **rebuilt.checkpointables())
     if loaded_step != resume_step:
         raise AssertionError(f"checkpointer.load returned step {loaded_step}, saved at step {resume_step}")
