@@ -284,9 +284,14 @@ def attempt(errors: list[str], phase: str, fn, *args, **kwargs):
 # ---- rank side: the checks --------------------------------------------------------------------
 
 
-def layout_problems(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
-    """Every way a non-scalar state of a DTensor param differs in layout from the param."""
+def layout_problems(model: nn.Module, optimizer: torch.optim.Optimizer, *, dtensors_expected: bool) -> list[str]:
+    """Every way a non-scalar state of a DTensor param differs in layout from the param; where
+    params should be DTensors (FSDP2) and none is, that the check would compare nothing."""
     names = {param: name for name, param in model.named_parameters()}
+    if dtensors_expected and not any(isinstance(p, DTensor) for p in names):
+        return [
+            f"no parameter of {type(model).__name__} is a DTensor after `parallelize` under FSDP2: there is no state layout to check"
+        ]
     problems = [
         f"{names[p]}: no optimizer state after a step"
         for p in names
@@ -318,7 +323,7 @@ def on_rank_state_layout(recipe: Recipe) -> dict:
     model, optimizer = recipe.build(SAVE_SEED)
     recipe.train_step(model, optimizer, SAVE_SEED)
     uneven = [name for name, p in model.named_parameters() if p.dim() and p.shape[0] % dist.get_world_size()]
-    return {"problems": layout_problems(model, optimizer), "uneven_params": uneven}
+    return {"problems": layout_problems(model, optimizer, dtensors_expected=True), "uneven_params": uneven}
 
 
 def on_rank_save(recipe: Recipe, checkpoint_dir: str) -> dict:
@@ -352,7 +357,8 @@ def on_rank_reshard(recipe: Recipe, checkpoint_dir: str, src: int, dst: int) -> 
     if loaded is not None:
         model, optimizer, full = loaded
         attempt(errors, f"step after load at {dst} ranks", recipe.train_step, model, optimizer, LOAD_SEED)
-        problems, loaded = layout_problems(model, optimizer), full
+        problems = layout_problems(model, optimizer, dtensors_expected=recipe.cell["fsdp"] == "fsdp2")
+        loaded = full
     dist.barrier()
     result = {"errors": errors, "problems": problems}
     if rank == 0 and saved is not None and loaded is not None:

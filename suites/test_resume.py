@@ -10,7 +10,10 @@ and a failure names the piece: every parameter (full tensor), every optimizer st
 (dequantized where it is a tensor subclass, `step` included), the param groups'
 hyper-parameters, the scheduler's `last_epoch` and current LR, the batch the loader would
 yield next, and every RNG stream the run draws from (torch CPU, each CUDA device, numpy,
-Python `random`; a stream counts as used when training advances it). Then losses after the
+Python `random`; a stream counts as used when training advances it). Each rank also compares
+its own parameter shards and optimizer state, so a load that some ranks kept and others lost
+(restored on rank 0 only) says which, where full tensors differ on every rank. A comparison
+that finds nothing to compare (no parameters, no optimizer state) fails. Then losses after the
 resume (bit for bit; `loss_max_ulp` is recorded), final parameters and every optimizer state
 tensor must equal the straight run's. Dropout, a warm-up LR schedule and an on-disk dataset
 make the RNG, scheduler and loader position part of what must resume.
@@ -32,6 +35,7 @@ from suites.deterministic import deterministic_algorithms
 from suites.names import clean_name
 from suites.ulp import bits_equal, ulp_distance
 from torchmatrix.components.loading import load
+from torchmatrix.components.protocol import RESUME_BF16_PARAM_OPTIMIZERS
 
 try:
     import numpy
@@ -51,7 +55,7 @@ DEFAULT_OPTIONS = {
     "num_sequences": 64,
     "seed": 1234,
     "rebuild_seed": 98765,
-    "bf16_param_optimizers": ["precision_aware"],
+    "bf16_param_optimizers": list(RESUME_BF16_PARAM_OPTIMIZERS),
 }
 
 _experiments: dict[str, list[dict] | str] = {}
@@ -99,6 +103,8 @@ def test_rebuilt_run_starts_from_other_weights(cell, ranks, suite_options, compo
 
 
 AFTER_LOAD_PIECES = ("parameters", "optimizer_state", "param_groups", "scheduler", "loader", "rng")
+# piece -> the after-load entry that holds each rank's own part of it, and what to call it
+OWN_PART = {"parameters": ("parameter_shards", "parameters"), "optimizer_state": ("optimizer_state", "optimizer state")}
 
 
 @pytest.mark.parametrize("piece", AFTER_LOAD_PIECES)
@@ -108,8 +114,23 @@ def test_state_restored_right_after_load(cell, ranks, suite_options, components,
     if piece == "rng" and not records[0]["rng_streams_used"]:
         pytest.skip("training advanced no RNG stream (torch CPU, CUDA, numpy, python random): no RNG state to resume")
     problems = {rank: record["after_load"][piece] for rank, record in enumerate(records) if record["after_load"][piece]}
-    listing = "\n".join(f"  rank {rank}: {line}" for rank, lines in problems.items() for line in lines)
-    assert not problems, f"{cell.id}, {piece} right after load vs at save:\n{listing}"
+    listing = [f"  across ranks: {line}" for line in partial_restore(piece, records)]
+    listing += [f"  rank {rank}: {line}" for rank, lines in problems.items() for line in lines]
+    assert not problems, f"{cell.id}, {piece} right after load vs at save:\n" + "\n".join(listing)
+
+
+def partial_restore(piece: str, records: list[dict]) -> list[str]:
+    """One line when some ranks got their own part of `piece` back and others did not: a load kept
+    on some ranks only (rank 0's, say), which full-tensor checks report on every rank alike."""
+    if piece not in OWN_PART:
+        return []
+    entry, what = OWN_PART[piece]
+    differing = [rank for rank, record in enumerate(records) if record["after_load"][entry]]
+    if not differing or len(differing) == len(records):
+        return []
+    restored = [rank for rank in range(len(records)) if rank not in differing]
+    where = "rank 0 only" if restored == [0] else f"ranks {restored} only"
+    return [f"after load: {what} restored on {where}: ranks {differing} differ in their own shards"]
 
 
 def test_losses_identical_after_resume(cell, ranks, suite_options, components, tmp_path, record_property):
@@ -134,10 +155,7 @@ def test_losses_identical_after_resume(cell, ranks, suite_options, components, t
 
 def test_final_parameters_identical(cell, ranks, suite_options, components, tmp_path):
     for rank, record in enumerate(experiment(cell, ranks, suite_options, components, tmp_path)):
-        straight, resumed = record["straight"]["parameters"], record["resumed"]["parameters"]
-        problems = [
-            f"  {name}: {problem}" for name in straight if (problem := tensor_mismatch(straight[name], resumed[name]))
-        ]
+        problems = parameter_mismatches(record["straight"]["parameters"], record["resumed"]["parameters"])
         listing = "\n".join(problems)
         assert not problems, f"{cell.id} rank {rank}, final parameters, straight vs resumed:\n{listing}"
 
@@ -161,6 +179,18 @@ def tensor_mismatch(expected: torch.Tensor, actual: torch.Tensor) -> str | None:
     return f"{int((difference > 0).sum())}/{difference.numel()} elements differ, max abs diff {difference.max().item():.3e}"
 
 
+def parameter_mismatches(expected: dict, actual: dict) -> list[str]:
+    """Per parameter: missing or not bit-identical; no parameter at all is a failure, not a pass."""
+    if not expected:
+        return ["  the model has no parameters on this rank: nothing to compare"]
+    problems = [f"  {name}: missing after the resume" for name in sorted(expected.keys() - actual.keys())]
+    return problems + [
+        f"  {name}: {problem}"
+        for name in sorted(expected.keys() & actual.keys())
+        if (problem := tensor_mismatch(expected[name], actual[name]))
+    ]
+
+
 def value_mismatch(expected, actual) -> str | None:
     """tensor_mismatch for tensors; plain equality for the other values a state may hold."""
     if isinstance(expected, torch.Tensor) and isinstance(actual, torch.Tensor):
@@ -169,7 +199,10 @@ def value_mismatch(expected, actual) -> str | None:
 
 
 def state_mismatches(expected: dict, actual: dict) -> list[str]:
-    """Per parameter and state key: what is missing, extra or not bit-identical."""
+    """Per parameter and state key: what is missing, extra or not bit-identical; no state at all
+    is a failure, not a pass."""
+    if not expected:
+        return ["  the optimizer holds no state after training on this rank: nothing to compare"]
     problems = []
     for name, expected_state in expected.items():
         actual_state = actual.get(name)
@@ -207,12 +240,12 @@ def _straight_and_resumed(
     run_b = TrainingRun(cell, options, components, data_path, rank, world_size, seed=options["seed"])
     for _ in range(resume_step):
         run_b.train_step()
-    saved_parameters = run_b.parameters()
     at_save = run_b.state_snapshot()
     checkpointer.save(checkpoint_dir, step=resume_step, **run_b.checkpointables())
 
     rebuilt = TrainingRun(cell, options, components, data_path, rank, world_size, seed=options["rebuild_seed"])
-    rebuilt_equals_saved = all(torch.equal(p, saved_parameters[n]) for n, p in rebuilt.parameters().items())
+    saved_shards = at_save["parameter_shards"]
+    rebuilt_equals_saved = all(torch.equal(p, saved_shards[n]) for n, p in rebuilt.parameters().items())
     loaded_step = checkpointer.load(checkpoint_dir, **rebuilt.checkpointables())
     if loaded_step != resume_step:
         raise AssertionError(f"checkpointer.load returned step {loaded_step}, saved at step {resume_step}")
@@ -289,8 +322,8 @@ class TrainingRun:
         return {"model": self.model, "optimizer": self.optimizer, "scheduler": self.scheduler, "loader": self.loader}
 
     def parameters(self) -> dict[str, torch.Tensor]:
-        """This rank's shard of every parameter, by name, copied to the CPU."""
-        return {name: local_shard(param) for name, param in self.model.named_parameters()}
+        """This rank's shard of every parameter, by the model's own name, copied to the CPU."""
+        return {clean_name(name): local_shard(param) for name, param in self.model.named_parameters()}
 
     def optimizer_state(self) -> dict[str, dict]:
         """This rank's shard of every optimizer state value, by parameter name, copied to the CPU."""
@@ -309,6 +342,7 @@ class TrainingRun:
         full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True))
         return {
             "parameters": {name: value.detach().to("cpu", copy=True) for name, value in full.items()},
+            "parameter_shards": self.parameters(),
             "optimizer_state": self.optimizer_state(),
             "param_groups": [
                 {key: value for key, value in group.items() if key != "params"} for group in self.optimizer.param_groups
@@ -375,6 +409,9 @@ def after_load_differences(saved: dict, loaded: dict, straight_batches: list, rn
     """Per piece of state, one line for each thing that differs between save and right after load."""
     return {
         "parameters": tensor_differences("parameter", saved["parameters"], loaded["parameters"]),
+        "parameter_shards": tensor_differences(
+            "parameter shard", saved["parameter_shards"], loaded["parameter_shards"]
+        ),
         "optimizer_state": optimizer_state_differences(saved["optimizer_state"], loaded["optimizer_state"]),
         "param_groups": param_group_differences(saved["param_groups"], loaded["param_groups"]),
         "scheduler": [
@@ -433,6 +470,8 @@ def optimizer_state_differences(saved: dict, loaded: dict) -> list[str]:
 
 
 def param_group_differences(saved: list[dict], loaded: list[dict]) -> list[str]:
+    if not saved:
+        return ["after load: the optimizer had no param groups at the checkpoint step: nothing to compare"]
     if len(saved) != len(loaded):
         return [f"after load: {len(loaded)} param groups, saved {len(saved)}"]
     return [

@@ -2,7 +2,8 @@
 
 Each model factory gets one real `python -m torchmatrix run --torch system` over CPU cells at
 world sizes 1 and 2 (fsdp none / fsdp1 / fsdp2, sdpa and eager), in a throwaway project whose
-matrix.toml points the `model` component at it; the merged JUnit says which tests failed.
+matrix.toml points the `model` component at it; the merged JUnit says which tests failed. The
+reference model also runs in bfloat16 on two cells, where the derived tolerance must hold.
 """
 
 from __future__ import annotations
@@ -17,17 +18,19 @@ from conftest import REPO, Project, matrix_toml
 pytestmark = pytest.mark.slow
 
 
-def grad_ckpt_matrix(model: str) -> str:
-    """ws1 without FSDP and ws2 with FSDP1 and FSDP2, both attentions, with this model."""
+def grad_ckpt_matrix(
+    model: str, *, dtype: str = "float32", fsdp: tuple[str, ...] = ("none", "fsdp1", "fsdp2"), attn=("sdpa", "eager")
+) -> str:
+    """ws1 without FSDP and ws2 with the other fsdp values, with these attentions, this model and dtype."""
     return matrix_toml(
         torch=["2.13.0"],
-        axes={"world_size": [1, 2], "fsdp": ["none", "fsdp1", "fsdp2"], "attn": ["sdpa", "eager"]},
-        exclude=[{"fsdp": "none", "world_size": 2}, {"fsdp": ["fsdp1", "fsdp2"], "world_size": 1}],
+        axes={"world_size": [1, 2], "fsdp": list(fsdp), "attn": list(attn)},
+        exclude=[{"fsdp": "none", "world_size": 2}, {"fsdp": [f for f in fsdp if f != "none"], "world_size": 1}],
         suites={
             "grad_ckpt": {
                 "timeout": 120,
                 "axes": ["world_size", "fsdp", "attn"],
-                "options": {"dtype": "float32"},
+                "options": {"dtype": dtype},
             }
         },
         components={
@@ -85,11 +88,11 @@ MUTANTS = {
 }
 
 
-def run_suite(root, model: str) -> tuple[int, dict[str, dict[str, object]], str, dict[str, dict[str, str]]]:
+def run_suite(root, matrix: str) -> tuple[int, dict[str, dict[str, object]], str, dict[str, dict[str, str]]]:
     """Exit code, {cell id: {test name: testcase}}, the CLI output and {cell id: {property: value}}
-    of one suite run on ``model``."""
+    of one suite run over ``matrix``."""
     project = Project(root)
-    project.write("matrix.toml", grad_ckpt_matrix(model))
+    project.write("matrix.toml", matrix)
     for name in SUITE_FILES:
         if (REPO / "suites" / name).exists():
             shutil.copy(REPO / "suites" / name, root / "suites" / name)
@@ -109,7 +112,7 @@ def failure_text(case) -> str:
 
 
 def test_suite_passes_on_the_reference_model_in_every_cell(tmp_path):
-    returncode, cases, output, properties = run_suite(tmp_path / "reference", REFERENCE)
+    returncode, cases, output, properties = run_suite(tmp_path / "reference", grad_ckpt_matrix(REFERENCE))
     assert returncode == 0, output
     assert sorted(cases) == sorted(CELLS), output
     for cell, tests in cases.items():
@@ -123,7 +126,7 @@ def test_suite_passes_on_the_reference_model_in_every_cell(tmp_path):
 @pytest.mark.parametrize("mutant", sorted(MUTANTS), ids=lambda path: path.rsplit(":", 1)[1])
 def test_suite_fails_on_each_mutant_in_every_cell(tmp_path, mutant):
     must_fail, reason = MUTANTS[mutant]
-    returncode, cases, output, _ = run_suite(tmp_path / "mutant", mutant)
+    returncode, cases, output, _ = run_suite(tmp_path / "mutant", grad_ckpt_matrix(mutant))
     assert returncode == 1, output
     assert sorted(cases) == sorted(CELLS), output
     for cell in CELLS:
@@ -132,3 +135,13 @@ def test_suite_fails_on_each_mutant_in_every_cell(tmp_path, mutant):
             assert case.is_failure, f"{mutant} not caught by {test} in {cell}"
             assert reason in failure_text(case), failure_text(case)
             assert f"cell {cell}" in failure_text(case), "the failure must name the cell"
+
+
+def test_reference_model_passes_in_bfloat16_within_the_derived_tolerance(tmp_path):
+    matrix = grad_ckpt_matrix(REFERENCE, dtype="bfloat16", fsdp=("none", "fsdp2"), attn=("sdpa",))
+    returncode, cases, output, _ = run_suite(tmp_path / "bf16", matrix)
+    assert returncode == 0, output
+    assert sorted(cases) == ["ws1-none-sdpa", "ws2-fsdp2-sdpa"], output
+    for cell, tests in cases.items():
+        assert sorted(tests) == sorted([GRADIENTS.format(0.0), GRADIENTS.format(0.1), RECOMPUTE, BUFFERS]), cell
+        assert all(case.is_passed for case in tests.values()), {cell: {n: failure_text(c) for n, c in tests.items()}}

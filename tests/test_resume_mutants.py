@@ -1,15 +1,21 @@
 """The resume suite is only worth running if it fails on the bugs it exists for: run it through
-the real CLI on CPU, once with the reference components (every cell passes) and once per
-mutant of models/mutants/resume.py: every applicable cell fails, each mutant with its own
-named message from the right-after-load check of the piece it lost, and none errors out.
+the real CLI on CPU, once with the reference components (every cell passes, `loss_max_ulp`
+recorded as 0) and once per mutant of models/mutants/resume.py: every applicable cell fails,
+each mutant with its own named message from the right-after-load check of the piece it lost,
+and none errors out.
 
 Cells: world size 1 without FSDP and world size 2 with FSDP1 and FSDP2, adamw; the reference
-also with precision_aware, which the cast-on-load mutant needs.
+also with precision_aware, which the cast-on-load mutant needs. The rank-0-only mutant, the one
+whose symptom depends on the world size, also runs at world size 4 (two more cells; the others
+would add two cells each to every run for little: what they lose is the same on every rank).
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import pytest
+from junitparser import JUnitXml
 
 from conftest import cell_failures, matrix_toml, run_suites
 
@@ -28,78 +34,120 @@ CELL_PREFIXES = ("ws1-none", "ws2-fsdp1", "ws2-fsdp2")
 LOSSES = "test_losses_identical_after_resume"
 PARAMETERS = "test_final_parameters_identical"
 STATE = "test_final_optimizer_state_identical"
+PARTIAL_RESTORE = "across ranks: after load:"
 
 
 def after_load(piece: str) -> str:
     return f"test_state_restored_right_after_load[piece={piece}]"
 
 
-# mutant -> (component overrides, optimizers, cell prefixes, tests that must fail -> text the failure names)
+class Mutant(NamedTuple):
+    """Component overrides, the optimizers and world sizes to run, the cells (by prefix) where it
+    must fail, and per test that must fail there the texts its failure says ({other_ranks}: the
+    cell's ranks but 0)."""
+
+    overrides: dict[str, str]
+    optimizers: tuple[str, ...]
+    failing: tuple[str, ...]
+    must_fail: dict[str, tuple[str, ...]]
+    world_sizes: tuple[int, ...] = (1, 2)
+
+
 MUTANTS = {
-    "raw_optimizer_state_dict": (
+    "raw_optimizer_state_dict": Mutant(
         {"checkpointer": "models.mutants.resume:RawOptimizerStateCheckpointer"},
         ("adamw",),
         CELL_PREFIXES,
-        {after_load("optimizer_state"): "after load: optimizer state exp_avg of ", LOSSES: "loss at step"},
+        {after_load("optimizer_state"): ("after load: optimizer state exp_avg of ",), LOSSES: ("loss at step",)},
     ),
-    "rng_not_restored": (
+    "rng_not_restored": Mutant(
         {"checkpointer": "models.mutants.resume:RngNotRestoredCheckpointer"},
         ("adamw",),
         CELL_PREFIXES,
-        {after_load("rng"): "after load: RNG stream torch CPU differs from the saved one", LOSSES: "loss at step"},
+        {
+            after_load("rng"): ("after load: RNG stream torch CPU differs from the saved one",),
+            LOSSES: ("loss at step",),
+        },
     ),
-    "scheduler_not_restored": (
+    "scheduler_not_restored": Mutant(
         {"checkpointer": "models.mutants.resume:SchedulerNotRestoredCheckpointer"},
         ("adamw",),
         CELL_PREFIXES,
-        {after_load("scheduler"): "after load: scheduler last_epoch is 0, saved 3", LOSSES: "loss at step"},
+        {after_load("scheduler"): ("after load: scheduler last_epoch is 0, saved 3",), LOSSES: ("loss at step",)},
     ),
-    "scheduler_one_step_late": (
+    "scheduler_one_step_late": Mutant(
         {"checkpointer": "models.mutants.resume:SchedulerOneStepLateCheckpointer"},
         ("adamw",),
         CELL_PREFIXES,
-        {after_load("scheduler"): "after load: scheduler last_epoch is 4, saved 3", LOSSES: "loss at step"},
+        {
+            after_load("scheduler"): (
+                "after load: scheduler last_epoch is 4, saved 3",
+                "after load: scheduler current LR is [0.00833",
+            ),
+            after_load("param_groups"): ("after load: param group 0 lr is 0.00833",),
+            LOSSES: ("loss at step",),
+        },
     ),
-    "data_position_not_restored": (
+    "param_groups_not_restored": Mutant(
+        {"checkpointer": "models.mutants.resume:ParamGroupsNotRestoredCheckpointer"},
+        ("adamw",),
+        CELL_PREFIXES,
+        {after_load("param_groups"): ("after load: param group 0 lr is 0.00166",), LOSSES: ("loss at step",)},
+    ),
+    "data_position_not_restored": Mutant(
         {"checkpointer": "models.mutants.resume:DataPositionNotRestoredCheckpointer"},
         ("adamw",),
         CELL_PREFIXES,
-        {after_load("loader"): "after load: loader would yield batch 0, saved at batch 3", LOSSES: "loss at step"},
+        {
+            after_load("loader"): ("after load: loader would yield batch 0, saved at batch 3",),
+            LOSSES: ("loss at step",),
+        },
     ),
-    "loader_one_batch_late": (
+    "loader_one_batch_late": Mutant(
         {"checkpointer": "models.mutants.resume:LoaderOneBatchLateCheckpointer"},
         ("adamw",),
         CELL_PREFIXES,
-        {after_load("loader"): "after load: loader would yield batch 4, saved at batch 3", LOSSES: "loss at step"},
-    ),
-    "rank_zero_only": (
-        {"checkpointer": "models.mutants.resume:RankZeroOnlyCheckpointer"},
-        ("adamw",),
-        ("ws2-fsdp1", "ws2-fsdp2"),
         {
-            after_load("parameters"): "rank 1: after load: parameter ",
-            after_load("optimizer_state"): "rank 1: after load: optimizer state ",
+            after_load("loader"): ("after load: loader would yield batch 4, saved at batch 3",),
+            LOSSES: ("loss at step",),
         },
     ),
-    "precision_aware_cast_on_load": (
+    "rank_zero_only": Mutant(
+        {"checkpointer": "models.mutants.resume:RankZeroOnlyCheckpointer"},
+        ("adamw",),
+        ("ws2-fsdp1", "ws2-fsdp2", "ws4-fsdp1", "ws4-fsdp2"),
+        {
+            after_load("parameters"): (
+                f"{PARTIAL_RESTORE} parameters restored on rank 0 only: ranks {{other_ranks}} differ in their own shards",
+                "rank 1: after load: parameter ",
+            ),
+            after_load("optimizer_state"): (
+                f"{PARTIAL_RESTORE} optimizer state restored on rank 0 only: ranks {{other_ranks}} differ",
+                "rank 1: after load: optimizer state ",
+            ),
+        },
+        world_sizes=(1, 2, 4),
+    ),
+    "precision_aware_cast_on_load": Mutant(
         {"optimizer_precision_aware": "models.mutants.resume:build_cast_on_load_precision_aware"},
         ("precision_aware",),
         CELL_PREFIXES,
-        {after_load("optimizer_state"): "is torch.bfloat16, saved torch.float32", LOSSES: "loss at step"},
+        {after_load("optimizer_state"): ("is torch.bfloat16, saved torch.float32",), LOSSES: ("loss at step",)},
     ),
 }
 
 
-def resume_matrix(components: dict[str, str], optimizers: tuple[str, ...]) -> str:
-    """ws1 without FSDP and ws2 with FSDP1 and FSDP2, for the given optimizers, with these components."""
+def resume_matrix(components: dict[str, str], optimizers: tuple[str, ...], world_sizes: tuple[int, ...]) -> str:
+    """ws1 without FSDP and every wider world size with FSDP1 and FSDP2, for the given optimizers, with these components."""
+    wider = [size for size in world_sizes if size > 1]
     return matrix_toml(
         axes={
-            "world_size": [1, 2],
+            "world_size": list(world_sizes),
             "fsdp": ["none", "fsdp1", "fsdp2"],
             "attn": ["sdpa"],
             "optimizer": list(optimizers),
         },
-        exclude=[{"fsdp": "none", "world_size": 2}, {"fsdp": ["fsdp1", "fsdp2"], "world_size": 1}],
+        exclude=[{"fsdp": "none", "world_size": wider}, {"fsdp": ["fsdp1", "fsdp2"], "world_size": 1}],
         suites={
             "resume": {
                 "timeout": 240,
@@ -111,35 +159,51 @@ def resume_matrix(components: dict[str, str], optimizers: tuple[str, ...]) -> st
     )
 
 
-def expected_cells(prefixes: tuple[str, ...], optimizers: tuple[str, ...]) -> set[str]:
+def expected_cells(world_sizes: tuple[int, ...], optimizers: tuple[str, ...]) -> set[str]:
+    prefixes = [f"ws{size}-{fsdp}" for size in world_sizes for fsdp in (("none",) if size == 1 else ("fsdp1", "fsdp2"))]
     return {f"{prefix}-sdpa-{optimizer}" for prefix in prefixes for optimizer in optimizers}
 
 
+def other_ranks(cell: str) -> list[int]:
+    """Ranks 1.. of a cell id such as ws4-fsdp2-sdpa-adamw."""
+    return list(range(1, int(cell.split("-", 1)[0].removeprefix("ws"))))
+
+
 def test_reference_components_pass_every_cell(tmp_path):
-    done, outcomes = run_suites(tmp_path / "reference", resume_matrix(REFERENCE_COMPONENTS, BOTH_OPTIMIZERS))
+    done, outcomes = run_suites(tmp_path / "reference", resume_matrix(REFERENCE_COMPONENTS, BOTH_OPTIMIZERS, (1, 2)))
     assert done.returncode == 0, done.stdout + done.stderr
-    assert set(outcomes) == expected_cells(CELL_PREFIXES, BOTH_OPTIMIZERS), done.stdout
+    assert set(outcomes) == expected_cells((1, 2), BOTH_OPTIMIZERS), done.stdout
     for cell, tests in outcomes.items():
         assert {after_load(piece) for piece in ("parameters", "optimizer_state", "rng")} <= set(tests), tests
         assert tests and set(tests.values()) == {"passed"}, f"{cell}: {tests}"
+    junit = JUnitXml.fromfile(str(tmp_path / "reference" / "reports" / "latest" / "junit.xml"))
+    for suite in junit:
+        ulps = {prop.name: prop.value for prop in suite.properties() if prop.name.endswith("::loss_max_ulp")}
+        assert ulps == {f"resume::{LOSSES}::loss_max_ulp": "0"}, f"{suite.name}: {ulps}"
 
 
 @pytest.mark.parametrize("mutant", list(MUTANTS))
 def test_suite_catches_mutant_in_every_cell(tmp_path, mutant):
-    overrides, optimizers, prefixes, must_fail = MUTANTS[mutant]
-    done, outcomes = run_suites(tmp_path / mutant, resume_matrix({**REFERENCE_COMPONENTS, **overrides}, optimizers))
+    overrides, optimizers, failing, must_fail, world_sizes = MUTANTS[mutant]
+    matrix = resume_matrix({**REFERENCE_COMPONENTS, **overrides}, optimizers, world_sizes)
+    done, outcomes = run_suites(tmp_path / mutant, matrix)
     failures = cell_failures(tmp_path / mutant / "reports" / "latest" / "torch-system")
     assert done.returncode == 1, f"{mutant}: expected the run to fail\n{done.stdout}{done.stderr}"
-    assert set(outcomes) == expected_cells(CELL_PREFIXES, optimizers), done.stdout
+    assert set(outcomes) == expected_cells(world_sizes, optimizers), done.stdout
     for cell, tests in outcomes.items():
         assert "error" not in tests.values(), (
             f"{mutant} in {cell} crashed the suite instead of failing its checks: {tests}"
         )
-        if not cell.startswith(prefixes):
+        if not cell.startswith(failing):
             assert set(tests.values()) == {"passed"}, f"{mutant} is correct in {cell}, yet: {failures[cell]}"
             continue
-        for test, text in must_fail.items():
+        for test, texts in must_fail.items():
             assert tests.get(test) == "failure", f"{mutant} in {cell}: expected {test} to fail, outcomes {tests}"
-            assert text in failures[cell][test], (
-                f"{mutant} in {cell}, {test} must say {text!r}:\n{failures[cell][test]}"
-            )
+            for text in texts:
+                text = text.format(other_ranks=other_ranks(cell))
+                assert text in failures[cell][test], (
+                    f"{mutant} in {cell}, {test} must say {text!r}:\n{failures[cell][test]}"
+                )
+        if mutant != "rank_zero_only":
+            partial = [test for test, text in failures[cell].items() if PARTIAL_RESTORE in text]
+            assert not partial, f"{mutant} loses its piece on every rank in {cell}, yet {partial} call it partial"

@@ -1,6 +1,7 @@
-"""`python -m torchmatrix sensitivity`: the cell cover, the generated wrappers, and two real runs
-on one CPU cell, one where every chosen mutant is caught (exit 0) and one where the suite
-cannot see a mutant because the run draws no random numbers (exit 1, reported as missed)."""
+"""`python -m torchmatrix sensitivity`: the cell cover, the generated wrappers, the verdicts (caught,
+missed, errored, n/a, skipped), and two real runs on one CPU cell, one where every chosen mutant
+is caught (exit 0) and one where the suite cannot see a mutant because the run draws no random
+numbers (exit 1, reported as missed)."""
 
 from __future__ import annotations
 
@@ -21,8 +22,9 @@ from torchmatrix.sensitivity.command import (
     covering_cells,
     generated_module,
     judge,
+    not_applicable,
 )
-from torchmatrix.sensitivity.verdicts import read_cells
+from torchmatrix.sensitivity.verdicts import raised_rank_lines, read_cells
 
 from conftest import PROJECT_IS_THIS_CHECKOUT, REPO, checkout_env, matrix_toml
 
@@ -122,7 +124,7 @@ def test_a_cell_the_unmutated_run_skips_reads_skipped_with_its_reason_never_miss
     assert not caught.missed
 
     same = judge(mutant, [CELL_A, CELL_B], baseline, tmp_path / "same")
-    assert same.missed and same.result_text() == f"**missed**; skipped in {CELL_B.id} ({TE_SKIP})"
+    assert same.missed and same.result_text() == f"**missed in {CELL_A.id}**; skipped in {CELL_B.id} ({TE_SKIP})"
 
     only_skipped = judge(mutant, [CELL_B], baseline, None)
     assert not only_skipped.missed and only_skipped.result_text() == f"skipped ({TE_SKIP})"
@@ -189,6 +191,66 @@ def test_a_mutant_the_suites_cannot_see_is_missed_and_exits_one(tmp_path):
     (verdict,) = report["verdicts"]
     assert verdict["caught_in"] == [] and verdict["missed_in"] == ["ws1-none-sdpa-adamw"], verdict
     assert (
-        "| `skip_rng_on_load` | checkpointer leaves the RNG streams unrestored | resume | **missed** |" in done.stdout
+        "| `skip_rng_on_load` | checkpointer leaves the RNG streams unrestored | resume | **missed in ws1-none-sdpa-adamw** |"
+        in done.stdout
     )
-    assert "missed skip_rng_on_load" in done.stderr
+    assert "missed skip_rng_on_load (in ws1-none-sdpa-adamw)" in done.stderr
+
+
+CELL_WS2 = Cell({"world_size": 2, "optimizer": "adamw"})
+
+
+def test_a_mutant_missed_in_one_cell_is_missed_though_caught_in_another(tmp_path):
+    write_run(tmp_path / "unmutated", {CELL_A: [], CELL_WS2: []})
+    write_run(tmp_path / "mutant", {CELL_A: [loader_failure("rank 0: after load: new")], CELL_WS2: []})
+    verdict = judge(chosen_mutants("skip_loader_on_load")[0], [CELL_A, CELL_WS2], {}, tmp_path / "mutant")
+    assert (verdict.caught_in, verdict.missed_in) == ([CELL_A.id], [CELL_WS2.id])
+    assert verdict.missed and verdict.result_text() == f"caught in 1 of 2 cells; **missed in {CELL_WS2.id}**"
+
+
+def test_a_cell_where_the_mutant_cannot_differ_is_n_a_never_missed():
+    matrix = load_matrix(REPO / "matrix.toml")
+    cells = {cell.id: cell for cell in matrix.cells()}
+    ws1, ws2 = cells["ws1-none-sdpa-adamw"], cells["ws2-fsdp2-sdpa-precision_aware"]
+    rank_zero, cast = chosen_mutants("restore_on_rank_zero_only,moments_cast_to_param_dtype")
+    assert not_applicable(rank_zero, [ws1, ws2], matrix) == {ws1.id: "one rank: rank 0 is every rank"}
+    assert not_applicable(cast, [ws1, ws2], matrix) == {
+        ws1.id: "resume gives optimizer adamw fp32 params: casting fp32 state to them changes nothing"
+    }
+    verdict = judge(rank_zero, [ws1], {}, None, {ws1.id: "one rank: rank 0 is every rank"})
+    assert (verdict.missed, verdict.not_applicable_in) == (False, {ws1.id: "one rank: rank 0 is every rank"})
+    assert verdict.result_text() == "n/a (one rank: rank 0 is every rank)"
+
+
+def crash_in_mutant(test: str) -> outcomes.TestOutcome:
+    """A rank that raised inside the mutant's wrapper, as the runner records the failed test."""
+    text = (
+        "E   RankFailure: cell ws1-adamw: ---- rank 0 traceback ----\n"
+        "E   Traceback (most recent call last):\n"
+        'E     File "/x/torchmatrix/generic_mutants.py", line 40, in put_back\n'
+        "E       self.optimizer.load_state_dict(saved)\n"
+        "E   KeyError: 'param_groups'"
+    )
+    return outcomes.TestOutcome("resume", test, "failed", message="KeyError: 'param_groups'", text=text)
+
+
+def test_a_mutant_that_crashed_itself_is_errored_not_caught(tmp_path):
+    write_run(tmp_path / "unmutated", {CELL_A: []})
+    follow_up = outcomes.TestOutcome(
+        "resume", "test_losses_identical_after_resume", "failed", message="the training runs failed earlier"
+    )
+    write_run(tmp_path / "mutant", {CELL_A: [crash_in_mutant("test_rebuilt_run_starts_from_other_weights"), follow_up]})
+    verdict = judge(chosen_mutants("skip_optimizer_on_load")[0], [CELL_A], {}, tmp_path / "mutant")
+    assert (verdict.caught_in, verdict.errored_in, verdict.missed) == ([], [CELL_A.id], False)
+    assert verdict.errored and verdict.error == "test_rebuilt_run_starts_from_other_weights: KeyError: 'param_groups'"
+    assert verdict.result_text() == f"**errored in {CELL_A.id}** (the mutant crashed)"
+    assert read_cells(tmp_path / "mutant", "resume")[CELL_A.id].failures[0].crashed is False, (
+        "without the mutant's sources named, a failure is no crash"
+    )
+
+
+def test_the_across_ranks_line_of_a_partial_restore_is_read_with_the_per_rank_lines():
+    text = (
+        "E       AssertionError: c, parameters:\nE         across ranks: after load: x\nE         rank 1: after load: y"
+    )
+    assert raised_rank_lines(text) == ("across ranks: after load: x", "rank 1: after load: y")

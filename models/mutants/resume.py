@@ -46,6 +46,18 @@ class DataPositionNotRestoredCheckpointer(Checkpointer):
         pass
 
 
+class ParamGroupsNotRestoredCheckpointer(Checkpointer):
+    """Restores the optimizer's per-parameter state but keeps the freshly built optimizer's param
+    groups (a load that takes only `state` from the checkpoint): the lr the scheduler had set is
+    back at warm-up's first value until the next `scheduler.step()`."""
+
+    def restore_optimizer(self, model, optimizer, state: dict) -> None:
+        fresh = [{key: value for key, value in group.items() if key != "params"} for group in optimizer.param_groups]
+        super().restore_optimizer(model, optimizer, state)
+        for group, hyperparameters in zip(optimizer.param_groups, fresh):
+            group.update(hyperparameters)
+
+
 class SchedulerOneStepLateCheckpointer(Checkpointer):
     """Restores the LR scheduler, then steps it once more (a resume that replays the save step's
     `scheduler.step()`): warm-up and decay run one step ahead for the rest of training."""

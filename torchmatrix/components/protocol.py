@@ -65,6 +65,9 @@ def parameters_text(arguments: tuple[Argument, ...]) -> str:
 
 
 GRAD_CKPT, RESUME, DTENSOR_OPTIM = "grad_ckpt", "resume", "dtensor_optim"
+RESUME_BF16_PARAM_OPTIMIZERS = ("precision_aware",)
+"""The `optimizer` axis values whose model the resume suite builds with bf16 params unless
+`[suites.resume.options] bf16_param_optimizers` names others; every other optimizer gets fp32."""
 
 CELL = Argument(
     "cell", 'the cell: a read-only mapping of axis -> value (`cell["attn"]`, `cell.world_size`)', positional=True

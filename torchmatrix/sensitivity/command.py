@@ -3,10 +3,12 @@
 It wraps the configured `[components]` in the generic mutants of torchmatrix.sensitivity.mutants,
 runs the suites each mutant targets over a small selection of cells (every axis value in at
 least one cell), and reports per mutant and suite whether the suite failed (caught, with the
-failure message) or passed (missed). The unmutated components run first: only failures they
-did not have count, so a test that already fails there catches a mutant only by a new line,
-and a cell where they skip every test (a component's package not installed) is skipped, with
-that reason, for every mutant.
+failure message), passed (missed) or crashed in the mutant's own code (errored, which is no
+catch). The unmutated components run first: only failures they did not have count, so a test
+that already fails there catches a mutant only by a new line, and a cell where they skip every
+test (a component's package not installed) is skipped, with that reason, for every mutant. A
+cell where a mutant cannot differ from the unmutated component (rank 0 only at one rank) is not
+run for it and reads n/a, with the reason.
 """
 
 from __future__ import annotations
@@ -15,10 +17,11 @@ import dataclasses
 import json
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from torchmatrix.components.protocol import GRAD_CKPT, RESUME
+from torchmatrix.components.protocol import GRAD_CKPT, RESUME, RESUME_BF16_PARAM_OPTIMIZERS
 from torchmatrix.matrix.cells import Cell
 from torchmatrix.matrix.config import Matrix
 from torchmatrix.matrix.selection import select_cells
@@ -26,6 +29,26 @@ from torchmatrix.run.runner import RunRequest, run_version
 from torchmatrix.sensitivity.verdicts import CellResult, new_failures, read_cells
 
 GENERATED_MODULE = "torchmatrix_sensitivity_components"
+MUTANT_SOURCES = ("torchmatrix/generic_mutants.py", f"{GENERATED_MODULE}.py")
+
+
+def applies_everywhere(cell: Cell, matrix: Matrix) -> str | None:
+    return None
+
+
+def single_rank(cell: Cell, matrix: Matrix) -> str | None:
+    """Restoring on rank 0 only is restoring on every rank when rank 0 is the only one."""
+    return "one rank: rank 0 is every rank" if cell.world_size == 1 else None
+
+
+def fp32_params_in_resume(cell: Cell, matrix: Matrix) -> str | None:
+    """The resume suite builds fp32 params for every optimizer but its bf16 ones, so a cast of
+    fp32 state to the param dtype changes nothing there."""
+    options = matrix.suites[RESUME].options if RESUME in matrix.suites else {}
+    optimizer = cell.get("optimizer")
+    if optimizer in options.get("bf16_param_optimizers", RESUME_BF16_PARAM_OPTIMIZERS):
+        return None
+    return f"resume gives optimizer {optimizer} fp32 params: casting fp32 state to them changes nothing"
 
 
 @dataclass(frozen=True)
@@ -37,6 +60,7 @@ class GenericMutant:
     suite: str
     component: str
     wrapper: str
+    not_applicable: Callable[[Cell, Matrix], str | None] = applies_everywhere
 
     def wraps(self, key: str) -> bool:
         """Whether this mutant replaces the `[components]` entry `key` (`optimizer` stands for every optimizer_<value>)."""
@@ -49,8 +73,8 @@ GENERIC_MUTANTS = (
     GenericMutant("skip_scheduler_on_load", "checkpointer leaves the LR scheduler at its start", RESUME, "checkpointer", "skips_on_load({inner!r}, 'scheduler')"),
     GenericMutant("skip_loader_on_load", "checkpointer leaves the loader at its first batch", RESUME, "checkpointer", "skips_on_load({inner!r}, 'loader')"),
     GenericMutant("skip_rng_on_load", "checkpointer leaves the RNG streams unrestored", RESUME, "checkpointer", "skips_on_load({inner!r}, 'rng')"),
-    GenericMutant("restore_on_rank_zero_only", "checkpointer restores every piece on rank 0 only", RESUME, "checkpointer", "restores_on_rank_zero_only({inner!r})"),
-    GenericMutant("moments_cast_to_param_dtype", "optimizer load casts its state (moments, master) to the param dtype", RESUME, "optimizer", "moments_cast_on_load({inner!r})"),
+    GenericMutant("restore_on_rank_zero_only", "checkpointer restores every piece on rank 0 only", RESUME, "checkpointer", "restores_on_rank_zero_only({inner!r})", single_rank),
+    GenericMutant("moments_cast_to_param_dtype", "optimizer load casts its state (moments, master) to the param dtype", RESUME, "optimizer", "moments_cast_on_load({inner!r})", fp32_params_in_resume),
     GenericMutant("recompute_bumps_buffer", "a layer bumps a buffer on every body run, recompute included", GRAD_CKPT, "model", "counts_body_runs_in_buffer({inner!r})"),
     GenericMutant("recompute_bumps_cache_counter", "an int counter on the cache is bumped on every body run, recompute included", GRAD_CKPT, "model", "counts_body_runs_on_cache({inner!r})"),
 )  # fmt: skip
@@ -62,8 +86,10 @@ class SensitivityError(Exception):
 
 @dataclass
 class Verdict:
-    """What one suite did with one mutant over the selected cells; `skipped_in` maps the cells it
-    could not judge (the suite skipped every test there) to the reason."""
+    """What one suite did with one mutant over the selected cells. Judged cells are caught,
+    missed or errored (the mutant's own code crashed, `error` says how); `not_applicable_in` and
+    `skipped_in` map the cells it could not be judged in (the mutant cannot differ there; the
+    suite skipped every test there) to the reason."""
 
     mutant: str
     bug: str
@@ -72,26 +98,41 @@ class Verdict:
     missed_in: list[str]
     message: str
     skipped_in: dict[str, str] = field(default_factory=dict)
+    errored_in: list[str] = field(default_factory=list)
+    error: str = ""
+    not_applicable_in: dict[str, str] = field(default_factory=dict)
 
     @property
     def missed(self) -> bool:
-        """Ran in some cell and caught in none (a mutant skipped everywhere is not judged, so not missed)."""
-        return bool(self.missed_in) and not self.caught_in
+        """Passed in some cell where it applies: one such cell is enough, whatever the others caught."""
+        return bool(self.missed_in)
+
+    @property
+    def errored(self) -> bool:
+        return bool(self.errored_in)
 
     def result_text(self) -> str:
-        judged = len(self.caught_in) + len(self.missed_in)
-        if self.caught_in:
-            parts = [f"caught in {len(self.caught_in)} of {judged} cells"]
-            parts[0] += f" (missed in {', '.join(self.missed_in)})" if self.missed_in else ""
-        else:
-            parts = ["**missed**"] if self.missed_in else []
-        by_reason: dict[str, list[str]] = {}
-        for cell, reason in self.skipped_in.items():
-            by_reason.setdefault(reason, []).append(cell)
-        if not parts:
-            return "; ".join(f"skipped ({reason})" for reason in by_reason)
-        parts += [f"skipped in {', '.join(cells)} ({reason})" for reason, cells in by_reason.items()]
+        judged = len(self.caught_in) + len(self.missed_in) + len(self.errored_in)
+        parts = [f"caught in {len(self.caught_in)} of {judged} cells"] if self.caught_in else []
+        parts += [f"**missed in {', '.join(self.missed_in)}**"] if self.missed_in else []
+        parts += [f"**errored in {', '.join(self.errored_in)}** (the mutant crashed)"] if self.errored_in else []
+        unjudged = [
+            (label, reason, cells)
+            for label, reasons in (("n/a", self.not_applicable_in), ("skipped", self.skipped_in))
+            for reason, cells in grouped_by_reason(reasons).items()
+        ]
+        if not parts and len(unjudged) == 1:
+            return f"{unjudged[0][0]} ({unjudged[0][1]})"
+        parts += [f"{label} in {', '.join(cells)} ({reason})" for label, reason, cells in unjudged]
         return "; ".join(parts)
+
+
+def grouped_by_reason(reasons: dict[str, str]) -> dict[str, list[str]]:
+    """Cells that share a reason, under it, in first-seen order."""
+    grouped: dict[str, list[str]] = {}
+    for cell, reason in reasons.items():
+        grouped.setdefault(reason, []).append(cell)
+    return grouped
 
 
 def covering_cells(cells: list[Cell]) -> list[Cell]:
@@ -162,41 +203,63 @@ def run_selection(request: RunRequest, cells: list[Cell]) -> None:
 def markdown_table(verdicts: list[Verdict]) -> str:
     rows = ["| mutant | bug | suite | result | failure message |", "|---|---|---|---|---|"]
     for v in verdicts:
-        message = v.message.replace("|", "\\|")
+        message = (v.message or (f"mutant crashed: {v.error}" if v.error else "")).replace("|", "\\|")
         rows.append(f"| `{v.mutant}` | {v.bug} | {v.suite} | {v.result_text()} | {f'`{message}`' if message else ''} |")
     return "\n".join(rows)
 
 
-def judge(mutant: GenericMutant, cells: list[Cell], baseline: dict[str, CellResult], run_dir: Path | None) -> Verdict:
+def not_applicable(mutant: GenericMutant, cells: list[Cell], matrix: Matrix) -> dict[str, str]:
+    """The cells where `mutant` cannot differ from the component it wraps, each with the reason."""
+    return {cell.id: reason for cell in cells if (reason := mutant.not_applicable(cell, matrix))}
+
+
+def judge(
+    mutant: GenericMutant,
+    cells: list[Cell],
+    baseline: dict[str, CellResult],
+    run_dir: Path | None,
+    inapplicable: dict[str, str] | None = None,
+) -> Verdict:
     """The verdict on `mutant` per cell: skipped where the unmutated run skipped every test of its
-    suite, else caught by a failure that run did not have, else skipped where the mutant run skipped
-    every test, else missed. `run_dir` is the mutant's version directory (None: it did not run)."""
-    results = read_cells(run_dir, mutant.suite) if run_dir else {}
-    caught, missed, skipped, first = [], [], {}, None
+    suite; n/a where `inapplicable` says why; errored where a failure the unmutated run did not
+    have is a crash of the mutant itself (what else failed there followed from it); else caught by
+    such a failure; else skipped where the mutant run skipped every test; else missed. `run_dir`
+    is the mutant's version directory (None: it did not run)."""
+    inapplicable = inapplicable or {}
+    results = read_cells(run_dir, mutant.suite, MUTANT_SOURCES) if run_dir else {}
+    verdict = Verdict(mutant.name, mutant.bug, mutant.suite, [], [], "")
     for cell in cells:
         before = baseline.get(cell.id, CellResult())
         after = results.get(cell.id, CellResult())
         found = new_failures(after.failures, before.failures)
+        known = frozenset(line for failure in before.failures for line in failure.says())
+        crashes = [failure for failure in found if failure.crashed]
         if before.skipped:
-            skipped[cell.id] = before.skipped
+            verdict.skipped_in[cell.id] = before.skipped
+        elif cell.id in inapplicable:
+            verdict.not_applicable_in[cell.id] = inapplicable[cell.id]
+        elif crashes:
+            verdict.errored_in.append(cell.id)
+            verdict.error = verdict.error or crashes[0].telling_line(known)
         elif found:
-            caught.append(cell.id)
-            known = frozenset(line for failure in before.failures for line in failure.says())
-            first = first or found[0].telling_line(known)
+            verdict.caught_in.append(cell.id)
+            verdict.message = verdict.message or found[0].telling_line(known)
         elif after.skipped:
-            skipped[cell.id] = after.skipped
+            verdict.skipped_in[cell.id] = after.skipped
         else:
-            missed.append(cell.id)
-    return Verdict(mutant.name, mutant.bug, mutant.suite, caught, missed, first or "", skipped)
+            verdict.missed_in.append(cell.id)
+    return verdict
 
 
 def run_sensitivity(
     matrix: Matrix, *, version: str, out: Path, filters: dict, mutant_names: str | None, slots: int | None
 ) -> int:
-    """Unmutated run, then every mutant; print and write the table; 1 when a mutant is missed.
+    """Unmutated run, then every mutant; print and write the table; 1 when a mutant is missed or
+    errored in any cell where it applies.
 
     A mutant counts as caught in a cell when its suite reports a failure there that the unmutated
-    components did not: a test that passed on them, or a new per-rank line in one that did not.
+    components did not (a test that passed on them, or a new per-rank line in one that did not),
+    unless that failure is a crash of the mutant's own code.
     Failures are not re-run alone (confirm limit 0): a mutant breaks every run the same way, and
     the comparison with the unmutated run already discounts what fails without it."""
     mutants = tuple(m for m in chosen_mutants(mutant_names) if m.suite in matrix.suites)
@@ -227,11 +290,16 @@ def run_sensitivity(
 
     verdicts = []
     for mutant in mutants:
-        judged = [cell for cell in cells if not baseline[mutant.suite].get(cell.id, CellResult()).skipped]
+        inapplicable = not_applicable(mutant, cells, matrix)
+        judged = [
+            cell
+            for cell in cells
+            if cell.id not in inapplicable and not baseline[mutant.suite].get(cell.id, CellResult()).skipped
+        ]
         if judged:
             run_selection(dataclasses.replace(request, matrix=mutated(matrix, mutant), run_id=mutant.name), judged)
         run_dir = out / "runs" / mutant.name / f"torch-{version}" if judged else None
-        verdicts.append(judge(mutant, cells, baseline[mutant.suite], run_dir))
+        verdicts.append(judge(mutant, cells, baseline[mutant.suite], run_dir, inapplicable))
     table = markdown_table(verdicts)
     header = f"Cells: {', '.join(c.id for c in cells)} (torch {version})\n\n"
     if notes:
@@ -244,10 +312,11 @@ def run_sensitivity(
             indent=2,
         )
     )
-    missed = [v.mutant for v in verdicts if v.missed]
     print(f"\n{header}{table}\n")
     print(f"torchmatrix sensitivity: wrote {out / 'sensitivity.md'} and sensitivity.json")
-    if missed:
-        print(f"torchmatrix sensitivity: missed {', '.join(missed)}", file=sys.stderr)
-        return 1
-    return 0
+    missed = [f"{v.mutant} (in {', '.join(v.missed_in)})" for v in verdicts if v.missed]
+    errored = [f"{v.mutant} (in {', '.join(v.errored_in)})" for v in verdicts if v.errored]
+    for what, names in (("missed", missed), ("errored, the mutant itself crashed:", errored)):
+        if names:
+            print(f"torchmatrix sensitivity: {what} {'; '.join(names)}", file=sys.stderr)
+    return 1 if missed or errored else 0

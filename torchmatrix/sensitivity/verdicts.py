@@ -2,7 +2,9 @@
 
 A failure's JUnit message is its root cause line, which for a suite's assertion is only the
 headline ("cell …: checkpointing changed buffers"); the per-rank lines that name what differs
-follow it in the failure's text, where pytest marks the exception's lines with `E`.
+follow it in the failure's text, where pytest marks the exception's lines with `E`. A failure
+raised while the mutant's own code ran (one of its frames in a traceback of the text), or a test
+that errored outside its call, is a crash of the mutant: it did not break what it was meant to.
 """
 
 from __future__ import annotations
@@ -17,16 +19,19 @@ from torchmatrix.reports.junit import test_of_testcase
 
 MESSAGE_WIDTH = 150
 RAISED_LINE = re.compile(r"^E(?:\s+(.*))?$")
-RANK_LINE = re.compile(r"^(?:every rank|rank \d+): ")
+RANK_LINE = re.compile(r"^(?:every rank|across ranks|rank \d+): ")
+FRAME_FILE = re.compile(r'File "([^"]+)", line \d+')
 
 
 @dataclass(frozen=True)
 class SuiteFailure:
-    """One failed or errored test: its root cause line and the per-rank lines of what differs."""
+    """One failed or errored test: its root cause line, the per-rank lines of what differs, and
+    whether the mutant itself crashed there."""
 
     test: str
     root_cause: str
     rank_lines: tuple[str, ...] = ()
+    crashed: bool = False
 
     def says(self) -> frozenset[str]:
         """What the failure says, comparable between runs: its per-rank lines (else its root cause),
@@ -61,8 +66,14 @@ def raised_rank_lines(text: str) -> tuple[str, ...]:
     return tuple(line for line in raised if RANK_LINE.match(line))
 
 
-def read_cells(version_dir: Path, suite: str) -> dict[str, CellResult]:
-    """Per cell id, what `suite`'s tests did there, from `<version_dir>/<cell id>.xml`."""
+def raised_in(text: str, sources: tuple[str, ...]) -> bool:
+    """Whether a traceback in `text` has a frame in a file whose path ends with one of `sources`."""
+    return any(path.replace("\\", "/").endswith(sources) for path in FRAME_FILE.findall(text))
+
+
+def read_cells(version_dir: Path, suite: str, mutant_sources: tuple[str, ...] = ()) -> dict[str, CellResult]:
+    """Per cell id, what `suite`'s tests did there, from `<version_dir>/<cell id>.xml`; a failure
+    raised with a frame in one of `mutant_sources` (path endings) counts as the mutant's crash."""
     cells = {}
     for report in sorted(version_dir.glob("*.xml")):
         result = cells[report.stem] = CellResult()
@@ -77,8 +88,10 @@ def read_cells(version_dir: Path, suite: str) -> dict[str, CellResult]:
             else:
                 result.ran += 1
                 test = test_of_testcase(case.get("name", ""))
+                text = problem.text or ""
+                crashed = problem.tag == "error" or bool(mutant_sources) and raised_in(text, mutant_sources)
                 result.failures.append(
-                    SuiteFailure(test, problem.get("message") or "", raised_rank_lines(problem.text or ""))
+                    SuiteFailure(test, problem.get("message") or "", raised_rank_lines(text), crashed)
                 )
     return cells
 

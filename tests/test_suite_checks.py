@@ -1,0 +1,90 @@
+"""The suites' own comparison helpers, in one process: option parsing, the bf16 tolerance, and the
+rule that a comparison over nothing (no parameters, no state, no DTensor) fails instead of passing."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from suites.test_dtensor_optim import layout_problems
+from suites.test_grad_ckpt import BF16_RTOL, EXACT, Precision, mismatch, precision_from
+from suites.test_resume import param_group_differences, parameter_mismatches, partial_restore, state_mismatches
+
+
+def test_grad_ckpt_precision_defaults_to_exact_float32_and_takes_bfloat16():
+    assert precision_from({}) == EXACT and EXACT.exact
+    bf16 = precision_from({"dtype": "bfloat16"})
+    assert bf16 == Precision("bfloat16") and not bf16.exact
+    assert f"rtol={BF16_RTOL}" in bf16.describe()
+
+
+def test_grad_ckpt_refuses_an_unknown_dtype():
+    with pytest.raises(pytest.fail.Exception, match='dtype = \'float16\': expected "float32" or "bfloat16"'):
+        precision_from({"dtype": "float16"})
+
+
+@pytest.mark.parametrize("stale", [{"bf16_rtol": 0.1}, {"bf16_atol": 0.1}, {"bf16_rtol": 0.1, "bf16_atol": 0.1}])
+def test_grad_ckpt_refuses_stale_tolerance_options(stale):
+    with pytest.raises(pytest.fail.Exception, match=f"{' and '.join(stale)}: the bf16 tolerance is derived"):
+        precision_from({"dtype": "bfloat16", **stale})
+
+
+def ulps_above(tensor: torch.Tensor, ulps: int) -> torch.Tensor:
+    """`tensor` with its first element moved up by `ulps` representable values."""
+    moved = tensor.clone()
+    bits = moved.view(torch.int16 if tensor.dtype == torch.bfloat16 else torch.int32)
+    bits[0] += ulps
+    return moved
+
+
+def test_bf16_tolerance_allows_two_ulps_but_not_a_wider_drift_while_float32_allows_none():
+    expected = torch.tensor([1.5, -0.75, 1.0, 0.25], dtype=torch.bfloat16)
+    bf16 = Precision("bfloat16")
+    assert mismatch(ulps_above(expected, 2), expected, bf16) is None
+    assert "1/4 elements differ, max 8 ULP" in mismatch(ulps_above(expected, 8), expected, bf16)
+    exact = expected.float()
+    assert "1/4 elements differ, max 1 ULP" in mismatch(ulps_above(exact, 1), exact, EXACT)
+
+
+def test_resume_comparisons_over_nothing_fail():
+    assert parameter_mismatches({}, {}) == ["  the model has no parameters on this rank: nothing to compare"]
+    assert state_mismatches({}, {}) == [
+        "  the optimizer holds no state after training on this rank: nothing to compare"
+    ]
+    assert param_group_differences([], []) == [
+        "after load: the optimizer had no param groups at the checkpoint step: nothing to compare"
+    ]
+    weight = torch.ones(2)
+    assert parameter_mismatches({"w": weight}, {}) == ["  w: missing after the resume"]
+    assert parameter_mismatches({"w": weight}, {"w": weight.clone()}) == []
+
+
+def records(*own_parameter_problems: list[str]) -> list[dict]:
+    """Per-rank records as the resume suite's rank function returns them, for partial_restore."""
+    return [{"after_load": {"parameter_shards": lines, "optimizer_state": []}} for lines in own_parameter_problems]
+
+
+def test_resume_names_the_ranks_that_kept_their_state_when_only_some_did():
+    lost = ["after load: parameter shard w differs"]
+    assert partial_restore("parameters", records([], lost)) == [
+        "after load: parameters restored on rank 0 only: ranks [1] differ in their own shards"
+    ]
+    assert partial_restore("parameters", records([], lost, [], lost)) == [
+        "after load: parameters restored on ranks [0, 2] only: ranks [1, 3] differ in their own shards"
+    ]
+    assert partial_restore("parameters", records(lost, lost)) == []
+    assert partial_restore("parameters", records([], [])) == []
+    assert partial_restore("optimizer_state", records([], lost)) == []
+    assert partial_restore("scheduler", records([], lost)) == []
+
+
+def test_dtensor_layout_check_fails_when_no_param_is_a_dtensor_where_fsdp2_should_make_them():
+    model = nn.Linear(3, 2)
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.ones(1, 3)).sum().backward()
+    optimizer.step()
+    assert layout_problems(model, optimizer, dtensors_expected=True) == [
+        "no parameter of Linear is a DTensor after `parallelize` under FSDP2: there is no state layout to check"
+    ]
+    assert layout_problems(model, optimizer, dtensors_expected=False) == []
