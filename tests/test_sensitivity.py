@@ -227,7 +227,7 @@ def crash_in_mutant(test: str) -> outcomes.TestOutcome:
     text = (
         "E   RankFailure: cell ws1-adamw: ---- rank 0 traceback ----\n"
         "E   Traceback (most recent call last):\n"
-        'E     File "/x/torchmatrix/generic_mutants.py", line 40, in put_back\n'
+        'E     File "/x/torchmatrix/sensitivity/mutants.py", line 40, in put_back\n'
         "E       self.optimizer.load_state_dict(saved)\n"
         "E   KeyError: 'param_groups'"
     )

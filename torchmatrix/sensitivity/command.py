@@ -29,7 +29,7 @@ from torchmatrix.run.runner import RunRequest, run_version
 from torchmatrix.sensitivity.verdicts import CellResult, new_failures, read_cells
 
 GENERATED_MODULE = "torchmatrix_sensitivity_components"
-MUTANT_SOURCES = ("torchmatrix/generic_mutants.py", f"{GENERATED_MODULE}.py")
+MUTANT_SOURCES = ("torchmatrix/sensitivity/mutants.py", f"{GENERATED_MODULE}.py")
 
 
 def applies_everywhere(cell: Cell, matrix: Matrix) -> str | None:
