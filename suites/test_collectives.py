@@ -7,7 +7,7 @@ for a cell before the heavier suites spend time on it.
 import torch
 import torch.distributed as dist
 
-from torchmatrix.ranks.worker import current_device
+from torchmatrix.testing import current_device
 
 
 def _rank_identity():

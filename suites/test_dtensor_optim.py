@@ -33,9 +33,8 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
-from models.dcp_layout import read_layouts
-from torchmatrix.components import loading as component_paths
-from torchmatrix.ranks.worker import current_device
+from suites.dcp_layout import read_layouts
+from torchmatrix.testing import current_device, load
 
 LR = 1e-2
 SAVE_SEED, LOAD_SEED = 0, 1
@@ -140,7 +139,7 @@ def test_reshard_load_is_exact(cell, ranks, recipe, reshard, tmp_path, record_pr
         pytest.skip("a reshard needs at least 2 ranks; this cell has 1")
     half = ranks.world_size // 2
     src, dst = (ranks.world_size, half) if reshard == "shrink" else (half, ranks.world_size)
-    parallelize = component_paths.load(recipe.components["parallelize"])
+    parallelize = load(recipe.components["parallelize"])
     if "mesh" not in inspect.signature(parallelize).parameters:
         pytest.skip(
             f"{recipe.components['parallelize']} takes no `mesh` argument, so it cannot build the {min(src, dst)}-rank world a reshard needs"
@@ -185,18 +184,16 @@ class Recipe(NamedTuple):
         None), and the cell's optimizer component over its params."""
         device = current_device()
         dtype = getattr(torch, self.param_dtype)
-        build_model = (
-            component_paths.load(self.components["model"]) if self.model_kind == "model" else build_uneven_probe
-        )
+        build_model = load(self.components["model"]) if self.model_kind == "model" else build_uneven_probe
         torch.manual_seed(seed)
         model = build_model(self.cell, dtype=dtype)
-        parallelize = component_paths.load(self.components["parallelize"])
+        parallelize = load(self.components["parallelize"])
         model = parallelize(model, self.cell, device=device, **({"mesh": mesh} if mesh is not None else {}))
-        build_optimizer = component_paths.load(self.components[f"optimizer_{self.cell['optimizer']}"])
+        build_optimizer = load(self.components[f"optimizer_{self.cell['optimizer']}"])
         return model, build_optimizer(model.parameters(), lr=LR)
 
     def train_step(self, model: nn.Module, optimizer: torch.optim.Optimizer, seed: int) -> None:
-        make_batch = component_paths.load(self.components["batch"]) if self.model_kind == "model" else make_probe_batch
+        make_batch = load(self.components["batch"]) if self.model_kind == "model" else make_probe_batch
         batch = make_batch(model, seed=seed + dist.get_rank(), device=current_device())
         model(**batch).loss.backward()
         optimizer.step()

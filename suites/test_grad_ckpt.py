@@ -36,8 +36,7 @@ from torch.nn.parallel import DistributedDataParallel
 from suites.deterministic import deterministic_algorithms
 from suites.names import clean_name
 from suites.ulp import bits_equal, ulp_distance
-from torchmatrix.components.loading import load
-from torchmatrix.ranks.worker import current_device
+from torchmatrix.testing import current_device, load
 
 SEED = 0
 DROPOUT = 0.1

@@ -34,8 +34,7 @@ import torch
 from suites.deterministic import deterministic_algorithms
 from suites.names import clean_name
 from suites.ulp import bits_equal, ulp_distance
-from torchmatrix.components.loading import load
-from torchmatrix.components.protocol import RESUME_BF16_PARAM_OPTIMIZERS
+from torchmatrix.testing import RESUME_BF16_PARAM_OPTIMIZERS, load
 
 try:
     import numpy
@@ -58,8 +57,6 @@ DEFAULT_OPTIONS = {
     "bf16_param_optimizers": list(RESUME_BF16_PARAM_OPTIMIZERS),
 }
 
-_experiments: dict[str, list[dict] | str] = {}
-
 
 def options_for(suite_options: dict) -> dict:
     """`[suites.resume.options]` over DEFAULT_OPTIONS, checked for at least two resumed steps."""
@@ -71,32 +68,28 @@ def options_for(suite_options: dict) -> dict:
     return options
 
 
-def experiment(cell, ranks, suite_options, components, tmp_path) -> list[dict]:
-    """Both runs of the cell, one record per rank; computed once per cell and shared by its tests
-    (a failure too, so a broken or hung cell costs one deadline, not one per test)."""
-    if cell.id not in _experiments:
-        _experiments[cell.id] = f"{cell.id}: the training runs failed in an earlier test of this cell"
+@pytest.fixture
+def experiment(cell, ranks, suite_options, components, tmp_path, once_per_cell) -> list[dict]:
+    """Both runs of the cell, one record per rank; run once per cell and shared by its tests."""
+
+    def both_runs() -> list[dict]:
         options = options_for(suite_options)
-        dataset = load(components["dataset"])
         data_path = str(tmp_path / "tokens.pt")
-        dataset.write(
+        load(components["dataset"]).write(
             data_path,
             vocab_size=options["vocab_size"],
             num_sequences=options["num_sequences"],
             seq_len=options["seq_len"],
             seed=0,
         )
-        _experiments[cell.id] = ranks.run(
-            straight_and_resumed, dict(cell), options, components, data_path, str(tmp_path / "checkpoint")
-        )
-    elif isinstance(_experiments[cell.id], str):
-        pytest.fail(_experiments[cell.id])
-    return _experiments[cell.id]
+        return ranks.run(straight_and_resumed, dict(cell), options, components, data_path, str(tmp_path / "checkpoint"))
+
+    return once_per_cell("the training runs", both_runs)
 
 
-def test_rebuilt_run_starts_from_other_weights(cell, ranks, suite_options, components, tmp_path):
+def test_rebuilt_run_starts_from_other_weights(cell, experiment):
     """Guards the suite itself: the rebuilt run must differ before the load, or a no-op load would pass."""
-    for rank, record in enumerate(experiment(cell, ranks, suite_options, components, tmp_path)):
+    for rank, record in enumerate(experiment):
         assert not record["rebuilt_equals_saved"], (
             f"{cell.id} rank {rank}: the rebuilt model already equals the checkpointed one; the rebuild seed has no effect"
         )
@@ -108,9 +101,9 @@ OWN_PART = {"parameters": ("parameter_shards", "parameters"), "optimizer_state":
 
 
 @pytest.mark.parametrize("piece", AFTER_LOAD_PIECES)
-def test_state_restored_right_after_load(cell, ranks, suite_options, components, tmp_path, piece):
+def test_state_restored_right_after_load(cell, experiment, piece):
     """Right after load, before any step: this piece of state equals what was saved, or the failure names what differs."""
-    records = experiment(cell, ranks, suite_options, components, tmp_path)
+    records = experiment
     if piece == "rng" and not records[0]["rng_streams_used"]:
         pytest.skip("training advanced no RNG stream (torch CPU, CUDA, numpy, python random): no RNG state to resume")
     problems = {rank: record["after_load"][piece] for rank, record in enumerate(records) if record["after_load"][piece]}
@@ -133,11 +126,11 @@ def partial_restore(piece: str, records: list[dict]) -> list[str]:
     return [f"after load: {what} restored on {where}: ranks {differing} differ in their own shards"]
 
 
-def test_losses_identical_after_resume(cell, ranks, suite_options, components, tmp_path, record_property):
+def test_losses_identical_after_resume(cell, experiment, suite_options, record_property):
     """Bit for bit: the resumed steps run the same kernels on the same state as the straight ones."""
     options = options_for(suite_options)
     first = options["resume_step"] + 1
-    records = experiment(cell, ranks, suite_options, components, tmp_path)
+    records = experiment
     pairs = [
         (rank, step, a, b)
         for rank, record in enumerate(records)
@@ -153,15 +146,15 @@ def test_losses_identical_after_resume(cell, ranks, suite_options, components, t
         )
 
 
-def test_final_parameters_identical(cell, ranks, suite_options, components, tmp_path):
-    for rank, record in enumerate(experiment(cell, ranks, suite_options, components, tmp_path)):
+def test_final_parameters_identical(cell, experiment):
+    for rank, record in enumerate(experiment):
         problems = parameter_mismatches(record["straight"]["parameters"], record["resumed"]["parameters"])
         listing = "\n".join(problems)
         assert not problems, f"{cell.id} rank {rank}, final parameters, straight vs resumed:\n{listing}"
 
 
-def test_final_optimizer_state_identical(cell, ranks, suite_options, components, tmp_path):
-    for rank, record in enumerate(experiment(cell, ranks, suite_options, components, tmp_path)):
+def test_final_optimizer_state_identical(cell, experiment):
+    for rank, record in enumerate(experiment):
         problems = state_mismatches(record["straight"]["optimizer_state"], record["resumed"]["optimizer_state"])
         listing = "\n".join(problems)
         assert not problems, f"{cell.id} rank {rank}, final optimizer state, straight vs resumed:\n{listing}"
@@ -279,7 +272,7 @@ class TrainingRun:
     def __init__(
         self, cell: dict, options: dict, components: dict, data_path: str, rank: int, world_size: int, *, seed: int
     ):
-        from torchmatrix.ranks.worker import current_device
+        from torchmatrix.testing import current_device
 
         self.device = current_device()
         param_dtype = torch.bfloat16 if cell["optimizer"] in options["bf16_param_optimizers"] else torch.float32

@@ -80,6 +80,7 @@ class CellPlan:
             zygote.start()
         self.events = EventLog(plan.events if rank == 0 else f"{plan.events}.rank{rank}")
         self._reports: dict[str, list] = {}
+        self.shared: dict[tuple[str, str, str], object] = {}
 
     def suite_of(self, path: Path) -> str | None:
         return self.suite_by_path.get(Path(path).resolve())
@@ -323,7 +324,34 @@ def missing_package(import_path: str) -> str | None:
     return None
 
 
+class _FailedEarlier:
+    """What once_per_cell keeps for a computation that raised: later tests fail with this line."""
+
+    def __init__(self, line: str):
+        self.line = line
+
+
+@pytest.fixture
+def once_per_cell(request, cell, _cell_plan):
+    """`once_per_cell(name, compute)`: compute() the first time a test of this cell and suite asks,
+    the same value for its later tests. A computation that raised fails those later tests at once,
+    so a broken or hung cell costs one deadline, not one per test."""
+    suite = _cell_plan.suite_of(request.node.path) or ""
+
+    def shared(name: str, compute):
+        key = (suite, cell.id, name)
+        if key not in _cell_plan.shared:
+            _cell_plan.shared[key] = _FailedEarlier(f"{cell.id}: {name} failed in an earlier test of this cell")
+            _cell_plan.shared[key] = compute()
+        value = _cell_plan.shared[key]
+        if isinstance(value, _FailedEarlier):
+            pytest.fail(value.line)
+        return value
+
+    return shared
+
+
 @pytest.fixture
 def components(_cell_plan) -> dict:
-    """Import paths from matrix.toml `[components]`; resolve them with torchmatrix.components.loading.load."""
+    """Import paths from matrix.toml `[components]`; resolve them with torchmatrix.testing.load."""
     return dict(_cell_plan.plan.components)

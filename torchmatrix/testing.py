@@ -1,0 +1,15 @@
+"""What a suite may use from torchmatrix, and nothing else: the rest of the package may change shape.
+
+In a suite's test functions the plugin provides the fixtures `cell` (the cell's axis values),
+`ranks` (`ranks.run(fn, *args)` runs fn on every rank of the cell), `suite_options`,
+`components` (matrix.toml's import paths), `once_per_cell(name, compute)` and `tmp_path`. Inside
+the functions the ranks run, `current_device()` is this rank's device and `load(path)` turns a
+component's import path into the object it names. `RESUME_BF16_PARAM_OPTIMIZERS` is the resume
+suite's default for which optimizers get bf16 params (the sensitivity command reads it too).
+"""
+
+from torchmatrix.components.loading import load
+from torchmatrix.components.protocol import RESUME_BF16_PARAM_OPTIMIZERS
+from torchmatrix.ranks.worker import current_device
+
+__all__ = ["RESUME_BF16_PARAM_OPTIMIZERS", "current_device", "load"]
