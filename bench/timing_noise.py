@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from torchmatrix.matrix.config import load_matrix  # noqa: E402
-from torchmatrix.reports.results import load_results  # noqa: E402
+from torchmatrix.reports.run_reader import load_results  # noqa: E402
 from torchmatrix.reports.upgrade_diff import MIN_TIMED_SECONDS, diff_records  # noqa: E402
 from torchmatrix.status import Status  # noqa: E402
 

@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 sys.path.insert(0, str(REPO))
 
-from torchmatrix.reports.results import load_results  # noqa: E402
+from torchmatrix.reports.run_reader import load_results  # noqa: E402
 from torchmatrix.reports.untrusted_text import one_line  # noqa: E402
 from torchmatrix.reports.upgrade_diff import upgrade_diffs  # noqa: E402
 

@@ -8,8 +8,9 @@ import shutil
 
 import pytest
 
-from torchmatrix.reports import junit, results
+from torchmatrix.reports import junit, records, results_json
 from torchmatrix.reports.report import load_run, write_report
+from torchmatrix.reports.run_reader import load_results
 
 from reports_fixture import BASELINE, CANDIDATE, check_golden, normalised, write_fixture_run
 
@@ -51,17 +52,17 @@ def test_records_carry_status_duration_messages_figures_and_the_running_cell(run
 
 
 def test_drift_figures_are_named_after_what_they_measure():
-    assert results.is_drift_figure("grad_max_abs/layers.0.attn.wq")
-    assert results.is_drift_figure("loss_max_abs") and results.is_drift_figure("logits_drift")
-    assert not results.is_drift_figure("sharded_states")
-    assert not results.is_drift_figure("reshard_tensors_compared/relative.weight")
+    assert records.is_drift_figure("grad_max_abs/layers.0.attn.wq")
+    assert records.is_drift_figure("loss_max_abs") and records.is_drift_figure("logits_drift")
+    assert not records.is_drift_figure("sharded_states")
+    assert not records.is_drift_figure("reshard_tensors_compared/relative.weight")
 
 
 def test_results_json_round_trips_and_reads_as_a_run(run_dir):
     write_report(run_dir)
-    from_file = results.load_results(run_dir / "results.json")
+    from_file = load_results(run_dir / "results.json")
     from_dir = load_run(run_dir)
-    assert from_file.to_json() == from_dir.to_json()
+    assert results_json.to_json(from_file) == results_json.to_json(from_dir)
 
 
 def test_only_the_merged_junit_file_is_enough(run_dir, tmp_path):
@@ -69,7 +70,7 @@ def test_only_the_merged_junit_file_is_enough(run_dir, tmp_path):
     copy = tmp_path / "artifact"
     copy.mkdir()
     shutil.copy(run_dir / "junit.xml", copy / "junit.xml")
-    run = results.load_results(copy)
+    run = load_results(copy)
     assert len(run.tests) == len(load_run(run_dir).tests)
     assert run.baseline == BASELINE, "without a matrix file the oldest version is the baseline"
 
@@ -88,7 +89,7 @@ def test_non_finite_figures_are_strings_in_strict_json(run_dir):
     data = json.loads((run_dir / "results.json").read_text(), parse_constant=lambda c: pytest.fail(f"bare {c}"))
     figures = next(t for t in data["tests"] if t["torch"] == CANDIDATE and t["test"] == "test_drift[0.0]")["figures"]
     assert figures["grad_max_abs/layer0.w"] == "nan"
-    loaded = results.load_results(run_dir / "results.json")
+    loaded = load_results(run_dir / "results.json")
     record = next(r for r in loaded.tests if r.torch == CANDIDATE and r.test == "test_drift[0.0]")
     assert math.isnan(record.figures["grad_max_abs/layer0.w"])
 
@@ -96,11 +97,11 @@ def test_non_finite_figures_are_strings_in_strict_json(run_dir):
 def test_a_results_file_of_another_schema_is_refused(tmp_path):
     path = tmp_path / "results.json"
     path.write_text(json.dumps({"schema": "torchmatrix.results", "schema_version": 99}))
-    with pytest.raises(results.ResultsError, match="regenerate"):
-        results.load_results(path)
+    with pytest.raises(records.ResultsError, match="regenerate"):
+        load_results(path)
 
 
 def test_a_corrupt_cell_file_is_named_in_a_one_line_error(run_dir):
     (run_dir / f"torch-{BASELINE}" / "ws1-none.xml").write_text("<testsuites><testsuite")
-    with pytest.raises(results.ResultsError, match="ws1-none.xml is not readable JUnit XML"):
-        results.load_results(run_dir)
+    with pytest.raises(records.ResultsError, match="ws1-none.xml is not readable JUnit XML"):
+        load_results(run_dir)

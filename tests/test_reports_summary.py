@@ -14,7 +14,7 @@ from lxml import etree
 from torchmatrix.matrix.plan import SuiteRun
 from torchmatrix.reports import confirmation, junit, summary_html, summary_md
 from torchmatrix.reports.report import write_report
-from torchmatrix.reports.results import load_results
+from torchmatrix.reports.run_reader import load_results
 from torchmatrix.reports.upgrade_diff import SLOWDOWN_RULE
 
 from conftest import REPO, Project

@@ -7,8 +7,8 @@ import math
 import pytest
 
 from torchmatrix.matrix.config import ReportSettings
+from torchmatrix.reports.records import TestRecord
 from torchmatrix.reports.report import load_run
-from torchmatrix.reports.results import TestRecord
 from torchmatrix.reports.upgrade_diff import CompareError, compare_runs, diff_records, grew, upgrade_diffs
 
 from conftest import Project, write_matrix

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from torchmatrix.ranks.root_cause import group_key, root_cause
-from torchmatrix.reports.results import RunResults, TestRecord
+from torchmatrix.reports.records import RunResults, TestRecord
 
 
 def raised(function) -> BaseException:

@@ -19,8 +19,9 @@ from torchmatrix.messages.run_plan import PlanFileError
 from torchmatrix.ranks.output_cap import DEFAULT_CAP_BYTES
 from torchmatrix.reports import junit
 from torchmatrix.reports.confirmation import DEFAULT_LIMIT as DEFAULT_CONFIRM_LIMIT
+from torchmatrix.reports.records import ResultsError, RunResults
 from torchmatrix.reports.report import append_step_summary, compare_markdown, load_run, write_report
-from torchmatrix.reports.results import ResultsError, RunResults, load_results
+from torchmatrix.reports.run_reader import load_results
 from torchmatrix.reports.untrusted_text import one_line
 from torchmatrix.reports.upgrade_diff import CompareError
 from torchmatrix.run.progress import InvocationPart

@@ -12,9 +12,10 @@ import sys
 from pathlib import Path
 
 from torchmatrix.matrix.config import ConfigError, Matrix, load_matrix
-from torchmatrix.reports import junit, results, summary_html, summary_md
+from torchmatrix.reports import junit, results_json, summary_html, summary_md
+from torchmatrix.reports.records import RunResults
 from torchmatrix.reports.recovery import rebuild_missing_cells
-from torchmatrix.reports.results import RunResults
+from torchmatrix.reports.run_reader import load_results, matrix_paths
 from torchmatrix.reports.upgrade_diff import compare_runs, upgrade_diffs
 
 SUMMARY_MD = "summary.md"
@@ -29,7 +30,7 @@ def write_report(run_dir: Path, config: str | None = None) -> list[Path]:
     run = load_run(run_dir, config)
     diffs = upgrade_diffs(run)
     markdown = summary_md.render(run, diffs)
-    written.append(results.write_json(run_dir / results.FILE_NAME, run, [d.to_json() for d in diffs]))
+    written.append(results_json.write_json(run_dir / results_json.FILE_NAME, run, [d.to_json() for d in diffs]))
     written.append(_write(run_dir / SUMMARY_MD, markdown))
     written.append(_write(run_dir / SUMMARY_HTML, summary_html.render(run, diffs)))
     append_step_summary(markdown)
@@ -49,9 +50,9 @@ def load_run(path: Path, config: str | None = None) -> RunResults:
     """A run directory (or results.json) with the baseline and thresholds of its matrix file."""
     matrix = _matrix(path, config)
     if matrix is not None:
-        return results.load_results(path, matrix.baseline, matrix.report)
-    run = results.load_results(path)
-    if path.is_dir() and not (path / results.FILE_NAME).is_file():
+        return load_results(path, matrix.baseline, matrix.report)
+    run = load_results(path)
+    if path.is_dir() and not (path / results_json.FILE_NAME).is_file():
         print(
             f"torchmatrix: no readable matrix file for {path}: baseline is its oldest torch version, "
             "thresholds are the defaults; pass --config FILE to choose",
@@ -71,7 +72,7 @@ def append_step_summary(markdown: str) -> None:
 def _matrix(path: Path, config: str | None) -> Matrix | None:
     if config:
         return load_matrix(config)
-    for candidate in results.matrix_paths(path) if path.is_dir() else []:
+    for candidate in matrix_paths(path) if path.is_dir() else []:
         try:
             return load_matrix(candidate)
         except ConfigError:

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from torchmatrix.reports.confirmation import why_not_rerun
-from torchmatrix.reports.results import RootCause, RunResults, SkipReason, TestRecord
+from torchmatrix.reports.records import RootCause, RunResults, SkipReason, TestRecord
 from torchmatrix.status import Confirmation, Status
 
 SHA_CHARS = 12

@@ -14,7 +14,7 @@ import html
 import math
 from collections import defaultdict
 
-from torchmatrix.reports.results import RunResults, TestRecord, drift_measure, is_drift_figure
+from torchmatrix.reports.records import RunResults, TestRecord, drift_measure, is_drift_figure
 from torchmatrix.reports.summary_data import Summary, count, distinct_texts, other_cells, summarize
 from torchmatrix.reports.untrusted_text import one_line, visible
 from torchmatrix.reports.upgrade_diff import SLOWDOWN_RULE, Change, UpgradeDiff, grew

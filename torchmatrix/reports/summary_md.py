@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import re
 
-from torchmatrix.reports.results import RunResults, TestRecord
+from torchmatrix.reports.records import RunResults, TestRecord
 from torchmatrix.reports.summary_data import Summary, count, distinct_texts, other_cells, summarize
 from torchmatrix.reports.untrusted_text import one_line, visible
 from torchmatrix.reports.upgrade_diff import SLOWDOWN_RULE, UpgradeDiff

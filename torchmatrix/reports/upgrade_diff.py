@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from statistics import median
 
 from torchmatrix.matrix.config import ReportSettings
-from torchmatrix.reports.results import RunResults, TestRecord, drift_measure, is_drift_figure
+from torchmatrix.reports.records import RunResults, TestRecord, drift_measure, is_drift_figure
 from torchmatrix.status import Confirmation, Status
 
 MIN_SLOWDOWN_SECONDS = 5.0

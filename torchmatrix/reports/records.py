@@ -1,0 +1,264 @@
+"""What a run's results are: one record per (torch version, cell, suite, test), the run they belong
+to, and the questions every report asks of them (totals, failures by root cause, skip reasons)."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+from torchmatrix.matrix.config import ReportSettings
+from torchmatrix.ranks.root_cause import group_key
+from torchmatrix.status import Confirmation, Status
+
+DRIFT_WORDS = {"abs", "rel", "drift", "diff", "err", "error", "ulp"}
+
+
+class ResultsError(Exception):
+    """A path that holds no readable run; the message says what to pass instead."""
+
+
+@dataclass(frozen=True)
+class TestRecord:
+    """One test of one suite in one cell under one torch version, as its JUnit testcase reports it."""
+
+    __test__ = False  # a record of a test, not a test class for pytest to collect
+
+    torch: str
+    cell: str
+    suite: str
+    test: str
+    status: Status
+    duration: float
+    message: str = ""
+    text: str = ""
+    ran_in: str | None = None
+    figures: dict = field(default_factory=dict, hash=False, compare=False)
+    confirmation: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "status", Status.parse(self.status, "tests[].status"))
+
+    @property
+    def run_cell(self) -> str:
+        """The cell that actually ran the test (a representative cell shares its result with others)."""
+        return self.ran_in or self.cell
+
+    def to_json(self) -> dict:
+        return {
+            "torch": self.torch,
+            "cell": self.cell,
+            "suite": self.suite,
+            "test": self.test,
+            "status": self.status.value,
+            "duration": self.duration,
+            "message": self.message,
+            "text": self.text,
+            "ran_in": self.ran_in,
+            "figures": {name: _json_number(value) for name, value in self.figures.items()},
+            "confirmation": self.confirmation,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> TestRecord:
+        figures = {name: figure_value(value) for name, value in data.get("figures", {}).items()}
+        return cls(**{**data, "figures": figures})
+
+
+@dataclass
+class RootCause:
+    """Failed and errored tests that share one root cause line, across cells and torch versions."""
+
+    line: str
+    failures: list[tuple[TestRecord, list[str]]] = field(default_factory=list)
+
+    @property
+    def tests(self) -> int:
+        """Testcases, as the totals count them: once per cell a shared result stands for."""
+        return sum(len(cells) for _, cells in self.failures)
+
+    @property
+    def cells(self) -> list[str]:
+        return list(dict.fromkeys(cell for _, cells in self.failures for cell in cells))
+
+    @property
+    def versions(self) -> list[str]:
+        return list(dict.fromkeys(record.torch for record, _ in self.failures))
+
+
+@dataclass
+class SkipReason:
+    """Skipped tests that give one reason, across cells and torch versions."""
+
+    line: str
+    records: list[TestRecord] = field(default_factory=list)
+
+    @property
+    def cells(self) -> list[str]:
+        return list(dict.fromkeys(record.cell for record in self.records))
+
+    @property
+    def versions(self) -> list[str]:
+        return list(dict.fromkeys(record.torch for record in self.records))
+
+
+@dataclass(frozen=True)
+class VersionInfo:
+    """One torch version of the run: its exact build, the device it ran on, what was planned."""
+
+    torch: str
+    build: str = ""
+    git_version: str = ""
+    cuda_version: str = ""
+    device: str = ""
+    gpu_count: int = 0
+    planned_cells: tuple[str, ...] = ()
+    missing_cells: tuple[str, ...] = ()
+    filters: dict = field(default_factory=dict, hash=False, compare=False)
+    pool_starts: int | None = None
+
+    def to_json(self) -> dict:
+        return {
+            "torch": self.torch,
+            "build": self.build,
+            "git_version": self.git_version,
+            "cuda_version": self.cuda_version,
+            "device": self.device,
+            "gpu_count": self.gpu_count,
+            "planned_cells": list(self.planned_cells),
+            "missing_cells": list(self.missing_cells),
+            "filters": self.filters,
+            "pool_starts": self.pool_starts,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> VersionInfo:
+        return cls(
+            **{**data, "planned_cells": tuple(data["planned_cells"]), "missing_cells": tuple(data["missing_cells"])}
+        )
+
+
+@dataclass
+class RunResults:
+    """Everything a report needs about one run directory."""
+
+    run_id: str
+    created: str
+    hosts: list[str]
+    matrix_path: str
+    matrix_sha256: str
+    baseline: str
+    settings: ReportSettings
+    versions: list[VersionInfo]
+    cells: dict[str, dict[str, str]]
+    tests: list[TestRecord]
+
+    @property
+    def suites(self) -> list[str]:
+        return list(dict.fromkeys(record.suite for record in self.tests))
+
+    @property
+    def axes(self) -> dict[str, list[str]]:
+        """Every axis and the values it takes in this run, in first-seen order."""
+        axes: dict[str, dict[str, None]] = {}
+        for values in self.cells.values():
+            for axis, value in values.items():
+                axes.setdefault(axis, {})[value] = None
+        return {axis: list(values) for axis, values in axes.items()}
+
+    def version(self, torch: str) -> VersionInfo:
+        return next(v for v in self.versions if v.torch == torch)
+
+    def records(self, torch: str) -> list[TestRecord]:
+        return [record for record in self.tests if record.torch == torch]
+
+    def totals(self, torch: str | None = None) -> dict[Status, int]:
+        """Testcases per status, worst first, as the merged JUnit file counts them."""
+        counts = dict.fromkeys(Status.worst_first(), 0)
+        for record in self.tests:
+            if torch is None or record.torch == torch:
+                counts[record.status] += 1
+        return counts
+
+    def statuses(self) -> dict[tuple[str, str, str], Status]:
+        """(torch, cell, suite) -> the suite's status in that cell: error, else failed, else passed, else skipped."""
+        found: dict[tuple[str, str, str], set[Status]] = {}
+        for record in self.tests:
+            found.setdefault((record.torch, record.cell, record.suite), set()).add(record.status)
+        return {key: Status.worst(seen) for key, seen in found.items()}
+
+    def failures(self) -> list[tuple[TestRecord, list[str]]]:
+        """Failed and errored tests, once per cell that ran them, with every cell that shares the result."""
+        grouped: dict[tuple[str, str, str, str], tuple[TestRecord, list[str]]] = {}
+        for record in self.tests:
+            if record.status.is_failing:
+                key = (record.torch, record.suite, record.test, record.run_cell)
+                grouped.setdefault(key, (record, []))[1].append(record.cell)
+        return list(grouped.values())
+
+    def root_causes(self) -> list[RootCause]:
+        """The failures grouped by root cause (what differs between runs of it blanked), most tests first."""
+        causes: dict[str, RootCause] = {}
+        for record, cells in self.failures():
+            line = record.message or "(no message)"
+            blanked = line.replace(record.run_cell, "<cell>") if record.run_cell else line  # suites name their cell
+            key = group_key(blanked)
+            causes.setdefault(key, RootCause(line)).failures.append((record, cells))
+        return sorted(causes.values(), key=lambda cause: -cause.tests)
+
+    def partly_skipped(self) -> dict[tuple[str, str, str], tuple[int, int]]:
+        """(torch, cell, suite) that passed with some tests skipped -> (skipped, tests): a green mark
+        that checked less than the suite has."""
+        counts: dict[tuple[str, str, str], list[int]] = {}
+        for record in self.tests:
+            tally = counts.setdefault((record.torch, record.cell, record.suite), [0, 0])
+            tally[0] += record.status is Status.SKIPPED
+            tally[1] += 1
+        statuses = self.statuses()
+        return {
+            key: (skipped, tests)
+            for key, (skipped, tests) in counts.items()
+            if statuses[key] is Status.PASSED and skipped
+        }
+
+    def skip_reasons(self) -> list[SkipReason]:
+        """Skipped tests grouped by their reason, most tests first."""
+        reasons: dict[str, SkipReason] = {}
+        for record in self.tests:
+            if record.status is Status.SKIPPED:
+                line = record.message or "(no reason given)"
+                reasons.setdefault(line, SkipReason(line)).records.append(record)
+        return sorted(reasons.values(), key=lambda reason: -len(reason.records))
+
+    def order_dependent(self) -> set[tuple[str, str, str]]:
+        """(torch, cell, suite) whose failures all passed when re-run alone: order-dependent or flaky."""
+        confirmations: dict[tuple[str, str, str], set[str]] = {}
+        for record in self.tests:
+            if record.status.is_failing:
+                confirmations.setdefault((record.torch, record.cell, record.suite), set()).add(record.confirmation)
+        return {key for key, seen in confirmations.items() if seen == {Confirmation.PASSED_ALONE.value}}
+
+
+def is_drift_figure(name: str) -> bool:
+    """Drift figures are named after what they measure: `grad_max_abs/<param>`, `loss_max_abs`, `logits_drift`."""
+    return bool(DRIFT_WORDS.intersection(re.split(r"[^a-z0-9]+", drift_measure(name).lower())))
+
+
+def drift_measure(name: str) -> str:
+    """What a drift figure measures, without the tensor it was measured on: `grad_max_abs/layer0.wq` -> `grad_max_abs`."""
+    return name.split("/", 1)[0]
+
+
+def figure_value(value: object) -> float | str:
+    """A recorded figure as a number when it is one (non-finite numbers included), else as text."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def _json_number(value: float | str) -> float | str:
+    """JSON has no NaN or infinity: those are written as the strings "nan", "inf", "-inf"."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value

@@ -1,0 +1,121 @@
+"""results.json: a run's records as one versioned JSON document (a CI artifact `compare` reads back).
+
+A change that breaks readers bumps SCHEMA_VERSION; a file of another version, or one whose values
+have the wrong kinds, is refused with one line that says how to regenerate it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from torchmatrix.matrix.config import ReportSettings
+from torchmatrix.reports.records import ResultsError, RunResults, TestRecord, VersionInfo
+from torchmatrix.status import Confirmation
+
+SCHEMA = "torchmatrix.results"
+SCHEMA_VERSION = 2
+FILE_NAME = "results.json"
+CONFIRMATIONS = ("", *(confirmation.value for confirmation in Confirmation))
+REGENERATE = "regenerate it with `python -m torchmatrix report RUN_DIR`"
+
+
+def to_json(results: RunResults, upgrade: list[dict] | None = None) -> dict:
+    """The results.json document of a run, with its upgrade diffs."""
+    return {
+        "schema": SCHEMA,
+        "schema_version": SCHEMA_VERSION,
+        "run": {
+            "id": results.run_id,
+            "created": results.created,
+            "hosts": results.hosts,
+            "matrix": {"path": results.matrix_path, "sha256": results.matrix_sha256},
+            "baseline": results.baseline,
+            "thresholds": {
+                "drift_ratio": results.settings.drift_ratio,
+                "slowdown_ratio": results.settings.slowdown_ratio,
+            },
+            "totals": results.totals(),
+        },
+        "versions": [{**v.to_json(), "totals": results.totals(v.torch)} for v in results.versions],
+        "cells": [{"id": cell, "axes": axes} for cell, axes in results.cells.items()],
+        "tests": [record.to_json() for record in results.tests],
+        "upgrade": upgrade or [],
+    }
+
+
+def from_json(data: dict) -> RunResults:
+    """The run a results.json holds; anything malformed in it is a ResultsError naming the first problem."""
+    if not isinstance(data, dict):
+        raise ResultsError(f"not a JSON object; {REGENERATE}")
+    try:
+        results = _from_json(data)
+        _check_types(results)
+    except (KeyError, TypeError, AttributeError, ValueError) as error:
+        problem = f"missing key {error}" if isinstance(error, KeyError) else str(error)
+        raise ResultsError(f"malformed ({problem}); {REGENERATE}") from None
+    return results
+
+
+def write_json(path: Path, results: RunResults, upgrade: list[dict]) -> Path:
+    path.write_text(json.dumps(to_json(results, upgrade), indent=2, allow_nan=False) + "\n")
+    return path
+
+
+def read_json(path: Path) -> RunResults:
+    """The run a results.json file holds; an unreadable or malformed file is a ResultsError naming it."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise ResultsError(f"cannot read {path}: {error}") from None
+    try:
+        return from_json(data)
+    except ResultsError as error:
+        raise ResultsError(f"{path}: {error}") from None
+
+
+def _from_json(data: dict) -> RunResults:
+    if data.get("schema") != SCHEMA or data.get("schema_version") != SCHEMA_VERSION:
+        raise ResultsError(
+            f"not a {SCHEMA} v{SCHEMA_VERSION} file (schema {data.get('schema')!r} v{data.get('schema_version')!r}); "
+            f"{REGENERATE}"
+        )
+    run = data["run"]
+    return RunResults(
+        run_id=run["id"],
+        created=run["created"],
+        hosts=run["hosts"],
+        matrix_path=run["matrix"]["path"],
+        matrix_sha256=run["matrix"]["sha256"],
+        baseline=run["baseline"],
+        settings=ReportSettings(**run["thresholds"]),
+        versions=[VersionInfo.from_json({k: v for k, v in x.items() if k != "totals"}) for x in data["versions"]],
+        cells={cell["id"]: cell["axes"] for cell in data["cells"]},
+        tests=[TestRecord.from_json(record) for record in data["tests"]],
+    )
+
+
+def _check_types(results: RunResults) -> None:
+    """Raise TypeError or ValueError for a value of the wrong kind, before a report trips over it."""
+    texts = {"torch", "cell", "suite", "test", "message", "text", "confirmation"}
+    for record in results.tests:
+        for name in texts:
+            if not isinstance(getattr(record, name), str):
+                raise TypeError(f"tests[].{name} {getattr(record, name)!r} is not text")
+        if isinstance(record.duration, bool) or not isinstance(record.duration, (int, float)):
+            raise TypeError(f"tests[].duration {record.duration!r} is not a number")
+        if record.ran_in is not None and not isinstance(record.ran_in, str):
+            raise TypeError(f"tests[].ran_in {record.ran_in!r} is not text")
+        if record.confirmation not in CONFIRMATIONS:
+            raise ValueError(
+                f"tests[].confirmation {record.confirmation!r} is not one of: {', '.join(map(repr, CONFIRMATIONS))}"
+            )
+    for version in results.versions:
+        if not isinstance(version.torch, str):
+            raise TypeError(f"versions[].torch {version.torch!r} is not text")
+    if not isinstance(results.run_id, str) or not isinstance(results.baseline, str):
+        raise TypeError("run.id and run.baseline must be text")
+    for name, ratio in vars(results.settings).items():
+        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not (ratio > 0 and math.isfinite(ratio)):
+            raise TypeError(f"run.thresholds.{name} {ratio!r} is not a positive number")

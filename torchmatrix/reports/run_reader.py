@@ -1,0 +1,180 @@
+"""A run directory read back into RunResults: the self-describing per-cell JUnit files (or the
+merged junit.xml when only that was kept) plus each version's plan.json, so a run directory
+copied out of CI reads the same as one on the machine that made it."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from junitparser import TestSuite
+
+from torchmatrix.matrix.config import ReportSettings
+from torchmatrix.messages.run_plan import PlanFileError, RunPlan, read_plan
+from torchmatrix.reports import junit
+from torchmatrix.reports.records import ResultsError, RunResults, TestRecord, VersionInfo, figure_value
+from torchmatrix.reports.results_json import FILE_NAME, read_json
+from torchmatrix.status import Status
+
+
+def matrix_paths(run_dir: Path) -> list[Path]:
+    """The matrix files the run's plan.json files name, existing ones only, first version first."""
+    paths = []
+    for plan in sorted(run_dir.glob("torch-*/plan.json")):
+        path = Path(_read_plan(plan).matrix or "")
+        if path.is_file() and path not in paths:
+            paths.append(path)
+    return paths
+
+
+def load_results(path: Path, baseline: str | None = None, settings: ReportSettings | None = None) -> RunResults:
+    """Read a run directory, or a results.json (a CI artifact), into RunResults."""
+    if path.is_file():
+        return read_json(path)
+    if not path.is_dir():
+        raise ResultsError(f"{path} does not exist; pass a run directory (reports/<run-id>) or its results.json")
+    suites = _suites(path)
+    if not suites and not any(path.glob("torch-*/plan.json")):
+        if (path / FILE_NAME).is_file():
+            return read_json(path / FILE_NAME)
+        raise ResultsError(f"{path} holds no JUnit reports; pass a run directory made by `python -m torchmatrix run`")
+    return _from_suites(path.resolve(), suites, baseline, settings or ReportSettings())
+
+
+def _suites(run_dir: Path) -> list[TestSuite]:
+    files = junit.cell_report_files(run_dir)
+    if not files and (run_dir / junit.MERGED_NAME).is_file():
+        files = [run_dir / junit.MERGED_NAME]
+    suites = []
+    for path in files:
+        try:
+            suites.extend(junit.read_suites(path))
+        except SyntaxError as error:  # ElementTree's ParseError and lxml's XMLSyntaxError both are
+            raise ResultsError(
+                f"{path} is not readable JUnit XML ({error}); rerun that cell or delete the file"
+            ) from None
+    return suites
+
+
+def _from_suites(run_dir: Path, suites: list[TestSuite], baseline: str | None, settings: ReportSettings) -> RunResults:
+    plans = {plan.parent.name.removeprefix("torch-"): _read_plan(plan) for plan in run_dir.glob("torch-*/plan.json")}
+    cells: dict[str, dict[str, str]] = {}
+    tests: list[TestRecord] = []
+    seen_versions: dict[str, dict[str, str]] = {}
+    for suite in suites:
+        properties = {p.name: p.value for p in suite.properties()}
+        torch = properties.get("torch", "")
+        cell = properties.get("cell", "")
+        seen_versions.setdefault(torch, properties)
+        cells.setdefault(cell, {k.removeprefix("axis."): v for k, v in properties.items() if k.startswith("axis.")})
+        tests.extend(_records(suite, torch, cell, properties))
+    for version, plan in plans.items():
+        seen_versions.setdefault(version, _properties_of(plan.environment))
+    versions = sorted(seen_versions, key=_version_key)
+    planned = [cell for v in versions for cell in (plans[v].cells if v in plans else ())]
+    order = {cell: i for i, cell in enumerate(dict.fromkeys([*planned, *cells]))}
+    cells = {cell: cells[cell] for cell in sorted(cells, key=order.__getitem__)}
+    version_rank = {v: i for i, v in enumerate(versions)}
+    tests.sort(key=lambda record: (version_rank[record.torch], order[record.cell]))
+    plan_sha = [p.matrix_sha256 or "" for p in plans.values()]
+    return RunResults(
+        run_id=run_dir.name,
+        created=run_started(plans.values(), suites),
+        hosts=sorted({s.hostname for s in suites if s.hostname}),
+        matrix_path=next((p.matrix or "" for p in plans.values()), ""),
+        matrix_sha256=plan_sha[0] if plan_sha else "",
+        baseline=baseline if baseline in versions or not versions else versions[0],
+        settings=settings,
+        versions=[_version_info(v, seen_versions[v], plans.get(v), tests) for v in versions],
+        cells=cells,
+        tests=tests,
+    )
+
+
+def run_started(plans, suites: list[TestSuite]) -> str:
+    """When the run started: the earliest start its versions' plan.json files record, else the
+    earliest cell's JUnit timestamp (a run directory holding only junit.xml)."""
+    recorded = [plan.started for plan in plans if plan.started]
+    return min(recorded or [s.timestamp for s in suites if s.timestamp], default="")
+
+
+def _properties_of(environment: dict) -> dict[str, str]:
+    """A version's properties from its plan.json, for a run whose filters selected no cell."""
+    keys = {
+        "torch.build": "torch",
+        "torch.git_version": "git_version",
+        "torch.cuda_version": "cuda_version",
+        "device": "device",
+    }
+    return {name: str(environment.get(key) or "") for name, key in keys.items()}
+
+
+def _records(suite: TestSuite, torch: str, cell: str, properties: dict[str, str]) -> list[TestRecord]:
+    records = []
+    for case in suite:
+        test = case.name.removesuffix(junit.testcase_name("", torch, cell))
+        prefix = f"{case.classname}::{test}::"
+        result = case.result[0] if case.result else None
+        records.append(
+            TestRecord(
+                torch=torch,
+                cell=cell,
+                suite=case.classname,
+                test=test,
+                status=_status(case),
+                duration=round(case.time or 0.0, 3),
+                message=(result.message or "") if result is not None else "",
+                text=(result.text or "") if result is not None else "",
+                ran_in=properties.get(f"{case.classname}.ran_in"),
+                confirmation=properties.get(junit.confirmation_property(case.classname, test), ""),
+                figures={
+                    name.removeprefix(prefix): figure_value(value)
+                    for name, value in properties.items()
+                    if name.startswith(prefix)
+                },
+            )
+        )
+    return records
+
+
+def _status(case) -> Status:
+    if case.is_error:
+        return Status.ERROR
+    if case.is_failure:
+        return Status.FAILED
+    if case.is_skipped:
+        return Status.SKIPPED
+    return Status.PASSED
+
+
+def _version_info(torch: str, properties: dict[str, str], plan: RunPlan | None, tests: list[TestRecord]) -> VersionInfo:
+    """The version's build and device from its JUnit properties; what was planned (and never reported) from plan.json."""
+    planned = plan.cells if plan else ()
+    reported = {record.cell for record in tests if record.torch == torch}
+    return VersionInfo(
+        torch=torch,
+        build=properties.get("torch.build", ""),
+        git_version=properties.get("torch.git_version", ""),
+        cuda_version=properties.get("torch.cuda_version", ""),
+        device=properties.get("device", ""),
+        gpu_count=(plan.environment.get("gpu_count") if plan else 0) or 0,
+        planned_cells=planned,
+        missing_cells=tuple(cell for cell in planned if cell not in reported),
+        filters=plan.filters if plan else {},
+        pool_starts=plan.pool_starts if plan else None,
+    )
+
+
+def _version_key(version: str) -> tuple:
+    """Release order for pins: 2.9.0 < 2.13.0; `system` and anything unparsable after them."""
+    numbers = re.match(r"^(\d+(?:\.\d+)*)", version)
+    if not numbers:
+        return (1, (), version)
+    return (0, tuple(int(n) for n in numbers.group(1).split(".")), version)
+
+
+def _read_plan(path: Path) -> RunPlan:
+    try:
+        return read_plan(path)
+    except PlanFileError as error:
+        raise ResultsError(str(error)) from None
