@@ -189,7 +189,7 @@ def test_wide_cells_ran_as_one_pytest_per_rank_under_torchrun(slurm_project):
 def test_the_real_slurm_test_fails_instead_of_skipping_where_ci_requires_it(required, outcome):
     """Where Slurm is missing: skipped with its reason, unless TORCHMATRIX_REQUIRE_SLURM=1 (.ci/run)."""
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:xdist", "-rsE", "tests/test_slurm_cluster.py"],
+        [sys.executable, "-m", "pytest", "-p", "no:xdist", "-rsE", "tests/scale/test_slurm_cluster.py"],
         cwd=REPO,
         env={**checkout_env(), "PATH": os.path.dirname(sys.executable), "TORCHMATRIX_REQUIRE_SLURM": required},
         capture_output=True,
