@@ -1,0 +1,67 @@
+"""The package's layers: a module imports only from its own layer and the layers before it, so the
+flow README's "How a run works" describes is also the direction of every import."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import torchmatrix
+
+# First to last; "top" is every module directly under torchmatrix/ except status.
+LAYERS = ["status", "components", "matrix", "env", "messages", "ranks", "reports", "run", "scale", "sensitivity", "top"]
+PACKAGE = Path(torchmatrix.__file__).parent
+
+
+def layer_of(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) > 1 and parts[1] in LAYERS:
+        return parts[1]
+    return "top"
+
+
+def imports_of(path: Path) -> list[tuple[int, str]]:
+    """(line, imported torchmatrix module) for every import in the file, function-level ones too."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "torchmatrix":
+            names = (
+                [f"{node.module}.{alias.name}" for alias in node.names]
+                if node.module == "torchmatrix"
+                else [node.module]
+            )
+            found += [(node.lineno, name) for name in names]
+        elif isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names if alias.name.split(".")[0] == "torchmatrix"]
+    return found
+
+
+def upward_imports(root: Path) -> list[str]:
+    problems = []
+    for path in sorted(root.rglob("*.py")):
+        module = ".".join(path.relative_to(root.parent).with_suffix("").parts)
+        here = LAYERS.index(layer_of(module))
+        for line, imported in imports_of(path):
+            if LAYERS.index(layer_of(imported)) > here:
+                problems.append(
+                    f"{module}:{line} imports {imported} ({layer_of(imported)} comes after {layer_of(module)})"
+                )
+    return problems
+
+
+def test_every_subpackage_is_a_known_layer():
+    packages = {path.parent.name for path in PACKAGE.glob("*/__init__.py")}
+    assert packages == set(LAYERS) - {"status", "top"}
+
+
+def test_no_module_imports_from_a_later_layer():
+    assert upward_imports(PACKAGE) == []
+
+
+def test_an_upward_import_is_reported(tmp_path):
+    package = tmp_path / "torchmatrix"
+    (package / "matrix").mkdir(parents=True)
+    (package / "matrix" / "config.py").write_text("from torchmatrix.reports.junit import merge\n")
+    assert upward_imports(package) == [
+        "torchmatrix.matrix.config:1 imports torchmatrix.reports.junit (reports comes after matrix)"
+    ]
