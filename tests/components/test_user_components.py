@@ -105,6 +105,7 @@ SUITES = (
     "deterministic.py",
     "names.py",
     "ulp.py",
+    "dcp_layout.py",
     "test_grad_ckpt.py",
     "test_resume.py",
     "test_dtensor_optim.py",

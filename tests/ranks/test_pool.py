@@ -186,7 +186,7 @@ def test_a_zygote_that_cannot_start_fails_the_pool_with_a_rank_failure(tmp_path)
     RankFailure (which the test reports) instead of an EOFError from multiprocessing."""
     (tmp_path / "dies_at_import.py").write_text("import os\nos._exit(3)\n")
     script = (
-        "from torchmatrix import zygote\n"
+        "from torchmatrix.ranks import zygote\n"
         "zygote.PRELOAD.insert(0, 'dies_at_import')\n"
         "from torchmatrix.ranks.pool import RankFailure, RankPool\n"
         "try:\n"

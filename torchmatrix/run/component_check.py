@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torchmatrix
 from torchmatrix.components.protocol import (
     ALWAYS,
     OPTIONAL,
@@ -55,7 +56,7 @@ def check_components(matrix: Matrix, python: str = sys.executable, timeout: floa
         return problems
     try:
         done = subprocess.run(
-            [python, "-c", CHILD.format(package_parent=str(Path(__file__).resolve().parent.parent))],
+            [python, "-c", CHILD.format(package_parent=str(Path(torchmatrix.__file__).resolve().parent.parent))],
             input=json.dumps(matrix.components),
             cwd=matrix.root,
             capture_output=True,
