@@ -14,6 +14,9 @@ PACKAGE = Path(torchmatrix.__file__).parent
 
 
 def layer_of(module: str) -> str:
+    """A subpackage's name, "status" for status and the bare package (its __init__ holds only the version), else "top"."""
+    if module == "torchmatrix":
+        return "status"
     parts = module.split(".")
     if len(parts) > 1 and parts[1] in LAYERS:
         return parts[1]

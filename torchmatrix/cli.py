@@ -18,11 +18,10 @@ from torchmatrix.matrix.selection import SelectionError, Shard, parse_only, sele
 from torchmatrix.messages.run_plan import PlanFileError
 from torchmatrix.ranks.output_cap import DEFAULT_CAP_BYTES
 from torchmatrix.reports import junit
+from torchmatrix.reports.closing import closing_lines, run_closing_lines
 from torchmatrix.reports.confirmation import DEFAULT_LIMIT as DEFAULT_CONFIRM_LIMIT
-from torchmatrix.reports.records import ResultsError, RunResults
+from torchmatrix.reports.records import ResultsError
 from torchmatrix.reports.report import append_step_summary, compare_markdown, load_run, write_report
-from torchmatrix.reports.run_reader import load_results
-from torchmatrix.reports.untrusted_text import one_line
 from torchmatrix.reports.upgrade_diff import CompareError
 from torchmatrix.run.progress import InvocationPart
 from torchmatrix.run.run_directory import check_run_id, new_run_id
@@ -31,10 +30,8 @@ from torchmatrix.scale.github import github_matrix
 from torchmatrix.scale.merge import MergeError, merge_reports
 from torchmatrix.scale.slurm import SlurmOptions, write_slurm
 from torchmatrix.sensitivity.command import GENERIC_MUTANTS, SensitivityError, run_sensitivity
-from torchmatrix.status import tally
 
 USAGE_EXIT = 2
-CLOSING_ROOT_CAUSES = 5
 
 
 def _add_selection(parser: argparse.ArgumentParser) -> None:
@@ -319,24 +316,8 @@ def _run(matrix: Matrix, args) -> int:
         **_filters(matrix, args),
     )
     code = run_version(request)
-    print(_run_closing_lines(request.run_dir, failed=code == 1))
+    print(run_closing_lines(request.run_dir, failed=code == 1))
     return code
-
-
-def _run_closing_lines(run_dir: Path, failed: bool) -> str:
-    """A direct run's last words: on failure its root causes (as `report` lists them), then the
-    command that writes its summaries, which a run alone does not."""
-    lines = []
-    if failed:
-        try:
-            lines = root_cause_lines(load_results(run_dir))
-        except ResultsError as error:
-            lines = [f"torchmatrix: cannot list the root causes: {error}"]
-    lines.append(
-        f"torchmatrix: write summary.md and summary.html with `python -m torchmatrix report {run_dir}` "
-        f"(or `nox -s report -- {run_dir}`)"
-    )
-    return "\n".join(lines)
 
 
 def _sensitivity(matrix: Matrix, args) -> int:
@@ -367,27 +348,6 @@ def _report(run_dir: Path, config: str | None = None) -> int:
     print(f"torchmatrix: wrote {', '.join(str(path) for path in written)}")
     print(closing_lines(load_run(run_dir.resolve(), config), run_dir.resolve()))
     return 0
-
-
-def closing_lines(run: RunResults, run_dir: Path) -> str:
-    """The run's last words: its totals, where to read it, and on failure each root cause with its reach."""
-    head = f"torchmatrix: {tally(run.totals())}; read {run_dir / 'summary.md'} or {run_dir / 'summary.html'}"
-    return "\n".join([head, *root_cause_lines(run)])
-
-
-def root_cause_lines(run: RunResults) -> list[str]:
-    """Each root cause of the run's failures with how many tests, cells and torch versions it reaches; none if all passed."""
-    causes = run.root_causes()
-    if not causes:
-        return []
-    lines = [f"torchmatrix: failures by root cause ({len(causes)}):"]
-    lines += [
-        f"  {cause.tests} tests in {len(cause.cells)} cells, torch {', '.join(cause.versions)}: {one_line(cause.line, 200)}"
-        for cause in causes[:CLOSING_ROOT_CAUSES]
-    ]
-    if len(causes) > CLOSING_ROOT_CAUSES:
-        lines.append(f"  … and {len(causes) - CLOSING_ROOT_CAUSES} more in the summary")
-    return lines
 
 
 def _compare(run_a: Path, run_b: Path, out: Path | None = None) -> int:
