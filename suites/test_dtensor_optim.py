@@ -9,6 +9,10 @@ class of bug for whichever model, wrapper and optimizer matrix.toml names as com
 Every check runs twice: on the `model` component, and on a probe model whose first dims (7, 11)
 split unevenly over 2 and 4 ranks, since a state wrapped without its global shape is only
 wrong on uneven shards. Functions named `on_rank_*` run in every rank process.
+
+Quantized state (a tensor subclass inside the DTensor) has its layout checked on the DTensor
+that wraps it, and is compared after a reshard through the optimizer's state adapter
+(suites/optimizer_state.py), by the values it stands for.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
 from models.dcp_layout import read_layouts
+from suites.optimizer_state import state_adapter
 from torchmatrix import components as component_paths
 from torchmatrix.worker import current_device
 
@@ -194,6 +199,10 @@ class Recipe(NamedTuple):
         model = parallelize(model, self.cell, device=device, **({"mesh": mesh} if mesh is not None else {}))
         build_optimizer = component_paths.load(self.components[f"optimizer_{self.cell['optimizer']}"])
         return model, build_optimizer(model.parameters(), lr=LR)
+
+    def plain_state(self, state: dict) -> dict:
+        """One param's optimizer state made plain by the cell's optimizer's state adapter."""
+        return state_adapter(self.components, self.cell["optimizer"])(state)
 
     def train_step(self, model: nn.Module, optimizer: torch.optim.Optimizer, seed: int) -> None:
         make_batch = component_paths.load(self.components["batch"]) if self.model_kind == "model" else make_probe_batch
@@ -365,7 +374,7 @@ def _train_and_save(recipe: Recipe, mesh: DeviceMesh | None, checkpoint_dir: str
     recipe.train_step(model, optimizer, SAVE_SEED)
     state = {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer)}
     dcp.save(state, checkpoint_id=checkpoint_dir, process_group=mesh.get_group() if mesh else None)
-    return _full_state(model, optimizer)
+    return _full_state(model, optimizer, recipe)
 
 
 def _load(
@@ -377,16 +386,17 @@ def _load(
     dcp.load(state, checkpoint_id=checkpoint_dir, process_group=mesh.get_group() if mesh else None)
     set_model_state_dict(model, state["model"])
     set_optimizer_state_dict(model, optimizer, state["optimizer"])
-    return model, optimizer, _full_state(model, optimizer)
+    return model, optimizer, _full_state(model, optimizer, recipe)
 
 
-def _full_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+def _full_state(model: nn.Module, optimizer: torch.optim.Optimizer, recipe: Recipe) -> dict[str, torch.Tensor]:
     """A CPU copy of every model and optimizer tensor, gathered whole on every rank (copied:
-    on one rank the state dicts alias the live tensors). Not `cpu_offload`: FSDP1's rank-0-only
-    gather crashes (SIGSEGV) on CPU/gloo in torch 2.13."""
+    on one rank the state dicts alias the live tensors), the optimizer's made plain by its state
+    adapter. Not `cpu_offload`: FSDP1's rank-0-only gather crashes (SIGSEGV) on CPU/gloo in torch 2.13."""
     tensors = {f"model.{name}": value for name, value in get_model_state_dict(model, options=FULL).items()}
     for name, entries in get_optimizer_state_dict(model, optimizer, options=FULL).get("state", {}).items():
-        tensors.update({f"optimizer.{name}.{key}": value for key, value in entries.items() if torch.is_tensor(value)})
+        plain = recipe.plain_state(entries)
+        tensors.update({f"optimizer.{name}.{key}": value for key, value in plain.items() if torch.is_tensor(value)})
     return {key: value.detach().to("cpu", copy=True) for key, value in tensors.items()}
 
 

@@ -7,7 +7,8 @@ restores nothing cannot pass), loaded, and trained for the remaining N - K steps
 
 Right after the load, before any step, each piece of state is checked against what was saved,
 and a failure names the piece: every parameter (full tensor), every optimizer state value
-(dequantized where it is a tensor subclass, `step` included), the param groups'
+(as the optimizer's state adapter gives it: plain, dequantized tensors, `step` included;
+see suites/optimizer_state.py), the param groups'
 hyper-parameters, the scheduler's `last_epoch` and current LR, the batch the loader would
 yield next, and every RNG stream the run draws from (torch CPU, each CUDA device, numpy,
 Python `random`; a stream counts as used when training advances it). Then losses after the
@@ -16,7 +17,10 @@ tensor must equal the straight run's. Dropout, a warm-up LR schedule and an on-d
 make the RNG, scheduler and loader position part of what must resume.
 
 Components (matrix.toml `[components]`): `model`, `parallelize`, `optimizer_<optimizer axis>`,
-`checkpointer`, `dataset`; swapping one for a mutant must turn this suite red.
+`checkpointer`, `dataset`, and optionally `plain_state_<optimizer axis>`; swapping one for a
+mutant must turn this suite red. Option `quantized_state_optimizers` names the optimizer values
+whose state must be stored quantized, so a model too small for the quantizer fails instead of
+passing on plain fp32 state.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import torch
 
 from suites.deterministic import deterministic_algorithms
 from suites.names import clean_name
+from suites.optimizer_state import quantized_keys, state_adapter
 from suites.ulp import bits_equal, ulp_distance
 from torchmatrix.components import load
 
@@ -52,6 +57,7 @@ DEFAULT_OPTIONS = {
     "seed": 1234,
     "rebuild_seed": 98765,
     "bf16_param_optimizers": ["precision_aware"],
+    "quantized_state_optimizers": [],
 }
 
 _experiments: dict[str, list[dict] | str] = {}
@@ -110,6 +116,20 @@ def test_state_restored_right_after_load(cell, ranks, suite_options, components,
     problems = {rank: record["after_load"][piece] for rank, record in enumerate(records) if record["after_load"][piece]}
     listing = "\n".join(f"  rank {rank}: {line}" for rank, lines in problems.items() for line in lines)
     assert not problems, f"{cell.id}, {piece} right after load vs at save:\n{listing}"
+
+
+def test_state_is_quantized(cell, ranks, suite_options, components, tmp_path, record_property):
+    """For the optimizer values of option `quantized_state_optimizers`: at the checkpoint step some
+    state of every rank is stored quantized, so the checks above compared quantized state."""
+    if cell["optimizer"] not in options_for(suite_options)["quantized_state_optimizers"]:
+        pytest.skip(f"{cell['optimizer']} is not in option quantized_state_optimizers: its state may be plain")
+    records = experiment(cell, ranks, suite_options, components, tmp_path)
+    record_property("quantized_states", [len(record["quantized_at_save"]) for record in records])
+    plain = [rank for rank, record in enumerate(records) if not record["quantized_at_save"]]
+    assert not plain, (
+        f"{cell.id}: ranks {plain} hold no quantized optimizer state at the checkpoint step (all plain floats): "
+        f"the params are too small for {cell['optimizer']}'s quantizer, so this cell checked unquantized state"
+    )
 
 
 def test_losses_identical_after_resume(cell, ranks, suite_options, components, tmp_path, record_property):
@@ -209,6 +229,9 @@ def _straight_and_resumed(
         run_b.train_step()
     saved_parameters = run_b.parameters()
     at_save = run_b.state_snapshot()
+    quantized_at_save = sorted(
+        f"{name}.{key}" for name, state in run_b.named_raw_state().items() for key in quantized_keys(state)
+    )
     checkpointer.save(checkpoint_dir, step=resume_step, **run_b.checkpointables())
 
     rebuilt = TrainingRun(cell, options, components, data_path, rank, world_size, seed=options["rebuild_seed"])
@@ -231,6 +254,7 @@ def _straight_and_resumed(
             "optimizer_state": rebuilt.optimizer_state(),
         },
         "after_load": after_load,
+        "quantized_at_save": quantized_at_save,
         "rng_streams_used": streams_used,
         "rebuilt_equals_saved": rebuilt_equals_saved,
     }
@@ -256,6 +280,7 @@ class TrainingRun:
         self.optimizer = load(components[f"optimizer_{cell['optimizer']}"])(
             self.model.parameters(), lr=options["lr"], betas=(0.9, 0.95), eps=1e-8, weight_decay=options["weight_decay"]
         )
+        self.plain_state = state_adapter(components, cell["optimizer"])
         warmup = options["warmup_steps"]
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: min(1.0, (step + 1) / warmup))
         dataset = load(components["dataset"])(data_path)
@@ -292,14 +317,20 @@ class TrainingRun:
         """This rank's shard of every parameter, by name, copied to the CPU."""
         return {name: local_shard(param) for name, param in self.model.named_parameters()}
 
-    def optimizer_state(self) -> dict[str, dict]:
-        """This rank's shard of every optimizer state value, by parameter name, copied to the CPU."""
+    def named_raw_state(self) -> dict[str, dict]:
+        """The optimizer's state by parameter name, as the optimizer holds it."""
         names = {id(param): clean_name(name) for name, param in self.model.named_parameters()}
+        return {names[id(param)]: state for param, state in self.optimizer.state.items()}
+
+    def optimizer_state(self) -> dict[str, dict]:
+        """This rank's shard of every optimizer state value, by parameter name, as the state adapter
+        makes it plain, copied to the CPU."""
         return {
-            names[id(param)]: {
-                key: local_shard(value) if isinstance(value, torch.Tensor) else value for key, value in state.items()
+            name: {
+                key: value.detach().to("cpu", copy=True) if isinstance(value, torch.Tensor) else value
+                for key, value in self.plain_state(state).items()
             }
-            for param, state in self.optimizer.state.items()
+            for name, state in self.named_raw_state().items()
         }
 
     def state_snapshot(self) -> dict:
