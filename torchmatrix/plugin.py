@@ -87,8 +87,8 @@ class CellPlan:
         self._reports: dict[str, list] = {}
 
     def compile_cache(self, suite: str, cell: Cell) -> str:
-        """The directory torch.compile caches into while this suite runs on this cell: one per
-        (suite, cell), removed with this process, so no compiled kernel crosses cells."""
+        """The directory torch.compile caches into while this suite runs on this cell (a folder per
+        rank in it): one per (suite, cell), removed with this process, so no compiled kernel crosses cells."""
         return str(self.compile_caches / suite / cell.id)  # both checked as file names when the plan was read
 
     def suite_of(self, path: Path) -> str | None:
