@@ -354,14 +354,17 @@ def on_rank_reshard(recipe: Recipe, checkpoint_dir: str, src: int, dst: int) -> 
     meshes, rank = sub_world_meshes(), dist.get_rank()
     errors, saved, loaded, problems = [], None, None, []
     if rank < src:
-        saved = attempt(errors, f"save at {src} ranks", _train_and_save, recipe, meshes.get(src), checkpoint_dir)
+        trained = attempt(errors, f"save at {src} ranks", _train_and_save, recipe, meshes.get(src), checkpoint_dir)
+        if trained is not None:
+            saved = attempt(errors, f"full state after save at {src} ranks", _full_state, *trained, recipe)
     dist.barrier()
     if rank < dst:
         loaded = attempt(errors, f"load at {dst} ranks", _load, recipe, meshes.get(dst), checkpoint_dir)
     if loaded is not None:
-        model, optimizer, full = loaded
+        model, optimizer = loaded
+        loaded = attempt(errors, f"full state after load at {dst} ranks", _full_state, model, optimizer, recipe)
         attempt(errors, f"step after load at {dst} ranks", recipe.train_step, model, optimizer, LOAD_SEED)
-        problems, loaded = layout_problems(model, optimizer), full
+        problems = layout_problems(model, optimizer)
     dist.barrier()
     result = {"errors": errors, "problems": problems}
     if rank == 0 and saved is not None and loaded is not None:
@@ -369,24 +372,24 @@ def on_rank_reshard(recipe: Recipe, checkpoint_dir: str, src: int, dst: int) -> 
     return result
 
 
-def _train_and_save(recipe: Recipe, mesh: DeviceMesh | None, checkpoint_dir: str) -> dict[str, torch.Tensor]:
+def _train_and_save(
+    recipe: Recipe, mesh: DeviceMesh | None, checkpoint_dir: str
+) -> tuple[nn.Module, torch.optim.Optimizer]:
     model, optimizer = recipe.build(SAVE_SEED, mesh)
     recipe.train_step(model, optimizer, SAVE_SEED)
     state = {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer)}
     dcp.save(state, checkpoint_id=checkpoint_dir, process_group=mesh.get_group() if mesh else None)
-    return _full_state(model, optimizer, recipe)
+    return model, optimizer
 
 
-def _load(
-    recipe: Recipe, mesh: DeviceMesh | None, checkpoint_dir: str
-) -> tuple[nn.Module, torch.optim.Optimizer, dict]:
-    """A fresh stack from another seed with the checkpoint loaded, and its full tensors."""
+def _load(recipe: Recipe, mesh: DeviceMesh | None, checkpoint_dir: str) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """A fresh stack from another seed with the checkpoint loaded."""
     model, optimizer = recipe.build(LOAD_SEED, mesh)
     state = {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer)}
     dcp.load(state, checkpoint_id=checkpoint_dir, process_group=mesh.get_group() if mesh else None)
     set_model_state_dict(model, state["model"])
     set_optimizer_state_dict(model, optimizer, state["optimizer"])
-    return model, optimizer, _full_state(model, optimizer, recipe)
+    return model, optimizer
 
 
 def _full_state(model: nn.Module, optimizer: torch.optim.Optimizer, recipe: Recipe) -> dict[str, torch.Tensor]:
