@@ -1,6 +1,6 @@
 """A small selection of examples/optimizers (nox -s optim_matrix) on CPU, through the real CLI:
-torch-optimi's Kahan AdamW and torchao's AdamW8bit at one rank without FSDP and two ranks with
-FSDP2 pass both suites with quantized state compared through the default state adapter; a
+torch-optimi's Kahan AdamW and torchao's AdamW8bit at two ranks with FSDP2 pass both suites
+(but torchao's 2->1 reshard) with quantized state compared through the default state adapter; a
 checkpointer that drops each library family's scale or compensation (or keeps only rank 0's
 load) fails resume right after the load. The full matrix and its table are in README.md."""
 
@@ -40,17 +40,27 @@ def third_party_matrix(
     )
 
 
-def test_optimi_kahan_and_torchao_8bit_resume_and_shard_exactly(tmp_path):
+RESHARD_SHRINK = "test_reshard_load_is_exact[model_kind=model,reshard=shrink]"
+
+
+def test_optimi_kahan_and_torchao_8bit_as_they_are(tmp_path):
+    """Both resume exactly and keep DTensor state laid out like the param at ws2-FSDP2 (ws1 is the
+    mutants' cell below);
+    torchao's 2->1 reshard load is not exact: state kept plain fp32 on 2 ranks (under 4096
+    elements per rank) is quantized when loaded into 1 rank."""
     pytest.importorskip("torchao")
     pytest.importorskip("optimi")
     optimizers = ["optimi_adamw_kahan", "ao_adamw8bit"]
-    done, outcomes = run_suites(tmp_path, third_party_matrix(optimizers, ("resume", "dtensor_optim")))
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert set(outcomes) == {f"{cells}-sdpa-{o}" for cells in ("ws1-none", "ws2-fsdp2") for o in optimizers}
-    assert outcomes["ws1-none-sdpa-ao_adamw8bit"]["test_state_is_quantized"] == "passed"
-    assert (
-        outcomes["ws2-fsdp2-sdpa-ao_adamw8bit"]["test_state_is_laid_out_like_its_param[model_kind=model]"] == "passed"
-    )
+    done, outcomes = run_suites(tmp_path, third_party_matrix(optimizers, ("resume", "dtensor_optim"), ("ws2-fsdp2",)))
+    assert set(outcomes) == {f"ws2-fsdp2-sdpa-{o}" for o in optimizers}
+    assert outcomes["ws2-fsdp2-sdpa-ao_adamw8bit"]["test_state_is_quantized"] == "passed"
+    failed = {
+        (cell, test) for cell, tests in outcomes.items() for test, outcome in tests.items() if outcome != "passed"
+    }
+    skipped = {(cell, test) for cell, test in failed if outcomes[cell][test] == "skipped"}
+    assert failed - skipped == {("ws2-fsdp2-sdpa-ao_adamw8bit", RESHARD_SHRINK)}, done.stdout
+    message = cell_failures(tmp_path / "reports" / "latest" / "torch-system")["ws2-fsdp2-sdpa-ao_adamw8bit"]
+    assert "tensors differ after load: optimizer.embed.weight.exp_avg: values differ" in message[RESHARD_SHRINK]
 
 
 MUTANTS = {
