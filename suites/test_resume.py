@@ -96,11 +96,21 @@ def experiment(cell, ranks, suite_options, components, tmp_path) -> list[dict]:
     return _experiments[cell.id]
 
 
-def test_rebuilt_run_starts_from_other_weights(cell, ranks, suite_options, components, tmp_path):
-    """Guards the suite itself: the rebuilt run must differ before the load, or a no-op load would pass."""
-    for rank, record in enumerate(experiment(cell, ranks, suite_options, components, tmp_path)):
+def test_rebuilt_run_starts_from_other_weights(cell, ranks, suite_options, components, tmp_path, record_property):
+    """Guards the suite itself: the rebuilt run must differ before the load, or a no-op load would
+    pass; and an optimizer of option `quantized_state_optimizers` must hold quantized state at the
+    checkpoint on every rank, or the checks below compared plain floats."""
+    records = experiment(cell, ranks, suite_options, components, tmp_path)
+    for rank, record in enumerate(records):
         assert not record["rebuilt_equals_saved"], (
             f"{cell.id} rank {rank}: the rebuilt model already equals the checkpointed one; the rebuild seed has no effect"
+        )
+    if cell["optimizer"] in options_for(suite_options)["quantized_state_optimizers"]:
+        record_property("quantized_states", [len(record["quantized_at_save"]) for record in records])
+        plain = [rank for rank, record in enumerate(records) if not record["quantized_at_save"]]
+        assert not plain, (
+            f"{cell.id}: ranks {plain} hold no quantized optimizer state at the checkpoint step (all plain floats): "
+            f"the params are too small for {cell['optimizer']}'s quantizer, so this cell checked unquantized state"
         )
 
 
@@ -116,20 +126,6 @@ def test_state_restored_right_after_load(cell, ranks, suite_options, components,
     problems = {rank: record["after_load"][piece] for rank, record in enumerate(records) if record["after_load"][piece]}
     listing = "\n".join(f"  rank {rank}: {line}" for rank, lines in problems.items() for line in lines)
     assert not problems, f"{cell.id}, {piece} right after load vs at save:\n{listing}"
-
-
-def test_state_is_quantized(cell, ranks, suite_options, components, tmp_path, record_property):
-    """For the optimizer values of option `quantized_state_optimizers`: at the checkpoint step some
-    state of every rank is stored quantized, so the checks above compared quantized state."""
-    if cell["optimizer"] not in options_for(suite_options)["quantized_state_optimizers"]:
-        pytest.skip(f"{cell['optimizer']} is not in option quantized_state_optimizers: its state may be plain")
-    records = experiment(cell, ranks, suite_options, components, tmp_path)
-    record_property("quantized_states", [len(record["quantized_at_save"]) for record in records])
-    plain = [rank for rank, record in enumerate(records) if not record["quantized_at_save"]]
-    assert not plain, (
-        f"{cell.id}: ranks {plain} hold no quantized optimizer state at the checkpoint step (all plain floats): "
-        f"the params are too small for {cell['optimizer']}'s quantizer, so this cell checked unquantized state"
-    )
 
 
 def test_losses_identical_after_resume(cell, ranks, suite_options, components, tmp_path, record_property):

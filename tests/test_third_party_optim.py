@@ -53,7 +53,7 @@ def test_optimi_kahan_and_torchao_8bit_as_they_are(tmp_path):
     optimizers = ["optimi_adamw_kahan", "ao_adamw8bit"]
     done, outcomes = run_suites(tmp_path, third_party_matrix(optimizers, ("resume", "dtensor_optim"), ("ws2-fsdp2",)))
     assert set(outcomes) == {f"ws2-fsdp2-sdpa-{o}" for o in optimizers}
-    assert outcomes["ws2-fsdp2-sdpa-ao_adamw8bit"]["test_state_is_quantized"] == "passed"
+    assert outcomes["ws2-fsdp2-sdpa-ao_adamw8bit"]["test_rebuilt_run_starts_from_other_weights"] == "passed"
     failed = {
         (cell, test) for cell, tests in outcomes.items() for test, outcome in tests.items() if outcome != "passed"
     }
@@ -99,3 +99,17 @@ def test_resume_catches_a_checkpointer_that_loads_only_rank_zeros_shard(tmp_path
     assert done.returncode == 1, done.stdout + done.stderr
     failures = cell_failures(tmp_path / "reports" / "latest" / "torch-system")["ws2-fsdp2-sdpa-optimi_adamw_kahan"]
     assert "rank 1: after load: optimizer state " in failures[STATE_AFTER_LOAD], failures
+
+
+def test_an_optimizer_listed_as_quantized_whose_state_is_plain_fails_the_guard(tmp_path):
+    """optimi keeps plain bf16/fp32 state: listed in `quantized_state_optimizers`, its cell must
+    fail the suite's guard rather than pass on unquantized state."""
+    pytest.importorskip("optimi")
+    text = third_party_matrix(["optimi_adamw_kahan"], ("resume",), ("ws1-none",))
+    text = text.replace("quantized_state_optimizers = [", 'quantized_state_optimizers = ["optimi_adamw_kahan", ')
+    done, outcomes = run_suites(tmp_path, text)
+    assert done.returncode == 1, done.stdout + done.stderr
+    guard = "test_rebuilt_run_starts_from_other_weights"
+    assert outcomes["ws1-none-sdpa-optimi_adamw_kahan"][guard] == "failure", outcomes
+    message = cell_failures(tmp_path / "reports" / "latest" / "torch-system")["ws1-none-sdpa-optimi_adamw_kahan"][guard]
+    assert "hold no quantized optimizer state at the checkpoint step" in message
