@@ -6,6 +6,7 @@ nox -s report -- reports/<run-id> [--compare RUN]
 nox -s merge -- DIR... --out DIR
 nox -s list [-- --json]                    the cells; also: nox -s compare -- RUN_A RUN_B, nox -s cli -- --help
 nox -s hf_matrix                           the suites on a tiny Hugging Face Llama (examples/hf_llama)
+nox -s optim_matrix                        torchao, torch-optimi, bitsandbytes optimizers (examples/optimizers)
 nox -s sensitivity [-- --mutants A,B]      would the suites catch generic mutants of [components]?
 nox -s tests
 """
@@ -37,6 +38,13 @@ def gpu_matrix(session, torch):
 def hf_matrix(session, torch):
     """The suites on a tiny Hugging Face Llama (examples/hf_llama), one venv per torch version."""
     sessions.hf_matrix(session, torch, RUN_ID)
+
+
+@nox.session
+@nox.parametrize("torch", [v for v in sessions.optimizers_matrix().versions if v != "system"])
+def optim_matrix(session, torch):
+    """The resume and dtensor_optim suites on the ecosystem's precision-aware optimizers (examples/optimizers)."""
+    sessions.optim_matrix(session, torch, RUN_ID)
 
 
 @nox.session
@@ -89,5 +97,10 @@ def lint(session):
 
 # Last, once every session is declared (with its tags): nox's -s, -k and -t select as they will.
 MATRIX_LOCK = sessions.lock_envdir_or_exit(
-    sys.argv[1:], {"gpu_matrix": MATRIX.versions, "hf_matrix": sessions.hf_llama_matrix().versions}
+    sys.argv[1:],
+    {
+        "gpu_matrix": MATRIX.versions,
+        "hf_matrix": sessions.hf_llama_matrix().versions,
+        "optim_matrix": sessions.optimizers_matrix().versions,
+    },
 )

@@ -9,6 +9,10 @@ class of bug for whichever model, wrapper and optimizer matrix.toml names as com
 Every check runs twice: on the `model` component, and on a probe model whose first dims (7, 11)
 split unevenly over 2 and 4 ranks, since a state wrapped without its global shape is only
 wrong on uneven shards. Functions named `on_rank_*` run in every rank process.
+
+Quantized state (a tensor subclass inside the DTensor) has its layout checked on the DTensor
+that wraps it, and is compared after a reshard through the optimizer's state adapter
+(suites/optimizer_state.py), by the values it stands for.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
 from suites.dcp_layout import read_layouts
+from suites.optimizer_state import state_adapter
 from torchmatrix.testing import current_device, load
 
 LR = 1e-2
@@ -192,6 +197,10 @@ class Recipe(NamedTuple):
         build_optimizer = load(self.components[f"optimizer_{self.cell['optimizer']}"])
         return model, build_optimizer(model.parameters(), lr=LR)
 
+    def plain_state(self, state: dict) -> dict:
+        """One param's optimizer state made plain by the cell's optimizer's state adapter."""
+        return state_adapter(self.components, self.cell["optimizer"])(state)
+
     def train_step(self, model: nn.Module, optimizer: torch.optim.Optimizer, seed: int) -> None:
         make_batch = load(self.components["batch"]) if self.model_kind == "model" else make_probe_batch
         batch = make_batch(model, seed=seed + dist.get_rank(), device=current_device())
@@ -347,15 +356,17 @@ def on_rank_reshard(recipe: Recipe, checkpoint_dir: str, src: int, dst: int) -> 
     meshes, rank = sub_world_meshes(), dist.get_rank()
     errors, saved, loaded, problems = [], None, None, []
     if rank < src:
-        saved = attempt(errors, f"save at {src} ranks", _train_and_save, recipe, meshes.get(src), checkpoint_dir)
+        trained = attempt(errors, f"save at {src} ranks", _train_and_save, recipe, meshes.get(src), checkpoint_dir)
+        if trained is not None:
+            saved = attempt(errors, f"full state after save at {src} ranks", _full_state, *trained, recipe)
     dist.barrier()
     if rank < dst:
         loaded = attempt(errors, f"load at {dst} ranks", _load, recipe, meshes.get(dst), checkpoint_dir)
     if loaded is not None:
-        model, optimizer, full = loaded
+        model, optimizer = loaded
+        loaded = attempt(errors, f"full state after load at {dst} ranks", _full_state, model, optimizer, recipe)
         attempt(errors, f"step after load at {dst} ranks", recipe.train_step, model, optimizer, LOAD_SEED)
         problems = layout_problems(model, optimizer, dtensors_expected=recipe.cell["fsdp"] == "fsdp2")
-        loaded = full
     dist.barrier()
     result = {"errors": errors, "problems": problems}
     if rank == 0 and saved is not None and loaded is not None:
@@ -363,33 +374,34 @@ def on_rank_reshard(recipe: Recipe, checkpoint_dir: str, src: int, dst: int) -> 
     return result
 
 
-def _train_and_save(recipe: Recipe, mesh: DeviceMesh | None, checkpoint_dir: str) -> dict[str, torch.Tensor]:
+def _train_and_save(
+    recipe: Recipe, mesh: DeviceMesh | None, checkpoint_dir: str
+) -> tuple[nn.Module, torch.optim.Optimizer]:
     model, optimizer = recipe.build(SAVE_SEED, mesh)
     recipe.train_step(model, optimizer, SAVE_SEED)
     state = {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer)}
     dcp.save(state, checkpoint_id=checkpoint_dir, process_group=mesh.get_group() if mesh else None)
-    return _full_state(model, optimizer)
+    return model, optimizer
 
 
-def _load(
-    recipe: Recipe, mesh: DeviceMesh | None, checkpoint_dir: str
-) -> tuple[nn.Module, torch.optim.Optimizer, dict]:
-    """A fresh stack from another seed with the checkpoint loaded, and its full tensors."""
+def _load(recipe: Recipe, mesh: DeviceMesh | None, checkpoint_dir: str) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """A fresh stack from another seed with the checkpoint loaded."""
     model, optimizer = recipe.build(LOAD_SEED, mesh)
     state = {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer)}
     dcp.load(state, checkpoint_id=checkpoint_dir, process_group=mesh.get_group() if mesh else None)
     set_model_state_dict(model, state["model"])
     set_optimizer_state_dict(model, optimizer, state["optimizer"])
-    return model, optimizer, _full_state(model, optimizer)
+    return model, optimizer
 
 
-def _full_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+def _full_state(model: nn.Module, optimizer: torch.optim.Optimizer, recipe: Recipe) -> dict[str, torch.Tensor]:
     """A CPU copy of every model and optimizer tensor, gathered whole on every rank (copied:
-    on one rank the state dicts alias the live tensors). Not `cpu_offload`: FSDP1's rank-0-only
-    gather crashes (SIGSEGV) on CPU/gloo in torch 2.13."""
+    on one rank the state dicts alias the live tensors), the optimizer's made plain by its state
+    adapter. Not `cpu_offload`: FSDP1's rank-0-only gather crashes (SIGSEGV) on CPU/gloo in torch 2.13."""
     tensors = {f"model.{name}": value for name, value in get_model_state_dict(model, options=FULL).items()}
     for name, entries in get_optimizer_state_dict(model, optimizer, options=FULL).get("state", {}).items():
-        tensors.update({f"optimizer.{name}.{key}": value for key, value in entries.items() if torch.is_tensor(value)})
+        plain = recipe.plain_state(entries)
+        tensors.update({f"optimizer.{name}.{key}": value for key, value in plain.items() if torch.is_tensor(value)})
     return {key: value.detach().to("cpu", copy=True) for key, value in tensors.items()}
 
 

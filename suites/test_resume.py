@@ -7,7 +7,8 @@ restores nothing cannot pass), loaded, and trained for the remaining N - K steps
 
 Right after the load, before any step, each piece of state is checked against what was saved,
 and a failure names the piece: every parameter (full tensor), every optimizer state value
-(dequantized where it is a tensor subclass, `step` included), the param groups'
+(as the optimizer's state adapter gives it: plain, dequantized tensors, `step` included;
+see suites/optimizer_state.py), the param groups'
 hyper-parameters, the scheduler's `last_epoch` and current LR, the batch the loader would
 yield next, and every RNG stream the run draws from (torch CPU, each CUDA device, numpy,
 Python `random`; a stream counts as used when training advances it). Each rank also compares
@@ -19,7 +20,10 @@ tensor must equal the straight run's. Dropout, a warm-up LR schedule and an on-d
 make the RNG, scheduler and loader position part of what must resume.
 
 Components (matrix.toml `[components]`): `model`, `parallelize`, `optimizer_<optimizer axis>`,
-`checkpointer`, `dataset`; swapping one for a mutant must turn this suite red.
+`checkpointer`, `dataset`, and optionally `plain_state_<optimizer axis>`; swapping one for a
+mutant must turn this suite red. Option `quantized_state_optimizers` names the optimizer values
+whose state must be stored quantized, so a model too small for the quantizer fails instead of
+passing on plain fp32 state.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import torch
 
 from suites.deterministic import deterministic_algorithms
 from suites.names import clean_name
+from suites.optimizer_state import quantized_keys, state_adapter
 from suites.ulp import bits_equal, ulp_distance
 from torchmatrix.testing import RESUME_BF16_PARAM_OPTIMIZERS, load
 
@@ -55,6 +60,7 @@ DEFAULT_OPTIONS = {
     "seed": 1234,
     "rebuild_seed": 98765,
     "bf16_param_optimizers": list(RESUME_BF16_PARAM_OPTIMIZERS),
+    "quantized_state_optimizers": [],
 }
 
 
@@ -87,11 +93,21 @@ def experiment(cell, ranks, suite_options, components, tmp_path, once_per_cell) 
     return once_per_cell("the training runs", both_runs)
 
 
-def test_rebuilt_run_starts_from_other_weights(cell, experiment):
-    """Guards the suite itself: the rebuilt run must differ before the load, or a no-op load would pass."""
-    for rank, record in enumerate(experiment):
+def test_rebuilt_run_starts_from_other_weights(cell, experiment, suite_options, record_property):
+    """Guards the suite itself: the rebuilt run must differ before the load, or a no-op load would
+    pass; and an optimizer of option `quantized_state_optimizers` must hold quantized state at the
+    checkpoint on every rank, or the checks below compared plain floats."""
+    records = experiment
+    for rank, record in enumerate(records):
         assert not record["rebuilt_equals_saved"], (
             f"{cell.id} rank {rank}: the rebuilt model already equals the checkpointed one; the rebuild seed has no effect"
+        )
+    if cell["optimizer"] in options_for(suite_options)["quantized_state_optimizers"]:
+        record_property("quantized_states", [len(record["quantized_at_save"]) for record in records])
+        plain = [rank for rank, record in enumerate(records) if not record["quantized_at_save"]]
+        assert not plain, (
+            f"{cell.id}: ranks {plain} hold no quantized optimizer state at the checkpoint step (all plain floats): "
+            f"the params are too small for {cell['optimizer']}'s quantizer, so this cell checked unquantized state"
         )
 
 
@@ -234,6 +250,9 @@ def _straight_and_resumed(
     for _ in range(resume_step):
         run_b.train_step()
     at_save = run_b.state_snapshot()
+    quantized_at_save = sorted(
+        f"{name}.{key}" for name, state in run_b.named_raw_state().items() for key in quantized_keys(state)
+    )
     checkpointer.save(checkpoint_dir, step=resume_step, **run_b.checkpointables())
 
     rebuilt = TrainingRun(cell, options, components, data_path, rank, world_size, seed=options["rebuild_seed"])
@@ -257,6 +276,7 @@ def _straight_and_resumed(
             "optimizer_state": rebuilt.optimizer_state(),
         },
         "after_load": after_load,
+        "quantized_at_save": quantized_at_save,
         "rng_streams_used": streams_used,
         "rebuilt_equals_saved": rebuilt_equals_saved,
     }
@@ -282,6 +302,7 @@ class TrainingRun:
         self.optimizer = load(components[f"optimizer_{cell['optimizer']}"])(
             self.model.parameters(), lr=options["lr"], betas=(0.9, 0.95), eps=1e-8, weight_decay=options["weight_decay"]
         )
+        self.plain_state = state_adapter(components, cell["optimizer"])
         warmup = options["warmup_steps"]
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: min(1.0, (step + 1) / warmup))
         dataset = load(components["dataset"])(data_path)
@@ -318,14 +339,20 @@ class TrainingRun:
         """This rank's shard of every parameter, by the model's own name, copied to the CPU."""
         return {clean_name(name): local_shard(param) for name, param in self.model.named_parameters()}
 
-    def optimizer_state(self) -> dict[str, dict]:
-        """This rank's shard of every optimizer state value, by parameter name, copied to the CPU."""
+    def named_raw_state(self) -> dict[str, dict]:
+        """The optimizer's state by parameter name, as the optimizer holds it."""
         names = {id(param): clean_name(name) for name, param in self.model.named_parameters()}
+        return {names[id(param)]: state for param, state in self.optimizer.state.items()}
+
+    def optimizer_state(self) -> dict[str, dict]:
+        """This rank's shard of every optimizer state value, by parameter name, as the state adapter
+        makes it plain, copied to the CPU."""
         return {
-            names[id(param)]: {
-                key: local_shard(value) if isinstance(value, torch.Tensor) else value for key, value in state.items()
+            name: {
+                key: value.detach().to("cpu", copy=True) if isinstance(value, torch.Tensor) else value
+                for key, value in self.plain_state(state).items()
             }
-            for param, state in self.optimizer.state.items()
+            for name, state in self.named_raw_state().items()
         }
 
     def state_snapshot(self) -> dict:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from nox.command import CommandFailed
 
+from torchmatrix.env.component_requirements import install_requirements
 from torchmatrix.env.envdir_lock import (
     EnvdirBusy,
     EnvdirUnlockable,
@@ -110,6 +111,8 @@ def gpu_matrix(session, matrix: Matrix, torch_version: str, run_id: str) -> None
     install_log.parent.mkdir(parents=True, exist_ok=True)
     installed = install_torch(session, torch_version, install, install_log)
     session.install("-e", str(PROJECT))
+    if installed.ok and matrix.requires:
+        install_requirements(session, matrix.requires, install.constraints, install_log.with_name("requires.log"))
     if not installed.ok:
         run_cells(session, [*run, "--install-log", str(install_log)], run_dir, created, success_codes=[0, 1])
         session.error(
@@ -180,6 +183,18 @@ def hf_matrix(session, torch_version: str, run_id: str) -> None:
     session.install("transformers")
     session.env["PYTHONPATH"] = str(PROJECT)
     gpu_matrix(session, hf_llama_matrix(), torch_version, run_id)
+
+
+def optimizers_matrix() -> Matrix:
+    """examples/optimizers/matrix.toml: the ecosystem's precision-aware optimizers on the suites."""
+    return matrix_or_exit(str(PROJECT / "examples" / "optimizers" / "matrix.toml"))
+
+
+def optim_matrix(session, torch_version: str, run_id: str) -> None:
+    """gpu_matrix over the third-party optimizers (torchao, torch-optimi, bitsandbytes, installed
+    per component from its `[requires]`), with the project on PYTHONPATH for models/."""
+    session.env["PYTHONPATH"] = str(PROJECT)
+    gpu_matrix(session, optimizers_matrix(), torch_version, run_id)
 
 
 def report(session) -> None:

@@ -92,6 +92,20 @@ MALFORMED = [
     (GOOD + '\n[torch.install."2.14.1"]\nenv = { "A-B" = "1" }\n', ["env.A-B", "environment variable name"]),
     (GOOD + '\n[torch.install."2.14.1"]\nenv = { A = 1 }\n', ["env.A", "set to a string"]),
     (GOOD.replace('baseline = "2.13.0"', 'baseline = "2.13.0"\ninstall = 3'), ["torch.install", "must be a table"]),
+    (GOOD + '\n[requires]\noptimizer_x = ["torchao"]\n', ["requires.optimizer_x", "not a [components] key"]),
+    (
+        GOOD + '\n[components]\noptimizer_x = "m:f"\n[requires]\noptimizer_x = "torchao"\n',
+        ["requires.optimizer_x", "must be an array"],
+    ),
+    (
+        GOOD + '\n[components]\noptimizer_x = "m:f"\n[requires]\noptimizer_x = ["torchao>>1"]\n',
+        ["requires.optimizer_x[0]", "not a pip requirement"],
+    ),
+    (
+        GOOD + '\n[components]\noptimizer_x = "m:f"\n[requires]\noptimizer_x = ["torch>=2"]\n',
+        ["requires.optimizer_x[0]", "names torch"],
+    ),
+    (GOOD + '\n[components]\nm = "m:f"\n[requires.m]\nx = 1\n', ["requires.m", "must be an array"]),
 ]
 
 
@@ -143,6 +157,12 @@ env = { PIP_CACHE_DIR = "/scratch/pip-cache", NCCL_DEBUG = "INFO" }
     assert install.constraints == ("sympy==1.13.1",)
     assert install.env == {"PIP_CACHE_DIR": "/scratch/pip-cache", "NCCL_DEBUG": "INFO"}
     assert matrix.install("2.13.0").index_url is None and matrix.install("2.13.0").requirements == ()
+
+
+def test_component_requirements_load(tmp_path):
+    text = GOOD + '\n[components]\noptimizer_ao = "models.x:build"\n[requires]\noptimizer_ao = ["torchao", "numpy<3"]\n'
+    assert load_matrix(write_matrix(tmp_path, text)).requires == {"optimizer_ao": ("torchao", "numpy<3")}
+    assert load_matrix(write_matrix(tmp_path, GOOD)).requires == {}
 
 
 def test_suite_axes_default_to_every_axis(tmp_path):

@@ -47,6 +47,7 @@ class Component:
     returns: str
     suites: tuple[str, ...]
     members: tuple[Member, ...] = ()
+    default: str | None = None  # the import path the suites use when [components] has no entry
 
     def call_text(self, callee: str | None = None) -> str:
         """The call as the suites make it, e.g. `model(cell, *, dtype, dropout=...)`."""
@@ -138,6 +139,24 @@ COMPONENTS: tuple[Component, ...] = (
         suites=(RESUME, DTENSOR_OPTIM),
     ),
     Component(
+        name="plain_state_<value>",
+        arguments=(
+            Argument(
+                "state",
+                "one param's optimizer state as this rank holds it (`optimizer.state[param]`, or its entry in a "
+                "full optimizer state dict): values may be DTensors, tensor subclasses, codes beside their scales",
+                positional=True,
+            ),
+        ),
+        returns=(
+            "a dict name -> plain torch.Tensor (this rank's values, dequantized) or other value, which the suites "
+            "compare; optional: without an entry, `suites.optimizer_state:plain_state` takes each DTensor's local "
+            "shard and calls `dequantize()` on a tensor subclass that has it"
+        ),
+        suites=(RESUME, DTENSOR_OPTIM),
+        default="suites.optimizer_state:plain_state",
+    ),
+    Component(
         name="checkpointer",
         arguments=(),
         returns="an object with `save` and `load`, both collectives called on every rank",
@@ -199,13 +218,13 @@ COMPONENTS: tuple[Component, ...] = (
     ),
 )
 
-OPTIMIZER_NAME = re.compile(r"^optimizer_([a-z0-9_.+]+)$", re.IGNORECASE)
+PER_OPTIMIZER = re.compile(r"^(optimizer|plain_state)_([a-z0-9_.+]+)$", re.IGNORECASE)
 
 
 def component_for(name: str) -> Component | None:
     """The protocol entry for a `[components]` key (`optimizer_adamw` -> `optimizer_<value>`), or None."""
-    if OPTIMIZER_NAME.match(name):
-        name = "optimizer_<value>"
+    if match := PER_OPTIMIZER.match(name):
+        name = f"{match[1]}_<value>"
     return next((component for component in COMPONENTS if component.name == name), None)
 
 
@@ -214,7 +233,7 @@ def required_names(suite_names: list[str], optimizer_values: list[str]) -> dict[
     needed: dict[str, list[str]] = {}
     for component in COMPONENTS:
         users = [suite for suite in component.suites if suite in suite_names]
-        if not users:
+        if not users or component.default:
             continue
         keys = (
             [f"optimizer_{value}" for value in optimizer_values]

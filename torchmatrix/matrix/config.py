@@ -29,7 +29,7 @@ else:
 NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 VALUE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+]*$")
 TORCH_VERSION = re.compile(r"^(system|[0-9]+(\.[0-9]+)*([a-z]+[0-9]*)?(\.[a-z]+[0-9]+)*(\+[A-Za-z0-9.]+)?)$")
-TOP_LEVEL_KEYS = ("torch", "axes", "exclude", "include", "suites", "components", "report", "project")
+TOP_LEVEL_KEYS = ("torch", "axes", "exclude", "include", "suites", "components", "requires", "report", "project")
 SUITE_KEYS = ("path", "timeout", "axes", "options")
 INSTALL_KEYS = ("index_url", "requirements", "constraints", "env")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -91,6 +91,7 @@ class Matrix:
     report: ReportSettings
     digest: str
     installs: dict[str, TorchInstall] = field(default_factory=dict)
+    requires: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def install(self, version: str) -> TorchInstall:
         """`[torch.install."V"]`, or pip's defaults when the version has no table."""
@@ -137,6 +138,7 @@ def load_matrix(path: str | Path) -> Matrix:
     )
     suites = _suites(raw, axes, path.parent, _project_root(raw, path.parent, where), where)
     components = _components(raw, where)
+    requires = _requires(raw, components, where)
     report = _report(raw, where)
     matrix = Matrix(
         path=path,
@@ -150,6 +152,7 @@ def load_matrix(path: str | Path) -> Matrix:
         report=report,
         digest=hashlib.sha256(raw_bytes).hexdigest(),
         installs=installs,
+        requires=requires,
     )
     _check_cells(matrix, where)
     return matrix
@@ -495,6 +498,19 @@ def _components(raw: dict, where: _Where) -> dict[str, str]:
         if not isinstance(path, str) or not IMPORT_PATH.match(path):
             raise at.error(f"{path!r} is not an import path", 'write it as "package.module:attribute"')
     return dict(table)
+
+
+def _requires(raw: dict, components: dict[str, str], where: _Where) -> dict[str, tuple[str, ...]]:
+    """`[requires]`: component key -> the pip requirements its module needs, installed into each
+    torch venv by the matrix session (pins per torch version go in `[torch.install."V"].constraints`)."""
+    table = where.table(raw, "requires", required=False)
+    where = where.at("requires")
+    for key in table:
+        if key not in components:
+            raise where.at(key).error(
+                "is not a [components] key", f"name a component ({', '.join(components) or 'none defined'})"
+            )
+    return {key: _requirements(value, where.at(key)) for key, value in table.items()}
 
 
 def _report(raw: dict, where: _Where) -> ReportSettings:

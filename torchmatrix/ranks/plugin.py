@@ -10,12 +10,15 @@ from __future__ import annotations
 import functools
 import importlib
 import os
+import shutil
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
 from torchmatrix.components.protocol import required_names
+from torchmatrix.env.component_requirements import uninstalled_here
 from torchmatrix.matrix.cells import Cell
 from torchmatrix.matrix.plan import run_key
 from torchmatrix.messages.events import (
@@ -35,6 +38,7 @@ from torchmatrix.ranks.parent_death import exit_with_runner
 from torchmatrix.ranks.pool import RankFailure
 from torchmatrix.ranks.rank_group import RankGroup, open_ranks
 from torchmatrix.ranks.root_cause import root_cause
+from torchmatrix.ranks.worker import in_compile_cache
 from torchmatrix.status import Status
 
 PLAN_KEY = pytest.StashKey["CellPlan"]()
@@ -79,8 +83,14 @@ class CellPlan:
         if not plan.launched:
             zygote.start()
         self.events = EventLog(plan.events if rank == 0 else f"{plan.events}.rank{rank}")
+        self.compile_caches = Path(tempfile.mkdtemp(prefix="torchmatrix-compile-"))
         self._reports: dict[str, list] = {}
         self.shared: dict[tuple[str, str, str], object] = {}
+
+    def compile_cache(self, suite: str, cell: Cell) -> str:
+        """The directory torch.compile caches into while this suite runs on this cell (a folder per
+        rank in it): one per (suite, cell), removed with this process, so no compiled kernel crosses cells."""
+        return str(self.compile_caches / suite / cell.id)  # both checked as file names when the plan was read
 
     def suite_of(self, path: Path) -> str | None:
         return self.suite_by_path.get(Path(path).resolve())
@@ -175,6 +185,7 @@ class CellPlan:
     def pytest_sessionfinish(self, session):
         if self.pool is not None:
             self.pool.close()
+        shutil.rmtree(self.compile_caches, ignore_errors=True)
         self.events.close()
 
     def _key(self, item) -> str | None:
@@ -251,18 +262,19 @@ class Ranks:
     """What a test holds to run functions on every rank of its cell, under the test's deadline
     (which starts once the ranks are up)."""
 
-    def __init__(self, pool: RankGroup, cell: Cell, timeout: float):
+    def __init__(self, pool: RankGroup, cell: Cell, timeout: float, compile_cache: str):
         self.pool = pool
         self.cell = cell
         self.timeout = timeout
+        self.compile_cache = compile_cache
         self.world_size = pool.world_size
         self.deadline = time.monotonic() + timeout
 
     def run(self, fn, *args) -> list:
-        """fn(*args) on every rank; one result per rank, in rank order."""
+        """fn(*args) on every rank, compiling into the cell's own cache; one result per rank, in rank order."""
         __tracebackhide__ = True
         try:
-            return self.pool.run(fn, args, deadline=self.deadline)
+            return self.pool.run(in_compile_cache, (self.compile_cache, fn, args), deadline=self.deadline)
         except RankFailure as failure:
             if failure.timed_out:
                 exceeded = f"deadline of {self.timeout:.0f}s per test exceeded"
@@ -276,7 +288,7 @@ class Ranks:
 def ranks(request, cell, _cell_plan) -> Ranks:
     _cell_plan.start_pool()
     suite = _cell_plan.suite_of(request.node.path)
-    return Ranks(_cell_plan.pool, cell, _cell_plan.suites[suite].timeout)
+    return Ranks(_cell_plan.pool, cell, _cell_plan.suites[suite].timeout, _cell_plan.compile_cache(suite, cell))
 
 
 @pytest.fixture
@@ -305,7 +317,12 @@ def _skip_cells_whose_components_cannot_import(request):
         return
     cell = request.getfixturevalue("cell")
     optimizers = [str(cell["optimizer"])] if "optimizer" in cell else []
-    for key in required_names([Path(plan.suites[suite].path).stem.removeprefix("test_")], optimizers):
+    keys = list(required_names([Path(plan.suites[suite].path).stem.removeprefix("test_")], optimizers))
+    keys += [f"plain_state_{value}" for value in optimizers]
+    uninstalled = uninstalled_here()
+    for key in keys:
+        if key in uninstalled:
+            pytest.skip(f"{key} needs {uninstalled[key]}")
         path = plan.plan.components.get(key)
         missing = missing_package(path) if path else None
         if missing:

@@ -20,6 +20,7 @@ from torchmatrix.ranks.parent_death import exit_with_parent
 from torchmatrix.ranks.root_cause import root_cause
 
 COLLECTIVE_TIMEOUT_VARIABLE = "TORCHMATRIX_COLLECTIVE_TIMEOUT_S"
+COMPILE_CACHE_VARIABLE = "TORCHINDUCTOR_CACHE_DIR"
 
 
 def current_device():
@@ -29,6 +30,28 @@ def current_device():
     if os.environ.get("TORCHMATRIX_DEVICE") == "cuda":
         return torch.device("cuda", int(os.environ["LOCAL_RANK"]))
     return torch.device("cpu")
+
+
+def in_compile_cache(directory: str, fn, args: tuple):
+    """fn(*args) with torch.compile's on-disk caches (Inductor's, Triton's under it) in this rank's
+    own folder of the cell's `directory`.
+
+    Inductor reads TORCHINDUCTOR_CACHE_DIR at every cache access (torch/_inductor/runtime/
+    cache_dir_utils.py), not once at import, so setting it here re-homes every later compile of
+    this long-lived rank; torch.compiler.reset() then drops what the rank compiled for the previous
+    cell, so not even in memory does one cell reuse another's kernels. Shared directories gave
+    wrong kernels: torchao's optimizers sharing one crashed on kernels compiled for another
+    optimizer's state subclass, and the two ranks of an FSDP2 cell sharing one ran AdamWFp8
+    kernels compiled for the other rank's shard size ("expected size 5==6").
+    """
+    directory = os.path.join(directory, f"rank{os.environ.get('RANK', '0')}")
+    if os.environ.get(COMPILE_CACHE_VARIABLE) != directory:
+        os.environ[COMPILE_CACHE_VARIABLE] = directory
+        if "torch" in sys.modules:
+            import torch
+
+            torch.compiler.reset()
+    return fn(*args)
 
 
 def _join_process_group(conn: Connection, rank: int, world_size: int) -> None:

@@ -1,0 +1,106 @@
+"""`[requires]`: each component's pip requirements install on their own; one that pip cannot
+install is recorded with pip's reason in the venv (kept for `nox -R`), and the suites skip the
+cells that need it with that reason, never erroring and never silently."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import nox
+import pytest
+
+from torchmatrix.env.component_requirements import RECORD_VARIABLE, install_requirements, read_record
+
+from conftest import run_suites
+
+PIP_REASON = "ERROR: Could not find a version that satisfies the requirement torchao==99 (from versions: 0.18.0)"
+
+
+class FakeVenv:
+    def __init__(self, location: Path):
+        self.location = str(location)
+
+
+class FakeSession:
+    """A nox session whose installs fail, with pip's ERROR line, for requirements in `failing`;
+    `reused` is nox -R, where installs are skipped and the version probe returns None."""
+
+    def __init__(self, venv: Path, failing: set[str] = frozenset(), reused: bool = False):
+        self.virtualenv = FakeVenv(venv)
+        self.env: dict[str, str] = {}
+        self.failing, self.reused = failing, reused
+        self.installed: list[tuple[str, ...]] = []
+
+    def run_install(self, *args, silent=False, log=True, **kwargs):
+        return None if self.reused else "Python 3.11.7"
+
+    def install(self, *args, silent=False, stdout=None, stderr=None):
+        requirements = tuple(a for a in args if not a.startswith("--") and not a.endswith(".txt"))
+        self.installed.append(requirements)
+        if self.failing & set(requirements):
+            stdout.write(f"Looking in indexes: https://pypi.org/simple\n{PIP_REASON}\n")
+            stdout.flush()
+            raise nox.command.CommandFailed("Returned code 1")
+        stdout.write("Successfully installed\n")
+        stdout.flush()
+
+
+REQUIRES = {
+    "optimizer_ao_adamw8bit": ("torchao==99",),
+    "optimizer_ao_adamw4bit": ("torchao==99",),
+    "optimizer_optimi_adamw_kahan": ("torch-optimi",),
+}
+
+
+def test_a_requirement_pip_cannot_install_is_recorded_with_pips_reason_per_component(tmp_path):
+    session = FakeSession(tmp_path / "venv", failing={"torchao==99"})
+    (tmp_path / "venv").mkdir()
+    failed = install_requirements(session, REQUIRES, ("torch-optimi==0.3.3",), tmp_path / "requires.log")
+    assert session.installed == [("torchao==99",), ("torch-optimi",)], "one installer call per distinct list"
+    assert failed == {"optimizer_ao_adamw8bit": PIP_REASON, "optimizer_ao_adamw4bit": PIP_REASON}
+    record = session.env[RECORD_VARIABLE]
+    assert Path(record).parent == tmp_path / "venv"
+    assert read_record(record) == {
+        "optimizer_ao_adamw8bit": f"torchao==99: {PIP_REASON}",
+        "optimizer_ao_adamw4bit": f"torchao==99: {PIP_REASON}",
+    }
+    assert "torch-optimi==0.3.3" in (tmp_path / "requires-constraints.txt").read_text()
+    assert PIP_REASON in (tmp_path / "requires.log").read_text()
+
+
+def test_nox_reuse_installs_nothing_and_keeps_the_record(tmp_path):
+    (tmp_path / "venv").mkdir()
+    install_requirements(FakeSession(tmp_path / "venv", failing={"torchao==99"}), REQUIRES, (), tmp_path / "a.log")
+    reused = FakeSession(tmp_path / "venv", reused=True)
+    failed = install_requirements(reused, REQUIRES, (), tmp_path / "b.log")
+    assert reused.installed == []
+    assert set(failed) == {"optimizer_ao_adamw8bit", "optimizer_ao_adamw4bit"}
+    assert reused.env[RECORD_VARIABLE] == str(tmp_path / "venv" / "torchmatrix-requires.json")
+
+
+@pytest.mark.slow
+def test_cells_needing_an_uninstalled_requirement_skip_with_pips_reason(tmp_path, monkeypatch):
+    record = tmp_path / "record.json"
+    record.write_text(json.dumps({"optimizer_adamw": {"requires": ["torchao==99"], "reason": PIP_REASON}}))
+    monkeypatch.setenv(RECORD_VARIABLE, str(record))
+    from conftest import matrix_toml
+
+    text = matrix_toml(
+        axes={"world_size": [1], "fsdp": ["none"], "attn": ["sdpa"], "optimizer": ["adamw", "precision_aware"]},
+        suites={"resume": {"timeout": 120, "axes": ["world_size", "fsdp", "optimizer"]}},
+        components={
+            "model": "models.transformer:build_model",
+            "parallelize": "models.parallel:parallelize",
+            "optimizer_adamw": "models.optim:build_adamw",
+            "optimizer_precision_aware": "models.optim:build_precision_aware",
+            "checkpointer": "models.checkpoint:Checkpointer",
+            "dataset": "models.data:TokenDataset",
+        },
+    )
+    done, outcomes = run_suites(tmp_path / "project", text)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert set(outcomes["ws1-none-sdpa-adamw"].values()) == {"skipped"}, outcomes
+    assert "passed" in outcomes["ws1-none-sdpa-precision_aware"].values(), outcomes
+    junit = (tmp_path / "project" / "reports" / "latest" / "torch-system" / "ws1-none-sdpa-adamw.xml").read_text()
+    assert f"optimizer_adamw needs torchao==99: {PIP_REASON}" in junit.replace("&gt;", ">").replace("&quot;", '"')
