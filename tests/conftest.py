@@ -22,6 +22,17 @@ def checkout_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
 
 
+# The reference components the resume suite needs (matrix.toml's, without batch and TE).
+REFERENCE_COMPONENTS = {
+    "model": "models.transformer:build_model",
+    "parallelize": "models.parallel:parallelize",
+    "optimizer_adamw": "models.optim:build_adamw",
+    "optimizer_precision_aware": "models.optim:build_precision_aware",
+    "checkpointer": "models.checkpoint:Checkpointer",
+    "dataset": "models.data:TokenDataset",
+}
+
+
 def matrix_toml(
     *,
     axes: Mapping[str, Sequence[object]],

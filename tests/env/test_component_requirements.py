@@ -12,7 +12,7 @@ import pytest
 
 from torchmatrix.env.component_requirements import RECORD_VARIABLE, install_requirements, read_record
 
-from conftest import run_suites
+from conftest import REFERENCE_COMPONENTS, matrix_toml, run_suites
 
 PIP_REASON = "ERROR: Could not find a version that satisfies the requirement torchao==99 (from versions: 0.18.0)"
 
@@ -84,19 +84,10 @@ def test_cells_needing_an_uninstalled_requirement_skip_with_pips_reason(tmp_path
     record = tmp_path / "record.json"
     record.write_text(json.dumps({"optimizer_adamw": {"requires": ["torchao==99"], "reason": PIP_REASON}}))
     monkeypatch.setenv(RECORD_VARIABLE, str(record))
-    from conftest import matrix_toml
-
     text = matrix_toml(
         axes={"world_size": [1], "fsdp": ["none"], "attn": ["sdpa"], "optimizer": ["adamw", "precision_aware"]},
         suites={"resume": {"timeout": 120, "axes": ["world_size", "fsdp", "optimizer"]}},
-        components={
-            "model": "models.transformer:build_model",
-            "parallelize": "models.parallel:parallelize",
-            "optimizer_adamw": "models.optim:build_adamw",
-            "optimizer_precision_aware": "models.optim:build_precision_aware",
-            "checkpointer": "models.checkpoint:Checkpointer",
-            "dataset": "models.data:TokenDataset",
-        },
+        components=REFERENCE_COMPONENTS,
     )
     done, outcomes = run_suites(tmp_path / "project", text)
     assert done.returncode == 0, done.stdout + done.stderr

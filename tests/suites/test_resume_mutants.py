@@ -17,18 +17,10 @@ from typing import NamedTuple
 import pytest
 from junitparser import JUnitXml
 
-from conftest import cell_failures, matrix_toml, run_suites
+from conftest import REFERENCE_COMPONENTS, cell_failures, matrix_toml, run_suites
 
 pytestmark = pytest.mark.slow
 
-REFERENCE_COMPONENTS = {
-    "model": "models.transformer:build_model",
-    "parallelize": "models.parallel:parallelize",
-    "optimizer_adamw": "models.optim:build_adamw",
-    "optimizer_precision_aware": "models.optim:build_precision_aware",
-    "checkpointer": "models.checkpoint:Checkpointer",
-    "dataset": "models.data:TokenDataset",
-}
 BOTH_OPTIMIZERS = ("adamw", "precision_aware")
 CELL_PREFIXES = ("ws1-none", "ws2-fsdp1", "ws2-fsdp2")
 LOSSES = "test_losses_identical_after_resume"
