@@ -27,7 +27,7 @@ def install_requirements(
     import nox
 
     from torchmatrix.env.install_progress import InstallProgress, ProgressLine
-    from torchmatrix.env.torch_install import _StreamedCommand
+    from torchmatrix.env.torch_install import StreamedCommand
 
     record = Path(session.virtualenv.location) / RECORD_NAME
     session.env[RECORD_VARIABLE] = str(record)
@@ -46,7 +46,7 @@ def install_requirements(
             line = ProgressLine(progress)
             log.write(f"# {', '.join(users)}: {' '.join(requirements)}\n")
             log.flush()
-            stream = _StreamedCommand(log, progress, line)
+            stream = StreamedCommand(log, progress, line)
             try:
                 session.install(
                     *requirements, *constraint_options, silent=False, stdout=stream.writer, stderr=subprocess.STDOUT

@@ -102,7 +102,7 @@ def wheelhouse(version: str, install: TorchInstall, environ=os.environ) -> Path 
     return Path(root) / f"torch-{version}-{index}"
 
 
-class _StreamedCommand:
+class StreamedCommand:
     """A pipe a nox command writes into; a thread copies it to the log and feeds the progress."""
 
     def __init__(self, log, progress: InstallProgress, line: ProgressLine):
@@ -185,7 +185,7 @@ def install_torch(session, version: str, install: TorchInstall, log_path: Path) 
             log.write(f"# {phase}\n")
             log.flush()
             progress.phase = phase
-            stream = _StreamedCommand(log, progress, line)
+            stream = StreamedCommand(log, progress, line)
             try:
                 if phase == "installing":
                     session.install(*command, silent=False, stdout=stream.writer, stderr=subprocess.STDOUT)
