@@ -17,9 +17,9 @@ from pathlib import Path
 from statistics import mean
 
 from torchmatrix.matrix.plan import SuiteRun
+from torchmatrix.reports.results_json import FILE_NAME as RESULTS_FILE
 
 RUNS_CONSIDERED = 5
-RESULTS_FILE = "results.json"
 
 
 def suite_seconds(reports: Path, torch: str, current_run: str) -> dict[str, float]:
