@@ -69,6 +69,15 @@ def write_matrix(root: Path, **sections) -> Path:
     return path
 
 
+def write_demo_project(root: Path, **sections) -> Path:
+    """A project at root whose one suite, `demo`, is a single trivial test, with matrix.toml from
+    `sections` (`suites` defaults to just that one); returns root."""
+    (root / "suites").mkdir(parents=True, exist_ok=True)
+    (root / "suites" / "test_demo.py").write_text("def test_x(cell):\n    pass\n")
+    write_matrix(root, **{"suites": {"demo": {}}, **sections})
+    return root
+
+
 def _toml_table(name: str, values: Mapping[str, object], array: bool = False) -> list[str]:
     """One TOML table (JSON spells its strings, numbers, booleans and lists as TOML does), then its subtables."""
     nested = {key: value for key, value in values.items() if isinstance(value, Mapping)}

@@ -14,7 +14,7 @@ import pytest
 
 from torchmatrix.sessions import first_missing
 
-from conftest import REPO, checkout_env, write_matrix
+from conftest import REPO, checkout_env, write_demo_project
 
 UV_NOISE = "uv binary not found."
 
@@ -99,14 +99,10 @@ def test_a_broken_component_through_nox_is_one_error_exit_2_and_no_run_directory
     from torchmatrix.env.devices import probe
 
     version = probe().base_version
-    project = tmp_path / "project"
-    (project / "suites").mkdir(parents=True)
-    (project / "suites" / "test_demo.py").write_text("def test_x(cell):\n    pass\n")
-    write_matrix(
-        project,
+    project = write_demo_project(
+        tmp_path / "project",
         torch=[version],
         axes={"world_size": [1]},
-        suites={"demo": {}},
         components={"model": "userstack.stak:build_model"},
     )
     (project / "reports" / "earlier").mkdir(parents=True)

@@ -20,7 +20,7 @@ from torchmatrix.env.install_progress import InstallProgress, ProgressLine
 from torchmatrix.env.torch_install import index_has, install_torch, pip_index_options
 from torchmatrix.matrix.config import TorchInstall, load_matrix
 
-from conftest import REPO, checkout_env, write_matrix
+from conftest import REPO, checkout_env, write_demo_project
 
 PIP_TRANSCRIPT = """\
 Looking in indexes: https://pypi.org/simple
@@ -309,11 +309,7 @@ def pips_own_reason(requirement: str) -> str:
 
 @pytest.mark.slow
 def test_a_version_the_index_lacks_fails_fast_with_pips_reason(tmp_path):
-    project = tmp_path / "project"
-    project.mkdir()
-    (project / "suites").mkdir()
-    (project / "suites" / "test_demo.py").write_text("def test_x(cell):\n    pass\n")
-    write_matrix(project, torch=["9.9.9"], axes={"world_size": [1, 2]}, suites={"demo": {}})
+    project = write_demo_project(tmp_path / "project", torch=["9.9.9"], axes={"world_size": [1, 2]})
     env = {**checkout_env(), "TORCHMATRIX_CONFIG": str(project / "matrix.toml"), "TORCHMATRIX_RUN_ID": "missing"}
     done = subprocess.run(
         [sys.executable, "-m", "nox", "-f", str(REPO / "noxfile.py"), "--envdir", str(tmp_path / "nox")]
@@ -339,10 +335,7 @@ def test_a_second_venv_for_a_version_seen_before_downloads_nothing(tmp_path):
     from torchmatrix.env.devices import probe
 
     version = probe().base_version
-    project = tmp_path / "project"
-    (project / "suites").mkdir(parents=True)
-    (project / "suites" / "test_demo.py").write_text("def test_x(cell):\n    pass\n")
-    write_matrix(project, torch=[version], axes={"world_size": [1]}, suites={"demo": {}})
+    project = write_demo_project(tmp_path / "project", torch=[version], axes={"world_size": [1]})
     wheels = tmp_path / "wheelhouse"
     logs = []
     for attempt in ("cold", "warm"):
