@@ -1,7 +1,8 @@
 """How a test came out, in the one vocabulary every module and report uses.
 
-`Status` is what pytest reported for a test, `Confirmation` what re-running a failed test alone
-showed. Both are str-valued, so results.json, JUnit files and event logs spell them as plain words.
+`Status` is what pytest reported for a test (or, for a failure that only the CPU simulation causes,
+that it hit a CPU-simulation limit), `Confirmation` what re-running a failed test alone showed. Both
+are str-valued, so results.json, JUnit files and event logs spell them as plain words.
 """
 
 from __future__ import annotations
@@ -21,12 +22,18 @@ class Mark:
 
 
 class Status(str, Enum):
-    """A test's outcome, as pytest and the JUnit testcase report it."""
+    """A test's outcome, as pytest and the JUnit testcase report it.
+
+    SIMULATION_LIMIT is a failure that only ranks simulated on CPU with gloo cause (the known limits
+    are in torchmatrix.ranks.simulation_limits): neither a failure of the stack nor a pass, JUnit
+    writes it as a skip of its own type.
+    """
 
     PASSED = "passed"
     FAILED = "failed"
     ERROR = "error"
     SKIPPED = "skipped"
+    SIMULATION_LIMIT = "CPU-simulation limit"
 
     def __str__(self) -> str:
         return self.value
@@ -45,8 +52,9 @@ class Status(str, Enum):
 
     @classmethod
     def worst_first(cls) -> tuple[Status, ...]:
-        """Every status, the one that decides a suite's mark first: error, failed, passed, skipped."""
-        return (cls.ERROR, cls.FAILED, cls.PASSED, cls.SKIPPED)
+        """Every status, the one that decides a suite's mark first: error, failed, CPU-simulation limit,
+        passed, skipped."""
+        return (cls.ERROR, cls.FAILED, cls.SIMULATION_LIMIT, cls.PASSED, cls.SKIPPED)
 
     @classmethod
     def worst(cls, statuses: Iterable[str]) -> Status | None:
@@ -60,9 +68,14 @@ class Status(str, Enum):
         return self in (Status.FAILED, Status.ERROR)
 
     @property
+    def compared_nothing(self) -> bool:
+        """Skipped, or stopped by a CPU-simulation limit: the test checked nothing of the stack."""
+        return self in (Status.SKIPPED, Status.SIMULATION_LIMIT)
+
+    @property
     def column(self) -> str:
         """The word that heads its count in totals tables and terminal lines."""
-        return "errors" if self is Status.ERROR else self.value
+        return {Status.ERROR: "errors", Status.SIMULATION_LIMIT: "CPU-simulation limits"}.get(self, self.value)
 
     @property
     def mark(self) -> Mark:
@@ -71,12 +84,13 @@ class Status(str, Enum):
 
 
 _MARKS = {
-    status: Mark(emoji, symbol, css=status.value)
-    for status, emoji, symbol in (
-        (Status.PASSED, "✅", "✓"),
-        (Status.FAILED, "❌", "✗"),
-        (Status.ERROR, "💥", "!"),
-        (Status.SKIPPED, "⏭️", "–"),
+    status: Mark(emoji, symbol, css)
+    for status, emoji, symbol, css in (
+        (Status.PASSED, "✅", "✓", "passed"),
+        (Status.FAILED, "❌", "✗", "failed"),
+        (Status.ERROR, "💥", "!", "error"),
+        (Status.SKIPPED, "⏭️", "–", "skipped"),
+        (Status.SIMULATION_LIMIT, "🖥️", "≈", "simulation-limit"),
     )
 }
 # The grids' marks that no single status gives: a pass that skipped some tests, failures that all
@@ -87,8 +101,13 @@ NOT_RUN = Mark("·", "·", "none")
 
 
 def tally(totals: Mapping[str, int]) -> str:
-    """`12 passed, 1 failed, 0 errors, 3 skipped`: counts per status as the terminal lines say them."""
-    return ", ".join(f"{totals[status]} {status.column}" for status in Status)
+    """`12 passed, 1 failed, 0 errors, 3 skipped`: counts per status as the terminal lines say them; CPU-simulation
+    limits only where there are any (a GPU run has none)."""
+    return ", ".join(
+        f"{totals[status]} {status.column}"
+        for status in Status
+        if status is not Status.SIMULATION_LIMIT or totals[status]
+    )
 
 
 class Confirmation(str, Enum):

@@ -62,11 +62,18 @@ def test_report_command_writes_every_file_and_the_step_summary(run_dir, tmp_path
         assert (run_dir / name).is_file(), name
     assert step_summary.read_text() == "earlier step\n" + (run_dir / "summary.md").read_text() + "\n"
     last = done.stdout.splitlines()
-    assert last[-6] == (
-        f"torchmatrix: 69 passed, 3 failed, 4 errors, 4 skipped; read {run_dir / 'summary.md'} or {run_dir / 'summary.html'}"
+    assert last[-8] == (
+        f"torchmatrix: 76 passed, 3 failed, 4 errors, 4 skipped, 1 CPU-simulation limits; read {run_dir / 'summary.md'} "
+        f"or {run_dir / 'summary.html'}"
     ), "the run ends pointing at its summaries"
-    assert last[-5] == "torchmatrix: failures by root cause (4):"
-    assert last[-4].startswith("  4 tests in 2 cells, torch 2.13.0, 2.14.1: "), last
+    assert last[-7] == "torchmatrix: failures by root cause (4):"
+    assert last[-6].startswith("  4 tests in 2 cells, torch 2.13.0, 2.14.1: "), last
+    assert last[-2:] == [
+        "torchmatrix: CPU-simulation limits, not failures of the stack (1):",
+        "  1 tests in 1 cells, torch 2.14.1: CPU-simulation limit: RuntimeError: Cannot use ReduceOp.PREMUL_SUM with "
+        "Gloo; hint: call set_force_sum_reduction_for_comms(True) on the fully_shard modules in CPU cells, or drop the "
+        "divide factor",
+    ], "limits are listed apart from the failures, with their hint"
 
 
 def test_merged_junit_validates_parses_and_keeps_names_unique_and_properties(run_dir):
@@ -88,7 +95,7 @@ def test_summary_html_is_self_contained_and_has_the_grid(run_dir):
     assert not re.search(r"(src|href)=\"(https?:)?//", page), "no network: every resource is inline"
     assert "default-src 'none'" in page
     assert page.count('class="cell-row"') == 4
-    assert len(re.findall(r'<details class="failure"', page)) == 4, "test_broken's identical text is shown once"
+    assert len(re.findall(r'<details class="failure" id="failure-', page)) == 4, "test_broken's text is shown once"
     assert "the same text in 2 failing tests" in page
     assert "Failures: 3 failed and 4 errored tests in 4 groups by root cause" in page
     broken = page.index("<code>test_broken</code> in <code>ws2-none</code>")
@@ -110,11 +117,13 @@ def test_html_totals_count_what_failures_did_alone_and_colour_only_those_not_ord
     write_report(run_dir)
     page = (run_dir / "summary.html").read_text()
     totals = page[page.index('<table id="totals">') : page.index("</table>", page.index('<table id="totals">'))]
-    assert "<th>skipped</th><th>fail alone</th><th>passed alone</th><th>unconfirmed</th></tr>" in totals
     assert (
-        f"<tr><th><code>{CANDIDATE}</code></th><td>4</td><td>32</td><td>2</td><td>2</td><td>4</td>"
+        "<th>skipped</th><th>CPU-simulation limits</th><th>fail alone</th><th>passed alone</th><th>unconfirmed</th></tr>"
+    ) in totals
+    assert (
+        f"<tr><th><code>{CANDIDATE}</code></th><td>4</td><td>35</td><td>2</td><td>2</td><td>4</td><td>1</td>"
         '<td class="bad">3</td><td class="warn">1</td><td>0</td></tr>'
-    ) in totals, "2 failed + 2 errors: 3 fail alone (red), 1 passed alone (order-dependent, not red)"
+    ) in totals, "2 failed + 2 errors: 3 fail alone (red), 1 passed alone (order-dependent, not red); 1 limit, not red"
 
 
 def test_a_drift_figure_that_is_0_everywhere_says_all_0_instead_of_drawing_empty_axes(run_dir):
@@ -154,13 +163,13 @@ def _not_rerun(capped: int | None):
             None,
             "No failing test was re-run alone (confirmation switched off by --confirm-limit 0, or a suite that never "
             "collected): none is confirmed, and any may be order-dependent or flaky.",
-            "| 1 | 2 | 0 | 0 | 0 | 3 |",
+            "| 1 | 2 | 0 | 0 | 0 | 0 | 3 |",
         ),
         (
             2,
             "3 of 7 failing tests were re-run alone in a fresh process: 2 fail alone (a behaviour of that torch), "
             "1 passed alone (order-dependent or flaky); 4 were not re-run (past --confirm-limit 2) and count as unconfirmed.",
-            "| 1 | 2 | 0 | 1 | 0 | 2 |",
+            "| 1 | 2 | 0 | 0 | 1 | 0 | 2 |",
         ),
     ],
     ids=["confirmation-off", "past-the-cap"],
@@ -179,7 +188,7 @@ def test_the_failures_preamble_says_how_many_were_re_run_alone_and_why_the_rest_
     assert f"first failing rank. {note}</p>" in page
     assert "Every failing test was re-run" not in markdown + page
     baseline_row = next(line for line in markdown.splitlines() if line.startswith(f"| `{BASELINE}`"))
-    assert baseline_row.endswith(baseline_totals), "failed, errors, skipped, fail alone, passed alone, unconfirmed"
+    assert baseline_row.endswith(baseline_totals), "failed, errors, skipped, limits, fail alone, passed alone, unconfirmed"
 
 
 def test_markdown_says_how_many_failure_texts_of_a_cause_it_left_out(run_dir):

@@ -34,16 +34,17 @@ def test_every_kind_of_change_between_baseline_and_candidate(tmp_path):
     assert summary(diff.fixes) == [("alpha", "test_fixed", "ws1-none", 1)]
     assert summary(diff.unconfirmed) == [("alpha", "test_flaky", "ws1-fsdp2", 1)], "it passed alone"
     assert summary(diff.newly_skipped) == [
+        ("alpha", "test_divide", "ws2-none", 1),
         ("beta", "test_skipped", "ws1-none", 2),
         ("beta", "test_skipped", "ws2-none", 2),
-    ]
+    ], "a test that now hits a CPU-simulation limit checks nothing, as a skipped one: never a regression"
     assert [(d.test, d.cell, d.figure, d.before, d.after) for d in diff.drift] == [
         ("test_drift[0.0]", "ws2-fsdp2", "grad_max_abs/layer0.w", 1e-9, 1e-6)
     ]
     assert [(s.suite, s.before, s.after, s.tests, s.median_ratio) for s in diff.slowdowns] == [
         ("beta", 6.5, 18.5, 7, 3.0)
     ]
-    assert diff.compared == 5 * 4 + 5 * 2, "alpha: 5 tests x 4 cells; beta: 5 tests x 2 representative cells"
+    assert diff.compared == 6 * 4 + 5 * 2, "alpha: 6 tests x 4 cells; beta: 5 tests x 2 representative cells"
 
 
 def _failing(confirmation: str) -> TestRecord:

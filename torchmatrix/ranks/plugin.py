@@ -38,6 +38,7 @@ from torchmatrix.ranks.parent_death import exit_with_runner
 from torchmatrix.ranks.pool import RankFailure
 from torchmatrix.ranks.rank_group import RankGroup, open_ranks
 from torchmatrix.ranks.root_cause import root_cause
+from torchmatrix.ranks.simulation_limits import as_simulation_limit
 from torchmatrix.ranks.worker import in_compile_cache
 from torchmatrix.status import Status
 
@@ -167,7 +168,10 @@ class CellPlan:
         yield
         reports = self._reports.pop(item.nodeid, [])
         if where and reports:
-            self.events.write(TestFinished(nodeid=item.nodeid, **where, **_outcome(reports, self.plan.output_cap)))
+            outcome = as_simulation_limit(
+                _outcome(reports, self.plan.output_cap), self.plan.device.get("device_type", "")
+            )
+            self.events.write(TestFinished(nodeid=item.nodeid, **where, **outcome))
         if nextitem is not None and self.pool.starts and not self.pool.running:
             try:
                 self.start_pool()  # the rebuild after a failure, timed as no test's

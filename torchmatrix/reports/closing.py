@@ -1,22 +1,26 @@
 """The last lines a run or a report prints on the terminal: the totals, where to read the run, and
-on failure each root cause with how far it reaches, so the terminal alone says what broke."""
+on failure each root cause with how far it reaches, so the terminal alone says what broke; then,
+apart, each CPU-simulation limit the run hit, with the hint that works around it."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from torchmatrix.reports.records import ResultsError, RunResults
+from torchmatrix.reports.records import ResultsError, RootCause, RunResults
 from torchmatrix.reports.run_reader import load_results
 from torchmatrix.reports.untrusted_text import one_line
 from torchmatrix.status import tally
 
 CLOSING_ROOT_CAUSES = 5
+ROOT_CAUSE_CHARS = 200
+LIMIT_CHARS = 400  # the root cause and then the hint
 
 
 def closing_lines(run: RunResults, run_dir: Path) -> str:
-    """The run's last words: its totals, where to read it, and on failure each root cause with its reach."""
+    """The run's last words: its totals, where to read it, each root cause of its failures and each
+    CPU-simulation limit it hit, with their reach."""
     head = f"torchmatrix: {tally(run.totals())}; read {run_dir / 'summary.md'} or {run_dir / 'summary.html'}"
-    return "\n".join([head, *root_cause_lines(run)])
+    return "\n".join([head, *root_cause_lines(run), *simulation_limit_lines(run)])
 
 
 def root_cause_lines(run: RunResults) -> list[str]:
@@ -24,9 +28,24 @@ def root_cause_lines(run: RunResults) -> list[str]:
     causes = run.root_causes()
     if not causes:
         return []
-    lines = [f"torchmatrix: failures by root cause ({len(causes)}):"]
-    lines += [
-        f"  {cause.tests} tests in {len(cause.cells)} cells, torch {', '.join(cause.versions)}: {one_line(cause.line, 200)}"
+    return [f"torchmatrix: failures by root cause ({len(causes)}):", *_reach(causes, ROOT_CAUSE_CHARS)]
+
+
+def simulation_limit_lines(run: RunResults) -> list[str]:
+    """Each CPU-simulation limit the run hit, with its hint and reach: not failures, so they are
+    listed apart; none on a GPU run."""
+    limits = run.simulation_limits()
+    if not limits:
+        return []
+    return [
+        f"torchmatrix: CPU-simulation limits, not failures of the stack ({len(limits)}):",
+        *_reach(limits, LIMIT_CHARS),
+    ]
+
+
+def _reach(causes: list[RootCause], chars: int) -> list[str]:
+    lines = [
+        f"  {cause.tests} tests in {len(cause.cells)} cells, torch {', '.join(cause.versions)}: {one_line(cause.line, chars)}"
         for cause in causes[:CLOSING_ROOT_CAUSES]
     ]
     if len(causes) > CLOSING_ROOT_CAUSES:
@@ -35,14 +54,13 @@ def root_cause_lines(run: RunResults) -> list[str]:
 
 
 def run_closing_lines(run_dir: Path, failed: bool) -> str:
-    """A direct run's last words: on failure its root causes (as `report` lists them), then the
-    command that writes its summaries, which a run alone does not."""
-    lines = []
-    if failed:
-        try:
-            lines = root_cause_lines(load_results(run_dir))
-        except ResultsError as error:
-            lines = [f"torchmatrix: cannot list the root causes: {error}"]
+    """A direct run's last words: its root causes on failure and the CPU-simulation limits it hit
+    (as `report` lists them), then the command that writes its summaries, which a run alone does not."""
+    try:
+        run = load_results(run_dir)
+        lines = [*root_cause_lines(run), *simulation_limit_lines(run)]
+    except ResultsError as error:
+        lines = [f"torchmatrix: cannot list the root causes: {error}"] if failed else []
     lines.append(
         f"torchmatrix: write summary.md and summary.html with `python -m torchmatrix report {run_dir}` "
         f"(or `nox -s report -- {run_dir}`)"

@@ -67,7 +67,7 @@ class TestRecord:
 
 @dataclass
 class RootCause:
-    """Failed and errored tests that share one root cause line, across cells and torch versions."""
+    """Failed and errored tests (or CPU-simulation limits) that share one root cause line, across cells and torch versions."""
 
     line: str
     failures: list[tuple[TestRecord, list[str]]] = field(default_factory=list)
@@ -189,22 +189,25 @@ class RunResults:
 
     def failures(self) -> list[tuple[TestRecord, list[str]]]:
         """Failed and errored tests, once per cell that ran them, with every cell that shares the result."""
-        grouped: dict[tuple[str, str, str, str], tuple[TestRecord, list[str]]] = {}
-        for record in self.tests:
-            if record.status.is_failing:
-                key = (record.torch, record.suite, record.test, record.run_cell)
-                grouped.setdefault(key, (record, []))[1].append(record.cell)
-        return list(grouped.values())
+        return self._shared(lambda status: status.is_failing)
 
     def root_causes(self) -> list[RootCause]:
         """The failures grouped by root cause (what differs between runs of it blanked), most tests first."""
-        causes: dict[str, RootCause] = {}
-        for record, cells in self.failures():
-            line = record.message or "(no message)"
-            blanked = line.replace(record.run_cell, "<cell>") if record.run_cell else line  # suites name their cell
-            key = group_key(blanked)
-            causes.setdefault(key, RootCause(line)).failures.append((record, cells))
-        return sorted(causes.values(), key=lambda cause: -cause.tests)
+        return _by_root_cause(self.failures())
+
+    def simulation_limits(self) -> list[RootCause]:
+        """The tests that hit a CPU-simulation limit, grouped like failures by their message (which
+        holds the root cause and the hint), most tests first."""
+        return _by_root_cause(self._shared(lambda status: status is Status.SIMULATION_LIMIT))
+
+    def _shared(self, wanted) -> list[tuple[TestRecord, list[str]]]:
+        """Tests of the `wanted` statuses, once per cell that ran them, with every cell that shares the result."""
+        grouped: dict[tuple[str, str, str, str], tuple[TestRecord, list[str]]] = {}
+        for record in self.tests:
+            if wanted(record.status):
+                key = (record.torch, record.suite, record.test, record.run_cell)
+                grouped.setdefault(key, (record, []))[1].append(record.cell)
+        return list(grouped.values())
 
     def partly_skipped(self) -> dict[tuple[str, str, str], tuple[int, int]]:
         """(torch, cell, suite) that passed with some tests skipped -> (skipped, tests): a green mark
@@ -237,6 +240,16 @@ class RunResults:
             if record.status.is_failing:
                 confirmations.setdefault((record.torch, record.cell, record.suite), set()).add(record.confirmation)
         return {key for key, seen in confirmations.items() if seen == {Confirmation.PASSED_ALONE.value}}
+
+
+def _by_root_cause(failures: list[tuple[TestRecord, list[str]]]) -> list[RootCause]:
+    """Failures grouped by their message with what differs between runs of it blanked, most tests first."""
+    causes: dict[str, RootCause] = {}
+    for record, cells in failures:
+        line = record.message or "(no message)"
+        blanked = line.replace(record.run_cell, "<cell>") if record.run_cell else line  # suites name their cell
+        causes.setdefault(group_key(blanked), RootCause(line)).failures.append((record, cells))
+    return sorted(causes.values(), key=lambda cause: -cause.tests)
 
 
 def is_drift_figure(name: str) -> bool:

@@ -1,7 +1,8 @@
 """results.json: a run's records as one versioned JSON document (a CI artifact `compare` reads back).
 
-A change that breaks readers bumps SCHEMA_VERSION; a file of another version, or one whose values
-have the wrong kinds, is refused with one line that says how to regenerate it.
+A change that breaks readers bumps SCHEMA_VERSION; a file of a version this reader does not know,
+or one whose values have the wrong kinds, is refused with one line that says how to regenerate it.
+Version 3 added the status `CPU-simulation limit`; a version 2 file is a version 3 file without one.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from torchmatrix.reports.records import ResultsError, RunResults, TestRecord, Ve
 from torchmatrix.status import Confirmation
 
 SCHEMA = "torchmatrix.results"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+READABLE_VERSIONS = (2, SCHEMA_VERSION)
 FILE_NAME = "results.json"
 CONFIRMATIONS = ("", *(confirmation.value for confirmation in Confirmation))
 REGENERATE = "regenerate it with `python -m torchmatrix report RUN_DIR`"
@@ -76,7 +78,7 @@ def read_json(path: Path) -> RunResults:
 
 
 def _from_json(data: dict) -> RunResults:
-    if data.get("schema") != SCHEMA or data.get("schema_version") != SCHEMA_VERSION:
+    if data.get("schema") != SCHEMA or data.get("schema_version") not in READABLE_VERSIONS:
         raise ResultsError(
             f"not a {SCHEMA} v{SCHEMA_VERSION} file (schema {data.get('schema')!r} v{data.get('schema_version')!r}); "
             f"{REGENERATE}"

@@ -143,7 +143,7 @@ def _status(case) -> Status:
     if case.is_failure:
         return Status.FAILED
     if case.is_skipped:
-        return Status.SKIPPED
+        return Status.SIMULATION_LIMIT if case.result[0].type == Status.SIMULATION_LIMIT else Status.SKIPPED
     return Status.PASSED
 
 

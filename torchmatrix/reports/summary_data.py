@@ -15,6 +15,11 @@ from torchmatrix.reports.records import RootCause, RunResults, SkipReason, TestR
 from torchmatrix.status import Confirmation, Status
 
 SHA_CHARS = 12
+LIMITS_NOTE = (
+    "These failed only because ranks are simulated as CPU processes on gloo: each names the known limit "
+    "and what works around it (README: Known limits of the CPU simulation). They are neither failures of "
+    "the stack nor passes, are not re-run alone, and do not fail the run; on GPUs the same text is a failure."
+)
 
 
 @dataclass(frozen=True)
@@ -121,6 +126,7 @@ class Summary:
     totals: dict[Status, int]
     confirmations: Confirmations
     root_causes: list[RootCause]
+    simulation_limits: list[RootCause]
     skip_reasons: list[SkipReason]
 
     @property
@@ -141,6 +147,12 @@ class Summary:
         else:
             tests = count(failed, "failed test") if failed else count(errored, "errored test")
         return f"Failures: {tests} in {count(len(self.root_causes), 'group')} by root cause"
+
+    @property
+    def limits_title(self) -> str:
+        """`CPU-simulation limits: 2 tests in 1 group`."""
+        tests = count(self.totals[Status.SIMULATION_LIMIT], "test")
+        return f"{Status.SIMULATION_LIMIT.column}: {tests} in {count(len(self.simulation_limits), 'group')}"
 
     @property
     def skipped_title(self) -> str:
@@ -174,6 +186,7 @@ def summarize(results: RunResults) -> Summary:
         totals=results.totals(),
         confirmations=Confirmations.of(results.tests),
         root_causes=results.root_causes(),
+        simulation_limits=results.simulation_limits(),
         skip_reasons=results.skip_reasons(),
     )
 

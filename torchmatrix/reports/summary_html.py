@@ -14,8 +14,8 @@ import html
 import math
 from collections import defaultdict
 
-from torchmatrix.reports.records import RunResults, TestRecord, drift_measure, is_drift_figure
-from torchmatrix.reports.summary_data import Summary, count, distinct_texts, other_cells, summarize
+from torchmatrix.reports.records import RootCause, RunResults, TestRecord, drift_measure, is_drift_figure
+from torchmatrix.reports.summary_data import LIMITS_NOTE, Summary, count, distinct_texts, other_cells, summarize
 from torchmatrix.reports.untrusted_text import one_line, visible
 from torchmatrix.reports.upgrade_diff import SLOWDOWN_RULE, Change, UpgradeDiff, grew
 from torchmatrix.status import NOT_RUN, ORDER_DEPENDENT, PARTLY_SKIPPED, Confirmation, Mark, Status
@@ -35,7 +35,7 @@ th { background: #f6f8fa; }
         color: #fff; text-decoration: none; font-weight: bold; }
 .passed { background: #1a7f37; } .failed { background: #cf222e; } .error { background: #8250df; }
 .skipped { background: #8c959f; } .none { background: #eaeef2; color: #57606a; }
-.order-dependent { background: #bf8700; }
+.order-dependent { background: #bf8700; } .simulation-limit { background: #1b7c83; }
 .partly-skipped { background: #fff; color: #1a7f37; box-shadow: inset 0 0 0 2px #1a7f37; }
 .bad { color: #cf222e; font-weight: bold; } .good { color: #1a7f37; } .warn { color: #9a6700; font-weight: bold; }
 details.failure { margin: .3em 0; } details.failure summary { cursor: pointer; }
@@ -74,8 +74,9 @@ def render(results: RunResults, diffs: list[UpgradeDiff]) -> str:
     """The whole page as one string."""
     summary = summarize(results)
     anchors = {
-        (r.torch, r.suite, r.test, r.run_cell): f"failure-{c}-{t}"
-        for c, cause in enumerate(summary.root_causes)
+        (r.torch, r.suite, r.test, r.run_cell): f"{kind}-{c}-{t}"
+        for kind, causes in (("failure", summary.root_causes), ("limit", summary.simulation_limits))
+        for c, cause in enumerate(causes)
         for t, records in enumerate(distinct_texts(cause))
         for r in records
     }
@@ -86,6 +87,7 @@ def render(results: RunResults, diffs: list[UpgradeDiff]) -> str:
             *(_diff(diff) for diff in diffs),
             _grid(results, summary, anchors),
             _failures(summary, anchors),
+            _limits(summary, anchors),
             _skips(summary),
             _drift(results),
         ]
@@ -285,7 +287,7 @@ def _grid(results: RunResults, summary: Summary, anchors: dict) -> str:
     return (
         f"<h2>{summary.grid_title}</h2>\n"
         f"<p>One mark per suite, in this order: {', '.join(f'<code>{text(s)}</code>' for s in suites)}. {legend}. "
-        "A red or purple mark links to its failure.</p>\n"
+        "A red or purple mark links to its failure, a teal one to its CPU-simulation limit.</p>\n"
         f'<form id="filters">{filters}<span id="shown"></span></form>\n'
         f'<table id="grid"><thead><tr><th>cell</th>{head}</tr></thead><tbody>\n'
         + "\n".join(rows)
@@ -294,9 +296,10 @@ def _grid(results: RunResults, summary: Summary, anchors: dict) -> str:
 
 
 def _first_failure_per_suite(records: list[TestRecord]) -> dict[tuple[str, str, str], TestRecord]:
+    """The test a suite's mark links to: its first failure, else its first CPU-simulation limit."""
     found: dict[tuple[str, str, str], TestRecord] = {}
-    for record in records:
-        if record.status.is_failing:
+    for record in sorted(records, key=lambda r: r.status is Status.SIMULATION_LIMIT):
+        if record.status.is_failing or record.status is Status.SIMULATION_LIMIT:
             found.setdefault((record.torch, record.cell, record.suite), record)
     return found
 
@@ -304,9 +307,26 @@ def _first_failure_per_suite(records: list[TestRecord]) -> dict[tuple[str, str, 
 def _failures(summary: Summary, anchors: dict) -> str:
     """Failures grouped by root cause; each distinct failure text expands once, with every failing
     test that printed exactly it."""
-    causes = summary.root_causes
-    if not causes:
+    if not summary.root_causes:
         return "<h2>Failures</h2>\n<p>None.</p>"
+    return (
+        f"<h2>{summary.failures_title}</h2>\n"
+        f"<p>Each root cause is the innermost exception of the first failing rank. {text(summary.confirmations.note)}</p>\n"
+        + _causes(summary.root_causes, anchors, confirmed=True)
+    )
+
+
+def _limits(summary: Summary, anchors: dict) -> str:
+    """The tests that hit a CPU-simulation limit, grouped as failures are, each group headed by its
+    root cause and the hint that works around it; nothing when there are none (a GPU run has none)."""
+    if not summary.simulation_limits:
+        return ""
+    return f'<h2 id="simulation-limits">{summary.limits_title}</h2>\n<p>{text(LIMITS_NOTE)}</p>\n' + _causes(
+        summary.simulation_limits, anchors, confirmed=False
+    )
+
+
+def _causes(causes: list[RootCause], anchors: dict, confirmed: bool) -> str:
     cells_of = {(r.torch, r.suite, r.test, r.run_cell): cells for cause in causes for r, cells in cause.failures}
     sections = []
     for cause in causes:
@@ -315,9 +335,11 @@ def _failures(summary: Summary, anchors: dict) -> str:
             first = records[0]
             anchor = anchors[(first.torch, first.suite, first.test, first.run_cell)]
             lines = "".join(
-                f"<li>{_failure_line(r, cells_of[(r.torch, r.suite, r.test, r.run_cell)])}</li>" for r in records
+                f"<li>{_failure_line(r, cells_of[(r.torch, r.suite, r.test, r.run_cell)], confirmed)}</li>"
+                for r in records
             )
-            same = f"the same text in {count(len(records), 'failing test')}" if len(records) > 1 else "the text"
+            noun = "failing test" if confirmed else "test"
+            same = f"the same text in {count(len(records), noun)}" if len(records) > 1 else "the text"
             items.append(
                 f'<ul class="where">{lines}</ul>\n<details class="failure" id="{anchor}"><summary>{same}</summary>\n'
                 f"<pre>{text(first.text or first.message)}</pre></details>"
@@ -329,20 +351,18 @@ def _failures(summary: Summary, anchors: dict) -> str:
             + "\n".join(items)
             + "</section>"
         )
-    return (
-        f"<h2>{summary.failures_title}</h2>\n"
-        f"<p>Each root cause is the innermost exception of the first failing rank. {text(summary.confirmations.note)}</p>\n"
-        + "\n".join(sections)
-    )
+    return "\n".join(sections)
 
 
-def _failure_line(record: TestRecord, cells: list[str]) -> str:
-    """One failing test: status, torch, suite, test, the cell that ran it (and those it stands for), confirmation."""
+def _failure_line(record: TestRecord, cells: list[str], confirmed: bool) -> str:
+    """One failing test: status, torch, suite, test, the cell that ran it (and those it stands for),
+    and for a failure what re-running it alone showed."""
     flag = ' class="bad"' if record.confirmation == Confirmation.FAILS_ALONE else ""
+    alone = f" · <span{flag}>{text(Confirmation.describe(record.confirmation))}</span>" if confirmed else ""
     return (
         f"{_mark(record.status.mark)} torch <code>{text(record.torch)}</code> · "
         f"<code>{text(record.suite)}</code> <code>{text(record.test)}</code> in <code>{text(record.run_cell)}</code>"
-        f"{_more_cells(other_cells(record.run_cell, cells))} · <span{flag}>{text(Confirmation.describe(record.confirmation))}</span>"
+        f"{_more_cells(other_cells(record.run_cell, cells))}{alone}"
     )
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 import re
 
-from torchmatrix.reports.records import RunResults, TestRecord
-from torchmatrix.reports.summary_data import Summary, count, distinct_texts, other_cells, summarize
+from torchmatrix.reports.records import RootCause, RunResults, TestRecord
+from torchmatrix.reports.summary_data import LIMITS_NOTE, Summary, count, distinct_texts, other_cells, summarize
 from torchmatrix.reports.untrusted_text import one_line, visible
 from torchmatrix.reports.upgrade_diff import SLOWDOWN_RULE, UpgradeDiff
 from torchmatrix.status import NOT_RUN, ORDER_DEPENDENT, PARTLY_SKIPPED, Confirmation, Status
@@ -34,6 +34,7 @@ def render(results: RunResults, diffs: list[UpgradeDiff]) -> str:
         _totals(summary),
         _grid(results, summary),
         _failures(summary),
+        _limits(summary),
         _skips(summary),
         *(diff_section(diff) for diff in diffs),
     ]
@@ -177,9 +178,26 @@ def _failures(summary: Summary) -> str:
     """Failures grouped by root cause: the line that says what broke, how far it reaches, each
     failing test with the cells it stands for and what re-running it alone showed, and each
     distinct failure text once, with where it occurred."""
-    causes = summary.root_causes
-    if not causes:
+    if not summary.root_causes:
         return ""
+    return (
+        f"### {summary.failures_title}\n\n"
+        f"Each root cause is the innermost exception of the first failing rank. {summary.confirmations.note}\n\n"
+        + _causes(summary.root_causes, confirmed=True)
+    )
+
+
+def _limits(summary: Summary) -> str:
+    """The tests that hit a CPU-simulation limit, grouped as failures are, each group headed by its
+    root cause and the hint that works around it."""
+    if not summary.simulation_limits:
+        return ""
+    return f"### {summary.limits_title}\n\n{LIMITS_NOTE}\n\n" + _causes(summary.simulation_limits, confirmed=False)
+
+
+def _causes(causes: list[RootCause], confirmed: bool) -> str:
+    """Each cause's line, its reach, its tests (failures with what re-running them alone showed) and
+    its distinct texts."""
     sections = []
     for index, cause in enumerate(causes[:MAX_ROOT_CAUSES], 1):
         versions = ", ".join(code(v, False) for v in cause.versions)
@@ -187,9 +205,10 @@ def _failures(summary: Summary) -> str:
         for record, cells in cause.failures[:MAX_FAILURES_PER_CAUSE]:
             others = other_cells(record.run_cell, cells)
             shared = f" (its result stands for {cell_list(others, MAX_CELLS_NAMED)})" if others else ""
+            alone = f" · {_confirmation(record.confirmation)}" if confirmed else ""
             items.append(
                 f"- {record.status} · torch {code(record.torch, False)} · {code(record.suite, False)} "
-                f"{code(record.test, False)} in {code(record.run_cell, False)}{shared} · {_confirmation(record.confirmation)}"
+                f"{code(record.test, False)} in {code(record.run_cell, False)}{shared}{alone}"
             )
         more = len(cause.failures) - MAX_FAILURES_PER_CAUSE
         if more > 0:
@@ -208,12 +227,7 @@ def _failures(summary: Summary) -> str:
         )
     more = len(causes) - MAX_ROOT_CAUSES
     tail = f"\n\n… and {count(more, 'more root cause')} in summary.html and results.json." if more > 0 else ""
-    return (
-        f"### {summary.failures_title}\n\n"
-        f"Each root cause is the innermost exception of the first failing rank. {summary.confirmations.note}\n\n"
-        + "\n\n".join(sections)
-        + tail
-    )
+    return "\n\n".join(sections) + tail
 
 
 def where(record: TestRecord) -> str:

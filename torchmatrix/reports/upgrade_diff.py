@@ -5,7 +5,8 @@ cells through a representative is counted once. The same diff serves every versi
 baseline inside one run and one version across two runs (`torchmatrix compare`).
 
 Only confirmed failures (re-run alone, failed again) make regressions and fixes; a status change
-whose failing side passed alone, or was never re-run, is listed apart as unconfirmed. A suite is
+whose failing side passed alone, or was never re-run, is listed apart as unconfirmed. A test that
+now hits a CPU-simulation limit checked nothing, as a skipped one did not: it is newly skipped, never a regression. A suite is
 slower only when the slowdown is beyond what re-running the same torch shows (bench/timing_noise.py):
 its total over tests that passed on both sides, and the median of those tests' own ratios, both
 grew more than slowdown_ratio, by at least MIN_SLOWDOWN_SECONDS, over MIN_TIMED_TESTS tests that
@@ -128,7 +129,7 @@ class Slowdown:
 
 @dataclass
 class UpgradeDiff:
-    """Baseline vs candidate: regressions, fixes, newly skipped tests, grown drift and slowdowns."""
+    """Baseline vs candidate: regressions, fixes, newly skipped tests (CPU-simulation limits among them), grown drift and slowdowns."""
 
     before: str
     after: str
@@ -197,7 +198,7 @@ def diff_records(
             (diff.regressions if change.confirmed else diff.unconfirmed).append(change)
         elif a.status.is_failing and b.status is Status.PASSED:
             (diff.fixes if change.confirmed else diff.unconfirmed).append(change)
-        elif a.status is not Status.SKIPPED and b.status is Status.SKIPPED:
+        elif b.status.compared_nothing and not a.status.compared_nothing:
             diff.newly_skipped.append(change)
         diff.drift.extend(_drift_growth(a, b, settings.drift_ratio))
     diff.drift.sort(key=_rank, reverse=True)
