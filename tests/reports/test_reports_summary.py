@@ -188,7 +188,9 @@ def test_the_failures_preamble_says_how_many_were_re_run_alone_and_why_the_rest_
     assert f"first failing rank. {note}</p>" in page
     assert "Every failing test was re-run" not in markdown + page
     baseline_row = next(line for line in markdown.splitlines() if line.startswith(f"| `{BASELINE}`"))
-    assert baseline_row.endswith(baseline_totals), "failed, errors, skipped, limits, fail alone, passed alone, unconfirmed"
+    assert baseline_row.endswith(baseline_totals), (
+        "failed, errors, skipped, limits, fail alone, passed alone, unconfirmed"
+    )
 
 
 def test_markdown_says_how_many_failure_texts_of_a_cause_it_left_out(run_dir):
