@@ -102,12 +102,9 @@ NOT_RUN = Mark("·", "·", "none")
 
 def tally(totals: Mapping[str, int]) -> str:
     """`12 passed, 1 failed, 0 errors, 3 skipped`: counts per status as the terminal lines say them; CPU-simulation
-    limits only where there are any (a GPU run has none)."""
-    return ", ".join(
-        f"{totals[status]} {status.column}"
-        for status in Status
-        if status is not Status.SIMULATION_LIMIT or totals[status]
-    )
+    limits only where there are any (a GPU run has none, and totals counted before they existed lack the key)."""
+    shown = [status for status in Status if status is not Status.SIMULATION_LIMIT or totals.get(status)]
+    return ", ".join(f"{totals[status]} {status.column}" for status in shown)
 
 
 class Confirmation(str, Enum):
