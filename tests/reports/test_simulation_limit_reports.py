@@ -18,7 +18,7 @@ from torchmatrix.reports.closing import closing_lines
 from torchmatrix.reports.outcomes import OutcomeBook
 from torchmatrix.reports.outcomes import TestOutcome as Outcome  # not collected as a test class
 from torchmatrix.reports.report import load_run, write_report
-from torchmatrix.status import Status
+from torchmatrix.status import Status, tally
 
 from conftest import REPO, Project, matrix_toml
 from reports_fixture import (
@@ -181,3 +181,12 @@ def test_a_run_whose_only_non_pass_is_premul_sum_on_gloo_exits_0_and_marks_it(pr
     assert statuses == {"test_divide_factor": Status.SIMULATION_LIMIT, "test_divide_factor_with_the_hint": "passed"}
     limit = next(record for record in results.tests if record.test == "test_divide_factor")
     assert limit.confirmation == "" and "re-run alone" not in limit.text, "a limit is not re-run alone"
+
+
+def test_terminal_totals_name_limits_only_where_there_are_any():
+    counts = dict.fromkeys(Status, 0) | {Status.PASSED: 3}
+    assert tally(counts) == "3 passed, 0 failed, 0 errors, 0 skipped", "a GPU run's line is unchanged"
+    assert (
+        tally(counts | {Status.SIMULATION_LIMIT: 2})
+        == "3 passed, 0 failed, 0 errors, 0 skipped, 2 CPU-simulation limits"
+    )
