@@ -232,7 +232,7 @@ def test_a_component_optional_only_elsewhere_still_errors(project):
 
 def test_an_optimizer_container_without_state_or_param_groups_is_refused(project):
     problems = problems_with(project, optimizer_adamw="userstack.stack:OptimizersContainer")
-    where = f"{project.root / 'matrix.toml'}: components.optimizer_adamw: returns a OptimizersContainer without"
+    where = f"{project.root / 'matrix.toml'}: components.optimizer_adamw: what it returns (OptimizersContainer) lacks"
     assert problems == [
         f"{where} a `.state` mapping (the suites read optimizer.state[param]); return a torch.optim.Optimizer, "
         "or an object with it",
@@ -243,7 +243,23 @@ def test_an_optimizer_container_without_state_or_param_groups_is_refused(project
 
 def test_param_groups_without_lr_are_refused(project):
     problem = the_one_problem(project, "optimizer_adamw", optimizer_adamw="userstack.stack:build_groups_without_lr")
-    assert "returns a AdamW without `lr` in each of its param_groups" in problem
+    assert "what it returns (AdamW) lacks `lr` in each of its param_groups" in problem
+
+
+def test_an_object_without_the_optimizer_methods_is_refused_naming_them():
+    from torchmatrix.components.optimizer_like import optimizer_like_problems
+
+    class HalfAnOptimizer:
+        state: dict = {}
+        param_groups = [{"lr": 1e-3, "params": []}]
+
+        def step(self):
+            pass
+
+    assert optimizer_like_problems(HalfAnOptimizer()) == [
+        "what it returns (HalfAnOptimizer) lacks the methods zero_grad, state_dict, load_state_dict (the suites call "
+        "them); return a torch.optim.Optimizer, or an object with it"
+    ]
 
 
 def test_a_factory_that_raises_on_the_dummy_parameter_is_left_to_the_cells(project):
@@ -289,6 +305,15 @@ def test_keyword_only_and_variadic_parameters_read_as_a_signature_does():
 
     assert parameter_names(inspect.signature(factory)) == "params, *args, lr, **kwargs"
     assert parameter_names(inspect.signature(builder)) == "model, *, device"
+
+
+@pytest.mark.slow
+def test_the_reference_components_and_the_hf_example_follow_the_protocol():
+    """TransformerEngine is missing on a CPU box, and matrix.toml declares its optimizer optional there."""
+    check = check_components(load_matrix(REPO / "matrix.toml"), "2.13.0")
+    assert check.problems == []
+    assert all("its cells will skip" in line for line in check.warnings), check.warnings
+    assert check_components(load_matrix(REPO / "examples" / "hf_llama" / "matrix.toml"), "2.13.0").problems == []
 
 
 def test_the_readme_shows_the_protocol_as_torchmatrix_protocol_has_it():

@@ -25,5 +25,7 @@ def optimizer_like_problems(optimizer) -> list[str]:
     missing = [name for name in METHODS if not callable(getattr(optimizer, name, None))]
     if missing:
         lacks.append(f"the method{'s' * (len(missing) > 1)} {', '.join(missing)} (the suites call them)")
-    kind = type(optimizer).__qualname__
-    return [f"returns a {kind} without {what}; return a torch.optim.Optimizer, or an object with it" for what in lacks]
+    kind = type(optimizer).__name__
+    return [
+        f"what it returns ({kind}) lacks {what}; return a torch.optim.Optimizer, or an object with it" for what in lacks
+    ]
