@@ -1,7 +1,8 @@
 """Optimizer factories for the `optimizer` axis.
 
 Every factory has the signature ``factory(params, *, lr, betas=(0.9, 0.999), eps=1e-8,
-weight_decay=0.0) -> torch.optim.Optimizer`` so a suite can build any of them the same way;
+weight_decay=0.0) -> torch.optim.Optimizer`` so a suite can build any of them the same way
+(build_adamw_no_decay_on_norms also takes the protocol's optional ``named_parameters``);
 matrix.toml names them as components ``optimizer_<axis value>``.
 """
 
@@ -21,6 +22,26 @@ def build_adamw(params, *, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0) -
         return torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, fused=True)
     except RuntimeError:
         return torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, foreach=True)
+
+
+def build_adamw_no_decay_on_norms(
+    params, *, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, named_parameters=None
+) -> torch.optim.AdamW:
+    """build_adamw with param groups chosen by name, as production recipes set them up: the norms'
+    weights without weight decay, every other param with it. It needs the names, so it takes the
+    protocol's optional `named_parameters` (wrapper prefixes already removed)."""
+    if named_parameters is None:
+        raise TypeError("build_adamw_no_decay_on_norms groups params by name: pass named_parameters")
+    groups = [
+        {"params": [param for name, param in named_parameters if not _in_a_norm(name)], "weight_decay": weight_decay},
+        {"params": [param for name, param in named_parameters if _in_a_norm(name)], "weight_decay": 0.0},
+    ]
+    return build_adamw(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+
+
+def _in_a_norm(name: str) -> bool:
+    """Whether a parameter belongs to a norm layer, as its module's name (`layers.0.attn_norm`) says."""
+    return "norm" in name.rpartition(".")[0].rpartition(".")[2]
 
 
 def build_precision_aware(

@@ -17,7 +17,6 @@ that wraps it, and is compared after a reshard through the optimizer's state ada
 
 from __future__ import annotations
 
-import inspect
 import math
 from typing import NamedTuple
 
@@ -39,7 +38,7 @@ from torch.distributed.tensor import DTensor
 
 from suites.dcp_layout import read_layouts
 from suites.optimizer_state import state_adapter
-from torchmatrix.testing import current_device, load
+from torchmatrix.testing import accepts, build_optimizer, current_device, load
 
 LR = 1e-2
 SAVE_SEED, LOAD_SEED = 0, 1
@@ -145,7 +144,7 @@ def test_reshard_load_is_exact(cell, ranks, recipe, reshard, tmp_path, record_pr
     half = ranks.world_size // 2
     src, dst = (ranks.world_size, half) if reshard == "shrink" else (half, ranks.world_size)
     parallelize = load(recipe.components["parallelize"])
-    if "mesh" not in inspect.signature(parallelize).parameters:
+    if not accepts(parallelize, "mesh"):
         pytest.skip(
             f"{recipe.components['parallelize']} takes no `mesh` argument, so it cannot build the {min(src, dst)}-rank world a reshard needs"
         )
@@ -194,8 +193,7 @@ class Recipe(NamedTuple):
         model = build_model(self.cell, dtype=dtype)
         parallelize = load(self.components["parallelize"])
         model = parallelize(model, self.cell, device=device, **({"mesh": mesh} if mesh is not None else {}))
-        build_optimizer = load(self.components[f"optimizer_{self.cell['optimizer']}"])
-        return model, build_optimizer(model.parameters(), lr=LR)
+        return model, build_optimizer(load(self.components[f"optimizer_{self.cell['optimizer']}"]), model, lr=LR)
 
     def plain_state(self, state: dict) -> dict:
         """One param's optimizer state made plain by the cell's optimizer's state adapter."""

@@ -39,7 +39,7 @@ from suites.deterministic import deterministic_algorithms
 from suites.names import clean_name
 from suites.optimizer_state import quantized_keys, state_adapter
 from suites.ulp import bits_equal, ulp_distance
-from torchmatrix.testing import RESUME_BF16_PARAM_OPTIMIZERS, load
+from torchmatrix.testing import RESUME_BF16_PARAM_OPTIMIZERS, build_optimizer, load
 
 try:
     import numpy
@@ -299,8 +299,13 @@ class TrainingRun:
         torch.manual_seed(seed)
         model = load(components["model"])(cell, dropout=options["dropout"], dtype=param_dtype)
         self.model = load(components["parallelize"])(model, cell, device=self.device)
-        self.optimizer = load(components[f"optimizer_{cell['optimizer']}"])(
-            self.model.parameters(), lr=options["lr"], betas=(0.9, 0.95), eps=1e-8, weight_decay=options["weight_decay"]
+        self.optimizer = build_optimizer(
+            load(components[f"optimizer_{cell['optimizer']}"]),
+            self.model,
+            lr=options["lr"],
+            betas=(0.9, 0.95),
+            eps=1e-8,
+            weight_decay=options["weight_decay"],
         )
         self.plain_state = state_adapter(components, cell["optimizer"])
         warmup = options["warmup_steps"]

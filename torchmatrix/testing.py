@@ -4,12 +4,17 @@ In a suite's test functions the plugin provides the fixtures `cell` (the cell's 
 `ranks` (`ranks.run(fn, *args)` runs fn on every rank of the cell), `suite_options`,
 `components` (matrix.toml's import paths), `once_per_cell(name, compute)` and `tmp_path`. Inside
 the functions the ranks run, `current_device()` is this rank's device and `load(path)` turns a
-component's import path into the object it names. `RESUME_BF16_PARAM_OPTIMIZERS` is the resume
-suite's default for which optimizers get bf16 params (the sensitivity command reads it too).
+component's import path into the object it names; `build_optimizer(factory, model, ...)` calls an
+`optimizer_<value>` factory as the protocol says and `accepts(factory, keyword)` says whether a
+factory takes an optional keyword; `clean_name` strips wrapper prefixes off a parameter's name.
+`RESUME_BF16_PARAM_OPTIMIZERS` is the resume suite's default for which optimizers get bf16
+params (the sensitivity command reads it too).
 """
 
+from torchmatrix.components.calling import accepts, build_optimizer
 from torchmatrix.components.loading import load
+from torchmatrix.components.parameter_names import clean_name
 from torchmatrix.components.protocol import RESUME_BF16_PARAM_OPTIMIZERS
 from torchmatrix.ranks.worker import current_device
 
-__all__ = ["RESUME_BF16_PARAM_OPTIMIZERS", "current_device", "load"]
+__all__ = ["RESUME_BF16_PARAM_OPTIMIZERS", "accepts", "build_optimizer", "clean_name", "current_device", "load"]

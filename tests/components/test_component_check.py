@@ -1,20 +1,24 @@
 """The pre-run component check: a user's components in a temporary package, checked against the
-protocol in a child interpreter, each problem one line naming matrix.toml, the key and the fix."""
+protocol in a child interpreter, each problem one line naming matrix.toml, the key and the fix;
+a component whose package is missing is a warning saying whether its cells will error or skip."""
 
 from __future__ import annotations
+
+import inspect
 
 import pytest
 
 from torchmatrix.components import protocol
 from torchmatrix.matrix.config import load_matrix
-from torchmatrix.run.component_check import check_components
+from torchmatrix.run.component_check import ComponentCheck, check_components
 
 from conftest import REPO, Project, matrix_toml
 
 
-def resume_matrix(components: dict[str, str]) -> str:
-    """One resume cell whose components are exactly these."""
-    return matrix_toml(axes={"fsdp": ["none"], "optimizer": ["adamw"]}, suites={"resume": {}}, components=components)
+def resume_matrix(components: dict[str, str], optional: str = "") -> str:
+    """One resume cell whose components are exactly these, and an `[optional]` table's text."""
+    text = matrix_toml(axes={"fsdp": ["none"], "optimizer": ["adamw"]}, suites={"resume": {}}, components=components)
+    return text + (f"\n[optional]\n{optional}\n" if optional else "")
 
 
 USER_STACK = """
@@ -31,7 +35,62 @@ def build_model_positional_dtype(cell, dtype, dropout=0.0):
 
 
 def build_optimizer(params, *, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
-    return None
+    import torch
+
+    return torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+
+
+def build_optimizer_by_name(params, *, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, named_parameters=None):
+    import torch
+
+    assert [name for name, _ in named_parameters] == ["weight"], named_parameters
+    return torch.optim.AdamW([param for _, param in named_parameters], lr=lr)
+
+
+def build_optimizer_needing_names(params, *, lr, named_parameters, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
+    return build_optimizer(params, lr=lr)
+
+
+class OptimizersContainer:  # like torchtitan's before it subclassed Optimizer: one optimizer per model part
+
+    def __init__(self, params, *, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
+        self.optimizers = [build_optimizer(params, lr=lr)]
+
+    def step(self):
+        for optimizer in self.optimizers:
+            optimizer.step()
+
+    def zero_grad(self):
+        for optimizer in self.optimizers:
+            optimizer.zero_grad()
+
+    def state_dict(self):
+        return {}
+
+    def load_state_dict(self, state):
+        pass
+
+
+def build_groups_without_lr(params, *, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
+    optimizer = build_optimizer(params, lr=lr)
+    del optimizer.param_groups[0]["lr"]
+    return optimizer
+
+
+def build_optimizer_that_needs_a_gpu(params, *, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
+    raise RuntimeError("this factory only runs on a GPU")
+
+
+class Sharding:  # for long annotations, as torchtitan's ParallelDims and JobConfig make them
+    pass
+
+
+def parallelize_with_long_annotations(
+    model: "dict[str, list[tuple[Sharding, Sharding, Sharding, Sharding, Sharding, Sharding, Sharding]]]",
+    parallel_dims: "dict[str, list[tuple[Sharding, Sharding, Sharding, Sharding, Sharding, Sharding, Sharding]]]",
+    job_config: "dict[str, list[tuple[Sharding, Sharding, Sharding, Sharding, Sharding, Sharding, Sharding]]]" = None,
+):
+    return model
 
 
 def parallelize(model, cell, *, device, activation_checkpointing=False):
@@ -79,13 +138,17 @@ GOOD = {
 }
 
 
-def problems_with(project: Project, **changes: str) -> list[str]:
+def checked(project: Project, optional: str = "", **changes: str) -> ComponentCheck:
     components = {key: value for key, value in {**GOOD, **changes}.items() if value}
     project.write("suites/test_resume.py", "")
     project.write("userstack/__init__.py", "")
     project.write("userstack/stack.py", USER_STACK)
     project.write("userstack/heavy.py", NEEDS_A_MISSING_PACKAGE)
-    return check_components(load_matrix(project.write("matrix.toml", resume_matrix(components))))
+    return check_components(load_matrix(project.write("matrix.toml", resume_matrix(components, optional))), "system")
+
+
+def problems_with(project: Project, **changes: str) -> list[str]:
+    return checked(project, **changes).problems
 
 
 def the_one_problem(project: Project, key: str, **changes: str) -> str:
@@ -122,7 +185,10 @@ def test_a_keyword_the_suites_pass_taken_positionally_is_fine(project):
 
 def test_an_optimizer_factory_that_cannot_take_the_optimizer_call(project):
     problem = the_one_problem(project, "optimizer_adamw", optimizer_adamw="userstack.stack:parallelize")
-    assert "make it accept optimizer_adamw(params, *, lr, betas=..., eps=..., weight_decay=...)" in problem
+    assert (
+        "make it accept optimizer_adamw(params, *, lr, betas=..., eps=..., weight_decay=..., named_parameters=...)"
+        in problem
+    )
 
 
 def test_a_class_without_a_method_the_suites_call(project):
@@ -140,15 +206,114 @@ def test_a_component_a_registered_suite_needs_is_missing(project):
     assert "missing, and suite resume calls it" in problem
 
 
-def test_a_missing_third_party_package_is_left_to_the_cells(project):
-    """The suites skip or error such cells with the package's name (TransformerEngine on a CPU box)."""
-    assert problems_with(project, model="userstack.heavy:build_model") == []
+def test_a_missing_third_party_package_is_a_warning_that_its_cells_will_error(project):
+    check = checked(project, model="userstack.heavy:build_model")
+    assert check.problems == []
+    assert check.warnings == [
+        f"{project.root / 'matrix.toml'}: components.model: model = userstack.heavy:build_model needs "
+        "'a_package_nobody_installed', which is not installed here: its cells will error; install it, or declare "
+        'the component optional: [optional] model = { device = ["cpu"] }'
+    ]
+
+
+def test_a_missing_package_of_a_component_optional_here_is_a_warning_that_its_cells_will_skip(project):
+    check = checked(project, optional='model = { device = ["cpu"] }', model="userstack.heavy:build_model")
+    assert check.problems == []
+    assert check.warnings == [
+        f"{project.root / 'matrix.toml'}: components.model: model = userstack.heavy:build_model needs "
+        "'a_package_nobody_installed', which is not installed here: its cells will skip, as [optional] allows here"
+    ]
+
+
+def test_a_component_optional_only_elsewhere_still_errors(project):
+    check = checked(project, optional='model = { device = ["cuda"] }', model="userstack.heavy:build_model")
+    assert len(check.warnings) == 1 and "its cells will error" in check.warnings[0], check.warnings
+
+
+def test_an_optimizer_container_without_state_or_param_groups_is_refused(project):
+    problems = problems_with(project, optimizer_adamw="userstack.stack:OptimizersContainer")
+    where = f"{project.root / 'matrix.toml'}: components.optimizer_adamw: what it returns (OptimizersContainer) lacks"
+    assert problems == [
+        f"{where} a `.state` mapping (the suites read optimizer.state[param]); return a torch.optim.Optimizer, "
+        "or an object with it",
+        f"{where} `.param_groups`, a list of dicts (the suites save, load and compare them); return a "
+        "torch.optim.Optimizer, or an object with it",
+    ]
+
+
+def test_param_groups_without_lr_are_refused(project):
+    problem = the_one_problem(project, "optimizer_adamw", optimizer_adamw="userstack.stack:build_groups_without_lr")
+    assert "what it returns (AdamW) lacks `lr` in each of its param_groups" in problem
+
+
+def test_an_object_without_the_optimizer_methods_is_refused_naming_them():
+    from torchmatrix.components.optimizer_like import optimizer_like_problems
+
+    class HalfAnOptimizer:
+        state: dict = {}
+        param_groups = [{"lr": 1e-3, "params": []}]
+
+        def step(self):
+            pass
+
+    assert optimizer_like_problems(HalfAnOptimizer()) == [
+        "what it returns (HalfAnOptimizer) lacks the methods zero_grad, state_dict, load_state_dict (the suites call "
+        "them); return a torch.optim.Optimizer, or an object with it"
+    ]
+
+
+def test_a_factory_that_raises_on_the_dummy_parameter_is_left_to_the_cells(project):
+    assert problems_with(project, optimizer_adamw="userstack.stack:build_optimizer_that_needs_a_gpu") == []
+
+
+def test_an_optimizer_factory_taking_named_parameters_gets_them(project):
+    """The dummy build passes them (the factory asserts their names), so a factory that takes
+    them but mishandles them is refused like any other."""
+    assert problems_with(project, optimizer_adamw="userstack.stack:build_optimizer_by_name") == []
+
+
+def test_named_parameters_without_a_default_is_a_signature_problem(project):
+    problem = the_one_problem(
+        project, "optimizer_adamw", optimizer_adamw="userstack.stack:build_optimizer_needing_names"
+    )
+    assert "cannot take params, *, lr" in problem and "named_parameters=..." in problem
+
+
+def test_a_signature_problem_names_the_parameters_without_their_annotations(project):
+    problem = the_one_problem(project, "parallelize", parallelize="userstack.stack:parallelize_with_long_annotations")
+    assert "its signature (model, parallel_dims, job_config) cannot take model, cell, *, device" in problem
+    assert "Sharding" not in problem and len(problem) < 500, problem
+
+
+def test_a_signature_with_hundreds_of_parameters_is_cut():
+    from torchmatrix.run.component_check import MAX_PARAMETERS_TEXT, parameter_names
+
+    namespace = {}
+    exec(f"def wide({', '.join(f'argument_{i}' for i in range(100))}, *, last): pass", namespace)
+    text = parameter_names(inspect.signature(namespace["wide"]))
+    assert len(text) == MAX_PARAMETERS_TEXT and text.startswith("argument_0, argument_1") and text.endswith("…")
+
+
+def test_keyword_only_and_variadic_parameters_read_as_a_signature_does():
+    from torchmatrix.run.component_check import parameter_names
+
+    def factory(params, *args, lr: float = 1e-3, **kwargs):
+        pass
+
+    def builder(model, *, device):
+        pass
+
+    assert parameter_names(inspect.signature(factory)) == "params, *args, lr, **kwargs"
+    assert parameter_names(inspect.signature(builder)) == "model, *, device"
 
 
 @pytest.mark.slow
 def test_the_reference_components_and_the_hf_example_follow_the_protocol():
-    assert check_components(load_matrix(REPO / "matrix.toml")) == []
-    assert check_components(load_matrix(REPO / "examples" / "hf_llama" / "matrix.toml")) == []
+    """TransformerEngine is missing on a CPU box, and matrix.toml declares its optimizer optional there."""
+    check = check_components(load_matrix(REPO / "matrix.toml"), "2.13.0")
+    assert check.problems == []
+    assert all("its cells will skip" in line for line in check.warnings), check.warnings
+    assert check_components(load_matrix(REPO / "examples" / "hf_llama" / "matrix.toml"), "2.13.0").problems == []
 
 
 def test_the_readme_shows_the_protocol_as_torchmatrix_protocol_has_it():

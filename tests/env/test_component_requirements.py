@@ -1,6 +1,7 @@
 """`[requires]`: each component's pip requirements install on their own; one that pip cannot
-install is recorded with pip's reason in the venv (kept for `nox -R`), and the suites skip the
-cells that need it with that reason, never erroring and never silently."""
+install is recorded with pip's reason in the venv (kept for `nox -R`), and the suites error the
+cells that need it with that reason and the fix, or skip them where `[optional]` allows; never
+silently. A component whose module imports a package that is not installed is held to the same rule."""
 
 from __future__ import annotations
 
@@ -80,18 +81,41 @@ def test_nox_reuse_installs_nothing_and_keeps_the_record(tmp_path):
 
 
 @pytest.mark.slow
-def test_cells_needing_an_uninstalled_requirement_skip_with_pips_reason(tmp_path, monkeypatch):
+def test_a_missing_package_errors_its_cells_unless_optional_where_they_skip(tmp_path, monkeypatch):
+    """adamw's module imports a package nobody installed and is not optional: its cells error with
+    the fix, the run exits 1; precision_aware's requirement failed to install and it is optional
+    on this device: its cells skip with pip's reason. Both are warned about before any cell."""
     record = tmp_path / "record.json"
-    record.write_text(json.dumps({"optimizer_adamw": {"requires": ["torchao==99"], "reason": PIP_REASON}}))
+    record.write_text(json.dumps({"optimizer_precision_aware": {"requires": ["torchao==99"], "reason": PIP_REASON}}))
     monkeypatch.setenv(RECORD_VARIABLE, str(record))
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "heavy_optim.py").write_text(
+        "import a_package_nobody_installed\n\ndef build(params, *, lr):\n    pass\n"
+    )
     text = matrix_toml(
         axes={"world_size": [1], "fsdp": ["none"], "attn": ["sdpa"], "optimizer": ["adamw", "precision_aware"]},
         suites={"resume": {"timeout": 120, "axes": ["world_size", "fsdp", "optimizer"]}},
-        components=REFERENCE_COMPONENTS,
+        components={**REFERENCE_COMPONENTS, "optimizer_adamw": "heavy_optim:build"},
     )
-    done, outcomes = run_suites(tmp_path / "project", text)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert set(outcomes["ws1-none-sdpa-adamw"].values()) == {"skipped"}, outcomes
-    assert "passed" in outcomes["ws1-none-sdpa-precision_aware"].values(), outcomes
-    junit = (tmp_path / "project" / "reports" / "latest" / "torch-system" / "ws1-none-sdpa-adamw.xml").read_text()
-    assert f"optimizer_adamw needs torchao==99: {PIP_REASON}" in junit.replace("&gt;", ">").replace("&quot;", '"')
+    done, outcomes = run_suites(project, text + '\n[optional]\noptimizer_precision_aware = { device = ["cpu"] }\n')
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert set(outcomes["ws1-none-sdpa-adamw"].values()) == {"error"}, outcomes
+    assert set(outcomes["ws1-none-sdpa-precision_aware"].values()) == {"skipped"}, outcomes
+    junit = {
+        cell: (project / "reports" / "latest" / "torch-system" / f"{cell}.xml")
+        .read_text()
+        .replace("&gt;", ">")
+        .replace("&quot;", '"')
+        .replace("&apos;", "'")
+        for cell in ("ws1-none-sdpa-adamw", "ws1-none-sdpa-precision_aware")
+    }
+    assert (
+        "optimizer_adamw = heavy_optim:build needs 'a_package_nobody_installed', which is not installed here; "
+        'install it, or declare the component optional: [optional] optimizer_adamw = { device = ["cpu"] }'
+    ) in junit["ws1-none-sdpa-adamw"]
+    assert f"optimizer_precision_aware needs torchao==99: {PIP_REASON}" in junit["ws1-none-sdpa-precision_aware"]
+    warnings = [line for line in done.stderr.splitlines() if line.startswith("torchmatrix: warning: ")]
+    assert len(warnings) == 2, done.stderr
+    assert "components.optimizer_adamw: " in warnings[1] and "its cells will error" in warnings[1], warnings
+    assert "components.optimizer_precision_aware: " in warnings[0] and "its cells will skip" in warnings[0], warnings

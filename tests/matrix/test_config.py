@@ -106,6 +106,31 @@ MALFORMED = [
         ["requires.optimizer_x[0]", "names torch"],
     ),
     (GOOD + '\n[components]\nm = "m:f"\n[requires.m]\nx = 1\n', ["requires.m", "must be an array"]),
+    (
+        GOOD + "\n[optional]\noptimizer_x = true\n",
+        ["optional.optimizer_x", "not a [components] key", "name a component"],
+    ),
+    (
+        GOOD + '\n[components]\nm = "m:f"\n[optional]\nm = false\n',
+        ["optional.m", "False is not where the component is optional", "write true (anywhere)"],
+    ),
+    (GOOD + '\n[components]\nm = "m:f"\n[optional]\nm = {}\n', ["optional.m", "write true (anywhere)"]),
+    (
+        GOOD + '\n[components]\nm = "m:f"\n[optional]\nm = { device = ["gpu"] }\n',
+        ["optional.m.device[0]", "'gpu' is not a device type", "use one of: cpu, cuda"],
+    ),
+    (
+        GOOD + '\n[components]\nm = "m:f"\n[optional]\nm = { device = "cpu" }\n',
+        ["optional.m.device", "not a non-empty array", 'write e.g. device = ["cpu"]'],
+    ),
+    (
+        GOOD + '\n[components]\nm = "m:f"\n[optional]\nm = { torch = ["2.12.0"] }\n',
+        ["optional.m.torch[0]", "'2.12.0' is not a version in [torch].versions", "use one of: 2.13.0, 2.14.1"],
+    ),
+    (
+        GOOD + '\n[components]\nm = "m:f"\n[optional]\nm = { devices = ["cpu"] }\n',
+        ["optional.m.devices", "unknown key in [optional].m", "use one of: device, torch"],
+    ),
 ]
 
 
@@ -163,6 +188,16 @@ def test_component_requirements_load(tmp_path):
     text = GOOD + '\n[components]\noptimizer_ao = "models.x:build"\n[requires]\noptimizer_ao = ["torchao", "numpy<3"]\n'
     assert load_matrix(write_matrix(tmp_path, text)).requires == {"optimizer_ao": ("torchao", "numpy<3")}
     assert load_matrix(write_matrix(tmp_path, GOOD)).requires == {}
+
+
+def test_optional_components_load_and_apply_where_declared(tmp_path):
+    text = GOOD + '\n[components]\na = "m:f"\nb = "m:g"\nc = "m:h"\n[optional]\na = true\n'
+    text += 'b = { device = ["cpu"] }\nc = { device = ["cuda"], torch = ["2.14.1"] }\n'
+    optional = load_matrix(write_matrix(tmp_path, text)).optional
+    assert [key for key in "abc" if optional[key].applies("cpu", "2.14.1")] == ["a", "b"]
+    assert [key for key in "abc" if optional[key].applies("cuda", "2.14.1")] == ["a", "c"]
+    assert [key for key in "abc" if optional[key].applies("cuda", "2.13.0")] == ["a"]
+    assert load_matrix(write_matrix(tmp_path, GOOD)).optional == {}
 
 
 def test_suite_axes_default_to_every_axis(tmp_path):

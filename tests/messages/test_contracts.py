@@ -36,6 +36,7 @@ def group_plan(**changes) -> GroupPlan:
         gate="/tmp/ws2.go",
         launched=False,
         components={"model": "models.transformer:build_model"},
+        optional={"model": {"device": ["cpu"], "torch": []}},
         suites={
             "resume": SuiteSpec("suites/test_resume.py", 300.0, {"steps": 4}),
             "collectives": SuiteSpec("suites/test_collectives.py", 60.0, {}),

@@ -3,8 +3,8 @@ they expect back, written down once as data so that the README table and the pre
 check (torchmatrix.run.component_check) read the same thing.
 
 It is derived from the calls the suites make. An argument is `always` passed, passed by `some`
-suites only (the factory needs a default for it), or `optional` (the factory may leave it out,
-and the suites then skip what needs it).
+suites only (the factory needs a default for it), or `optional` (passed only where the factory's
+signature names it, torchmatrix.components.calling; left out, the suites skip what needs it).
 """
 
 from __future__ import annotations
@@ -134,8 +134,19 @@ COMPONENTS: tuple[Component, ...] = (
             Argument("betas", "Adam betas; dtensor_optim leaves it out", SOME),
             Argument("eps", "Adam epsilon; dtensor_optim leaves it out", SOME),
             Argument("weight_decay", "decoupled weight decay; dtensor_optim leaves it out", SOME),
+            Argument(
+                "named_parameters",
+                "a list of (name, param) of the wrapped model, the names without wrapper prefixes "
+                "(`_fsdp_wrapped_module.`, `_checkpoint_wrapped_module.`, `_orig_mod.`), for param groups chosen "
+                "by name (no weight decay on norms, an LR per module); passed only where the signature names it",
+                OPTIONAL,
+            ),
         ),
-        returns="a torch.optim.Optimizer; one component per value of the `optimizer` axis",
+        returns=(
+            "a torch.optim.Optimizer, or an object with what the suites use of one: `.state` (a mapping "
+            "param -> state), `.param_groups` (a list of dicts, each with `lr`), `step`, `zero_grad`, "
+            "`state_dict`, `load_state_dict`; one component per value of the `optimizer` axis"
+        ),
         suites=(RESUME, DTENSOR_OPTIM),
     ),
     Component(

@@ -2,9 +2,10 @@
 
 Each component's requirements install on their own, so a package that cannot be installed for
 one torch version (no wheel for it, a conflicting pin) costs only the cells that use it: the
-session records pip's one-line reason per component in the venv, and the suite process skips
-those cells with it (torchmatrix.ranks.plugin). The record lives in the venv, so `nox -R`, which
-installs nothing, still finds what the venv lacks and why.
+session records pip's one-line reason per component in the venv, and the suite process errors
+those cells with it, or skips them where `[optional]` allows (torchmatrix.ranks.plugin). The
+record lives in the venv, so `nox -R`, which installs nothing, still finds what the venv lacks
+and why.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from typing import Any
 from packaging.requirements import InvalidRequirement, Requirement
 
 from torchmatrix.components.loading import IMPORT_PATH
+from torchmatrix.components.optional import DEVICE_TYPES, OptionalWhere
 from torchmatrix.matrix.cells import Cell, expand_cells, value_token
 
 if sys.version_info >= (3, 11):
@@ -29,7 +30,18 @@ else:
 NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 VALUE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+]*$")
 TORCH_VERSION = re.compile(r"^(system|[0-9]+(\.[0-9]+)*([a-z]+[0-9]*)?(\.[a-z]+[0-9]+)*(\+[A-Za-z0-9.]+)?)$")
-TOP_LEVEL_KEYS = ("torch", "axes", "exclude", "include", "suites", "components", "requires", "report", "project")
+TOP_LEVEL_KEYS = (
+    "torch",
+    "axes",
+    "exclude",
+    "include",
+    "suites",
+    "components",
+    "requires",
+    "optional",
+    "report",
+    "project",
+)
 SUITE_KEYS = ("path", "timeout", "axes", "options")
 INSTALL_KEYS = ("index_url", "requirements", "constraints", "env")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -92,6 +104,7 @@ class Matrix:
     digest: str
     installs: dict[str, TorchInstall] = field(default_factory=dict)
     requires: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    optional: dict[str, OptionalWhere] = field(default_factory=dict)
 
     def install(self, version: str) -> TorchInstall:
         """`[torch.install."V"]`, or pip's defaults when the version has no table."""
@@ -139,6 +152,7 @@ def load_matrix(path: str | Path) -> Matrix:
     suites = _suites(raw, axes, path.parent, _project_root(raw, path.parent, where), where)
     components = _components(raw, where)
     requires = _requires(raw, components, where)
+    optional = _optional(raw, components, versions, where)
     report = _report(raw, where)
     matrix = Matrix(
         path=path,
@@ -153,6 +167,7 @@ def load_matrix(path: str | Path) -> Matrix:
         digest=hashlib.sha256(raw_bytes).hexdigest(),
         installs=installs,
         requires=requires,
+        optional=optional,
     )
     _check_cells(matrix, where)
     return matrix
@@ -511,6 +526,47 @@ def _requires(raw: dict, components: dict[str, str], where: _Where) -> dict[str,
                 "is not a [components] key", f"name a component ({', '.join(components) or 'none defined'})"
             )
     return {key: _requirements(value, where.at(key)) for key, value in table.items()}
+
+
+def _optional(
+    raw: dict, components: dict[str, str], versions: tuple[str, ...], where: _Where
+) -> dict[str, OptionalWhere]:
+    """`[optional]`: component key -> where its packages may be missing (its cells then skip, not
+    error): `true` for anywhere, or a table of `device` types and/or `torch` versions."""
+    table = where.table(raw, "optional", required=False)
+    where = where.at("optional")
+    optional = {}
+    for key, value in table.items():
+        at = where.at(key)
+        if key not in components:
+            raise at.error("is not a [components] key", f"name a component ({', '.join(components) or 'none defined'})")
+        if value is True:
+            optional[key] = OptionalWhere()
+            continue
+        if not isinstance(value, dict) or not value:
+            raise at.error(
+                f"{value!r} is not where the component is optional",
+                'write true (anywhere) or a table such as { device = ["cpu"] } or { torch = ["2.13.0"] }',
+            )
+        at.unknown_keys(value, ("device", "torch"), f" in [optional].{key}")
+        optional[key] = OptionalWhere(
+            devices=_listed(value, "device", DEVICE_TYPES, at, "device type"),
+            torch=_listed(value, "torch", versions, at, "version in [torch].versions"),
+        )
+    return optional
+
+
+def _listed(table: dict, key: str, allowed: tuple[str, ...], where: _Where, what: str) -> tuple[str, ...]:
+    """`table[key]`, a non-empty array whose every entry is one of `allowed`; () when the key is absent."""
+    if key not in table:
+        return ()
+    value, where = table[key], where.at(key)
+    if not isinstance(value, list) or not value:
+        raise where.error(f"{value!r} is not a non-empty array", f'write e.g. {key} = ["{allowed[0]}"]')
+    for i, entry in enumerate(value):
+        if entry not in allowed:
+            raise where.index(i).error(f"{entry!r} is not a {what}", f"use one of: {', '.join(allowed)}")
+    return tuple(value)
 
 
 def _report(raw: dict, where: _Where) -> ReportSettings:

@@ -34,7 +34,8 @@ class GroupPlan:
     and where its events, gate and ranks come from.
 
     `launched` is True when an external launcher (torchrun, srun) starts one pytest per rank;
-    `only_tests` maps a run key to the tests a confirmation process re-runs (empty otherwise).
+    `only_tests` maps a run key to the tests a confirmation process re-runs (empty otherwise);
+    `optional` is matrix.toml's `[optional]`, key -> `OptionalWhere.to_json()`.
     """
 
     torch: str
@@ -44,6 +45,7 @@ class GroupPlan:
     gate: str | None
     launched: bool
     components: dict
+    optional: dict
     suites: dict[str, SuiteSpec]
     runs: tuple[tuple[str, Cell], ...]
     output_cap: int
@@ -64,6 +66,7 @@ class GroupPlan:
             "gate": self.gate,
             "launched": self.launched,
             "components": self.components,
+            "optional": self.optional,
             "suites": {
                 name: {"path": s.path, "timeout": s.timeout, "options": s.options} for name, s in self.suites.items()
             },
@@ -82,6 +85,7 @@ class GroupPlan:
             gate=data["gate"],
             launched=bool(data["launched"]),
             components=dict(data["components"]),
+            optional=dict(data["optional"]),
             suites={
                 name: SuiteSpec(spec["path"], float(spec["timeout"]), dict(spec["options"]))
                 for name, spec in data["suites"].items()

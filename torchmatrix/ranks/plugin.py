@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from torchmatrix.components.optional import OptionalWhere, error_line, is_optional_here, needs_package
 from torchmatrix.components.protocol import required_names
 from torchmatrix.env.component_requirements import uninstalled_here
 from torchmatrix.matrix.cells import Cell
@@ -73,6 +74,7 @@ class CellPlan:
         self.plan = plan
         self.rootpath = rootpath
         self.suites = plan.suites
+        self.optional = {key: OptionalWhere.from_json(where) for key, where in plan.optional.items()}
         self.suite_by_path = {(rootpath / spec.path).resolve(): name for name, spec in self.suites.items()}
         self.cells_by_suite: dict[str, list[Cell]] = {}
         for suite, cell in plan.runs:
@@ -312,9 +314,10 @@ def suite_options(request, _cell_plan) -> dict:
 
 
 @pytest.fixture(autouse=True)
-def _skip_cells_whose_components_cannot_import(request):
+def _cells_whose_components_cannot_import(request):
     """A component this suite needs for this cell whose module needs a package that is not
-    installed (TransformerEngine on a CPU box) skips the test, with that reason in the report."""
+    installed errors the test, saying what to change; where matrix.toml declares the component
+    `[optional]` for this environment (TransformerEngine on a CPU box) the test skips instead."""
     plan = request.config.stash.get(PLAN_KEY, None)
     suite = plan.suite_of(request.node.path) if plan else None
     if suite is None or "cell" not in request.fixturenames:
@@ -324,13 +327,18 @@ def _skip_cells_whose_components_cannot_import(request):
     keys = list(required_names([Path(plan.suites[suite].path).stem.removeprefix("test_")], optimizers))
     keys += [f"plain_state_{value}" for value in optimizers]
     uninstalled = uninstalled_here()
+    device_type = plan.plan.device["device_type"]
     for key in keys:
-        if key in uninstalled:
-            pytest.skip(f"{key} needs {uninstalled[key]}")
         path = plan.plan.components.get(key)
-        missing = missing_package(path) if path else None
-        if missing:
-            pytest.skip(f"{key} = {path} needs {missing!r}, which is not installed here")
+        if key in uninstalled:
+            needs = f"{key} needs {uninstalled[key]}"
+        elif path and (missing := missing_package(path)):
+            needs = needs_package(key, path, missing)
+        else:
+            continue
+        if is_optional_here(plan.optional, key, device_type, plan.plan.torch):
+            pytest.skip(needs)
+        pytest.fail(error_line(key, needs, device_type), pytrace=False)
 
 
 @functools.cache

@@ -1,9 +1,11 @@
 """Check matrix.toml's `[components]` against torchmatrix.components.protocol before any cell runs.
 
-A wrong import path or a factory that cannot take the suites' arguments would otherwise fail
-every cell, one traceback each, minutes in. The imports run in a child interpreter of the torch
-environment (like the torch probe of devices.py), so the runner never imports torch or the
-user's code itself.
+A wrong import path, a factory that cannot take the suites' arguments or an optimizer factory
+that returns something the suites cannot use would otherwise fail every cell, one traceback
+each, minutes in. The imports run in a child interpreter of the torch environment (like the
+torch probe of devices.py), so the runner never imports torch or the user's code itself. A
+component whose package this environment lacks is no problem here but a warning: its cells
+error, or skip where `[optional]` allows (torchmatrix.components.optional).
 """
 
 from __future__ import annotations
@@ -14,9 +16,13 @@ import inspect
 import json
 import subprocess
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torchmatrix
+from torchmatrix.components.calling import accepts
+from torchmatrix.components.optimizer_like import optimizer_like_problems
+from torchmatrix.components.optional import is_optional_here, needs_package, warning_line
 from torchmatrix.components.protocol import (
     ALWAYS,
     OPTIONAL,
@@ -26,6 +32,7 @@ from torchmatrix.components.protocol import (
     parameters_text,
     required_names,
 )
+from torchmatrix.env.component_requirements import uninstalled_here
 from torchmatrix.matrix.config import Matrix
 
 CHILD = """
@@ -34,10 +41,24 @@ sys.path.append({package_parent!r})
 from torchmatrix.run.component_check import main
 main()
 """
+MAX_PARAMETERS_TEXT = 120
+"""Characters of a factory's parameter names a signature problem quotes (its annotations can run to a thousand)."""
 
 
-def check_components(matrix: Matrix, python: str = sys.executable, timeout: float = 300.0) -> list[str]:
-    """One line per problem, `<matrix.toml>: components.<name>: <problem>; <fix>`; empty when all is well.
+@dataclass
+class ComponentCheck:
+    """What the check found: `problems` stop the run (exit 2); `warnings` name components whose
+    package is missing here, and whether their cells will error or skip. One line each,
+    `<matrix.toml>: components.<name>: ...`."""
+
+    problems: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def check_components(
+    matrix: Matrix, torch_version: str, python: str = sys.executable, timeout: float = 300.0
+) -> ComponentCheck:
+    """Check every component in a child interpreter of `python`, the environment of `torch_version`.
 
     Components a registered suite needs but `[components]` lacks are problems too; the import
     checks run with the working directory the suites run in (the matrix file's directory).
@@ -47,13 +68,15 @@ def check_components(matrix: Matrix, python: str = sys.executable, timeout: floa
         [str(value) for value in matrix.axes.get("optimizer", ())],
     )
     where = str(matrix.path)
-    problems = [
-        f'{where}: components.{key}: missing, and suite {" and ".join(users)} calls it; add {key} = "package.module:attribute"'
-        for key, users in needed.items()
-        if key not in matrix.components
-    ]
+    check = ComponentCheck(
+        problems=[
+            f'{where}: components.{key}: missing, and suite {" and ".join(users)} calls it; add {key} = "package.module:attribute"'
+            for key, users in needed.items()
+            if key not in matrix.components
+        ]
+    )
     if not matrix.components:
-        return problems
+        return check
     try:
         done = subprocess.run(
             [python, "-c", CHILD.format(package_parent=str(Path(torchmatrix.__file__).resolve().parent.parent))],
@@ -64,18 +87,34 @@ def check_components(matrix: Matrix, python: str = sys.executable, timeout: floa
             timeout=timeout,
         )
     except subprocess.TimeoutExpired:
-        return problems + [
+        check.problems.append(
             f"{where}: components: importing them took over {timeout:.0f}s; check what their modules do at import"
-        ]
+        )
+        return check
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        return problems + [f"{where}: components: the check could not run with {python}: {last}"]
-    return problems + [f"{where}: components.{key}: {problem}" for key, problem in json.loads(lines[-1])]
+        check.problems.append(f"{where}: components: the check could not run with {python}: {last}")
+        return check
+    found = json.loads(lines[-1])
+    check.problems += [f"{where}: components.{key}: {problem}" for key, problem in found["problems"]]
+    uninstalled = uninstalled_here()
+    missing = {key: f"{key} needs {reason}" for key, reason in uninstalled.items() if key in matrix.components}
+    missing.update({key: needs for key, needs in found["missing"] if key not in missing})
+    device_type = found["device_type"]
+    check.warnings += [
+        f"{where}: components.{key}: "
+        + warning_line(
+            key, needs, device_type, optional=is_optional_here(matrix.optional, key, device_type, torch_version)
+        )
+        for key, needs in missing.items()
+    ]
+    return check
 
 
-def problems_of(key: str, import_path: str) -> list[str]:
-    """What is wrong with one component, in this interpreter: `<problem>; <fix>` lines."""
+def problems_of(key: str, import_path: str) -> tuple[list[str], str | None]:
+    """What is wrong with one component, in this interpreter: `<problem>; <fix>` lines, and what its
+    module needs that this environment lacks (`key = path needs 'pkg', ...`), if that is why it fails to import."""
     module_name, _, attribute = import_path.partition(":")
     try:
         obj = importlib.import_module(module_name)
@@ -83,21 +122,38 @@ def problems_of(key: str, import_path: str) -> list[str]:
         if error.name and (module_name == error.name or module_name.startswith(error.name + ".")):
             return [
                 f"no module {error.name!r} to import {import_path!r} from; fix the module path, or make its package importable from {Path.cwd()} (install it or set PYTHONPATH)"
-            ]
-        return []  # the module exists but needs a package this environment lacks: its cells say so
+            ], None
+        return [], needs_package(key, import_path, error.name or "?")
     except Exception as error:
-        return [f"importing {module_name!r} raised {type(error).__name__}: {error}; fix the module so it imports"]
+        return [f"importing {module_name!r} raised {type(error).__name__}: {error}; fix the module so it imports"], None
     for part in attribute.split("."):
         if not hasattr(obj, part):
             names = [name for name in dir(obj) if not name.startswith("_")]
             close = difflib.get_close_matches(part, names, n=1)
             hint = f"did you mean {close[0]!r}?" if close else "name an attribute it has"
-            return [f"{getattr(obj, '__name__', module_name)!r} has no attribute {part!r}; {hint}"]
+            return [f"{getattr(obj, '__name__', module_name)!r} has no attribute {part!r}; {hint}"], None
         obj = getattr(obj, part)
     component = component_for(key)
     if component is None:
+        return [], None
+    problems = signature_problems(component, obj, key)
+    if not problems and component.name == "optimizer_<value>":
+        problems = returned_optimizer_problems(obj)
+    return problems, None
+
+
+def returned_optimizer_problems(factory) -> list[str]:
+    """Build the optimizer on one dummy parameter and ask whether the suites can use what comes
+    back; a factory that raises on the dummy is left to the cells, which say why."""
+    import torch
+
+    parameter = torch.nn.Parameter(torch.zeros(4))
+    keywords = {"named_parameters": [("weight", parameter)]} if accepts(factory, "named_parameters") else {}
+    try:
+        optimizer = factory([parameter], lr=1e-3, **keywords)
+    except Exception:
         return []
-    return signature_problems(component, obj, key)
+    return optimizer_like_problems(optimizer)
 
 
 def signature_problems(component: Component, obj, key: str) -> list[str]:
@@ -125,12 +181,9 @@ def _call_problems(target, arguments: tuple[Argument, ...], call: str, leading: 
         signature = inspect.signature(target)
     except (TypeError, ValueError):
         return []  # no signature to read (some builtins): the call itself will tell
-    takes_any_keyword = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in signature.parameters.values())
     always = [a for a in arguments if a.passed == ALWAYS]
     passed = [a for a in arguments if a.passed != OPTIONAL]
-    accepted_optional = [
-        a for a in arguments if a.passed == OPTIONAL and (takes_any_keyword or a.name in signature.parameters)
-    ]
+    accepted_optional = [a for a in arguments if a.passed == OPTIONAL and accepts(target, a.name)]
     for arguments_passed in (always, passed, passed + accepted_optional):
         positional = [None] * (leading + sum(a.positional for a in arguments_passed))
         keywords = {a.name: None for a in arguments_passed if not a.positional}
@@ -138,15 +191,49 @@ def _call_problems(target, arguments: tuple[Argument, ...], call: str, leading: 
             signature.bind(*positional, **keywords)
         except TypeError as error:
             return [
-                f"its signature {signature} cannot take {parameters_text(arguments_passed)} ({error}); make it accept {call}"
+                f"its signature ({parameter_names(signature)}) cannot take {parameters_text(arguments_passed)} ({error}); make it accept {call}"
             ]
     return []
 
 
+def parameter_names(signature: inspect.Signature) -> str:
+    """The parameters as `a, b, *, c, **kw`, without annotations or defaults, cut at MAX_PARAMETERS_TEXT characters."""
+    names, keyword_only_marked = [], False
+    for parameter in signature.parameters.values():
+        if parameter.kind is inspect.Parameter.VAR_POSITIONAL:
+            keyword_only_marked = True
+            names.append(f"*{parameter.name}")
+        elif parameter.kind is inspect.Parameter.VAR_KEYWORD:
+            names.append(f"**{parameter.name}")
+        else:
+            if parameter.kind is inspect.Parameter.KEYWORD_ONLY and not keyword_only_marked:
+                keyword_only_marked = True
+                names.append("*")
+            names.append(parameter.name)
+    text = ", ".join(names)
+    return text if len(text) <= MAX_PARAMETERS_TEXT else text[: MAX_PARAMETERS_TEXT - 1] + "…"
+
+
 def main() -> None:
-    """Child side: read {key: import path} on stdin, print [[key, problem], ...] as one JSON line.
+    """Child side: read {key: import path} on stdin, print as one JSON line this environment's
+    device type, [[key, problem], ...] and [[key, what its module needs], ...].
 
     The working directory comes first on sys.path, as for the suites; this torchmatrix comes last.
     """
     components = json.loads(sys.stdin.read())
-    print(json.dumps([[key, problem] for key, path in components.items() for problem in problems_of(key, path)]))
+    problems, missing = [], []
+    for key, path in components.items():
+        found, needs = problems_of(key, path)
+        problems += [[key, problem] for problem in found]
+        if needs:
+            missing.append([key, needs])
+    print(json.dumps({"device_type": device_type(), "problems": problems, "missing": missing}))
+
+
+def device_type() -> str:
+    """`cuda` where torch sees a GPU, as torchmatrix.env.devices names it; `cpu` otherwise."""
+    try:
+        import torch
+    except ImportError:
+        return "cpu"
+    return "cuda" if torch.cuda.is_available() else "cpu"

@@ -125,7 +125,7 @@ def run_version(request: RunRequest, stream=sys.stdout) -> int:
     with ThreadPoolExecutor(max_workers=2) as children:
         probed = children.submit(_probe_or_error) if request.install_log is None else None
         if request.install_log is None:
-            _refuse_broken_components(matrix)
+            _refuse_broken_components(matrix, request.version)
         claim_version_directory(request)
         prepare_directory(request.version_dir / "logs")
         runs = plan_runs(cells, matrix.suites)
@@ -189,11 +189,14 @@ def _refuse_too_wide_for_cpu(request: RunRequest, cells: list[Cell], environment
         )
 
 
-def _refuse_broken_components(matrix: Matrix) -> None:
-    """Stop before any cell runs when a component cannot be imported or called as the suites call it."""
-    problems = check_components(matrix)
-    if problems:
-        raise RunError("\n".join(problems))
+def _refuse_broken_components(matrix: Matrix, version: str) -> None:
+    """Stop before any cell runs when a component cannot be imported or called as the suites call
+    it; warn about each component whose package this environment lacks."""
+    check = check_components(matrix, version)
+    for line in check.warnings:
+        print(f"torchmatrix: warning: {line}", file=sys.stderr)
+    if check.problems:
+        raise RunError("\n".join(check.problems))
 
 
 def _interrupt(signum, frame):
@@ -360,6 +363,7 @@ def group_command(
         gate=str(gate) if gate else None,
         launched=bool(group.launcher),
         components=matrix.components,
+        optional={key: where.to_json() for key, where in matrix.optional.items()},
         suites={name: SuiteSpec(s.path, s.timeout, s.options) for name, s in suites.items()},
         runs=tuple((run.suite.name, run.cell) for run in group.runs),
         output_cap=output_cap,

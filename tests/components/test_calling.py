@@ -1,0 +1,99 @@
+"""build_optimizer, the one place the suites call an `optimizer_<value>` factory: `named_parameters`
+goes only to a factory whose signature names it, under the names the user's model spells."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper  # noqa: E402
+
+from models.optim import build_adamw_no_decay_on_norms  # noqa: E402
+from torchmatrix.testing import accepts, build_optimizer  # noqa: E402
+
+from conftest import REFERENCE_COMPONENTS, matrix_toml, run_suites  # noqa: E402
+
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(4)
+        self.proj = torch.nn.Linear(4, 4)
+
+
+def wrapped_model() -> torch.nn.Module:
+    """Checkpoint-wrapped layers under torch.compile: names carry `_orig_mod.` and `_checkpoint_wrapped_module.`."""
+    model = torch.nn.Sequential(checkpoint_wrapper(Block()), Block())
+    return torch.compile(model)
+
+
+def test_named_parameters_arrive_without_wrapper_prefixes():
+    received = {}
+
+    def factory(params, *, lr, named_parameters=None):
+        received["names"] = [name for name, _ in named_parameters]
+        received["params"] = list(params)
+        return torch.optim.SGD(received["params"], lr=lr)
+
+    model = wrapped_model()
+    assert any("_checkpoint_wrapped_module." in name for name, _ in model.named_parameters())
+    build_optimizer(factory, model, lr=0.1)
+    assert received["names"] == [
+        "0.norm.weight",
+        "0.norm.bias",
+        "0.proj.weight",
+        "0.proj.bias",
+        "1.norm.weight",
+        "1.norm.bias",
+        "1.proj.weight",
+        "1.proj.bias",
+    ]
+    assert len(received["params"]) == 8
+
+
+def test_a_factory_without_the_keyword_or_with_only_kwargs_does_not_get_it():
+    calls = []
+
+    def plain(params, *, lr):
+        calls.append("plain")
+        return torch.optim.SGD(params, lr=lr)
+
+    def forwarding(params, **kwargs):
+        calls.append(sorted(kwargs))
+        return torch.optim.SGD(params, **kwargs)
+
+    build_optimizer(plain, wrapped_model(), lr=0.1)
+    build_optimizer(forwarding, wrapped_model(), lr=0.1)
+    assert calls == ["plain", ["lr"]]
+    assert accepts(torch.optim.AdamW, "lr") and not accepts(forwarding, "named_parameters")
+
+
+def test_the_reference_factory_keeps_weight_decay_off_the_norms():
+    optimizer = build_optimizer(build_adamw_no_decay_on_norms, wrapped_model(), lr=1e-3, weight_decay=0.1)
+    decayed, not_decayed = optimizer.param_groups
+    assert (decayed["weight_decay"], not_decayed["weight_decay"]) == (0.1, 0.0)
+    assert [tuple(p.shape) for p in not_decayed["params"]] == [(4,)] * 4  # both norms' weight and bias
+    assert [tuple(p.shape) for p in decayed["params"]] == [(4, 4), (4,), (4, 4), (4,)]
+
+
+@pytest.mark.slow
+def test_param_groups_chosen_by_name_resume_and_reshard(tmp_path):
+    """The reference factory that needs `named_parameters` (it raises without them) through resume
+    and dtensor_optim at ws2-FSDP2: its two param groups save, load and reshard like one."""
+    text = matrix_toml(
+        axes={"world_size": [2], "fsdp": ["fsdp2"], "attn": ["sdpa"], "optimizer": ["adamw_norms"]},
+        suites={
+            name: {"timeout": 300, "axes": ["world_size", "fsdp", "optimizer"]} for name in ("resume", "dtensor_optim")
+        },
+        components={
+            **REFERENCE_COMPONENTS,
+            "batch": "models.transformer:make_batch",
+            "optimizer_adamw_norms": "models.optim:build_adamw_no_decay_on_norms",
+        },
+    )
+    done, outcomes = run_suites(tmp_path, text)
+    assert done.returncode == 0, done.stdout + done.stderr
+    tests = outcomes["ws2-fsdp2-sdpa-adamw_norms"]
+    assert tests["test_state_restored_right_after_load[piece=param_groups]"] == "passed", tests
+    assert tests["test_reshard_load_is_exact[model_kind=model,reshard=shrink]"] == "passed", tests
