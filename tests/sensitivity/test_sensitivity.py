@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from torchmatrix.components.calling import accepts
 from torchmatrix.matrix.cells import Cell
 from torchmatrix.matrix.config import Suite, load_matrix
 from torchmatrix.matrix.plan import SuiteRun
@@ -24,6 +25,7 @@ from torchmatrix.sensitivity.command import (
     judge,
     not_applicable,
 )
+from torchmatrix.sensitivity.mutants import moments_cast_on_load
 from torchmatrix.sensitivity.verdicts import raised_rank_lines, read_cells
 
 from conftest import PROJECT_IS_THIS_CHECKOUT, REPO, checkout_env, matrix_toml
@@ -46,6 +48,17 @@ def test_generated_module_wraps_each_configured_component_the_mutant_targets():
     assert "moments_cast_to_param_dtype__optimizer_adamw = moments_cast_on_load('models.optim:build_adamw')" in source
     assert "recompute_bumps_buffer__model = counts_body_runs_in_buffer('models.transformer:build_model')" in source
     compile(source, "generated", "exec")
+
+
+def test_the_optimizer_mutant_passes_parameter_names_on_only_to_a_factory_that_names_them():
+    torch = pytest.importorskip("torch")
+    param = torch.nn.Parameter(torch.zeros(2))
+    named = [("norm.weight", param)]
+    by_name = moments_cast_on_load("models.optim:build_adamw_no_decay_on_norms")
+    positional = moments_cast_on_load("models.optim:build_adamw")
+    assert accepts(by_name, "named_parameters")
+    assert by_name([param], named_parameters=named, lr=1e-3).param_groups[-1]["weight_decay"] == 0.0
+    assert positional([param], named_parameters=named, lr=1e-3).param_groups[0]["params"] == [param]
 
 
 def test_unknown_mutant_is_a_one_line_error():

@@ -7,6 +7,7 @@ torchmatrix module must import without it.
 
 from __future__ import annotations
 
+from torchmatrix.components.calling import accepts
 from torchmatrix.components.loading import load
 
 RESTORED_PIECES = ("model", "optimizer", "scheduler", "loader", "rng")
@@ -98,10 +99,13 @@ def moments_cast_on_load(inner: str):
     tensor but `step` to its param's dtype, as torch's default `Optimizer.load_state_dict` does:
     fp32 masters and moments of bf16 params come back rounded."""
 
-    def build(params, **kwargs):
+    def build(params, *, named_parameters=None, **kwargs):
         import torch
 
-        optimizer = load(inner)(params, **kwargs)
+        factory = load(inner)
+        if named_parameters is not None and accepts(factory, "named_parameters"):
+            kwargs["named_parameters"] = named_parameters
+        optimizer = factory(params, **kwargs)
         load_exactly = optimizer.load_state_dict
 
         def load_state_dict(state_dict):
