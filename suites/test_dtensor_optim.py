@@ -37,8 +37,8 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
-from suites.dcp_layout import read_layouts
-from suites.optimizer_state import state_adapter
+from .dcp_layout import read_layouts
+from .optimizer_state import state_adapter
 from torchmatrix.testing import current_device, load
 
 LR = 1e-2

@@ -33,9 +33,9 @@ from torch.distributed.fsdp import FullyShardedDataParallel
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
-from suites.deterministic import deterministic_algorithms
-from suites.names import clean_name
-from suites.ulp import bits_equal, ulp_distance
+from .deterministic import deterministic_algorithms
+from .names import clean_name
+from .ulp import bits_equal, ulp_distance
 from torchmatrix.testing import current_device, load
 
 SEED = 0

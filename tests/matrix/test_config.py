@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import pytest
 
+from torchmatrix.matrix.builtin_suites import BUILTIN_SUITES, builtin_suite_path
 from torchmatrix.matrix.config import ConfigError, load_matrix
 
 GOOD = """
@@ -63,11 +67,13 @@ MALFORMED = [
     ),
     (
         GOOD.replace('path = "suites/test_demo.py"', 'path = "../outside/test_demo.py"'),
-        ["suites.demo.path", "leaves the project directory"],
+        ["suites.demo.path", "leaves the project directory", "name a built-in suite without path", "[project] root"],
     ),
+    (GOOD.replace('path = "suites/test_demo.py"', 'path = "/etc/passwd"'), ["suites.demo.path", "is absolute"]),
+    (GOOD.replace('path = "suites/test_demo.py"', "path = 3"), ["suites.demo.path", "not a non-empty string"]),
     (
-        GOOD.replace('path = "suites/test_demo.py"', 'path = "/etc/passwd"'),
-        ["suites.demo.path", "leaves the project directory"],
+        GOOD.replace('path = "suites/test_demo.py"\n', ""),
+        ["suites.demo", "no path, and 'demo' is not a built-in suite (collectives, grad_ckpt,", 'add path = "suites/'],
     ),
     (GOOD.replace("timeout = 30", "timeout = -1"), ["suites.demo.timeout", "not a positive number"]),
     (GOOD.replace("timeout = 30", 'timeout = "30s"'), ["suites.demo.timeout", "not a positive number"]),
@@ -168,6 +174,29 @@ def test_component_requirements_load(tmp_path):
 def test_suite_axes_default_to_every_axis(tmp_path):
     matrix = load_matrix(write_matrix(tmp_path, GOOD.replace('axes = ["world_size"]\n', "")))
     assert matrix.suites["demo"].axes == ("world_size", "fsdp")
+
+
+def test_builtin_suite_is_named_without_path(tmp_path):
+    text = GOOD + '\n[suites.grad_ckpt]\n\n[suites.collectives]\ntimeout = 5\naxes = ["world_size", "fsdp"]\n'
+    matrix = load_matrix(write_matrix(tmp_path, text))
+    grad_ckpt = matrix.suites["grad_ckpt"]
+    assert Path(grad_ckpt.path) == Path(importlib.util.find_spec("torchmatrix.suites.test_grad_ckpt").origin)
+    assert (grad_ckpt.timeout, grad_ckpt.axes) == (120.0, ("world_size", "fsdp")), "its own axes that [axes] has"
+    assert (matrix.suites["collectives"].timeout, matrix.suites["collectives"].axes) == (5.0, ("world_size", "fsdp"))
+
+
+def test_builtin_suite_names_match_the_shipped_files():
+    shipped = {path.stem.removeprefix("test_") for path in builtin_suite_path("resume").parent.glob("test_*.py")}
+    assert shipped == set(BUILTIN_SUITES)
+
+
+def test_a_suite_path_may_leave_matrix_dir_inside_project_root(tmp_path):
+    (tmp_path / "shared" / "test_demo.py").parent.mkdir()
+    (tmp_path / "shared" / "test_demo.py").write_text("def test_x(cell):\n    pass\n")
+    text = GOOD.replace('path = "suites/test_demo.py"', 'path = "../shared/test_demo.py"')
+    (tmp_path / "project").mkdir()
+    matrix = load_matrix(write_matrix(tmp_path / "project", text + '\n[project]\nroot = ".."\n'))
+    assert matrix.suites["demo"].path == "../shared/test_demo.py"
 
 
 def test_exclude_list_means_any_of(tmp_path):
