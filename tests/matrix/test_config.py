@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -223,3 +225,12 @@ def test_cli_prints_one_line_and_exits_2(project):
         assert done.stderr.count("\n") == 1, done.stderr
         assert "Traceback" not in done.stderr
         assert "suites.demo.timeout" in done.stderr
+
+
+def test_builtin_suites_resolve_from_a_checkout_that_is_not_installed():
+    """nox's own environment imports torchmatrix from the checkout (the noxfile puts it on sys.path)."""
+    from conftest import REPO
+
+    code = f"import sys; sys.path.insert(0, {str(REPO)!r}); from torchmatrix.matrix.builtin_suites import builtin_suite_path; print(builtin_suite_path('resume'))"
+    done = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True)
+    assert done.stdout.strip() == str(REPO / "suites" / "test_resume.py"), done.stderr

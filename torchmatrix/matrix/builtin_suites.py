@@ -10,6 +10,8 @@ import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
+import torchmatrix
+
 
 @dataclass(frozen=True)
 class BuiltinSuite:
@@ -29,8 +31,12 @@ BUILTIN_SUITES = {
 
 
 def builtin_suite_path(name: str) -> Path:
-    """The installed file of the built-in suite `name` (a key of BUILTIN_SUITES)."""
+    """The installed file of the built-in suite `name` (a key of BUILTIN_SUITES); for a torchmatrix
+    imported from a checkout that is not installed (nox's own environment), the checkout's suites/."""
     spec = importlib.util.find_spec("torchmatrix.suites")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("torchmatrix.suites is not installed with this torchmatrix")
-    return Path(next(iter(spec.submodule_search_locations))).resolve() / BUILTIN_SUITES[name].file
+    if spec is not None and spec.submodule_search_locations:
+        return Path(next(iter(spec.submodule_search_locations))).resolve() / BUILTIN_SUITES[name].file
+    checkout_suites = Path(torchmatrix.__file__).resolve().parent.parent / "suites"
+    if (checkout_suites / "__init__.py").is_file():
+        return checkout_suites / BUILTIN_SUITES[name].file
+    raise FileNotFoundError("torchmatrix.suites is not installed with this torchmatrix")

@@ -12,11 +12,11 @@ import difflib
 import importlib
 import inspect
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
-import torchmatrix
 from torchmatrix.components.protocol import (
     ALWAYS,
     OPTIONAL,
@@ -27,13 +27,9 @@ from torchmatrix.components.protocol import (
     required_names,
 )
 from torchmatrix.matrix.config import Matrix
+from torchmatrix.run.import_path import user_code_environment
 
-CHILD = """
-import sys
-sys.path.append({package_parent!r})
-from torchmatrix.run.component_check import main
-main()
-"""
+CHILD = "from torchmatrix.run.component_check import main; main()"
 
 
 def check_components(matrix: Matrix, python: str = sys.executable, timeout: float = 300.0) -> list[str]:
@@ -56,9 +52,10 @@ def check_components(matrix: Matrix, python: str = sys.executable, timeout: floa
         return problems
     try:
         done = subprocess.run(
-            [python, "-c", CHILD.format(package_parent=str(Path(torchmatrix.__file__).resolve().parent.parent))],
+            [python, "-c", CHILD],
             input=json.dumps(matrix.components),
             cwd=matrix.root,
+            env=user_code_environment(matrix.root, os.environ),
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -146,7 +143,7 @@ def _call_problems(target, arguments: tuple[Argument, ...], call: str, leading: 
 def main() -> None:
     """Child side: read {key: import path} on stdin, print [[key, problem], ...] as one JSON line.
 
-    The working directory comes first on sys.path, as for the suites; this torchmatrix comes last.
+    sys.path is the suites' (torchmatrix.run.import_path): the matrix directory first.
     """
     components = json.loads(sys.stdin.read())
     print(json.dumps([[key, problem] for key, path in components.items() for problem in problems_of(key, path)]))
