@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import torch
 
+from torchmatrix.sensitivity.mutants import restores_on_rank_zero_only
+
 from ..checkpoint import Checkpointer
 from ..optim import PrecisionAwareAdamW
-from torchmatrix.sensitivity.mutants import restores_on_rank_zero_only
 
 
 class RawOptimizerStateCheckpointer(Checkpointer):
