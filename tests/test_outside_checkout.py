@@ -30,6 +30,10 @@ fsdp = ["none", "fsdp2"]
 fsdp = "none"
 world_size = 2
 
+[[exclude]]
+fsdp = "fsdp2"
+world_size = 1
+
 [suites.collectives]
 [suites.grad_ckpt]
 
@@ -56,15 +60,12 @@ def build_model(cell, **options):
 
 # The user's own `suites` package, beside torchmatrix's built-in suites in one pytest process.
 USER_SUITE = """
-import torch.distributed as dist
-
 from mystack.model import build_model
 from suites.helpers import layer_count
 
 
-def test_the_users_model_builds_on_every_rank(cell):
-    assert layer_count(build_model(cell)) > 0
-    assert dist.get_world_size() == cell["world_size"]
+def test_the_users_model_builds(cell):
+    assert layer_count(build_model(cell)) > 1
 """
 
 USER_HELPERS = """

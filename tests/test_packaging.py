@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import zipfile
@@ -53,3 +54,12 @@ def test_the_wheel_holds_the_suites_and_models(tmp_path):
     ):
         assert expected in names, expected
     assert not any(name.startswith(("suites/", "models/", "tests/")) for name in names), "no top-level suites or models"
+
+
+def test_the_installed_package_imports_its_models_and_suites_from_elsewhere(tmp_path):
+    """Whichever way this environment installed torchmatrix (editable here: setuptools' finder maps the names)."""
+    code = "import torchmatrix.models.transformer, torchmatrix.suites.optimizer_state as s; print(s.__file__)"
+    environ = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=environ, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert Path(done.stdout.strip()).name == "optimizer_state.py"
