@@ -9,6 +9,9 @@ nox -s hf_matrix                           the suites on a tiny Hugging Face Lla
 nox -s optim_matrix                        torchao, torch-optimi, bitsandbytes optimizers (examples/optimizers)
 nox -s sensitivity [-- --mutants A,B]      would the suites catch generic mutants of [components]?
 nox -s tests
+
+The sessions a user's repository gets too (gpu_matrix, report, list, compare, cli, merge,
+sensitivity) are declared in torchmatrix.nox_sessions; this file adds the checkout's own.
 """
 
 import os
@@ -19,18 +22,10 @@ import nox
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from torchmatrix import sessions  # noqa: E402
+from torchmatrix.nox_sessions import *  # noqa: E402, F403
+from torchmatrix.nox_sessions import MATRIX, RUN_ID, lock_matrix_sessions  # noqa: E402
 
 nox.needs_version = ">=2026.7.11"  # CommandFailed.return_code; the uv probe runs late enough to filter
-sessions.quiet_uv_probe()
-MATRIX = sessions.matrix_or_exit(os.environ.get("TORCHMATRIX_CONFIG", "matrix.toml"))
-RUN_ID = sessions.run_id_or_exit(os.environ.get("TORCHMATRIX_RUN_ID"))
-
-
-@nox.session
-@nox.parametrize("torch", [v for v in MATRIX.versions if v != "system"])
-def gpu_matrix(session, torch):
-    """Run every suite over every cell for one torch version (one venv per version)."""
-    sessions.gpu_matrix(session, MATRIX, torch, RUN_ID)
 
 
 @nox.session
@@ -48,42 +43,6 @@ def optim_matrix(session, torch):
 
 
 @nox.session
-def report(session):
-    """Write a run's junit.xml, results.json and summary pages (default reports/latest); -- --compare RUN diffs."""
-    sessions.report(session)
-
-
-@nox.session(name="list")
-def list_cells(session):
-    """The cells, versions and baseline: nox -s list [-- --json]."""
-    sessions.cli(session, "list")
-
-
-@nox.session
-def compare(session):
-    """Upgrade diff of run B against run A: nox -s compare -- RUN_A RUN_B; exit 1 on a regression."""
-    sessions.cli(session, "compare")
-
-
-@nox.session
-def cli(session):
-    """Any torchmatrix command: nox -s cli -- COMMAND [ARGS] (e.g. -- --help)."""
-    sessions.cli(session, "")
-
-
-@nox.session
-def merge(session):
-    """Merge report directories of shards and jobs: nox -s merge -- DIR... --out DIR."""
-    sessions.merge(session)
-
-
-@nox.session
-def sensitivity(session):
-    """Wrap [components] in generic mutants, run the suites on a few cells, fail on a missed mutant."""
-    sessions.sensitivity(session, MATRIX)
-
-
-@nox.session
 def tests(session):
     """The runner's own tests (pytest-xdist), on the baseline torch."""
     sessions.tests(session, MATRIX.baseline)
@@ -96,11 +55,7 @@ def lint(session):
 
 
 # Last, once every session is declared (with its tags): nox's -s, -k and -t select as they will.
-MATRIX_LOCK = sessions.lock_envdir_or_exit(
-    sys.argv[1:],
-    {
-        "gpu_matrix": MATRIX.versions,
-        "hf_matrix": sessions.hf_llama_matrix().versions,
-        "optim_matrix": sessions.optimizers_matrix().versions,
-    },
+MATRIX_LOCK = lock_matrix_sessions(
+    hf_matrix=sessions.hf_llama_matrix().versions,
+    optim_matrix=sessions.optimizers_matrix().versions,
 )

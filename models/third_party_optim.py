@@ -15,7 +15,7 @@ from collections.abc import Mapping
 
 import torch
 
-from models.transformer import DecoderConfig, PrefixExpertDecoder
+from .transformer import DecoderConfig, PrefixExpertDecoder
 
 QUANTIZABLE = DecoderConfig(width=64, mlp_width=256)  # MLP weights 64x256: 4096 elements per rank up to 4 ranks
 
@@ -84,7 +84,7 @@ def bnb_plain_state(state: dict) -> dict:
     step and any other entry pass through as the default adapter gives them."""
     import bitsandbytes.functional
 
-    from suites.optimizer_state import plain_state
+    from torchmatrix.suites.optimizer_state import plain_state
 
     plain = plain_state(state)
     for codes_key, (name, scale_key, book_key) in BNB_MOMENTS.items():

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-DEFAULT_ADAPTER = "suites.optimizer_state:plain_state"
+DEFAULT_ADAPTER = "torchmatrix.suites.optimizer_state:plain_state"
 
 
 def plain_state(state: dict) -> dict:

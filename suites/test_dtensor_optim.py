@@ -36,9 +36,10 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
-from suites.dcp_layout import read_layouts
-from suites.optimizer_state import state_adapter
 from torchmatrix.testing import accepts, build_optimizer, current_device, load
+
+from .dcp_layout import read_layouts
+from .optimizer_state import state_adapter
 
 LR = 1e-2
 SAVE_SEED, LOAD_SEED = 0, 1

@@ -33,10 +33,11 @@ from torch.distributed.fsdp import FullyShardedDataParallel
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
-from suites.deterministic import deterministic_algorithms
-from suites.names import clean_name
-from suites.ulp import bits_equal, ulp_distance
 from torchmatrix.testing import current_device, load
+
+from .deterministic import deterministic_algorithms
+from .names import clean_name
+from .ulp import bits_equal, ulp_distance
 
 SEED = 0
 DROPOUT = 0.1

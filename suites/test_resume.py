@@ -35,11 +35,12 @@ import random
 import pytest
 import torch
 
-from suites.deterministic import deterministic_algorithms
-from suites.names import clean_name
-from suites.optimizer_state import quantized_keys, state_adapter
-from suites.ulp import bits_equal, ulp_distance
 from torchmatrix.testing import RESUME_BF16_PARAM_OPTIMIZERS, build_optimizer, load
+
+from .deterministic import deterministic_algorithms
+from .names import clean_name
+from .optimizer_state import quantized_keys, state_adapter
+from .ulp import bits_equal, ulp_distance
 
 try:
     import numpy

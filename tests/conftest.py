@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -184,3 +185,20 @@ def processes_with(marker: str) -> list[int]:
 @pytest.fixture
 def project(tmp_path) -> Project:
     return Project(tmp_path / "project")
+
+
+def copy_checkout(destination: Path) -> Path:
+    """The files git knows (tracked and new, not ignored) of this checkout, so no build artefact travels."""
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split("\0")
+    for name in filter(None, listed):
+        source = REPO / name
+        if source.exists() or source.is_symlink():
+            (destination / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, destination / name, follow_symlinks=False)
+    return destination

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from torchmatrix.matrix.config import load_matrix
 from torchmatrix.sessions import first_missing
 
 from conftest import REPO, checkout_env, write_demo_project
@@ -128,3 +129,16 @@ def test_a_failed_session_removes_only_the_directories_it_created(tmp_path):
     assert first_missing(logs, stop=reports) == reports / "run" / "torch-2.13.0", "another version's results stay"
     logs.mkdir(parents=True)
     assert first_missing(logs, stop=reports) is None, "a directory an earlier attempt made stays"
+
+
+def test_a_users_two_line_noxfile_declares_the_sessions_over_its_own_matrix(tmp_path):
+    write_demo_project(tmp_path, torch=["2.13.0", "2.14.1", "system"], axes={"world_size": [1]})
+    (tmp_path / "noxfile.py").write_text(
+        "from torchmatrix.nox_sessions import *  # noqa: F403\n\nMATRIX_LOCK = lock_matrix_sessions()\n"
+    )
+    listed = nox(tmp_path / "noxfile.py", "-l", env={**checkout_env(), "PYTHONPATH": ""})
+    assert listed.returncode == 0, listed.stderr
+    sessions = [line.split()[1] for line in listed.stdout.splitlines() if line.startswith("* ")]
+    versions = load_matrix(tmp_path / "matrix.toml").versions
+    expected = [f"gpu_matrix(torch='{v}')" for v in versions if v != "system"]
+    assert sessions == [*expected, "report", "list", "compare", "cli", "merge", "sensitivity"]

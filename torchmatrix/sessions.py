@@ -27,12 +27,13 @@ from torchmatrix.env.envdir_lock import (
     reuses_venvs_only,
     runs_matrix_sessions,
 )
+from torchmatrix.env.self_install import install_arguments
 from torchmatrix.env.torch_install import install_torch
 from torchmatrix.matrix.config import ConfigError, Matrix, load_matrix
 from torchmatrix.matrix.safe_names import UnsafeName
 from torchmatrix.run.run_directory import check_run_id, new_run_id
 
-PROJECT = Path(__file__).resolve().parent.parent
+PROJECT = Path(__file__).resolve().parent.parent  # this checkout: its examples, tests and lint only
 USAGE_EXIT = 2
 INVOCATION_STARTED = time.time()  # the noxfile loads once per nox invocation
 _SESSIONS_STARTED: Counter[str] = Counter()
@@ -76,7 +77,7 @@ def lock_envdir_or_exit(argv: list[str], versions: dict[str, tuple[str, ...]]) -
     if not runs_matrix_sessions(argv, matrix_sessions):
         return None
     try:
-        return lock_envdir(envdir_of(argv, PROJECT), shared=reuses_venvs_only(argv))
+        return lock_envdir(envdir_of(argv, Path.cwd()), shared=reuses_venvs_only(argv))
     except EnvdirBusy as error:
         print(f"torchmatrix: error: {error}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -86,7 +87,7 @@ def lock_envdir_or_exit(argv: list[str], versions: dict[str, tuple[str, ...]]) -
 
 
 def gpu_matrix(session, matrix: Matrix, torch_version: str, run_id: str) -> None:
-    """Install torch==V as matrix.toml says (checked first, progress on the terminal), this project, then run V's cells."""
+    """Install torch==V as matrix.toml says (checked first, progress on the terminal), this torchmatrix, then run V's cells."""
     install = matrix.install(torch_version)
     session.env.update(install.env)
     reports = matrix.root / "reports"
@@ -110,7 +111,7 @@ def gpu_matrix(session, matrix: Matrix, torch_version: str, run_id: str) -> None
     created = first_missing(install_log.parent, stop=reports)
     install_log.parent.mkdir(parents=True, exist_ok=True)
     installed = install_torch(session, torch_version, install, install_log)
-    session.install("-e", str(PROJECT))
+    session.install(*install_arguments())
     if installed.ok and matrix.requires:
         install_requirements(session, matrix.requires, install.constraints, install_log.with_name("requires.log"))
     if not installed.ok:
@@ -178,10 +179,9 @@ def hf_llama_matrix() -> Matrix:
 
 
 def hf_matrix(session, torch_version: str, run_id: str) -> None:
-    """gpu_matrix over the Hugging Face example, with transformers installed and the project on
-    PYTHONPATH (its components live in examples/ and models/, which are not installed)."""
+    """gpu_matrix over the Hugging Face example, with transformers installed (its components
+    import from its own directory and torchmatrix.models)."""
     session.install("transformers")
-    session.env["PYTHONPATH"] = str(PROJECT)
     gpu_matrix(session, hf_llama_matrix(), torch_version, run_id)
 
 
@@ -192,18 +192,17 @@ def optimizers_matrix() -> Matrix:
 
 def optim_matrix(session, torch_version: str, run_id: str) -> None:
     """gpu_matrix over the third-party optimizers (torchao, torch-optimi, bitsandbytes, installed
-    per component from its `[requires]`), with the project on PYTHONPATH for models/."""
-    session.env["PYTHONPATH"] = str(PROJECT)
+    per component from its `[requires]`)."""
     gpu_matrix(session, optimizers_matrix(), torch_version, run_id)
 
 
-def report(session) -> None:
-    """Write a run directory's reports (default: reports/latest); with `-- --compare RUN`, diff it against RUN."""
+def report(session, matrix: Matrix) -> None:
+    """Write a run directory's reports (default: reports/latest beside matrix.toml); with `-- --compare RUN`, diff it against RUN."""
     parser = argparse.ArgumentParser(prog="nox -s report --")
-    parser.add_argument("run_dir", nargs="?", default=str(PROJECT / "reports" / "latest"))
+    parser.add_argument("run_dir", nargs="?", default=str(matrix.root / "reports" / "latest"))
     parser.add_argument("--compare", metavar="RUN", help="a reference run directory or results.json")
     args = parser.parse_args(session.posargs)
-    session.install("-e", str(PROJECT))
+    session.install(*install_arguments())
     session.run("python", "-m", "torchmatrix", "report", args.run_dir)
     if args.compare:
         out = Path(args.run_dir) / f"compare-{Path(args.compare).resolve().name}.md"
@@ -212,7 +211,7 @@ def report(session) -> None:
 
 def merge(session) -> None:
     """Merge report directories (shards, jobs, versions): `nox -s merge -- DIR... --out DIR`."""
-    session.install("-e", str(PROJECT))
+    session.install(*install_arguments())
     session.run("python", "-m", "torchmatrix", "merge", *session.posargs)
 
 
@@ -220,7 +219,7 @@ def sensitivity(session, matrix: Matrix) -> None:
     """`python -m torchmatrix sensitivity` on the baseline torch: which generic mutants of the
     configured components the suites catch; the session fails when one is missed."""
     torch = [] if matrix.baseline == "system" else [f"torch=={matrix.baseline}", "numpy"]
-    session.install("-e", str(PROJECT), *torch)
+    session.install(*install_arguments(), *torch)
     session.run(
         "python", "-m", "torchmatrix", "sensitivity", "--config", str(matrix.path), "--torch", matrix.baseline,
         *session.posargs,
@@ -242,9 +241,9 @@ def lint(session) -> None:
 
 
 def cli(session, command: str) -> None:
-    """`python -m torchmatrix COMMAND` from a venv that has this project installed (nox's own
-    environment lacks its dependencies): the README's commands work from its set-up."""
-    session.install("-e", str(PROJECT))
+    """`python -m torchmatrix COMMAND` from a venv that has this torchmatrix installed (nox's own
+    environment may lack its dependencies): the README's commands work from its set-up."""
+    session.install(*install_arguments())
     session.run("python", "-m", "torchmatrix", *([command] if command else []), *session.posargs)
 
 

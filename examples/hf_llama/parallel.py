@@ -14,7 +14,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from models.parallel import FSDP_KINDS, shard_fsdp2, wrap_fsdp1
+from torchmatrix.models.parallel import FSDP_KINDS, shard_fsdp2, wrap_fsdp1
 
 
 def parallelize(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch.distributed.tensor import DTensor, Replicate
 
-from models.optim import PrecisionAwareAdamW, local_tensor
+from ..optim import PrecisionAwareAdamW, local_tensor
 
 
 class PlainLocalStateAdamW(PrecisionAwareAdamW):

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from models.transformer import (
+from ..transformer import (
     DecoderConfig,
     DecoderOutput,
     ExpertLayer,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from models.checkpoint import Checkpointer
+from ..checkpoint import Checkpointer
 
 
 class StateDroppedCheckpointer(Checkpointer):

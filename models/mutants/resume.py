@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import torch
 
-from models.checkpoint import Checkpointer
-from models.optim import PrecisionAwareAdamW
 from torchmatrix.sensitivity.mutants import restores_on_rank_zero_only
+
+from ..checkpoint import Checkpointer
+from ..optim import PrecisionAwareAdamW
 
 
 class RawOptimizerStateCheckpointer(Checkpointer):
@@ -76,7 +77,7 @@ class LoaderOneBatchLateCheckpointer(Checkpointer):
         next(loader)
 
 
-RankZeroOnlyCheckpointer = restores_on_rank_zero_only("models.checkpoint:Checkpointer")
+RankZeroOnlyCheckpointer = restores_on_rank_zero_only("torchmatrix.models.checkpoint:Checkpointer")
 """Loads on every rank, but only rank 0 keeps what it loaded (a restore guarded by `if rank == 0`,
 or a rank-0 read that is never broadcast): the other ranks resume from freshly built state."""
 

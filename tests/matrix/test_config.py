@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
+from torchmatrix.matrix.builtin_suites import BUILTIN_SUITES, builtin_suite_path
 from torchmatrix.matrix.config import ConfigError, load_matrix
 
 GOOD = """
@@ -63,11 +69,13 @@ MALFORMED = [
     ),
     (
         GOOD.replace('path = "suites/test_demo.py"', 'path = "../outside/test_demo.py"'),
-        ["suites.demo.path", "leaves the project directory"],
+        ["suites.demo.path", "leaves the project directory", "name a built-in suite without path", "[project] root"],
     ),
+    (GOOD.replace('path = "suites/test_demo.py"', 'path = "/etc/passwd"'), ["suites.demo.path", "is absolute"]),
+    (GOOD.replace('path = "suites/test_demo.py"', "path = 3"), ["suites.demo.path", "not a non-empty string"]),
     (
-        GOOD.replace('path = "suites/test_demo.py"', 'path = "/etc/passwd"'),
-        ["suites.demo.path", "leaves the project directory"],
+        GOOD.replace('path = "suites/test_demo.py"\n', ""),
+        ["suites.demo", "no path, and 'demo' is not a built-in suite (collectives, grad_ckpt,", 'add path = "suites/'],
     ),
     (GOOD.replace("timeout = 30", "timeout = -1"), ["suites.demo.timeout", "not a positive number"]),
     (GOOD.replace("timeout = 30", 'timeout = "30s"'), ["suites.demo.timeout", "not a positive number"]),
@@ -205,6 +213,29 @@ def test_suite_axes_default_to_every_axis(tmp_path):
     assert matrix.suites["demo"].axes == ("world_size", "fsdp")
 
 
+def test_builtin_suite_is_named_without_path(tmp_path):
+    text = GOOD + '\n[suites.grad_ckpt]\n\n[suites.collectives]\ntimeout = 5\naxes = ["world_size", "fsdp"]\n'
+    matrix = load_matrix(write_matrix(tmp_path, text))
+    grad_ckpt = matrix.suites["grad_ckpt"]
+    assert Path(grad_ckpt.path) == Path(importlib.util.find_spec("torchmatrix.suites.test_grad_ckpt").origin)
+    assert (grad_ckpt.timeout, grad_ckpt.axes) == (120.0, ("world_size", "fsdp")), "its own axes that [axes] has"
+    assert (matrix.suites["collectives"].timeout, matrix.suites["collectives"].axes) == (5.0, ("world_size", "fsdp"))
+
+
+def test_builtin_suite_names_match_the_shipped_files():
+    shipped = {path.stem.removeprefix("test_") for path in builtin_suite_path("resume").parent.glob("test_*.py")}
+    assert shipped == set(BUILTIN_SUITES)
+
+
+def test_a_suite_path_may_leave_matrix_dir_inside_project_root(tmp_path):
+    (tmp_path / "shared" / "test_demo.py").parent.mkdir()
+    (tmp_path / "shared" / "test_demo.py").write_text("def test_x(cell):\n    pass\n")
+    text = GOOD.replace('path = "suites/test_demo.py"', 'path = "../shared/test_demo.py"')
+    (tmp_path / "project").mkdir()
+    matrix = load_matrix(write_matrix(tmp_path / "project", text + '\n[project]\nroot = ".."\n'))
+    assert matrix.suites["demo"].path == "../shared/test_demo.py"
+
+
 def test_exclude_list_means_any_of(tmp_path):
     matrix = load_matrix(write_matrix(tmp_path, GOOD + '\n[[exclude]]\nfsdp = "none"\nworld_size = [2]\n'))
     assert [c.id for c in matrix.cells()] == ["ws1-none", "ws1-fsdp2", "ws2-fsdp2"]
@@ -229,3 +260,12 @@ def test_cli_prints_one_line_and_exits_2(project):
         assert done.stderr.count("\n") == 1, done.stderr
         assert "Traceback" not in done.stderr
         assert "suites.demo.timeout" in done.stderr
+
+
+def test_builtin_suites_resolve_from_a_checkout_that_is_not_installed():
+    """nox's own environment imports torchmatrix from the checkout (the noxfile puts it on sys.path)."""
+    from conftest import REPO
+
+    code = f"import sys; sys.path.insert(0, {str(REPO)!r}); from torchmatrix.matrix.builtin_suites import builtin_suite_path; print(builtin_suite_path('resume'))"
+    done = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True)
+    assert done.stdout.strip() == str(REPO / "suites" / "test_resume.py"), done.stderr

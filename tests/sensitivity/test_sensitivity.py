@@ -43,10 +43,18 @@ def test_covering_cells_show_every_axis_value_once_at_least():
 def test_generated_module_wraps_each_configured_component_the_mutant_targets():
     matrix = load_matrix(REPO / "matrix.toml")
     source = generated_module(matrix, GENERIC_MUTANTS)
-    assert "skip_rng_on_load__checkpointer = skips_on_load('models.checkpoint:Checkpointer', 'rng')" in source
+    assert (
+        "skip_rng_on_load__checkpointer = skips_on_load('torchmatrix.models.checkpoint:Checkpointer', 'rng')" in source
+    )
     assert "moments_cast_to_param_dtype__optimizer_precision_aware = moments_cast_on_load(" in source
-    assert "moments_cast_to_param_dtype__optimizer_adamw = moments_cast_on_load('models.optim:build_adamw')" in source
-    assert "recompute_bumps_buffer__model = counts_body_runs_in_buffer('models.transformer:build_model')" in source
+    assert (
+        "moments_cast_to_param_dtype__optimizer_adamw = moments_cast_on_load('torchmatrix.models.optim:build_adamw')"
+        in source
+    )
+    assert (
+        "recompute_bumps_buffer__model = counts_body_runs_in_buffer('torchmatrix.models.transformer:build_model')"
+        in source
+    )
     compile(source, "generated", "exec")
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from suites.optimizer_state import plain_state, quantized_keys, state_adapter
+from torchmatrix.suites.optimizer_state import plain_state, quantized_keys, state_adapter
 
 
 def test_a_tensor_subclass_is_dequantized_and_plain_values_pass_through():

@@ -161,11 +161,11 @@ COMPONENTS: tuple[Component, ...] = (
         ),
         returns=(
             "a dict name -> plain torch.Tensor (this rank's values, dequantized) or other value, which the suites "
-            "compare; optional: without an entry, `suites.optimizer_state:plain_state` takes each DTensor's local "
+            "compare; optional: without an entry, `torchmatrix.suites.optimizer_state:plain_state` takes each DTensor's local "
             "shard and calls `dequantize()` on a tensor subclass that has it"
         ),
         suites=(RESUME, DTENSOR_OPTIM),
-        default="suites.optimizer_state:plain_state",
+        default="torchmatrix.suites.optimizer_state:plain_state",
     ),
     Component(
         name="checkpointer",

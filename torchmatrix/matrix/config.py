@@ -20,6 +20,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 
 from torchmatrix.components.loading import IMPORT_PATH
 from torchmatrix.components.optional import DEVICE_TYPES, OptionalWhere
+from torchmatrix.matrix.builtin_suites import BUILTIN_SUITES, builtin_suite_path
 from torchmatrix.matrix.cells import Cell, expand_cells, value_token
 
 if sys.version_info >= (3, 11):
@@ -389,7 +390,7 @@ def _suites(raw: dict, axes: dict, root: Path, project: Path, where: _Where) -> 
     table = where.table(raw, "suites", required=True)
     where = where.at("suites")
     if not table:
-        raise where.error("no suites registered", 'add e.g. [suites.collectives] path = "suites/test_collectives.py"')
+        raise where.error("no suites registered", "add e.g. [suites.collectives] (a built-in suite)")
     suites = {}
     for name, spec in table.items():
         at = where.at(name)
@@ -400,11 +401,17 @@ def _suites(raw: dict, axes: dict, root: Path, project: Path, where: _Where) -> 
                 f"must be a table, not {_type_name(spec)}", f'write [suites.{name}] with path = "suites/..."'
             )
         at.unknown_keys(spec, SUITE_KEYS, f" in [suites.{name}]")
+        if "path" in spec:
+            path = _suite_path(spec["path"], root, project, at.at("path"))
+            timeout, natural_axes = 300, tuple(axes)
+        else:
+            path = _builtin_path(name, at)
+            timeout, natural_axes = BUILTIN_SUITES[name].timeout, BUILTIN_SUITES[name].axes
         suites[name] = Suite(
             name=name,
-            path=_suite_path(spec.get("path"), root, project, at.at("path")),
-            timeout=_test_timeout(spec.get("timeout", 300), at.at("timeout")),
-            axes=_suite_axes(spec.get("axes"), axes, at.at("axes")),
+            path=path,
+            timeout=_test_timeout(spec.get("timeout", timeout), at.at("timeout")),
+            axes=_suite_axes(spec.get("axes"), axes, at.at("axes"), natural_axes),
             options=_options(spec.get("options", {}), at.at("options")),
         )
     paths = [suite.path for suite in suites.values()]
@@ -414,17 +421,35 @@ def _suites(raw: dict, axes: dict, root: Path, project: Path, where: _Where) -> 
     return suites
 
 
+def _builtin_path(name: str, where: _Where) -> str:
+    """The installed file of the built-in suite `name`, absolute (it lies outside the user's project)."""
+    if name not in BUILTIN_SUITES:
+        raise where.error(
+            f"no path, and {name!r} is not a built-in suite ({', '.join(BUILTIN_SUITES)})",
+            f'name a built-in, or add path = "suites/test_{name}.py" for a suite of your own',
+        )
+    try:
+        return builtin_suite_path(name).as_posix()
+    except FileNotFoundError as error:
+        raise where.error(f"{error}", "reinstall torchmatrix (pip install torchmatrix, or -e the checkout)") from None
+
+
 def _suite_path(path: Any, root: Path, project: Path, where: _Where) -> str:
     if not isinstance(path, str) or not path:
-        raise where.error("missing or not a string", 'set path = "suites/test_<name>.py"')
+        raise where.error("not a non-empty string", 'set path = "suites/test_<name>.py", or drop it for a built-in')
     candidate = Path(path)
-    if candidate.is_absolute() or ".." in candidate.parts:
-        raise where.error(f"{path!r} leaves the project directory", "use a path relative to matrix.toml, without '..'")
+    if candidate.is_absolute():
+        raise where.error(f"{path!r} is absolute", "use a path relative to matrix.toml")
+    target = (root / candidate).resolve()
+    if ".." in candidate.parts and not target.is_relative_to(project):
+        raise where.error(
+            f"{path!r} leaves the project directory {project}",
+            "name a built-in suite without path, or set [project] root to a directory that holds it",
+        )
     if candidate.suffix != ".py" or not (root / candidate).is_file():
         raise where.error(
             f"{path!r} is not a Python file next to matrix.toml", "point it at an existing suites/test_*.py"
         )
-    target = (root / candidate).resolve()
     if not target.is_relative_to(project):
         raise where.error(
             f"{path!r} is a symlink to {target}, outside the project {project}",
@@ -465,9 +490,10 @@ def _test_timeout(value: Any, where: _Where) -> float:
     return seconds
 
 
-def _suite_axes(value: Any, axes: dict, where: _Where) -> tuple[str, ...]:
+def _suite_axes(value: Any, axes: dict, where: _Where, natural: tuple[str, ...]) -> tuple[str, ...]:
+    """The listed axes, or the suite's natural ones that [axes] defines (every axis for a user's suite)."""
     if value is None:
-        return tuple(axes)
+        return tuple(a for a in axes if a in natural)
     if not isinstance(value, list) or not all(isinstance(a, str) for a in value):
         raise where.error(
             "must be an array of axis names", f"list the axes the suite's result depends on, from: {', '.join(axes)}"

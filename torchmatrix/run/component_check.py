@@ -14,12 +14,12 @@ import difflib
 import importlib
 import inspect
 import json
+import os
 import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torchmatrix
 from torchmatrix.components.calling import accepts
 from torchmatrix.components.optimizer_like import optimizer_like_problems
 from torchmatrix.components.optional import is_optional_here, needs_package, warning_line
@@ -34,13 +34,9 @@ from torchmatrix.components.protocol import (
 )
 from torchmatrix.env.component_requirements import uninstalled_here
 from torchmatrix.matrix.config import Matrix
+from torchmatrix.run.import_path import user_code_environment
 
-CHILD = """
-import sys
-sys.path.append({package_parent!r})
-from torchmatrix.run.component_check import main
-main()
-"""
+CHILD = "from torchmatrix.run.component_check import main; main()"
 MAX_PARAMETERS_TEXT = 120
 """Characters of a factory's parameter names a signature problem quotes (its annotations can run to a thousand)."""
 
@@ -79,9 +75,10 @@ def check_components(
         return check
     try:
         done = subprocess.run(
-            [python, "-c", CHILD.format(package_parent=str(Path(torchmatrix.__file__).resolve().parent.parent))],
+            [python, "-c", CHILD],
             input=json.dumps(matrix.components),
             cwd=matrix.root,
+            env=user_code_environment(matrix.root, os.environ),
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -218,7 +215,7 @@ def main() -> None:
     """Child side: read {key: import path} on stdin, print as one JSON line this environment's
     device type, [[key, problem], ...] and [[key, what its module needs], ...].
 
-    The working directory comes first on sys.path, as for the suites; this torchmatrix comes last.
+    sys.path is the suites' (torchmatrix.run.import_path): the matrix directory first.
     """
     components = json.loads(sys.stdin.read())
     problems, missing = [], []

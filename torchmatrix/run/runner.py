@@ -34,6 +34,7 @@ from torchmatrix.reports import confirmation, junit
 from torchmatrix.reports.outcomes import OutcomeBook
 from torchmatrix.run.component_check import check_components
 from torchmatrix.run.eta import WorkEstimate, suite_seconds
+from torchmatrix.run.import_path import user_code_environment
 from torchmatrix.run.progress import InvocationPart, Progress
 from torchmatrix.run.run_directory import point_latest
 from torchmatrix.run.schedule import GroupProcess, Scheduler
@@ -394,7 +395,7 @@ def _start_group(request: RunRequest, group: Group, environment: dict) -> GroupP
     command = group_command(
         request.matrix, request.version, group, environment, logs, gate=gate, output_cap=request.output_cap
     )
-    env = dict(os.environ)
+    env = user_code_environment(request.matrix.root, os.environ)
     if group.launcher:
         env["TORCHMATRIX_DEVICE"] = environment["device_type"]
     else:

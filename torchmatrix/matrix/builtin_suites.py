@@ -1,0 +1,42 @@
+"""The suites that ship with torchmatrix, which a matrix.toml names by `[suites.<name>]` alone.
+
+They install as the package `torchmatrix.suites`; their files are found through the import
+system without importing them (they import torch), so a user's repository needs no copy.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+import torchmatrix
+
+
+@dataclass(frozen=True)
+class BuiltinSuite:
+    """A shipped suite's file and the defaults a path-less `[suites.<name>]` table gets."""
+
+    file: str
+    timeout: float
+    axes: tuple[str, ...]  # the axes its result depends on, where the matrix defines them
+
+
+BUILTIN_SUITES = {
+    "collectives": BuiltinSuite("test_collectives.py", 60, ("world_size",)),
+    "grad_ckpt": BuiltinSuite("test_grad_ckpt.py", 120, ("world_size", "fsdp", "attn")),
+    "resume": BuiltinSuite("test_resume.py", 300, ("world_size", "fsdp", "optimizer")),
+    "dtensor_optim": BuiltinSuite("test_dtensor_optim.py", 300, ("world_size", "fsdp", "optimizer")),
+}
+
+
+def builtin_suite_path(name: str) -> Path:
+    """The installed file of the built-in suite `name` (a key of BUILTIN_SUITES); for a torchmatrix
+    imported from a checkout that is not installed (nox's own environment), the checkout's suites/."""
+    spec = importlib.util.find_spec("torchmatrix.suites")
+    if spec is not None and spec.submodule_search_locations:
+        return Path(next(iter(spec.submodule_search_locations))).resolve() / BUILTIN_SUITES[name].file
+    checkout_suites = Path(torchmatrix.__file__).resolve().parent.parent / "suites"
+    if (checkout_suites / "__init__.py").is_file():
+        return checkout_suites / BUILTIN_SUITES[name].file
+    raise FileNotFoundError("torchmatrix.suites is not installed with this torchmatrix")
