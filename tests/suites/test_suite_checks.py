@@ -8,7 +8,15 @@ import torch
 from torch import nn
 
 from suites.test_dtensor_optim import layout_problems
-from suites.test_grad_ckpt import BF16_RTOL, EXACT, Precision, mismatch, precision_from
+from suites.test_grad_ckpt import (
+    BF16_RTOL,
+    EXACT,
+    Precision,
+    cache_presence_problems,
+    mismatch,
+    no_cache_reason,
+    precision_from,
+)
 from suites.test_resume import param_group_differences, parameter_mismatches, partial_restore, state_mismatches
 
 
@@ -28,6 +36,15 @@ def test_grad_ckpt_refuses_an_unknown_dtype():
 def test_grad_ckpt_refuses_stale_tolerance_options(stale):
     with pytest.raises(pytest.fail.Exception, match=f"{' and '.join(stale)}: the bf16 tolerance is derived"):
         precision_from({"dtype": "bfloat16", **stale})
+
+
+def test_grad_ckpt_a_cache_only_one_run_returned_fails_and_none_in_both_is_no_problem():
+    assert cache_presence_problems(0, 0) == []
+    assert cache_presence_problems(3, 3) == []
+    assert "3 entries without checkpointing and none with it" in cache_presence_problems(3, 0)[0]
+    assert "3 entries with checkpointing and none without it" in cache_presence_problems(0, 3)[0]
+    assert "(past_key_values=None," in no_cache_reason((False, False))
+    assert "(an empty past_key_values," in no_cache_reason((True, True))
 
 
 def ulps_above(tensor: torch.Tensor, ulps: int) -> torch.Tensor:
