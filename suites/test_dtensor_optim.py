@@ -403,11 +403,10 @@ def on_rank_save(recipe: Recipe, checkpoint_dir: str) -> dict:
         )
         dist.barrier()
         checkpoint = find_checkpoint(checkpoint_dir)
-        source = (
-            f"checkpointer {name} (the DCP checkpoint its save wrote)"
-            if checkpoint
-            else f"{TORCH_HELPERS} (checkpointer {name} wrote no single DCP .metadata under the directory)"
-        )
+        if errors or checkpoint:
+            source = f"checkpointer {name} (the DCP checkpoint its save wrote)"
+        else:
+            source = f"{TORCH_HELPERS} (checkpointer {name} wrote no single DCP .metadata under the directory)"
     if checkpoint is None and not errors:
         checkpoint = f"{checkpoint_dir}-torch-helpers"
         attempt(errors, "dcp.save", dcp.save, {"optimizer": state}, checkpoint_id=checkpoint)

@@ -105,15 +105,24 @@ def test_suite_catches_mutant(run, mutant, world_size):
     assert not missed, f"{mutant} at ws{world_size}: expected {missed} to fail, outcomes {tests}"
 
 
-def layout_sources(root: Path) -> set[str]:
-    """Every `layout_source` the sharded-save check recorded in the run at `root`."""
+def layout_sources(root: Path) -> dict[str, set[str]]:
+    """Per cell id, every `layout_source` the sharded-save check recorded in the run at `root`."""
     junit = JUnitXml.fromfile(str(root / "reports" / "latest" / "junit.xml"))
-    return {prop.value for suite in junit for prop in suite.properties() if prop.name.endswith("::layout_source")}
+    return {
+        suite.name.split("/", 1)[1]: {
+            prop.value for prop in suite.properties() if prop.name.endswith("::layout_source")
+        }
+        for suite in junit
+    }
 
 
 def test_the_sharded_save_check_reads_what_the_checkpointer_wrote(run, run_root):
-    """The main run names a checkpointer, so that is the save every reference cell passed on."""
-    assert layout_sources(run_root) == {f"checkpointer {CHECKPOINTER} (the DCP checkpoint its save wrote)"}
+    """The main run names a checkpointer, so that is the save every cell's check read."""
+    sources = layout_sources(run_root)
+    assert set(sources) == set(run[1])
+    assert all(
+        found == {f"checkpointer {CHECKPOINTER} (the DCP checkpoint its save wrote)"} for found in sources.values()
+    ), sources
 
 
 def test_suite_catches_a_checkpointer_that_saves_optimizer_state_unsharded(tmp_path):
@@ -134,4 +143,8 @@ def test_without_a_checkpointer_it_checks_torch_helpers_save_and_says_so(tmp_pat
     caught = {test: result for test, result in outcomes[cell_id(2, "plain_local_state")].items() if SAVED in test}
     assert len(caught) == 2 and set(caught.values()) == {"failure"}, outcomes
     assert set(outcomes[cell_id(2, REFERENCE)].values()) == {"passed"}, outcomes
-    assert layout_sources(tmp_path) == {"torch get_optimizer_state_dict + dcp.save (no checkpointer in [components])"}
+    sources = layout_sources(tmp_path)
+    assert sources == {
+        cell_id(2, optimizer): {"torch get_optimizer_state_dict + dcp.save (no checkpointer in [components])"}
+        for optimizer in (REFERENCE, "plain_local_state")
+    }
