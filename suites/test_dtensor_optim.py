@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import inspect
 import math
+from pathlib import Path
 from typing import NamedTuple
 
 import pytest
@@ -401,9 +402,10 @@ def on_rank_save(recipe: Recipe, checkpoint_dir: str) -> dict:
         attempt(
             errors, f"checkpointer ({name}).save", _save_through_checkpointer, name, model, optimizer, checkpoint_dir
         )
-        dist.barrier()
-        checkpoint = find_checkpoint(checkpoint_dir)
-        if errors or checkpoint:
+        checkpoint = checkpoint_rank0_sees(checkpoint_dir)
+        if errors:
+            source = f"checkpointer {name} (its save failed)"
+        elif checkpoint:
             source = f"checkpointer {name} (the DCP checkpoint its save wrote)"
         else:
             source = f"{TORCH_HELPERS} (checkpointer {name} wrote no single DCP .metadata under the directory)"
@@ -424,6 +426,15 @@ def on_rank_save(recipe: Recipe, checkpoint_dir: str) -> dict:
         "layout_source": source,
         "param_shaped_states": param_shaped_states(optimizer),
     }
+
+
+def checkpoint_rank0_sees(directory: str) -> Path | None:
+    """Where rank 0 finds the DCP checkpoint under `directory` once every rank's save returned, the
+    same answer on every rank, so all of them take the same path (a fallback save is collective)."""
+    dist.barrier()
+    found = [find_checkpoint(directory) if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(found, src=0)
+    return found[0]
 
 
 def _save_through_checkpointer(name: str, model: nn.Module, optimizer: torch.optim.Optimizer, directory: str) -> None:
