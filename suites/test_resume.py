@@ -14,7 +14,9 @@ yield next, and every RNG stream the run draws from (torch CPU, each CUDA device
 Python `random`; a stream counts as used when training advances it). Each rank also compares
 its own parameter shards and optimizer state, so a load that some ranks kept and others lost
 (restored on rank 0 only) says which, where full tensors differ on every rank. A comparison
-that finds nothing to compare (no parameters, no optimizer state) fails. Then losses after the
+that finds nothing to compare (no parameters, no optimizer state) fails; a piece the rebuilt run
+already held equal to the saved one before the load skips saying so, since a load that restored
+nothing would pass it (a dataset that repeats one batch, say). Then losses after the
 resume (bit for bit; `loss_max_ulp` is recorded), final parameters and every optimizer state
 tensor must equal the straight run's. Dropout, a warm-up LR schedule and an on-disk dataset
 make the RNG, scheduler and loader position part of what must resume.
