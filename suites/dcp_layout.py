@@ -111,3 +111,22 @@ def read_layouts(checkpoint_dir: str | Path) -> dict[str, TensorLayout]:
         for key, entry in metadata.state_dict_metadata.items()
         if isinstance(entry, TensorStorageMetadata)
     }
+
+
+def find_checkpoint(directory: str | Path) -> Path | None:
+    """The one folder at or under `directory` holding a DCP `.metadata` file (a checkpointer may
+    write into a subfolder, such as torchtitan's step-N), or None when there is not exactly one."""
+    found = sorted(Path(directory).rglob(".metadata"))
+    return found[0].parent if len(found) == 1 else None
+
+
+def layouts_by_suffix(layouts: dict[str, TensorLayout], suffixes: list[str]) -> dict[str, list[TensorLayout]]:
+    """Per suffix (a param's state key, "embed.weight.exp_avg"), the entries whose key is it or
+    ends with "." + it, under whatever prefix the checkpointer nests it ("optimizer.state."); a key
+    goes to the longest suffix it ends with, so "weight.exp_avg" does not claim "head.weight.exp_avg"."""
+    found: dict[str, list[TensorLayout]] = {suffix: [] for suffix in suffixes}
+    for key, layout in layouts.items():
+        owners = [suffix for suffix in suffixes if key == suffix or key.endswith("." + suffix)]
+        if owners:
+            found[max(owners, key=len)].append(layout)
+    return found

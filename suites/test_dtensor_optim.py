@@ -13,11 +13,21 @@ wrong on uneven shards. Functions named `on_rank_*` run in every rank process.
 Quantized state (a tensor subclass inside the DTensor) has its layout checked on the DTensor
 that wraps it, and is compared after a reshard through the optimizer's state adapter
 (suites/optimizer_state.py), by the values it stands for.
+
+Which save is checked, recorded as `layout_source`: with a `checkpointer` component, the DCP
+checkpoint that `checkpointer().save(...)` writes, found by its `.metadata` and read for each
+state under whatever prefix it nests it; without one (or where it writes no DCP metadata), torch's
+`get_optimizer_state_dict` saved with `dcp.save`, which is what torch's helpers give, not what a
+user's checkpointer writes. The reshard always goes through torch's helpers and DCP with a process
+group (`reshard_source`): the checkpointer protocol takes none, so it cannot save or load in the
+smaller world a reshard needs. An optimizer that keeps no param-shaped state (stateless, or only
+scalars) skips these checks saying so; one that keeps it for some params and not others fails.
 """
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import NamedTuple
 
 import pytest
@@ -38,7 +48,7 @@ from torch.distributed.tensor import DTensor
 
 from torchmatrix.testing import accepts, build_optimizer, current_device, load
 
-from .dcp_layout import read_layouts
+from .dcp_layout import find_checkpoint, layouts_by_suffix, read_layouts
 from .optimizer_state import state_adapter
 
 LR = 1e-2
@@ -47,6 +57,11 @@ DEFAULT_BF16_PARAM_OPTIMIZERS = ["precision_aware", "te_fused_adam"]
 MODEL_KINDS = ("model", "uneven_probe")
 RESHARDS = ("shrink", "grow")  # W -> W/2 and W/2 -> W for a cell of W ranks: 2->1, 1->2, 4->2, 2->4, ...
 FULL = StateDictOptions(full_state_dict=True)
+TORCH_HELPERS = "torch get_optimizer_state_dict + dcp.save"
+RESHARD_SOURCE = (
+    "torch get/set_model_state_dict and get/set_optimizer_state_dict + dcp.save/load over a process group "
+    "(the checkpointer protocol takes no process group, so it cannot save or load in a smaller world)"
+)
 SUB_WORLD_MESHES: dict[int, DeviceMesh | None] = {}
 
 
@@ -93,6 +108,8 @@ def test_state_is_laid_out_like_its_param(cell, ranks, recipe):
         )
     results = ranks.run(on_rank_state_layout, recipe)
     assert not (problems := _merged([r["problems"] for r in results])), "\n".join(problems)
+    if not any(r["param_shaped_states"] for r in results):
+        pytest.skip(no_param_shaped_state(recipe))
     if ranks.world_size > 1:
         uneven = results[0]["uneven_params"]
         assert recipe.model_kind == "model" or uneven, (
@@ -102,18 +119,24 @@ def test_state_is_laid_out_like_its_param(cell, ranks, recipe):
 
 def test_saved_state_is_sharded(cell, ranks, recipe, tmp_path, record_property):
     """DCP's metadata shows every param-shaped state stored once, one chunk per rank, at the
-    param's global shape: not a single rank's shard posing as the whole tensor."""
-    checkpoint = tmp_path / "sharded-save"
-    results = ranks.run(on_rank_save, recipe, str(checkpoint))
+    param's global shape: not a single rank's shard posing as the whole tensor. The checkpoint is
+    the one the `checkpointer` component writes, when there is one (see `layout_source`)."""
+    results = ranks.run(on_rank_save, recipe, str(tmp_path / "sharded-save"))
+    record_property("layout_source", results[0]["layout_source"])
+    print(f"layout_source: {results[0]['layout_source']}")
     assert not (errors := _merged([r["errors"] for r in results])), "\n".join(errors)
+    if not any(r["param_shaped_states"] for r in results):
+        pytest.skip(no_param_shaped_state(recipe))
     expected = results[0]["expected"]
-    layouts = read_layouts(checkpoint)
+    layouts = layouts_by_suffix(read_layouts(results[0]["checkpoint"]), list(expected))
     problems, stored, full = [], 0, 0
     for key, shape in sorted(expected.items()):
-        layout = layouts.get(key)
-        if layout is None:
-            problems.append(f"{key}: not in the checkpoint")
+        found = layouts[key]
+        if len(found) != 1:
+            what = "no key" if not found else f"{len(found)} keys ({', '.join(sorted(f.key for f in found))})"
+            problems.append(f"{key}: {what} in the checkpoint ending with it")
             continue
+        layout = found[0]
         stored, full = stored + layout.stored_bytes, full + layout.full_copy_bytes
         print(layout.describe())
         wanted_chunks = _nonempty_shards(shape, ranks.world_size)
@@ -126,9 +149,10 @@ def test_saved_state_is_sharded(cell, ranks, recipe, tmp_path, record_property):
     record_property("sharded_states", len(expected))
     record_property("sharded_stored_bytes", stored)
     record_property("sharded_full_copy_bytes", full)
-    assert expected, "the optimizer saved no param-shaped state after a step"
+    assert expected, "the optimizer keeps param-shaped state, yet torch's get_optimizer_state_dict lists none"
     assert not problems, (
-        f"{len(problems)} of {len(expected)} param-shaped states are not stored sharded:\n" + "\n".join(problems)
+        f"{len(problems)} of {len(expected)} param-shaped states are not stored sharded "
+        f"(checkpoint written by {results[0]['layout_source']}):\n" + "\n".join(problems)
     )
 
 
@@ -155,6 +179,7 @@ def test_reshard_load_is_exact(cell, ranks, recipe, reshard, tmp_path, record_pr
     )
     report = results[0]
     record_property("reshard_tensors_compared", report["compared"])
+    record_property("reshard_source", RESHARD_SOURCE)
     assert report["compared"], "nothing was compared: the saved state is empty"
     mismatches = report["mismatches"]
     assert not mismatches, (
@@ -163,6 +188,16 @@ def test_reshard_load_is_exact(cell, ranks, recipe, reshard, tmp_path, record_pr
     )
     problems = _merged([r["problems"] for r in results])
     assert not problems, f"reshard {src}->{dst}, after a step at {dst} ranks:\n" + "\n".join(problems)
+    if not report["optimizer_compared"]:
+        pytest.skip(f"model tensors resharded exactly; {no_param_shaped_state(recipe)}")
+
+
+def no_param_shaped_state(recipe: Recipe) -> str:
+    optimizer = recipe.components[f"optimizer_{recipe.cell['optimizer']}"]
+    return (
+        f"the optimizer ({optimizer}) keeps no param-shaped state after a step (none, or only scalars): "
+        f"no state layout to check"
+    )
 
 
 def _nonempty_shards(shape: tuple[int, ...], world_size: int) -> int:
@@ -297,10 +332,11 @@ def layout_problems(model: nn.Module, optimizer: torch.optim.Optimizer, *, dtens
         return [
             f"no parameter of {type(model).__name__} is a DTensor after `parallelize` under FSDP2: there is no state layout to check"
         ]
+    keeps_state = any(optimizer.state.get(p) for p in names)
     problems = [
-        f"{names[p]}: no optimizer state after a step"
+        f"{names[p]}: no optimizer state after a step, while other params have some"
         for p in names
-        if isinstance(p, DTensor) and not optimizer.state.get(p)
+        if keeps_state and isinstance(p, DTensor) and not optimizer.state.get(p)
     ]
     for param, state in optimizer.state.items():
         if not isinstance(param, DTensor):
@@ -328,25 +364,81 @@ def on_rank_state_layout(recipe: Recipe) -> dict:
     model, optimizer = recipe.build(SAVE_SEED)
     recipe.train_step(model, optimizer, SAVE_SEED)
     uneven = [name for name, p in model.named_parameters() if p.dim() and p.shape[0] % dist.get_world_size()]
-    return {"problems": layout_problems(model, optimizer, dtensors_expected=True), "uneven_params": uneven}
+    return {
+        "problems": layout_problems(model, optimizer, dtensors_expected=True),
+        "uneven_params": uneven,
+        "param_shaped_states": param_shaped_states(optimizer),
+    }
+
+
+def param_shaped_states(optimizer: torch.optim.Optimizer) -> int:
+    """How many non-scalar tensors the optimizer keeps in its per-param state on this rank."""
+    return sum(torch.is_tensor(v) and v.dim() > 0 for state in optimizer.state.values() for v in state.values())
+
+
+class IdleLoader:
+    """The `loader` a checkpointer's save receives here: a position that never moves, since
+    dtensor_optim reads no batch through it."""
+
+    def state_dict(self) -> dict:
+        return {"position": 0}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
 
 
 def on_rank_save(recipe: Recipe, checkpoint_dir: str) -> dict:
-    """Take a step, save the optimizer state with DCP, and return the checkpoint key and global
-    param shape of every non-scalar state (what the main process expects to find sharded)."""
+    """Take a step and save: through `checkpointer().save` when there is a checkpointer component
+    and it writes DCP metadata, else the optimizer state from torch's helpers with `dcp.save`.
+    Returns the folder to read, what wrote it, and per non-scalar state its key ("<param>.<state>")
+    and the param's global shape (what the main process expects to find sharded)."""
     model, optimizer = recipe.build(SAVE_SEED)
     recipe.train_step(model, optimizer, SAVE_SEED)
     state = get_optimizer_state_dict(model, optimizer)
-    errors = []
-    attempt(errors, "dcp.save", dcp.save, {"optimizer": state}, checkpoint_id=checkpoint_dir)
+    errors, checkpoint, source = [], None, f"{TORCH_HELPERS} (no checkpointer in [components])"
+    if "checkpointer" in recipe.components:
+        name = recipe.components["checkpointer"]
+        attempt(
+            errors, f"checkpointer ({name}).save", _save_through_checkpointer, name, model, optimizer, checkpoint_dir
+        )
+        checkpoint = checkpoint_rank0_sees(checkpoint_dir)
+        if errors:
+            source = f"checkpointer {name} (its save failed)"
+        elif checkpoint:
+            source = f"checkpointer {name} (the DCP checkpoint its save wrote)"
+        else:
+            source = f"{TORCH_HELPERS} (checkpointer {name} wrote no single DCP .metadata under the directory)"
+    if checkpoint is None and not errors:
+        checkpoint = f"{checkpoint_dir}-torch-helpers"
+        attempt(errors, "dcp.save", dcp.save, {"optimizer": state}, checkpoint_id=checkpoint)
     param_shapes = {name: tuple(value.size()) for name, value in get_model_state_dict(model).items()}
     expected = {
-        f"optimizer.state.{name}.{key}": param_shapes[name]
+        f"{name}.{key}": param_shapes[name]
         for name, entries in state["state"].items()
         for key, value in entries.items()
         if torch.is_tensor(value) and value.dim() > 0
     }
-    return {"errors": errors, "expected": expected}
+    return {
+        "errors": errors,
+        "expected": expected,
+        "checkpoint": str(checkpoint),
+        "layout_source": source,
+        "param_shaped_states": param_shaped_states(optimizer),
+    }
+
+
+def checkpoint_rank0_sees(directory: str) -> Path | None:
+    """Where rank 0 finds the DCP checkpoint under `directory` once every rank's save returned, the
+    same answer on every rank, so all of them take the same path (a fallback save is collective)."""
+    dist.barrier()
+    found = [find_checkpoint(directory) if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(found, src=0)
+    return found[0]
+
+
+def _save_through_checkpointer(name: str, model: nn.Module, optimizer: torch.optim.Optimizer, directory: str) -> None:
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    load(name)().save(directory, model=model, optimizer=optimizer, scheduler=scheduler, loader=IdleLoader(), step=1)
 
 
 def on_rank_reshard(recipe: Recipe, checkpoint_dir: str, src: int, dst: int) -> dict:
@@ -415,4 +507,5 @@ def _compare(saved: dict[str, torch.Tensor], loaded: dict[str, torch.Tensor]) ->
         elif not torch.equal(before, after):
             diff = (before.float() - after.float()).abs().max().item()
             mismatches.append(f"{key}: values differ (max abs diff {diff:.3g})")
-    return {"compared": len(saved), "mismatches": mismatches}
+    optimizer_compared = sum(key.startswith("optimizer.") for key in saved)
+    return {"compared": len(saved), "optimizer_compared": optimizer_compared, "mismatches": mismatches}

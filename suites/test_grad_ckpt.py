@@ -9,7 +9,10 @@ tolerance (``BF16_RTOL``); every buffer must match exactly; recompute must reall
 the cache, its tensors and its non-tensor state (counters, lengths), as forward left it; a cell in
 which no cache tensor was replaced or written in place during backward fails, since its cache checks
 saw nothing recompute did (FSDP1 and DDP copy the containers of the output they return, so the
-cache is read from the wrapped module's own output). Why: a
+cache is read from the wrapped module's own output). What the stack legitimately lacks skips with
+its reason, never passes: a model that returns no cache (None or empty, in both runs) skips the
+cache checks, the dropout variant skips where forward draws no random numbers (the model has no
+dropout); a run in which no layer body ran again in backward fails (checkpointing not applied). Why: a
 per-tensor gradient difference with mean ~0 hides in loss curves (the public report "pi05
 grad-ckpt + KV cache: pin gradient-equivalence with a focused regression test"), and a counter
 that recompute bumps twice changes no gradient of this step, only every step after it.
@@ -280,6 +283,24 @@ class StepRecord:
     cache_state_after_backward: dict
     cache_written_in_backward: list
     buffers: dict
+    forward_drew_random_numbers: bool
+
+    @property
+    def layers_recomputed(self) -> list[str]:
+        """The layers whose body ran again during backward."""
+        return [
+            layer
+            for layer, count in self.calls_after_backward.items()
+            if count > self.calls_after_forward.get(layer, count)
+        ]
+
+
+def rng_states() -> list[bytes]:
+    """The global RNG streams dropout draws from: torch CPU, and the current CUDA device's when CUDA is in use."""
+    states = [torch.get_rng_state().numpy().tobytes()]
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states.append(torch.cuda.get_rng_state().numpy().tobytes())
+    return states
 
 
 @contextmanager
@@ -306,8 +327,10 @@ def train_step(cell, components: dict, precision: Precision, dropout: float, che
     model.train()
     parameters = local_parameters(model)
     torch.manual_seed(SEED + 1000 + rank)
+    rng_before_forward = rng_states()
     with failing_stage(cell, f"forward {mode} activation checkpointing"), inner_output(model) as seen:
         loss = model(**batch).loss
+    forward_drew_random_numbers = rng_states() != rng_before_forward
     cache = seen["output"].past_key_values
     calls_after_forward = model.body_calls()
     has_cache = cache is not None
@@ -332,6 +355,7 @@ def train_step(cell, components: dict, precision: Precision, dropout: float, che
         cache_state_after_backward=cache_state(cache) if has_cache else {},
         cache_written_in_backward=cache_writes(marks_after_forward, cache) if has_cache else [],
         buffers=buffers(model),
+        forward_drew_random_numbers=forward_drew_random_numbers,
     )
 
 
@@ -354,6 +378,8 @@ def compare_gradients(cell, components: dict, precision: Precision, dropout: flo
     without_ckpt, with_ckpt = both_steps(cell, components, precision, dropout)
     return {
         "compared": len(with_ckpt.full_grads.keys() & without_ckpt.full_grads.keys()),
+        "recomputed": with_ckpt.layers_recomputed,
+        "drew_random_numbers": without_ckpt.forward_drew_random_numbers,
         "init": compare_tensors("parameter", with_ckpt.parameters, without_ckpt.parameters, EXACT),
         "loss": (
             without_ckpt.loss.item(),
@@ -404,8 +430,8 @@ def inspect_recompute(cell, components: dict, precision: Precision, dropout: flo
             cache_tensors(without_ckpt.cache_after_forward),
             precision,
         ),
-        "has_cache": without_ckpt.has_cache,
-        "cache_entries": len(without_ckpt.cache_after_forward),
+        "has_cache": (without_ckpt.has_cache, with_ckpt.has_cache),
+        "cache_entries": (len(without_ckpt.cache_after_forward), len(with_ckpt.cache_after_forward)),
         "recompute_writes": with_ckpt.cache_written_in_backward,
         "state_backward": compare_values(
             "cache state", with_ckpt.cache_state_after_backward, with_ckpt.cache_state_after_forward
@@ -448,7 +474,10 @@ def test_checkpointing_leaves_loss_and_gradients_unchanged(
 ):
     """Same seed, batch and sharding: checkpointing must leave the loss and every gradient unchanged.
 
-    dropout=0 isolates the KV-cache recompute order; dropout>0 adds the RNG replay of recompute.
+    dropout=0 isolates the KV-cache recompute order; dropout>0 adds the RNG replay of recompute,
+    and skips when forward drew no random numbers (the model has no dropout: nothing to replay).
+    Fails when no layer body ran again in backward: checkpointing was not applied, so the step was
+    compared with itself.
     """
     precision = precision_from(suite_options)
     results = ranks.run(compare_gradients, cell, components, precision, dropout)
@@ -456,6 +485,12 @@ def test_checkpointing_leaves_loss_and_gradients_unchanged(
     assert all(r["compared"] for r in results), (
         f"cell {cell.id}: no parameter has a gradient on some rank, so there is nothing to compare; "
         f"gradients compared per rank: {[r['compared'] for r in results]}"
+    )
+    not_recomputed = [rank for rank, r in enumerate(results) if not r["recomputed"]]
+    assert not not_recomputed, (
+        f"cell {cell.id}: ranks {not_recomputed}: no layer body ran again in backward with activation checkpointing "
+        f"(body_calls() unchanged by backward), so checkpointing was not applied and this compared eager with eager; "
+        f"`parallelize(..., activation_checkpointing=True)` must checkpoint the decoder layers"
     )
 
     init = {f"rank {rank}": r["init"] for rank, r in enumerate(results) if r["init"]}
@@ -479,6 +514,39 @@ def test_checkpointing_leaves_loss_and_gradients_unchanged(
         f"checkpointing changed the loss or gradients (dropout={dropout}; with checkpointing first, without second)",
         problems,
     )
+    if dropout and not any(r["drew_random_numbers"] for r in results):
+        pytest.skip(dropout_changed_nothing(dropout))
+
+
+def dropout_changed_nothing(dropout: float) -> str:
+    return (
+        f"dropout changed nothing: the model has none (forward with dropout={dropout} drew no random numbers "
+        f"on any rank), so there is no RNG replay to check; dropout=0.0 ran the same comparison"
+    )
+
+
+def cache_presence_problems(entries_without: int, entries_with: int) -> list[str]:
+    """A cache that one run returned and the other did not (None or empty): checkpointing lost or
+    invented it. Neither run returning one is no problem: the model has no cache."""
+    if entries_without and not entries_with:
+        return [
+            f"the model returned a cache of {entries_without} entries without checkpointing and none with it "
+            f"(None or empty): checkpointing lost the cache"
+        ]
+    if entries_with and not entries_without:
+        return [
+            f"the model returned a cache of {entries_with} entries with checkpointing and none without it "
+            f"(None or empty): checkpointing invented the cache"
+        ]
+    return []
+
+
+def no_cache_reason(has_cache: tuple[bool, bool]) -> str:
+    returned = "past_key_values=None" if not any(has_cache) else "an empty past_key_values"
+    return (
+        f"the model returned no cache ({returned}, with and without checkpointing): "
+        f"layer reruns checked, no cache to compare"
+    )
 
 
 def test_recompute_reruns_layers_and_rewrites_cache_identically(cell, ranks, components, suite_options):
@@ -501,9 +569,8 @@ def test_recompute_reruns_layers_and_rewrites_cache_identically(cell, ranks, com
             for layer in plain_forward
             if plain_backward[layer] != plain_forward[layer]
         ]
-        if result["has_cache"] and not result["cache_entries"]:
-            found.append("the model without checkpointing wrote nothing to past_key_values: no cache to compare")
         found += [f"{p} (after forward; with checkpointing first, without second)" for p in result["cache_forward"]]
+        found += cache_presence_problems(*result["cache_entries"])
         found += [
             f"{p} (with checkpointing; after backward first, after forward second)" for p in result["cache_backward"]
         ]
@@ -511,7 +578,7 @@ def test_recompute_reruns_layers_and_rewrites_cache_identically(cell, ranks, com
             f"{p} (with checkpointing; after backward first, after forward second)" for p in result["state_backward"]
         ]
         found += [f"{p} (after backward; with checkpointing first, without second)" for p in result["state_vs_eager"]]
-        if result["has_cache"] and result["cache_entries"] and not result["recompute_writes"]:
+        if all(result["cache_entries"]) and not result["recompute_writes"]:
             found.append(
                 "could not observe recompute writing the cache: after backward with checkpointing every tensor "
                 "of the past_key_values the model returned is the one forward left, unchanged (same object, "
@@ -524,8 +591,8 @@ def test_recompute_reruns_layers_and_rewrites_cache_identically(cell, ranks, com
     assert not problems, failure_text(
         cell, precision, "recompute did not rerun the layers, or left the KV cache different from forward", problems
     )
-    if not results[0]["has_cache"]:
-        pytest.skip("the model returns past_key_values=None: layer reruns checked, there is no cache to compare")
+    if not any(entries for r in results for entries in r["cache_entries"]):
+        pytest.skip(no_cache_reason(results[0]["has_cache"]))
 
 
 def test_checkpointing_leaves_every_buffer_unchanged(cell, ranks, components, suite_options):

@@ -1,17 +1,27 @@
 """Precision-aware AdamW variants that lay out their state wrongly for DTensor params, each the
-way a real optimizer has; the dtensor_optim suite must fail on every one.
+way a real optimizer has, and a checkpointer that saves right state unsharded; the dtensor_optim
+suite must fail on every one.
 
-Each mutant changes only how the reference optimizer wraps a new state shard; the update
+Each optimizer mutant changes only how the reference optimizer wraps a new state shard; the update
 itself still runs on local shards, so training looks healthy and only the layout is wrong.
-Point `[components] optimizer_precision_aware` at one of these classes to run the suite on it.
+Point `[components] optimizer_precision_aware` at one of these classes (or `checkpointer` at
+`UnshardedOptimizerCheckpointer`) to run the suite on it.
 """
 
 from __future__ import annotations
 
 import torch
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_optimizer_state_dict,
+    set_optimizer_state_dict,
+)
 from torch.distributed.tensor import DTensor, Replicate
 
+from ..checkpoint import Checkpointer
 from ..optim import PrecisionAwareAdamW, local_tensor
+
+FULL = StateDictOptions(full_state_dict=True)
 
 
 class PlainLocalStateAdamW(PrecisionAwareAdamW):
@@ -45,3 +55,17 @@ def _rewrapped(value: torch.Tensor, *, replicate: bool) -> torch.Tensor:
     mesh = value.device_mesh
     placements = [Replicate()] * mesh.ndim if replicate else value.placements
     return DTensor.from_local(value.to_local(), mesh, placements, run_check=False)
+
+
+class UnshardedOptimizerCheckpointer(Checkpointer):
+    """Saves the optimizer state as full tensors (`full_state_dict=True` gathers each one whole),
+    as a checkpointer that consolidates state for portability does: DCP then stores every state
+    once, in a single chunk written by one rank, and each save moves the whole state through one
+    rank. Torch's state-dict helpers on their own still give sharded state, so only a suite that
+    reads what the checkpointer wrote sees it."""
+
+    def optimizer_state(self, model, optimizer) -> dict:
+        return get_optimizer_state_dict(model, optimizer, options=FULL)
+
+    def restore_optimizer(self, model, optimizer, state: dict) -> None:
+        set_optimizer_state_dict(model, optimizer, state, options=FULL)

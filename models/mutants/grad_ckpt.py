@@ -3,7 +3,8 @@
 All of them are identical to the reference decoder without checkpointing and only go wrong
 when a layer body runs a second time during backward: the bug class the grad-ckpt suite
 exists for. Point matrix.toml's ``model`` component at one of the factories below and
-suites/test_grad_ckpt.py must fail.
+suites/test_grad_ckpt.py must fail. Two factories at the end are not bugs but a model that
+lacks what some checks need (no cache, no dropout), on which those checks must skip, not pass.
 """
 
 from __future__ import annotations
@@ -112,6 +113,31 @@ class WriteCountingKVCache(KVCache):
     def __setitem__(self, layer_idx: int, keys_values: tuple[Tensor, Tensor]) -> None:
         self.writes += 1
         super().__setitem__(layer_idx, keys_values)
+
+
+class NeverCheckpointingLayer(PrefixLayer):
+    """Ignores the ``checkpointing`` switch that ``parallelize`` sets: its body never reruns, so
+    checkpointed and eager runs are the same computation and their comparison proves nothing."""
+
+    def forward(self, hidden: Tensor, cache: KVCache) -> Tensor:
+        return self.body(hidden, cache)
+
+
+class NeverCheckpointingExpertLayer(ExpertLayer):
+    """The expert-stack counterpart of ``NeverCheckpointingLayer``."""
+
+    def forward(self, hidden: Tensor, cache: KVCache) -> Tensor:
+        return self.body(hidden, cache)
+
+
+class CachelessDecoder(PrefixExpertDecoder):
+    """Returns an empty ``past_key_values``, as a model without a KV cache glued to the protocol does
+    (torchtitan's Llama): the expert layers still read the prefix's keys internally, but nothing is
+    returned for the cache checks to compare."""
+
+    def forward(self, tokens: Tensor, past_key_values: KVCache | None = None) -> DecoderOutput:
+        loss, _ = super().forward(tokens, past_key_values)
+        return DecoderOutput(loss, {})
 
 
 class NextUlpGradient(torch.autograd.Function):
@@ -223,3 +249,26 @@ def last_bit_gradient_model(
 ) -> PrefixExpertDecoder:
     """Model factory: checkpointing moves one element of one gradient by one ULP."""
     return build_model(cell, dropout=dropout, dtype=dtype, prefix_layer=LastBitPrefixLayer)
+
+
+def never_checkpointing_model(
+    cell: Mapping[str, object], *, dropout: float = 0.0, dtype: torch.dtype = torch.float32
+) -> PrefixExpertDecoder:
+    """Model factory: layers that ignore ``parallelize``'s checkpointing switch."""
+    return build_model(
+        cell,
+        dropout=dropout,
+        dtype=dtype,
+        prefix_layer=NeverCheckpointingLayer,
+        expert_layer=NeverCheckpointingExpertLayer,
+    )
+
+
+def no_cache_no_dropout_model(
+    cell: Mapping[str, object], *, dropout: float = 0.0, dtype: torch.dtype = torch.float32
+) -> PrefixExpertDecoder:
+    """Model factory, not a bug: returns no cache and has no dropout (its ``dropout`` argument is
+    accepted and unused), like torchtitan's Llama debug model. The cache checks and the dropout
+    variant must skip saying so; everything else must pass."""
+    config = DecoderConfig(attn=str(cell["attn"]), sdpa_backend=cell.get("sdpa_backend"))
+    return CachelessDecoder(config).to(dtype)

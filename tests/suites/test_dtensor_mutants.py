@@ -3,17 +3,22 @@ through the real CLI on CPU at world sizes 2 and 4 with FSDP2, where the referen
 precision-aware optimizer passes every cell and each mutant of models/mutants/dtensor_state.py
 fails the checks that should see it.
 
-The mutants ride along as extra values of the `optimizer` axis (one component each), so a
-single run with one rank pool per world size covers them all.
+The optimizer mutants ride along as extra values of the `optimizer` axis (one component each),
+so a single run with one rank pool per world size covers them all; it names the reference
+checkpointer, so the sharded-save check reads what `checkpointer().save` wrote. Two small runs at
+world size 2 prove the rest: the mutant checkpointer that saves optimizer state unsharded is
+caught, and without a checkpointer the suite checks torch's helpers' save and says so.
 """
 
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 import pytest
+from junitparser import JUnitXml
 
-from conftest import matrix_toml, run_suites
+from conftest import cell_failures, matrix_toml, run_suites
 
 pytestmark = pytest.mark.slow
 
@@ -28,20 +33,25 @@ MUTANTS = {
     "shapeless_state": ("models.mutants.dtensor_state:ShapelessStateAdamW", ("uneven_probe",)),
 }
 WORLD_SIZES = (2, 4)
+CHECKPOINTER = "models.checkpoint:Checkpointer"
+SAVED = "test_saved_state_is_sharded"
 
 
-def dtensor_matrix() -> str:
-    """FSDP2 cells of every world size, the reference optimizer and each mutant as the optimizer axis."""
-    optimizers = [REFERENCE, *MUTANTS]
+def dtensor_matrix(
+    optimizers=(REFERENCE, *MUTANTS), world_sizes=WORLD_SIZES, checkpointer: str | None = CHECKPOINTER
+) -> str:
+    """FSDP2 cells of these world sizes, these optimizers (the reference one and mutants), and the checkpointer if any."""
+    optimizers = list(optimizers)
     components = {
         "model": "models.transformer:build_model",
         "batch": "models.transformer:make_batch",
         "parallelize": "models.parallel:parallelize",
         f"optimizer_{REFERENCE}": "models.optim:build_precision_aware",
-        **{f"optimizer_{name}": path for name, (path, _) in MUTANTS.items()},
+        **{f"optimizer_{name}": path for name, (path, _) in MUTANTS.items() if name in optimizers},
+        **({"checkpointer": checkpointer} if checkpointer else {}),
     }
     return matrix_toml(
-        axes={"world_size": list(WORLD_SIZES), "fsdp": ["fsdp2"], "attn": ["sdpa"], "optimizer": optimizers},
+        axes={"world_size": list(world_sizes), "fsdp": ["fsdp2"], "attn": ["sdpa"], "optimizer": optimizers},
         suites={
             "dtensor_optim": {
                 "timeout": 120,
@@ -54,9 +64,14 @@ def dtensor_matrix() -> str:
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory) -> tuple[subprocess.CompletedProcess, dict[str, dict[str, str]]]:
+def run_root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("dtensor_mutants")
+
+
+@pytest.fixture(scope="module")
+def run(run_root) -> tuple[subprocess.CompletedProcess, dict[str, dict[str, str]]]:
     """One run of the suite over reference and mutant cells; per cell id, test -> outcome."""
-    return run_suites(tmp_path_factory.mktemp("dtensor_mutants"), dtensor_matrix())
+    return run_suites(run_root, dtensor_matrix())
 
 
 def cell_id(world_size: int, optimizer: str) -> str:
@@ -88,3 +103,49 @@ def test_suite_catches_mutant(run, mutant, world_size):
         assert any(test.startswith(check) for test in watching), f"{check} did not run: {tests}"
     missed = sorted(test for test, result in watching.items() if result not in ("failure", "skipped"))
     assert not missed, f"{mutant} at ws{world_size}: expected {missed} to fail, outcomes {tests}"
+
+
+def layout_sources(root: Path) -> dict[str, set[str]]:
+    """Per cell id, every `layout_source` the sharded-save check recorded in the run at `root`."""
+    junit = JUnitXml.fromfile(str(root / "reports" / "latest" / "junit.xml"))
+    return {
+        suite.name.split("/", 1)[1]: {
+            prop.value for prop in suite.properties() if prop.name.endswith("::layout_source")
+        }
+        for suite in junit
+    }
+
+
+def test_the_sharded_save_check_reads_what_the_checkpointer_wrote(run, run_root):
+    """The main run names a checkpointer, so that is the save every cell's check read."""
+    sources = layout_sources(run_root)
+    assert set(sources) == set(run[1])
+    read = f"checkpointer {CHECKPOINTER} (the DCP checkpoint its save wrote)"
+    assert all(found == {read} for cell, found in sources.items() if cell.endswith(REFERENCE)), sources
+    failed = f"checkpointer {CHECKPOINTER} (its save failed)"
+    assert all(found <= {read, failed} for found in sources.values()), sources
+
+
+def test_suite_catches_a_checkpointer_that_saves_optimizer_state_unsharded(tmp_path):
+    checkpointer = "models.mutants.dtensor_state:UnshardedOptimizerCheckpointer"
+    done, outcomes = run_suites(tmp_path, dtensor_matrix((REFERENCE,), (2,), checkpointer))
+    assert done.returncode == 1, done.stdout + done.stderr
+    tests = outcomes[cell_id(2, REFERENCE)]
+    failures = cell_failures(tmp_path / "reports" / "latest" / "torch-system")[cell_id(2, REFERENCE)]
+    saved = {test: result for test, result in tests.items() if test.startswith(SAVED)}
+    assert len(saved) == 2 and set(saved.values()) == {"failure"}, tests
+    assert all("expected 2 chunks, one per rank" in failures[test] for test in saved), failures
+    assert {result for test, result in tests.items() if test not in saved} <= {"passed"}, tests
+
+
+def test_without_a_checkpointer_it_checks_torch_helpers_save_and_says_so(tmp_path):
+    done, outcomes = run_suites(tmp_path, dtensor_matrix((REFERENCE, "plain_local_state"), (2,), None))
+    assert done.returncode == 1, done.stdout + done.stderr
+    caught = {test: result for test, result in outcomes[cell_id(2, "plain_local_state")].items() if SAVED in test}
+    assert len(caught) == 2 and set(caught.values()) == {"failure"}, outcomes
+    assert set(outcomes[cell_id(2, REFERENCE)].values()) == {"passed"}, outcomes
+    sources = layout_sources(tmp_path)
+    assert sources == {
+        cell_id(2, optimizer): {"torch get_optimizer_state_dict + dcp.save (no checkpointer in [components])"}
+        for optimizer in (REFERENCE, "plain_local_state")
+    }

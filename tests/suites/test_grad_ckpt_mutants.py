@@ -145,3 +145,32 @@ def test_reference_model_passes_in_bfloat16_within_the_derived_tolerance(tmp_pat
     for cell, tests in cases.items():
         assert sorted(tests) == sorted([GRADIENTS.format(0.0), GRADIENTS.format(0.1), RECOMPUTE, BUFFERS]), cell
         assert all(case.is_passed for case in tests.values()), {cell: {n: failure_text(c) for n, c in tests.items()}}
+
+
+TWO_CELLS = {"fsdp": ("none", "fsdp2"), "attn": ("sdpa",)}
+
+
+def test_checks_a_model_lacks_skip_with_their_reason_and_never_pass(tmp_path):
+    """A model with no cache and no dropout (torchtitan's Llama is one): the cache checks and the
+    dropout variant skip saying what is missing; the checks it can feed still run and pass."""
+    matrix = grad_ckpt_matrix("models.mutants.grad_ckpt:no_cache_no_dropout_model", **TWO_CELLS)
+    returncode, cases, output, _ = run_suite(tmp_path / "lacking", matrix)
+    assert returncode == 0, output
+    assert sorted(cases) == ["ws1-none-sdpa", "ws2-fsdp2-sdpa"], output
+    for cell, tests in cases.items():
+        assert tests[GRADIENTS.format(0.0)].is_passed and tests[BUFFERS].is_passed, cell
+        dropout, recompute = tests[GRADIENTS.format(0.1)], tests[RECOMPUTE]
+        assert dropout.is_skipped and "dropout changed nothing: the model has none" in failure_text(dropout), cell
+        assert recompute.is_skipped, f"{cell}: {failure_text(recompute)}"
+        assert "the model returned no cache (an empty past_key_values" in failure_text(recompute), cell
+
+
+def test_a_model_that_ignores_checkpointing_fails_instead_of_comparing_eager_with_eager(tmp_path):
+    matrix = grad_ckpt_matrix("models.mutants.grad_ckpt:never_checkpointing_model", **TWO_CELLS)
+    returncode, cases, output, _ = run_suite(tmp_path / "never", matrix)
+    assert returncode == 1, output
+    for cell, tests in cases.items():
+        for test in (GRADIENTS.format(0.0), GRADIENTS.format(0.1)):
+            assert tests[test].is_failure, f"{cell} {test}: {failure_text(tests[test])}"
+            assert "no layer body ran again in backward" in failure_text(tests[test]), failure_text(tests[test])
+        assert tests[RECOMPUTE].is_failure, cell

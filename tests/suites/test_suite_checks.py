@@ -7,9 +7,24 @@ import pytest
 import torch
 from torch import nn
 
-from suites.test_dtensor_optim import layout_problems
-from suites.test_grad_ckpt import BF16_RTOL, EXACT, Precision, mismatch, precision_from
-from suites.test_resume import param_group_differences, parameter_mismatches, partial_restore, state_mismatches
+from suites.dcp_layout import TensorLayout, find_checkpoint, layouts_by_suffix
+from suites.test_dtensor_optim import layout_problems, param_shaped_states
+from suites.test_grad_ckpt import (
+    BF16_RTOL,
+    EXACT,
+    Precision,
+    cache_presence_problems,
+    mismatch,
+    no_cache_reason,
+    precision_from,
+)
+from suites.test_resume import (
+    optimizer_state_differences,
+    param_group_differences,
+    parameter_mismatches,
+    partial_restore,
+    state_mismatches,
+)
 
 
 def test_grad_ckpt_precision_defaults_to_exact_float32_and_takes_bfloat16():
@@ -28,6 +43,15 @@ def test_grad_ckpt_refuses_an_unknown_dtype():
 def test_grad_ckpt_refuses_stale_tolerance_options(stale):
     with pytest.raises(pytest.fail.Exception, match=f"{' and '.join(stale)}: the bf16 tolerance is derived"):
         precision_from({"dtype": "bfloat16", **stale})
+
+
+def test_grad_ckpt_a_cache_only_one_run_returned_fails_and_none_in_both_is_no_problem():
+    assert cache_presence_problems(0, 0) == []
+    assert cache_presence_problems(3, 3) == []
+    assert "3 entries without checkpointing and none with it" in cache_presence_problems(3, 0)[0]
+    assert "3 entries with checkpointing and none without it" in cache_presence_problems(0, 3)[0]
+    assert "(past_key_values=None," in no_cache_reason((False, False))
+    assert "(an empty past_key_values," in no_cache_reason((True, True))
 
 
 def ulps_above(tensor: torch.Tensor, ulps: int) -> torch.Tensor:
@@ -54,6 +78,10 @@ def test_resume_comparisons_over_nothing_fail():
     ]
     assert param_group_differences([], []) == [
         "after load: the optimizer had no param groups at the checkpoint step: nothing to compare"
+    ]
+    assert state_mismatches({"w": {}}, {"w": {}}) == state_mismatches({}, {}), "empty state per param is no state"
+    assert optimizer_state_differences({"w": {}}, {"w": {}}) == [
+        "after load: the optimizer had no state at the checkpoint step: nothing to compare"
     ]
     weight = torch.ones(2)
     assert parameter_mismatches({"w": weight}, {}) == ["  w: missing after the resume"]
@@ -88,3 +116,36 @@ def test_dtensor_layout_check_fails_when_no_param_is_a_dtensor_where_fsdp2_shoul
         "no parameter of Linear is a DTensor after `parallelize` under FSDP2: there is no state layout to check"
     ]
     assert layout_problems(model, optimizer, dtensors_expected=False) == []
+
+
+def test_dtensor_optim_counts_param_shaped_state_and_a_stateless_optimizer_has_none():
+    model = nn.Linear(3, 2)
+    for optimizer, held in (
+        (torch.optim.SGD(model.parameters(), lr=0.1), 0),
+        (torch.optim.AdamW(model.parameters()), 4),
+    ):
+        model(torch.ones(1, 3)).sum().backward()
+        optimizer.step()
+        assert param_shaped_states(optimizer) == held, type(optimizer).__name__
+
+
+def layout(key: str) -> TensorLayout:
+    return TensorLayout(key=key, size=(2,), dtype=torch.float32, chunks=())
+
+
+def test_dcp_layout_finds_each_state_under_any_prefix_and_gives_a_key_to_its_longest_suffix():
+    layouts = {key: layout(key) for key in ("optimizer.state.weight.exp_avg", "optimizer.state.head.weight.exp_avg")}
+    found = layouts_by_suffix(layouts, ["weight.exp_avg", "head.weight.exp_avg", "bias.exp_avg"])
+    assert [entry.key for entry in found["weight.exp_avg"]] == ["optimizer.state.weight.exp_avg"]
+    assert [entry.key for entry in found["head.weight.exp_avg"]] == ["optimizer.state.head.weight.exp_avg"]
+    assert found["bias.exp_avg"] == []
+
+
+def test_dcp_layout_finds_the_one_checkpoint_a_checkpointer_wrote_under_its_directory(tmp_path):
+    assert find_checkpoint(tmp_path) is None
+    (tmp_path / "step-1").mkdir()
+    (tmp_path / "step-1" / ".metadata").write_bytes(b"")
+    assert find_checkpoint(tmp_path) == tmp_path / "step-1"
+    (tmp_path / "step-2").mkdir()
+    (tmp_path / "step-2" / ".metadata").write_bytes(b"")
+    assert find_checkpoint(tmp_path) is None
