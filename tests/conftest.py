@@ -25,12 +25,12 @@ def checkout_env() -> dict[str, str]:
 
 # The reference components the resume suite needs (matrix.toml's, without batch and TE).
 REFERENCE_COMPONENTS = {
-    "model": "models.transformer:build_model",
-    "parallelize": "models.parallel:parallelize",
-    "optimizer_adamw": "models.optim:build_adamw",
-    "optimizer_precision_aware": "models.optim:build_precision_aware",
-    "checkpointer": "models.checkpoint:Checkpointer",
-    "dataset": "models.data:TokenDataset",
+    "model": "torchmatrix.models.transformer:build_model",
+    "parallelize": "torchmatrix.models.parallel:parallelize",
+    "optimizer_adamw": "torchmatrix.models.optim:build_adamw",
+    "optimizer_precision_aware": "torchmatrix.models.optim:build_precision_aware",
+    "checkpointer": "torchmatrix.models.checkpoint:Checkpointer",
+    "dataset": "torchmatrix.models.data:TokenDataset",
 }
 
 

@@ -88,8 +88,8 @@ def test_param_groups_chosen_by_name_resume_and_reshard(tmp_path):
         },
         components={
             **REFERENCE_COMPONENTS,
-            "batch": "models.transformer:make_batch",
-            "optimizer_adamw_norms": "models.optim:build_adamw_no_decay_on_norms",
+            "batch": "torchmatrix.models.transformer:make_batch",
+            "optimizer_adamw_norms": "torchmatrix.models.optim:build_adamw_no_decay_on_norms",
         },
     )
     done, outcomes = run_suites(tmp_path, text)

@@ -23,10 +23,10 @@ MATRIX = matrix_toml(
     components={
         "model": "userstack.tiny:build_tiny_lm",
         "batch": "userstack.tiny:random_tokens",
-        "parallelize": "models.parallel:parallelize",
-        "optimizer_adamw": "models.optim:build_adamw",
-        "checkpointer": "models.checkpoint:Checkpointer",
-        "dataset": "models.data:TokenDataset",
+        "parallelize": "torchmatrix.models.parallel:parallelize",
+        "optimizer_adamw": "torchmatrix.models.optim:build_adamw",
+        "checkpointer": "torchmatrix.models.checkpoint:Checkpointer",
+        "dataset": "torchmatrix.models.data:TokenDataset",
     },
 )
 

@@ -35,7 +35,7 @@ def group_plan(**changes) -> GroupPlan:
         events="/tmp/ws2.events.jsonl",
         gate="/tmp/ws2.go",
         launched=False,
-        components={"model": "models.transformer:build_model"},
+        components={"model": "torchmatrix.models.transformer:build_model"},
         optional={"model": {"device": ["cpu"], "torch": []}},
         suites={
             "resume": SuiteSpec("suites/test_resume.py", 300.0, {"steps": 4}),

@@ -62,8 +62,8 @@ def test_the_optimizer_mutant_passes_parameter_names_on_only_to_a_factory_that_n
     torch = pytest.importorskip("torch")
     param = torch.nn.Parameter(torch.zeros(2))
     named = [("norm.weight", param)]
-    by_name = moments_cast_on_load("models.optim:build_adamw_no_decay_on_norms")
-    positional = moments_cast_on_load("models.optim:build_adamw")
+    by_name = moments_cast_on_load("torchmatrix.models.optim:build_adamw_no_decay_on_norms")
+    positional = moments_cast_on_load("torchmatrix.models.optim:build_adamw")
     assert accepts(by_name, "named_parameters")
     assert by_name([param], named_parameters=named, lr=1e-3).param_groups[-1]["weight_decay"] == 0.0
     assert positional([param], named_parameters=named, lr=1e-3).param_groups[0]["params"] == [param]
@@ -76,7 +76,7 @@ def test_unknown_mutant_is_a_one_line_error():
 
 RESUME = Suite("resume", "suites/test_resume.py", 240, ("world_size",))
 CELL_A, CELL_B = Cell({"world_size": 1, "optimizer": "adamw"}), Cell({"world_size": 1, "optimizer": "te"})
-TE_SKIP = "optimizer_te = models.te_optim:build needs 'transformer_engine', which is not installed here"
+TE_SKIP = "optimizer_te = torchmatrix.models.te_optim:build needs 'transformer_engine', which is not installed here"
 
 
 def loader_failure(*rank_lines: str) -> outcomes.TestOutcome:
@@ -164,12 +164,12 @@ def resume_matrix(dropout: float) -> str:
             },
         },
         components={
-            "model": "models.transformer:build_model",
-            "parallelize": "models.parallel:parallelize",
-            "batch": "models.transformer:make_batch",
-            "optimizer_adamw": "models.optim:build_adamw",
-            "checkpointer": "models.checkpoint:Checkpointer",
-            "dataset": "models.data:TokenDataset",
+            "model": "torchmatrix.models.transformer:build_model",
+            "parallelize": "torchmatrix.models.parallel:parallelize",
+            "batch": "torchmatrix.models.transformer:make_batch",
+            "optimizer_adamw": "torchmatrix.models.optim:build_adamw",
+            "checkpointer": "torchmatrix.models.checkpoint:Checkpointer",
+            "dataset": "torchmatrix.models.data:TokenDataset",
         },
     )
 

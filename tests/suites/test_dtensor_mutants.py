@@ -28,12 +28,12 @@ NEVER_SKIPPED_ON_FSDP2 = ("test_state_is_laid_out_like_its_param", "test_saved_s
 # optimizer axis value -> (component, model kinds on which every test that runs must fail);
 # the shapeless mutant is only wrong where shards are uneven, so only the probe sees it
 MUTANTS = {
-    "plain_local_state": ("models.mutants.dtensor_state:PlainLocalStateAdamW", ("model", "uneven_probe")),
-    "replicated_state": ("models.mutants.dtensor_state:ReplicatedStateAdamW", ("model", "uneven_probe")),
-    "shapeless_state": ("models.mutants.dtensor_state:ShapelessStateAdamW", ("uneven_probe",)),
+    "plain_local_state": ("torchmatrix.models.mutants.dtensor_state:PlainLocalStateAdamW", ("model", "uneven_probe")),
+    "replicated_state": ("torchmatrix.models.mutants.dtensor_state:ReplicatedStateAdamW", ("model", "uneven_probe")),
+    "shapeless_state": ("torchmatrix.models.mutants.dtensor_state:ShapelessStateAdamW", ("uneven_probe",)),
 }
 WORLD_SIZES = (2, 4)
-CHECKPOINTER = "models.checkpoint:Checkpointer"
+CHECKPOINTER = "torchmatrix.models.checkpoint:Checkpointer"
 SAVED = "test_saved_state_is_sharded"
 
 
@@ -43,10 +43,10 @@ def dtensor_matrix(
     """FSDP2 cells of these world sizes, these optimizers (the reference one and mutants), and the checkpointer if any."""
     optimizers = list(optimizers)
     components = {
-        "model": "models.transformer:build_model",
-        "batch": "models.transformer:make_batch",
-        "parallelize": "models.parallel:parallelize",
-        f"optimizer_{REFERENCE}": "models.optim:build_precision_aware",
+        "model": "torchmatrix.models.transformer:build_model",
+        "batch": "torchmatrix.models.transformer:make_batch",
+        "parallelize": "torchmatrix.models.parallel:parallelize",
+        f"optimizer_{REFERENCE}": "torchmatrix.models.optim:build_precision_aware",
         **{f"optimizer_{name}": path for name, (path, _) in MUTANTS.items() if name in optimizers},
         **({"checkpointer": checkpointer} if checkpointer else {}),
     }
@@ -127,7 +127,7 @@ def test_the_sharded_save_check_reads_what_the_checkpointer_wrote(run, run_root)
 
 
 def test_suite_catches_a_checkpointer_that_saves_optimizer_state_unsharded(tmp_path):
-    checkpointer = "models.mutants.dtensor_state:UnshardedOptimizerCheckpointer"
+    checkpointer = "torchmatrix.models.mutants.dtensor_state:UnshardedOptimizerCheckpointer"
     done, outcomes = run_suites(tmp_path, dtensor_matrix((REFERENCE,), (2,), checkpointer))
     assert done.returncode == 1, done.stdout + done.stderr
     tests = outcomes[cell_id(2, REFERENCE)]

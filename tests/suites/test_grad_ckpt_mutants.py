@@ -35,8 +35,8 @@ def grad_ckpt_matrix(
         },
         components={
             "model": model,
-            "parallelize": "models.parallel:parallelize",
-            "batch": "models.transformer:make_batch",
+            "parallelize": "torchmatrix.models.parallel:parallelize",
+            "batch": "torchmatrix.models.transformer:make_batch",
         },
     )
 
@@ -46,41 +46,41 @@ CELLS = ["ws1-none-sdpa", "ws1-none-eager", "ws2-fsdp1-sdpa", "ws2-fsdp1-eager",
 GRADIENTS = "test_checkpointing_leaves_loss_and_gradients_unchanged[dropout={}]"
 RECOMPUTE = "test_recompute_reruns_layers_and_rewrites_cache_identically"
 BUFFERS = "test_checkpointing_leaves_every_buffer_unchanged"
-REFERENCE = "models.transformer:build_model"
+REFERENCE = "torchmatrix.models.transformer:build_model"
 
 # mutant factory -> (tests that must fail in every cell, text each failure must contain)
 MUTANTS = {
-    "models.mutants.grad_ckpt:appending_cache_model": (
+    "torchmatrix.models.mutants.grad_ckpt:appending_cache_model": (
         [GRADIENTS.format(0.0), GRADIENTS.format(0.1), RECOMPUTE],
         "backward with activation checkpointing (did a recomputed layer differ from its forward?) failed",
     ),
-    "models.mutants.grad_ckpt:reappending_cache_model": (
+    "torchmatrix.models.mutants.grad_ckpt:reappending_cache_model": (
         [RECOMPUTE],
         "cache entry past_key_values[0][2]: missing from the second (with checkpointing; after backward first",
     ),
-    "models.mutants.grad_ckpt:cache_copy_model": (
+    "torchmatrix.models.mutants.grad_ckpt:cache_copy_model": (
         [RECOMPUTE],
         "could not observe recompute writing the cache",
     ),
-    "models.mutants.grad_ckpt:later_layer_cache_model": (
+    "torchmatrix.models.mutants.grad_ckpt:later_layer_cache_model": (
         [GRADIENTS.format(0.0), GRADIENTS.format(0.1)],
         "checkpointing changed the loss or gradients",
     ),
-    "models.mutants.grad_ckpt:rng_forgetting_model": (
+    "torchmatrix.models.mutants.grad_ckpt:rng_forgetting_model": (
         [GRADIENTS.format(0.1)],
         "checkpointing changed the loss or gradients (dropout=0.1",
     ),
-    "models.mutants.grad_ckpt:buffer_counting_model": (
+    "torchmatrix.models.mutants.grad_ckpt:buffer_counting_model": (
         [BUFFERS],
         "buffer prefix_layers.0.body_runs: 2 vs 1",
     ),
-    "models.mutants.grad_ckpt:cache_counter_model": (
+    "torchmatrix.models.mutants.grad_ckpt:cache_counter_model": (
         [RECOMPUTE],
         "cache state past_key_values.writes: 6 vs 3 (after backward; with checkpointing first, without second)",
     ),
     # Without dropout: with it, FSDP1's averaging reduce-scatter can round a one-ULP change of one
     # rank's element away (seen in ws2-fsdp1-eager), so that variant proves nothing either way.
-    "models.mutants.grad_ckpt:last_bit_gradient_model": (
+    "torchmatrix.models.mutants.grad_ckpt:last_bit_gradient_model": (
         [GRADIENTS.format(0.0)],
         # one element moved by one ULP; FSDP1's reduce-scatter can carry it as 2 ULP (ws2-fsdp1-eager)
         "gradient of prefix_layers.0.o_proj.weight: 1/1024 elements differ, max ",
@@ -153,7 +153,7 @@ TWO_CELLS = {"fsdp": ("none", "fsdp2"), "attn": ("sdpa",)}
 def test_checks_a_model_lacks_skip_with_their_reason_and_never_pass(tmp_path):
     """A model with no cache and no dropout (torchtitan's Llama is one): the cache checks and the
     dropout variant skip saying what is missing; the checks it can feed still run and pass."""
-    matrix = grad_ckpt_matrix("models.mutants.grad_ckpt:no_cache_no_dropout_model", **TWO_CELLS)
+    matrix = grad_ckpt_matrix("torchmatrix.models.mutants.grad_ckpt:no_cache_no_dropout_model", **TWO_CELLS)
     returncode, cases, output, _ = run_suite(tmp_path / "lacking", matrix)
     assert returncode == 0, output
     assert sorted(cases) == ["ws1-none-sdpa", "ws2-fsdp2-sdpa"], output
@@ -166,7 +166,7 @@ def test_checks_a_model_lacks_skip_with_their_reason_and_never_pass(tmp_path):
 
 
 def test_a_model_that_ignores_checkpointing_fails_instead_of_comparing_eager_with_eager(tmp_path):
-    matrix = grad_ckpt_matrix("models.mutants.grad_ckpt:never_checkpointing_model", **TWO_CELLS)
+    matrix = grad_ckpt_matrix("torchmatrix.models.mutants.grad_ckpt:never_checkpointing_model", **TWO_CELLS)
     returncode, cases, output, _ = run_suite(tmp_path / "never", matrix)
     assert returncode == 1, output
     for cell, tests in cases.items():

@@ -35,5 +35,5 @@ def test_quantized_keys_are_subclasses_and_integer_codes_not_floats_or_scalars()
 
 def test_a_components_entry_overrides_the_default_adapter():
     assert state_adapter({}, "adamw") is plain_state
-    custom = {"plain_state_bnb_adamw8bit": "models.third_party_optim:bnb_plain_state"}
+    custom = {"plain_state_bnb_adamw8bit": "torchmatrix.models.third_party_optim:bnb_plain_state"}
     assert state_adapter(custom, "bnb_adamw8bit").__name__ == "bnb_plain_state"

@@ -47,13 +47,13 @@ class Mutant(NamedTuple):
 
 MUTANTS = {
     "raw_optimizer_state_dict": Mutant(
-        {"checkpointer": "models.mutants.resume:RawOptimizerStateCheckpointer"},
+        {"checkpointer": "torchmatrix.models.mutants.resume:RawOptimizerStateCheckpointer"},
         ("adamw",),
         CELL_PREFIXES,
         {after_load("optimizer_state"): ("after load: optimizer state exp_avg of ",), LOSSES: ("loss at step",)},
     ),
     "rng_not_restored": Mutant(
-        {"checkpointer": "models.mutants.resume:RngNotRestoredCheckpointer"},
+        {"checkpointer": "torchmatrix.models.mutants.resume:RngNotRestoredCheckpointer"},
         ("adamw",),
         CELL_PREFIXES,
         {
@@ -62,13 +62,13 @@ MUTANTS = {
         },
     ),
     "scheduler_not_restored": Mutant(
-        {"checkpointer": "models.mutants.resume:SchedulerNotRestoredCheckpointer"},
+        {"checkpointer": "torchmatrix.models.mutants.resume:SchedulerNotRestoredCheckpointer"},
         ("adamw",),
         CELL_PREFIXES,
         {after_load("scheduler"): ("after load: scheduler last_epoch is 0, saved 3",), LOSSES: ("loss at step",)},
     ),
     "scheduler_one_step_late": Mutant(
-        {"checkpointer": "models.mutants.resume:SchedulerOneStepLateCheckpointer"},
+        {"checkpointer": "torchmatrix.models.mutants.resume:SchedulerOneStepLateCheckpointer"},
         ("adamw",),
         CELL_PREFIXES,
         {
@@ -81,13 +81,13 @@ MUTANTS = {
         },
     ),
     "param_groups_not_restored": Mutant(
-        {"checkpointer": "models.mutants.resume:ParamGroupsNotRestoredCheckpointer"},
+        {"checkpointer": "torchmatrix.models.mutants.resume:ParamGroupsNotRestoredCheckpointer"},
         ("adamw",),
         CELL_PREFIXES,
         {after_load("param_groups"): ("after load: param group 0 lr is 0.00166",), LOSSES: ("loss at step",)},
     ),
     "data_position_not_restored": Mutant(
-        {"checkpointer": "models.mutants.resume:DataPositionNotRestoredCheckpointer"},
+        {"checkpointer": "torchmatrix.models.mutants.resume:DataPositionNotRestoredCheckpointer"},
         ("adamw",),
         CELL_PREFIXES,
         {
@@ -96,7 +96,7 @@ MUTANTS = {
         },
     ),
     "loader_one_batch_late": Mutant(
-        {"checkpointer": "models.mutants.resume:LoaderOneBatchLateCheckpointer"},
+        {"checkpointer": "torchmatrix.models.mutants.resume:LoaderOneBatchLateCheckpointer"},
         ("adamw",),
         CELL_PREFIXES,
         {
@@ -105,7 +105,7 @@ MUTANTS = {
         },
     ),
     "rank_zero_only": Mutant(
-        {"checkpointer": "models.mutants.resume:RankZeroOnlyCheckpointer"},
+        {"checkpointer": "torchmatrix.models.mutants.resume:RankZeroOnlyCheckpointer"},
         ("adamw",),
         ("ws2-fsdp1", "ws2-fsdp2", "ws4-fsdp1", "ws4-fsdp2"),
         {
@@ -121,7 +121,7 @@ MUTANTS = {
         world_sizes=(1, 2, 4),
     ),
     "precision_aware_cast_on_load": Mutant(
-        {"optimizer_precision_aware": "models.mutants.resume:build_cast_on_load_precision_aware"},
+        {"optimizer_precision_aware": "torchmatrix.models.mutants.resume:build_cast_on_load_precision_aware"},
         ("precision_aware",),
         CELL_PREFIXES,
         {after_load("optimizer_state"): ("is torch.bfloat16, saved torch.float32",), LOSSES: ("loss at step",)},

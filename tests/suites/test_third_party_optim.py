@@ -75,7 +75,7 @@ def test_resume_catches_a_checkpointer_that_drops_the_scale(tmp_path, mutant):
     package, optimizer, cell, checkpointer = MUTANTS[mutant]
     pytest.importorskip(package)
     text = third_party_matrix(
-        [optimizer], ("resume",), (cell,), checkpointer=f"models.mutants.quantized_state:{checkpointer}"
+        [optimizer], ("resume",), (cell,), checkpointer=f"torchmatrix.models.mutants.quantized_state:{checkpointer}"
     )
     done, outcomes = run_suites(tmp_path, text)
     cell_id = f"{cell}-sdpa-{optimizer}"
@@ -93,7 +93,7 @@ def test_resume_catches_a_checkpointer_that_loads_only_rank_zeros_shard(tmp_path
         ["optimi_adamw_kahan"],
         ("resume",),
         ("ws2-fsdp2",),
-        checkpointer="models.mutants.resume:RankZeroOnlyCheckpointer",
+        checkpointer="torchmatrix.models.mutants.resume:RankZeroOnlyCheckpointer",
     )
     done, outcomes = run_suites(tmp_path, text)
     assert done.returncode == 1, done.stdout + done.stderr
