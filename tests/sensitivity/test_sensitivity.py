@@ -243,6 +243,30 @@ def test_a_cell_where_the_mutant_cannot_differ_is_n_a_never_missed():
     assert verdict.result_text() == "n/a (one rank: rank 0 is every rank)"
 
 
+def test_a_cell_where_the_only_test_that_sees_the_mutant_skipped_unmutated_is_n_a_never_missed(tmp_path):
+    no_cache = "the model returned no cache (past_key_values is None): layer reruns checked, no cache to compare"
+    cell = Cell({"world_size": 1, "fsdp": "none", "attn": "sdpa"})
+    grad_ckpt = Suite("grad_ckpt", "suites/test_grad_ckpt.py", 120, ("world_size",))
+    recorded = [
+        outcomes.TestOutcome(
+            "grad_ckpt", "test_checkpointing_leaves_loss_and_gradients_unchanged[dropout=0.0]", "passed"
+        ),
+        outcomes.TestOutcome(
+            "grad_ckpt", "test_recompute_reruns_layers_and_rewrites_cache_identically", "skipped", message=no_cache
+        ),
+    ]
+    junit.write_cell(tmp_path, "system", {}, cell, [(SuiteRun(grad_ckpt, cell, (cell,)), o) for o in recorded])
+    baseline = read_cells(tmp_path, "grad_ckpt")
+    counter, buffer = chosen_mutants("recompute_bumps_cache_counter,recompute_bumps_buffer")
+
+    verdict = judge(counter, [cell], baseline, None)
+    reason = (
+        f"test_recompute_reruns_layers_and_rewrites_cache_identically skipped on the unmutated components: {no_cache}"
+    )
+    assert (verdict.missed, verdict.not_applicable_in) == (False, {cell.id: reason})
+    assert buffer.unseen_in(baseline[cell.id]) is None
+
+
 def crash_in_mutant(test: str) -> outcomes.TestOutcome:
     """A rank that raised inside the mutant's wrapper, as the runner records the failed test."""
     text = (

@@ -61,6 +61,15 @@ class GenericMutant:
     component: str
     wrapper: str
     not_applicable: Callable[[Cell, Matrix], str | None] = applies_everywhere
+    watched_by: str | None = None
+    """The one test that can see this mutant, where only one can: n/a in a cell where it skipped on
+    the unmutated components (the stack lacks what the mutant would corrupt)."""
+
+    def unseen_in(self, before: CellResult) -> str | None:
+        """Why this mutant cannot be seen in a cell the unmutated run gave `before`, or None."""
+        if self.watched_by and self.watched_by in before.skipped_tests:
+            return f"{self.watched_by} skipped on the unmutated components: {before.skipped_tests[self.watched_by]}"
+        return None
 
     def wraps(self, key: str) -> bool:
         """Whether this mutant replaces the `[components]` entry `key` (`optimizer` stands for every optimizer_<value>)."""
@@ -76,7 +85,7 @@ GENERIC_MUTANTS = (
     GenericMutant("restore_on_rank_zero_only", "checkpointer restores every piece on rank 0 only", RESUME, "checkpointer", "restores_on_rank_zero_only({inner!r})", single_rank),
     GenericMutant("moments_cast_to_param_dtype", "optimizer load casts its state (moments, master) to the param dtype", RESUME, "optimizer", "moments_cast_on_load({inner!r})", fp32_params_in_resume),
     GenericMutant("recompute_bumps_buffer", "a layer bumps a buffer on every body run, recompute included", GRAD_CKPT, "model", "counts_body_runs_in_buffer({inner!r})"),
-    GenericMutant("recompute_bumps_cache_counter", "an int counter on the cache is bumped on every body run, recompute included", GRAD_CKPT, "model", "counts_body_runs_on_cache({inner!r})"),
+    GenericMutant("recompute_bumps_cache_counter", "an int counter on the cache is bumped on every body run, recompute included", GRAD_CKPT, "model", "counts_body_runs_on_cache({inner!r})", watched_by="test_recompute_reruns_layers_and_rewrites_cache_identically"),
 )  # fmt: skip
 
 
@@ -238,6 +247,8 @@ def judge(
             verdict.skipped_in[cell.id] = before.skipped
         elif cell.id in inapplicable:
             verdict.not_applicable_in[cell.id] = inapplicable[cell.id]
+        elif unseen := mutant.unseen_in(before):
+            verdict.not_applicable_in[cell.id] = unseen
         elif crashes:
             verdict.errored_in.append(cell.id)
             verdict.error = verdict.error or crashes[0].telling_line(known)
@@ -294,7 +305,9 @@ def run_sensitivity(
         judged = [
             cell
             for cell in cells
-            if cell.id not in inapplicable and not baseline[mutant.suite].get(cell.id, CellResult()).skipped
+            if cell.id not in inapplicable
+            and not (before := baseline[mutant.suite].get(cell.id, CellResult())).skipped
+            and not mutant.unseen_in(before)
         ]
         if judged:
             run_selection(dataclasses.replace(request, matrix=mutated(matrix, mutant), run_id=mutant.name), judged)

@@ -52,6 +52,7 @@ class CellResult:
 
     failures: list[SuiteFailure] = field(default_factory=list)
     skip_reasons: list[str] = field(default_factory=list)
+    skipped_tests: dict[str, str] = field(default_factory=dict)
     ran: int = 0
 
     @property
@@ -84,7 +85,9 @@ def read_cells(version_dir: Path, suite: str, mutant_sources: tuple[str, ...] = 
             if problem is None:
                 result.ran += 1
             elif problem.tag == "skipped":
-                result.skip_reasons.append(problem.get("message") or "no reason given")
+                reason = problem.get("message") or "no reason given"
+                result.skip_reasons.append(reason)
+                result.skipped_tests.setdefault(test_of_testcase(case.get("name", "")).split("[", 1)[0], reason)
             else:
                 result.ran += 1
                 test = test_of_testcase(case.get("name", ""))
