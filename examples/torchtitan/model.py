@@ -16,7 +16,14 @@ import torch
 from torch import Tensor
 from torch.distributed.tensor import DTensor
 from torchtitan.components.loss import cross_entropy_loss
-from torchtitan.models.common.attention import FlexAttention, ScaledDotProductAttention
+from torchtitan.models.common import Linear
+from torchtitan.models.common.attention import (
+    FlexAttention,
+    FusedQKVLinear,
+    QKVLinear,
+    ScaledDotProductAttention,
+)
+from torchtitan.models.llama3 import _LINEAR_INIT as LINEAR_INIT
 from torchtitan.models.llama3 import Llama3Model, llama3_configs
 
 BATCH_SIZE = 2
@@ -28,18 +35,33 @@ class TrainingOutput(NamedTuple):
     past_key_values: dict  # torchtitan's Llama keeps no KV cache in training: always empty
 
 
-def debug_config(attn: str) -> Llama3Model.Config:
-    """torchtitan's `debugmodel` (6 layers, dim 256, vocab 2048, fused QKV) with the cell's attention:
-    "flex" is torchtitan's default; "sdpa" swaps in its ScaledDotProductAttention (causal, no
-    document mask), which 0.3.0 no longer offers for language models by name."""
-    if attn == "flex":
-        return llama3_configs["debugmodel"](attn_backend="flex")
-    if attn != "sdpa":
+def debug_config(attn: str, qkv: str) -> Llama3Model.Config:
+    """torchtitan's `debugmodel` (6 layers, dim 256, 16 heads, vocab 2048) with the cell's attention
+    and QKV projection. attn "flex" is torchtitan's default; "sdpa" swaps in its
+    ScaledDotProductAttention (causal, no document mask), which 0.3.0 no longer offers for
+    language models by name. qkv "fused" is the debug model as shipped (FusedQKVLinear); "split"
+    is torchtitan's QKVLinear (separate wq, wk, wv), as `fuse_qkv=False` builds it."""
+    if attn not in ("sdpa", "flex"):
         raise ValueError(f"cell axis attn={attn!r}: expected sdpa or flex")
+    if qkv not in ("fused", "split"):
+        raise ValueError(f"cell axis qkv={qkv!r}: expected fused or split")
     config = llama3_configs["debugmodel"](attn_backend="flex")
     for layer in config.layers:
-        layer.attention = dataclasses.replace(layer.attention, inner_attention=ScaledDotProductAttention.Config())
+        if attn == "sdpa":
+            layer.attention = dataclasses.replace(layer.attention, inner_attention=ScaledDotProductAttention.Config())
+        if qkv == "split":
+            layer.attention = dataclasses.replace(layer.attention, qkv_linear=split_qkv(layer.attention.qkv_linear))
     return config
+
+
+def split_qkv(fused: FusedQKVLinear.Config) -> QKVLinear.Config:
+    """The separate projections of a fused one, initialised like torchtitan's unfused layers."""
+    dim, head_dim = fused.wqkv.in_features, fused.head_dim
+    return QKVLinear.Config(
+        head_dim=head_dim,
+        wq=Linear.Config(in_features=dim, out_features=fused.n_heads * head_dim, param_init=LINEAR_INIT),
+        wkv=Linear.Config(in_features=dim, out_features=fused.n_kv_heads * head_dim, param_init=LINEAR_INIT),
+    )
 
 
 class Llama3ForTraining(Llama3Model):
@@ -86,7 +108,7 @@ class Llama3ForTraining(Llama3Model):
 
 def build_model(cell: Mapping[str, object], *, dtype: torch.dtype, dropout: float = 0.0) -> Llama3ForTraining:
     """Component `model`: torchtitan's debug model; `dropout` is ignored (the model has none)."""
-    model = Llama3ForTraining(debug_config(str(cell["attn"])))
+    model = Llama3ForTraining(debug_config(str(cell["attn"]), str(cell["qkv"])))
     model.init_states()
     return model.to(dtype)
 
