@@ -7,6 +7,7 @@ nox -s merge -- DIR... --out DIR
 nox -s list [-- --json]                    the cells; also: nox -s compare -- RUN_A RUN_B, nox -s cli -- --help
 nox -s hf_matrix                           the suites on a tiny Hugging Face Llama (examples/hf_llama)
 nox -s optim_matrix                        torchao, torch-optimi, bitsandbytes optimizers (examples/optimizers)
+nox -s titan_matrix                        the suites on torchtitan's own stack (examples/torchtitan)
 nox -s sensitivity [-- --mutants A,B]      would the suites catch generic mutants of [components]?
 nox -s tests
 """
@@ -45,6 +46,13 @@ def hf_matrix(session, torch):
 def optim_matrix(session, torch):
     """The resume and dtensor_optim suites on the ecosystem's precision-aware optimizers (examples/optimizers)."""
     sessions.optim_matrix(session, torch, RUN_ID)
+
+
+@nox.session
+@nox.parametrize("torch", [v for v in sessions.torchtitan_matrix().versions if v != "system"])
+def titan_matrix(session, torch):
+    """The suites on torchtitan's Llama 3 debug model, parallelize_llama and CheckpointManager (examples/torchtitan)."""
+    sessions.titan_matrix(session, torch, RUN_ID)
 
 
 @nox.session
@@ -102,5 +110,6 @@ MATRIX_LOCK = sessions.lock_envdir_or_exit(
         "gpu_matrix": MATRIX.versions,
         "hf_matrix": sessions.hf_llama_matrix().versions,
         "optim_matrix": sessions.optimizers_matrix().versions,
+        "titan_matrix": sessions.torchtitan_matrix().versions,
     },
 )

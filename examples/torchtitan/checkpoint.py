@@ -5,6 +5,8 @@ per save), given the suites' model, optimizer, scheduler and loader as its train
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 from torch import nn
 from torchtitan.components.checkpoint import CheckpointManager
 from torchtitan.components.optimizer.utils import (
@@ -21,19 +23,30 @@ class FlatOptimizer:
 
     def __init__(self, optimizer, model: nn.Module):
         self.optimizer = optimizer
-        # Protocol gap: the optimizer factory receives parameters without names, and torchtitan's
-        # helpers key the state by the `param_names` torch records from (name, param) pairs.
-        names = {param: name for name, param in model.named_parameters()}
-        for group in optimizer.param_groups:
-            group["param_names"] = [names[param] for param in group["params"]]
+        self.names = {param: name for name, param in model.named_parameters()}
 
     def state_dict(self) -> dict:
-        init_optim_state(self.optimizer)
-        return get_flat_optim_state_dict(self.optimizer)
+        with self.param_names():
+            init_optim_state(self.optimizer)
+            return get_flat_optim_state_dict(self.optimizer)
 
     def load_state_dict(self, state: dict) -> None:
-        init_optim_state(self.optimizer)
-        load_flat_optim_state_dict(self.optimizer, state)
+        with self.param_names():
+            init_optim_state(self.optimizer)
+            load_flat_optim_state_dict(self.optimizer, state)
+
+    @contextmanager
+    def param_names(self):
+        """Protocol gap: the optimizer factory receives parameters without names, and torchtitan's
+        helpers key the state by the `param_names` torch records when an optimizer is built from
+        (name, param) pairs; they are lent to the param groups for the call only."""
+        for group in self.optimizer.param_groups:
+            group["param_names"] = [self.names[param] for param in group["params"]]
+        try:
+            yield
+        finally:
+            for group in self.optimizer.param_groups:
+                group.pop("param_names", None)
 
 
 class TrainState:
@@ -53,23 +66,25 @@ class Checkpointer:
     """`save` and `load` through a `CheckpointManager` over `directory` (its checkpoint folder)."""
 
     def save(self, directory: str, *, model, optimizer, scheduler, loader, step: int) -> None:
-        manager(directory, model, optimizer, scheduler, loader, TrainState(step)).save(step, last_step=False)
+        self.manager(directory, model, optimizer, scheduler, loader, TrainState(step)).save(step)
 
     def load(self, directory: str, *, model, optimizer, scheduler, loader) -> int:
         train_state = TrainState()
-        if not manager(directory, model, optimizer, scheduler, loader, train_state).load():
+        if not self.manager(directory, model, optimizer, scheduler, loader, train_state).load():
             raise FileNotFoundError(f"CheckpointManager found no checkpoint in {directory}")
         return train_state.step
 
+    def config(self, directory: str) -> CheckpointManager.Config:
+        """Saving at every step (interval 1) with the full training state, as during training."""
+        return CheckpointManager.Config(enable=True, folder=directory, interval=1, keep_latest_k=0)
 
-def manager(directory: str, model, optimizer, scheduler, loader, train_state: TrainState) -> CheckpointManager:
-    """Saving at every step (interval 1) with the full training state, as during training."""
-    return CheckpointManager(
-        CheckpointManager.Config(enable=True, folder=directory, interval=1, keep_latest_k=0),
-        dataloader=loader,
-        model_parts=[model],
-        optimizers=FlatOptimizer(optimizer, model),
-        lr_schedulers=scheduler,
-        states={"train_state": train_state},
-        sd_adapter=None,
-    )
+    def manager(self, directory: str, model, optimizer, scheduler, loader, train_state) -> CheckpointManager:
+        return CheckpointManager(
+            self.config(directory),
+            dataloader=loader,
+            model_parts=[model],
+            optimizers=FlatOptimizer(optimizer, model),
+            lr_schedulers=scheduler,
+            states={"train_state": train_state},
+            sd_adapter=None,
+        )
