@@ -7,6 +7,7 @@ nox -s merge -- DIR... --out DIR
 nox -s list [-- --json]                    the cells; also: nox -s compare -- RUN_A RUN_B, nox -s cli -- --help
 nox -s hf_matrix                           the suites on a tiny Hugging Face Llama (examples/hf_llama)
 nox -s optim_matrix                        torchao, torch-optimi, bitsandbytes optimizers (examples/optimizers)
+nox -s titan_matrix                        the suites on torchtitan's own stack (examples/torchtitan)
 nox -s sensitivity [-- --mutants A,B]      would the suites catch generic mutants of [components]?
 nox -s tests
 
@@ -43,6 +44,13 @@ def optim_matrix(session, torch):
 
 
 @nox.session
+@nox.parametrize("torch", [v for v in sessions.torchtitan_matrix().versions if v != "system"])
+def titan_matrix(session, torch):
+    """The suites on torchtitan's Llama 3 debug model, parallelize_llama and CheckpointManager (examples/torchtitan)."""
+    sessions.titan_matrix(session, torch, RUN_ID)
+
+
+@nox.session
 def tests(session):
     """The runner's own tests (pytest-xdist), on the baseline torch."""
     sessions.tests(session, MATRIX.baseline)
@@ -58,4 +66,5 @@ def lint(session):
 MATRIX_LOCK = lock_matrix_sessions(
     hf_matrix=sessions.hf_llama_matrix().versions,
     optim_matrix=sessions.optimizers_matrix().versions,
+    titan_matrix=sessions.torchtitan_matrix().versions,
 )

@@ -18,9 +18,11 @@ REPO = Path(__file__).resolve().parent.parent
 PROJECT_IS_THIS_CHECKOUT = f"\n[project]\nroot = {json.dumps(str(REPO))}\n"
 
 
-def checkout_env() -> dict[str, str]:
-    """The environment with this checkout importable, as an installed torchmatrix would be."""
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
+def checkout_env(*also: Path | None) -> dict[str, str]:
+    """The environment with this checkout importable, as an installed torchmatrix would be, and the
+    directories `also` (a user's component modules)."""
+    paths = [str(path) for path in also if path] + [str(REPO), os.environ.get("PYTHONPATH")]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
 
 
 # The reference components the resume suite needs (matrix.toml's, without batch and TE).
@@ -148,9 +150,12 @@ def cell_failures(version_dir: Path) -> dict[str, dict[str, str]]:
     }
 
 
-def run_suites(root: Path, matrix_text: str) -> tuple[subprocess.CompletedProcess, dict[str, dict[str, str]]]:
-    """Run this checkout's suites over `matrix_text` (a throwaway project at `root`) with
-    `python -m torchmatrix run --torch system`; return the process and `cell_outcomes` of the run."""
+def run_suites(
+    root: Path, matrix_text: str, components_from: Path | None = None
+) -> tuple[subprocess.CompletedProcess, dict[str, dict[str, str]]]:
+    """Run this checkout's suites over `matrix_text` (a throwaway project at `root`, its components
+    importable from `components_from` too) with `python -m torchmatrix run --torch system`; return
+    the process and `cell_outcomes` of the run."""
     root.mkdir(parents=True, exist_ok=True)
     (root / "suites").symlink_to(REPO / "suites", target_is_directory=True)
     (root / "matrix.toml").write_text(matrix_text + PROJECT_IS_THIS_CHECKOUT)
@@ -160,7 +165,7 @@ def run_suites(root: Path, matrix_text: str) -> tuple[subprocess.CompletedProces
     done = subprocess.run(
         [sys.executable, "-m", "torchmatrix", *command],
         cwd=REPO,
-        env=checkout_env(),
+        env=checkout_env(components_from),
         capture_output=True,
         text=True,
         timeout=900,
