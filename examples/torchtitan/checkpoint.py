@@ -5,9 +5,6 @@ per save), given the suites' model, optimizer, scheduler and loader as its train
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-
-from torch import nn
 from torchtitan.components.checkpoint import CheckpointManager
 from torchtitan.components.optimizer.utils import (
     get_flat_optim_state_dict,
@@ -18,35 +15,20 @@ from torchtitan.components.optimizer.utils import (
 
 class FlatOptimizer:
     """The optimizer as torchtitan's `OptimizersContainer` checkpoints it: a flat, FQN-keyed state
-    dict built by torchtitan's own helpers. The container itself cannot be the `optimizer`
-    component: its `.state` is empty and its param groups hold no `lr` (the inner optimizers do)."""
+    dict built by torchtitan's own helpers, keyed by the `param_names` the optimizer was built with.
+    The container itself cannot be the `optimizer` component: its `.state` is empty and its param
+    groups hold no `lr` (the inner optimizers do)."""
 
-    def __init__(self, optimizer, model: nn.Module):
+    def __init__(self, optimizer):
         self.optimizer = optimizer
-        self.names = {param: name for name, param in model.named_parameters()}
 
     def state_dict(self) -> dict:
-        with self.param_names():
-            init_optim_state(self.optimizer)
-            return get_flat_optim_state_dict(self.optimizer)
+        init_optim_state(self.optimizer)
+        return get_flat_optim_state_dict(self.optimizer)
 
     def load_state_dict(self, state: dict) -> None:
-        with self.param_names():
-            init_optim_state(self.optimizer)
-            load_flat_optim_state_dict(self.optimizer, state)
-
-    @contextmanager
-    def param_names(self):
-        """Protocol gap: the optimizer factory receives parameters without names, and torchtitan's
-        helpers key the state by the `param_names` torch records when an optimizer is built from
-        (name, param) pairs; they are lent to the param groups for the call only."""
-        for group in self.optimizer.param_groups:
-            group["param_names"] = [self.names[param] for param in group["params"]]
-        try:
-            yield
-        finally:
-            for group in self.optimizer.param_groups:
-                group.pop("param_names", None)
+        init_optim_state(self.optimizer)
+        load_flat_optim_state_dict(self.optimizer, state)
 
 
 class TrainState:
@@ -83,7 +65,7 @@ class Checkpointer:
             self.config(directory),
             dataloader=loader,
             model_parts=[model],
-            optimizers=FlatOptimizer(optimizer, model),
+            optimizers=FlatOptimizer(optimizer),
             lr_schedulers=scheduler,
             states={"train_state": train_state},
             sd_adapter=None,

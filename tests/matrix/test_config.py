@@ -193,7 +193,10 @@ env = { PIP_CACHE_DIR = "/scratch/pip-cache", NCCL_DEBUG = "INFO" }
 
 
 def test_component_requirements_load(tmp_path):
-    text = GOOD + '\n[components]\noptimizer_ao = "torchmatrix.models.x:build"\n[requires]\noptimizer_ao = ["torchao", "numpy<3"]\n'
+    text = (
+        GOOD
+        + '\n[components]\noptimizer_ao = "torchmatrix.models.x:build"\n[requires]\noptimizer_ao = ["torchao", "numpy<3"]\n'
+    )
     assert load_matrix(write_matrix(tmp_path, text)).requires == {"optimizer_ao": ("torchao", "numpy<3")}
     assert load_matrix(write_matrix(tmp_path, GOOD)).requires == {}
 

@@ -173,7 +173,8 @@ def signature_problems(component: Component, obj, key: str) -> list[str]:
 
 def _call_problems(target, arguments: tuple[Argument, ...], call: str, leading: int = 0) -> list[str]:
     """Bind each call the suites make (with and without the arguments only some of them pass) to
-    `target`'s signature; `leading` placeholders stand for `self` of a method read off its class."""
+    `target`'s signature; an optional argument the signature names is passed in every call, so it
+    may be required. `leading` placeholders stand for `self` of a method read off its class."""
     try:
         signature = inspect.signature(target)
     except (TypeError, ValueError):
@@ -181,7 +182,7 @@ def _call_problems(target, arguments: tuple[Argument, ...], call: str, leading: 
     always = [a for a in arguments if a.passed == ALWAYS]
     passed = [a for a in arguments if a.passed != OPTIONAL]
     accepted_optional = [a for a in arguments if a.passed == OPTIONAL and accepts(target, a.name)]
-    for arguments_passed in (always, passed, passed + accepted_optional):
+    for arguments_passed in (always + accepted_optional, passed + accepted_optional):
         positional = [None] * (leading + sum(a.positional for a in arguments_passed))
         keywords = {a.name: None for a in arguments_passed if not a.positional}
         try:
