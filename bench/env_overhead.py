@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
 import re
 import shutil
@@ -46,11 +45,6 @@ def nox(*args: str, env: dict) -> tuple[float, str]:
     return time.monotonic() - started, done.stderr
 
 
-def project_root_line() -> str:
-    """`[project] root` naming this checkout, so the scratch matrix's suites/ may link into it."""
-    return f"\n[project]\nroot = {json.dumps(str(REPO))}\n"
-
-
 def cache_size(path: Path) -> float:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 1e6
 
@@ -61,7 +55,7 @@ def install_cold_warm(version: str, backends: list[str], scratch: Path, env: dic
     text = (REPO / "matrix.toml").read_text()
     text = re.sub(r"(?m)^versions = .*$", f'versions = ["{version}"]', text)
     text = re.sub(r"(?m)^baseline = .*$", f'baseline = "{version}"', text)
-    (scratch / "matrix.toml").write_text(text + project_root_line())
+    (scratch / "matrix.toml").write_text(text)
     print(f"| backend | torch {version} cold (empty cache) | warm (cache filled) | cache after cold |")
     print("|---|---|---|---|")
     for backend in backends:
@@ -106,9 +100,7 @@ def main() -> int:
     versions = [v for v in matrix.versions if v != "system"]
     with tempfile.TemporaryDirectory(prefix="torchmatrix-env-") as tmp:
         scratch = Path(tmp)
-        (scratch / "matrix.toml").write_text((REPO / "matrix.toml").read_text() + project_root_line())
-        for name in ("suites", "models"):
-            (scratch / name).symlink_to(REPO / name)
+        (scratch / "matrix.toml").write_text((REPO / "matrix.toml").read_text())
         env = {**os.environ, "TORCHMATRIX_CONFIG": str(scratch / "matrix.toml"), "TORCHMATRIX_RUN_ID": "env-overhead"}
         if args.install:
             install_cold_warm(args.install, args.backends.split(","), scratch, env)

@@ -15,7 +15,6 @@ no test of the default matrix takes more than ~10 s here.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import shutil
@@ -34,24 +33,17 @@ from torchmatrix.reports.untrusted_text import one_line  # noqa: E402
 from torchmatrix.reports.upgrade_diff import upgrade_diffs  # noqa: E402
 
 
-def project_root_line() -> str:
-    """`[project] root` naming this checkout, so the scratch matrix's suites/ may link into it."""
-    return f"\n[project]\nroot = {json.dumps(str(REPO))}\n"
-
-
 def scratch_matrix(directory: Path, versions: list[str], deadline: int | None) -> Path:
-    """matrix.toml with only its [torch] versions and baseline changed (and deadlines capped),
-    beside links to the suites and models."""
+    """matrix.toml with only its [torch] versions and baseline changed (and deadlines capped); its
+    suites are the built-ins and its components torchmatrix.models, so it runs from any directory."""
     text = (REPO / "matrix.toml").read_text()
     listed = ", ".join(f'"{v}"' for v in versions)
     text = re.sub(r"(?m)^versions = \[.*?\]", f"versions = [{listed}]", text, count=1)
     text = re.sub(r'(?m)^baseline = ".*?"', f'baseline = "{versions[0]}"', text, count=1)
     if deadline:
         text = re.sub(r"(?m)^timeout = (\d+)", lambda m: f"timeout = {min(int(m.group(1)), deadline)}", text)
-    for name in ("suites", "models"):
-        (directory / name).symlink_to(REPO / name, target_is_directory=True)
     path = directory / "matrix.toml"
-    path.write_text(text + project_root_line())
+    path.write_text(text)
     return path
 
 
