@@ -354,10 +354,16 @@ def missing_package(import_path: str) -> str | None:
 
 
 class _FailedEarlier:
-    """What once_per_cell keeps for a computation that raised: later tests fail with this line."""
+    """What once_per_cell keeps for a computation that raised: later tests fail with this line,
+    under the computation's own root cause, so reports group them with the failure that broke it."""
 
-    def __init__(self, line: str):
-        self.line = line
+    def __init__(self, line: str, cause: str):
+        self.line, self.cause = line, cause
+
+    def fail(self):
+        failure = pytest.fail.Exception(f"{self.line}: {self.cause}", pytrace=False)
+        failure.root_cause = self.cause
+        raise failure
 
 
 @pytest.fixture
@@ -370,11 +376,15 @@ def once_per_cell(request, cell, _cell_plan):
     def shared(name: str, compute):
         key = (suite, cell.id, name)
         if key not in _cell_plan.shared:
-            _cell_plan.shared[key] = _FailedEarlier(f"{cell.id}: {name} failed in an earlier test of this cell")
-            _cell_plan.shared[key] = compute()
+            try:
+                _cell_plan.shared[key] = compute()
+            except BaseException as error:
+                line = f"{cell.id}: {name} failed in an earlier test of this cell"
+                _cell_plan.shared[key] = _FailedEarlier(line, root_cause(error))
+                raise
         value = _cell_plan.shared[key]
         if isinstance(value, _FailedEarlier):
-            pytest.fail(value.line)
+            value.fail()
         return value
 
     return shared
