@@ -46,7 +46,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
-from torchmatrix.testing import accepts, build_optimizer, current_device, load
+from torchmatrix.testing import accepts, build_optimizer, clean_name, current_device, load
 
 from .dcp_layout import find_checkpoint, layouts_by_suffix, read_layouts
 from .optimizer_state import state_adapter
@@ -394,7 +394,7 @@ def on_rank_save(recipe: Recipe, checkpoint_dir: str) -> dict:
     and the param's global shape (what the main process expects to find sharded)."""
     model, optimizer = recipe.build(SAVE_SEED)
     recipe.train_step(model, optimizer, SAVE_SEED)
-    state = get_optimizer_state_dict(model, optimizer)
+    expected = sharded_states_expected(model, optimizer)
     errors, checkpoint, source = [], None, f"{TORCH_HELPERS} (no checkpointer in [components])"
     if "checkpointer" in recipe.components:
         name = recipe.components["checkpointer"]
@@ -410,20 +410,35 @@ def on_rank_save(recipe: Recipe, checkpoint_dir: str) -> dict:
             source = f"{TORCH_HELPERS} (checkpointer {name} wrote no single DCP .metadata under the directory)"
     if checkpoint is None and not errors:
         checkpoint = f"{checkpoint_dir}-torch-helpers"
+        state = get_optimizer_state_dict(model, optimizer)
         attempt(errors, "dcp.save", dcp.save, {"optimizer": state}, checkpoint_id=checkpoint)
-    param_shapes = {name: tuple(value.size()) for name, value in get_model_state_dict(model).items()}
-    expected = {
-        f"{name}.{key}": param_shapes[name]
-        for name, entries in state["state"].items()
-        for key, value in entries.items()
-        if torch.is_tensor(value) and value.dim() > 0
-    }
     return {
         "errors": errors,
         "expected": expected,
         "checkpoint": str(checkpoint),
         "layout_source": source,
         "param_shaped_states": param_shaped_states(optimizer),
+    }
+
+
+def sharded_states_expected(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, tuple[int, ...]]:
+    """Per non-scalar optimizer state, its key (`<param fqn>.<state>`) and its param's global
+    shape. Under FSDP2 the state is keyed by the DTensor params themselves, so their names and
+    shapes come from the model, not from torch's state-dict helpers, which a checkpointer of the
+    user's may not go through (they cannot resolve torchtitan's fused-QKV keys); FSDP1 keeps state
+    per flat parameter, which only the helpers unflatten to names."""
+    if any(isinstance(param, DTensor) for param in optimizer.state):
+        names = {param: clean_name(name) for name, param in model.named_parameters()}
+        per_param = {names[param]: (tuple(param.size()), entries) for param, entries in optimizer.state.items()}
+    else:
+        shapes = {name: tuple(value.size()) for name, value in get_model_state_dict(model).items()}
+        state = get_optimizer_state_dict(model, optimizer)["state"]
+        per_param = {name: (shapes[name], entries) for name, entries in state.items()}
+    return {
+        f"{name}.{key}": shape
+        for name, (shape, entries) in per_param.items()
+        for key, value in entries.items()
+        if torch.is_tensor(value) and value.dim() > 0
     }
 
 

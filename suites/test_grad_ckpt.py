@@ -36,10 +36,9 @@ from torch.distributed.fsdp import FullyShardedDataParallel
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
-from torchmatrix.testing import current_device, load
+from torchmatrix.testing import clean_name, current_device, load
 
 from .deterministic import deterministic_algorithms
-from .names import clean_name
 from .ulp import bits_equal, ulp_distance
 
 SEED = 0

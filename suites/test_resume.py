@@ -37,10 +37,9 @@ import random
 import pytest
 import torch
 
-from torchmatrix.testing import RESUME_BF16_PARAM_OPTIMIZERS, build_optimizer, load
+from torchmatrix.testing import RESUME_BF16_PARAM_OPTIMIZERS, build_optimizer, clean_name, load
 
 from .deterministic import deterministic_algorithms
-from .names import clean_name
 from .optimizer_state import quantized_keys, state_adapter
 from .ulp import bits_equal, ulp_distance
 

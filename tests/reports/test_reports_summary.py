@@ -70,7 +70,7 @@ def test_report_command_writes_every_file_and_the_step_summary(run_dir, tmp_path
     assert last[-6].startswith("  4 tests in 2 cells, torch 2.13.0, 2.14.1: "), last
     assert last[-2:] == [
         "torchmatrix: CPU-simulation limits, not failures of the stack (1):",
-        "  1 tests in 1 cells, torch 2.14.1: CPU-simulation limit: RuntimeError: Cannot use ReduceOp.PREMUL_SUM with "
+        "  1 test in 1 cell, torch 2.14.1: CPU-simulation limit: RuntimeError: Cannot use ReduceOp.PREMUL_SUM with "
         "Gloo; hint: call set_force_sum_reduction_for_comms(True) on the fully_shard modules in CPU cells, or drop the "
         "divide factor",
     ], "limits are listed apart from the failures, with their hint"

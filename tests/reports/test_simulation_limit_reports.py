@@ -101,7 +101,7 @@ def test_the_closing_lines_list_it_apart_from_the_failures(run_dir):
     assert lines[0].startswith("torchmatrix: 76 passed, 3 failed, 4 errors, 4 skipped, 1 CPU-simulation limits;")
     assert lines[-2:] == [
         "torchmatrix: CPU-simulation limits, not failures of the stack (1):",
-        f"  1 tests in 1 cells, torch 2.14.1: {PREMUL_SUM_LIMIT}",
+        f"  1 test in 1 cell, torch 2.14.1: {PREMUL_SUM_LIMIT}",
     ]
 
 
@@ -173,7 +173,7 @@ def test_a_run_whose_only_non_pass_is_premul_sum_on_gloo_exits_0_and_marks_it(pr
     assert done.returncode == 0, done.stdout + done.stderr
     assert "torch system: 1 passed, 0 failed, 0 errors, 0 skipped, 1 CPU-simulation limits;" in done.stdout
     assert (
-        "  1 tests in 1 cells, torch system: CPU-simulation limit: RuntimeError: Cannot use ReduceOp.PREMUL_SUM "
+        "  1 test in 1 cell, torch system: CPU-simulation limit: RuntimeError: Cannot use ReduceOp.PREMUL_SUM "
         f"with Gloo; hint: {HINT}"
     ) in done.stdout, "the closing lines name the limit and its hint"
     results = load_run(project.root / "out" / "latest")

@@ -8,12 +8,10 @@ reference model also runs in bfloat16 on two cells, where the derived tolerance 
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 from junitparser import JUnitXml
 
-from conftest import REPO, Project, matrix_toml
+from conftest import Project, matrix_toml
 
 pytestmark = pytest.mark.slow
 
@@ -41,7 +39,6 @@ def grad_ckpt_matrix(
     )
 
 
-SUITE_FILES = ("__init__.py", "conftest.py", "deterministic.py", "names.py", "ulp.py", "test_grad_ckpt.py")
 CELLS = ["ws1-none-sdpa", "ws1-none-eager", "ws2-fsdp1-sdpa", "ws2-fsdp1-eager", "ws2-fsdp2-sdpa", "ws2-fsdp2-eager"]
 GRADIENTS = "test_checkpointing_leaves_loss_and_gradients_unchanged[dropout={}]"
 RECOMPUTE = "test_recompute_reruns_layers_and_rewrites_cache_identically"
@@ -93,9 +90,6 @@ def run_suite(root, matrix: str) -> tuple[int, dict[str, dict[str, object]], str
     of one suite run over ``matrix``."""
     project = Project(root)
     project.write("matrix.toml", matrix)
-    for name in SUITE_FILES:
-        if (REPO / "suites" / name).exists():
-            shutil.copy(REPO / "suites" / name, root / "suites" / name)
     # Mutants fail for a known reason; re-running each failure alone would only double the time.
     done = project.torchmatrix("run", "--torch", "system", "--reports", "out", "--confirm-limit", "0", timeout=600)
     cases: dict[str, dict[str, object]] = {}

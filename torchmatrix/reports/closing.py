@@ -45,7 +45,7 @@ def simulation_limit_lines(run: RunResults) -> list[str]:
 
 def _reach(causes: list[RootCause], chars: int) -> list[str]:
     lines = [
-        f"  {cause.tests} tests in {len(cause.cells)} cells, torch {', '.join(cause.versions)}: {one_line(cause.line, chars)}"
+        f"  {_counted(cause.tests, 'test')} in {_counted(len(cause.cells), 'cell')}, torch {', '.join(cause.versions)}: {one_line(cause.line, chars)}"
         for cause in causes[:CLOSING_ROOT_CAUSES]
     ]
     if len(causes) > CLOSING_ROOT_CAUSES:
@@ -66,3 +66,7 @@ def run_closing_lines(run_dir: Path, failed: bool) -> str:
         f"(or `nox -s report -- {run_dir}`)"
     )
     return "\n".join(lines)
+
+
+def _counted(count: int, noun: str) -> str:
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
