@@ -48,15 +48,16 @@ def matrix_toml(
 ) -> str:
     """matrix.toml text for a throwaway project, so a test states only what its matrix is about.
 
-    A suite's `path` defaults to suites/test_<name>.py; a nested mapping (a suite's `options`)
-    becomes its own table. Tests about malformed or hostile text write that text literally instead.
+    A suite's `path` defaults to suites/test_<name>.py (`"path": None` leaves it out: the built-in
+    suite of that name); a nested mapping (a suite's `options`) becomes its own table. Tests about malformed or hostile text write that text literally instead.
     """
     lines = _toml_table("torch", {"versions": list(torch), **({"baseline": baseline} if baseline else {})})
     lines += _toml_table("axes", axes)
     for rule in exclude:
         lines += _toml_table("exclude", rule, array=True)
     for name, suite in suites.items():
-        lines += _toml_table(f"suites.{name}", {"path": f"suites/test_{name}.py", **suite})
+        table = {"path": f"suites/test_{name}.py", **suite}
+        lines += _toml_table(f"suites.{name}", {key: value for key, value in table.items() if value is not None})
     if components:
         lines += _toml_table("components", components)
     if report:

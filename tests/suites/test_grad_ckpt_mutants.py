@@ -26,6 +26,7 @@ def grad_ckpt_matrix(
         exclude=[{"fsdp": "none", "world_size": 2}, {"fsdp": [f for f in fsdp if f != "none"], "world_size": 1}],
         suites={
             "grad_ckpt": {
+                "path": None,
                 "timeout": 120,
                 "axes": ["world_size", "fsdp", "attn"],
                 "options": {"dtype": dtype},
