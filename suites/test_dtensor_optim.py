@@ -332,7 +332,7 @@ def layout_problems(model: nn.Module, optimizer: torch.optim.Optimizer, *, dtens
         return [
             f"no parameter of {type(model).__name__} is a DTensor after `parallelize` under FSDP2: there is no state layout to check"
         ]
-    keeps_state = any(optimizer.state.get(p) for p in names)
+    keeps_state = any(optimizer.state.values())
     problems = [
         f"{names[p]}: no optimizer state after a step, while other params have some"
         for p in names

@@ -3,6 +3,10 @@ rule that a comparison over nothing (no parameters, no state, no DTensor) fails 
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import pytest
 import torch
 from torch import nn
@@ -25,6 +29,8 @@ from suites.test_resume import (
     partial_restore,
     state_mismatches,
 )
+
+from conftest import REPO
 
 
 def test_grad_ckpt_precision_defaults_to_exact_float32_and_takes_bfloat16():
@@ -116,6 +122,33 @@ def test_dtensor_layout_check_fails_when_no_param_is_a_dtensor_where_fsdp2_shoul
         "no parameter of Linear is a DTensor after `parallelize` under FSDP2: there is no state layout to check"
     ]
     assert layout_problems(model, optimizer, dtensors_expected=False) == []
+
+
+STATE_KEYED_BY_LOCAL_SHARD = """
+import json, torch, torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Shard, distribute_tensor
+from suites.test_dtensor_optim import layout_problems
+
+dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+mesh = init_device_mesh("cpu", (1,))
+model = nn.Linear(4, 4, bias=False)
+model.weight = nn.Parameter(distribute_tensor(model.weight.detach(), mesh, [Shard(0)]))
+optimizer = torch.optim.AdamW([model.weight])
+optimizer.state[model.weight.to_local()] = {"exp_avg": torch.zeros(4, 4)}
+print(json.dumps(layout_problems(model, optimizer, dtensors_expected=True)))
+"""
+
+
+def test_dtensor_layout_check_fails_when_the_state_is_kept_under_something_other_than_the_params():
+    """State keyed by each param's local shard is no state of the DTensor param: the check must say
+    so, not pass having found no DTensor key to compare."""
+    done = subprocess.run([sys.executable, "-c", STATE_KEYED_BY_LOCAL_SHARD], capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1]) == [
+        "weight: no optimizer state after a step, while other params have some"
+    ]
 
 
 def test_dtensor_optim_counts_param_shaped_state_and_a_stateless_optimizer_has_none():
