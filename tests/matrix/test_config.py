@@ -217,12 +217,14 @@ def test_suite_axes_default_to_every_axis(tmp_path):
 
 
 def test_builtin_suite_is_named_without_path(tmp_path):
-    text = GOOD + '\n[suites.grad_ckpt]\n\n[suites.collectives]\ntimeout = 5\naxes = ["world_size", "fsdp"]\n'
+    text = GOOD.replace("[axes]\n", '[axes]\nqkv = ["fused", "split"]\n')
+    text += '\n[suites.grad_ckpt]\n\n[suites.collectives]\n\n[suites.resume]\ntimeout = 5\naxes = ["world_size"]\n'
     matrix = load_matrix(write_matrix(tmp_path, text))
     grad_ckpt = matrix.suites["grad_ckpt"]
     assert Path(grad_ckpt.path) == Path(importlib.util.find_spec("torchmatrix.suites.test_grad_ckpt").origin)
-    assert (grad_ckpt.timeout, grad_ckpt.axes) == (120.0, ("world_size", "fsdp")), "its own axes that [axes] has"
-    assert (matrix.suites["collectives"].timeout, matrix.suites["collectives"].axes) == (5.0, ("world_size", "fsdp"))
+    assert (grad_ckpt.timeout, grad_ckpt.axes) == (120.0, ("qkv", "world_size", "fsdp")), "every axis: a user's too"
+    assert (matrix.suites["collectives"].timeout, matrix.suites["collectives"].axes) == (60.0, ("world_size",))
+    assert (matrix.suites["resume"].timeout, matrix.suites["resume"].axes) == (5.0, ("world_size",))
 
 
 def test_builtin_suite_names_match_the_shipped_files():

@@ -406,7 +406,7 @@ def _suites(raw: dict, axes: dict, root: Path, project: Path, where: _Where) -> 
             timeout, natural_axes = 300, tuple(axes)
         else:
             path = _builtin_path(name, at)
-            timeout, natural_axes = BUILTIN_SUITES[name].timeout, BUILTIN_SUITES[name].axes
+            timeout, natural_axes = BUILTIN_SUITES[name].timeout, BUILTIN_SUITES[name].axes or tuple(axes)
         suites[name] = Suite(
             name=name,
             path=path,
