@@ -2,7 +2,7 @@
 AdamW (8-bit, 4-bit, FP8 state) and its AdamW with bf16 stochastic rounding, torch-optimi's AdamW
 with Kahan summation, and bitsandbytes' 8-bit AdamW.
 
-Every factory has the signature of models.optim.build_adamw and imports its package when called,
+Every factory has the signature of torchmatrix.models.optim.build_adamw and imports its package when called,
 so a package that is not installed fails only the cells that use it (examples/optimizers/matrix.toml
 lists each one's pip requirement). `build_model` is the reference decoder made wide enough for
 the quantizers to engage: torchao and bitsandbytes keep a state of under 4096 elements (per
@@ -21,7 +21,7 @@ QUANTIZABLE = DecoderConfig(width=64, mlp_width=256)  # MLP weights 64x256: 4096
 
 
 def build_model(cell: Mapping[str, object], *, dropout: float = 0.0, dtype: torch.dtype = torch.float32):
-    """models.transformer.build_model at QUANTIZABLE's sizes."""
+    """torchmatrix.models.transformer.build_model at QUANTIZABLE's sizes."""
     config = DecoderConfig(
         attn=str(cell["attn"]), dropout=dropout, width=QUANTIZABLE.width, mlp_width=QUANTIZABLE.mlp_width
     )

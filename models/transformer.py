@@ -243,7 +243,7 @@ def build_model(
 
     Reads ``cell["attn"]`` ("sdpa" | "eager") and, if the cell has it, ``cell["sdpa_backend"]``.
     Parameters come from the global RNG, so callers seed it (``torch.manual_seed``) first.
-    Checkpointing starts off; ``models.parallel.parallelize`` switches it per layer.
+    Checkpointing starts off; ``torchmatrix.models.parallel.parallelize`` switches it per layer.
     """
     config = DecoderConfig(attn=str(cell["attn"]), sdpa_backend=cell.get("sdpa_backend"), dropout=dropout)
     return PrefixExpertDecoder(config, prefix_layer=prefix_layer, expert_layer=expert_layer, cache_type=cache_type).to(

@@ -93,7 +93,7 @@ class CastOnLoadPrecisionAwareAdamW(PrecisionAwareAdamW):
 def build_cast_on_load_precision_aware(
     params, *, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, moment_dtype=torch.bfloat16
 ) -> CastOnLoadPrecisionAwareAdamW:
-    """Factory with the signature of models.optim.build_precision_aware."""
+    """Factory with the signature of torchmatrix.models.optim.build_precision_aware."""
     return CastOnLoadPrecisionAwareAdamW(
         params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, moment_dtype=moment_dtype
     )

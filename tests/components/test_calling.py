@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch")
 
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper  # noqa: E402
 
-from models.optim import build_adamw_no_decay_on_norms  # noqa: E402
+from torchmatrix.models.optim import build_adamw_no_decay_on_norms  # noqa: E402
 from torchmatrix.testing import accepts, build_optimizer  # noqa: E402
 
 from conftest import REFERENCE_COMPONENTS, matrix_toml, run_suites  # noqa: E402

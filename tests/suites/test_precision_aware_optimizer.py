@@ -13,7 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from models.optim import PrecisionAwareAdamW, build_adamw, build_precision_aware  # noqa: E402
+from torchmatrix.models.optim import PrecisionAwareAdamW, build_adamw, build_precision_aware  # noqa: E402
 
 HYPERPARAMETERS = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
 STEPS = 100

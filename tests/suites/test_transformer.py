@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.parallel import parallelize
-from models.transformer import DecoderConfig, KVCache, build_model, lower_right_causal_mask, make_batch
+from torchmatrix.models.parallel import parallelize
+from torchmatrix.models.transformer import DecoderConfig, KVCache, build_model, lower_right_causal_mask, make_batch
 
 CPU = torch.device("cpu")
 

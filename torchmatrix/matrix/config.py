@@ -459,8 +459,8 @@ def _suite_path(path: Any, root: Path, project: Path, where: _Where) -> str:
 
 
 def _project_root(raw: dict, matrix_dir: Path, where: _Where) -> Path:
-    """The directory suite paths may resolve into through symlinks: matrix.toml's own, or the
-    `[project] root` the file names (a scratch or example project linking to shared suites)."""
+    """The directory suite paths may resolve into, by `..` or a symlink: matrix.toml's own, or the
+    `[project] root` the file names (suites shared by several projects under one root)."""
     table = where.table(raw, "project", required=False)
     where = where.at("project")
     where.unknown_keys(table, PROJECT_KEYS, " in [project]")
