@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from suites.test_grad_ckpt import no_cache_reason
 from torchmatrix.components.calling import accepts
 from torchmatrix.matrix.cells import Cell
 from torchmatrix.matrix.config import Suite, load_matrix
@@ -244,7 +245,7 @@ def test_a_cell_where_the_mutant_cannot_differ_is_n_a_never_missed():
 
 
 def test_a_cell_where_the_only_test_that_sees_the_mutant_skipped_unmutated_is_n_a_never_missed(tmp_path):
-    no_cache = "the model returned no cache (past_key_values is None): layer reruns checked, no cache to compare"
+    no_cache = no_cache_reason((False, False))
     cell = Cell({"world_size": 1, "fsdp": "none", "attn": "sdpa"})
     grad_ckpt = Suite("grad_ckpt", "suites/test_grad_ckpt.py", 120, ("world_size",))
     recorded = [

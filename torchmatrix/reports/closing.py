@@ -8,6 +8,7 @@ from pathlib import Path
 
 from torchmatrix.reports.records import ResultsError, RootCause, RunResults
 from torchmatrix.reports.run_reader import load_results
+from torchmatrix.reports.summary_data import count
 from torchmatrix.reports.untrusted_text import one_line
 from torchmatrix.status import tally
 
@@ -45,7 +46,7 @@ def simulation_limit_lines(run: RunResults) -> list[str]:
 
 def _reach(causes: list[RootCause], chars: int) -> list[str]:
     lines = [
-        f"  {_counted(cause.tests, 'test')} in {_counted(len(cause.cells), 'cell')}, torch {', '.join(cause.versions)}: {one_line(cause.line, chars)}"
+        f"  {count(cause.tests, 'test')} in {count(len(cause.cells), 'cell')}, torch {', '.join(cause.versions)}: {one_line(cause.line, chars)}"
         for cause in causes[:CLOSING_ROOT_CAUSES]
     ]
     if len(causes) > CLOSING_ROOT_CAUSES:
@@ -66,7 +67,3 @@ def run_closing_lines(run_dir: Path, failed: bool) -> str:
         f"(or `nox -s report -- {run_dir}`)"
     )
     return "\n".join(lines)
-
-
-def _counted(count: int, noun: str) -> str:
-    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"

@@ -80,7 +80,7 @@ def read_json(path: Path) -> RunResults:
 def _from_json(data: dict) -> RunResults:
     if data.get("schema") != SCHEMA or data.get("schema_version") not in READABLE_VERSIONS:
         raise ResultsError(
-            f"not a {SCHEMA} v{SCHEMA_VERSION} file (schema {data.get('schema')!r} v{data.get('schema_version')!r}); "
+            f"not a {SCHEMA} {' or '.join(f'v{v}' for v in READABLE_VERSIONS)} file (schema {data.get('schema')!r} v{data.get('schema_version')!r}); "
             f"{REGENERATE}"
         )
     run = data["run"]
