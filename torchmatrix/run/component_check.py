@@ -20,7 +20,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from torchmatrix.components.calling import accepts
+from torchmatrix.components.calling import accepts, build_optimizer
 from torchmatrix.components.optimizer_like import optimizer_like_problems
 from torchmatrix.components.optional import is_optional_here, needs_package, warning_line
 from torchmatrix.components.protocol import (
@@ -144,10 +144,8 @@ def returned_optimizer_problems(factory) -> list[str]:
     back; a factory that raises on the dummy is left to the cells, which say why."""
     import torch
 
-    parameter = torch.nn.Parameter(torch.zeros(4))
-    keywords = {"named_parameters": [("weight", parameter)]} if accepts(factory, "named_parameters") else {}
     try:
-        optimizer = factory([parameter], lr=1e-3, **keywords)
+        optimizer = build_optimizer(factory, torch.nn.Linear(2, 2, bias=False), lr=1e-3)
     except Exception:
         return []
     return optimizer_like_problems(optimizer)
