@@ -52,6 +52,11 @@ class GroupPlan:
     only_tests: dict[str, tuple[str, ...]]
 
     @property
+    def device_type(self) -> str:
+        """`cpu` or `cuda`, as the runner's probe named the ranks' device ("" in a hand-written plan)."""
+        return self.device.get("device_type", "")
+
+    @property
     def deadline(self) -> float:
         """The longest per-test deadline of the group's suites (the process group's timeout derives from it)."""
         return max(spec.timeout for spec in self.suites.values())

@@ -170,9 +170,7 @@ class CellPlan:
         yield
         reports = self._reports.pop(item.nodeid, [])
         if where and reports:
-            outcome = as_simulation_limit(
-                _outcome(reports, self.plan.output_cap), self.plan.device.get("device_type", "")
-            )
+            outcome = as_simulation_limit(_outcome(reports, self.plan.output_cap), self.plan.device_type)
             self.events.write(TestFinished(nodeid=item.nodeid, **where, **outcome))
         if nextitem is not None and self.pool.starts and not self.pool.running:
             try:
@@ -327,7 +325,7 @@ def _cells_whose_components_cannot_import(request):
     keys = list(required_names([Path(plan.suites[suite].path).stem.removeprefix("test_")], optimizers))
     keys += [f"plain_state_{value}" for value in optimizers]
     uninstalled = uninstalled_here()
-    device_type = plan.plan.device["device_type"]
+    device_type = plan.plan.device_type
     for key in keys:
         path = plan.plan.components.get(key)
         if key in uninstalled:
