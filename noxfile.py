@@ -10,6 +10,7 @@ nox -s optim_matrix                        torchao, torch-optimi, bitsandbytes o
 nox -s titan_matrix                        the suites on torchtitan's own stack (examples/torchtitan)
 nox -s sensitivity [-- --mutants A,B]      would the suites catch generic mutants of [components]?
 nox -s tests
+nox -s docs                                the documentation site, built strictly (site/)
 
 The sessions a user's repository gets too (gpu_matrix, report, list, compare, cli, merge,
 sensitivity) are declared in torchmatrix.nox_sessions; this file adds the checkout's own.
@@ -54,6 +55,12 @@ def titan_matrix(session, torch):
 def tests(session):
     """The runner's own tests (pytest-xdist), on the baseline torch."""
     sessions.tests(session, MATRIX.baseline)
+
+
+@nox.session
+def docs(session):
+    """The documentation site (MkDocs, Material): warnings, broken links and anchors are errors."""
+    sessions.docs(session)
 
 
 @nox.session

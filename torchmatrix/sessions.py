@@ -35,6 +35,7 @@ from torchmatrix.run.run_directory import check_run_id, new_run_id
 
 PROJECT = Path(__file__).resolve().parent.parent  # this checkout: its examples, tests and lint only
 TORCHTITAN_MINIMAL = PROJECT / "examples" / "torchtitan" / "requirements-minimal.txt"
+DOCS_REQUIREMENTS = ("mkdocs==1.6.1", "mkdocs-material==9.8.1", "pymdown-extensions==13.1")
 USAGE_EXIT = 2
 INVOCATION_STARTED = time.time()  # the noxfile loads once per nox invocation
 _SESSIONS_STARTED: Counter[str] = Counter()
@@ -252,6 +253,14 @@ def lint(session) -> None:
     session.install("ruff")
     session.run("ruff", "check", str(PROJECT))
     session.run("ruff", "format", "--check", str(PROJECT))
+
+
+def docs(session) -> None:
+    """The documentation site, built with every warning an error: a broken link or anchor, a page
+    left out of the nav, a reference table whose code fails to render. torchmatrix is installed
+    because the pages' reference tables are rendered from it (docs/hooks/generated.py)."""
+    session.install(*DOCS_REQUIREMENTS, *install_arguments())
+    session.run("mkdocs", "build", "--strict", "--clean", "--config-file", str(PROJECT / "mkdocs.yml"), *session.posargs)
 
 
 def cli(session, command: str) -> None:
