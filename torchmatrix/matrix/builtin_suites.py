@@ -42,3 +42,12 @@ def builtin_suite_path(name: str) -> Path:
     if (checkout_suites / "__init__.py").is_file():
         return checkout_suites / BUILTIN_SUITES[name].file
     raise FileNotFoundError("torchmatrix.suites is not installed with this torchmatrix")
+
+
+def markdown_table() -> str:
+    """The built-in suites and the defaults a path-less `[suites.<name>]` table gets, as the reference lists them."""
+    rows = ["| suite | file | default timeout per test | axes its result depends on |", "|---|---|---|---|"]
+    for name, suite in BUILTIN_SUITES.items():
+        axes = ", ".join(f"`{axis}`" for axis in suite.axes) if suite.axes else "every axis"
+        rows.append(f"| `{name}` | `suites/{suite.file}` | {suite.timeout:g} s | {axes} |")
+    return "\n".join(rows)

@@ -43,12 +43,14 @@ TOP_LEVEL_KEYS = (
     "report",
     "project",
 )
+TORCH_KEYS = ("versions", "baseline", "install")
 SUITE_KEYS = ("path", "timeout", "axes", "options")
 INSTALL_KEYS = ("index_url", "requirements", "constraints", "env")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 INDEX_URL = re.compile(r"^(https?|file)://\S+$")
 REPORT_KEYS = ("drift_ratio", "slowdown_ratio")
 PROJECT_KEYS = ("root",)
+OPTIONAL_KEYS = ("device", "torch")
 MAX_TEST_TIMEOUT_S = 86400
 TOML_DATES = (datetime.date, datetime.time)  # datetime.datetime is a date
 
@@ -227,7 +229,7 @@ def _type_name(value: Any) -> str:
 def _torch(raw: dict, where: _Where) -> tuple[tuple[str, ...], str, dict[str, TorchInstall]]:
     table = where.table(raw, "torch", required=True)
     where = where.at("torch")
-    where.unknown_keys(table, ("versions", "baseline", "install"), " in [torch]")
+    where.unknown_keys(table, TORCH_KEYS, " in [torch]")
     versions = table.get("versions")
     if not isinstance(versions, list) or not versions:
         raise where.at("versions").error(
@@ -574,7 +576,7 @@ def _optional(
                 f"{value!r} is not where the component is optional",
                 'write true (anywhere) or a table such as { device = ["cpu"] } or { torch = ["2.13.0"] }',
             )
-        at.unknown_keys(value, ("device", "torch"), f" in [optional].{key}")
+        at.unknown_keys(value, OPTIONAL_KEYS, f" in [optional].{key}")
         optional[key] = OptionalWhere(
             devices=_listed(value, "device", DEVICE_TYPES, at, "device type"),
             torch=_listed(value, "torch", versions, at, "version in [torch].versions"),
@@ -619,3 +621,26 @@ def _check_cells(matrix: Matrix, where: _Where) -> None:
                 f"cells {dict(other)} and {dict(cell)} would share the id {cell.id!r}",
                 "make the include name every axis, or give the values distinct spellings",
             )
+
+
+def markdown_keys() -> str:
+    """Every table matrix.toml accepts and the keys allowed in it, from the lists the loader checks."""
+
+    def listed(keys: tuple[str, ...]) -> str:
+        return ", ".join(f"`{key}`" for key in keys)
+
+    defaults = ReportSettings()
+    rows = [
+        ("top level", listed(TOP_LEVEL_KEYS)),
+        ("`[torch]`", listed(TORCH_KEYS)),
+        ('`[torch.install."V"]`', listed(INSTALL_KEYS)),
+        ("`[axes]`", f"any names matching `{NAME.pattern}`; numbers, booleans, or strings matching `{VALUE.pattern}`"),
+        ("`[[exclude]]`, `[[include]]`", "names of `[axes]`"),
+        ("`[suites.<name>]`", f"{listed(SUITE_KEYS)}; `timeout` at most {MAX_TEST_TIMEOUT_S} s"),
+        ("`[components]`", "any names; values `package.module:attribute`"),
+        ("`[requires]`", "names of `[components]`"),
+        ("`[optional]`", f"names of `[components]`; each `true` or a table of {listed(OPTIONAL_KEYS)} (devices: {listed(DEVICE_TYPES)})"),
+        ("`[report]`", ", ".join(f"`{key}` (default {getattr(defaults, key)})" for key in REPORT_KEYS)),
+        ("`[project]`", listed(PROJECT_KEYS)),
+    ]
+    return "\n".join(["| table | keys |", "|---|---|", *(f"| {table} | {keys} |" for table, keys in rows)])
