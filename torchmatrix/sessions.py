@@ -260,7 +260,9 @@ def docs(session) -> None:
     left out of the nav, a reference table whose code fails to render. torchmatrix is installed
     because the pages' reference tables are rendered from it (docs/hooks/generated.py)."""
     session.install(*DOCS_REQUIREMENTS, *install_arguments())
-    session.run("mkdocs", "build", "--strict", "--clean", "--config-file", str(PROJECT / "mkdocs.yml"), *session.posargs)
+    session.run(
+        "mkdocs", "build", "--strict", "--clean", "--config-file", str(PROJECT / "mkdocs.yml"), *session.posargs
+    )
 
 
 def cli(session, command: str) -> None:

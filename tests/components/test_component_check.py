@@ -8,7 +8,6 @@ import inspect
 
 import pytest
 
-from torchmatrix.components import protocol
 from torchmatrix.matrix.config import load_matrix
 from torchmatrix.run.component_check import ComponentCheck, check_components
 
@@ -313,10 +312,6 @@ def test_the_reference_components_and_the_hf_example_follow_the_protocol():
     assert check.problems == []
     assert all("its cells will skip" in line for line in check.warnings), check.warnings
     assert check_components(load_matrix(REPO / "examples" / "hf_llama" / "matrix.toml"), "2.13.0").problems == []
-
-
-def test_the_readme_shows_the_protocol_as_torchmatrix_protocol_has_it():
-    assert protocol.markdown_table() in (REPO / "README.md").read_text()
 
 
 @pytest.mark.slow

@@ -639,7 +639,10 @@ def markdown_keys() -> str:
         ("`[suites.<name>]`", f"{listed(SUITE_KEYS)}; `timeout` at most {MAX_TEST_TIMEOUT_S} s"),
         ("`[components]`", "any names; values `package.module:attribute`"),
         ("`[requires]`", "names of `[components]`"),
-        ("`[optional]`", f"names of `[components]`; each `true` or a table of {listed(OPTIONAL_KEYS)} (devices: {listed(DEVICE_TYPES)})"),
+        (
+            "`[optional]`",
+            f"names of `[components]`; each `true` or a table of {listed(OPTIONAL_KEYS)} (devices: {listed(DEVICE_TYPES)})",
+        ),
         ("`[report]`", ", ".join(f"`{key}` (default {getattr(defaults, key)})" for key in REPORT_KEYS)),
         ("`[project]`", listed(PROJECT_KEYS)),
     ]
