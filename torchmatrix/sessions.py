@@ -256,9 +256,9 @@ def lint(session) -> None:
 
 
 def docs(session) -> None:
-    """The documentation site, built with every warning an error: a broken link or anchor, a page
-    left out of the nav, a reference table whose code fails to render. torchmatrix is installed
-    because the pages' reference tables are rendered from it (docs/hooks/generated.py)."""
+    """The documentation site, built with every warning an error: a broken link or anchor, a missing
+    page, a reference table whose code fails to render. torchmatrix is installed because the pages'
+    reference tables are rendered from it (docs/hooks/generated.py)."""
     session.install(*DOCS_REQUIREMENTS, *install_arguments())
     session.run(
         "mkdocs", "build", "--strict", "--clean", "--config-file", str(PROJECT / "mkdocs.yml"), *session.posargs
