@@ -284,3 +284,14 @@ def test_a_rotten_command_is_caught(command, refusal, nox_sessions):
 def test_a_rotten_matrix_toml_snippet_is_caught(tmp_path):
     with pytest.raises(AssertionError, match="no_such_key"):
         test_every_matrix_toml_snippet_loads("page.md:1", "[report]\nno_such_key = 1\n", tmp_path)
+
+
+@pytest.mark.slow
+def test_the_readme_matrix_passes_the_pre_run_component_check(tmp_path):
+    """The README's minimal matrix.toml is one a reader can run: every component its suites need is there."""
+    from torchmatrix.run.component_check import check_components
+
+    (readme_matrix,) = [block.values[1] for block in fenced_blocks("toml") if block.values[0].startswith("README")]
+    (tmp_path / "matrix.toml").write_text(readme_matrix)
+    check = check_components(load_matrix(tmp_path / "matrix.toml"), "2.13.0")
+    assert (check.problems, check.warnings) == ([], [])
