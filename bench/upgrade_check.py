@@ -2,7 +2,7 @@
 
 Runs `nox -R -s gpu_matrix` (building a venv only where none exists) on a scratch copy of
 matrix.toml whose [torch] lists the given versions, every failure re-run alone, then prints what
-README's "Checking a torch upgrade, for real" shows: totals per version, each distinct root cause
+docs/how-to/check-a-torch-upgrade.md shows: totals per version, each distinct root cause
 with its count, and for every failing test of the baseline whether it fails alone.
 
     pip install -e . && python bench/upgrade_check.py [--baseline 2.7.1] [--candidate 2.13.0] [--deadline 60]

@@ -1,6 +1,6 @@
-"""The commands README shows work from the set-up it gives: a fresh venv, `pip install -e .`.
+"""The commands docs/reference/command-line.md shows work from the set-up it gives: a fresh venv, `pip install -e .`.
 
-nox's own environment lacks the project's dependencies (junitparser), so README sends users
+nox's own environment lacks the project's dependencies (junitparser), so the docs send users
 to this one-line install or to the nox sessions that do it; CI proves the install is enough.
 """
 

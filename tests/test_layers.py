@@ -1,5 +1,5 @@
 """The package's layers: a module imports only from its own layer and the layers before it, so the
-flow README's "How a run works" describes is also the direction of every import."""
+flow docs/explanation/how-a-run-works.md describes is also the direction of every import."""
 
 from __future__ import annotations
 

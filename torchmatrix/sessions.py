@@ -267,7 +267,7 @@ def docs(session) -> None:
 
 def cli(session, command: str) -> None:
     """`python -m torchmatrix COMMAND` from a venv that has this torchmatrix installed (nox's own
-    environment may lack its dependencies): the README's commands work from its set-up."""
+    environment may lack its dependencies): the documented commands work from its set-up."""
     session.install(*install_arguments())
     session.run("python", "-m", "torchmatrix", *([command] if command else []), *session.posargs)
 

@@ -2,7 +2,7 @@
 
 Every drill checks that the run ends within the deadline plus 10 s, that every planned cell is
 in the merged report with its true status, that the exit code is non-zero, and that the text
-tells a user what happened. The testcase times are the times to detect, quoted in the README.
+tells a user what happened. The testcase times are the times to detect, quoted in docs/how-to/when-things-go-wrong.md.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Known limits of the CPU simulation: torch's own messages are recognised, on CPU only, from their
-start only, and README lists every limit as the module has it."""
+start only, and the docs render every limit from the module."""
 
 from __future__ import annotations
 

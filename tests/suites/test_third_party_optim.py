@@ -2,7 +2,7 @@
 torch-optimi's Kahan AdamW and torchao's AdamW8bit at two ranks with FSDP2 pass both suites
 (but torchao's 2->1 reshard) with quantized state compared through the default state adapter; a
 checkpointer that drops each library family's scale or compensation (or keeps only rank 0's
-load) fails resume right after the load. The full matrix and its table are in README.md."""
+load) fails resume right after the load. The full matrix and its table are in docs/how-to/third-party-optimizers.md."""
 
 from __future__ import annotations
 

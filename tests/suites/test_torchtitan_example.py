@@ -5,7 +5,7 @@ as shipped (fused QKV) at ws1, and torchtitan's own `exclude_from_loading = ["op
 
 Needs torchtitan's minimal set (examples/torchtitan/requirements-minimal.txt, installed with
 --no-deps by `nox -s tests`); without it the tests skip saying so, and fail instead where
-TORCHMATRIX_REQUIRE_TORCHTITAN=1 (.ci/run). The full matrix and its table are in README.md."""
+TORCHMATRIX_REQUIRE_TORCHTITAN=1 (.ci/run). The full matrix and its table are in docs/how-to/torchtitan.md."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The component protocol: per `[components]` name, what the suites pass to the factory and what
-they expect back, written down once as data so that the README table and the pre-run signature
+they expect back, written down once as data so that the docs' reference table and the pre-run signature
 check (torchmatrix.run.component_check) read the same thing.
 
 It is derived from the calls the suites make. An argument is `always` passed, passed by `some`
@@ -257,7 +257,7 @@ def required_names(suite_names: list[str], optimizer_values: list[str]) -> dict[
 
 
 def markdown_table() -> str:
-    """The protocol as the README shows it: one row per component and per method."""
+    """The protocol as docs/reference/components.md shows it: one row per component and per method."""
     rows = ["| component | called as | receives | returns | used by |", "|---|---|---|---|---|"]
     for component in COMPONENTS:
         rows.append(

@@ -86,7 +86,7 @@ def limit_message(root_cause: str, limit: SimulationLimit) -> str:
 
 
 def markdown_table() -> str:
-    """The known limits as README lists them: one row per limit."""
+    """The known limits as docs/explanation/cpu-simulation.md lists them: one row per limit."""
     rows = ["| limit | why | torch's message starts with | what works around it |", "|---|---|---|---|"]
     for limit in LIMITS:
         messages = "<br>".join(f"`{message}`" for message in limit.messages)

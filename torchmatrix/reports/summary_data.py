@@ -17,7 +17,7 @@ from torchmatrix.status import Confirmation, Status
 SHA_CHARS = 12
 LIMITS_NOTE = (
     "These failed only because ranks are simulated as CPU processes on gloo: each names the known limit "
-    "and what works around it (README: Known limits of the CPU simulation). They are neither failures of "
+    "and what works around it (docs: The CPU simulation and its limits). They are neither failures of "
     "the stack nor passes, are not re-run alone, and do not fail the run; on GPUs the same text is a failure."
 )
 
