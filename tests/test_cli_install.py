@@ -18,7 +18,7 @@ from reports_fixture import BASELINE, CANDIDATE
 pytestmark = pytest.mark.slow
 
 
-def test_every_command_readme_shows_runs_after_the_one_line_install(tmp_path):
+def test_every_command_the_docs_show_runs_after_the_one_line_install(tmp_path):
     venv.create(tmp_path / "venv", with_pip=True)
     python = str(tmp_path / "venv" / "bin" / "python")
     install = subprocess.run(
