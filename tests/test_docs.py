@@ -64,6 +64,27 @@ def fenced_blocks(*languages: str) -> list:
     return found
 
 
+def unmarked_fences(text: str) -> list[int]:
+    """Lines of fenced blocks that open without a language: the language is the marker this test
+    selects examples by (`text` for output and diagrams), so an unmarked block would escape it."""
+    unmarked, inside = [], False
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.startswith("```"):
+            if not inside and line.strip() == "```":
+                unmarked.append(number)
+            inside = not inside
+    return unmarked
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: str(page.relative_to(REPO)))
+def test_every_fenced_block_says_what_it_is(page):
+    assert unmarked_fences(page.read_text()) == [], f"{page.relative_to(REPO)}: mark these blocks bash, toml, text, ..."
+
+
+def test_an_unmarked_block_is_caught():
+    assert unmarked_fences("```bash\nnox -s tests\n```\n\n```\nnox -s testz\n```\n") == [5]
+
+
 def shell_commands(body: str) -> list[list[str]]:
     """Each command of a shell block as its words: continuation lines joined, comments dropped, `&&` split."""
     commands = []

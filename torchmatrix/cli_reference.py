@@ -19,7 +19,7 @@ def markdown_reference() -> str:
         rows = ["| argument | meaning |", "|---|---|"]
         rows += [_row(action) for action in command._actions if _shown(action)]
         what = helps[name][0].upper() + helps[name][1:]
-        sections.append(f"### {name}\n\n{what}.\n\n```\n{usage}\n```\n\n" + "\n".join(rows))
+        sections.append(f"### {name}\n\n{what}.\n\n```text\n{usage}\n```\n\n" + "\n".join(rows))
     return "\n\n".join(sections)
 
 
