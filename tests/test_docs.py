@@ -266,6 +266,24 @@ def test_each_reference_table_is_on_its_page_as_the_code_renders_it(page, table)
     assert getattr(importlib.import_module(module), function)() in rendered(page)
 
 
+def undescribed_keys(page_source: str) -> list[str]:
+    """results.json keys the writer produces that the page's own prose never names in backticks."""
+    from torchmatrix.reports.format_reference import results_json_keys
+
+    paths = re.findall(r"^\| `([^`]+)` \|", results_json_keys(), re.MULTILINE)
+    names = {re.split(r"[.\[\]]+", path.rstrip("[]"))[-1] for path in paths}
+    return sorted(name for name in names if not re.search(f'[`"]{re.escape(name)}[`"]', page_source))
+
+
+def test_every_results_json_key_is_described_on_its_page():
+    assert undescribed_keys((REPO / "docs" / "reference" / "results-json.md").read_text()) == []
+
+
+def test_a_key_left_undescribed_is_caught():
+    page = (REPO / "docs" / "reference" / "results-json.md").read_text()
+    assert undescribed_keys(page.replace("`pool_starts`", "pool starts")) == ["pool_starts"]
+
+
 def test_a_marker_naming_no_function_fails_the_build():
     with pytest.raises(AttributeError):
         load_hook().expand("<!-- generated: torchmatrix.cli_reference:no_such_table -->")
