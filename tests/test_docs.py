@@ -326,30 +326,11 @@ def test_a_rotten_matrix_toml_snippet_is_caught(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_readme_matrix_runs_green(tmp_path):
+def test_the_readme_matrix_runs_green(project):
     """The README's minimal matrix.toml is one a reader can run: its one-rank cell without FSDP
     passes every suite on the torch here (the pre-run component check alone missed a missing axis)."""
     (readme_matrix,) = [block.values[1] for block in fenced_blocks("toml") if block.values[0].startswith("README")]
-    (tmp_path / "matrix.toml").write_text(readme_matrix)
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torchmatrix",
-            "run",
-            "--torch",
-            "system",
-            "--only",
-            "world_size=1",
-            "--only",
-            "fsdp=none",
-        ]
-        + ["--reports", str(tmp_path / "reports")],
-        cwd=tmp_path,
-        env=checkout_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    project.write("matrix.toml", readme_matrix)
+    run = project.torchmatrix("run", "--torch", "system", "--only", "world_size=1", "--only", "fsdp=none")
     assert run.returncode == 0, run.stdout + run.stderr
     assert ", 0 failed, 0 errors," in run.stdout
