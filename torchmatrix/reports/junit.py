@@ -128,8 +128,12 @@ def write_suites(path: Path, suites: Sequence[TestSuite]) -> None:
     xml.time = round(sum(s.time for s in suites), 3)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    xml.write(str(partial), pretty=True)
-    os.replace(partial, path)
+    try:
+        xml.write(str(partial), pretty=True)
+        os.replace(partial, path)
+    except BaseException:  # a full disk, or Ctrl-C: the file it replaces stays whole, and nothing half-written stays
+        partial.unlink(missing_ok=True)
+        raise
 
 
 def write_cell(

@@ -16,7 +16,7 @@ from torchmatrix.reports import junit, results_json, summary_html, summary_md
 from torchmatrix.reports.records import RunResults
 from torchmatrix.reports.recovery import rebuild_missing_cells
 from torchmatrix.reports.run_reader import load_results, matrix_paths
-from torchmatrix.reports.upgrade_diff import compare_runs, upgrade_diffs
+from torchmatrix.reports.upgrade_diff import CompareError, compare_runs, upgrade_diffs
 
 SUMMARY_MD = "summary.md"
 SUMMARY_HTML = "summary.html"
@@ -38,12 +38,18 @@ def write_report(run_dir: Path, config: str | None = None) -> list[Path]:
 
 
 def compare_markdown(run_a: Path, run_b: Path) -> tuple[str, bool]:
-    """The upgrade diff of run B against run A as markdown, and whether it holds a regression."""
+    """The upgrade diff of run B against run A as markdown, and whether it is not clean (a
+    regression, grown drift, a slowdown, a newly skipped test or a change never re-run alone)."""
     old, new = load_run(run_a), load_run(run_b)
     diffs = compare_runs(old, new)
+    if not any(diff.compared for diff in diffs):
+        raise CompareError(
+            f"run {old.run_id} and run {new.run_id} share no test ({len(old.tests)} and {len(new.tests)} results, "
+            "none of the same suite, test and cell): compare two runs of the same matrix and cells"
+        )
     markdown = f"## torchmatrix compare {summary_md.code(old.run_id)} → {summary_md.code(new.run_id)}\n\n"
     markdown += "\n\n".join(summary_md.diff_section(diff) for diff in diffs) + "\n"
-    return markdown, any(diff.regressions for diff in diffs)
+    return markdown, any(not diff.clean for diff in diffs)
 
 
 def load_run(path: Path, config: str | None = None) -> RunResults:
