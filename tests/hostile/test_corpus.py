@@ -373,6 +373,14 @@ CASES = [
         "argument --slots: -1 is not positive",
     ),
     Case(
+        "github-matrix-only-system",
+        "github-matrix when [torch] lists only 'system' (GitHub rejects an empty job matrix)",
+        ["github-matrix"],
+        2,
+        "[torch].versions of matrix.toml lists only 'system'; each job installs one pinned torch version",
+        files={"matrix.toml": MATRIX.format(suite_extra="", extra="").replace('"2.13.0"', '"system"')},
+    ),
+    Case(
         "shards-zero",
         "github-matrix --shards 0",
         ["github-matrix", "--shards", "0"],

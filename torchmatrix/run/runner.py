@@ -39,7 +39,7 @@ from torchmatrix.run.interrupts import Interrupts
 from torchmatrix.run.leftover_processes import adopt_orphans, kill_leftovers
 from torchmatrix.run.progress import InvocationPart, Progress
 from torchmatrix.run.run_directory import point_latest
-from torchmatrix.run.run_lock import LOCK_NAME, RunBusy, lock_version_directory
+from torchmatrix.messages.run_lock import LOCK_NAME, RunBusy, lock_version_directory
 from torchmatrix.run.schedule import GroupProcess, Scheduler
 from torchmatrix.status import Confirmation, Status, tally
 
