@@ -288,7 +288,12 @@ class Ranks:
         """fn(*args) on every rank, compiling into the cell's own cache; one result per rank, in rank order."""
         __tracebackhide__ = True
         try:
-            return self.pool.run(in_compile_cache, (self.compile_cache, fn, args), deadline=self.deadline)
+            return self.pool.run(
+                in_compile_cache,
+                (self.compile_cache, fn, args),
+                deadline=self.deadline,
+                name=getattr(fn, "__qualname__", repr(fn)),
+            )
         except RankFailure as failure:
             if failure.timed_out:
                 exceeded = f"deadline of {self.timeout:.0f}s per test exceeded"

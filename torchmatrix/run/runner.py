@@ -27,6 +27,7 @@ from torchmatrix.matrix.config import Matrix
 from torchmatrix.matrix.plan import Group, SuiteRun, group_runs, plan_runs
 from torchmatrix.matrix.selection import Shard, select_cells
 from torchmatrix.messages.group_plan import GroupPlan, SuiteSpec
+from torchmatrix.messages.run_lock import LOCK_NAME, RunBusy, lock_version_directory
 from torchmatrix.messages.run_plan import PlannedSuite, RunPlan, write_plan
 from torchmatrix.ranks.output_cap import DEFAULT_CAP_BYTES
 from torchmatrix.ranks.parent_death import PARENT_PID_VARIABLE
@@ -39,7 +40,6 @@ from torchmatrix.run.interrupts import Interrupts
 from torchmatrix.run.leftover_processes import adopt_orphans, kill_leftovers
 from torchmatrix.run.progress import InvocationPart, Progress
 from torchmatrix.run.run_directory import point_latest
-from torchmatrix.messages.run_lock import LOCK_NAME, RunBusy, lock_version_directory
 from torchmatrix.run.schedule import GroupProcess, Scheduler
 from torchmatrix.status import Confirmation, Status, tally
 
