@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Project, cell_outcomes, checkout_env, matrix_toml
+from conftest import Project, cell_failures, cell_outcomes, checkout_env, matrix_toml
 
 pytestmark = pytest.mark.slow
 
@@ -44,6 +44,7 @@ def test_leaves_children(cell, ranks):
 TYPO_SUITE = "def check_typo(cell):\n    pass\n"  # a `check_` prefix: pytest collects nothing
 SELF_SKIP_SUITE = "import pytest\n\npytest.importorskip('no_such_package_here')\n\n\ndef test_x(cell):\n    pass\n"
 FINE_SUITE = "def test_fine(cell):\n    pass\n"
+LAMBDA_SUITE = "def test_sends_a_lambda(cell, ranks):\n    ranks.run(lambda: 1)\n"
 
 
 def _groups_alive(pgids: set[int], sids: set[int]) -> list[str]:
@@ -64,12 +65,15 @@ def leftovers_run(tmp_path_factory):
     project = Project(tmp_path_factory.mktemp("leftovers") / "project")
     project.write(
         "matrix.toml",
-        matrix_toml(axes={"world_size": [1]}, suites={"leftovers": {}, "typo": {}, "selfskip": {}, "fine": {}}),
+        matrix_toml(
+            axes={"world_size": [1]}, suites={"leftovers": {}, "typo": {}, "selfskip": {}, "fine": {}, "lambdas": {}}
+        ),
     )
     project.write("suites/test_leftovers.py", LEFTOVERS_SUITE)
     project.write("suites/test_typo.py", TYPO_SUITE)
     project.write("suites/test_selfskip.py", SELF_SKIP_SUITE)
     project.write("suites/test_fine.py", FINE_SUITE)
+    project.write("suites/test_lambdas.py", LAMBDA_SUITE)
     (project.root / "reports" / "latest").mkdir(parents=True)  # a downloaded artifact unpacked there
     spawned = project.root / "spawned.txt"
     done = subprocess.run(
@@ -105,6 +109,7 @@ def test_a_suite_that_collects_nothing_errors_naming_the_prefix(leftovers_run):
         "typo": "error",
         "selfskip": "skipped",
         "test_fine": "passed",
+        "test_sends_a_lambda": "failure",
     }
     assert "suite typo collected no test from suites/test_typo.py: pytest runs functions named test_*" in done.stdout
 
@@ -355,3 +360,9 @@ def test_a_test_that_removes_the_reports_directory_leaves_a_full_report(tmp_path
     outcomes = cell_outcomes(reports / "removed" / "torch-system")
     assert set(outcomes) == {"ws1-remover", "ws1-after"}, "every planned cell is in the report"
     assert (reports / "latest").resolve() == reports / "removed"
+
+
+def test_a_lambda_sent_to_the_ranks_is_named(leftovers_run):
+    _, project, _ = leftovers_run
+    failure = cell_failures(project.root / "reports" / "one" / "torch-system")["ws1"]["test_sends_a_lambda"]
+    assert "cannot send 'test_sends_a_lambda.<locals>.<lambda>' to the ranks" in failure, failure

@@ -87,6 +87,30 @@ CASES = [
         },
     ),
     Verdict(
+        "compare-400-digit-figure",
+        "a drift figure written as a 400-digit integer reads as infinite, not as an OverflowError",
+        ["compare", "a.json", "a.json"],
+        0,
+        "(1 tests compared)",
+        files={"a.json": _run("a", _record(figures={"grad_max_abs/w": 10**399}))},
+    ),
+    Verdict(
+        "compare-400-digit-duration",
+        "a duration written as a 400-digit integer",
+        ["compare", "a.json", "a.json"],
+        2,
+        "torchmatrix: error: a.json: malformed (tests[].duration is not a finite number of seconds)",
+        files={"a.json": _run("a", _record(duration=10**399))},
+    ),
+    Verdict(
+        "compare-deep-array",
+        "a results.json nested 10^5 arrays deep (RecursionError in the JSON decoder)",
+        ["compare", "a.json", "a.json"],
+        2,
+        "torchmatrix: error: cannot read a.json: nested too deeply for a results file",
+        files={"a.json": "[" * 100_000},
+    ),
+    Verdict(
         "compare-no-shared-test",
         "two runs that share no cell: 0 tests compared is no verdict",
         ["compare", "a.json", "b.json"],
@@ -110,3 +134,45 @@ def test_the_exit_code_is_the_verdict(tmp_path, case):
         assert done.stderr.startswith(case.says), (case.what, done.stderr)
     else:
         assert case.says in done.stdout, (case.what, done.stdout)
+
+
+def test_a_refused_merge_leaves_out_as_it_was_and_the_corrected_one_passes(tmp_path):
+    """The same cell reported twice is refused before anything is written into --out."""
+    project = Project(tmp_path / "project")
+    project.write(
+        "matrix.toml",
+        '[torch]\nversions = ["system"]\n[axes]\nworld_size = [1]\n[suites.s]\npath = "suites/test_s.py"\n',
+    )
+    project.write("suites/test_s.py", "def test_t(cell):\n    pass\n")
+    done = project.torchmatrix("run", "--torch", "system", "--run-id", "a", "--reports", "shard")
+    assert done.returncode == 0, done.stderr
+    twice = project.torchmatrix(
+        "merge", "shard/a", "shard/a/torch-system/..", "--out", "merged", "--versions", "system"
+    )
+    assert twice.returncode == 2 and "is reported twice" in twice.stderr, twice.stderr
+    assert not (project.root / "merged").exists() or not any((project.root / "merged").iterdir())
+    once = project.torchmatrix("merge", "shard/a", "--out", "merged", "--versions", "system")
+    assert once.returncode == 0, once.stderr
+    assert (project.root / "merged" / "torch-system" / "ws1.xml").is_file()
+
+
+def test_a_matrix_file_with_a_byte_order_mark_is_read(tmp_path):
+    project = Project(tmp_path / "project")
+    text = '[torch]\nversions = ["system"]\n[axes]\nworld_size = [1, 2]\n[suites.s]\npath = "suites/test_s.py"\n'
+    (project.root / "matrix.toml").write_bytes(b"\xef\xbb\xbf" + text.encode())
+    project.write("suites/test_s.py", "def test_t(cell):\n    pass\n")
+    done = project.torchmatrix("list")
+    assert (done.returncode, done.stdout.split()) == (0, ["ws1", "ws2"]), done.stderr
+
+
+def test_a_project_path_with_a_space_is_quoted_in_sbatch_chdir(tmp_path):
+    project = Project(tmp_path / "my project")
+    project.write(
+        "matrix.toml",
+        '[torch]\nversions = ["2.13.0"]\n[axes]\nworld_size = [1]\n[suites.s]\npath = "suites/test_s.py"\n',
+    )
+    project.write("suites/test_s.py", "def test_t(cell):\n    pass\n")
+    done = project.torchmatrix("slurm", "--gpus-per-node", "2")
+    assert done.returncode == 0, done.stderr
+    cells = (project.root / "reports" / "slurm" / "cells.sbatch").read_text()
+    assert f'#SBATCH --chdir="{project.root}"\n' in cells
