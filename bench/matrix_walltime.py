@@ -109,10 +109,10 @@ def main() -> int:
     parser.add_argument("--config", default="matrix.toml")
     parser.add_argument("--only", action="append", default=[])
     parser.add_argument("-k", dest="keyword")
-    parser.add_argument("--tiny", action="store_true", help="a throwaway one-suite matrix of two cells (what CI runs)")
+    parser.add_argument("--tiny", action="store_true", help="a throwaway one-suite matrix of one cell (what CI runs)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="torchmatrix-tiny-") as tiny:
-        config = write_tiny_project(Path(tiny)) if args.tiny else args.config
+        config = write_tiny_project(Path(tiny), world_sizes=(1,)) if args.tiny else args.config
         return measure(load_matrix(config), args)
 
 

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 BENCHES = {
     "collective_latency": r"\| 2 \| SCHED_OTHER, unpinned \(a plain process\) \| [\d.]+ ms \| [\d.]+ ms \| 1\.0x \|",
     "env_overhead": r"\| `torchmatrix run --shard <empty shard>` on the torch here \| [\d.]+ s \|",
-    "matrix_walltime": r"\| torchmatrix run \| [\d.]+ s \| 2 \| 2 \(2 testcases reported\) \| \d+ \| 0 \|",
+    "matrix_walltime": r"\| torchmatrix run \| [\d.]+ s \| 1 \| 1 \(1 testcases reported\) \| \d+ \| 0 \|",
     "per_test_overhead": r"worst mean overhead per test: [\d.]+ ms",
     "plan_scale": r"\| OutcomeBook \+ cell_done for every cell \| [\d.]+ s \| [\d.]+ s \|",
     "timing_noise": r"largest total or median ratio between runs of one torch: [\d.]+",
