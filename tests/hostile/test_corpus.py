@@ -494,6 +494,13 @@ CASES = [
         "matrix.toml: axes.id: is the key that holds the cell id in `list --json`; rename the axis",
     ),
     Case(
+        "sensitivity-shard",
+        "sensitivity --shard (it picks its own cells)",
+        ["sensitivity", "--shard", "1/2"],
+        2,
+        "sensitivity: --shard does not apply",
+    ),
+    Case(
         "shards-zero",
         "github-matrix --shards 0",
         ["github-matrix", "--shards", "0"],
