@@ -163,12 +163,18 @@ def _run_version(request: RunRequest, stream, interrupts: Interrupts) -> int:
         )
         if runnable:
             _run_cells(request, cells, runs, book, environment, progress)
+        interrupts.writing_reports()
     except KeyboardInterrupt:
+        interrupts.writing_reports()
         stopped = "interrupted (Ctrl-C or SIGTERM) before this suite finished"
     except OSError as error:
-        stopped = f"the runner could not write to {request.run_dir} ({_os_error(error)})"
-    try:
         interrupts.writing_reports()
+        stopped = f"the runner could not write to {request.run_dir} ({_os_error(error)})"
+    except BaseException:  # a refusal (RunError) after the claim: nothing to report, the lock goes
+        if lock is not None:
+            os.close(lock)
+        raise
+    try:
         if lock is None:
             lock = _claim(request)
         if stopped:
