@@ -57,19 +57,21 @@ def timed_collectives(policy: str, pinned: bool, cores: list[int], ops: int) -> 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ops", type=int, default=1000, help="collectives of each kind per measurement")
+    parser.add_argument("--tiny", action="store_true", help="5 collectives, world size 2 only (what CI runs)")
     args = parser.parse_args()
+    ops, world_sizes = (5, (2,)) if args.tiny else (args.ops, (2, 4))
     # The ranks import the rank function by module name; run as a script, this file is __main__.
     rank_function = importlib.import_module(Path(__file__).stem).timed_collectives
     cores = sorted(os.sched_getaffinity(0))
-    print(f"{len(cores)} cores; {args.ops} collectives of 16 floats per measurement, slowest rank's mean\n")
+    print(f"{len(cores)} cores; {ops} collectives of 16 floats per measurement, slowest rank's mean\n")
     print("| world size | ranks' scheduling | all_reduce | all_gather | all_reduce speed-up vs a plain process |")
     print("|---|---|---|---|---|")
-    for world_size in (2, 4):
+    for world_size in world_sizes:
         pool = RankPool(world_size, device_type="cpu", backend="gloo", collective_timeout_s=60, cores=cores)
         try:
             baseline = None
             for name, (policy, pinned) in POLICIES.items():
-                results = pool.run(rank_function, (policy, pinned, cores, args.ops), deadline=time.monotonic() + 600)
+                results = pool.run(rank_function, (policy, pinned, cores, ops), deadline=time.monotonic() + 600)
                 all_reduce = max(r[0] for r in results)
                 all_gather = max(r[1] for r in results)
                 baseline = baseline or all_reduce

@@ -32,6 +32,8 @@ TARGET_S = 5.0
 
 sys.path.insert(0, str(REPO))
 
+from tiny_project import write_tiny_project  # noqa: E402
+
 from torchmatrix.matrix.config import load_matrix  # noqa: E402
 
 
@@ -90,12 +92,36 @@ def install_cold_warm(version: str, backends: list[str], scratch: Path, env: dic
         print(f"| {backend} | {walls[0]:.1f} s | {walls[1]:.1f} s | {cached:.0f} MB |", flush=True)
 
 
+def tiny() -> int:
+    """The parts of this bench that need no venv: what nox costs to load the noxfile with the
+    matrix, and `torchmatrix run` of an empty shard on the torch installed here."""
+    with tempfile.TemporaryDirectory(prefix="torchmatrix-env-") as tmp:
+        matrix = write_tiny_project(Path(tmp), world_sizes=(1,))
+        env = {**os.environ, "TORCHMATRIX_CONFIG": str(matrix), "TORCHMATRIX_RUN_ID": "env-overhead"}
+        listed, _ = nox("-l", env=env)
+        started = time.monotonic()
+        command = [sys.executable, "-m", "torchmatrix", "run", "--torch", "system", "--config", str(matrix)]
+        subprocess.run([*command, "--shard", "2/2"], env=env, check=True, stdout=subprocess.DEVNULL)
+        shard = time.monotonic() - started
+    print("| step | wall |\n|---|---|")
+    print(f"| `nox -l` (loads the noxfile and matrix.toml) | {listed:.1f} s |")
+    print(f"| `torchmatrix run --shard <empty shard>` on the torch here | {shard:.1f} s |")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--build", action="store_true", help="build the venvs first (nox -s gpu_matrix --install-only)")
     parser.add_argument("--install", metavar="V", help="time a cold and a warm install of torch V instead")
     parser.add_argument("--backends", default="virtualenv,uv", help="with --install: nox venv backends to time")
+    parser.add_argument(
+        "--tiny",
+        action="store_true",
+        help="nox loading the noxfile (`nox -l`) and an empty shard run without nox, on the torch here (what CI runs)",
+    )
     args = parser.parse_args()
+    if args.tiny:
+        return tiny()
     matrix = load_matrix(REPO / "matrix.toml")
     versions = [v for v in matrix.versions if v != "system"]
     with tempfile.TemporaryDirectory(prefix="torchmatrix-env-") as tmp:

@@ -25,11 +25,13 @@ from junitparser import JUnitXml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from tiny_project import write_tiny_project  # noqa: E402
+
 from torchmatrix.env.devices import probe  # noqa: E402
 from torchmatrix.matrix.config import load_matrix  # noqa: E402
 from torchmatrix.matrix.plan import Group, plan_runs  # noqa: E402
 from torchmatrix.matrix.selection import parse_only, select_cells  # noqa: E402
-from torchmatrix.messages.events import EventReader  # noqa: E402
+from torchmatrix.messages.events import EventReader, TestFinished  # noqa: E402
 from torchmatrix.run.runner import events_path, group_command  # noqa: E402
 from torchmatrix.status import Status  # noqa: E402
 
@@ -48,9 +50,9 @@ def naive(matrix, cells, environment, work: Path) -> dict:
         cell_started = time.monotonic()
         with open(work / f"{group.name}.log", "wb") as log:
             subprocess.run(command, cwd=matrix.root, env=env, stdout=log, stderr=subprocess.STDOUT)
-        results = [e for e in EventReader(events_path(work, group)).read_new() if e["event"] == "test"]
+        results = [e for e in EventReader(events_path(work, group)).read_new() if isinstance(e, TestFinished)]
         tests += len(results)
-        failed += sum(Status.parse(e["status"], "test event status").is_failing for e in results)
+        failed += sum(Status.parse(e.status, "test event status").is_failing for e in results)
         print(
             f"  naive [{index}/{len(cells)}] {cell.id}: {len(results)} tests in {time.monotonic() - cell_started:.1f}s",
             flush=True,
@@ -87,10 +89,10 @@ def torchmatrix_run(matrix, selection_args: list[str], work: Path) -> dict:
     plan = json.loads((run_dir / "torch-system" / "plan.json").read_text())
     suites = list(JUnitXml.fromfile(str(run_dir / "junit.xml")))
     ran = {
-        json.dumps(e["cell"]) + e["suite"] + e["test"]
+        (e.cell, e.suite, e.test)
         for path in (run_dir / "torch-system" / "logs").glob("*.events.jsonl")
         for e in EventReader(path).read_new()
-        if e["event"] == "test"
+        if isinstance(e, TestFinished)
     }
     return {
         "seconds": seconds,
@@ -107,8 +109,14 @@ def main() -> int:
     parser.add_argument("--config", default="matrix.toml")
     parser.add_argument("--only", action="append", default=[])
     parser.add_argument("-k", dest="keyword")
+    parser.add_argument("--tiny", action="store_true", help="a throwaway one-suite matrix of one cell (what CI runs)")
     args = parser.parse_args()
-    matrix = load_matrix(args.config)
+    with tempfile.TemporaryDirectory(prefix="torchmatrix-tiny-") as tiny:
+        config = write_tiny_project(Path(tiny), world_sizes=(1,)) if args.tiny else args.config
+        return measure(load_matrix(config), args)
+
+
+def measure(matrix, args) -> int:
     cells = select_cells(matrix.cells(), only=parse_only(args.only, matrix.axes), keyword=args.keyword)
     found = probe()
     environment = found.to_json()

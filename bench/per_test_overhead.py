@@ -58,16 +58,18 @@ def test_trivial(cell, ranks, repeat):
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tests", type=int, default=200, help="tests per world size")
+    parser.add_argument("--tiny", action="store_true", help="3 tests at world size 1 (what CI runs)")
     args = parser.parse_args()
+    tests, world_sizes = (3, (1,)) if args.tiny else (args.tests, (1, 2, 4))
     with tempfile.TemporaryDirectory(prefix="torchmatrix-overhead-") as tmp:
         project = Path(tmp)
         (project / "suites").mkdir()
         (project / "suites" / "__init__.py").write_text("")
-        (project / "suites" / "test_trivial.py").write_text(textwrap.dedent(SUITE.format(tests=args.tests)))
+        (project / "suites" / "test_trivial.py").write_text(textwrap.dedent(SUITE.format(tests=tests)))
         (project / "matrix.toml").write_text(MATRIX)
         started = time.monotonic()
         suites = []
-        for world_size in (1, 2, 4):
+        for world_size in world_sizes:
             command = [
                 sys.executable,
                 "-m",
@@ -83,7 +85,7 @@ def main() -> int:
             subprocess.run(command, cwd=project, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.DEVNULL)
             suites += list(JUnitXml.fromfile(str(project / "reports" / f"ws{world_size}" / "junit.xml")))
         wall = time.monotonic() - started
-        print(f"{args.tests} trivial tests per world size, one run per world size; all runs {wall:.1f} s\n")
+        print(f"{tests} trivial tests per world size, one run per world size; all runs {wall:.1f} s\n")
         print(
             "| world size | tests | first test | median per test | p95 per test | mean after the first | target <= 0.1 s |"
         )

@@ -22,6 +22,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 sys.path.insert(0, str(REPO))
 
+from tiny_project import write_tiny_project  # noqa: E402
+
 from torchmatrix.matrix.config import load_matrix  # noqa: E402
 from torchmatrix.reports.run_reader import load_results  # noqa: E402
 from torchmatrix.reports.upgrade_diff import MIN_TIMED_SECONDS, diff_records  # noqa: E402
@@ -51,14 +53,17 @@ def timing_ratios(before, after) -> dict[str, tuple[float, float, float, int]]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=2, help="runs of the same torch to compare pairwise")
+    parser.add_argument("--tiny", action="store_true", help="a throwaway one-suite matrix instead (what CI runs)")
     args = parser.parse_args()
-    settings = load_matrix(REPO / "matrix.toml").report
     with tempfile.TemporaryDirectory(prefix="torchmatrix-noise-") as tmp:
+        matrix = write_tiny_project(Path(tmp) / "tiny", world_sizes=(1,)) if args.tiny else REPO / "matrix.toml"
+        settings = load_matrix(matrix).report
         runs = []
         for index in range(args.runs):
             run_id = f"noise-{index}"
             subprocess.run(
-                [sys.executable, "-m", "torchmatrix", "run", "--torch", "system", "--run-id", run_id, "--reports", tmp],
+                [sys.executable, "-m", "torchmatrix", "run", "--torch", "system", "--config", str(matrix)]
+                + ["--run-id", run_id, "--reports", tmp],
                 cwd=REPO,
                 check=False,
                 stdout=subprocess.DEVNULL,

@@ -28,6 +28,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 sys.path.insert(0, str(REPO))
 
+from tiny_project import write_tiny_project  # noqa: E402
+
 from torchmatrix.reports.run_reader import load_results  # noqa: E402
 from torchmatrix.reports.untrusted_text import one_line  # noqa: E402
 from torchmatrix.reports.upgrade_diff import upgrade_diffs  # noqa: E402
@@ -67,6 +69,16 @@ def run(matrix: Path, run_id: str) -> float:
         env=env,
         check=False,
     )
+    elapsed = time.monotonic() - started
+    subprocess.run([sys.executable, "-m", "torchmatrix", "report", str(matrix.parent / "reports" / run_id)], check=True)
+    return elapsed
+
+
+def run_here(matrix: Path, run_id: str) -> float:
+    """`run` without nox: the torch installed here, one `torchmatrix run`, then its report."""
+    started = time.monotonic()
+    command = [sys.executable, "-m", "torchmatrix", "run", "--torch", "system", "--config", str(matrix)]
+    subprocess.run([*command, "--run-id", run_id, "--confirm-limit", "1000"], check=False)
     elapsed = time.monotonic() - started
     subprocess.run([sys.executable, "-m", "torchmatrix", "report", str(matrix.parent / "reports" / run_id)], check=True)
     return elapsed
@@ -120,12 +132,20 @@ def main() -> int:
     parser.add_argument("--candidate", action="append", default=None, help="repeatable (default 2.13.0)")
     parser.add_argument("--deadline", type=int, default=None, help="cap every suite's per-test deadline (seconds)")
     parser.add_argument("--keep", type=Path, default=None, help="copy the run directory here")
+    parser.add_argument(
+        "--tiny",
+        action="store_true",
+        help="a throwaway one-suite matrix on the torch installed here, without nox (what CI runs: the tables, not the venvs)",
+    )
     args = parser.parse_args()
-    versions = [args.baseline, *(args.candidate or ["2.13.0"])]
+    versions = ["system"] if args.tiny else [args.baseline, *(args.candidate or ["2.13.0"])]
     with tempfile.TemporaryDirectory(prefix="torchmatrix-upgrade-") as tmp:
-        matrix = scratch_matrix(Path(tmp), versions, args.deadline)
+        if args.tiny:
+            matrix = write_tiny_project(Path(tmp), world_sizes=(1,))
+        else:
+            matrix = scratch_matrix(Path(tmp), versions, args.deadline)
         run_id = f"upgrade-{'-'.join(versions)}"
-        elapsed = run(matrix, run_id)
+        elapsed = run_here(matrix, run_id) if args.tiny else run(matrix, run_id)
         run_dir = matrix.parent / "reports" / run_id
         print_tables(run_dir, elapsed)
         if args.keep:

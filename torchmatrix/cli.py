@@ -1,7 +1,7 @@
 """`python -m torchmatrix list | run | sensitivity | report | compare | merge | github-matrix | slurm`.
 
-Exit codes: 0 all passed or skipped, 1 a test failed or errored, 2 a usage or matrix.toml error
-(printed as one line, no traceback), 130 interrupted.
+Exit codes: torchmatrix/exit_codes.py lists what each command returns (0 passed, 1 a test failed or
+the diff is not clean, 2 a usage or input error printed as one line, 130 interrupted).
 """
 
 from __future__ import annotations

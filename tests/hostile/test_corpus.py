@@ -6,6 +6,7 @@ command, the exit code, the one-line message), and the runner must answer with e
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -67,6 +68,17 @@ def _results(**overrides) -> str:
     }
     return json.dumps({**results, **overrides})
 
+
+TRUNCATED_XML = '<testsuites><testsuite name="torch-2.13.0/ws1-none"'
+EXTERNAL_ENTITY_XML = (
+    '<?xml version="1.0"?><!DOCTYPE t [<!ENTITY secret SYSTEM "file:///etc/passwd">]>'
+    '<testsuites><testsuite name="&secret;"><testcase name="t"/></testsuite></testsuites>'
+)
+BILLION_LAUGHS_XML = (
+    '<?xml version="1.0"?><!DOCTYPE l [<!ENTITY l0 "ha">'
+    + "".join(f'<!ENTITY l{i} "{f"&l{i - 1};" * 10}">' for i in range(1, 10))
+    + ']><testsuites><testsuite name="&l9;"/></testsuites>'
+)
 
 TEST_RECORD = {"torch": "2.13.0", "cell": "ws1", "suite": "s", "test": "t", "status": "passed", "duration": 1.0}
 
@@ -373,6 +385,122 @@ CASES = [
         "argument --slots: -1 is not positive",
     ),
     Case(
+        "github-matrix-only-system",
+        "github-matrix when [torch] lists only 'system' (GitHub rejects an empty job matrix)",
+        ["github-matrix"],
+        2,
+        "[torch].versions of matrix.toml lists only 'system'; each job installs one pinned torch version",
+        files={"matrix.toml": MATRIX.format(suite_extra="", extra="").replace('"2.13.0"', '"system"')},
+    ),
+    Case(
+        "report-truncated-cell-xml",
+        "a cell report cut off mid-tag",
+        ["report", "runs/r"],
+        2,
+        "ws1-none.xml is not readable JUnit XML (",
+        files={"runs/r/torch-2.13.0/ws1-none.xml": TRUNCATED_XML},
+    ),
+    Case(
+        "report-external-entity",
+        "a cell report whose DOCTYPE declares an external entity",
+        ["report", "runs/r"],
+        2,
+        "ws1-none.xml is not readable JUnit XML (",
+        files={"runs/r/torch-2.13.0/ws1-none.xml": EXTERNAL_ENTITY_XML},
+    ),
+    Case(
+        "report-billion-laughs",
+        "a cell report whose entities expand to gigabytes",
+        ["report", "runs/r"],
+        2,
+        "ws1-none.xml is not readable JUnit XML (",
+        files={"runs/r/torch-2.13.0/ws1-none.xml": BILLION_LAUGHS_XML},
+    ),
+    Case(
+        "report-cell-report-is-a-directory",
+        "a <cell>.xml that is a directory",
+        ["report", "runs/r"],
+        2,
+        "ws1-none.xml is not a regular file (a directory or a pipe?)",
+        files={"runs/r/torch-2.13.0/ws1-none.xml/": ""},
+    ),
+    Case(
+        "merge-truncated-cell-xml",
+        "merge of a truncated cell report",
+        ["merge", "in", "--out", "merged"],
+        2,
+        "ws1-none.xml is not readable JUnit XML (",
+        files={"in/torch-2.13.0/plan.json": _plan(), "in/torch-2.13.0/ws1-none.xml": TRUNCATED_XML},
+    ),
+    Case(
+        "merge-billion-laughs",
+        "merge of a cell report whose entities expand to gigabytes",
+        ["merge", "in", "--out", "merged"],
+        2,
+        "ws1-none.xml is not readable JUnit XML (",
+        files={"in/torch-2.13.0/plan.json": _plan(), "in/torch-2.13.0/ws1-none.xml": BILLION_LAUGHS_XML},
+    ),
+    Case(
+        "merge-cell-report-is-a-directory",
+        "merge of a <cell>.xml that is a directory",
+        ["merge", "in", "--out", "merged"],
+        2,
+        "ws1-none.xml is a symlink, a directory or a pipe; a cell report must be a file",
+        files={"in/torch-2.13.0/plan.json": _plan(), "in/torch-2.13.0/ws1-none.xml/": ""},
+    ),
+    Case(
+        "merge-cell-report-is-a-fifo",
+        "merge of a <cell>.xml that is a named pipe (reading it would block forever)",
+        ["merge", "in", "--out", "merged"],
+        2,
+        "ws1-none.xml is a symlink, a directory or a pipe; a cell report must be a file",
+        files={"in/torch-2.13.0/plan.json": _plan(), "|in/torch-2.13.0/ws1-none.xml": ""},
+    ),
+    Case(
+        "config-dev-zero",
+        "--config /dev/zero would read without bound",
+        ["list", "--config", "/dev/zero"],
+        2,
+        "/dev/zero: not a regular file (a device, a pipe or a directory); pass --config FILE",
+    ),
+    Case(
+        "config-fifo",
+        "--config naming a named pipe would block forever",
+        ["list", "--config", "matrix.fifo"],
+        2,
+        "matrix.fifo: not a regular file (a device, a pipe or a directory); pass --config FILE",
+        files={"|matrix.fifo": ""},
+    ),
+    Case(
+        "config-huge",
+        "--config naming a 5 MiB file",
+        ["list", "--config", "huge.toml"],
+        2,
+        "huge.toml: over 4 MiB, not a matrix file; pass --config FILE",
+        files={"huge.toml": "#" * (5 * 2**20)},
+    ),
+    Case(
+        "config-path-with-newline",
+        "a --config path with a newline would split the one-line error",
+        ["list", "--config", "bad\nname.toml"],
+        2,
+        "bad\\nname.toml': cannot read the matrix file (No such file or directory)",
+    ),
+    Case(
+        "axis-named-id",
+        "an axis named id would replace the cell ids in `list --json`",
+        ["list", "--json"],
+        2,
+        "matrix.toml: axes.id: is the key that holds the cell id in `list --json`; rename the axis",
+    ),
+    Case(
+        "sensitivity-shard",
+        "sensitivity --shard (it picks its own cells)",
+        ["sensitivity", "--shard", "1/2"],
+        2,
+        "sensitivity: --shard does not apply",
+    ),
+    Case(
         "shards-zero",
         "github-matrix --shards 0",
         ["github-matrix", "--shards", "0"],
@@ -383,6 +511,7 @@ CASES = [
 
 # Axis-level cases replace the [axes] table: written here, where the TOML needs it whole.
 AXES = {
+    "axis-named-id": 'world_size = [1, 2]\nfsdp = ["none", "fsdp2"]\nid = ["a", "b"]',
     "toml-datetime-as-axis-value": 'world_size = [1, 2]\nfsdp = ["none", "fsdp2"]\nwhen = [07:32:00]',
     "negative-axis-value": 'world_size = [1, 2]\nfsdp = ["none", "fsdp2"]\nlr_shift = [0, -1]',
     "exponent-axis-value": 'world_size = [1, 2]\nfsdp = ["none", "fsdp2"]\nlr = [1e-05]',
@@ -397,7 +526,12 @@ def _write(project: Project, case: Case) -> None:
     if "@suites/test_demo.py" not in case.files:
         project.write("suites/test_demo.py", SUITE)
     for relative, content in case.files.items():
-        if relative.startswith("@"):  # a symlink: content is its target
+        if relative.endswith("/"):  # a directory where a file belongs
+            (project.root / relative).mkdir(parents=True)
+        elif relative.startswith("|"):  # a named pipe
+            (project.root / relative[1:]).parent.mkdir(parents=True, exist_ok=True)
+            os.mkfifo(project.root / relative[1:])
+        elif relative.startswith("@"):  # a symlink: content is its target
             target = project.root / Path(relative[1:]).parent / content
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(SUITE)

@@ -11,6 +11,7 @@ import functools
 import hashlib
 import math
 import re
+import stat
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -128,18 +129,44 @@ class Matrix:
         return tuple(expand_cells(self.axes, self.exclude, self.include))
 
 
+MAX_MATRIX_BYTES = 4 * 1024 * 1024  # a matrix file is kilobytes; --config /dev/zero would read forever
+
+
+def _read_matrix_file(path: Path) -> bytes:
+    """The matrix file's bytes: a regular file of at most MAX_MATRIX_BYTES (a pipe would block forever)."""
+    try:
+        if not stat.S_ISREG(path.stat().st_mode):
+            raise ConfigError(
+                f"{_shown(path)}: not a regular file (a device, a pipe or a directory); pass --config FILE"
+            )
+        with open(path, "rb") as file:
+            raw_bytes = file.read(MAX_MATRIX_BYTES + 1)
+    except OSError as error:
+        raise ConfigError(
+            f"{_shown(path)}: cannot read the matrix file ({error.strerror}); pass --config PATH"
+        ) from None
+    if len(raw_bytes) > MAX_MATRIX_BYTES:
+        raise ConfigError(
+            f"{_shown(path)}: over {MAX_MATRIX_BYTES // 2**20} MiB, not a matrix file; pass --config FILE"
+        )
+    return raw_bytes
+
+
+def _shown(path: Path | str) -> str:
+    """A path as one line of an error: quoted with escapes when it holds a newline or another control character."""
+    text = str(path)
+    return text if text.isprintable() else repr(text)
+
+
 def load_matrix(path: str | Path) -> Matrix:
     """Read and validate matrix.toml; raise ConfigError naming the first problem found."""
     path = Path(path).resolve()
-    where = _Where(path.name)
+    where = _Where(_shown(path.name))
+    raw_bytes = _read_matrix_file(path)
     try:
-        raw_bytes = path.read_bytes()
-    except OSError as error:
-        raise ConfigError(f"{path}: cannot read the matrix file ({error.strerror}); pass --config PATH") from None
-    try:
-        raw = tomllib.loads(raw_bytes.decode("utf-8"))
+        raw = tomllib.loads(raw_bytes.decode("utf-8-sig"))  # a BOM (some Windows editors write one) is not TOML's
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
-        raise ConfigError(f"{path.name}: not valid TOML ({error}); fix the syntax") from None
+        raise ConfigError(f"{_shown(path.name)}: not valid TOML ({error}); fix the syntax") from None
 
     where.unknown_keys(raw, TOP_LEVEL_KEYS, "")
     versions, baseline, installs = _torch(raw, where)
@@ -334,6 +361,10 @@ def _check_value(axis: str, value: Any, where: _Where) -> None:
         raise where.error(f"{value!r} is not a world size", "use a positive integer GPU count")
 
 
+# Keys the cell's JSON (`list --json`, github-matrix) holds beside its axis values.
+RESERVED_AXIS_NAMES = {"id": "is the key that holds the cell id in `list --json`"}
+
+
 def _axes(raw: dict, where: _Where) -> dict[str, tuple[Any, ...]]:
     table = where.table(raw, "axes", required=True)
     where = where.at("axes")
@@ -344,6 +375,8 @@ def _axes(raw: dict, where: _Where) -> dict[str, tuple[Any, ...]]:
         at = where.at(name)
         if not NAME.match(name):
             raise at.error("axis names are lower-case identifiers", "rename it using a-z, 0-9 and _")
+        if name in RESERVED_AXIS_NAMES:
+            raise at.error(RESERVED_AXIS_NAMES[name], "rename the axis")
         if not isinstance(values, list):
             raise at.error(f"must be an array, not {_type_name(values)}", f"write {name} = [{values!r}]")
         if not values:

@@ -160,6 +160,11 @@ def write_plan(version_dir: Path, plan: RunPlan) -> Path:
     """Write `<version_dir>/plan.json` atomically (a reader never sees half of it)."""
     path = version_dir / FILE_NAME
     partial = path.with_name(f".{FILE_NAME}.partial")
-    partial.write_text(json.dumps(plan.to_json(), indent=2))
-    partial.replace(path)
+    version_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        partial.write_text(json.dumps(plan.to_json(), indent=2))
+        partial.replace(path)
+    except BaseException:  # a full disk: the plan it replaces stays whole
+        partial.unlink(missing_ok=True)
+        raise
     return path

@@ -53,7 +53,7 @@ class LaunchedRank:
         dist.init_process_group(self.backend, timeout=timedelta(seconds=self.collective_timeout_s))
         self.starts += 1
 
-    def run(self, fn, args: tuple, *, deadline: float) -> list:
+    def run(self, fn, args: tuple, *, deadline: float, name: str | None = None) -> list:
         """fn(*args) here, then every rank's reply gathered; any rank's exception fails every rank.
 
         The barrier first lets every rank finish its own copy of the test's main-process work

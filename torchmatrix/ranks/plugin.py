@@ -148,10 +148,20 @@ class CellPlan:
             self.events.write(PoolStarted(self.pool.world_size))
 
     def pytest_collectreport(self, report):
+        suite = self.suite_of(Path(self.rootpath, report.nodeid.split("::")[0]))
         if report.failed:
-            suite = self.suite_of(Path(self.rootpath, report.nodeid.split("::")[0]))
             text = cap_text(str(report.longrepr), self.plan.output_cap)
             self.events.write(CollectError(suite, report.nodeid, text))
+        elif report.skipped and suite is not None:
+            self._skipped_suite(suite, report)
+
+    def _skipped_suite(self, suite: str, report) -> None:
+        """A suite module that skipped itself (`pytest.importorskip` at the top) is one skipped case
+        per cell, so that the runner can tell it from a suite that collected no test."""
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        for cell in self.cells_by_suite.get(suite, []):
+            where = {"suite": suite, "cell": cell.id, "test": suite}
+            self.events.write(TestFinished(nodeid=report.nodeid, **where, status="skipped", message=reason))
 
     def pytest_runtest_logreport(self, report):
         self._reports.setdefault(report.nodeid, []).append(report)
@@ -278,7 +288,12 @@ class Ranks:
         """fn(*args) on every rank, compiling into the cell's own cache; one result per rank, in rank order."""
         __tracebackhide__ = True
         try:
-            return self.pool.run(in_compile_cache, (self.compile_cache, fn, args), deadline=self.deadline)
+            return self.pool.run(
+                in_compile_cache,
+                (self.compile_cache, fn, args),
+                deadline=self.deadline,
+                name=getattr(fn, "__qualname__", repr(fn)),
+            )
         except RankFailure as failure:
             if failure.timed_out:
                 exceeded = f"deadline of {self.timeout:.0f}s per test exceeded"

@@ -117,14 +117,16 @@ class RankPool:
             conn.send_bytes(path)
         self._handshake()
 
-    def run(self, fn, args: tuple, *, deadline: float) -> list:
-        """Run fn(*args) on every rank; return the per-rank results or raise RankFailure."""
+    def run(self, fn, args: tuple, *, deadline: float, name: str | None = None) -> list:
+        """Run fn(*args) on every rank; return the per-rank results or raise RankFailure naming
+        `name` (the test's function, when `fn` is a wrapper that calls it), else fn."""
         self.start()
+        name = name or getattr(fn, "__qualname__", repr(fn))
         try:
             payload = pickle.dumps(("call", fn, args))
         except Exception as error:
             raise RankFailure(
-                f"cannot send {getattr(fn, '__qualname__', fn)!r} to the ranks: {error}; use a module-level function and picklable arguments"
+                f"cannot send {name!r} to the ranks: {error}; use a module-level function and picklable arguments"
             ) from None
         for conn in self._conns:
             conn.send_bytes(payload)
@@ -132,7 +134,6 @@ class RankPool:
         failed = {rank: reply for rank, reply in replies.items() if reply[0] != "ok"}
         if not failed and len(replies) == self.world_size:
             return [replies[rank][1] for rank in range(self.world_size)]
-        name = getattr(fn, "__qualname__", repr(fn))
         report = self._failure_report(name, replies)
         self.close(graceful=False)
         raise RankFailure(report, self._root_cause(name, replies), timed_out=not failed)

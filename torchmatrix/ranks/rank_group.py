@@ -29,8 +29,9 @@ class RankGroup(Protocol):
     def start(self) -> None:
         """Bring the ranks up if they are down; raise RankFailure saying why they cannot come up."""
 
-    def run(self, fn, args: tuple, *, deadline: float) -> list:
-        """fn(*args) on every rank, one result per rank in rank order, or RankFailure by `deadline`."""
+    def run(self, fn, args: tuple, *, deadline: float, name: str | None = None) -> list:
+        """fn(*args) on every rank, one result per rank in rank order, or RankFailure by `deadline`
+        (naming `name`, the test's function a wrapper `fn` calls, else fn)."""
 
     def close(self, *, graceful: bool = True) -> None:
         """Stop the ranks and leave no process behind."""

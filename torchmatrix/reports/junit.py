@@ -20,7 +20,8 @@ from torchmatrix.matrix.cells import Cell, filter_token
 from torchmatrix.matrix.plan import SuiteRun
 from torchmatrix.ranks.output_cap import HARD_LIMIT_BYTES, cap_text
 from torchmatrix.reports.outcomes import TestOutcome
-from torchmatrix.reports.untrusted_text import visible
+from torchmatrix.reports.records import ResultsError
+from torchmatrix.reports.untrusted_text import one_line, visible
 from torchmatrix.status import Status
 
 NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
@@ -128,8 +129,12 @@ def write_suites(path: Path, suites: Sequence[TestSuite]) -> None:
     xml.time = round(sum(s.time for s in suites), 3)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    xml.write(str(partial), pretty=True)
-    os.replace(partial, path)
+    try:
+        xml.write(str(partial), pretty=True)
+        os.replace(partial, path)
+    except BaseException:  # a full disk, or Ctrl-C: the file it replaces stays whole, and nothing half-written stays
+        partial.unlink(missing_ok=True)
+        raise
 
 
 def write_cell(
@@ -142,7 +147,18 @@ def write_cell(
 
 
 def read_suites(path: Path) -> list[TestSuite]:
-    return list(JUnitXml.fromfile(str(path)))
+    """The <testsuite>s of a JUnit file; one that is not a regular file or not readable JUnit XML
+    (truncated, an entity bomb) is a ResultsError naming it."""
+    if not path.is_file():
+        raise ResultsError(
+            f"{path} is not a regular file (a directory or a pipe?); a cell report must be a file: remove it"
+        )
+    try:
+        return list(JUnitXml.fromfile(str(path)))
+    except (SyntaxError, OSError, ValueError) as error:  # lxml's XMLSyntaxError is a SyntaxError
+        raise ResultsError(
+            f"{path} is not readable JUnit XML ({one_line(str(error), 200)}); rerun that cell or delete the file"
+        ) from None
 
 
 def cell_report_files(run_dir: Path) -> list[Path]:

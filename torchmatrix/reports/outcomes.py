@@ -48,6 +48,12 @@ class TestOutcome:
         )
 
 
+NOTHING_COLLECTED = (
+    "suite {suite} collected no test from {path}: pytest runs functions named test_* (in classes named Test*); "
+    "check their names"
+)
+
+
 class OutcomeBook:
     """Collects test outcomes per suite run and answers for every planned cell."""
 
@@ -69,7 +75,10 @@ class OutcomeBook:
         """Apply one event from a pytest process's log."""
         if isinstance(event, Collected):
             for key, names in event.runs.items():
-                if key in self.expected:
+                if key in self.expected and not names and not self.tests[key] and key not in self.closed:
+                    suite = self.runs[key].suite
+                    self.fail_run(key, Status.ERROR, NOTHING_COLLECTED.format(suite=suite.name, path=suite.path))
+                elif key in self.expected:
                     self.expect(key, names)
         elif isinstance(event, TestStarted):
             self.running[event.key] = (event.test, now)

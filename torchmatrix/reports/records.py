@@ -266,6 +266,8 @@ def figure_value(value: object) -> float | str:
     """A recorded figure as a number when it is one (non-finite numbers included), else as text."""
     try:
         return float(value)
+    except OverflowError:  # an integer beyond any float (400 digits): infinite, as a float would read it
+        return math.inf if value > 0 else -math.inf
     except (TypeError, ValueError):
         return str(value)
 

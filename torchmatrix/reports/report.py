@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from torchmatrix.matrix.config import ConfigError, Matrix, load_matrix
+from torchmatrix.messages.run_lock import running_holder
 from torchmatrix.reports import junit, results_json, summary_html, summary_md
-from torchmatrix.reports.records import RunResults
+from torchmatrix.reports.records import ResultsError, RunResults
 from torchmatrix.reports.recovery import rebuild_missing_cells
 from torchmatrix.reports.run_reader import load_results, matrix_paths
-from torchmatrix.reports.upgrade_diff import compare_runs, upgrade_diffs
+from torchmatrix.reports.upgrade_diff import CompareError, compare_runs, upgrade_diffs
 
 SUMMARY_MD = "summary.md"
 SUMMARY_HTML = "summary.html"
@@ -24,7 +26,14 @@ SUMMARY_HTML = "summary.html"
 
 def write_report(run_dir: Path, config: str | None = None) -> list[Path]:
     """Write junit.xml, results.json, summary.md and summary.html into the run directory (first
-    rebuilding, from the event logs, the cells a killed runner left without a report)."""
+    rebuilding, from the event logs, the cells a killed runner left without a report); refused
+    while a runner still writes to it, whose running cells would read as lost."""
+    for version_dir in sorted(run_dir.glob("torch-*")):
+        holder = running_holder(version_dir)
+        if holder:
+            raise ResultsError(
+                f"{version_dir} is still being run ({holder}); write its report when that run has finished"
+            )
     rebuild_missing_cells(run_dir)
     written = [junit.merge_run(run_dir)] if junit.cell_report_files(run_dir) else []
     run = load_run(run_dir, config)
@@ -38,12 +47,19 @@ def write_report(run_dir: Path, config: str | None = None) -> list[Path]:
 
 
 def compare_markdown(run_a: Path, run_b: Path) -> tuple[str, bool]:
-    """The upgrade diff of run B against run A as markdown, and whether it holds a regression."""
+    """The upgrade diff of run B against run A as markdown, and whether it fails: a regression,
+    grown drift, a slowdown, or a change never re-run alone."""
     old, new = load_run(run_a), load_run(run_b)
     diffs = compare_runs(old, new)
+    if not any(diff.compared for diff in diffs):
+        raise CompareError(
+            f"run {old.run_id} and run {new.run_id} share no test ({len(old.tests)} and {len(new.tests)} results, "
+            "none of the same suite, test and cell): compare two runs of the same matrix and cells"
+        )
     markdown = f"## torchmatrix compare {summary_md.code(old.run_id)} → {summary_md.code(new.run_id)}\n\n"
     markdown += "\n\n".join(summary_md.diff_section(diff) for diff in diffs) + "\n"
-    return markdown, any(diff.regressions for diff in diffs)
+    # Not clean fails compare, except for newly skipped tests: listed, but a skip is not a regression.
+    return markdown, any(not replace(diff, newly_skipped=[]).clean for diff in diffs)
 
 
 def load_run(path: Path, config: str | None = None) -> RunResults:

@@ -71,6 +71,8 @@ def read_json(path: Path) -> RunResults:
         data = json.loads(path.read_text())
     except (OSError, ValueError) as error:
         raise ResultsError(f"cannot read {path}: {error}") from None
+    except RecursionError:
+        raise ResultsError(f"cannot read {path}: nested too deeply for a results file; {REGENERATE}") from None
     try:
         return from_json(data)
     except ResultsError as error:
@@ -107,6 +109,8 @@ def _check_types(results: RunResults) -> None:
                 raise TypeError(f"tests[].{name} {getattr(record, name)!r} is not text")
         if isinstance(record.duration, bool) or not isinstance(record.duration, (int, float)):
             raise TypeError(f"tests[].duration {record.duration!r} is not a number")
+        if not _finite(record.duration):
+            raise ValueError("tests[].duration is not a finite number of seconds")
         if record.ran_in is not None and not isinstance(record.ran_in, str):
             raise TypeError(f"tests[].ran_in {record.ran_in!r} is not text")
         if record.confirmation not in CONFIRMATIONS:
@@ -121,3 +125,11 @@ def _check_types(results: RunResults) -> None:
     for name, ratio in vars(results.settings).items():
         if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not (ratio > 0 and math.isfinite(ratio)):
             raise TypeError(f"run.thresholds.{name} {ratio!r} is not a positive number")
+
+
+def _finite(number: int | float) -> bool:
+    """Whether a JSON number is a finite float (a 400-digit integer is not one)."""
+    try:
+        return math.isfinite(float(number))
+    except OverflowError:
+        return False

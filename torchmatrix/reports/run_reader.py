@@ -45,15 +45,7 @@ def _suites(run_dir: Path) -> list[TestSuite]:
     files = junit.cell_report_files(run_dir)
     if not files and (run_dir / junit.MERGED_NAME).is_file():
         files = [run_dir / junit.MERGED_NAME]
-    suites = []
-    for path in files:
-        try:
-            suites.extend(junit.read_suites(path))
-        except SyntaxError as error:  # ElementTree's ParseError and lxml's XMLSyntaxError both are
-            raise ResultsError(
-                f"{path} is not readable JUnit XML ({error}); rerun that cell or delete the file"
-            ) from None
-    return suites
+    return [suite for path in files for suite in junit.read_suites(path)]
 
 
 def _from_suites(run_dir: Path, suites: list[TestSuite], baseline: str | None, settings: ReportSettings) -> RunResults:

@@ -31,11 +31,19 @@ def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
 
 
-def point_latest(reports: Path, run_id: str) -> None:
-    """Atomically repoint reports/latest at a finished run."""
+def point_latest(reports: Path, run_id: str) -> bool:
+    """Atomically repoint reports/latest at a finished run; False, touching nothing, where
+    reports/latest is not a link (a directory someone put there, such as a downloaded artifact)."""
     link = reports / "latest"
+    if link.exists() and not link.is_symlink():
+        return False
     temporary = reports / f".latest-{os.getpid()}"
     if temporary.is_symlink():
         temporary.unlink()
     os.symlink(run_id, temporary)
-    os.replace(temporary, link)
+    try:
+        os.replace(temporary, link)
+    except OSError:  # it became a directory since
+        temporary.unlink()
+        return False
+    return True

@@ -11,10 +11,10 @@ Layout of a run directory (shared by every torch version of one nox invocation):
 
 from __future__ import annotations
 
+import errno
 import os
 import shlex
 import shutil
-import signal
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -27,6 +27,7 @@ from torchmatrix.matrix.config import Matrix
 from torchmatrix.matrix.plan import Group, SuiteRun, group_runs, plan_runs
 from torchmatrix.matrix.selection import Shard, select_cells
 from torchmatrix.messages.group_plan import GroupPlan, SuiteSpec
+from torchmatrix.messages.run_lock import LOCK_NAME, RunBusy, lock_version_directory
 from torchmatrix.messages.run_plan import PlannedSuite, RunPlan, write_plan
 from torchmatrix.ranks.output_cap import DEFAULT_CAP_BYTES
 from torchmatrix.ranks.parent_death import PARENT_PID_VARIABLE
@@ -35,6 +36,8 @@ from torchmatrix.reports.outcomes import OutcomeBook
 from torchmatrix.run.component_check import check_components
 from torchmatrix.run.eta import WorkEstimate, suite_seconds
 from torchmatrix.run.import_path import user_code_environment
+from torchmatrix.run.interrupts import Interrupts
+from torchmatrix.run.leftover_processes import adopt_orphans, kill_leftovers
 from torchmatrix.run.progress import InvocationPart, Progress
 from torchmatrix.run.run_directory import point_latest
 from torchmatrix.run.schedule import GroupProcess, Scheduler
@@ -110,7 +113,7 @@ def claim_version_directory(request: RunRequest) -> None:
     keep = request.install_log.resolve() if request.install_log else None
     logs = request.version_dir / "logs"
     for path in [*request.version_dir.iterdir(), *(logs.iterdir() if logs.is_dir() else [])]:
-        if path == logs or path.resolve() == keep or not path.exists():
+        if path == logs or path.name == LOCK_NAME or path.resolve() == keep or not path.exists():
             continue
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)
@@ -119,50 +122,125 @@ def claim_version_directory(request: RunRequest) -> None:
 
 
 def run_version(request: RunRequest, stream=sys.stdout) -> int:
-    """Run the cells of one torch version; return 0 (all passed or skipped), 1 (failures) or 130."""
+    """Run the cells of one torch version; return 0 (all passed or skipped), 1 (failures) or 130.
+
+    Whatever stops it (Ctrl-C, SIGTERM, a full disk), every planned cell is in the reports, and no
+    process it started outlives it."""
+    adopt_orphans()
+    try:
+        with Interrupts() as interrupts:
+            return _run_version(request, stream, interrupts)
+    finally:
+        kill_leftovers()
+
+
+def _run_version(request: RunRequest, stream, interrupts: Interrupts) -> int:
     matrix = request.matrix
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     cells = select_cells(matrix.cells(), only=request.only, keyword=request.keyword, shard=request.shard)
-    with ThreadPoolExecutor(max_workers=2) as children:
-        probed = children.submit(_probe_or_error) if request.install_log is None else None
-        if request.install_log is None:
-            _refuse_broken_components(matrix, request.version)
-        claim_version_directory(request)
-        prepare_directory(request.version_dir / "logs")
-        runs = plan_runs(cells, matrix.suites)
-        book = OutcomeBook(runs)
-        environment, runnable = _environment(request, book, probed.result() if probed else None)
-    progress = Progress(
-        request.version,
-        len(cells),
-        stream,
-        estimate=_work_estimate(request, runs, environment) if runnable else None,
-        part=request.part,
-    )
-    if runnable:
-        _refuse_too_wide_for_cpu(request, cells, environment)
-    _write_plan(request, cells, book, environment, started, finished=False)
-    progress.say(
-        f"torchmatrix: torch {request.version}, {len(cells)} cells, {len(runs)} suite runs, device: {environment['device']}"
-    )
-    interrupted = False
-    if runnable:
-        previous = {signum: signal.signal(signum, _interrupt) for signum in (signal.SIGINT, signal.SIGTERM)}
-        try:
+    runs = plan_runs(cells, matrix.suites)
+    book = OutcomeBook(runs)
+    environment: dict = {"device": "none (interrupted before the torch probe finished)"}
+    progress = Progress(request.version, len(cells), stream, part=request.part)
+    lock = None
+    stopped = None
+    try:
+        probed = _check_and_probe(request)
+        lock = _claim(request)
+        environment, runnable = _environment(request, book, probed)
+        if runnable:
+            progress = Progress(
+                request.version,
+                len(cells),
+                stream,
+                estimate=_work_estimate(request, runs, environment),
+                part=request.part,
+            )
+            _refuse_too_wide_for_cpu(request, cells, environment)
+        _write_plan(request, cells, book, environment, started, finished=False)
+        progress.say(
+            f"torchmatrix: torch {request.version}, {len(cells)} cells, {len(runs)} suite runs, device: {environment['device']}"
+        )
+        if runnable:
             _run_cells(request, cells, runs, book, environment, progress)
-        except KeyboardInterrupt:
-            interrupted = True
-        finally:
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
-    _write_reports(request, cells, book, environment, started)
+        interrupts.writing_reports()
+    except KeyboardInterrupt:
+        interrupts.writing_reports()
+        stopped = "interrupted (Ctrl-C or SIGTERM) before this suite finished"
+    except OSError as error:
+        interrupts.writing_reports()
+        stopped = f"the runner could not write to {request.run_dir} ({_os_error(error)})"
+    except BaseException:  # a refusal (RunError) after the claim: nothing to report, the lock goes
+        if lock is not None:
+            os.close(lock)
+        raise
+    try:
+        if lock is None:
+            lock = _claim(request)
+        if stopped:
+            _fail_unfinished(book, stopped)
+        _write_reports(request, cells, book, environment, started)
+    except OSError as error:
+        raise RunError(
+            f"cannot write the reports of torch {request.version} to {request.version_dir} ({_os_error(error)}); "
+            f"the reports of finished cells are kept: make room, then rebuild the rest with `python -m torchmatrix report {request.run_dir}`"
+        ) from None
+    finally:
+        if lock is not None:
+            os.close(lock)
     totals = book.counts(cells)
     progress.say(
         f"torchmatrix: torch {request.version}: {tally(totals)}; merged report: {request.run_dir / junit.MERGED_NAME}"
     )
-    if interrupted:
+    if interrupts.interrupted:
         return INTERRUPTED_EXIT
+    if stopped:
+        raise RunError(f"torch {request.version}: {stopped}; every cell it did not finish errors saying so")
     return 1 if any(count for status, count in totals.items() if status.is_failing) else 0
+
+
+def _check_and_probe(request: RunRequest) -> Environment | ProbeError | None:
+    """The component check, beside the torch probe (each imports torch in a child); None when
+    nox's install of this torch version failed (its log says why)."""
+    if request.install_log is not None:
+        return None
+    with ThreadPoolExecutor(max_workers=1) as children:
+        probed = children.submit(_probe_or_error)
+        _refuse_broken_components(request.matrix, request.version)
+        return probed.result()
+
+
+def _claim(request: RunRequest) -> int:
+    """Lock the version directory against a second runner, refuse or clear an earlier run's files,
+    and prove it writable; return the lock, held until the reports are written."""
+    try:
+        lock = lock_version_directory(request.version_dir)
+    except RunBusy as error:
+        raise RunError(f"{error}; wait for it to finish, or pass another --run-id") from None
+    except OSError as error:
+        raise RunError(
+            f"cannot write reports to {request.version_dir} ({error.strerror}); pass --reports DIR with a writable directory"
+        ) from None
+    try:
+        claim_version_directory(request)
+        prepare_directory(request.version_dir / "logs")
+    except BaseException:
+        os.close(lock)
+        raise
+    return lock
+
+
+def _os_error(error: OSError) -> str:
+    """An OSError in words, naming a full disk as such."""
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"{error.strerror}: the disk is full"
+    return f"{error.strerror}: {error.filename}" if error.filename else str(error.strerror or error)
+
+
+def _fail_unfinished(book: OutcomeBook, message: str) -> None:
+    for key in book.runs:
+        if not book.is_done(key):
+            book.fail_run(key, Status.ERROR, message)
 
 
 def _slots(request: RunRequest, environment: dict) -> int:
@@ -198,15 +276,6 @@ def _refuse_broken_components(matrix: Matrix, version: str) -> None:
         print(f"torchmatrix: warning: {line}", file=sys.stderr)
     if check.problems:
         raise RunError("\n".join(check.problems))
-
-
-def _interrupt(signum, frame):
-    """Ctrl-C and SIGTERM (a cancelled CI job) stop the run, and the reports are still written.
-
-    Installed explicitly: a process started in the background by a non-interactive shell (or
-    by a test runner) inherits SIGINT as ignored, and Ctrl-C would then do nothing.
-    """
-    raise KeyboardInterrupt
 
 
 def _probe_or_error() -> Environment | ProbeError:
@@ -391,6 +460,7 @@ def events_path(logs: Path, group: Group) -> Path:
 def _start_group(request: RunRequest, group: Group, environment: dict) -> GroupProcess:
     """Start `pytest -p torchmatrix.ranks.plugin` on the group's suites, waiting at its gate."""
     logs = request.version_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)  # a test may have removed the reports directory
     gate = logs / f"{group.name}.go"
     command = group_command(
         request.matrix, request.version, group, environment, logs, gate=gate, output_cap=request.output_cap
@@ -418,7 +488,12 @@ def _write_reports(request: RunRequest, cells: list[Cell], book: OutcomeBook, en
         )
     _write_plan(request, cells, book, environment, started, finished=True)
     junit.merge_run(request.run_dir)
-    point_latest(request.reports, request.run_id)
+    if not point_latest(request.reports, request.run_id):
+        print(
+            f"torchmatrix: warning: {request.reports / 'latest'} is not the link torchmatrix keeps to the last run "
+            f"(a directory put there?); left it alone, this run is {request.run_dir}",
+            file=sys.stderr,
+        )
 
 
 def _write_plan(

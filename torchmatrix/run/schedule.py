@@ -23,6 +23,7 @@ from torchmatrix.matrix.plan import Group
 from torchmatrix.messages.events import EventReader
 from torchmatrix.messages.grant import Grant
 from torchmatrix.reports.outcomes import OutcomeBook
+from torchmatrix.run.leftover_processes import descendants
 from torchmatrix.status import Status
 
 BACKSTOP_GRACE_S = 60.0
@@ -61,7 +62,7 @@ class GroupProcess:
 
     def kill(self) -> None:
         """Kill the pytest process group (its zygote included) and every rank, each in its own session."""
-        ranks = _descendants(self.proc.pid)
+        ranks = descendants(self.proc.pid)
         for pgid in [self.proc.pid, *ranks]:
             try:
                 os.killpg(pgid, signal.SIGKILL)
@@ -70,29 +71,15 @@ class GroupProcess:
         self.proc.wait()
 
     def log_tail(self) -> str:
-        lines = self.log.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+        try:
+            lines = self.log.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+        except OSError as error:  # a test removed the reports directory
+            return f"(cannot read {self.log}: {error.strerror})"
         return f"last {len(lines)} lines of {self.log}:\n" + "\n".join(lines)
 
     @property
     def keys(self) -> list[str]:
         return [run.key for run in self.group.runs]
-
-
-def _descendants(pid: int) -> list[int]:
-    """Every process below `pid` (read from /proc before a parent dies and its children are re-parented)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(entry.name))
-    found, frontier = [], [pid]
-    while frontier:
-        below = [child for parent in frontier for child in children.get(parent, [])]
-        found += below
-        frontier = below
-    return found
 
 
 def exit_reason(code: int) -> str:
@@ -142,7 +129,7 @@ class Scheduler:
         self.active: list[GroupProcess] = []
 
     def run(self) -> None:
-        """Run every group to completion; on Ctrl-C kill them all, record why, and re-raise."""
+        """Run every group to completion; on Ctrl-C (or an error) kill them all, record why, and re-raise."""
         pending = list(self.groups)
         try:
             while pending or self.waiting or self.active:
@@ -152,9 +139,11 @@ class Scheduler:
                 self._poll()
                 self.on_update()
                 time.sleep(POLL_S)
-        except KeyboardInterrupt:
+        except BaseException as error:  # Ctrl-C, or a report it could not write: nothing it started keeps running
             for process in self.waiting + self.active:
                 process.kill()
+            if not isinstance(error, KeyboardInterrupt):
+                raise
             for book in {id(b): b for b in [self.book, *self.books.values()] if b is not None}.values():
                 for key in book.runs:
                     if not book.is_done(key):

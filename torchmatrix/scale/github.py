@@ -15,10 +15,15 @@ GITHUB_JOB_LIMIT = 256
 
 
 def github_matrix(matrix: Matrix, shards: int, *, only: dict, keyword: str | None, filter_args: list[str]) -> dict:
-    """`{"include": [...]}` with one entry per non-empty (version, shard)."""
+    """`{"include": [...]}` with one entry per non-empty (version, shard); never empty, which GitHub refuses."""
     if shards < 1:
         raise SelectionError(f"--shards {shards}: use a positive number of shards per torch version")
     versions = [v for v in matrix.versions if v != "system"]
+    if not versions:
+        raise SelectionError(
+            f"[torch].versions of {matrix.path.name} lists only 'system'; each job installs one pinned torch version, "
+            "so list them there (GitHub refuses an empty job matrix)"
+        )
     jobs = len(versions) * shards
     if jobs > GITHUB_JOB_LIMIT:
         most = GITHUB_JOB_LIMIT // max(len(versions), 1)

@@ -98,9 +98,14 @@ def merge_reports(
     expected_versions = list(versions or [v for v in matrix.versions if v != "system"])
     expected_versions += sorted({r.version for r in reports} - set(expected_versions))
     result = MergeResult(inputs=len(reports))
+    mine = {version: [r for r in reports if r.version == version] for version in expected_versions}
+    # Every input is checked and read before anything is written: a refused merge leaves --out as it was.
+    sources = {version: _cell_sources(version, mine[version]) for version in expected_versions}
+    known_tests = {version: _tests_per_suite(sources[version].values()) for version in expected_versions}
     for version in expected_versions:
-        mine = [r for r in reports if r.version == version]
-        cells_written, missing = _merge_version(version, mine, out / f"torch-{version}", matrix, expected)
+        cells_written, missing = _merge_version(
+            version, mine[version], sources[version], known_tests[version], out / f"torch-{version}", matrix, expected
+        )
         result.cells[version] = cells_written
         if missing:
             result.missing[version] = missing
@@ -108,10 +113,8 @@ def merge_reports(
     return result
 
 
-def _merge_version(
-    version: str, reports: list[VersionReport], out: Path, matrix: Matrix, expected: Sequence[Cell]
-) -> tuple[int, list[str]]:
-    out.mkdir(parents=True, exist_ok=True)
+def _cell_sources(version: str, reports: list[VersionReport]) -> dict[str, Path]:
+    """The cell report files of one version by cell id, each a plain file reported once."""
     sources: dict[str, Path] = {}
     for report in reports:
         for path in sorted(report.path.glob("*.xml")):
@@ -119,19 +122,34 @@ def _merge_version(
                 check_name(path.stem, "cell report")
             except UnsafeName as error:
                 raise MergeError(f"{path}: {error}") from None
-            if path.is_symlink():
-                raise MergeError(f"{path} is a symlink; a cell report must be a file of the report directory")
+            if path.is_symlink() or not path.is_file():
+                raise MergeError(
+                    f"{path} is a symlink, a directory or a pipe; a cell report must be a file of the report directory"
+                )
             if path.stem in sources:
                 raise MergeError(
                     f"cell {path.stem} of torch {version} is reported twice ({sources[path.stem]} and {path}); pass each shard's reports once"
                 )
             sources[path.stem] = path
-            shutil.copyfile(path, out / path.name)
+    return sources
+
+
+def _merge_version(
+    version: str,
+    reports: list[VersionReport],
+    sources: dict[str, Path],
+    known_tests: dict[str, list[str]],
+    out: Path,
+    matrix: Matrix,
+    expected: Sequence[Cell],
+) -> tuple[int, list[str]]:
+    out.mkdir(parents=True, exist_ok=True)
+    for path in sources.values():
+        shutil.copyfile(path, out / path.name)
     missing = [cell for cell in expected if cell.id not in sources]
     environment = (reports[0].plan.environment if reports else None) or {
         "device": "unknown (no job of this version reported)"
     }
-    known_tests = _tests_per_suite(out)
     for cell in missing:
         book = OutcomeBook(plan_runs([cell], matrix.suites))
         for key, run in book.runs.items():
@@ -158,10 +176,10 @@ def _merge_version(
     return len(sources) + len(missing), [cell.id for cell in missing]
 
 
-def _tests_per_suite(version_dir: Path) -> dict[str, list[str]]:
+def _tests_per_suite(paths) -> dict[str, list[str]]:
     """Test names per suite as other cells reported them, so a missing cell lists the same tests."""
     names: dict[str, list[str]] = {}
-    for path in sorted(version_dir.glob("*.xml")):
+    for path in sorted(paths, key=lambda path: path.name):
         for suite in junit.read_suites(path):
             for case in suite:
                 tests = names.setdefault(case.classname, [])

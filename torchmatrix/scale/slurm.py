@@ -54,11 +54,24 @@ class SlurmOptions:
             raise SelectionError(f"slurm: --rdzv-port {self.rdzv_port} is not a TCP port (1-65535)")
 
 
+def directive_value(text: str) -> str:
+    """A value as one #SBATCH directive reads it back: as is when plain, else in double quotes with
+    backslashes before the characters sbatch's own parser gives meaning (a space would end the
+    value, `#` would start a comment)."""
+    if "\n" in text or "\r" in text:
+        raise SelectionError(
+            f"{text!r} holds a line break, which no #SBATCH line can carry; move the project to a plain path"
+        )
+    if re.fullmatch(r"[\w./+:,=@%-]+", text):
+        return text
+    return '"' + re.sub(r'([\\"#])', r"\\\1", text) + '"'
+
+
 def _header(job_name: str, options: SlurmOptions, root: Path, *, nodes: int = 1, array: str | None = None) -> list[str]:
     lines = [
         "#!/usr/bin/env bash",
         f"#SBATCH --job-name={job_name}",
-        f"#SBATCH --chdir={root}",
+        f"#SBATCH --chdir={directive_value(str(root))}",
         f"#SBATCH --nodes={nodes}",
         f"#SBATCH --time={options.time}",
         "#SBATCH --output=reports/slurm-logs/%x-%A_%a.out",

@@ -1,0 +1,44 @@
+"""Every bench in bench/ runs in its --tiny mode (seconds, a throwaway one-suite matrix), so a
+bench that no longer runs fails CI instead of the next person who wants its figures."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, checkout_env
+
+pytestmark = pytest.mark.slow
+
+# Each bench, and a line its output must end up with: the figure its docstring promises.
+BENCHES = {
+    "collective_latency": r"\| 2 \| SCHED_OTHER, unpinned \(a plain process\) \| [\d.]+ ms \| [\d.]+ ms \| 1\.0x \|",
+    "env_overhead": r"\| `torchmatrix run --shard <empty shard>` on the torch here \| [\d.]+ s \|",
+    "matrix_walltime": r"\| torchmatrix run \| [\d.]+ s \| 1 \| 1 \(1 testcases reported\) \| \d+ \| 0 \|",
+    "per_test_overhead": r"worst mean overhead per test: [\d.]+ ms",
+    "plan_scale": r"\| OutcomeBook \+ cell_done for every cell \| [\d.]+ s \| [\d.]+ s \|",
+    "timing_noise": r"largest total or median ratio between runs of one torch: [\d.]+",
+    "upgrade_check": r"\| system \| [^|]+ \| 1 \| 1 \| 0 \| 0 \| 0 \| 0 \| 0 \|",
+}
+
+
+def test_every_bench_has_a_tiny_run():
+    assert sorted(BENCHES) == sorted(path.stem for path in (REPO / "bench").glob("*.py") if path.stem != "tiny_project")
+
+
+@pytest.mark.parametrize("bench", sorted(BENCHES))
+def test_the_bench_runs_in_its_tiny_mode(bench, tmp_path):
+    done = subprocess.run(
+        [sys.executable, str(REPO / "bench" / f"{bench}.py"), "--tiny"],
+        cwd=tmp_path,
+        env=checkout_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert re.search(BENCHES[bench], done.stdout), done.stdout[-3000:]

@@ -1,0 +1,51 @@
+"""The exit-code reference: docs/reference/exit-codes.md is what torchmatrix/exit_codes.py renders,
+every command has its rows, and every row names tests that exist and provoke it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from torchmatrix.cli import build_parser
+from torchmatrix.exit_codes import EXIT_CODES, render_markdown
+
+from conftest import REPO, checkout_env
+
+PAGE = REPO / "docs" / "reference" / "exit-codes.md"
+
+
+def test_the_page_is_what_the_table_renders():
+    assert PAGE.read_text() == render_markdown(), "regenerate: python -c 'from torchmatrix.exit_codes import ...'"
+
+
+def test_every_command_has_its_success_and_usage_rows():
+    commands = set(build_parser()._subparsers._group_actions[0].choices)
+    rows = {(row.command, row.code) for row in EXIT_CODES}
+    for command in commands:
+        assert (command, 0) in rows and (command, 2) in rows, command
+    assert {row.command for row in EXIT_CODES} == commands | {"every command"}
+
+
+def _collected(node_ids: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:xdist", *node_ids],
+        cwd=REPO,
+        env=checkout_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_every_row_names_tests_that_exist():
+    node_ids = sorted({node for row in EXIT_CODES for node in row.provoked_by})
+    done = _collected(node_ids)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    listed = [line for line in done.stdout.splitlines() if "::" in line]
+    unmatched = [node for node in node_ids if not any(line == node or line.startswith(f"{node}[") for line in listed)]
+    assert unmatched == [], unmatched
+
+
+def test_a_row_naming_a_test_that_does_not_exist_fails_the_check():
+    done = _collected(["tests/hostile/test_corpus.py::test_hostile_input_is_refused_with_one_line[no-such-case]"])
+    assert done.returncode != 0

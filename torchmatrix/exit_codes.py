@@ -1,0 +1,76 @@
+"""Every exit code each command can return, with its meaning: the one table CI authors read
+(docs/reference/exit-codes.md is rendered from it, and a test ties each row to a test that
+provokes it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torchmatrix.run.runner import INTERRUPTED_EXIT
+
+PASSED = 0
+FAILED = 1
+USAGE = 2
+INTERRUPTED = INTERRUPTED_EXIT
+
+
+@dataclass(frozen=True)
+class ExitCode:
+    """One code one command returns: what it means, and the tests that provoke it (pytest node ids)."""
+
+    command: str
+    code: int
+    meaning: str
+    provoked_by: tuple[str, ...]
+
+
+CORPUS = "tests/hostile/test_corpus.py::test_hostile_input_is_refused_with_one_line"
+VERDICTS = "tests/hostile/test_verdicts.py::test_the_exit_code_is_the_verdict"
+RUNS = "tests/hostile/test_run_exits.py"
+
+EXIT_CODES = (
+    ExitCode("every command", USAGE, "a usage error argparse reports (an unknown option, `--slots 0`): its usage, then one line", (f"{CORPUS}[slots-zero]",)),
+    ExitCode("list", PASSED, "the selected cells are printed", ("tests/hostile/test_corpus.py::test_a_suite_symlink_into_the_named_project_root_is_accepted",)),
+    ExitCode("list", USAGE, "matrix.toml or a filter cannot apply (one line naming the file, the key and the fix); also a --config that is not a regular file or over 4 MiB", (f"{CORPUS}[keyword-matches-nothing]", f"{CORPUS}[config-dev-zero]")),
+    ExitCode("run", PASSED, "every test passed, was skipped or hit a CPU-simulation limit", ("tests/hostile/test_runs.py::test_a_reused_run_id_is_refused_and_restart_starts_clean",)),
+    ExitCode("run", FAILED, "a test failed or errored, including a suite that collected no test and a cell the runner could not finish", (f"{RUNS}::test_a_suite_that_collects_nothing_errors_naming_the_prefix", f"{RUNS}::test_a_test_that_removes_the_reports_directory_leaves_a_full_report")),
+    ExitCode("run", USAGE, "stopped before any cell: matrix.toml, a filter, a component, the run id, or another run writing the same torch version; or the reports could not be written (the disk is full: the finished cells' reports are kept)", ("tests/hostile/test_runs.py::test_a_reused_run_id_is_refused_and_restart_starts_clean", f"{RUNS}::test_a_second_runner_and_a_report_during_the_run_are_refused", f"{RUNS}::test_a_full_disk_keeps_the_finished_cells_and_names_the_full_disk")),
+    ExitCode("run", INTERRUPTED, "Ctrl-C or SIGTERM, from the component check on: every planned cell is in the reports, unfinished ones as errors saying so; a second signal does not cut the reports short", (f"{RUNS}::test_two_quick_interrupts_keep_every_test_of_the_cell", f"{RUNS}::test_a_signal_during_the_component_check_exits_130_with_every_cell_reported")),
+    ExitCode("sensitivity", PASSED, "every chosen mutant was caught wherever it applies", ("tests/sensitivity/test_sensitivity.py::test_every_chosen_mutant_caught_exits_zero_with_the_table",)),
+    ExitCode("sensitivity", FAILED, "a mutant was missed or errored in a cell where it ran", ("tests/sensitivity/test_sensitivity.py::test_a_mutant_the_suites_cannot_see_is_missed_and_exits_one",)),
+    ExitCode("sensitivity", USAGE, "matrix.toml, a filter or --mutants cannot apply", (f"{CORPUS}[sensitivity-shard]",)),
+    ExitCode("sensitivity", INTERRUPTED, "Ctrl-C or SIGTERM; the finished runs are kept (each is a `run`, as above)", (f"{RUNS}::test_two_quick_interrupts_keep_every_test_of_the_cell",)),
+    ExitCode("report", PASSED, "the reports are written, whatever the tests did", ("tests/hostile/test_runs.py::test_a_sigkilled_runner_leaves_no_process_and_report_rebuilds_every_cell",)),
+    ExitCode("report", USAGE, "not a run directory, an unreadable or hostile file in it (truncated XML, an entity bomb, a directory or pipe for a cell report), or a run still running", (f"{CORPUS}[report-billion-laughs]", f"{RUNS}::test_a_second_runner_and_a_report_during_the_run_are_refused")),
+    ExitCode("compare", PASSED, "no regression, no grown drift, no slower suite, no change left unconfirmed (newly skipped tests, and a change whose failure passed alone, are listed but do not count)", (f"{VERDICTS}[compare-failure-passed-alone]",)),
+    ExitCode("compare", FAILED, "a confirmed regression, grown drift, a slower suite, or a status change whose failing side was never re-run alone (`--confirm-limit 0`, or past the limit)", (f"{VERDICTS}[compare-drift-grew]", f"{VERDICTS}[compare-failure-never-rerun]")),
+    ExitCode("compare", USAGE, "an unreadable or malformed run, runs without a torch version in common, or runs that share no test", (f"{VERDICTS}[compare-no-shared-test]", f"{CORPUS}[compare-results-truncated]")),
+    ExitCode("merge", PASSED, "merged, and every test passed or was skipped", ("tests/hostile/test_verdicts.py::test_a_refused_merge_leaves_out_as_it_was_and_the_corrected_one_passes",)),
+    ExitCode("merge", FAILED, "merged, and a test failed or errored, or a planned cell had no report (it errors saying which shard)", ("tests/scale/test_scale_out.py::test_a_missing_shard_becomes_errored_cells_that_say_so",)),
+    ExitCode("merge", USAGE, "refused before writing anything: a cell reported twice, a report of another matrix.toml, an unsafe name, an unreadable file", (f"{CORPUS}[merge-truncated-cell-xml]", "tests/scale/test_scale_out.py::test_duplicate_reports_are_refused")),
+    ExitCode("github-matrix", PASSED, "the job matrix is printed (never empty)", ("tests/scale/test_scale_out.py::test_github_matrix_has_one_job_per_version_and_shard",)),
+    ExitCode("github-matrix", USAGE, "matrix.toml or a filter cannot apply, only `system` is listed, or over 256 jobs", (f"{CORPUS}[github-matrix-only-system]",)),
+    ExitCode("slurm", PASSED, "the sbatch scripts are written", ("tests/hostile/test_corpus.py::test_slurm_values_that_pass_are_plain",)),
+    ExitCode("slurm", USAGE, "matrix.toml, a filter, --partition or --time cannot apply", (f"{CORPUS}[slurm-partition-newline]",)),
+)  # fmt: skip
+
+
+def render_markdown() -> str:
+    """docs/reference/exit-codes.md."""
+    lines = [
+        "# Exit codes",
+        "",
+        "What each `python -m torchmatrix` command can exit with (nox passes the code through). Exit 2 ends with",
+        "one line, `torchmatrix: error: ...` (or argparse's), that says what to change, never a traceback. Generated",
+        "from `torchmatrix/exit_codes.py`; `tests/test_exit_codes.py` checks that this page matches it and that a",
+        "test provokes every row.",
+        "",
+        "| command | exit | meaning |",
+        "|---|---|---|",
+    ]
+    lines += [f"| {_command(row.command)} | {row.code} | {row.meaning} |" for row in EXIT_CODES]
+    return "\n".join(lines) + "\n"
+
+
+def _command(name: str) -> str:
+    return name if " " in name else f"`{name}`"

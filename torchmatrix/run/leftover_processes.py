@@ -1,0 +1,67 @@
+"""Nothing a run starts may outlive it: a test's child process, a rank's, or one that left its
+parent's session (setsid) or lost its parent. The runner becomes a child subreaper, so every
+such process stays below it in the process tree, and when the run ends each one left is killed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+from pathlib import Path
+
+PR_SET_CHILD_SUBREAPER = 36
+SWEEPS = 5  # a process forking while it is killed leaves children for the next sweep
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below `pid` (read from /proc before a parent dies and its children are re-parented)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z":
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
+    found, frontier = [], [pid]
+    while frontier:
+        below = [child for parent in frontier for child in children.get(parent, [])]
+        found += below
+        frontier = below
+    return found
+
+
+def adopt_orphans() -> None:
+    """Make this process the one orphans below it are re-parented to (Linux), so `kill_leftovers` finds them."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def kill_leftovers() -> int:
+    """SIGKILL every process still below this one, reap those that became its children; return how many."""
+    killed = 0
+    for _ in range(SWEEPS):
+        left = descendants(os.getpid())
+        if not left:
+            break
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+            except ProcessLookupError:
+                pass
+        _reap()
+    return killed
+
+
+def _reap() -> None:
+    """Collect the exit of every child that ended, so none stays a zombie."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, 0)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
