@@ -25,6 +25,7 @@ from torchmatrix.reports.report import append_step_summary, compare_markdown, lo
 from torchmatrix.reports.upgrade_diff import CompareError
 from torchmatrix.run.progress import InvocationPart
 from torchmatrix.run.run_directory import check_run_id, new_run_id
+from torchmatrix.run.cross_version import read_pass
 from torchmatrix.run.runner import DEFAULT_MAX_CPU_RANKS, RunError, RunRequest, run_version
 from torchmatrix.scale.github import github_matrix
 from torchmatrix.scale.merge import MergeError, merge_reports
@@ -108,6 +109,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="the run id was used before (a requeued job): delete what that attempt left for this torch version and start clean",
     )
     run.add_argument("--install-log", type=Path, default=None, help=argparse.SUPPRESS)
+    run.add_argument(
+        "--cross-version-reads",
+        action="store_true",
+        help="load the other torch versions' cross_version checkpoints of this run (cross-read passes it)",
+    )
     run.add_argument(
         "--progress-part",
         type=_progress_part,
@@ -193,6 +199,12 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument(
         "--config", default=None, help="matrix file for baseline and thresholds (default: the one plan.json names)"
     )
+    cross_read = commands.add_parser(
+        "cross-read",
+        help="each torch version of a run loads the checkpoints the other versions wrote (cross_version); exit 1 on a failed load",
+    )
+    cross_read.add_argument("run_dir", type=Path, help="a run directory whose versions ran the cross_version suite")
+    cross_read.add_argument("--config", default=None, help="matrix file (default: the one each plan.json names)")
     compare = commands.add_parser("compare", help="upgrade diff of run B against run A; exit 1 on a regression")
     compare.add_argument("run_a", type=Path, help="the reference run: a run directory or its results.json")
     compare.add_argument("run_b", type=Path, help="the run to check against it")
@@ -236,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
             return _report(Path(args.run_dir), args.config)
         if args.command == "compare":
             return _compare(args.run_a, args.run_b, args.out)
+        if args.command == "cross-read":
+            return _cross_read(args.run_dir, args.config)
         matrix = load_matrix(args.config)
         if args.command == "list":
             return _list(matrix, args)
@@ -313,11 +327,19 @@ def _run(matrix: Matrix, args) -> int:
         slots=args.slots,
         confirm_limit=args.confirm_limit,
         part=InvocationPart(*args.progress_part, since=args.progress_since),
+        cross_version_reads=args.cross_version_reads,
         **_filters(matrix, args),
     )
     code = run_version(request)
-    print(run_closing_lines(request.run_dir, failed=code == 1))
+    if not request.cross_version_reads:
+        print(run_closing_lines(request.run_dir, failed=code == 1))
     return code
+
+
+def _cross_read(run_dir: Path, config: str | None) -> int:
+    if not run_dir.is_dir():
+        raise RunError(f"{run_dir} is not a run directory; pass one under reports/, e.g. reports/latest")
+    return read_pass(run_dir.resolve(), config)
 
 
 def _sensitivity(matrix: Matrix, args) -> int:

@@ -5,6 +5,8 @@ Layout of a run directory (shared by every torch version of one nox invocation):
     reports/<run-id>/torch-<V>/<cell-id>.xml   one JUnit file per cell
     reports/<run-id>/torch-<V>/plan.json       what was planned: cells, filters, environment
     reports/<run-id>/torch-<V>/logs/           pytest logs, event logs and plans per group
+    reports/<run-id>/torch-<V>/checkpoints/    what V wrote for the other versions to read (cross_version)
+    reports/<run-id>/torch-<V>/reads/          V's reads of the other versions' checkpoints (cross-read)
     reports/<run-id>/junit.xml                 every cell of every version, merged
     reports/latest -> <run-id>
 """
@@ -27,11 +29,12 @@ from torchmatrix.matrix.config import Matrix
 from torchmatrix.matrix.plan import Group, SuiteRun, group_runs, plan_runs
 from torchmatrix.matrix.selection import Shard, select_cells
 from torchmatrix.messages.group_plan import GroupPlan, SuiteSpec
-from torchmatrix.messages.run_plan import PlannedSuite, RunPlan, write_plan
+from torchmatrix.messages.run_plan import PlanFileError, PlannedSuite, RunPlan, read_plan, write_plan
 from torchmatrix.ranks.output_cap import DEFAULT_CAP_BYTES
 from torchmatrix.ranks.parent_death import PARENT_PID_VARIABLE
 from torchmatrix.reports import confirmation, junit
 from torchmatrix.reports.outcomes import OutcomeBook
+from torchmatrix.run import cross_version
 from torchmatrix.run.component_check import check_components
 from torchmatrix.run.eta import WorkEstimate, suite_seconds
 from torchmatrix.run.import_path import user_code_environment
@@ -69,6 +72,7 @@ class RunRequest:
     max_cpu_ranks: int = DEFAULT_MAX_CPU_RANKS
     output_cap: int = DEFAULT_CAP_BYTES
     part: InvocationPart = InvocationPart()
+    cross_version_reads: bool = False
 
     @property
     def run_dir(self) -> Path:
@@ -76,6 +80,9 @@ class RunRequest:
 
     @property
     def version_dir(self) -> Path:
+        """Where this run's cell reports, plan and logs go: the version's directory, or its reads/ for a read pass."""
+        if self.cross_version_reads:
+            return cross_version.reads_dir(self.run_dir, self.version)
         return self.run_dir / f"torch-{self.version}"
 
 
@@ -122,14 +129,17 @@ def run_version(request: RunRequest, stream=sys.stdout) -> int:
     """Run the cells of one torch version; return 0 (all passed or skipped), 1 (failures) or 130."""
     matrix = request.matrix
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    cells = select_cells(matrix.cells(), only=request.only, keyword=request.keyword, shard=request.shard)
+    cells = _cells(request)
     with ThreadPoolExecutor(max_workers=2) as children:
         probed = children.submit(_probe_or_error) if request.install_log is None else None
         if request.install_log is None:
             _refuse_broken_components(matrix, request.version)
         claim_version_directory(request)
         prepare_directory(request.version_dir / "logs")
-        runs = plan_runs(cells, matrix.suites)
+        runs = plan_runs(
+            cells,
+            cross_version.suites_for(matrix, request.version, request.run_dir, reads=request.cross_version_reads),
+        )
         book = OutcomeBook(runs)
         environment, runnable = _environment(request, book, probed.result() if probed else None)
     progress = Progress(
@@ -163,6 +173,17 @@ def run_version(request: RunRequest, stream=sys.stdout) -> int:
     if interrupted:
         return INTERRUPTED_EXIT
     return 1 if any(count for status, count in totals.items() if status.is_failing) else 0
+
+
+def _cells(request: RunRequest) -> list[Cell]:
+    """The selected cells; a read pass reads for exactly the cells its version's run planned."""
+    if not request.cross_version_reads:
+        return select_cells(request.matrix.cells(), only=request.only, keyword=request.keyword, shard=request.shard)
+    plan = request.run_dir / f"torch-{request.version}" / "plan.json"
+    try:
+        return [Cell(axes) for axes in read_plan(plan).cell_axes]
+    except PlanFileError as error:
+        raise RunError(f"{error}; a read pass needs the version's own run first") from None
 
 
 def _slots(request: RunRequest, environment: dict) -> int:
@@ -237,7 +258,7 @@ def _environment(request: RunRequest, book: OutcomeBook, probed: Environment | P
             "",
         )
         return environment.to_json(), False
-    return environment.to_json(), True
+    return {**environment.to_json(), "python": sys.executable}, True
 
 
 def _fail_all(book: OutcomeBook, message: str, text: str) -> None:
@@ -418,7 +439,8 @@ def _write_reports(request: RunRequest, cells: list[Cell], book: OutcomeBook, en
         )
     _write_plan(request, cells, book, environment, started, finished=True)
     junit.merge_run(request.run_dir)
-    point_latest(request.reports, request.run_id)
+    if not request.cross_version_reads:
+        point_latest(request.reports, request.run_id)
 
 
 def _write_plan(

@@ -1,0 +1,67 @@
+"""Checkpoints across torch versions, the reading side (run by `torchmatrix cross-read`, not listed
+in matrix.toml): load, through the `checkpointer` component, what another torch version of the
+run wrote for this cell (suites/test_cross_version.py), into a model, optimizer, scheduler and loader
+rebuilt from another seed, and compare every restored value and the step exactly with what that
+version saved. A version whose writes for the cell are missing is reported as not checked.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from torchmatrix.run.cross_version import EXPECTED_FILE, writes_dir
+from torchmatrix.testing import load
+
+from .deterministic import deterministic_algorithms
+from .neutral_state import differences
+from .test_cross_version import restorable, write_dataset
+from .test_resume import TrainingRun, options_for
+
+NOT_CHECKED = "not checked: torch {writer} wrote no checkpoint for this cell in {run_dir} (its run has not finished it, or ran other cells)"
+
+
+def pytest_generate_tests(metafunc):
+    """One test per version whose writes this version reads (the plugin's plan names them)."""
+    if "writer" in metafunc.fixturenames:
+        from torchmatrix.ranks.plugin import PLAN_KEY
+
+        plan = metafunc.config.stash[PLAN_KEY].plan
+        writers = next((spec.options.get("peers", []) for spec in plan.suites.values() if "peers" in spec.options), [])
+        metafunc.parametrize("writer", writers)
+
+
+def test_loads_checkpoint_written_by(cell, ranks, suite_options, components, tmp_path, writer):
+    """The other version's checkpoint of this cell loads, and every value equals what it saved."""
+    options = options_for(suite_options)
+    source = writes_dir(Path(suite_options["run_dir"]), writer, cell.id)
+    if not (source / EXPECTED_FILE).is_file():
+        pytest.skip(NOT_CHECKED.format(writer=writer, run_dir=suite_options["run_dir"]))
+    expected = json.loads((source / EXPECTED_FILE).read_text())
+    data_path = str(tmp_path / "tokens.pt")
+    write_dataset(components, options, data_path)
+    loaded = ranks.run(load_and_capture, dict(cell), options, components, data_path, str(source / "checkpoint"))
+    assert len(loaded) == len(expected["ranks"]), (
+        f"{cell.id}: torch {writer} saved {len(expected['ranks'])} ranks, this cell has {len(loaded)}"
+    )
+    problems = [f"  rank {rank}: step {step} after the load, saved {expected['step']}" for rank, (step, _) in enumerate(loaded) if step != expected["step"]]
+    for rank, ((_, state), saved) in enumerate(zip(loaded, expected["ranks"])):
+        problems += [f"  rank {rank}: {line}" for line in differences(saved, state)]
+    assert not problems, (
+        f"{cell.id}: checkpoint written by torch {writer}, loaded by torch {suite_options['torch']}, differs from what was saved:\n"
+        + "\n".join(problems)
+    )
+
+
+def load_and_capture(cell: dict, options: dict, components: dict, data_path: str, checkpoint_dir: str) -> tuple:
+    """Rank function: rebuild from another seed, load the checkpoint, return (step, restorable state)."""
+    import torch.distributed as dist
+
+    with deterministic_algorithms():
+        run = TrainingRun(
+            cell, options, components, data_path, dist.get_rank(), dist.get_world_size(), seed=options["rebuild_seed"]
+        )
+        step = load(components["checkpointer"])().load(checkpoint_dir, **run.checkpointables())
+        return int(step), restorable(run)

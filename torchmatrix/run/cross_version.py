@@ -1,0 +1,89 @@
+"""Checkpoints across torch versions: where each version's writes go, who reads them, and the read pass.
+
+The built-in suite `cross_version` runs in every version's own session and writes, per cell, a
+checkpoint through the user's checkpointer with the values it must restore in a version-neutral
+form: `<run>/torch-<W>/checkpoints/<cell-id>/`. Reading needs the other torch, so the reads run
+after every session wrote, in one pass (`torchmatrix cross-read RUN`, which `nox -s report` runs
+first): each version's own interpreter (plan.json records it) loads the other versions' writes and
+reports into `<run>/torch-<R>/reads/<cell-id>.xml`. The baseline reads every candidate's writes
+(rollback); each candidate reads the baseline's (forward). Session order, `-R`, shards and `merge`
+do not matter: a pass reads whatever writes the run directory holds, and a direction with no
+writes or no reader is reported as not checked.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from torchmatrix.matrix.config import Matrix, Suite
+from torchmatrix.messages.run_plan import PlanFileError, read_plan
+
+SUITE = "cross_version"
+READS_FILE = "test_cross_version_reads.py"
+CHECKPOINTS_DIR = "checkpoints"
+READS_DIR = "reads"
+EXPECTED_FILE = "expected.json"
+READ_TEST = "test_loads_checkpoint_written_by"
+
+
+def peers(matrix: Matrix, version: str) -> list[str]:
+    """The versions whose writes `version` reads: every candidate for the baseline, the baseline for a candidate."""
+    if version == matrix.baseline:
+        return [v for v in matrix.versions if v != version]
+    return [matrix.baseline] if version in matrix.versions else []
+
+
+def writes_dir(run_dir: Path, writer: str, cell_id: str) -> Path:
+    """Where torch `writer` puts one cell's checkpoint and expected values."""
+    return run_dir / f"torch-{writer}" / CHECKPOINTS_DIR / cell_id
+
+
+def reads_dir(run_dir: Path, reader: str) -> Path:
+    """Where torch `reader`'s read pass writes its per-cell JUnit files, plan and logs."""
+    return run_dir / f"torch-{reader}" / READS_DIR
+
+
+def suites_for(matrix: Matrix, version: str, run_dir: Path, *, reads: bool) -> dict[str, Suite]:
+    """The matrix's suites as a run of `version` plans them: `cross_version` told where the run
+    directory is and which versions pair with this one; a read pass runs the reading tests only."""
+    suite = matrix.suites.get(SUITE)
+    if suite is None:
+        return {} if reads else dict(matrix.suites)
+    options = {**suite.options, "run_dir": str(run_dir), "torch": version, "peers": peers(matrix, version)}
+    path = str(Path(suite.path).with_name(READS_FILE)) if reads else suite.path
+    cross = replace(suite, path=path, options=options)
+    return {SUITE: cross} if reads else {**matrix.suites, SUITE: cross}
+
+
+def read_pass(run_dir: Path, config: str | None = None, stream=sys.stderr) -> int:
+    """Run each version's reads of the other versions' writes in that version's own interpreter
+    (recorded in its plan.json); 1 when a read failed, else 0. A version whose interpreter is not
+    on this machine is skipped with a line: its reads stay not checked."""
+    worst = 0
+    for plan_path in sorted(run_dir.glob("torch-*/plan.json")):
+        try:
+            plan = read_plan(plan_path)
+        except PlanFileError as error:
+            print(f"torchmatrix: cross-read: {error}", file=stream)
+            continue
+        if SUITE not in plan.suites or not plan.cells:
+            continue
+        python = plan.environment.get("python", "")
+        if not python or not Path(python).exists():
+            print(
+                f"torchmatrix: cross-read: torch {plan.torch}'s interpreter {python or '(not recorded)'} is not on this machine; "
+                "its reads of the other versions' checkpoints are not checked",
+                file=stream,
+            )
+            continue
+        command = [python, "-m", "torchmatrix", "run", "--cross-version-reads", "--torch", plan.torch]
+        command += ["--config", config or plan.matrix or "matrix.toml", "--reports", str(run_dir.parent)]
+        command += ["--run-id", run_dir.name, "--confirm-limit", "0"]
+        code = subprocess.run(command, check=False).returncode
+        if code not in (0, 1):
+            return code
+        worst = max(worst, code)
+    return worst
