@@ -41,7 +41,9 @@ def differences(expected, actual, where: str = "") -> list[str]:
         return [] if expected == actual else [f"{where}: {_tensor_difference(expected, actual)}"]
     if isinstance(expected, dict) and isinstance(actual, dict):
         lines = [f"{where}.{key}: missing after the load" for key in sorted(expected.keys() - actual.keys())]
-        lines += [f"{where}.{key}: present after the load, not saved" for key in sorted(actual.keys() - expected.keys())]
+        lines += [
+            f"{where}.{key}: present after the load, not saved" for key in sorted(actual.keys() - expected.keys())
+        ]
         for key in sorted(expected.keys() & actual.keys()):
             lines += differences(expected[key], actual[key], f"{where}.{key}" if where else key)
         return lines

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from torchmatrix.run.cross_version import EXPECTED_FILE, writes_dir
+from torchmatrix.messages.cross_version import EXPECTED_FILE, writes_dir
 from torchmatrix.testing import load
 
 from .deterministic import deterministic_algorithms

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from torchmatrix.run.cross_version import EXPECTED_FILE, writes_dir
+from torchmatrix.messages.cross_version import EXPECTED_FILE, writes_dir
 from torchmatrix.testing import load
 
 from .deterministic import deterministic_algorithms
@@ -46,7 +46,11 @@ def test_loads_checkpoint_written_by(cell, ranks, suite_options, components, tmp
     assert len(loaded) == len(expected["ranks"]), (
         f"{cell.id}: torch {writer} saved {len(expected['ranks'])} ranks, this cell has {len(loaded)}"
     )
-    problems = [f"  rank {rank}: step {step} after the load, saved {expected['step']}" for rank, (step, _) in enumerate(loaded) if step != expected["step"]]
+    problems = [
+        f"  rank {rank}: step {step} after the load, saved {expected['step']}"
+        for rank, (step, _) in enumerate(loaded)
+        if step != expected["step"]
+    ]
     for rank, ((_, state), saved) in enumerate(zip(loaded, expected["ranks"])):
         problems += [f"  rank {rank}: {line}" for line in differences(saved, state)]
     assert not problems, (

@@ -23,9 +23,9 @@ from torchmatrix.reports.confirmation import DEFAULT_LIMIT as DEFAULT_CONFIRM_LI
 from torchmatrix.reports.records import ResultsError
 from torchmatrix.reports.report import append_step_summary, compare_markdown, load_run, write_report
 from torchmatrix.reports.upgrade_diff import CompareError
+from torchmatrix.run.cross_version import read_pass
 from torchmatrix.run.progress import InvocationPart
 from torchmatrix.run.run_directory import check_run_id, new_run_id
-from torchmatrix.run.cross_version import read_pass
 from torchmatrix.run.runner import DEFAULT_MAX_CPU_RANKS, RunError, RunRequest, run_version
 from torchmatrix.scale.github import github_matrix
 from torchmatrix.scale.merge import MergeError, merge_reports

@@ -14,6 +14,7 @@ import html
 import math
 from collections import defaultdict
 
+from torchmatrix.reports.checkpoint_directions import Direction
 from torchmatrix.reports.records import RootCause, RunResults, TestRecord, drift_measure, is_drift_figure
 from torchmatrix.reports.summary_data import LIMITS_NOTE, Summary, count, distinct_texts, other_cells, summarize
 from torchmatrix.reports.untrusted_text import one_line, visible
@@ -160,6 +161,8 @@ def _diff(diff: UpgradeDiff) -> str:
         f"({diff.compared} tests compared).</p>"
     )
     parts = [f'<h2 class="upgrade">Upgrade diff <code>{before}</code> → <code>{after}</code></h2>', summary]
+    if diff.checkpoints:
+        parts.append(_checkpoints(diff.checkpoints))
     for title, changes in (
         ("Regressions (fail alone)", diff.regressions),
         ("Fixes (the baseline's failure failed alone)", diff.fixes),
@@ -194,6 +197,30 @@ def _diff(diff: UpgradeDiff) -> str:
             f"<th>{before}</th><th>{after}</th><th>median test ×</th><th>tests timed</th></tr>{rows}</table>"
         )
     return "\n".join(parts)
+
+
+def _checkpoints(directions: list[Direction]) -> str:
+    """Rollback and forward, each with its verdict, then its root causes and not-checked reasons with their cells."""
+    items, rows = [], []
+    for d in directions:
+        style = "bad" if d.broken else ("good" if d.passed and not d.not_checked else "")
+        items.append(
+            f'<li><span class="{style}"><b>{text(d.name)}</b>: {text(d.verdict)}</span> ({len(d.passed)} cells exact)</li>'
+        )
+        for result, groups in (("failed", d.failed), ("not checked", d.not_checked)):
+            rows += [
+                f"<tr><td>{text(d.name)}</td><td>{result}</td><td><code>{text(why)}</code></td>"
+                f"<td>{', '.join(f'<code>{text(cell)}</code>' for cell in cells)}</td></tr>"
+                for why, cells in groups.items()
+            ]
+    table = (
+        "<table><tr><th>direction</th><th>result</th><th>root cause or reason</th><th>cells</th></tr>"
+        + "".join(rows)
+        + "</table>"
+        if rows
+        else ""
+    )
+    return "<h3>Checkpoints across versions (rollback, forward)</h3>\n<ul>" + "".join(items) + "</ul>\n" + table
 
 
 def _changes_table(changes: list[Change], before: str, after: str, failing: bool) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import re
 
+from torchmatrix.reports.checkpoint_directions import Direction
 from torchmatrix.reports.records import RootCause, RunResults, TestRecord
 from torchmatrix.reports.summary_data import LIMITS_NOTE, Summary, count, distinct_texts, other_cells, summarize
 from torchmatrix.reports.untrusted_text import one_line, visible
@@ -55,6 +56,8 @@ def diff_section(diff: UpgradeDiff) -> str:
         + ")"
     )
     parts = [f"### Upgrade diff {before} → {after}", ("**" + counts + "**") if diff.regressions else counts]
+    if diff.checkpoints:
+        parts.append(checkpoints_section(diff.checkpoints))
     for title, changes in (
         ("Regressions (passed → failed or error, fails alone)", diff.regressions),
         ("Fixes (failed or error, and failed alone → passed)", diff.fixes),
@@ -97,6 +100,27 @@ def diff_section(diff: UpgradeDiff) -> str:
             + _table(["suite", before, after, "×", "median test ×", "tests timed"], rows)
         )
     return "\n\n".join(parts)
+
+
+def checkpoints_section(directions: list[Direction]) -> str:
+    """Rollback and forward: one line each, then a row per root cause or reason with its cells."""
+    lines, rows = [], []
+    for d in directions:
+        mark = "❌" if d.broken else ("✅" if d.passed and not d.not_checked else "⚠️")
+        counted = f"{count(len(d.passed), 'cell')} exact" + (
+            f", {count(sum(map(len, d.failed.values())), 'cell')} failed" if d.failed else ""
+        )
+        counted += f", {count(sum(map(len, d.not_checked.values())), 'cell')} not checked" if d.not_checked else ""
+        first = f" — {code(one_line(next(iter(d.failed))), table=False)}" if d.failed else ""
+        lines.append(f"- {mark} **{d.name}**: {d.verdict}{first} ({counted})")
+        rows += [[d.name, "failed", code(one_line(cause)), cell_list(list(cells))] for cause, cells in d.failed.items()]
+        rows += [
+            [d.name, "not checked", code(one_line(why)), cell_list(list(cells))] for why, cells in d.not_checked.items()
+        ]
+    table = (
+        "\n\n" + _table(["direction", "result", "root cause or reason", "cells"], rows, MAX_DIFF_ROWS) if rows else ""
+    )
+    return "#### Checkpoints across versions (rollback, forward)\n\n" + "\n".join(lines) + table
 
 
 def code(text: object, table: bool = True) -> str:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from statistics import median
 
 from torchmatrix.matrix.config import ReportSettings
+from torchmatrix.reports.checkpoint_directions import Direction, checkpoint_directions
 from torchmatrix.reports.records import RunResults, TestRecord, drift_measure, is_drift_figure
 from torchmatrix.status import Confirmation, Status
 
@@ -129,7 +130,8 @@ class Slowdown:
 
 @dataclass
 class UpgradeDiff:
-    """Baseline vs candidate: regressions, fixes, newly skipped tests (CPU-simulation limits among them), grown drift and slowdowns."""
+    """Baseline vs candidate: regressions, fixes, newly skipped tests (CPU-simulation limits among them), grown
+    drift, slowdowns, and within one run whether checkpoints cross the bump in each direction."""
 
     before: str
     after: str
@@ -143,6 +145,7 @@ class UpgradeDiff:
     newly_skipped: list[Change] = field(default_factory=list)
     drift: list[DriftGrowth] = field(default_factory=list)
     slowdowns: list[Slowdown] = field(default_factory=list)
+    checkpoints: list[Direction] = field(default_factory=list)
 
     def drift_by_measure(self) -> list[tuple[DriftGrowth, int]]:
         """Grown drift per (suite, test, cell, measure): the tensor that grew most, and how many grew."""
@@ -161,7 +164,8 @@ class UpgradeDiff:
         """Nothing regressed, and no unconfirmed change could hide a regression (one that was never
         re-run alone; a failure that passed alone is order-dependent and does not count)."""
         unknown = [c for c in self.unconfirmed if c.failing.confirmation != Confirmation.PASSED_ALONE]
-        return not (self.regressions or unknown or self.drift or self.slowdowns or self.newly_skipped)
+        broken = any(direction.broken for direction in self.checkpoints)
+        return not (self.regressions or unknown or self.drift or self.slowdowns or self.newly_skipped or broken)
 
     def to_json(self) -> dict:
         return {
@@ -178,6 +182,7 @@ class UpgradeDiff:
             "newly_skipped": [c.to_json() for c in self.newly_skipped],
             "drift": [d.to_json() for d in self.drift],
             "slowdowns": [s.to_json() for s in self.slowdowns],
+            "checkpoints": [d.to_json() for d in self.checkpoints],
         }
 
 
@@ -209,11 +214,12 @@ def diff_records(
 def upgrade_diffs(results: RunResults) -> list[UpgradeDiff]:
     """Every torch version of the run against the run's baseline."""
     baseline = results.records(results.baseline)
-    return [
-        diff_records(baseline, results.records(v.torch), results.settings, results.baseline, v.torch)
-        for v in results.versions
-        if v.torch != results.baseline
-    ]
+    diffs = []
+    for version in (v.torch for v in results.versions if v.torch != results.baseline):
+        diff = diff_records(baseline, results.records(version), results.settings, results.baseline, version)
+        diff.checkpoints = checkpoint_directions(results, results.baseline, version)
+        diffs.append(diff)
+    return diffs
 
 
 def compare_runs(old: RunResults, new: RunResults) -> list[UpgradeDiff]:

@@ -1,4 +1,4 @@
-"""Checkpoints across torch versions: where each version's writes go, who reads them, and the read pass.
+"""Checkpoints across torch versions: how a run plans the cross_version suite, and the read pass.
 
 The built-in suite `cross_version` runs in every version's own session and writes, per cell, a
 checkpoint through the user's checkpointer with the values it must restore in a version-neutral
@@ -19,31 +19,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from torchmatrix.matrix.config import Matrix, Suite
+from torchmatrix.messages.cross_version import READS_FILE, SUITE, peers
 from torchmatrix.messages.run_plan import PlanFileError, read_plan
-
-SUITE = "cross_version"
-READS_FILE = "test_cross_version_reads.py"
-CHECKPOINTS_DIR = "checkpoints"
-READS_DIR = "reads"
-EXPECTED_FILE = "expected.json"
-READ_TEST = "test_loads_checkpoint_written_by"
-
-
-def peers(matrix: Matrix, version: str) -> list[str]:
-    """The versions whose writes `version` reads: every candidate for the baseline, the baseline for a candidate."""
-    if version == matrix.baseline:
-        return [v for v in matrix.versions if v != version]
-    return [matrix.baseline] if version in matrix.versions else []
-
-
-def writes_dir(run_dir: Path, writer: str, cell_id: str) -> Path:
-    """Where torch `writer` puts one cell's checkpoint and expected values."""
-    return run_dir / f"torch-{writer}" / CHECKPOINTS_DIR / cell_id
-
-
-def reads_dir(run_dir: Path, reader: str) -> Path:
-    """Where torch `reader`'s read pass writes its per-cell JUnit files, plan and logs."""
-    return run_dir / f"torch-{reader}" / READS_DIR
 
 
 def suites_for(matrix: Matrix, version: str, run_dir: Path, *, reads: bool) -> dict[str, Suite]:

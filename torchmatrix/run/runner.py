@@ -28,6 +28,7 @@ from torchmatrix.matrix.cells import Cell
 from torchmatrix.matrix.config import Matrix
 from torchmatrix.matrix.plan import Group, SuiteRun, group_runs, plan_runs
 from torchmatrix.matrix.selection import Shard, select_cells
+from torchmatrix.messages.cross_version import reads_dir
 from torchmatrix.messages.group_plan import GroupPlan, SuiteSpec
 from torchmatrix.messages.run_plan import PlanFileError, PlannedSuite, RunPlan, read_plan, write_plan
 from torchmatrix.ranks.output_cap import DEFAULT_CAP_BYTES
@@ -82,7 +83,7 @@ class RunRequest:
     def version_dir(self) -> Path:
         """Where this run's cell reports, plan and logs go: the version's directory, or its reads/ for a read pass."""
         if self.cross_version_reads:
-            return cross_version.reads_dir(self.run_dir, self.version)
+            return reads_dir(self.run_dir, self.version)
         return self.run_dir / f"torch-{self.version}"
 
 
