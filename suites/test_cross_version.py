@@ -1,7 +1,7 @@
 """Checkpoints across torch versions, the writing side: each cell trains a few steps and saves
 through the `checkpointer` component, next to the values the load must restore in a form no torch
 version stands between (suites/neutral_state.py). The other versions of the run load it in the read
-pass (suites/test_cross_version_reads.py, run by `torchmatrix cross-read`): the baseline loads each
+pass (suites/cross_version_reads.py, run by `torchmatrix cross-read`): the baseline loads each
 candidate's writes (rollback) and each candidate the baseline's (forward).
 
 The runner passes `run_dir`, `torch` (this version's pin) and `peers` (the versions that read

@@ -22,7 +22,7 @@ from torchmatrix.reports.closing import closing_lines, run_closing_lines
 from torchmatrix.reports.confirmation import DEFAULT_LIMIT as DEFAULT_CONFIRM_LIMIT
 from torchmatrix.reports.records import ResultsError
 from torchmatrix.reports.report import append_step_summary, compare_markdown, load_run, write_report
-from torchmatrix.reports.upgrade_diff import CompareError
+from torchmatrix.reports.upgrade_diff import CompareError, upgrade_diffs
 from torchmatrix.run.cross_version import read_pass
 from torchmatrix.run.progress import InvocationPart
 from torchmatrix.run.run_directory import check_run_id, new_run_id
@@ -199,6 +199,11 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument(
         "--config", default=None, help="matrix file for baseline and thresholds (default: the one plan.json names)"
     )
+    report.add_argument(
+        "--check-upgrade",
+        action="store_true",
+        help="exit 1 when an upgrade diff of the run is not clean (what compare exits 1 on, and a broken checkpoint direction)",
+    )
     cross_read = commands.add_parser(
         "cross-read",
         help="each torch version of a run loads the checkpoints the other versions wrote (cross_version); exit 1 on a failed load",
@@ -245,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.command == "report":
-            return _report(Path(args.run_dir), args.config)
+            return _report(Path(args.run_dir), args.config, check_upgrade=args.check_upgrade)
         if args.command == "compare":
             return _compare(args.run_a, args.run_b, args.out)
         if args.command == "cross-read":
@@ -363,13 +368,17 @@ def _sensitivity(matrix: Matrix, args) -> int:
         return 130
 
 
-def _report(run_dir: Path, config: str | None = None) -> int:
+def _report(run_dir: Path, config: str | None = None, *, check_upgrade: bool = False) -> int:
     if not run_dir.is_dir():
         raise RunError(f"{run_dir} is not a run directory; pass one under reports/, e.g. reports/latest")
     written = write_report(run_dir.resolve(), config)
     print(f"torchmatrix: wrote {', '.join(str(path) for path in written)}")
-    print(closing_lines(load_run(run_dir.resolve(), config), run_dir.resolve()))
-    return 0
+    run = load_run(run_dir.resolve(), config)
+    print(closing_lines(run, run_dir.resolve()))
+    unclean = [diff for diff in upgrade_diffs(run) if not diff.clean]
+    for diff in unclean if check_upgrade else []:
+        print(f"torchmatrix: upgrade diff {diff.before} → {diff.after} is not clean; see the summary", file=sys.stderr)
+    return 1 if check_upgrade and unclean else 0
 
 
 def _compare(run_a: Path, run_b: Path, out: Path | None = None) -> int:

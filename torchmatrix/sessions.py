@@ -209,13 +209,16 @@ def titan_matrix(session, torch_version: str, run_id: str) -> None:
 
 
 def report(session, matrix: Matrix) -> None:
-    """Write a run directory's reports (default: reports/latest beside matrix.toml); with `-- --compare RUN`, diff it against RUN."""
+    """Each version's reads of the other versions' checkpoints (`cross-read`), then a run directory's
+    reports (default: reports/latest beside matrix.toml); the session fails when the upgrade diff is not
+    clean, as `compare` does. With `-- --compare RUN`, diff it against RUN."""
     parser = argparse.ArgumentParser(prog="nox -s report --")
     parser.add_argument("run_dir", nargs="?", default=str(matrix.root / "reports" / "latest"))
     parser.add_argument("--compare", metavar="RUN", help="a reference run directory or results.json")
     args = parser.parse_args(session.posargs)
     session.install(*install_arguments())
-    session.run("python", "-m", "torchmatrix", "report", args.run_dir)
+    session.run("python", "-m", "torchmatrix", "cross-read", args.run_dir, success_codes=[0, 1])
+    session.run("python", "-m", "torchmatrix", "report", args.run_dir, "--check-upgrade")
     if args.compare:
         out = Path(args.run_dir) / f"compare-{Path(args.compare).resolve().name}.md"
         session.run("python", "-m", "torchmatrix", "compare", args.compare, args.run_dir, "--out", str(out))

@@ -12,7 +12,7 @@ from pathlib import Path
 from torchmatrix.matrix.config import Matrix
 
 SUITE = "cross_version"
-READS_FILE = "test_cross_version_reads.py"
+READS_FILE = "cross_version_reads.py"
 CHECKPOINTS_DIR = "checkpoints"
 READS_DIR = "reads"
 EXPECTED_FILE = "expected.json"

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from torchmatrix.matrix.config import ConfigError, Matrix, load_matrix
 from torchmatrix.reports import junit, results_json, summary_html, summary_md
+from torchmatrix.reports.checkpoint_directions import checkpoint_directions
 from torchmatrix.reports.records import RunResults
 from torchmatrix.reports.recovery import rebuild_missing_cells
 from torchmatrix.reports.run_reader import load_results, matrix_paths
@@ -38,12 +39,16 @@ def write_report(run_dir: Path, config: str | None = None) -> list[Path]:
 
 
 def compare_markdown(run_a: Path, run_b: Path) -> tuple[str, bool]:
-    """The upgrade diff of run B against run A as markdown, and whether it holds a regression."""
+    """The upgrade diff of run B against run A as markdown (with run B's checkpoints across its own
+    versions), and whether it holds a regression, a slowdown or a broken checkpoint direction."""
     old, new = load_run(run_a), load_run(run_b)
     diffs = compare_runs(old, new)
+    directions = [checkpoint_directions(new, new.baseline, v.torch) for v in new.versions if v.torch != new.baseline]
     markdown = f"## torchmatrix compare {summary_md.code(old.run_id)} → {summary_md.code(new.run_id)}\n\n"
     markdown += "\n\n".join(summary_md.diff_section(diff) for diff in diffs) + "\n"
-    return markdown, any(diff.regressions for diff in diffs)
+    markdown += "".join(f"\n{summary_md.checkpoints_section(pair)}\n" for pair in directions if pair)
+    broken = any(direction.broken for pair in directions for direction in pair)
+    return markdown, any(diff.regressions or diff.slowdowns for diff in diffs) or broken
 
 
 def load_run(path: Path, config: str | None = None) -> RunResults:

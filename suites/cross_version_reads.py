@@ -1,5 +1,5 @@
-"""Checkpoints across torch versions, the reading side (run by `torchmatrix cross-read`, not listed
-in matrix.toml): load, through the `checkpointer` component, what another torch version of the
+"""Checkpoints across torch versions, the reading side, run by `torchmatrix cross-read` only (no
+`test_` prefix: no matrix suite or directory collection picks it up): load, through the `checkpointer` component, what another torch version of the
 run wrote for this cell (suites/test_cross_version.py), into a model, optimizer, scheduler and loader
 rebuilt from another seed, and compare every restored value and the step exactly with what that
 version saved. A version whose writes for the cell are missing is reported as not checked.
