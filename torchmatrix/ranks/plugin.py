@@ -40,10 +40,12 @@ from torchmatrix.ranks.pool import RankFailure
 from torchmatrix.ranks.rank_group import RankGroup, open_ranks
 from torchmatrix.ranks.root_cause import root_cause
 from torchmatrix.ranks.simulation_limits import as_simulation_limit
-from torchmatrix.ranks.worker import in_compile_cache
+from torchmatrix.ranks.worker import in_compile_cache, process_cpu_seconds
 from torchmatrix.status import Status
 
 PLAN_KEY = pytest.StashKey["CellPlan"]()
+CPU_SECONDS = "cpu_seconds"  # the figure each test records: its CPU time, on every rank and in pytest
+CPU_QUERY_SECONDS = 30.0
 NOT_PLANNED = "suites run through `python -m torchmatrix run`, which tells this plugin the cells to run"
 
 
@@ -167,10 +169,14 @@ class CellPlan:
         )
         if where:
             self.events.write(TestStarted(**where, started=time.time()))
+        cpu_before = self.cpu_seconds() if where else None
         yield
         reports = self._reports.pop(item.nodeid, [])
         if where and reports:
             outcome = as_simulation_limit(_outcome(reports, self.plan.output_cap), self.plan.device_type)
+            cpu_after = self.cpu_seconds() if cpu_before is not None else None
+            if cpu_after is not None:
+                outcome["properties"].append([CPU_SECONDS, round(cpu_after - cpu_before, 3)])
             self.events.write(TestFinished(nodeid=item.nodeid, **where, **outcome))
         if nextitem is not None and self.pool.starts and not self.pool.running:
             try:
@@ -191,6 +197,19 @@ class CellPlan:
             self.pool.close()
         shutil.rmtree(self.compile_caches, ignore_errors=True)
         self.events.close()
+
+    def cpu_seconds(self) -> float | None:
+        """User + system CPU seconds this process and its local ranks have used so far (None while
+        the ranks are down): what a test costs whatever else loads the machine."""
+        own = sum(os.times()[:2])
+        if self.plan.launched:
+            return own
+        if self.pool is None or not self.pool.running:
+            return None
+        try:
+            return own + sum(self.pool.run(process_cpu_seconds, (), deadline=time.monotonic() + CPU_QUERY_SECONDS))
+        except RankFailure:
+            return None
 
     def _key(self, item) -> str | None:
         cell = getattr(item, "callspec", None) and item.callspec.params.get("cell")

@@ -54,6 +54,13 @@ def in_compile_cache(directory: str, fn, args: tuple):
     return fn(*args)
 
 
+def process_cpu_seconds() -> float:
+    """This rank's user + system CPU seconds so far, all its threads (gloo's included)."""
+    import time
+
+    return time.process_time()
+
+
 def _join_process_group(conn: Connection, rank: int, world_size: int) -> None:
     """Rank 0 hosts the TCPStore on a port the OS picks, so parallel cells never collide.
 

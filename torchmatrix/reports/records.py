@@ -116,6 +116,7 @@ class VersionInfo:
     missing_cells: tuple[str, ...] = ()
     filters: dict = field(default_factory=dict, hash=False, compare=False)
     pool_starts: int | None = None
+    load_average: dict = field(default_factory=dict, hash=False, compare=False)
 
     def to_json(self) -> dict:
         return {
@@ -129,6 +130,7 @@ class VersionInfo:
             "missing_cells": list(self.missing_cells),
             "filters": self.filters,
             "pool_starts": self.pool_starts,
+            "load_average": self.load_average,
         }
 
     @classmethod

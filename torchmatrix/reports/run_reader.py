@@ -162,6 +162,7 @@ def _version_info(torch: str, properties: dict[str, str], plan: RunPlan | None, 
         missing_cells=tuple(cell for cell in planned if cell not in reported),
         filters=plan.filters if plan else {},
         pool_starts=plan.pool_starts if plan else None,
+        load_average=plan.load_average if plan else {},
     )
 
 

@@ -158,7 +158,7 @@ def _diff(diff: UpgradeDiff) -> str:
         f"{len(diff.unconfirmed)} unconfirmed, {len(diff.newly_skipped)} newly skipped, "
         f"{count(len(diff.drift), 'drift figure')} grown more than {diff.settings.drift_ratio:g}×, "
         f"{count(len(diff.slowdowns), 'suite')} slower than {diff.settings.slowdown_ratio:g}× "
-        f"({diff.compared} tests compared).</p>"
+        f"({diff.compared} tests compared{'; ' + text(diff.load_note) if diff.load_note else ''}).</p>"
     )
     parts = [f'<h2 class="upgrade">Upgrade diff <code>{before}</code> → <code>{after}</code></h2>', summary]
     if diff.checkpoints:
@@ -187,13 +187,13 @@ def _diff(diff: UpgradeDiff) -> str:
         )
     if diff.slowdowns:
         rows = "".join(
-            f"<tr><td><code>{text(s.suite)}</code></td><td>{s.before:.1f} s</td><td>{s.after:.1f} s</td>"
+            f"<tr><td><code>{text(s.suite)}</code></td><td>{s.measure}</td><td>{s.before:.1f} s</td><td>{s.after:.1f} s</td>"
             f"<td>{s.median_ratio:.1f}×</td><td>{s.tests}</td></tr>"
             for s in diff.slowdowns
         )
         parts.append(
             f"<h3>Suites slower than {diff.settings.slowdown_ratio:g}×</h3>\n<p>{text(SLOWDOWN_RULE)}</p>\n"
-            "<table><tr><th>suite</th>"
+            "<table><tr><th>suite</th><th>measure</th>"
             f"<th>{before}</th><th>{after}</th><th>median test ×</th><th>tests timed</th></tr>{rows}</table>"
         )
     return "\n".join(parts)

@@ -53,6 +53,7 @@ def diff_section(diff: UpgradeDiff) -> str:
         f"({diff.compared} tests compared"
         + (f"; {diff.only_before} only in {before}" if diff.only_before else "")
         + (f"; {diff.only_after} only in {after}" if diff.only_after else "")
+        + (f"; {diff.load_note}" if diff.load_note else "")
         + ")"
     )
     parts = [f"### Upgrade diff {before} → {after}", ("**" + counts + "**") if diff.regressions else counts]
@@ -92,12 +93,13 @@ def diff_section(diff: UpgradeDiff) -> str:
         )
     if diff.slowdowns:
         rows = [
-            [code(s.suite), f"{s.before:.1f} s", f"{s.after:.1f} s", _ratio(s.after / s.before if s.before else math.inf), _ratio(s.median_ratio), str(s.tests)]
+            [code(s.suite), s.measure, f"{s.before:.1f} s", f"{s.after:.1f} s", _ratio(s.after / s.before if s.before else math.inf), _ratio(s.median_ratio), f"{s.wall_before:.1f} s → {s.wall_after:.1f} s", str(s.tests)]
             for s in diff.slowdowns
         ]  # fmt: skip
+        load = f" {diff.load_note[0].upper()}{diff.load_note[1:]}." if diff.load_note else ""
         parts.append(
-            f"#### Suites slower than {diff.settings.slowdown_ratio:g}×\n\n{SLOWDOWN_RULE}\n\n"
-            + _table(["suite", before, after, "×", "median test ×", "tests timed"], rows)
+            f"#### Suites slower than {diff.settings.slowdown_ratio:g}×\n\n{SLOWDOWN_RULE}{load}\n\n"
+            + _table(["suite", "measure", before, after, "×", "median test ×", "wall", "tests timed"], rows)
         )
     return "\n\n".join(parts)
 

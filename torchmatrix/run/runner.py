@@ -39,6 +39,7 @@ from torchmatrix.run import cross_version
 from torchmatrix.run.component_check import check_components
 from torchmatrix.run.eta import WorkEstimate, suite_seconds
 from torchmatrix.run.import_path import user_code_environment
+from torchmatrix.run.load_sampler import LoadSampler
 from torchmatrix.run.progress import InvocationPart, Progress
 from torchmatrix.run.run_directory import point_latest
 from torchmatrix.run.schedule import GroupProcess, Scheduler
@@ -157,6 +158,7 @@ def run_version(request: RunRequest, stream=sys.stdout) -> int:
         f"torchmatrix: torch {request.version}, {len(cells)} cells, {len(runs)} suite runs, device: {environment['device']}"
     )
     interrupted = False
+    load = LoadSampler().start()
     if runnable:
         previous = {signum: signal.signal(signum, _interrupt) for signum in (signal.SIGINT, signal.SIGTERM)}
         try:
@@ -166,7 +168,7 @@ def run_version(request: RunRequest, stream=sys.stdout) -> int:
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
-    _write_reports(request, cells, book, environment, started)
+    _write_reports(request, cells, book, environment, started, load.stop())
     totals = book.counts(cells)
     progress.say(
         f"torchmatrix: torch {request.version}: {tally(totals)}; merged report: {request.run_dir / junit.MERGED_NAME}"
@@ -433,19 +435,28 @@ def _start_group(request: RunRequest, group: Group, environment: dict) -> GroupP
     )
 
 
-def _write_reports(request: RunRequest, cells: list[Cell], book: OutcomeBook, environment: dict, started: str) -> None:
+def _write_reports(
+    request: RunRequest, cells: list[Cell], book: OutcomeBook, environment: dict, started: str, load_average: dict
+) -> None:
     for cell in cells:
         junit.write_cell(
             request.version_dir, request.version, environment, cell, book.for_cell(cell), book.cell_started(cell)
         )
-    _write_plan(request, cells, book, environment, started, finished=True)
+    _write_plan(request, cells, book, environment, started, finished=True, load_average=load_average)
     junit.merge_run(request.run_dir)
     if not request.cross_version_reads:
         point_latest(request.reports, request.run_id)
 
 
 def _write_plan(
-    request: RunRequest, cells: list[Cell], book: OutcomeBook, environment: dict, started: str, *, finished: bool
+    request: RunRequest,
+    cells: list[Cell],
+    book: OutcomeBook,
+    environment: dict,
+    started: str,
+    *,
+    finished: bool,
+    load_average: dict | None = None,
 ) -> None:
     """plan.json, first before any cell runs (with what `report` needs to rebuild the cells of a
     runner that was killed: each cell's axis values and the suites), then again at the end."""
@@ -468,5 +479,6 @@ def _write_plan(
             },
             pool_starts=book.pool_starts,
             finished=finished,
+            load_average=load_average or {},
         ),
     )
