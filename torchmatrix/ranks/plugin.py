@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import functools
 import importlib
+import json
 import os
 import shutil
 import tempfile
 import time
+import warnings
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -36,16 +39,23 @@ from torchmatrix.ranks import zygote
 from torchmatrix.ranks.launched import launched_rank
 from torchmatrix.ranks.output_cap import DEFAULT_CAP_BYTES, cap_text
 from torchmatrix.ranks.parent_death import exit_with_runner
+from torchmatrix.ranks.per_test_usage import (
+    CPU_SECONDS,
+    WARNING_PROPERTY,
+    as_entries,
+    module_of,
+    normalised,
+    rank_usage,
+)
 from torchmatrix.ranks.pool import RankFailure
 from torchmatrix.ranks.rank_group import RankGroup, open_ranks
 from torchmatrix.ranks.root_cause import root_cause
 from torchmatrix.ranks.simulation_limits import as_simulation_limit
-from torchmatrix.ranks.worker import in_compile_cache, process_cpu_seconds
+from torchmatrix.ranks.worker import in_compile_cache
 from torchmatrix.status import Status
 
 PLAN_KEY = pytest.StashKey["CellPlan"]()
-CPU_SECONDS = "cpu_seconds"  # the figure each test records: its CPU time, on every rank and in pytest
-CPU_QUERY_SECONDS = 30.0
+USAGE_QUERY_SECONDS = 30.0
 NOT_PLANNED = "suites run through `python -m torchmatrix run`, which tells this plugin the cells to run"
 
 
@@ -169,14 +179,20 @@ class CellPlan:
         )
         if where:
             self.events.write(TestStarted(**where, started=time.time()))
-        cpu_before = self.cpu_seconds() if where else None
-        yield
+        before = self.usage() if where else None
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            yield
         reports = self._reports.pop(item.nodeid, [])
+        own_warnings = Counter((w.category.__name__, module_of(w.filename), normalised(w.message)) for w in caught)
         if where and reports:
             outcome = as_simulation_limit(_outcome(reports, self.plan.output_cap), self.plan.device_type)
-            cpu_after = self.cpu_seconds() if cpu_before is not None else None
-            if cpu_after is not None:
-                outcome["properties"].append([CPU_SECONDS, round(cpu_after - cpu_before, 3)])
+            after = self.usage() if before is not None else None
+            if after is not None:
+                outcome["properties"].append([CPU_SECONDS, round(after[0] - before[0], 3)])
+                own_warnings.update(after[1])
+            for index, entry in enumerate(as_entries(own_warnings), 1):
+                outcome["properties"].append([f"{WARNING_PROPERTY}.{index}", json.dumps(entry)])
             self.events.write(TestFinished(nodeid=item.nodeid, **where, **outcome))
         if nextitem is not None and self.pool.starts and not self.pool.running:
             try:
@@ -198,18 +214,23 @@ class CellPlan:
         shutil.rmtree(self.compile_caches, ignore_errors=True)
         self.events.close()
 
-    def cpu_seconds(self) -> float | None:
-        """User + system CPU seconds this process and its local ranks have used so far (None while
-        the ranks are down): what a test costs whatever else loads the machine."""
+    def usage(self) -> tuple[float, Counter] | None:
+        """User + system CPU seconds this process and its local ranks have used so far (what a test
+        costs whatever else loads the machine), and the warnings the ranks raised since the last
+        call; None while the ranks are down."""
         own = sum(os.times()[:2])
         if self.plan.launched:
-            return own
+            return own, Counter()
         if self.pool is None or not self.pool.running:
             return None
         try:
-            return own + sum(self.pool.run(process_cpu_seconds, (), deadline=time.monotonic() + CPU_QUERY_SECONDS))
+            ranks = self.pool.run(rank_usage, (), deadline=time.monotonic() + USAGE_QUERY_SECONDS)
         except RankFailure:
             return None
+        raised = Counter()
+        for rank in ranks:
+            raised.update({(w["category"], w["module"], w["message"]): w["count"] for w in rank["warnings"]})
+        return own + sum(rank["cpu_seconds"] for rank in ranks), raised
 
     def _key(self, item) -> str | None:
         cell = getattr(item, "callspec", None) and item.callspec.params.get("cell")

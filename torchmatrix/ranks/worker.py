@@ -17,6 +17,7 @@ import traceback
 from multiprocessing.connection import Connection
 
 from torchmatrix.ranks.parent_death import exit_with_parent
+from torchmatrix.ranks.per_test_usage import RANK_WARNINGS
 from torchmatrix.ranks.root_cause import root_cause
 
 COLLECTIVE_TIMEOUT_VARIABLE = "TORCHMATRIX_COLLECTIVE_TIMEOUT_S"
@@ -52,13 +53,6 @@ def in_compile_cache(directory: str, fn, args: tuple):
 
             torch.compiler.reset()
     return fn(*args)
-
-
-def process_cpu_seconds() -> float:
-    """This rank's user + system CPU seconds so far, all its threads (gloo's included)."""
-    import time
-
-    return time.process_time()
 
 
 def _join_process_group(conn: Connection, rank: int, world_size: int) -> None:
@@ -149,6 +143,7 @@ def main(
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     faulthandler.enable(file=sys.stderr)
     sys.path[:] = pickle.loads(conn.recv_bytes())
+    RANK_WARNINGS.install()
     try:
         import torch
 

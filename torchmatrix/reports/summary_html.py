@@ -163,6 +163,22 @@ def _diff(diff: UpgradeDiff) -> str:
     parts = [f'<h2 class="upgrade">Upgrade diff <code>{before}</code> → <code>{after}</code></h2>', summary]
     if diff.checkpoints:
         parts.append(_checkpoints(diff.checkpoints))
+    for title, groups in (
+        (f"New warnings on <code>{after}</code>", diff.new_warnings),
+        (f"Warnings gone on <code>{after}</code>", diff.gone_warnings),
+    ):
+        if groups:
+            rows = "".join(
+                f"<tr><td><code>{text(g.category)}</code></td><td><code>{text(g.module)}</code></td>"
+                f"<td><code>{text(g.message)}</code></td><td>{g.count}</td>"
+                f"<td>{', '.join(f'<code>{text(t)}</code>' for t in g.tests)}</td>"
+                f"<td>{', '.join(f'<code>{text(c)}</code>' for c in g.cells)}</td></tr>"
+                for g in groups
+            )
+            parts.append(
+                f"<h3>{title} ({count(len(groups), 'warning')}; deprecations first)</h3>\n<table><tr><th>category</th>"
+                f"<th>raised in</th><th>message</th><th>count</th><th>tests</th><th>cells</th></tr>{rows}</table>"
+            )
     for title, changes in (
         ("Regressions (fail alone)", diff.regressions),
         ("Fixes (the baseline's failure failed alone)", diff.fixes),

@@ -59,6 +59,19 @@ def diff_section(diff: UpgradeDiff) -> str:
     parts = [f"### Upgrade diff {before} → {after}", ("**" + counts + "**") if diff.regressions else counts]
     if diff.checkpoints:
         parts.append(checkpoints_section(diff.checkpoints))
+    for title, groups in (
+        (f"New warnings on {after}", diff.new_warnings),
+        (f"Warnings gone on {after}", diff.gone_warnings),
+    ):
+        if groups:
+            rows = [
+                [code(g.category), code(g.module), code(one_line(g.message)), str(g.count), ", ".join(code(t) for t in g.tests[:MAX_CELLS_NAMED]) + (f" and {len(g.tests) - MAX_CELLS_NAMED} more" if len(g.tests) > MAX_CELLS_NAMED else ""), cell_list(list(g.cells))]
+                for g in groups
+            ]  # fmt: skip
+            parts.append(
+                f"#### {title} ({count(len(groups), 'warning')}; deprecations first)\n\n"
+                + _table(["category", "raised in", "message", "count", "tests", "cells"], rows, MAX_DIFF_ROWS)
+            )
     for title, changes in (
         ("Regressions (passed → failed or error, fails alone)", diff.regressions),
         ("Fixes (failed or error, and failed alone → passed)", diff.fixes),

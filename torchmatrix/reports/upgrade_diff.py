@@ -24,14 +24,15 @@ from dataclasses import dataclass, field
 from statistics import median
 
 from torchmatrix.matrix.config import ReportSettings
+from torchmatrix.ranks.per_test_usage import CPU_SECONDS
 from torchmatrix.reports.checkpoint_directions import Direction, checkpoint_directions
 from torchmatrix.reports.records import RunResults, TestRecord, drift_measure, is_drift_figure
+from torchmatrix.reports.warning_changes import WarningGroup, new_and_gone
 from torchmatrix.status import Confirmation, Status
 
 MIN_SLOWDOWN_SECONDS = 5.0
 MIN_TIMED_SECONDS = 0.5
 MIN_TIMED_TESTS = 3
-CPU_SECONDS = "cpu_seconds"  # the figure the plugin records per test
 SLOWDOWN_RULE = (
     "Measured in CPU time (user + system of the ranks and pytest; wall time for runs that did not record it), "
     "which other work on the machine does not stretch. "
@@ -160,6 +161,8 @@ class UpgradeDiff:
     slowdowns: list[Slowdown] = field(default_factory=list)
     checkpoints: list[Direction] = field(default_factory=list)
     load: tuple[dict, dict] = ({}, {})
+    new_warnings: list[WarningGroup] = field(default_factory=list)
+    gone_warnings: list[WarningGroup] = field(default_factory=list)
 
     @property
     def load_note(self) -> str:
@@ -211,6 +214,8 @@ class UpgradeDiff:
             "slowdowns": [s.to_json() for s in self.slowdowns],
             "checkpoints": [d.to_json() for d in self.checkpoints],
             "load_average": {"before": self.load[0], "after": self.load[1]},
+            "new_warnings": [w.to_json() for w in self.new_warnings],
+            "gone_warnings": [w.to_json() for w in self.gone_warnings],
         }
 
 
@@ -236,6 +241,7 @@ def diff_records(
         diff.drift.extend(_drift_growth(a, b, settings.drift_ratio))
     diff.drift.sort(key=_rank, reverse=True)
     diff.slowdowns = _slowdowns(old, new, settings.slowdown_ratio)
+    diff.new_warnings, diff.gone_warnings = new_and_gone(before, after)
     return diff
 
 

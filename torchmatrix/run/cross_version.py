@@ -58,7 +58,7 @@ def read_pass(run_dir: Path, config: str | None = None, stream=sys.stderr) -> in
             continue
         command = [python, "-m", "torchmatrix", "run", "--cross-version-reads", "--torch", plan.torch]
         command += ["--config", config or plan.matrix or "matrix.toml", "--reports", str(run_dir.parent)]
-        command += ["--run-id", run_dir.name, "--confirm-limit", "0"]
+        command += ["--run-id", run_dir.name, "--confirm-limit", "0", "--restart"]
         code = subprocess.run(command, check=False).returncode
         if code not in (0, 1):
             return code
