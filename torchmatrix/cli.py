@@ -110,6 +110,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--install-log", type=Path, default=None, help=argparse.SUPPRESS)
     run.add_argument(
+        "--report-follows",
+        action="store_true",
+        help="a report step runs after this one (nox passes it): the closing lines say so instead of naming the command",
+    )
+    run.add_argument(
         "--cross-version-reads",
         action="store_true",
         help="load the other torch versions' cross_version checkpoints of this run (cross-read passes it)",
@@ -337,7 +342,7 @@ def _run(matrix: Matrix, args) -> int:
     )
     code = run_version(request)
     if not request.cross_version_reads:
-        print(run_closing_lines(request.run_dir, failed=code == 1))
+        print(run_closing_lines(request.run_dir, failed=code == 1, report_follows=args.report_follows))
     return code
 
 

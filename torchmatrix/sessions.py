@@ -105,6 +105,7 @@ def gpu_matrix(session, matrix: Matrix, torch_version: str, run_id: str) -> None
         run_id,
         "--reports",
         str(reports),
+        "--report-follows",
         *invocation_part(session),
     ]
     run_dir = reports / run_id

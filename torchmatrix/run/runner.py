@@ -35,6 +35,7 @@ from torchmatrix.ranks.output_cap import DEFAULT_CAP_BYTES
 from torchmatrix.ranks.parent_death import PARENT_PID_VARIABLE
 from torchmatrix.reports import confirmation, junit
 from torchmatrix.reports.outcomes import OutcomeBook
+from torchmatrix.reports.summary_data import count
 from torchmatrix.run import cross_version
 from torchmatrix.run.component_check import check_components
 from torchmatrix.run.eta import WorkEstimate, suite_seconds
@@ -327,7 +328,13 @@ def _run_cells(
         )
 
     report_finished_cells()
-    scheduler(group_runs(runnable, slots, fillers=not gpu_count), book=book, on_update=report_finished_cells).run()
+    groups = group_runs(runnable, slots, fillers=not gpu_count)
+    if groups:
+        progress.say(
+            f"torchmatrix: torch {request.version}: starting {count(len(groups), 'pytest process', 'pytest processes')} "
+            f"on {slots} slots; each imports torch and collects the suites before its first cell reports"
+        )
+    scheduler(groups, book=book, on_update=report_finished_cells).run()
     report_finished_cells()
     _confirm_failures(request, book, progress, scheduler, slots)
 
