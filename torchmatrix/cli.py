@@ -134,6 +134,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="when that invocation started, in seconds since the epoch (nox passes it): elapsed time and ETA count from it",
     )
     run.add_argument(
+        "--progress-install",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="this torch version took SECONDS to install (nox passes it): the ETA expects each version still to come to take as long",
+    )
+    run.add_argument(
         "--slots",
         type=_positive,
         default=None,
@@ -336,7 +343,7 @@ def _run(matrix: Matrix, args) -> int:
         multinode_launcher=args.multinode_launcher,
         slots=args.slots,
         confirm_limit=args.confirm_limit,
-        part=InvocationPart(*args.progress_part, since=args.progress_since),
+        part=InvocationPart(*args.progress_part, since=args.progress_since, install_seconds=args.progress_install),
         cross_version_reads=args.cross_version_reads,
         **_filters(matrix, args),
     )

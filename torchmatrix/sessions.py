@@ -112,10 +112,12 @@ def gpu_matrix(session, matrix: Matrix, torch_version: str, run_id: str) -> None
     install_log = run_dir / f"torch-{torch_version}" / "logs" / "install.log"
     created = first_missing(install_log.parent, stop=reports)
     install_log.parent.mkdir(parents=True, exist_ok=True)
+    install_started = time.time()
     installed = install_torch(session, torch_version, install, install_log)
     session.install(*install_arguments())
     if installed.ok and matrix.requires:
         install_requirements(session, matrix.requires, install.constraints, install_log.with_name("requires.log"))
+    run += ["--progress-install", f"{time.time() - install_started:.0f}"]
     if not installed.ok:
         run_cells(session, [*run, "--install-log", str(install_log)], run_dir, created, success_codes=[0, 1])
         session.error(
