@@ -13,6 +13,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -106,12 +107,24 @@ def test_reference_checkpoints_load_exactly_both_ways(reference):
     )
 
 
-def test_missing_writes_are_not_checked_never_passed(reference):
-    found = directions(reference.parent.parent / "before-candidate.json")
-    for name in ("rollback", "forward"):
-        assert not found[name]["passed"] and not found[name]["broken"], found[name]
-        (reason,) = found[name]["not_checked"]
-        assert reason["reason"].startswith("not checked: torch 2.14.1"), reason
+def test_missing_writes_are_not_checked_never_passed(reference, tmp_path):
+    before = json.loads((reference.parent.parent / "before-candidate.json").read_text())["tests"]
+    (early,) = [t for t in before if t["test"] == f"test_loads_checkpoint_written_by[writer={CANDIDATE}]"]
+    assert early["status"] == "skipped" and early["message"].startswith("not checked: torch 2.14.1 wrote no checkpoint")
+    copy = tmp_path / "run"
+    shutil.copytree(reference, copy, symlinks=True)
+    shutil.rmtree(copy / f"torch-{CANDIDATE}" / "checkpoints")
+    torchmatrix(sys.executable, "cross-read", str(copy))
+    assert torchmatrix(sys.executable, "report", str(copy), "--check-upgrade").returncode == 0
+    found = directions(copy / "results.json")
+    assert not found["rollback"]["passed"] and not found["rollback"]["broken"], found["rollback"]
+    (reason,) = found["rollback"]["not_checked"]
+    assert reason["reason"].startswith("not checked: torch 2.14.1 wrote no checkpoint for this cell"), reason
+    assert found["forward"]["passed"] == ["ws1-none-sdpa-adamw"]
+    assert (
+        "⚠️ **rollback**: not checked: no checkpoint written by 2.14.1 was read by 2.13.0"
+        in (copy / "summary.md").read_text()
+    )
 
 
 def test_unreadable_rollback_is_reported_with_its_root_cause_and_fails_compare(mutant, reference):

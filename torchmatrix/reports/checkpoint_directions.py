@@ -13,6 +13,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from torchmatrix.messages.cross_version import READ_TEST, SUITE
+from torchmatrix.ranks.root_cause import group_key
 from torchmatrix.reports.records import RunResults, TestRecord
 from torchmatrix.status import Status
 
@@ -85,7 +86,7 @@ def _direction(name: str, writer: str, reader: str, records: list[TestRecord], r
         if read is not None and read.status is Status.PASSED:
             passed.append(cell)
         elif read is not None and read.status.is_failing:
-            failed[read.message].append(cell)
+            failed[group_key(read.message)].append(cell)
         elif write is None or write.status is not Status.PASSED:
             why = "it did not run this cell" if write is None else f"its write {write.status.value}: {write.message}"
             not_checked[NO_WRITE.format(writer=writer, why=why)].append(cell)
