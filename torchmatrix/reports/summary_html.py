@@ -157,7 +157,8 @@ def _diff(diff: UpgradeDiff) -> str:
         f"{count(len(diff.fixes), 'fix', 'fixes')} (confirmed: the failure fails alone), "
         f"{len(diff.unconfirmed)} unconfirmed, {len(diff.newly_skipped)} newly skipped, "
         f"{count(len(diff.drift), 'drift figure')} grown more than {diff.settings.drift_ratio:g}×, "
-        f"{count(len(diff.slowdowns), 'suite')} slower than {diff.settings.slowdown_ratio:g}× "
+        f"{count(len(diff.slowdowns), 'suite')} slower than {diff.settings.slowdown_ratio:g}×, "
+        f"{count(len(diff.new_warnings), 'new warning')}, {len(diff.gone_warnings)} gone "
         f"({diff.compared} tests compared{'; ' + text(diff.load_note) if diff.load_note else ''}).</p>"
     )
     parts = [f'<h2 class="upgrade">Upgrade diff <code>{before}</code> → <code>{after}</code></h2>', summary]

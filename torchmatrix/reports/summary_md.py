@@ -49,7 +49,8 @@ def diff_section(diff: UpgradeDiff) -> str:
         f"{count(len(diff.regressions), 'regression')}, {count(len(diff.fixes), 'fix', 'fixes')} (confirmed: "
         f"the failure fails alone), {len(diff.unconfirmed)} unconfirmed, {len(diff.newly_skipped)} newly skipped, "
         f"{count(len(diff.drift), 'drift figure')} grown more than {diff.settings.drift_ratio:g}×, "
-        f"{count(len(diff.slowdowns), 'suite')} slower than {diff.settings.slowdown_ratio:g}× "
+        f"{count(len(diff.slowdowns), 'suite')} slower than {diff.settings.slowdown_ratio:g}×, "
+        f"{count(len(diff.new_warnings), 'new warning')}, {len(diff.gone_warnings)} gone "
         f"({diff.compared} tests compared"
         + (f"; {diff.only_before} only in {before}" if diff.only_before else "")
         + (f"; {diff.only_after} only in {after}" if diff.only_after else "")
