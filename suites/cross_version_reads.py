@@ -17,8 +17,8 @@ from torchmatrix.testing import load
 
 from .deterministic import deterministic_algorithms
 from .neutral_state import differences
-from .test_cross_version import restorable, write_dataset
-from .test_resume import TrainingRun, options_for
+from .test_cross_version import restorable
+from .test_resume import TrainingRun, options_for, write_dataset
 
 NOT_CHECKED = "not checked: torch {writer} wrote no checkpoint for this cell in {run_dir} (its run has not finished it, or ran other cells)"
 

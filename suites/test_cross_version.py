@@ -21,7 +21,7 @@ from torchmatrix.testing import load
 
 from .deterministic import deterministic_algorithms
 from .neutral_state import neutral
-from .test_resume import TrainingRun, options_for
+from .test_resume import TrainingRun, options_for, write_dataset
 
 
 def test_writes_checkpoint_for_other_versions(cell, ranks, suite_options, components, tmp_path):
@@ -39,17 +39,6 @@ def test_writes_checkpoint_for_other_versions(cell, ranks, suite_options, compon
     partial = target / f".{EXPECTED_FILE}.partial"
     partial.write_text(json.dumps(expected))
     partial.replace(target / EXPECTED_FILE)  # last: a reader finds expected values only beside a whole checkpoint
-
-
-def write_dataset(components: dict, options: dict, path: str) -> None:
-    """The resume suite's on-disk dataset, written the same by every torch version (seed 0)."""
-    load(components["dataset"]).write(
-        path,
-        vocab_size=options["vocab_size"],
-        num_sequences=options["num_sequences"],
-        seq_len=options["seq_len"],
-        seed=0,
-    )
 
 
 def restorable(run: TrainingRun) -> dict:
