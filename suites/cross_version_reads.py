@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from torchmatrix.messages.cross_version import EXPECTED_FILE, writes_dir
-from torchmatrix.testing import load
+from torchmatrix.testing import EXPECTED_FILE, load, planned_options, writes_dir
 
 from .deterministic import deterministic_algorithms
 from .neutral_state import differences
@@ -26,11 +25,7 @@ NOT_CHECKED = "not checked: torch {writer} wrote no checkpoint for this cell in 
 def pytest_generate_tests(metafunc):
     """One test per version whose writes this version reads (the plugin's plan names them)."""
     if "writer" in metafunc.fixturenames:
-        from torchmatrix.ranks.plugin import PLAN_KEY
-
-        plan = metafunc.config.stash[PLAN_KEY].plan
-        writers = next((spec.options.get("peers", []) for spec in plan.suites.values() if "peers" in spec.options), [])
-        metafunc.parametrize("writer", writers)
+        metafunc.parametrize("writer", planned_options(metafunc.config, metafunc.definition.path).get("peers", []))
 
 
 def test_loads_checkpoint_written_by(cell, ranks, suite_options, components, tmp_path, writer):

@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from torchmatrix.messages.cross_version import EXPECTED_FILE, writes_dir
-from torchmatrix.testing import load
+from torchmatrix.testing import EXPECTED_FILE, load, writes_dir
 
 from .deterministic import deterministic_algorithms
 from .neutral_state import neutral

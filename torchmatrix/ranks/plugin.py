@@ -288,6 +288,14 @@ def _outcome(reports, cap: int = DEFAULT_CAP_BYTES) -> dict:
     return result
 
 
+def planned_options(config, path) -> dict:
+    """The options the runner planned for the suite at `path` in this pytest process, for a suite
+    module's own pytest_generate_tests (fixtures are not available at collection)."""
+    plan = config.stash[PLAN_KEY]
+    suite = plan.suite_of(path)
+    return plan.suites[suite].options if suite else {}
+
+
 @pytest.fixture
 def cell():
     """The cell this test runs for; the plugin parametrizes it, so reaching here is a misuse."""
