@@ -164,3 +164,10 @@ def test_results_json_of_the_previous_schema_still_reads(tmp_path):
     for version in data["versions"]:
         del version["load_average"]
     assert [v.torch for v in results_json.from_json(data).versions] == [BASELINE, CANDIDATE]
+
+
+def test_a_malformed_warning_entry_is_refused_with_one_line(tmp_path):
+    record = TestRecord(BASELINE, "ws1", "s", "t", "passed", 1.0, warnings=({"category": "UserWarning", "count": "9"},))
+    path = write_results(tmp_path / "r", [record])
+    with pytest.raises(results_json.ResultsError, match="warnings entry .* is not a table with an integer count"):
+        results_json.read_json(path)

@@ -112,6 +112,11 @@ def _check_types(results: RunResults) -> None:
             raise TypeError(f"tests[].duration {record.duration!r} is not a number")
         if record.ran_in is not None and not isinstance(record.ran_in, str):
             raise TypeError(f"tests[].ran_in {record.ran_in!r} is not text")
+        for warning in record.warnings:
+            if not isinstance(warning, dict) or not isinstance(warning.get("count"), int):
+                raise TypeError(f"tests[].warnings entry {warning!r} is not a table with an integer count")
+            if not all(isinstance(warning.get(key), str) for key in ("category", "module", "message")):
+                raise TypeError(f"tests[].warnings entry {warning!r} lacks a text category, module or message")
         if record.confirmation not in CONFIRMATIONS:
             raise ValueError(
                 f"tests[].confirmation {record.confirmation!r} is not one of: {', '.join(map(repr, CONFIRMATIONS))}"
