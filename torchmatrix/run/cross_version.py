@@ -13,12 +13,13 @@ writes or no reader is reported as not checked.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
 
-from torchmatrix.matrix.config import Matrix, Suite
+from torchmatrix.matrix.config import ConfigError, Matrix, Suite, load_matrix
 from torchmatrix.messages.cross_version import READS_FILE, SUITE, peers
 from torchmatrix.messages.run_plan import PlanFileError, read_plan
 
@@ -56,11 +57,22 @@ def read_pass(run_dir: Path, config: str | None = None, stream=sys.stderr) -> in
                 file=stream,
             )
             continue
+        matrix_path = config or plan.matrix or "matrix.toml"
         command = [python, "-m", "torchmatrix", "run", "--cross-version-reads", "--torch", plan.torch]
-        command += ["--config", config or plan.matrix or "matrix.toml", "--reports", str(run_dir.parent)]
+        command += ["--config", matrix_path, "--reports", str(run_dir.parent)]
         command += ["--run-id", run_dir.name, "--confirm-limit", "0", "--restart"]
-        code = subprocess.run(command, check=False).returncode
+        code = subprocess.run(command, env=_version_environment(matrix_path, plan.torch), check=False).returncode
         if code not in (0, 1):
             return code
         worst = max(worst, code)
     return worst
+
+
+def _version_environment(matrix_path: str, version: str) -> dict[str, str]:
+    """This environment with the version's `[torch.install."V"] env`, which its cells ran with too
+    (a matrix file that does not load is the run's problem to report, not the pass's)."""
+    try:
+        extra = load_matrix(matrix_path).install(version).env
+    except ConfigError:
+        extra = {}
+    return {**os.environ, **extra}
