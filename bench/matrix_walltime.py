@@ -32,6 +32,7 @@ from torchmatrix.matrix.config import load_matrix  # noqa: E402
 from torchmatrix.matrix.plan import Group, plan_runs  # noqa: E402
 from torchmatrix.matrix.selection import parse_only, select_cells  # noqa: E402
 from torchmatrix.messages.events import EventReader, TestFinished  # noqa: E402
+from torchmatrix.ranks.per_test_usage import CPU_SECONDS  # noqa: E402
 from torchmatrix.run.runner import events_path, group_command  # noqa: E402
 from torchmatrix.status import Status  # noqa: E402
 
@@ -101,6 +102,9 @@ def torchmatrix_run(matrix, selection_args: list[str], work: Path) -> dict:
         "testcases_reported": sum(s.tests for s in suites),
         "failed": sum(s.failures + s.errors for s in suites),
         "process_groups": plan["pool_starts"],
+        "cpu_seconds": sum(
+            float(p.value) for suite in suites for p in suite.properties() if p.name.endswith(f"::{CPU_SECONDS}")
+        ),
     }
 
 
@@ -139,6 +143,13 @@ def measure(matrix, args) -> int:
         f"| torchmatrix run | {ours['seconds']:.1f} s | {ours['cells']} | {ours['tests']} ({ours['testcases_reported']} testcases reported) | {ours['process_groups']} | {ours['failed']} |"
     )
     ratio = baseline["seconds"] / ours["seconds"]
+    cores = len(os.sched_getaffinity(0))
+    floor = ours["cpu_seconds"] / cores
+    print(
+        f"\nfloor: the tests used {ours['cpu_seconds']:.1f} CPU seconds (ranks + pytest), so on {cores} cores no run "
+        f"finishes in under {floor:.1f} s; torchmatrix took {ours['seconds']:.1f} s, {ours['seconds'] - floor:.1f} s "
+        f"({ours['seconds'] / floor if floor else float('inf'):.2f}x the floor) above it"
+    )
     print(f"\nratio naive / torchmatrix = {ratio:.2f} (target >= 5: {'met' if ratio >= 5 else 'NOT met'})")
     return 0
 

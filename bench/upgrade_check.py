@@ -107,11 +107,12 @@ def print_tables(run_dir: Path, elapsed: float) -> None:
             f"| `{line}` | {cause.tests} | {len(cause.cells)} | {', '.join(cause.versions)} | "
             f"{confirmed} / {len(cause.failures)} |"
         )
-    print(f"\nEvery failing test of torch {results.baseline}, each once per cell that ran it:\n")
-    print("| suite | test | cell | status | alone | root cause |")
-    print("|---|---|---|---|---|---|")
-    for record, cells in results.failures():
-        if record.torch == results.baseline:
+    failures = results.failures()
+    for version in dict.fromkeys(record.torch for record, _ in failures):
+        print(f"\nEvery failing test of torch {version}, each once per cell that ran it:\n")
+        print("| suite | test | cell | status | alone | root cause |")
+        print("|---|---|---|---|---|---|")
+        for record, cells in (pair for pair in failures if pair[0].torch == version):
             more = f" +{len(cells) - 1}" if len(cells) > 1 else ""
             line = one_line(record.message, 120).replace("|", "\\|")
             print(

@@ -83,16 +83,21 @@ def experiment(cell, ranks, suite_options, components, tmp_path, once_per_cell) 
     def both_runs() -> list[dict]:
         options = options_for(suite_options)
         data_path = str(tmp_path / "tokens.pt")
-        load(components["dataset"]).write(
-            data_path,
-            vocab_size=options["vocab_size"],
-            num_sequences=options["num_sequences"],
-            seq_len=options["seq_len"],
-            seed=0,
-        )
+        write_dataset(components, options, data_path)
         return ranks.run(straight_and_resumed, dict(cell), options, components, data_path, str(tmp_path / "checkpoint"))
 
     return once_per_cell("the training runs", both_runs)
+
+
+def write_dataset(components: dict, options: dict, path: str) -> None:
+    """The on-disk dataset the training runs read, the same for every run and torch version (seed 0)."""
+    load(components["dataset"]).write(
+        path,
+        vocab_size=options["vocab_size"],
+        num_sequences=options["num_sequences"],
+        seq_len=options["seq_len"],
+        seed=0,
+    )
 
 
 def test_rebuilt_run_starts_from_other_weights(cell, experiment, suite_options, record_property):

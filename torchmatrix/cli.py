@@ -22,7 +22,8 @@ from torchmatrix.reports.closing import closing_lines, run_closing_lines
 from torchmatrix.reports.confirmation import DEFAULT_LIMIT as DEFAULT_CONFIRM_LIMIT
 from torchmatrix.reports.records import ResultsError
 from torchmatrix.reports.report import append_step_summary, compare_markdown, load_run, write_report
-from torchmatrix.reports.upgrade_diff import CompareError
+from torchmatrix.reports.upgrade_diff import CompareError, upgrade_diffs
+from torchmatrix.run.cross_version import read_pass
 from torchmatrix.run.progress import InvocationPart
 from torchmatrix.run.run_directory import check_run_id, new_run_id
 from torchmatrix.run.runner import DEFAULT_MAX_CPU_RANKS, RunError, RunRequest, run_version
@@ -109,6 +110,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--install-log", type=Path, default=None, help=argparse.SUPPRESS)
     run.add_argument(
+        "--report-follows",
+        action="store_true",
+        help="a report step runs after this one (nox passes it): the closing lines say so instead of naming the command",
+    )
+    run.add_argument(
+        "--cross-version-reads",
+        action="store_true",
+        help="load the other torch versions' cross_version checkpoints of this run (cross-read passes it)",
+    )
+    run.add_argument(
         "--progress-part",
         type=_progress_part,
         default=(1, 1),
@@ -121,6 +132,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="EPOCH",
         help="when that invocation started, in seconds since the epoch (nox passes it): elapsed time and ETA count from it",
+    )
+    run.add_argument(
+        "--progress-install",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="this torch version took SECONDS to install (nox passes it): the ETA expects each version still to come to take as long",
     )
     run.add_argument(
         "--slots",
@@ -193,6 +211,17 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument(
         "--config", default=None, help="matrix file for baseline and thresholds (default: the one plan.json names)"
     )
+    report.add_argument(
+        "--check-upgrade",
+        action="store_true",
+        help="exit 1 when an upgrade diff of the run is not clean (what compare exits 1 on, and a broken checkpoint direction)",
+    )
+    cross_read = commands.add_parser(
+        "cross-read",
+        help="each torch version of a run loads the checkpoints the other versions wrote (cross_version); exit 1 on a failed load",
+    )
+    cross_read.add_argument("run_dir", type=Path, help="a run directory whose versions ran the cross_version suite")
+    cross_read.add_argument("--config", default=None, help="matrix file (default: the one each plan.json names)")
     compare = commands.add_parser("compare", help="upgrade diff of run B against run A; exit 1 on a regression")
     compare.add_argument("run_a", type=Path, help="the reference run: a run directory or its results.json")
     compare.add_argument("run_b", type=Path, help="the run to check against it")
@@ -233,9 +262,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.command == "report":
-            return _report(Path(args.run_dir), args.config)
+            return _report(Path(args.run_dir), args.config, check_upgrade=args.check_upgrade)
         if args.command == "compare":
             return _compare(args.run_a, args.run_b, args.out)
+        if args.command == "cross-read":
+            return _cross_read(args.run_dir, args.config)
         matrix = load_matrix(args.config)
         if args.command == "list":
             return _list(matrix, args)
@@ -312,12 +343,20 @@ def _run(matrix: Matrix, args) -> int:
         multinode_launcher=args.multinode_launcher,
         slots=args.slots,
         confirm_limit=args.confirm_limit,
-        part=InvocationPart(*args.progress_part, since=args.progress_since),
+        part=InvocationPart(*args.progress_part, since=args.progress_since, install_seconds=args.progress_install),
+        cross_version_reads=args.cross_version_reads,
         **_filters(matrix, args),
     )
     code = run_version(request)
-    print(run_closing_lines(request.run_dir, failed=code == 1))
+    if not request.cross_version_reads:
+        print(run_closing_lines(request.run_dir, failed=code == 1, report_follows=args.report_follows))
     return code
+
+
+def _cross_read(run_dir: Path, config: str | None) -> int:
+    if not run_dir.is_dir():
+        raise RunError(f"{run_dir} is not a run directory; pass one under reports/, e.g. reports/latest")
+    return read_pass(run_dir.resolve(), config)
 
 
 def _sensitivity(matrix: Matrix, args) -> int:
@@ -341,13 +380,17 @@ def _sensitivity(matrix: Matrix, args) -> int:
         return 130
 
 
-def _report(run_dir: Path, config: str | None = None) -> int:
+def _report(run_dir: Path, config: str | None = None, *, check_upgrade: bool = False) -> int:
     if not run_dir.is_dir():
         raise RunError(f"{run_dir} is not a run directory; pass one under reports/, e.g. reports/latest")
     written = write_report(run_dir.resolve(), config)
     print(f"torchmatrix: wrote {', '.join(str(path) for path in written)}")
-    print(closing_lines(load_run(run_dir.resolve(), config), run_dir.resolve()))
-    return 0
+    run = load_run(run_dir.resolve(), config)
+    print(closing_lines(run, run_dir.resolve()))
+    unclean = [diff for diff in upgrade_diffs(run) if not diff.clean]
+    for diff in unclean if check_upgrade else []:
+        print(f"torchmatrix: upgrade diff {diff.before} → {diff.after} is not clean; see the summary", file=sys.stderr)
+    return 1 if check_upgrade and unclean else 0
 
 
 def _compare(run_a: Path, run_b: Path, out: Path | None = None) -> int:

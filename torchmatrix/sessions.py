@@ -106,16 +106,19 @@ def gpu_matrix(session, matrix: Matrix, torch_version: str, run_id: str) -> None
         run_id,
         "--reports",
         str(reports),
+        "--report-follows",
         *invocation_part(session),
     ]
     run_dir = reports / run_id
     install_log = run_dir / f"torch-{torch_version}" / "logs" / "install.log"
     created = first_missing(install_log.parent, stop=reports)
     install_log.parent.mkdir(parents=True, exist_ok=True)
+    install_started = time.time()
     installed = install_torch(session, torch_version, install, install_log)
     session.install(*install_arguments())
     if installed.ok and matrix.requires:
         install_requirements(session, matrix.requires, install.constraints, install_log.with_name("requires.log"))
+    run += ["--progress-install", f"{time.time() - install_started:.0f}"]
     if not installed.ok:
         run_cells(session, [*run, "--install-log", str(install_log)], run_dir, created, success_codes=[0, 1])
         session.error(
@@ -210,13 +213,16 @@ def titan_matrix(session, torch_version: str, run_id: str) -> None:
 
 
 def report(session, matrix: Matrix) -> None:
-    """Write a run directory's reports (default: reports/latest beside matrix.toml); with `-- --compare RUN`, diff it against RUN."""
+    """Each version's reads of the other versions' checkpoints (`cross-read`), then a run directory's
+    reports (default: reports/latest beside matrix.toml); the session fails when the upgrade diff is not
+    clean, as `compare` does. With `-- --compare RUN`, diff it against RUN."""
     parser = argparse.ArgumentParser(prog="nox -s report --")
     parser.add_argument("run_dir", nargs="?", default=str(matrix.root / "reports" / "latest"))
     parser.add_argument("--compare", metavar="RUN", help="a reference run directory or results.json")
     args = parser.parse_args(session.posargs)
     session.install(*install_arguments())
-    session.run("python", "-m", "torchmatrix", "report", args.run_dir)
+    session.run("python", "-m", "torchmatrix", "cross-read", args.run_dir, success_codes=[0, 1])
+    session.run("python", "-m", "torchmatrix", "report", args.run_dir, "--check-upgrade")
     if args.compare:
         out = Path(args.run_dir) / f"compare-{Path(args.compare).resolve().name}.md"
         session.run("python", "-m", "torchmatrix", "compare", args.compare, args.run_dir, "--out", str(out))

@@ -8,13 +8,26 @@ component's import path into the object it names; `build_optimizer(factory, mode
 `optimizer_<value>` factory as the protocol says and `accepts(factory, keyword)` says whether a
 factory takes an optional keyword; `clean_name` strips wrapper prefixes off a parameter's name.
 `RESUME_BF16_PARAM_OPTIMIZERS` is the resume suite's default for which optimizers get bf16
-params (the sensitivity command reads it too).
+params (the sensitivity command reads it too). For checkpoints across versions, `writes_dir(run_dir,
+version, cell_id)` is where a version's cross_version checkpoint of a cell lives, with its
+`EXPECTED_FILE`, and `planned_options(config, suite)` gives a suite module's pytest_generate_tests
+the options the runner planned for it.
 """
 
 from torchmatrix.components.calling import accepts, build_optimizer
 from torchmatrix.components.loading import load
 from torchmatrix.components.parameter_names import clean_name
 from torchmatrix.components.protocol import RESUME_BF16_PARAM_OPTIMIZERS
+from torchmatrix.messages.cross_version import EXPECTED_FILE, writes_dir
+from torchmatrix.ranks.plugin import planned_options
 from torchmatrix.ranks.worker import current_device
 
-__all__ = ["RESUME_BF16_PARAM_OPTIMIZERS", "accepts", "build_optimizer", "clean_name", "current_device", "load"]
+__all__ = [
+    "EXPECTED_FILE",
+    "RESUME_BF16_PARAM_OPTIMIZERS",
+    "accepts",
+    "build_optimizer",
+    "clean_name",
+    "current_device",
+]
+__all__ += ["load", "planned_options", "writes_dir"]

@@ -8,6 +8,7 @@ import io
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from types import SimpleNamespace
 
@@ -57,7 +58,24 @@ def test_pip_downloads_show_the_file_and_megabytes_done():
     assert "downloading nvidia_cudnn_cu12-9.5.1.17 100/571 MB" in progress.line(now=0)
     assert "921 MB downloaded (1 files, 1 from cache)" in progress.line(now=0)
     fed(PIP_INSTALL, progress)
-    assert progress.line(now=0).startswith("torch 2.7.1: installing 3 packages | 921 MB downloaded (2 files")
+    assert progress.line(now=0).startswith(
+        "torch 2.7.1: installing 3 packages (filelock, nvidia-cudnn-cu12, torch) | 921 MB downloaded (2 files"
+    )
+
+
+def test_the_silent_unpacking_shows_what_it_installs_and_how_much_it_wrote(tmp_path):
+    """pip prints nothing for minutes while it unpacks torch; the line names the packages and grows
+    with the bytes written into the venv (it stayed `installing 29 packages 0/0 MB` before)."""
+    progress = InstallProgress("torch 2.15.0", started=0.0, venv=tmp_path)
+    fed("Progress 1000 of 300000\n", progress)
+    fed("Installing collected packages: " + ", ".join(f"p{i}" for i in range(29)) + "\n", progress)
+    assert progress.line(now=10).startswith(
+        "torch 2.15.0: installing 29 packages (p0, p1, p2, +26 more) | 0 MB unpacked"
+    )
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "libtorch_cpu.so").write_bytes(b"\0" * 3_000_000)
+    assert "| 3 MB unpacked into the venv |" in progress.line(now=20)
+    assert "0/0 MB" not in progress.line(now=20)
 
 
 def test_uv_downloads_count_when_each_completes():
@@ -180,6 +198,7 @@ class FakeSession:
         self.env: dict[str, str] = {}
         self.posargs: list[str] = []
         self.commands: list[tuple[list[str], dict[str, str]]] = []
+        self.virtualenv = SimpleNamespace(location=tempfile.mkdtemp(prefix="fake-venv-"))
         self._runner = SimpleNamespace(  # what sessions.invocation_part reads: nox queued nothing after this one
             name="gpu_matrix(torch='2.13.0')", manifest=SimpleNamespace(list_all_sessions=lambda: [])
         )

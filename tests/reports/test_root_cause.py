@@ -48,3 +48,30 @@ def test_the_same_failure_in_two_cells_is_one_root_cause():
     results = RunResults("r", "", [], "", "", "2.7.1", None, [], {}, [record("ws1-a"), record("ws2-b")])
     [cause] = results.root_causes()
     assert cause.tests == 2 and cause.cells == ["ws1-a", "ws2-b"]
+
+
+class FakeCheckpointException(BaseException):
+    """What DCP raises: a message naming only the ranks, their exceptions in `failures`."""
+
+    def __init__(self, failures):
+        super().__init__(f"CheckpointException ranks:{failures.keys()}")
+        self.failures = failures
+
+
+def test_an_exception_collecting_ranks_failures_leads_with_the_first_ranks_cause():
+    inner = AssertionError("metadata is None; global metadata read failed: too many values to unpack (expected 5)")
+    error = FakeCheckpointException({0: (inner, None), 1: (inner, None)})
+    assert root_cause(error) == (
+        "FakeCheckpointException on ranks 0, 1: AssertionError: metadata is None; "
+        "global metadata read failed: too many values to unpack (expected 5)"
+    )
+
+
+def test_quoted_absolute_paths_group_as_one_failure():
+    one = (
+        "AssertionError: read failed: No such file: '/r/run/torch-2.15.0/checkpoints/ws1-none/checkpoint/__0.metadata'"
+    )
+    other = (
+        "AssertionError: read failed: No such file: '/r/run/torch-2.15.0/checkpoints/ws2-fsdp2/checkpoint/__0.metadata'"
+    )
+    assert group_key(one) == group_key(other) == "AssertionError: read failed: No such file: '…/__0.metadata'"

@@ -67,7 +67,7 @@ def test_results_json_carries_the_status_and_counts_it_apart(run_dir):
         "test_divide",
         PREMUL_SUM_LIMIT,
     )
-    assert data["schema_version"] == 3
+    assert data["schema_version"] == 4
     assert data["versions"][1]["totals"]["CPU-simulation limit"] == 1
     assert data["run"]["totals"]["failed"] == 3, "the limit is not among the failures"
 

@@ -155,16 +155,17 @@ def test_the_progress_line_shows_the_seeded_eta(clock):
 
 def test_the_count_and_elapsed_time_continue_across_the_versions_of_an_invocation(clock):
     """The second of three versions, each of two cells, started a minute into the invocation:
-    the ETA rates this runner's cells, not the minute of installs and earlier versions."""
+    the ETA rates this runner's cells, not the minute of installs and earlier versions, and adds
+    for the version still to come this one's install (50 s) and wait for its first cell (10 s)."""
     stream = io.StringIO()
-    part = Progress("2.14.1", 2, stream, part=InvocationPart(2, 3, since=clock.now - 60.0))
+    part = Progress("2.14.1", 2, stream, part=InvocationPart(2, 3, since=clock.now - 60.0, install_seconds=50.0))
     clock.now += 10.0
     part.cell_finished("ws1-a", [("g::t", Status.PASSED)], TOTALS)
     clock.now += 10.0
     part.cell_finished("ws1-b", [("g::t", Status.PASSED)], TOTALS)
     first, second = stream.getvalue().splitlines()
-    assert first.startswith("[3/6] torch 2.14.1 ws1-a") and first.endswith("1:10 elapsed, ETA 0:30")
-    assert second.startswith("[4/6] torch 2.14.1 ws1-b") and second.endswith("1:20 elapsed, ETA 0:20")
+    assert first.startswith("[3/6] torch 2.14.1 ws1-a") and first.endswith("1:10 elapsed, ETA 1:30")
+    assert second.startswith("[4/6] torch 2.14.1 ws1-b") and second.endswith("1:20 elapsed, ETA 1:20")
 
     _, runs = four_cells_two_suites()
     estimate = WorkEstimate.of_runs(runs, {"big": 10.0, "small": 2.0}, slots=2)

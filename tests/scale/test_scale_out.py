@@ -165,3 +165,23 @@ def test_workflow_parses_and_uses_only_commands_that_exist():
     assert fan_out["strategy"]["matrix"] == "${{ fromJSON(needs.plan.outputs.matrix) }}"
     assert "matrix.gpus" in str(fan_out["runs-on"])
     assert workflow["jobs"]["merge"]["if"] == "always()", "the merge must run even when cells fail"
+
+
+@pytest.mark.slow
+def test_merge_carries_cross_version_checkpoints_and_reads(sharded, tmp_path):
+    """A merge of per-version or per-shard jobs keeps what cross_version wrote and read, so the merged
+    report has both directions and a `cross-read` of the merge finds every version's writes."""
+    inputs = tmp_path / "inputs"
+    shutil.copytree(sharded.root / "artifacts", inputs, symlinks=True)
+    version_dir = next((inputs / "job1").glob("*/torch-system"))
+    cell = next(version_dir.glob("*.xml")).stem
+    written = version_dir / "checkpoints" / cell
+    (written / "checkpoint").mkdir(parents=True)
+    (written / "expected.json").write_text("{}")
+    (version_dir / "reads").mkdir()
+    shutil.copyfile(version_dir / f"{cell}.xml", version_dir / "reads" / f"{cell}.xml")
+    sharded.torchmatrix("merge", str(inputs), "--out", str(tmp_path / "merged"))
+    merged = tmp_path / "merged" / "torch-system"
+    assert (merged / "checkpoints" / cell / "expected.json").read_text() == "{}"
+    assert (merged / "checkpoints" / cell / "checkpoint").is_dir()
+    assert (merged / "reads" / f"{cell}.xml").is_file()

@@ -8,6 +8,7 @@ cadence while the installer is silent, as pip is for minutes while it unpacks to
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import sys
@@ -16,6 +17,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TextIO
 
 PIP_DOWNLOADING = re.compile(r"^\s*Downloading (\S+) \(([\d.]+) (kB|MB|GB)\)")
@@ -27,6 +29,8 @@ UV_DOWNLOADED = re.compile(r"^\s*Downloaded (\S+)")
 UV_PREPARED = re.compile(r"^\s*Prepared (\d+) packages?")
 REASON = re.compile(r"^(ERROR: .*|error: .*|\s*╰─▶ .*)$")
 TTY_TICK_S = 1.0  # the elapsed time shows whole seconds
+UNPACK_MEASURE_S = 5.0  # walking a torch venv (~10k files) takes a fraction of a second
+NAMED_PACKAGES = 3
 UNITS = {"kB": 1e3, "MB": 1e6, "GB": 1e9, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
 
 
@@ -44,6 +48,11 @@ class InstallProgress:
     downloads: int = 0
     cached: int = 0
     reason: str = ""
+    venv: Path | None = None
+    """The venv being installed into: while pip unpacks (minutes for torch, silently) the line says how much it wrote."""
+    unpacked_from: int | None = None
+    unpacked: int = 0
+    measured_at: float = float("-inf")
 
     def feed(self, line: str) -> None:
         line = line.rstrip("\n")
@@ -63,7 +72,12 @@ class InstallProgress:
             self.cached += 1
         elif match := PIP_INSTALLING.match(line):
             self._finish_download()
-            self.phase, self.current = "installing", f"{len(match[1].split(','))} packages"
+            names = [name.strip() for name in match[1].split(",")]
+            more = f", +{len(names) - NAMED_PACKAGES} more" if len(names) > NAMED_PACKAGES else ""
+            self.phase = "installing"
+            self.current = f"{len(names)} packages ({', '.join(names[:NAMED_PACKAGES])}{more})"
+            self.current_done = self.current_total = 0
+            self.unpacked_from = tree_bytes(self.venv) if self.venv else None
         elif match := UV_PREPARED.match(line):
             self._finish_download()
             self.phase, self.current = "installing", f"{match[1]} packages"
@@ -83,11 +97,32 @@ class InstallProgress:
             parts[0] += f" {self.current}"
             if self.current_total:
                 parts[0] += f" {self.current_done / 1e6:.0f}/{self.current_total / 1e6:.0f} MB"
+        if self.phase == "installing" and self.unpacked_from is not None:
+            parts.append(f"{self.unpacked_so_far(now) / 1e6:.0f} MB unpacked into the venv")
         done = self.downloaded + (self.current_done if self.phase == "downloading" else 0)
         if done or self.downloads or self.cached:
             parts.append(f"{done / 1e6:.0f} MB downloaded ({self.downloads} files, {self.cached} from cache)")
         parts.append(f"{elapsed // 60}:{elapsed % 60:02d} elapsed")
         return " | ".join(parts)
+
+    def unpacked_so_far(self, now: float | None = None) -> int:
+        """Bytes the install has added to the venv, measured at most every UNPACK_MEASURE_S seconds."""
+        now = time.monotonic() if now is None else now
+        if self.venv and self.unpacked_from is not None and now - self.measured_at >= UNPACK_MEASURE_S:
+            self.unpacked, self.measured_at = max(tree_bytes(self.venv) - self.unpacked_from, 0), now
+        return self.unpacked
+
+
+def tree_bytes(root: Path) -> int:
+    """The bytes of every file under `root` (files vanishing meanwhile are skipped)."""
+    total = 0
+    for directory, _, files in os.walk(root):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(directory, name)).st_size
+            except OSError:
+                continue
+    return total
 
 
 class ProgressLine:

@@ -149,7 +149,7 @@ def install_torch(session, version: str, install: TorchInstall, log_path: Path) 
         constraints_file.write_text("\n".join(install.constraints) + "\n")
         constraints = ["--constraint", str(constraints_file)]
     installer = ["uv", "pip", "install"] if uv else ["python", "-m", "pip", "install"]
-    progress = InstallProgress(f"torch {version}")
+    progress = InstallProgress(f"torch {version}", venv=Path(session.virtualenv.location))
     line = ProgressLine(progress)
     with open(log_path, "w") as log, line.ticking():
         log.write(f"# {' '.join(installer)} options: {' '.join(options) or '(none: the installer configuration)'}\n")

@@ -29,6 +29,7 @@ BUILTIN_SUITES = {
     "grad_ckpt": BuiltinSuite("test_grad_ckpt.py", 120),
     "resume": BuiltinSuite("test_resume.py", 300),
     "dtensor_optim": BuiltinSuite("test_dtensor_optim.py", 300),
+    "cross_version": BuiltinSuite("test_cross_version.py", 300),
 }
 
 

@@ -33,7 +33,8 @@ class RunPlan:
     """One torch version's plan: its cells (ids and axis values), suites, filters and environment.
 
     A merged version (from shards) also names the cells no shard delivered (`missing`) and where
-    each input came from (`merged_from`); `finished` is False while the runner is still going.
+    each input came from (`merged_from`); `finished` is False while the runner is still going;
+    `load_average` is the machine's 1-minute load while it ran (mean, max, samples, cores).
     """
 
     torch: str
@@ -51,6 +52,7 @@ class RunPlan:
     finished: bool = False
     missing: tuple[str, ...] = ()
     merged_from: tuple[dict, ...] = ()
+    load_average: dict = field(default_factory=dict)
 
     @property
     def filters(self) -> dict:
@@ -94,6 +96,7 @@ class RunPlan:
             finished=bool(data.get("finished")),
             missing=tuple(data.get("missing") or ()),
             merged_from=tuple(data.get("merged_from") or ()),
+            load_average=dict(data.get("load_average") or {}),
         )
 
 
@@ -145,6 +148,8 @@ def _check(plan: dict, path: Path) -> None:
         isinstance(values, list) and all(isinstance(v, str) for v in values) for values in only.values()
     ):
         raise UnsafeName(f"only {only!r} is not a table of axis -> values")
+    if not isinstance(plan.get("load_average") or {}, dict):
+        raise UnsafeName("load_average is not a table")
     if not isinstance(plan.get("pool_starts", 0), int) or not isinstance(plan.get("environment") or {}, dict):
         raise UnsafeName("pool_starts or environment has the wrong type")
 

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import functools
 import importlib
+import json
 import os
 import shutil
 import tempfile
 import time
+import warnings
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -36,6 +39,14 @@ from torchmatrix.ranks import zygote
 from torchmatrix.ranks.launched import launched_rank
 from torchmatrix.ranks.output_cap import DEFAULT_CAP_BYTES, cap_text
 from torchmatrix.ranks.parent_death import exit_with_runner
+from torchmatrix.ranks.per_test_usage import (
+    CPU_SECONDS,
+    WARNING_PROPERTY,
+    as_entries,
+    module_of,
+    normalised,
+    rank_usage,
+)
 from torchmatrix.ranks.pool import RankFailure
 from torchmatrix.ranks.rank_group import RankGroup, open_ranks
 from torchmatrix.ranks.root_cause import root_cause
@@ -44,6 +55,7 @@ from torchmatrix.ranks.worker import in_compile_cache
 from torchmatrix.status import Status
 
 PLAN_KEY = pytest.StashKey["CellPlan"]()
+USAGE_QUERY_SECONDS = 30.0
 NOT_PLANNED = "suites run through `python -m torchmatrix run`, which tells this plugin the cells to run"
 
 
@@ -177,10 +189,20 @@ class CellPlan:
         )
         if where:
             self.events.write(TestStarted(**where, started=time.time()))
-        yield
+        before = self.usage() if where else None
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            yield
         reports = self._reports.pop(item.nodeid, [])
+        own_warnings = Counter((w.category.__name__, module_of(w.filename), normalised(w.message)) for w in caught)
         if where and reports:
             outcome = as_simulation_limit(_outcome(reports, self.plan.output_cap), self.plan.device_type)
+            after = self.usage() if before is not None else None
+            if after is not None:
+                outcome["properties"].append([CPU_SECONDS, round(after[0] - before[0], 3)])
+                own_warnings.update(after[1])
+            for index, entry in enumerate(as_entries(own_warnings), 1):
+                outcome["properties"].append([f"{WARNING_PROPERTY}.{index}", json.dumps(entry)])
             self.events.write(TestFinished(nodeid=item.nodeid, **where, **outcome))
         if nextitem is not None and self.pool.starts and not self.pool.running:
             try:
@@ -201,6 +223,24 @@ class CellPlan:
             self.pool.close()
         shutil.rmtree(self.compile_caches, ignore_errors=True)
         self.events.close()
+
+    def usage(self) -> tuple[float, Counter] | None:
+        """User + system CPU seconds this process and its local ranks have used so far (what a test
+        costs whatever else loads the machine), and the warnings the ranks raised since the last
+        call; None while the ranks are down."""
+        own = sum(os.times()[:2])
+        if self.plan.launched:
+            return own, Counter()
+        if self.pool is None or not self.pool.running:
+            return None
+        try:
+            ranks = self.pool.run(rank_usage, (), deadline=time.monotonic() + USAGE_QUERY_SECONDS)
+        except RankFailure:
+            return None
+        raised = Counter()
+        for rank in ranks:
+            raised.update({(w["category"], w["module"], w["message"]): w["count"] for w in rank["warnings"]})
+        return own + sum(rank["cpu_seconds"] for rank in ranks), raised
 
     def _key(self, item) -> str | None:
         cell = getattr(item, "callspec", None) and item.callspec.params.get("cell")
@@ -256,6 +296,14 @@ def _outcome(reports, cap: int = DEFAULT_CAP_BYTES) -> dict:
             reason = first.longrepr[2] if isinstance(first.longrepr, tuple) else str(first.longrepr)
         result.update(status=Status.SKIPPED.value, message=reason.removeprefix("Skipped: "))
     return result
+
+
+def planned_options(config, path) -> dict:
+    """The options the runner planned for the suite at `path` in this pytest process, for a suite
+    module's own pytest_generate_tests (fixtures are not available at collection)."""
+    plan = config.stash[PLAN_KEY]
+    suite = plan.suite_of(path)
+    return plan.suites[suite].options if suite else {}
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ VOLATILE = (
     (re.compile(r"\b0x[0-9a-fA-F]{6,}\b"), "0x…"),
     (re.compile(r"(/tmp|/var/tmp)/[^\s'\"]+"), r"\1/…"),
     (re.compile(r"\bpid \d+"), "pid N"),
+    (re.compile(r"'/[^'\s]*/([^'/\s]+)'"), r"'…/\1'"),  # a quoted absolute path: each cell has its own
 )
 
 
@@ -42,7 +43,22 @@ def exception_line(error: BaseException) -> str:
 def root_cause(error: BaseException) -> str:
     """The root cause line of `error`: its own, if it carries one (a RankFailure), else its innermost exception's."""
     own = getattr(error, "root_cause", None)
-    return own if own else exception_line(innermost(error))
+    return own if own else exception_line_within(innermost(error))
+
+
+def exception_line_within(error: BaseException) -> str:
+    """exception_line, except for an exception that collects other ranks' exceptions (DCP's
+    CheckpointException: `failures`, rank -> (exception, traceback)), whose own message names
+    only the ranks: there the first rank's root cause, after the ranks."""
+    failures = getattr(error, "failures", None)
+    if isinstance(failures, dict) and failures:
+        first = next(iter(failures.values()))
+        inner = first[0] if isinstance(first, tuple) and first else first
+        if isinstance(inner, BaseException):
+            ranks = ", ".join(map(str, failures))
+            line = f"{type(error).__name__} on ranks {ranks}: {exception_line_within(innermost(inner))}"
+            return line if len(line) <= MAX_LENGTH else line[: MAX_LENGTH - 1] + "…"
+    return exception_line(error)
 
 
 def group_key(line: str) -> str:

@@ -17,6 +17,7 @@ import traceback
 from multiprocessing.connection import Connection
 
 from torchmatrix.ranks.parent_death import exit_with_parent
+from torchmatrix.ranks.per_test_usage import RANK_WARNINGS
 from torchmatrix.ranks.root_cause import root_cause
 
 COLLECTIVE_TIMEOUT_VARIABLE = "TORCHMATRIX_COLLECTIVE_TIMEOUT_S"
@@ -142,6 +143,7 @@ def main(
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     faulthandler.enable(file=sys.stderr)
     sys.path[:] = pickle.loads(conn.recv_bytes())
+    RANK_WARNINGS.install()
     try:
         import torch
 

@@ -54,16 +54,20 @@ def _reach(causes: list[RootCause], chars: int) -> list[str]:
     return lines
 
 
-def run_closing_lines(run_dir: Path, failed: bool) -> str:
+def run_closing_lines(run_dir: Path, failed: bool, report_follows: bool = False) -> str:
     """A direct run's last words: its root causes on failure and the CPU-simulation limits it hit
-    (as `report` lists them), then the command that writes its summaries, which a run alone does not."""
+    (as `report` lists them), then the command that writes its summaries, which a run alone does
+    not; under nox, whose report session follows, that it will."""
     try:
         run = load_results(run_dir)
         lines = [*root_cause_lines(run), *simulation_limit_lines(run)]
     except ResultsError as error:
         lines = [f"torchmatrix: cannot list the root causes: {error}"] if failed else []
-    lines.append(
-        f"torchmatrix: write summary.md and summary.html with `python -m torchmatrix report {run_dir}` "
-        f"(or `nox -s report -- {run_dir}`)"
-    )
+    if report_follows:
+        lines.append(f"torchmatrix: nox's report session writes the summaries of {run_dir} once every version has run")
+    else:
+        lines.append(
+            f"torchmatrix: write summary.md and summary.html with `python -m torchmatrix report {run_dir}` "
+            f"(or `nox -s report -- {run_dir}`)"
+        )
     return "\n".join(lines)

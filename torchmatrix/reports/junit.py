@@ -162,8 +162,9 @@ def read_suites(path: Path) -> list[TestSuite]:
 
 
 def cell_report_files(run_dir: Path) -> list[Path]:
-    """Per-cell files of every torch version in a run directory, in a stable order."""
-    return sorted(run_dir.glob("torch-*/*.xml"))
+    """Per-cell files of every torch version in a run directory (its reads of the other versions'
+    checkpoints included), in a stable order."""
+    return sorted([*run_dir.glob("torch-*/*.xml"), *run_dir.glob("torch-*/reads/*.xml")])
 
 
 def merge_run(run_dir: Path) -> Path:

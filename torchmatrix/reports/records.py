@@ -35,6 +35,8 @@ class TestRecord:
     ran_in: str | None = None
     figures: dict = field(default_factory=dict, hash=False, compare=False)
     confirmation: str = ""
+    warnings: tuple[dict, ...] = field(default=(), hash=False, compare=False)
+    """Each distinct warning the test raised on any rank or in pytest: category, module, message, count."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "status", Status.parse(self.status, "tests[].status"))
@@ -57,12 +59,13 @@ class TestRecord:
             "ran_in": self.ran_in,
             "figures": {name: _json_number(value) for name, value in self.figures.items()},
             "confirmation": self.confirmation,
+            "warnings": [dict(warning) for warning in self.warnings],
         }
 
     @classmethod
     def from_json(cls, data: dict) -> TestRecord:
         figures = {name: figure_value(value) for name, value in data.get("figures", {}).items()}
-        return cls(**{**data, "figures": figures})
+        return cls(**{**data, "figures": figures, "warnings": tuple(data.get("warnings") or ())})
 
 
 @dataclass
@@ -116,6 +119,7 @@ class VersionInfo:
     missing_cells: tuple[str, ...] = ()
     filters: dict = field(default_factory=dict, hash=False, compare=False)
     pool_starts: int | None = None
+    load_average: dict = field(default_factory=dict, hash=False, compare=False)
 
     def to_json(self) -> dict:
         return {
@@ -129,6 +133,7 @@ class VersionInfo:
             "missing_cells": list(self.missing_cells),
             "filters": self.filters,
             "pool_starts": self.pool_starts,
+            "load_average": self.load_average,
         }
 
     @classmethod

@@ -15,6 +15,7 @@ from pathlib import Path
 from torchmatrix.matrix.config import ConfigError, Matrix, load_matrix
 from torchmatrix.messages.run_lock import running_holder
 from torchmatrix.reports import junit, results_json, summary_html, summary_md
+from torchmatrix.reports.checkpoint_directions import checkpoint_directions
 from torchmatrix.reports.records import ResultsError, RunResults
 from torchmatrix.reports.recovery import rebuild_missing_cells
 from torchmatrix.reports.run_reader import load_results, matrix_paths
@@ -47,8 +48,9 @@ def write_report(run_dir: Path, config: str | None = None) -> list[Path]:
 
 
 def compare_markdown(run_a: Path, run_b: Path) -> tuple[str, bool]:
-    """The upgrade diff of run B against run A as markdown, and whether it fails: a regression,
-    grown drift, a slowdown, or a change never re-run alone."""
+    """The upgrade diff of run B against run A as markdown (with run B's checkpoints across its own
+    versions), and whether it fails: a regression, grown drift, a slowdown, a change never re-run
+    alone, or a broken checkpoint direction."""
     old, new = load_run(run_a), load_run(run_b)
     diffs = compare_runs(old, new)
     if not any(diff.compared for diff in diffs):
@@ -56,10 +58,13 @@ def compare_markdown(run_a: Path, run_b: Path) -> tuple[str, bool]:
             f"run {old.run_id} and run {new.run_id} share no test ({len(old.tests)} and {len(new.tests)} results, "
             "none of the same suite, test and cell): compare two runs of the same matrix and cells"
         )
+    directions = [checkpoint_directions(new, new.baseline, v.torch) for v in new.versions if v.torch != new.baseline]
     markdown = f"## torchmatrix compare {summary_md.code(old.run_id)} → {summary_md.code(new.run_id)}\n\n"
     markdown += "\n\n".join(summary_md.diff_section(diff) for diff in diffs) + "\n"
+    markdown += "".join(f"\n{summary_md.checkpoints_section(pair)}\n" for pair in directions if pair)
+    broken = any(direction.broken for pair in directions for direction in pair)
     # Not clean fails compare, except for newly skipped tests: listed, but a skip is not a regression.
-    return markdown, any(not replace(diff, newly_skipped=[]).clean for diff in diffs)
+    return markdown, broken or any(not replace(diff, newly_skipped=[]).clean for diff in diffs)
 
 
 def load_run(path: Path, config: str | None = None) -> RunResults:

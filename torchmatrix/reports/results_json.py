@@ -3,6 +3,9 @@
 A change that breaks readers bumps SCHEMA_VERSION; a file of a version this reader does not know,
 or one whose values have the wrong kinds, is refused with one line that says how to regenerate it.
 Version 3 added the status `CPU-simulation limit`; a version 2 file is a version 3 file without one.
+Version 4 added each version's `load_average`, the tests' `cpu_seconds` figure and `warnings`, and the
+upgrade diff's `checkpoints` (rollback, forward) and slowdown `measure`; a version 2 or 3 file reads as
+one without them.
 """
 
 from __future__ import annotations
@@ -16,8 +19,8 @@ from torchmatrix.reports.records import ResultsError, RunResults, TestRecord, Ve
 from torchmatrix.status import Confirmation
 
 SCHEMA = "torchmatrix.results"
-SCHEMA_VERSION = 3
-READABLE_VERSIONS = (2, SCHEMA_VERSION)
+SCHEMA_VERSION = 4
+READABLE_VERSIONS = (2, 3, SCHEMA_VERSION)
 FILE_NAME = "results.json"
 CONFIRMATIONS = ("", *(confirmation.value for confirmation in Confirmation))
 REGENERATE = "regenerate it with `python -m torchmatrix report RUN_DIR`"
@@ -113,6 +116,11 @@ def _check_types(results: RunResults) -> None:
             raise ValueError("tests[].duration is not a finite number of seconds")
         if record.ran_in is not None and not isinstance(record.ran_in, str):
             raise TypeError(f"tests[].ran_in {record.ran_in!r} is not text")
+        for warning in record.warnings:
+            if not isinstance(warning, dict) or not isinstance(warning.get("count"), int):
+                raise TypeError(f"tests[].warnings entry {warning!r} is not a table with an integer count")
+            if not all(isinstance(warning.get(key), str) for key in ("category", "module", "message")):
+                raise TypeError(f"tests[].warnings entry {warning!r} lacks a text category, module or message")
         if record.confirmation not in CONFIRMATIONS:
             raise ValueError(
                 f"tests[].confirmation {record.confirmation!r} is not one of: {', '.join(map(repr, CONFIRMATIONS))}"

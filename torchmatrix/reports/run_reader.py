@@ -4,6 +4,7 @@ copied out of CI reads the same as one on the machine that made it."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -11,10 +12,13 @@ from junitparser import TestSuite
 
 from torchmatrix.matrix.config import ReportSettings
 from torchmatrix.messages.run_plan import PlanFileError, RunPlan, read_plan
+from torchmatrix.ranks.per_test_usage import WARNING_PROPERTY
 from torchmatrix.reports import junit
 from torchmatrix.reports.records import ResultsError, RunResults, TestRecord, VersionInfo, figure_value
 from torchmatrix.reports.results_json import FILE_NAME, read_json
 from torchmatrix.status import Status
+
+WARNING_PREFIX = f"{WARNING_PROPERTY}."  # the plugin's per-test warning properties: warning.1, warning.2, ...
 
 
 def matrix_paths(run_dir: Path) -> list[Path]:
@@ -122,11 +126,25 @@ def _records(suite: TestSuite, torch: str, cell: str, properties: dict[str, str]
                 figures={
                     name.removeprefix(prefix): figure_value(value)
                     for name, value in properties.items()
-                    if name.startswith(prefix)
+                    if name.startswith(prefix) and not name.startswith(prefix + WARNING_PREFIX)
                 },
+                warnings=tuple(
+                    _warning(value) for name, value in properties.items() if name.startswith(prefix + WARNING_PREFIX)
+                ),
             )
         )
     return records
+
+
+def _warning(value: str) -> dict:
+    """A `<suite>::<test>::warning.N` property back into its entry; text that is not one stays its message."""
+    try:
+        entry = json.loads(value)
+    except ValueError:
+        entry = None
+    if not isinstance(entry, dict):
+        return {"category": "", "module": "", "message": value, "count": 1}
+    return entry
 
 
 def _status(case) -> Status:
@@ -154,6 +172,7 @@ def _version_info(torch: str, properties: dict[str, str], plan: RunPlan | None, 
         missing_cells=tuple(cell for cell in planned if cell not in reported),
         filters=plan.filters if plan else {},
         pool_starts=plan.pool_starts if plan else None,
+        load_average=plan.load_average if plan else {},
     )
 
 

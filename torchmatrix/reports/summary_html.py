@@ -14,6 +14,7 @@ import html
 import math
 from collections import defaultdict
 
+from torchmatrix.reports.checkpoint_directions import Direction
 from torchmatrix.reports.records import RootCause, RunResults, TestRecord, drift_measure, is_drift_figure
 from torchmatrix.reports.summary_data import LIMITS_NOTE, Summary, count, distinct_texts, other_cells, summarize
 from torchmatrix.reports.untrusted_text import one_line, visible
@@ -156,10 +157,29 @@ def _diff(diff: UpgradeDiff) -> str:
         f"{count(len(diff.fixes), 'fix', 'fixes')} (confirmed: the failure fails alone), "
         f"{len(diff.unconfirmed)} unconfirmed, {len(diff.newly_skipped)} newly skipped, "
         f"{count(len(diff.drift), 'drift figure')} grown more than {diff.settings.drift_ratio:g}×, "
-        f"{count(len(diff.slowdowns), 'suite')} slower than {diff.settings.slowdown_ratio:g}× "
-        f"({diff.compared} tests compared).</p>"
+        f"{count(len(diff.slowdowns), 'suite')} slower than {diff.settings.slowdown_ratio:g}×, "
+        f"{count(len(diff.new_warnings), 'new warning')}, {len(diff.gone_warnings)} gone "
+        f"({diff.compared} tests compared{'; ' + text(diff.load_note) if diff.load_note else ''}).</p>"
     )
     parts = [f'<h2 class="upgrade">Upgrade diff <code>{before}</code> → <code>{after}</code></h2>', summary]
+    if diff.checkpoints:
+        parts.append(_checkpoints(diff.checkpoints))
+    for title, groups in (
+        (f"New warnings on <code>{after}</code>", diff.new_warnings),
+        (f"Warnings gone on <code>{after}</code>", diff.gone_warnings),
+    ):
+        if groups:
+            rows = "".join(
+                f"<tr><td><code>{text(g.category)}</code></td><td><code>{text(g.module)}</code></td>"
+                f"<td><code>{text(g.message)}</code></td><td>{g.count}</td>"
+                f"<td>{', '.join(f'<code>{text(t)}</code>' for t in g.tests)}</td>"
+                f"<td>{', '.join(f'<code>{text(c)}</code>' for c in g.cells)}</td></tr>"
+                for g in groups
+            )
+            parts.append(
+                f"<h3>{title} ({count(len(groups), 'warning')}; deprecations first)</h3>\n<table><tr><th>category</th>"
+                f"<th>raised in</th><th>message</th><th>count</th><th>tests</th><th>cells</th></tr>{rows}</table>"
+            )
     for title, changes in (
         ("Regressions (fail alone)", diff.regressions),
         ("Fixes (the baseline's failure failed alone)", diff.fixes),
@@ -184,16 +204,40 @@ def _diff(diff: UpgradeDiff) -> str:
         )
     if diff.slowdowns:
         rows = "".join(
-            f"<tr><td><code>{text(s.suite)}</code></td><td>{s.before:.1f} s</td><td>{s.after:.1f} s</td>"
+            f"<tr><td><code>{text(s.suite)}</code></td><td>{s.measure}</td><td>{s.before:.1f} s</td><td>{s.after:.1f} s</td>"
             f"<td>{s.median_ratio:.1f}×</td><td>{s.tests}</td></tr>"
             for s in diff.slowdowns
         )
         parts.append(
             f"<h3>Suites slower than {diff.settings.slowdown_ratio:g}×</h3>\n<p>{text(SLOWDOWN_RULE)}</p>\n"
-            "<table><tr><th>suite</th>"
+            "<table><tr><th>suite</th><th>measure</th>"
             f"<th>{before}</th><th>{after}</th><th>median test ×</th><th>tests timed</th></tr>{rows}</table>"
         )
     return "\n".join(parts)
+
+
+def _checkpoints(directions: list[Direction]) -> str:
+    """Rollback and forward, each with its verdict, then its root causes and not-checked reasons with their cells."""
+    items, rows = [], []
+    for d in directions:
+        style = "bad" if d.broken else ("good" if d.passed and not d.not_checked else "")
+        items.append(
+            f'<li><span class="{style}"><b>{text(d.name)}</b>: {text(d.verdict)}</span> ({len(d.passed)} cells exact)</li>'
+        )
+        for result, groups in (("failed", d.failed), ("not checked", d.not_checked)):
+            rows += [
+                f"<tr><td>{text(d.name)}</td><td>{result}</td><td><code>{text(why)}</code></td>"
+                f"<td>{', '.join(f'<code>{text(cell)}</code>' for cell in cells)}</td></tr>"
+                for why, cells in groups.items()
+            ]
+    table = (
+        "<table><tr><th>direction</th><th>result</th><th>root cause or reason</th><th>cells</th></tr>"
+        + "".join(rows)
+        + "</table>"
+        if rows
+        else ""
+    )
+    return "<h3>Checkpoints across versions (rollback, forward)</h3>\n<ul>" + "".join(items) + "</ul>\n" + table
 
 
 def _changes_table(changes: list[Change], before: str, after: str, failing: bool) -> str:

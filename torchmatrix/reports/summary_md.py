@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import re
 
+from torchmatrix.reports.checkpoint_directions import Direction
 from torchmatrix.reports.records import RootCause, RunResults, TestRecord
 from torchmatrix.reports.summary_data import LIMITS_NOTE, Summary, count, distinct_texts, other_cells, summarize
 from torchmatrix.reports.untrusted_text import one_line, visible
@@ -48,13 +49,30 @@ def diff_section(diff: UpgradeDiff) -> str:
         f"{count(len(diff.regressions), 'regression')}, {count(len(diff.fixes), 'fix', 'fixes')} (confirmed: "
         f"the failure fails alone), {len(diff.unconfirmed)} unconfirmed, {len(diff.newly_skipped)} newly skipped, "
         f"{count(len(diff.drift), 'drift figure')} grown more than {diff.settings.drift_ratio:g}×, "
-        f"{count(len(diff.slowdowns), 'suite')} slower than {diff.settings.slowdown_ratio:g}× "
+        f"{count(len(diff.slowdowns), 'suite')} slower than {diff.settings.slowdown_ratio:g}×, "
+        f"{count(len(diff.new_warnings), 'new warning')}, {len(diff.gone_warnings)} gone "
         f"({diff.compared} tests compared"
         + (f"; {diff.only_before} only in {before}" if diff.only_before else "")
         + (f"; {diff.only_after} only in {after}" if diff.only_after else "")
+        + (f"; {diff.load_note}" if diff.load_note else "")
         + ")"
     )
     parts = [f"### Upgrade diff {before} → {after}", ("**" + counts + "**") if diff.regressions else counts]
+    if diff.checkpoints:
+        parts.append(checkpoints_section(diff.checkpoints))
+    for title, groups in (
+        (f"New warnings on {after}", diff.new_warnings),
+        (f"Warnings gone on {after}", diff.gone_warnings),
+    ):
+        if groups:
+            rows = [
+                [code(g.category), code(g.module), code(one_line(g.message)), str(g.count), ", ".join(code(t) for t in g.tests[:MAX_CELLS_NAMED]) + (f" and {len(g.tests) - MAX_CELLS_NAMED} more" if len(g.tests) > MAX_CELLS_NAMED else ""), cell_list(list(g.cells))]
+                for g in groups
+            ]  # fmt: skip
+            parts.append(
+                f"#### {title} ({count(len(groups), 'warning')}; deprecations first)\n\n"
+                + _table(["category", "raised in", "message", "count", "tests", "cells"], rows, MAX_DIFF_ROWS)
+            )
     for title, changes in (
         ("Regressions (passed → failed or error, fails alone)", diff.regressions),
         ("Fixes (failed or error, and failed alone → passed)", diff.fixes),
@@ -89,14 +107,36 @@ def diff_section(diff: UpgradeDiff) -> str:
         )
     if diff.slowdowns:
         rows = [
-            [code(s.suite), f"{s.before:.1f} s", f"{s.after:.1f} s", _ratio(s.after / s.before if s.before else math.inf), _ratio(s.median_ratio), str(s.tests)]
+            [code(s.suite), s.measure, f"{s.before:.1f} s", f"{s.after:.1f} s", _ratio(s.after / s.before if s.before else math.inf), _ratio(s.median_ratio), f"{s.wall_before:.1f} s → {s.wall_after:.1f} s", str(s.tests)]
             for s in diff.slowdowns
         ]  # fmt: skip
+        load = f" {diff.load_note[0].upper()}{diff.load_note[1:]}." if diff.load_note else ""
         parts.append(
-            f"#### Suites slower than {diff.settings.slowdown_ratio:g}×\n\n{SLOWDOWN_RULE}\n\n"
-            + _table(["suite", before, after, "×", "median test ×", "tests timed"], rows)
+            f"#### Suites slower than {diff.settings.slowdown_ratio:g}×\n\n{SLOWDOWN_RULE}{load}\n\n"
+            + _table(["suite", "measure", before, after, "×", "median test ×", "wall", "tests timed"], rows)
         )
     return "\n\n".join(parts)
+
+
+def checkpoints_section(directions: list[Direction]) -> str:
+    """Rollback and forward: one line each, then a row per root cause or reason with its cells."""
+    lines, rows = [], []
+    for d in directions:
+        mark = "❌" if d.broken else ("✅" if d.passed and not d.not_checked else "⚠️")
+        counted = f"{count(len(d.passed), 'cell')} exact" + (
+            f", {count(sum(map(len, d.failed.values())), 'cell')} failed" if d.failed else ""
+        )
+        counted += f", {count(sum(map(len, d.not_checked.values())), 'cell')} not checked" if d.not_checked else ""
+        first = f" — {code(one_line(next(iter(d.failed))), table=False)}" if d.failed else ""
+        lines.append(f"- {mark} **{d.name}**: {d.verdict}{first} ({counted})")
+        rows += [[d.name, "failed", code(one_line(cause)), cell_list(list(cells))] for cause, cells in d.failed.items()]
+        rows += [
+            [d.name, "not checked", code(one_line(why)), cell_list(list(cells))] for why, cells in d.not_checked.items()
+        ]
+    table = (
+        "\n\n" + _table(["direction", "result", "root cause or reason", "cells"], rows, MAX_DIFF_ROWS) if rows else ""
+    )
+    return "#### Checkpoints across versions (rollback, forward)\n\n" + "\n".join(lines) + table
 
 
 def code(text: object, table: bool = True) -> str:

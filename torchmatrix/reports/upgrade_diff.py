@@ -10,7 +10,10 @@ now hits a CPU-simulation limit checked nothing, as a skipped one did not: it is
 slower only when the slowdown is beyond what re-running the same torch shows (bench/timing_noise.py):
 its total over tests that passed on both sides, and the median of those tests' own ratios, both
 grew more than slowdown_ratio, by at least MIN_SLOWDOWN_SECONDS, over MIN_TIMED_TESTS tests that
-took MIN_TIMED_SECONDS or more on the baseline.
+took MIN_TIMED_SECONDS or more on the baseline. The measure is each test's CPU time (user + system
+of its ranks and its pytest process) where both sides recorded it for every such test, since other
+work on the machine stretches wall time but not the CPU a test uses (bench/slowdown_under_load.py);
+wall time otherwise (runs from before CPU time was recorded).
 """
 
 from __future__ import annotations
@@ -21,13 +24,18 @@ from dataclasses import dataclass, field
 from statistics import median
 
 from torchmatrix.matrix.config import ReportSettings
+from torchmatrix.ranks.per_test_usage import CPU_SECONDS
+from torchmatrix.reports.checkpoint_directions import Direction, checkpoint_directions
 from torchmatrix.reports.records import RunResults, TestRecord, drift_measure, is_drift_figure
+from torchmatrix.reports.warning_changes import WarningGroup, new_and_gone
 from torchmatrix.status import Confirmation, Status
 
 MIN_SLOWDOWN_SECONDS = 5.0
 MIN_TIMED_SECONDS = 0.5
 MIN_TIMED_TESTS = 3
 SLOWDOWN_RULE = (
+    "Measured in CPU time (user + system of the ranks and pytest; wall time for runs that did not record it), "
+    "which other work on the machine does not stretch. "
     f"Flagged only when the total and the median test both grew that much, by {MIN_SLOWDOWN_SECONDS:g} s or more, "
     f"over {MIN_TIMED_TESTS} or more tests of {MIN_TIMED_SECONDS:g} s or more, so one test slowed by a busy core "
     "does not flag its suite."
@@ -109,13 +117,17 @@ class DriftGrowth:
 
 @dataclass(frozen=True)
 class Slowdown:
-    """A suite that got slower beyond noise (the rule is in the module docstring)."""
+    """A suite that got slower beyond noise (the rule is in the module docstring), in `measure`
+    ("cpu" or "wall") seconds, with the wall seconds beside them."""
 
     suite: str
     before: float
     after: float
     tests: int
     median_ratio: float
+    measure: str = "wall"
+    wall_before: float = 0.0
+    wall_after: float = 0.0
 
     def to_json(self) -> dict:
         return {
@@ -124,12 +136,16 @@ class Slowdown:
             "after": self.after,
             "tests": self.tests,
             "median_ratio": round(self.median_ratio, 3),
+            "measure": self.measure,
+            "wall_before": self.wall_before,
+            "wall_after": self.wall_after,
         }
 
 
 @dataclass
 class UpgradeDiff:
-    """Baseline vs candidate: regressions, fixes, newly skipped tests (CPU-simulation limits among them), grown drift and slowdowns."""
+    """Baseline vs candidate: regressions, fixes, newly skipped tests (CPU-simulation limits among them), grown
+    drift, slowdowns, and within one run whether checkpoints cross the bump in each direction."""
 
     before: str
     after: str
@@ -143,6 +159,23 @@ class UpgradeDiff:
     newly_skipped: list[Change] = field(default_factory=list)
     drift: list[DriftGrowth] = field(default_factory=list)
     slowdowns: list[Slowdown] = field(default_factory=list)
+    checkpoints: list[Direction] = field(default_factory=list)
+    load: tuple[dict, dict] = ({}, {})
+    new_warnings: list[WarningGroup] = field(default_factory=list)
+    gone_warnings: list[WarningGroup] = field(default_factory=list)
+
+    @property
+    def load_note(self) -> str:
+        """The machine's load average while each side ran, for beside any timing claim ("" when unrecorded)."""
+        if not any(self.load):
+            return ""
+        sides = [
+            f"{load['mean']:g} (max {load['max']:g}, {load['cores']} cores) while {label} ran"
+            if load
+            else f"not recorded while {label} ran"
+            for label, load in zip((self.before, self.after), self.load)
+        ]
+        return "load average " + ", ".join(sides)
 
     def drift_by_measure(self) -> list[tuple[DriftGrowth, int]]:
         """Grown drift per (suite, test, cell, measure): the tensor that grew most, and how many grew."""
@@ -161,7 +194,8 @@ class UpgradeDiff:
         """Nothing regressed, and no unconfirmed change could hide a regression (one that was never
         re-run alone; a failure that passed alone is order-dependent and does not count)."""
         unknown = [c for c in self.unconfirmed if c.failing.confirmation != Confirmation.PASSED_ALONE]
-        return not (self.regressions or unknown or self.drift or self.slowdowns or self.newly_skipped)
+        broken = any(direction.broken for direction in self.checkpoints)
+        return not (self.regressions or unknown or self.drift or self.slowdowns or self.newly_skipped or broken)
 
     def to_json(self) -> dict:
         return {
@@ -178,6 +212,10 @@ class UpgradeDiff:
             "newly_skipped": [c.to_json() for c in self.newly_skipped],
             "drift": [d.to_json() for d in self.drift],
             "slowdowns": [s.to_json() for s in self.slowdowns],
+            "checkpoints": [d.to_json() for d in self.checkpoints],
+            "load_average": {"before": self.load[0], "after": self.load[1]},
+            "new_warnings": [w.to_json() for w in self.new_warnings],
+            "gone_warnings": [w.to_json() for w in self.gone_warnings],
         }
 
 
@@ -203,17 +241,20 @@ def diff_records(
         diff.drift.extend(_drift_growth(a, b, settings.drift_ratio))
     diff.drift.sort(key=_rank, reverse=True)
     diff.slowdowns = _slowdowns(old, new, settings.slowdown_ratio)
+    diff.new_warnings, diff.gone_warnings = new_and_gone(before, after)
     return diff
 
 
 def upgrade_diffs(results: RunResults) -> list[UpgradeDiff]:
     """Every torch version of the run against the run's baseline."""
     baseline = results.records(results.baseline)
-    return [
-        diff_records(baseline, results.records(v.torch), results.settings, results.baseline, v.torch)
-        for v in results.versions
-        if v.torch != results.baseline
-    ]
+    diffs = []
+    for version in (v.torch for v in results.versions if v.torch != results.baseline):
+        diff = diff_records(baseline, results.records(version), results.settings, results.baseline, version)
+        diff.checkpoints = checkpoint_directions(results, results.baseline, version)
+        diff.load = (results.version(results.baseline).load_average, results.version(version).load_average)
+        diffs.append(diff)
+    return diffs
 
 
 def compare_runs(old: RunResults, new: RunResults) -> list[UpgradeDiff]:
@@ -228,16 +269,14 @@ def compare_runs(old: RunResults, new: RunResults) -> list[UpgradeDiff]:
             f"run {old.run_id} has torch {', '.join(old_versions)} and run {new.run_id} has {', '.join(new_versions)}: "
             "no version in common; compare runs of the same versions, or runs of one version each"
         )
-    return [
-        diff_records(
-            old.records(a),
-            new.records(b),
-            new.settings,
-            f"{old.run_id} (torch {a})",
-            f"{new.run_id} (torch {b})",
+    diffs = []
+    for a, b in pairs:
+        diff = diff_records(
+            old.records(a), new.records(b), new.settings, f"{old.run_id} (torch {a})", f"{new.run_id} (torch {b})"
         )
-        for a, b in pairs
-    ]
+        diff.load = (old.version(a).load_average, new.version(b).load_average)
+        diffs.append(diff)
+    return diffs
 
 
 def _key(record: TestRecord) -> tuple[str, str, str]:
@@ -288,23 +327,34 @@ def _rank(growth: DriftGrowth) -> tuple[float, float]:
 
 def _slowdowns(old: dict, new: dict, ratio: float) -> list[Slowdown]:
     """Suites slower beyond noise: see the module docstring for the rule and why."""
-    timed: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    passed: dict[str, list[tuple[TestRecord, TestRecord]]] = defaultdict(list)
     for key in (k for k in new if k in old):
-        a, b = old[key], new[key]
-        if a.status is b.status is Status.PASSED and a.duration >= MIN_TIMED_SECONDS:
-            timed[key[0]].append((a.duration, b.duration))
+        if old[key].status is new[key].status is Status.PASSED:
+            passed[key[0]].append((old[key], new[key]))
     found = []
-    for suite, pairs in timed.items():
-        before, after = sum(a for a, _ in pairs), sum(b for _, b in pairs)
-        typical = median(b / a for a, b in pairs)
-        if (
-            len(pairs) >= MIN_TIMED_TESTS
-            and after > ratio * before
-            and typical > ratio
-            and after - before >= MIN_SLOWDOWN_SECONDS
-        ):
-            found.append(Slowdown(suite, round(before, 3), round(after, 3), len(pairs), typical))
+    for suite, records in passed.items():
+        measure = "cpu" if all(_cpu(a) is not None and _cpu(b) is not None for a, b in records) else "wall"
+        seconds = _cpu if measure == "cpu" else (lambda record: record.duration)
+        timed = [(a, b) for a, b in records if seconds(a) >= MIN_TIMED_SECONDS]
+        if len(timed) < MIN_TIMED_TESTS:
+            continue
+        before, after = sum(seconds(a) for a, _ in timed), sum(seconds(b) for _, b in timed)
+        typical = median(seconds(b) / seconds(a) for a, b in timed)
+        if after > ratio * before and typical > ratio and after - before >= MIN_SLOWDOWN_SECONDS:
+            walls = (sum(a.duration for a, _ in timed), sum(b.duration for _, b in timed))
+            found.append(
+                Slowdown(suite, round(before, 3), round(after, 3), len(timed), typical, measure, *map(_round3, walls))
+            )
     return found
+
+
+def _cpu(record: TestRecord) -> float | None:
+    value = record.figures.get(CPU_SECONDS)
+    return value if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def _round3(value: float) -> float:
+    return round(value, 3)
 
 
 def _json_float(value: float) -> float | str:

@@ -27,20 +27,28 @@ def format_seconds(seconds: float) -> str:
 class InvocationPart:
     """This torch version's place among the versions one nox invocation runs, so the count and
     the ETA continue across them: part `index` of `count`, the invocation started at `since`
-    (seconds since the epoch; None: now)."""
+    (seconds since the epoch; None: now), and this version took `install_seconds` to install,
+    which each version still to come is expected to take too."""
 
     index: int = 1
     count: int = 1
     since: float | None = None
+    install_seconds: float = 0.0
+
+    @property
+    def versions_after(self) -> int:
+        return self.count - self.index
 
 
 class Progress:
     """Prints `[k/N] torch V cell-id: status | totals | elapsed, ETA` as cells finish.
 
     k, N and the elapsed time count every torch version of the invocation (`part`). The ETA
-    rates only this runner's cells (installs and earlier versions are not cell work). With an
-    `estimate` (earlier runs' suite durations) it is the seed, and the observed rate counts from
-    the first finished cell on: the process starts and imports before it are paid once.
+    rates only this runner's cells (installs and earlier versions are not cell work), then adds,
+    for each version still to come, this version's install time and its wait for the first cell
+    (process starts, imports). With an `estimate` (earlier runs' suite durations) it is the seed,
+    and the observed rate counts from the first finished cell on: the process starts and imports
+    before it are paid once.
     """
 
     def __init__(
@@ -64,6 +72,7 @@ class Progress:
         self.first_finished: float | None = None
         self.started_here = time.time()
         self.started = self.started_here if part.since is None else part.since
+        self.part = part
 
     def say(self, text: str) -> None:
         print(text, file=self.stream, flush=True)
@@ -82,6 +91,9 @@ class Progress:
             eta = self.estimate.remaining_seconds(now - self.first_finished, self.work_rated, self.work_left)
         else:
             eta = (now - self.started_here) / self.done_here * self.cells_left
+        if self.first_finished is None:
+            self.first_finished = now
+        eta += self.part.versions_after * (self.part.install_seconds + self.first_finished - self.started_here)
         width = len(str(self.total))
         self.say(
             f"[{self.done:>{width}}/{self.total}] torch {self.version} {cell_id}: {cell_outcome(tests)}"

@@ -5,6 +5,8 @@ Layout of a run directory (shared by every torch version of one nox invocation):
     reports/<run-id>/torch-<V>/<cell-id>.xml   one JUnit file per cell
     reports/<run-id>/torch-<V>/plan.json       what was planned: cells, filters, environment
     reports/<run-id>/torch-<V>/logs/           pytest logs, event logs and plans per group
+    reports/<run-id>/torch-<V>/checkpoints/    what V wrote for the other versions to read (cross_version)
+    reports/<run-id>/torch-<V>/reads/          V's reads of the other versions' checkpoints (cross-read)
     reports/<run-id>/junit.xml                 every cell of every version, merged
     reports/latest -> <run-id>
 """
@@ -26,18 +28,22 @@ from torchmatrix.matrix.cells import Cell
 from torchmatrix.matrix.config import Matrix
 from torchmatrix.matrix.plan import Group, SuiteRun, group_runs, plan_runs
 from torchmatrix.matrix.selection import Shard, select_cells
+from torchmatrix.messages.cross_version import reads_dir
 from torchmatrix.messages.group_plan import GroupPlan, SuiteSpec
 from torchmatrix.messages.run_lock import LOCK_NAME, RunBusy, lock_version_directory
-from torchmatrix.messages.run_plan import PlannedSuite, RunPlan, write_plan
+from torchmatrix.messages.run_plan import PlanFileError, PlannedSuite, RunPlan, read_plan, write_plan
 from torchmatrix.ranks.output_cap import DEFAULT_CAP_BYTES
 from torchmatrix.ranks.parent_death import PARENT_PID_VARIABLE
 from torchmatrix.reports import confirmation, junit
 from torchmatrix.reports.outcomes import OutcomeBook
+from torchmatrix.reports.summary_data import count
+from torchmatrix.run import cross_version
 from torchmatrix.run.component_check import check_components
 from torchmatrix.run.eta import WorkEstimate, suite_seconds
 from torchmatrix.run.import_path import user_code_environment
 from torchmatrix.run.interrupts import Interrupts
 from torchmatrix.run.leftover_processes import adopt_orphans, kill_leftovers
+from torchmatrix.run.load_sampler import LoadSampler
 from torchmatrix.run.progress import InvocationPart, Progress
 from torchmatrix.run.run_directory import point_latest
 from torchmatrix.run.schedule import GroupProcess, Scheduler
@@ -72,6 +78,7 @@ class RunRequest:
     max_cpu_ranks: int = DEFAULT_MAX_CPU_RANKS
     output_cap: int = DEFAULT_CAP_BYTES
     part: InvocationPart = InvocationPart()
+    cross_version_reads: bool = False
 
     @property
     def run_dir(self) -> Path:
@@ -79,6 +86,9 @@ class RunRequest:
 
     @property
     def version_dir(self) -> Path:
+        """Where this run's cell reports, plan and logs go: the version's directory, or its reads/ for a read pass."""
+        if self.cross_version_reads:
+            return reads_dir(self.run_dir, self.version)
         return self.run_dir / f"torch-{self.version}"
 
 
@@ -137,13 +147,16 @@ def run_version(request: RunRequest, stream=sys.stdout) -> int:
 def _run_version(request: RunRequest, stream, interrupts: Interrupts) -> int:
     matrix = request.matrix
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    cells = select_cells(matrix.cells(), only=request.only, keyword=request.keyword, shard=request.shard)
-    runs = plan_runs(cells, matrix.suites)
+    cells = _cells(request)
+    runs = plan_runs(
+        cells, cross_version.suites_for(matrix, request.version, request.run_dir, reads=request.cross_version_reads)
+    )
     book = OutcomeBook(runs)
     environment: dict = {"device": "none (interrupted before the torch probe finished)"}
     progress = Progress(request.version, len(cells), stream, part=request.part)
     lock = None
     stopped = None
+    load = LoadSampler().start()
     try:
         probed = _check_and_probe(request)
         lock = _claim(request)
@@ -179,7 +192,7 @@ def _run_version(request: RunRequest, stream, interrupts: Interrupts) -> int:
             lock = _claim(request)
         if stopped:
             _fail_unfinished(book, stopped)
-        _write_reports(request, cells, book, environment, started)
+        _write_reports(request, cells, book, environment, started, load.stop())
     except OSError as error:
         raise RunError(
             f"cannot write the reports of torch {request.version} to {request.version_dir} ({_os_error(error)}); "
@@ -241,6 +254,17 @@ def _fail_unfinished(book: OutcomeBook, message: str) -> None:
     for key in book.runs:
         if not book.is_done(key):
             book.fail_run(key, Status.ERROR, message)
+
+
+def _cells(request: RunRequest) -> list[Cell]:
+    """The selected cells; a read pass reads for exactly the cells its version's run planned."""
+    if not request.cross_version_reads:
+        return select_cells(request.matrix.cells(), only=request.only, keyword=request.keyword, shard=request.shard)
+    plan = request.run_dir / f"torch-{request.version}" / "plan.json"
+    try:
+        return [Cell(axes) for axes in read_plan(plan).cell_axes]
+    except PlanFileError as error:
+        raise RunError(f"{error}; a read pass needs the version's own run first") from None
 
 
 def _slots(request: RunRequest, environment: dict) -> int:
@@ -306,7 +330,7 @@ def _environment(request: RunRequest, book: OutcomeBook, probed: Environment | P
             "",
         )
         return environment.to_json(), False
-    return environment.to_json(), True
+    return {**environment.to_json(), "python": sys.executable}, True
 
 
 def _fail_all(book: OutcomeBook, message: str, text: str) -> None:
@@ -372,7 +396,13 @@ def _run_cells(
         )
 
     report_finished_cells()
-    scheduler(group_runs(runnable, slots, fillers=not gpu_count), book=book, on_update=report_finished_cells).run()
+    groups = group_runs(runnable, slots, fillers=not gpu_count)
+    if groups:
+        progress.say(
+            f"torchmatrix: torch {request.version}: starting {count(len(groups), 'pytest process', 'pytest processes')} "
+            f"on {slots} slots; each imports torch and collects the suites before its first cell reports"
+        )
+    scheduler(groups, book=book, on_update=report_finished_cells).run()
     report_finished_cells()
     _confirm_failures(request, book, progress, scheduler, slots)
 
@@ -481,13 +511,17 @@ def _start_group(request: RunRequest, group: Group, environment: dict) -> GroupP
     )
 
 
-def _write_reports(request: RunRequest, cells: list[Cell], book: OutcomeBook, environment: dict, started: str) -> None:
+def _write_reports(
+    request: RunRequest, cells: list[Cell], book: OutcomeBook, environment: dict, started: str, load_average: dict
+) -> None:
     for cell in cells:
         junit.write_cell(
             request.version_dir, request.version, environment, cell, book.for_cell(cell), book.cell_started(cell)
         )
-    _write_plan(request, cells, book, environment, started, finished=True)
+    _write_plan(request, cells, book, environment, started, finished=True, load_average=load_average)
     junit.merge_run(request.run_dir)
+    if request.cross_version_reads:
+        return
     if not point_latest(request.reports, request.run_id):
         print(
             f"torchmatrix: warning: {request.reports / 'latest'} is not the link torchmatrix keeps to the last run "
@@ -497,7 +531,14 @@ def _write_reports(request: RunRequest, cells: list[Cell], book: OutcomeBook, en
 
 
 def _write_plan(
-    request: RunRequest, cells: list[Cell], book: OutcomeBook, environment: dict, started: str, *, finished: bool
+    request: RunRequest,
+    cells: list[Cell],
+    book: OutcomeBook,
+    environment: dict,
+    started: str,
+    *,
+    finished: bool,
+    load_average: dict | None = None,
 ) -> None:
     """plan.json, first before any cell runs (with what `report` needs to rebuild the cells of a
     runner that was killed: each cell's axis values and the suites), then again at the end."""
@@ -520,5 +561,6 @@ def _write_plan(
             },
             pool_starts=book.pool_starts,
             finished=finished,
+            load_average=load_average or {},
         ),
     )

@@ -18,6 +18,7 @@ from torchmatrix.matrix.config import Matrix
 from torchmatrix.matrix.plan import plan_runs
 from torchmatrix.matrix.safe_names import UnsafeName, check_name
 from torchmatrix.matrix.selection import SelectionError, Shard, select_cells, shard_cells
+from torchmatrix.messages.cross_version import CHECKPOINTS_DIR, READS_DIR
 from torchmatrix.messages.run_plan import FILE_NAME as PLAN_FILE
 from torchmatrix.messages.run_plan import PlanFileError, RunPlan, read_plan, write_plan
 from torchmatrix.reports import junit
@@ -146,6 +147,8 @@ def _merge_version(
     out.mkdir(parents=True, exist_ok=True)
     for path in sources.values():
         shutil.copyfile(path, out / path.name)
+    for report in reports:
+        _copy_cross_version(report.path, out)
     missing = [cell for cell in expected if cell.id not in sources]
     environment = (reports[0].plan.environment if reports else None) or {
         "device": "unknown (no job of this version reported)"
@@ -174,6 +177,16 @@ def _merge_version(
         ),
     )
     return len(sources) + len(missing), [cell.id for cell in missing]
+
+
+def _copy_cross_version(version_dir: Path, out: Path) -> None:
+    """Carry what the cross_version suite wrote (checkpoints) and read (reads/*.xml) into the merged
+    version, so its report has both directions and a later `cross-read` of the merge finds the writes."""
+    if (version_dir / CHECKPOINTS_DIR).is_dir():
+        shutil.copytree(version_dir / CHECKPOINTS_DIR, out / CHECKPOINTS_DIR, symlinks=True, dirs_exist_ok=True)
+    for path in sorted((version_dir / READS_DIR).glob("*.xml")):
+        (out / READS_DIR).mkdir(exist_ok=True)
+        shutil.copyfile(path, out / READS_DIR / path.name)
 
 
 def _tests_per_suite(paths) -> dict[str, list[str]]:

@@ -1,0 +1,66 @@
+"""Checkpoints across torch versions, the reading side, run by `torchmatrix cross-read` only (no
+`test_` prefix: no matrix suite or directory collection picks it up): load, through the `checkpointer` component, what another torch version of the
+run wrote for this cell (suites/test_cross_version.py), into a model, optimizer, scheduler and loader
+rebuilt from another seed, and compare every restored value and the step exactly with what that
+version saved. A version whose writes for the cell are missing is reported as not checked.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from torchmatrix.testing import EXPECTED_FILE, load, planned_options, writes_dir
+
+from .deterministic import deterministic_algorithms
+from .neutral_state import differences
+from .test_cross_version import restorable
+from .test_resume import TrainingRun, options_for, write_dataset
+
+NOT_CHECKED = "not checked: torch {writer} wrote no checkpoint for this cell in {run_dir} (its run has not finished it, or ran other cells)"
+
+
+def pytest_generate_tests(metafunc):
+    """One test per version whose writes this version reads (the plugin's plan names them)."""
+    if "writer" in metafunc.fixturenames:
+        metafunc.parametrize("writer", planned_options(metafunc.config, metafunc.definition.path).get("peers", []))
+
+
+def test_loads_checkpoint_written_by(cell, ranks, suite_options, components, tmp_path, writer):
+    """The other version's checkpoint of this cell loads, and every value equals what it saved."""
+    options = options_for(suite_options)
+    source = writes_dir(Path(suite_options["run_dir"]), writer, cell.id)
+    if not (source / EXPECTED_FILE).is_file():
+        pytest.skip(NOT_CHECKED.format(writer=writer, run_dir=suite_options["run_dir"]))
+    expected = json.loads((source / EXPECTED_FILE).read_text())
+    data_path = str(tmp_path / "tokens.pt")
+    write_dataset(components, options, data_path)
+    loaded = ranks.run(load_and_capture, dict(cell), options, components, data_path, str(source / "checkpoint"))
+    assert len(loaded) == len(expected["ranks"]), (
+        f"{cell.id}: torch {writer} saved {len(expected['ranks'])} ranks, this cell has {len(loaded)}"
+    )
+    problems = [
+        f"  rank {rank}: step {step} after the load, saved {expected['step']}"
+        for rank, (step, _) in enumerate(loaded)
+        if step != expected["step"]
+    ]
+    for rank, ((_, state), saved) in enumerate(zip(loaded, expected["ranks"])):
+        problems += [f"  rank {rank}: {line}" for line in differences(saved, state)]
+    assert not problems, (
+        f"{cell.id}: checkpoint written by torch {writer}, loaded by torch {suite_options['torch']}, differs from what was saved:\n"
+        + "\n".join(problems)
+    )
+
+
+def load_and_capture(cell: dict, options: dict, components: dict, data_path: str, checkpoint_dir: str) -> tuple:
+    """Rank function: rebuild from another seed, load the checkpoint, return (step, restorable state)."""
+    import torch.distributed as dist
+
+    with deterministic_algorithms():
+        run = TrainingRun(
+            cell, options, components, data_path, dist.get_rank(), dist.get_world_size(), seed=options["rebuild_seed"]
+        )
+        step = load(components["checkpointer"])().load(checkpoint_dir, **run.checkpointables())
+        return int(step), restorable(run)

@@ -1,0 +1,64 @@
+"""Training state in a form every torch version reads the same: JSON, tensors as dtype, shape and raw bytes.
+
+The cross_version suite keeps what a checkpoint must restore next to the checkpoint in this form,
+so a reader under another torch compares against values no torch format stood between.
+"""
+
+from __future__ import annotations
+
+import base64
+
+import torch
+
+
+def neutral(value):
+    """`value` with every tensor as {"dtype", "shape", "bytes"} (base64), tuples as lists, bytes as base64."""
+    if isinstance(value, torch.Tensor):
+        tensor = value.detach().to("cpu").contiguous()
+        raw = tensor.reshape(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b""
+        return {"dtype": str(tensor.dtype).removeprefix("torch."), "shape": list(tensor.shape), "bytes": _b64(raw)}
+    if isinstance(value, dict):
+        return {str(key): neutral(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [neutral(item) for item in value]
+    if isinstance(value, bytes):
+        return {"bytes": _b64(value)}
+    return value
+
+
+def tensor_of(encoded: dict) -> torch.Tensor:
+    """The tensor a neutral() encoding holds."""
+    dtype = getattr(torch, encoded["dtype"])
+    raw = bytearray(base64.b64decode(encoded["bytes"]))
+    if not raw:
+        return torch.empty(encoded["shape"], dtype=dtype)
+    return torch.frombuffer(raw, dtype=torch.uint8).view(dtype).reshape(encoded["shape"])
+
+
+def differences(expected, actual, where: str = "") -> list[str]:
+    """One line per value that differs between two neutral() forms: missing, extra, or which bits."""
+    if isinstance(expected, dict) and isinstance(actual, dict) and set(expected) >= {"dtype", "shape", "bytes"}:
+        return [] if expected == actual else [f"{where}: {_tensor_difference(expected, actual)}"]
+    if isinstance(expected, dict) and isinstance(actual, dict):
+        lines = [f"{where}.{key}: missing after the load" for key in sorted(expected.keys() - actual.keys())]
+        lines += [
+            f"{where}.{key}: present after the load, not saved" for key in sorted(actual.keys() - expected.keys())
+        ]
+        for key in sorted(expected.keys() & actual.keys()):
+            lines += differences(expected[key], actual[key], f"{where}.{key}" if where else key)
+        return lines
+    if isinstance(expected, list) and isinstance(actual, list) and len(expected) == len(actual):
+        return [line for i, (a, b) in enumerate(zip(expected, actual)) for line in differences(a, b, f"{where}[{i}]")]
+    return [] if expected == actual else [f"{where}: {actual!r} after the load, saved {expected!r}"]
+
+
+def _tensor_difference(expected: dict, actual: dict) -> str:
+    if expected["dtype"] != actual["dtype"] or expected["shape"] != actual["shape"]:
+        return f"{actual['dtype']} {actual['shape']} after the load, saved {expected['dtype']} {expected['shape']}"
+    a, b = tensor_of(expected).double(), tensor_of(actual).double()
+    delta = (a - b).abs()
+    return f"{int((delta > 0).sum())}/{delta.numel()} elements differ, max |Δ| {delta.max().item():.3e}"
+
+
+def _b64(raw: bytes) -> str:
+    return base64.b64encode(raw).decode("ascii")

@@ -1,0 +1,91 @@
+"""Per test, the CPU seconds its ranks and pytest used and every warning raised on a rank or in
+pytest: recorded by the plugin as JUnit properties, read back into results.json, and diffed between
+versions (a warning on one version only is new there, or gone)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from torchmatrix.ranks.per_test_usage import module_of, normalised
+from torchmatrix.reports.records import TestRecord
+from torchmatrix.reports.warning_changes import new_and_gone
+
+from conftest import Project, matrix_toml
+
+SUITE = """
+import warnings
+
+import torch.distributed as dist
+
+
+def _warn_on_every_rank(times):
+    for _ in range(times):
+        warnings.warn(f"old_api at 0x7f00deadbeef is deprecating ShardedTensor, rank {dist.get_rank()}", FutureWarning)
+    return 0
+
+
+def _spin():
+    total = 0
+    for i in range(10_000_000):
+        total += i
+    return total
+
+
+def test_warns(cell, ranks):
+    ranks.run(_warn_on_every_rank, 3)
+    warnings.warn("in the pytest process, see line 12", UserWarning)
+
+
+def test_burns_cpu(cell, ranks):
+    ranks.run(_spin)
+"""
+
+
+def test_messages_are_normalised_and_modules_named():
+    assert normalised("tensor at 0x7f3a9c0 line 41 in /tmp/pytest-7/x.py:88") == "tensor at 0x… line N in /tmp/…"
+    assert module_of("/v/lib/python3.11/site-packages/torch/distributed/fsdp/_init_utils.py") == (
+        "torch.distributed.fsdp._init_utils"
+    )
+
+
+def record(torch: str, cell: str, *warnings: tuple[str, str, str, int]) -> TestRecord:
+    entries = tuple({"category": c, "module": m, "message": t, "count": n} for c, m, t, n in warnings)
+    return TestRecord(torch, cell, "resume", "test_x", "passed", 1.0, warnings=entries)
+
+
+def test_a_warning_on_one_version_only_is_new_there_and_deprecations_come_first():
+    shared = ("UserWarning", "torch.distributed", "Multiple backends are registered", 2)
+    before = [record("2.13.0", "ws1", shared, ("UserWarning", "m", "only the pin warns", 1))]
+    after = [
+        record("2.15.0", "ws1", shared, ("UserWarning", "m", "noisy", 9)),
+        record("2.15.0", "ws2", ("FutureWarning", "torch.distributed._shard", "deprecating ShardedTensor", 1)),
+    ]
+    new, gone = new_and_gone(before, after)
+    assert [(g.category, g.message, g.count, g.tests, g.cells) for g in new] == [
+        ("FutureWarning", "deprecating ShardedTensor", 1, ("resume::test_x",), ("ws2",)),
+        ("UserWarning", "noisy", 9, ("resume::test_x",), ("ws1",)),
+    ]
+    assert [g.message for g in gone] == ["only the pin warns"]
+
+
+@pytest.mark.slow
+def test_ranks_and_pytest_warnings_and_cpu_time_reach_results_json(tmp_path):
+    project = Project(tmp_path / "project")
+    project.write("matrix.toml", matrix_toml(axes={"world_size": [2]}, suites={"usage": {"timeout": 60}}))
+    project.write("suites/__init__.py", "")
+    project.write("suites/test_usage.py", SUITE)
+    done = project.torchmatrix("run", "--torch", "system", "--reports", "out")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert project.torchmatrix("report", "out/latest").returncode == 0
+    tests = {t["test"]: t for t in json.loads((project.root / "out" / "latest" / "results.json").read_text())["tests"]}
+    warned = {(w["category"], w["module"], w["message"]): w["count"] for w in tests["test_warns"]["warnings"]}
+    assert warned == {
+        ("FutureWarning", "test_usage", "old_api at 0x… is deprecating ShardedTensor, rank 0"): 3,
+        ("FutureWarning", "test_usage", "old_api at 0x… is deprecating ShardedTensor, rank 1"): 3,
+        ("UserWarning", "test_usage", "in the pytest process, see line N"): 1,
+    }
+    assert tests["test_burns_cpu"]["warnings"] == []
+    spin, warn = tests["test_burns_cpu"]["figures"]["cpu_seconds"], tests["test_warns"]["figures"]["cpu_seconds"]
+    assert spin > 0.5 and spin > 4 * warn, (spin, warn)

@@ -1,0 +1,145 @@
+"""Checkpoints across torch versions, for real: torch 2.13.0 (this interpreter) and 2.14.1 (a venv made
+once, beside this one's, ~1 min and 5.5 GB the first time) each run the cross_version suite on the
+smallest cell, then `cross-read` has each load the other's writes.
+
+With the reference checkpointer both directions load exactly; before 2.14.1 has run, a read pass
+reports 2.14.1's writes as missing (not checked, never passed); with a checkpointer that refuses a
+checkpoint another torch wrote, the rollback section names its root cause and `compare` and
+`report --check-upgrade` exit 1.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import PROJECT_IS_THIS_CHECKOUT, REFERENCE_COMPONENTS, REPO, checkout_env, matrix_toml
+
+pytestmark = pytest.mark.slow
+
+BASELINE, CANDIDATE = "2.13.0", "2.14.1"
+MUTANT = "torchmatrix.models.mutants.cross_version:VersionTaggedCheckpointer"
+CELL = {"world_size": [1], "fsdp": ["none"], "attn": ["sdpa"], "optimizer": ["adamw"]}
+
+
+@pytest.fixture(scope="module")
+def candidate_python() -> str:
+    """A Python with torch 2.14.1 and this checkout, made once per machine (TORCHMATRIX_TEST_TORCH_2_14_1
+    names another venv) and shared under a lock by parallel workers."""
+    venv = Path(os.environ.get("TORCHMATRIX_TEST_TORCH_2_14_1") or Path(sys.prefix).parent / f".venv-torch-{CANDIDATE}")
+    python = venv / "bin" / "python"
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    with open(venv.parent / f".venv-torch-{CANDIDATE}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        probe = [str(python), "-c", "import torch, torchmatrix; print(torch.__version__)"]
+        if (
+            not python.exists()
+            or subprocess.run(probe, capture_output=True, text=True).stdout.split("+")[0] != CANDIDATE
+        ):
+            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+            pip = [str(python), "-m", "pip", "install", "-q", f"torch=={CANDIDATE}", "numpy", "-e", str(REPO)]
+            subprocess.run(pip, check=True, timeout=1200)
+    return str(python)
+
+
+def torchmatrix(python: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [python, "-m", "torchmatrix", *args], cwd=REPO, env=checkout_env(), capture_output=True, text=True, timeout=900
+    )
+
+
+def run_both(root: Path, checkpointer: str, candidate_python: str, *, read_between: bool = False) -> Path:
+    """Run both versions' cross_version suite into one run directory, then the read pass; return the run directory."""
+    root.mkdir(parents=True)
+    matrix = root / "matrix.toml"
+    components = {**REFERENCE_COMPONENTS, "checkpointer": checkpointer}
+    matrix.write_text(
+        matrix_toml(
+            torch=[BASELINE, CANDIDATE], axes=CELL, suites={"cross_version": {"path": None}}, components=components
+        )
+        + PROJECT_IS_THIS_CHECKOUT
+    )
+    common = ["--config", str(matrix), "--reports", str(root / "reports"), "--run-id", "run", "--confirm-limit", "0"]
+    run_dir = root / "reports" / "run"
+    assert torchmatrix(sys.executable, "run", "--torch", BASELINE, *common).returncode == 0
+    if read_between:
+        torchmatrix(sys.executable, "cross-read", str(run_dir))
+        torchmatrix(sys.executable, "report", str(run_dir))
+        (root / "before-candidate.json").write_text((run_dir / "results.json").read_text())
+    assert torchmatrix(candidate_python, "run", "--torch", CANDIDATE, *common).returncode == 0
+    torchmatrix(sys.executable, "cross-read", str(run_dir))
+    return run_dir
+
+
+def directions(results: Path) -> dict[str, dict]:
+    (upgrade,) = json.loads(results.read_text())["upgrade"]
+    return {d["direction"]: d for d in upgrade["checkpoints"]}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, candidate_python) -> Path:
+    root = tmp_path_factory.mktemp("reference")
+    return run_both(root / "p", REFERENCE_COMPONENTS["checkpointer"], candidate_python, read_between=True)
+
+
+@pytest.fixture(scope="module")
+def mutant(tmp_path_factory, candidate_python) -> Path:
+    return run_both(tmp_path_factory.mktemp("mutant") / "p", MUTANT, candidate_python)
+
+
+def test_reference_checkpoints_load_exactly_both_ways(reference):
+    done = torchmatrix(sys.executable, "report", str(reference), "--check-upgrade")
+    assert done.returncode == 0, done.stdout + done.stderr
+    found = directions(reference / "results.json")
+    for name in ("rollback", "forward"):
+        assert found[name]["passed"] == ["ws1-none-sdpa-adamw"] and not found[name]["broken"], found[name]
+        assert not found[name]["not_checked"], found[name]
+    assert (
+        "✅ **rollback**: checkpoints written by 2.14.1 load exactly under 2.13.0"
+        in (reference / "summary.md").read_text()
+    )
+
+
+def test_missing_writes_are_not_checked_never_passed(reference, tmp_path):
+    before = json.loads((reference.parent.parent / "before-candidate.json").read_text())["tests"]
+    (early,) = [t for t in before if t["test"] == f"test_loads_checkpoint_written_by[writer={CANDIDATE}]"]
+    assert early["status"] == "skipped" and early["message"].startswith("not checked: torch 2.14.1 wrote no checkpoint")
+    copy = tmp_path / "run"
+    shutil.copytree(reference, copy, symlinks=True)
+    shutil.rmtree(copy / f"torch-{CANDIDATE}" / "checkpoints")
+    torchmatrix(sys.executable, "cross-read", str(copy))
+    assert torchmatrix(sys.executable, "report", str(copy), "--check-upgrade").returncode == 0
+    found = directions(copy / "results.json")
+    assert not found["rollback"]["passed"] and not found["rollback"]["broken"], found["rollback"]
+    (reason,) = found["rollback"]["not_checked"]
+    assert reason["reason"].startswith("not checked: torch 2.14.1 wrote no checkpoint for this cell"), reason
+    assert found["forward"]["passed"] == ["ws1-none-sdpa-adamw"]
+    assert (
+        "⚠️ **rollback**: not checked: no checkpoint written by 2.14.1 was read by 2.13.0"
+        in (copy / "summary.md").read_text()
+    )
+
+
+def test_unreadable_rollback_is_reported_with_its_root_cause_and_fails_compare(mutant, reference):
+    done = torchmatrix(sys.executable, "report", str(mutant), "--check-upgrade")
+    assert done.returncode == 1, done.stdout + done.stderr
+    found = directions(mutant / "results.json")
+    assert found["rollback"]["broken"] and found["forward"]["broken"]
+    (failure,) = found["rollback"]["failed"]
+    assert failure["root_cause"].startswith("RuntimeError: checkpoint format of torch 2.14.1"), failure
+    assert failure["root_cause"].endswith("is not readable by torch 2.13.0+cpu"), failure
+    summary = (mutant / "summary.md").read_text()
+    assert (
+        "❌ **rollback**: checkpoints written by 2.14.1 cannot be read by 2.13.0 — `RuntimeError: checkpoint format"
+        in summary
+    )
+    compared = torchmatrix(sys.executable, "compare", str(reference), str(mutant))
+    assert compared.returncode == 1, compared.stdout + compared.stderr
+    assert "cannot be read by 2.13.0" in compared.stdout

@@ -1,0 +1,76 @@
+"""What a test leaves besides its result, per process: the CPU seconds it used and the warnings it raised.
+
+Each rank process counts its warnings (WarningLog, installed when the rank starts) and the plugin
+asks every rank for `rank_usage()` before and after each test, adding its own process's CPU time and
+the warnings pytest recorded. Messages are normalised (addresses, line numbers, temporary paths) so
+the same warning from two runs or two torch versions is one entry.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import warnings
+from collections import Counter
+
+CPU_SECONDS = "cpu_seconds"  # the figure each test records: its CPU time, on every rank and in pytest
+WARNING_PROPERTY = "warning"  # warning.1, warning.2, ...: one JSON entry per distinct warning of a test
+ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
+LINE = re.compile(r"(line |:)\d+\b")
+TEMPORARY = re.compile(r"/tmp/[^\s'\"]+")
+MESSAGE_CHARS = 500
+
+
+def normalised(message: str) -> str:
+    """The warning's text with what differs between runs (addresses, line numbers, temp paths) replaced."""
+    text = TEMPORARY.sub("/tmp/…", ADDRESS.sub("0x…", str(message)))
+    return LINE.sub(lambda m: f"{m.group(1)}N", " ".join(text.split()))[:MESSAGE_CHARS]
+
+
+def module_of(filename: str) -> str:
+    """The dotted module a warning's file is, from the package root it lives under (torch.distributed.fsdp…)."""
+    path = filename.replace("\\", "/").removesuffix(".py")
+    for marker in ("/site-packages/", "/dist-packages/", "/lib/python3"):
+        if marker in path:
+            path = path.rsplit(marker, 1)[1]
+            break
+    else:
+        path = path.rsplit("/", 1)[-1]
+    return path.strip("/").replace("/", ".").removesuffix(".__init__")
+
+
+class WarningLog:
+    """Every warning this process raises, counted by (category, module, normalised message) until drained."""
+
+    def __init__(self):
+        self.counts: Counter[tuple[str, str, str]] = Counter()
+
+    def install(self) -> None:
+        """Record every warning, each occurrence (not once per place), instead of printing it."""
+        warnings.simplefilter("always")
+        warnings.showwarning = self.record
+
+    def record(self, message, category, filename, lineno, file=None, line=None) -> None:
+        self.counts[(category.__name__, module_of(filename), normalised(message))] += 1
+
+    def drain(self) -> list[dict]:
+        """The warnings recorded since the last drain, as dicts, and forget them."""
+        drained = as_entries(self.counts)
+        self.counts.clear()
+        return drained
+
+
+def as_entries(counts: Counter) -> list[dict]:
+    """(category, module, message) -> count as the records reports keep, most frequent first."""
+    return [
+        {"category": category, "module": module, "message": message, "count": count}
+        for (category, module, message), count in counts.most_common()
+    ]
+
+
+RANK_WARNINGS = WarningLog()
+
+
+def rank_usage() -> dict:
+    """Rank function: this rank's CPU seconds so far (all its threads, gloo's too) and its warnings since the last call."""
+    return {"cpu_seconds": time.process_time(), "warnings": RANK_WARNINGS.drain()}
