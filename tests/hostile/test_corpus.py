@@ -385,6 +385,13 @@ CASES = [
         "argument --slots: -1 is not positive",
     ),
     Case(
+        "cross-read-not-a-run-directory",
+        "cross-read of a path that is not a run directory",
+        ["cross-read", "reports/nowhere"],
+        2,
+        "reports/nowhere is not a run directory; pass one under reports/",
+    ),
+    Case(
         "github-matrix-only-system",
         "github-matrix when [torch] lists only 'system' (GitHub rejects an empty job matrix)",
         ["github-matrix"],
