@@ -5,7 +5,10 @@ checkpointing, wrapped by the ``parallelize`` component for the cell's ``fsdp``,
 forward+backward on the same per-rank ``batch``. Gradients (local shards and full tensors)
 and losses must match bit for bit in float32 (recompute runs the same kernels on the same
 inputs; the max ULP distance is recorded as ``grad_max_ulp``), or within the derived bf16
-tolerance (``BF16_RTOL``); every buffer must match exactly; recompute must really run and leave
+tolerance (``BF16_RTOL``), also when K micro-batches (option ``micro_batches``, default 2) run
+forward before one backward, so a recompute runs after later forwards; every buffer and every
+module's own attribute state (tensors, numbers, strings and containers of them, by path) must match
+exactly; a ``CheckpointError`` of recompute names its layer; recompute must really run and leave
 the cache, its tensors and its non-tensor state (counters, lengths), as forward left it; a cell in
 which no cache tensor was replaced or written in place during backward fails, since its cache checks
 saw nothing recompute did (FSDP1 and DDP copy the containers of the output they return, so the
@@ -632,6 +635,21 @@ def compare_module_state(
     }
 
 
+def require_gradients_and_recompute(cell, results: list[dict]) -> None:
+    """Fail when some rank has no gradient to compare, or no layer body ran again in its backward
+    with checkpointing: either way the comparison would prove nothing."""
+    assert all(r["compared"] for r in results), (
+        f"cell {cell.id}: no parameter has a gradient on some rank, so there is nothing to compare; "
+        f"gradients compared per rank: {[r['compared'] for r in results]}"
+    )
+    not_recomputed = [rank for rank, r in enumerate(results) if not r["recomputed"]]
+    assert not not_recomputed, (
+        f"cell {cell.id}: ranks {not_recomputed}: no layer body ran again in backward with activation checkpointing "
+        f"(body_calls() unchanged by backward), so checkpointing was not applied and this compared eager with eager; "
+        f"`parallelize(..., activation_checkpointing=True)` must checkpoint the decoder layers"
+    )
+
+
 def gradient_problems(results: list[dict], loss_name: str) -> dict[str, list[str]]:
     """Per rank, the loss and local-shard differences; under "every rank", the full-gradient ones."""
     problems = {}
@@ -676,16 +694,7 @@ def test_checkpointing_leaves_loss_and_gradients_unchanged(
     precision = precision_from(suite_options)
     results = ranks.run(compare_gradients, cell, components, precision, dropout)
     record_drift(record_property, results)
-    assert all(r["compared"] for r in results), (
-        f"cell {cell.id}: no parameter has a gradient on some rank, so there is nothing to compare; "
-        f"gradients compared per rank: {[r['compared'] for r in results]}"
-    )
-    not_recomputed = [rank for rank, r in enumerate(results) if not r["recomputed"]]
-    assert not not_recomputed, (
-        f"cell {cell.id}: ranks {not_recomputed}: no layer body ran again in backward with activation checkpointing "
-        f"(body_calls() unchanged by backward), so checkpointing was not applied and this compared eager with eager; "
-        f"`parallelize(..., activation_checkpointing=True)` must checkpoint the decoder layers"
-    )
+    require_gradients_and_recompute(cell, results)
 
     init = {f"rank {rank}": r["init"] for rank, r in enumerate(results) if r["init"]}
     assert not init, failure_text(
@@ -847,15 +856,7 @@ def test_micro_batches_before_one_backward_leave_gradients_unchanged(
     micro_batches = micro_batches_from(suite_options)
     results = ranks.run(compare_gradients, cell, components, precision, 0.0, micro_batches)
     record_property("micro_batches", micro_batches)
-    assert all(r["compared"] for r in results), (
-        f"cell {cell.id}: no parameter has a gradient on some rank, so there is nothing to compare; "
-        f"gradients compared per rank: {[r['compared'] for r in results]}"
-    )
-    not_recomputed = [rank for rank, r in enumerate(results) if not r["recomputed"]]
-    assert not not_recomputed, (
-        f"cell {cell.id}: ranks {not_recomputed}: no layer body ran again in backward with activation checkpointing "
-        f"over {micro_batches} micro-batches, so this compared eager with eager"
-    )
+    require_gradients_and_recompute(cell, results)
     problems = gradient_problems(results, "summed loss")
     assert not problems, failure_text(
         cell,

@@ -9,9 +9,11 @@ Right after the load, before any step, each piece of state is checked against wh
 and a failure names the piece: every parameter (full tensor), every optimizer state value
 (as the optimizer's state adapter gives it: plain, dequantized tensors, `step` included;
 see suites/optimizer_state.py), the param groups'
-hyper-parameters, the scheduler's `last_epoch` and current LR, the batch the loader would
-yield next, and every RNG stream the run draws from (torch CPU, each CUDA device, numpy,
-Python `random`; a stream counts as used when training advances it). Each rank also compares
+hyper-parameters, the optimizer object's own counters and scalars, the scheduler's `last_epoch`
+and current LR, the batches the loader would yield next (option `loader_batches`, by default one
+epoch and one more, so they cross an epoch boundary), and every RNG stream the run draws from
+(torch CPU, each CUDA device, numpy, Python `random`, and the generators the model, dataset and
+loader own; a stream counts as used when training advances it). Each rank also compares
 its own parameter shards and optimizer state, so a load that some ranks kept and others lost
 (restored on rank 0 only) says which, where full tensors differ on every rank. A comparison
 that finds nothing to compare (no parameters, no optimizer state) fails; a piece the rebuilt run
