@@ -48,9 +48,7 @@ from .ulp import bits_equal, ulp_distance
 SEED = 0
 DROPOUT = 0.1
 MICRO_BATCHES = 2
-# Attributes that count body runs for the protocol's `body_calls()` (the reference layers' and the
-# examples' names): recompute must bump them, so the module-state check leaves them out.
-BODY_CALL_COUNTERS = ("body_calls", "layer_body_calls")
+BODY_CALLS_PROBE = 1_000_003
 
 
 # bfloat16 keeps 8 significant bits, eps = 2**-7. The suite's bf16 models accumulate matmuls
@@ -102,12 +100,12 @@ def micro_batches_from(options: dict) -> int:
     pytest.fail(f"[suites.grad_ckpt.options] micro_batches = {count!r}: expected an integer of at least 2")
 
 
-def body_call_counters_from(options: dict) -> tuple[str, ...]:
-    """The attribute names that count body runs for `body_calls()` (option `body_call_counters`)."""
-    names = options.get("body_call_counters", list(BODY_CALL_COUNTERS))
+def ignored_attributes_from(options: dict) -> tuple[str, ...]:
+    """Attribute names the module-attribute check leaves out (option `ignored_attributes`)."""
+    names = options.get("ignored_attributes", [])
     if isinstance(names, list) and all(isinstance(name, str) for name in names):
         return tuple(names)
-    pytest.fail(f"[suites.grad_ckpt.options] body_call_counters = {names!r}: expected a list of attribute names")
+    pytest.fail(f"[suites.grad_ckpt.options] ignored_attributes = {names!r}: expected a list of attribute names")
 
 
 def local_tensor(tensor):
@@ -252,51 +250,96 @@ class Entries:
         return f"{self.count} entries"
 
 
-def module_state(model: nn.Module, counters: tuple[str, ...]) -> dict[str, object]:
+@dataclass(frozen=True)
+class Slot:
+    """Where a value of a module's state is held: an attribute of an object, or an item of a container."""
+
+    holder: object
+    key: object
+    attribute: bool
+
+    def get(self):
+        return getattr(self.holder, self.key) if self.attribute else self.holder[self.key]
+
+    def set(self, value) -> None:
+        if self.attribute:
+            object.__setattr__(self.holder, self.key, value)
+        else:
+            self.holder[self.key] = value
+
+
+def module_state(model: nn.Module, ignored: tuple[str, ...] = ()) -> tuple[dict[str, object], dict[str, Slot]]:
     """Every module's own attributes that hold tensors, numbers, strings or containers of them, by
     path (``prefix_layers.1.aux_losses[0]``): state a forward may append to or bump outside buffers
-    and parameters. torch's own module internals, parameters, submodules, wrapper modules and the
-    ``body_calls()`` counters (``counters``) are left out."""
+    and parameters; and where each int is held, so ``body_call_counters`` can find the counters
+    ``body_calls()`` reports. torch's own module internals, parameters, submodules, wrapper modules
+    and the attribute names in ``ignored`` are left out."""
     state: dict[str, object] = {}
+    ints: dict[str, Slot] = {}
 
-    def walk(value, path: str, depth: int) -> None:
+    def walk(value, path: str, depth: int, slot: Slot) -> None:
         if isinstance(value, nn.Parameter) or isinstance(value, OPAQUE) or depth > CACHE_STATE_DEPTH:
             return
         if isinstance(value, PLAIN_VALUES):
             state[path] = value
+            if type(value) is int:
+                ints[path] = slot
         elif isinstance(value, torch.Tensor):
             state[path] = local_tensor(value).detach().to("cpu", copy=True)
         elif isinstance(value, (list, tuple, set, frozenset)):
             state[path] = Entries(len(value))
             items = sorted(value, key=repr) if isinstance(value, (set, frozenset)) else value
             for index, item in enumerate(items):
-                walk(item, f"{path}[{index}]", depth + 1)
+                walk(item, f"{path}[{index}]", depth + 1, Slot(value, index, False))
         elif isinstance(value, dict):
             state[path] = Entries(len(value))
             for key, item in value.items():
-                walk(item, f"{path}[{key!r}]", depth + 1)
+                walk(item, f"{path}[{key!r}]", depth + 1, Slot(value, key, False))
 
     for name, module in unwrapped(model).named_modules():
         if isinstance(module, WRAPPERS_THAT_REBUILD_OUTPUT):
             continue
         for attribute, value in vars(module).items():
-            if attribute in MODULE_INTERNALS or attribute in counters or attribute.startswith(WRAPPER_ATTRIBUTES):
+            if attribute in MODULE_INTERNALS or attribute in ignored or attribute.startswith(WRAPPER_ATTRIBUTES):
                 continue
             if attribute in module._parameters or attribute in module._modules:
                 continue
-            walk(value, clean_name(f"{name}.{attribute}") if name else attribute, 0)
-    return state
+            path = clean_name(f"{name}.{attribute}") if name else attribute
+            walk(value, path, 0, Slot(module, attribute, True))
+    return state, ints
 
 
-def module_state_problems(actual: dict, expected: dict, before: tuple[dict, dict]) -> list[str]:
+def body_call_counters(model: nn.Module, ints: dict[str, Slot]) -> set[str]:
+    """The ints that ``body_calls()`` reports, found by moving each one and seeing whether what it
+    returns moves: recompute must bump those (and only those), so the attribute check leaves them out."""
+    reported = model.body_calls()
+    found = set()
+    for path, slot in ints.items():
+        try:
+            value = slot.get()
+            slot.set(value + BODY_CALLS_PROBE)
+        except (TypeError, IndexError, KeyError, AttributeError):
+            continue
+        try:
+            if model.body_calls() != reported:
+                found.add(path)
+        finally:
+            slot.set(value)
+    return found
+
+
+def module_state_problems(
+    actual: dict, expected: dict, before: tuple[dict, dict], counters: set[str] = frozenset()
+) -> list[str]:
     """One line per attribute path whose value differs between the two runs after backward, or that
-    only one has; paths the two runs already held differently before forward (set up differently,
-    e.g. the layers' checkpointing switch) are not training's doing and are left out."""
+    only one has. Left out: paths the two runs already held differently before forward (set up
+    differently, e.g. the layers' checkpointing switch), and the ``body_calls()`` counters
+    (``counters``), which recompute must bump."""
     set_up_differently = {
         path for path in before[0].keys() | before[1].keys() if not same_value(before[0].get(path), before[1].get(path))
     }
     problems = []
-    for path in sorted((actual.keys() | expected.keys()) - set_up_differently):
+    for path in sorted((actual.keys() | expected.keys()) - set_up_differently - counters):
         if path not in expected:
             problems.append(f"{path}: present with checkpointing only ({actual[path]!r})")
         elif path not in actual:
@@ -396,6 +439,7 @@ class StepRecord:
     buffers: dict
     module_state_before_forward: dict
     module_state_after_backward: dict
+    body_call_counters: set
     forward_drew_random_numbers: bool
 
     @property
@@ -465,7 +509,7 @@ def train_step(
     dropout: float,
     checkpointing: bool,
     micro_batches: int = 1,
-    counters: tuple[str, ...] = BODY_CALL_COUNTERS,
+    ignored: tuple[str, ...] = (),
 ) -> StepRecord:
     """Build, wrap, and run ``micro_batches`` forwards (their losses summed) then one backward on this
     rank; failures say which stage broke."""
@@ -483,7 +527,7 @@ def train_step(
         model = parallelize(model, cell, device=device, activation_checkpointing=checkpointing)
     model.train()
     parameters = local_parameters(model)
-    module_state_before = module_state(model, counters)
+    module_state_before, _ = module_state(model, ignored)
     torch.manual_seed(SEED + 1000 + rank)
     rng_before_forward = rng_states()
     with failing_stage(cell, f"forward {mode} activation checkpointing"), inner_output(model) as seen:
@@ -506,6 +550,7 @@ def train_step(
             loss.backward()
         except CheckpointError as error:
             raise RuntimeError(f"in the recompute of {recompute_origin(model, ran)}: {error}") from error
+    module_state_after, ints_after = module_state(model, ignored)
     return StepRecord(
         loss=loss.detach().float().cpu(),
         parameters=parameters,
@@ -521,7 +566,8 @@ def train_step(
         cache_written_in_backward=cache_writes(marks_after_forward, cache) if has_cache else [],
         buffers=buffers(model),
         module_state_before_forward=module_state_before,
-        module_state_after_backward=module_state(model, counters),
+        module_state_after_backward=module_state_after,
+        body_call_counters=body_call_counters(model, ints_after),
         forward_drew_random_numbers=forward_drew_random_numbers,
     )
 
@@ -537,13 +583,13 @@ def both_steps(
     precision: Precision,
     dropout: float,
     micro_batches: int = 1,
-    counters: tuple[str, ...] = BODY_CALL_COUNTERS,
+    ignored: tuple[str, ...] = (),
 ) -> tuple[StepRecord, StepRecord]:
     """The step without, then with, activation checkpointing, under deterministic kernels."""
     with deterministic_algorithms():
         return (
-            train_step(cell, components, precision, dropout, False, micro_batches, counters),
-            train_step(cell, components, precision, dropout, True, micro_batches, counters),
+            train_step(cell, components, precision, dropout, False, micro_batches, ignored),
+            train_step(cell, components, precision, dropout, True, micro_batches, ignored),
         )
 
 
@@ -618,11 +664,11 @@ def inspect_recompute(cell, components: dict, precision: Precision, dropout: flo
 
 
 def compare_module_state(
-    cell, components: dict, precision: Precision, dropout: float, counters: tuple[str, ...]
+    cell, components: dict, precision: Precision, dropout: float, ignored: tuple[str, ...]
 ) -> dict:
     """Rank function: every buffer and every module's own attribute state after one forward+backward,
-    with vs without checkpointing, exactly."""
-    without_ckpt, with_ckpt = both_steps(cell, components, precision, dropout, 1, counters)
+    with vs without checkpointing, exactly; the ``body_calls()`` counters left out."""
+    without_ckpt, with_ckpt = both_steps(cell, components, precision, dropout, 1, ignored)
     return {
         "names": sorted(without_ckpt.buffers),
         "problems": compare_tensors("buffer", with_ckpt.buffers, without_ckpt.buffers, EXACT),
@@ -631,7 +677,9 @@ def compare_module_state(
             with_ckpt.module_state_after_backward,
             without_ckpt.module_state_after_backward,
             (with_ckpt.module_state_before_forward, without_ckpt.module_state_before_forward),
+            with_ckpt.body_call_counters | without_ckpt.body_call_counters,
         ),
+        "counters": sorted(with_ckpt.body_call_counters | without_ckpt.body_call_counters),
     }
 
 
@@ -795,10 +843,9 @@ def test_recompute_reruns_layers_and_rewrites_cache_identically(cell, ranks, com
 def module_state_run(cell, ranks, components, suite_options, once_per_cell) -> list[dict]:
     """Buffers and module attributes after one step with and without checkpointing, run once per cell."""
     precision = precision_from(suite_options)
-    counters = body_call_counters_from(suite_options)
+    ignored = ignored_attributes_from(suite_options)
     return once_per_cell(
-        "the module-state steps",
-        lambda: ranks.run(compare_module_state, cell, components, precision, DROPOUT, counters),
+        "the module-state steps", lambda: ranks.run(compare_module_state, cell, components, precision, DROPOUT, ignored)
     )
 
 
@@ -822,7 +869,9 @@ def test_checkpointing_leaves_module_attributes_unchanged(cell, module_state_run
     """After forward+backward, every module's own attributes that hold tensors, numbers, strings or
     containers of them (an aux-loss list a trainer sums, a per-layer dict, an int) must equal eager's
     exactly: forward appends to or bumps them, and recompute runs forward's code a second time.
-    The ``body_calls()`` counters (option ``body_call_counters``) are the one state recompute must change."""
+    The ints ``body_calls()`` reports are the one state recompute must change; they are found by
+    moving each int and seeing ``body_calls()`` move, and left out, as are the attribute names of
+    option ``ignored_attributes``."""
     precision = precision_from(suite_options)
     results = module_state_run
     if not any(r["attributes"] for r in results):
@@ -837,9 +886,8 @@ def test_checkpointing_leaves_module_attributes_unchanged(cell, module_state_run
     assert not problems, failure_text(
         cell,
         precision,
-        "checkpointing changed module attributes (exact; with checkpointing first, without second); "
-        f"an attribute that counts body runs for body_calls() belongs in [suites.grad_ckpt.options] body_call_counters "
-        f"(now {list(body_call_counters_from(suite_options))})",
+        "checkpointing changed module attributes (exact; with checkpointing first, without second; "
+        f"left out as what body_calls() reports: {', '.join(results[0]['counters']) or 'nothing'})",
         problems,
     )
 

@@ -229,11 +229,11 @@ def test_every_chosen_mutant_caught_exits_zero_with_the_table(tmp_path):
 
 @pytest.mark.slow
 def test_a_mutant_that_acted_unseen_is_missed_and_one_that_could_not_be_seen_is_n_a(tmp_path):
-    """The list a layer's modules append to, named as a body_calls() counter, is left out of the
+    """The list a layer's modules append to, named in `ignored_attributes`, is left out of the
     module-attribute check: the mutant's hook ran in a recompute and nothing failed, so it is missed.
     Without dropout no RNG stream advances and the rng check skips: the RNG load skip is n/a, saying so."""
-    counters = {"body_call_counters": ["body_calls", "mutant_aux_losses"]}
-    done, report = sensitivity(tmp_path, 0.0, "recompute_appends_to_attribute,skip_rng_on_load", counters)
+    ignored = {"ignored_attributes": ["mutant_aux_losses"]}
+    done, report = sensitivity(tmp_path, 0.0, "recompute_appends_to_attribute,skip_rng_on_load", ignored)
     assert done.returncode == 1, done.stdout + done.stderr
     verdicts = {v["mutant"]: v for v in report["verdicts"]}
     appended = verdicts["recompute_appends_to_attribute"]
