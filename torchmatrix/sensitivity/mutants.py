@@ -256,7 +256,7 @@ def holds_inputs_across_calls(inner: str):
                 return None
             if not torch.equal(held, args[0]):
                 record_acted()
-            return (held, *args[1:])
+            return (held.detach().requires_grad_(args[0].requires_grad), *args[1:])
 
         for layer in model.decoder_layers():
             _hook_every_leaf(layer, hold_or_replay)
