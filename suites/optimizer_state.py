@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from .ulp import bits_equal
+
 DEFAULT_ADAPTER = "torchmatrix.suites.optimizer_state:plain_state"
 
 
@@ -102,15 +104,10 @@ def plain_value(value):
 
 
 def plain_equal(first, second) -> bool:
-    """Whether two `plain_value`s are equal, tensors bit for bit (dtype and shape included)."""
+    """Whether two plain values (numbers, strings, tensors, lists and dicts of them) are equal and of
+    one type, tensors bit for bit (dtype and shape included)."""
     if isinstance(first, torch.Tensor) or isinstance(second, torch.Tensor):
-        return (
-            isinstance(first, torch.Tensor)
-            and isinstance(second, torch.Tensor)
-            and first.dtype == second.dtype
-            and first.shape == second.shape
-            and bool((first.view(-1).view(torch.uint8) == second.view(-1).view(torch.uint8)).all())
-        )
+        return isinstance(first, torch.Tensor) and isinstance(second, torch.Tensor) and bits_equal(first, second)
     if isinstance(first, list) and isinstance(second, list):
         return len(first) == len(second) and all(plain_equal(a, b) for a, b in zip(first, second))
     if isinstance(first, dict) and isinstance(second, dict):

@@ -43,6 +43,7 @@ from torch.utils.checkpoint import CheckpointError
 from torchmatrix.testing import clean_name, current_device, load
 
 from .deterministic import deterministic_algorithms
+from .optimizer_state import plain_equal
 from .ulp import bits_equal, ulp_distance
 
 SEED = 0
@@ -336,7 +337,9 @@ def module_state_problems(
     differently, e.g. the layers' checkpointing switch), and the ``body_calls()`` counters
     (``counters``), which recompute must bump."""
     set_up_differently = {
-        path for path in before[0].keys() | before[1].keys() if not same_value(before[0].get(path), before[1].get(path))
+        path
+        for path in before[0].keys() | before[1].keys()
+        if not plain_equal(before[0].get(path), before[1].get(path))
     }
     problems = []
     for path in sorted((actual.keys() | expected.keys()) - set_up_differently - counters):
@@ -344,19 +347,9 @@ def module_state_problems(
             problems.append(f"{path}: present with checkpointing only ({actual[path]!r})")
         elif path not in actual:
             problems.append(f"{path}: present without checkpointing only ({expected[path]!r})")
-        elif not same_value(actual[path], expected[path]):
+        elif not plain_equal(actual[path], expected[path]):
             problems.append(f"{path}: {describe_difference(actual[path], expected[path])}")
     return problems
-
-
-def same_value(actual, expected) -> bool:
-    if isinstance(actual, torch.Tensor) or isinstance(expected, torch.Tensor):
-        return (
-            isinstance(actual, torch.Tensor)
-            and isinstance(expected, torch.Tensor)
-            and mismatch(actual, expected, EXACT) is None
-        )
-    return type(actual) is type(expected) and actual == expected
 
 
 def describe_difference(actual, expected) -> str:
