@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from .ulp import bits_equal
+
 DEFAULT_ADAPTER = "torchmatrix.suites.optimizer_state:plain_state"
 
 
@@ -59,3 +61,55 @@ def quantized_keys(state: dict) -> list[str]:
             or (not value.is_floating_point() and value.dtype != torch.bool and value.numel() > 1)
         )
     )
+
+
+# What every torch optimizer object keeps for torch itself (hooks, profiling names, warnings), and the
+# flag an LR scheduler sets on it: the same for any run, never state a resume must restore.
+TORCH_OPTIMIZER_BOOKKEEPING = frozenset(
+    [*vars(torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)), "_opt_called"]
+)
+PLAIN_VALUES = (int, float, bool, str, type(None))
+
+
+def optimizer_attributes(optimizer) -> dict[str, object]:
+    """What the optimizer object carries besides `.state`, `.param_groups` and torch's own bookkeeping
+    that a `step()` may read: counters and scalars (numbers, strings, tensors, lists and dicts of
+    them), by attribute name, tensors copied to the CPU. Methods, dtypes and other objects are left out."""
+    found = {}
+    for name, value in vars(optimizer).items():
+        if name in TORCH_OPTIMIZER_BOOKKEEPING:
+            continue
+        plain = plain_value(value)
+        if plain is not NOT_PLAIN:
+            found[name] = plain
+    return found
+
+
+NOT_PLAIN = object()
+
+
+def plain_value(value):
+    """`value` as numbers, strings, CPU tensors, lists and dicts of them; NOT_PLAIN when it is anything else."""
+    if isinstance(value, PLAIN_VALUES):
+        return value
+    if isinstance(value, torch.Tensor):
+        return plain_tensor(value).to("cpu", copy=True)
+    if isinstance(value, (list, tuple)):
+        items = [plain_value(item) for item in value]
+        return NOT_PLAIN if any(item is NOT_PLAIN for item in items) else items
+    if isinstance(value, dict):
+        items = {key: plain_value(item) for key, item in value.items()}
+        return NOT_PLAIN if any(item is NOT_PLAIN for item in items.values()) else items
+    return NOT_PLAIN
+
+
+def plain_equal(first, second) -> bool:
+    """Whether two plain values (numbers, strings, tensors, lists and dicts of them) are equal and of
+    one type, tensors bit for bit (dtype and shape included)."""
+    if isinstance(first, torch.Tensor) or isinstance(second, torch.Tensor):
+        return isinstance(first, torch.Tensor) and isinstance(second, torch.Tensor) and bits_equal(first, second)
+    if isinstance(first, list) and isinstance(second, list):
+        return len(first) == len(second) and all(plain_equal(a, b) for a, b in zip(first, second))
+    if isinstance(first, dict) and isinstance(second, dict):
+        return first.keys() == second.keys() and all(plain_equal(first[key], second[key]) for key in first)
+    return type(first) is type(second) and first == second

@@ -173,9 +173,32 @@ def test_reshard_load_is_exact(cell, ranks, recipe, reshard, tmp_path, record_pr
         pytest.skip(
             f"{recipe.components['parallelize']} takes no `mesh` argument, so it cannot build the {min(src, dst)}-rank world a reshard needs"
         )
-    results = ranks.run(on_rank_reshard, recipe, str(tmp_path / f"reshard-{src}to{dst}"), src, dst)
-    assert not (errors := _merged([r["errors"] for r in results])), f"reshard {src}->{dst} failed:\n" + "\n".join(
-        errors
+    checkpoint_dir = tmp_path / f"reshard-{src}to{dst}"
+    try:
+        results, crash = ranks.run(on_rank_reshard, recipe, str(checkpoint_dir), src, dst), None
+    except Exception as error:
+        results, crash = [], error
+    if crash is not None:
+        layout = layout_lines_written(checkpoint_dir)
+        if not layout:
+            raise crash
+        pytest.fail(
+            f"reshard {src}->{dst}: state laid out unlike its param right after load, before anything gathered it:\n"
+            + "\n".join(layout)
+            + f"\nthen the run crashed (what a gather of such state does): {crash}",
+            pytrace=False,
+        )
+    layout = _merged([r["layout_after_load"] for r in results])
+    errors = _merged([r["errors"] for r in results])
+    assert not layout + errors, (
+        f"reshard {src}->{dst}: "
+        + (
+            "state laid out unlike its param right after load, before anything gathered it:\n"
+            + "".join(f"{line}\n" for line in layout)
+            if layout
+            else ""
+        )
+        + ("failed:\n" + "\n".join(errors) if errors else "")
     )
     report = results[0]
     record_property("reshard_tensors_compared", report["compared"])
@@ -468,16 +491,29 @@ def on_rank_reshard(recipe: Recipe, checkpoint_dir: str, src: int, dst: int) -> 
     dist.barrier()
     if rank < dst:
         loaded = attempt(errors, f"load at {dst} ranks", _load, recipe, meshes.get(dst), checkpoint_dir)
+    layout_after_load = []
     if loaded is not None:
         model, optimizer = loaded
+        layout_after_load = [
+            f"rank {rank}: {line}"
+            for line in layout_problems(model, optimizer, dtensors_expected=recipe.cell["fsdp"] == "fsdp2")
+        ]
+        Path(f"{checkpoint_dir}.layout-rank{rank}.txt").write_text("".join(f"{line}\n" for line in layout_after_load))
         loaded = attempt(errors, f"full state after load at {dst} ranks", _full_state, model, optimizer, recipe)
         attempt(errors, f"step after load at {dst} ranks", recipe.train_step, model, optimizer, LOAD_SEED)
         problems = layout_problems(model, optimizer, dtensors_expected=recipe.cell["fsdp"] == "fsdp2")
     dist.barrier()
-    result = {"errors": errors, "problems": problems}
+    result = {"errors": errors, "problems": problems, "layout_after_load": layout_after_load}
     if rank == 0 and saved is not None and loaded is not None:
         result.update(_compare(saved, loaded))
     return result
+
+
+def layout_lines_written(checkpoint_dir: Path) -> list[str]:
+    """The layout problems each rank wrote right after its load, before any gather: what is left to
+    report when a later gather crashed the ranks."""
+    files = sorted(checkpoint_dir.parent.glob(f"{checkpoint_dir.name}.layout-rank*.txt"))
+    return [line for file in files for line in file.read_text().splitlines()]
 
 
 def _train_and_save(

@@ -5,7 +5,10 @@ checkpointing, wrapped by the ``parallelize`` component for the cell's ``fsdp``,
 forward+backward on the same per-rank ``batch``. Gradients (local shards and full tensors)
 and losses must match bit for bit in float32 (recompute runs the same kernels on the same
 inputs; the max ULP distance is recorded as ``grad_max_ulp``), or within the derived bf16
-tolerance (``BF16_RTOL``); every buffer must match exactly; recompute must really run and leave
+tolerance (``BF16_RTOL``), also when K micro-batches (option ``micro_batches``, default 2) run
+forward before one backward, so a recompute runs after later forwards; every buffer and every
+module's own attribute state (tensors, numbers, strings and containers of them, by path) must match
+exactly; a ``CheckpointError`` of recompute names its layer; recompute must really run and leave
 the cache, its tensors and its non-tensor state (counters, lengths), as forward left it; a cell in
 which no cache tensor was replaced or written in place during backward fails, since its cache checks
 saw nothing recompute did (FSDP1 and DDP copy the containers of the output they return, so the
@@ -35,14 +38,18 @@ from torch import nn
 from torch.distributed.fsdp import FullyShardedDataParallel
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
+from torch.utils.checkpoint import CheckpointError
 
 from torchmatrix.testing import clean_name, current_device, load
 
 from .deterministic import deterministic_algorithms
+from .optimizer_state import plain_equal
 from .ulp import bits_equal, ulp_distance
 
 SEED = 0
 DROPOUT = 0.1
+MICRO_BATCHES = 2
+BODY_CALLS_PROBE = 1_000_003
 
 
 # bfloat16 keeps 8 significant bits, eps = 2**-7. The suite's bf16 models accumulate matmuls
@@ -84,6 +91,22 @@ def precision_from(options: dict) -> Precision:
     if dtype in ("float32", "bfloat16"):
         return Precision(dtype)
     pytest.fail(f'[suites.grad_ckpt.options] dtype = {dtype!r}: expected "float32" or "bfloat16"')
+
+
+def micro_batches_from(options: dict) -> int:
+    """How many micro-batches run forward before one backward (option `micro_batches`, at least 2)."""
+    count = options.get("micro_batches", MICRO_BATCHES)
+    if isinstance(count, int) and not isinstance(count, bool) and count >= 2:
+        return count
+    pytest.fail(f"[suites.grad_ckpt.options] micro_batches = {count!r}: expected an integer of at least 2")
+
+
+def ignored_attributes_from(options: dict) -> tuple[str, ...]:
+    """Attribute names the module-attribute check leaves out (option `ignored_attributes`)."""
+    names = options.get("ignored_attributes", [])
+    if isinstance(names, list) and all(isinstance(name, str) for name in names):
+        return tuple(names)
+    pytest.fail(f"[suites.grad_ckpt.options] ignored_attributes = {names!r}: expected a list of attribute names")
 
 
 def local_tensor(tensor):
@@ -212,6 +235,131 @@ def buffers(model) -> dict:
     return {clean_name(n): local_tensor(b).detach().to("cpu", copy=True) for n, b in model.named_buffers()}
 
 
+MODULE_INTERNALS = frozenset(vars(nn.Module()))
+# What FSDP and torch's composable APIs keep on the modules they wrap: the same in both runs, not the model's.
+WRAPPER_ATTRIBUTES = ("__", "_fsdp", "_is_fsdp")
+PLAIN_VALUES = (int, float, bool, str, type(None))
+
+
+@dataclass(frozen=True)
+class Entries:
+    """A container in a module's state, by its length (its items are compared under their own paths)."""
+
+    count: int
+
+    def __repr__(self) -> str:
+        return f"{self.count} entries"
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Where a value of a module's state is held: an attribute of an object, or an item of a container."""
+
+    holder: object
+    key: object
+    attribute: bool
+
+    def get(self):
+        return getattr(self.holder, self.key) if self.attribute else self.holder[self.key]
+
+    def set(self, value) -> None:
+        if self.attribute:
+            object.__setattr__(self.holder, self.key, value)
+        else:
+            self.holder[self.key] = value
+
+
+def module_state(model: nn.Module, ignored: tuple[str, ...] = ()) -> tuple[dict[str, object], dict[str, Slot]]:
+    """Every module's own attributes that hold tensors, numbers, strings or containers of them, by
+    path (``prefix_layers.1.aux_losses[0]``): state a forward may append to or bump outside buffers
+    and parameters; and where each int is held, so ``body_call_counters`` can find the counters
+    ``body_calls()`` reports. torch's own module internals, parameters, submodules, wrapper modules
+    and the attribute names in ``ignored`` are left out."""
+    state: dict[str, object] = {}
+    ints: dict[str, Slot] = {}
+
+    def walk(value, path: str, depth: int, slot: Slot) -> None:
+        if isinstance(value, nn.Parameter) or isinstance(value, OPAQUE) or depth > CACHE_STATE_DEPTH:
+            return
+        if isinstance(value, PLAIN_VALUES):
+            state[path] = value
+            if type(value) is int:
+                ints[path] = slot
+        elif isinstance(value, torch.Tensor):
+            state[path] = local_tensor(value).detach().to("cpu", copy=True)
+        elif isinstance(value, (list, tuple, set, frozenset)):
+            state[path] = Entries(len(value))
+            items = sorted(value, key=repr) if isinstance(value, (set, frozenset)) else value
+            for index, item in enumerate(items):
+                walk(item, f"{path}[{index}]", depth + 1, Slot(value, index, False))
+        elif isinstance(value, dict):
+            state[path] = Entries(len(value))
+            for key, item in value.items():
+                walk(item, f"{path}[{key!r}]", depth + 1, Slot(value, key, False))
+
+    for name, module in unwrapped(model).named_modules():
+        if isinstance(module, WRAPPERS_THAT_REBUILD_OUTPUT):
+            continue
+        for attribute, value in vars(module).items():
+            if attribute in MODULE_INTERNALS or attribute in ignored or attribute.startswith(WRAPPER_ATTRIBUTES):
+                continue
+            if attribute in module._parameters or attribute in module._modules:
+                continue
+            path = clean_name(f"{name}.{attribute}") if name else attribute
+            walk(value, path, 0, Slot(module, attribute, True))
+    return state, ints
+
+
+def body_call_counters(model: nn.Module, ints: dict[str, Slot]) -> set[str]:
+    """The ints that ``body_calls()`` reports, found by moving each one and seeing whether what it
+    returns moves: recompute must bump those (and only those), so the attribute check leaves them out."""
+    reported = model.body_calls()
+    found = set()
+    for path, slot in ints.items():
+        try:
+            value = slot.get()
+            slot.set(value + BODY_CALLS_PROBE)
+        except (TypeError, IndexError, KeyError, AttributeError):
+            continue
+        try:
+            if model.body_calls() != reported:
+                found.add(path)
+        finally:
+            slot.set(value)
+    return found
+
+
+def module_state_problems(
+    actual: dict, expected: dict, before: tuple[dict, dict], counters: set[str] = frozenset()
+) -> list[str]:
+    """One line per attribute path whose value differs between the two runs after backward, or that
+    only one has. Left out: paths the two runs already held differently before forward (set up
+    differently, e.g. the layers' checkpointing switch), and the ``body_calls()`` counters
+    (``counters``), which recompute must bump."""
+    set_up_differently = {
+        path
+        for path in before[0].keys() | before[1].keys()
+        if not plain_equal(before[0].get(path), before[1].get(path))
+    }
+    problems = []
+    for path in sorted((actual.keys() | expected.keys()) - set_up_differently - counters):
+        if path not in expected:
+            problems.append(f"{path}: present with checkpointing only ({actual[path]!r})")
+        elif path not in actual:
+            problems.append(f"{path}: present without checkpointing only ({expected[path]!r})")
+        elif not plain_equal(actual[path], expected[path]):
+            problems.append(f"{path}: {describe_difference(actual[path], expected[path])}")
+    return problems
+
+
+def describe_difference(actual, expected) -> str:
+    if isinstance(actual, torch.Tensor) and isinstance(expected, torch.Tensor):
+        return mismatch(actual, expected, EXACT)
+    if isinstance(actual, Entries) and isinstance(expected, Entries):
+        return f"{actual.count} entries vs {expected.count}"
+    return f"{actual!r} vs {expected!r}"
+
+
 def cache_tensors(snapshot: dict) -> dict:
     """A cache snapshot flattened to names like ``past_key_values[0][1]`` (layer 0, values)."""
     return {
@@ -282,6 +430,9 @@ class StepRecord:
     cache_state_after_backward: dict
     cache_written_in_backward: list
     buffers: dict
+    module_state_before_forward: dict
+    module_state_after_backward: dict
+    body_call_counters: set
     forward_drew_random_numbers: bool
 
     @property
@@ -311,8 +462,50 @@ def failing_stage(cell, what: str):
         raise RuntimeError(f"cell {cell.id}, torch {torch.__version__}: {what} failed: {error!r}") from error
 
 
-def train_step(cell, components: dict, precision: Precision, dropout: float, checkpointing: bool) -> StepRecord:
-    """Build, wrap, and run one forward+backward on this rank; failures say which stage broke."""
+def micro_batch_seed(rank: int, index: int) -> int:
+    """The batch seed of this rank's ``index``-th micro-batch; the first is the single-batch step's."""
+    return SEED + 1 + rank + 1000 * index
+
+
+@contextmanager
+def modules_run(model: nn.Module):
+    """Holds, under ``"last"``, the name of the last module (of any model) whose forward began in the block."""
+    names = {id(module): clean_name(name) for name, module in unwrapped(model).named_modules()}
+    seen: dict[str, str] = {}
+
+    def note(module, _args) -> None:
+        seen["last"] = names.get(id(module), type(module).__name__)
+
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(note)
+    try:
+        yield seen
+    finally:
+        handle.remove()
+
+
+def recompute_origin(model, seen: dict) -> str:
+    """Where a recompute that torch found inconsistent ran: the layer (a ``body_calls()`` name) holding
+    the last module that ran, or that module (inside a checkpointed function), or none ran."""
+    module = seen.get("last")
+    if module is None:
+        return "a checkpointed function in which no module ran during backward"
+    layers = [layer for layer in model.body_calls() if module == layer or module.startswith(f"{layer}.")]
+    if layers:
+        return f"layer {max(layers, key=len)} (its module {module} ran last)"
+    return f"the checkpointed function around module {module} (it ran last)"
+
+
+def train_step(
+    cell,
+    components: dict,
+    precision: Precision,
+    dropout: float,
+    checkpointing: bool,
+    micro_batches: int = 1,
+    ignored: tuple[str, ...] = (),
+) -> StepRecord:
+    """Build, wrap, and run ``micro_batches`` forwards (their losses summed) then one backward on this
+    rank; failures say which stage broke."""
     build_model, parallelize, make_batch = (load(components[name]) for name in ("model", "parallelize", "batch"))
     device = current_device()
     rank = dist.get_rank() if dist.is_initialized() else 0
@@ -320,15 +513,19 @@ def train_step(cell, components: dict, precision: Precision, dropout: float, che
     torch.manual_seed(SEED)
     with failing_stage(cell, f"building the model ({components['model']})"):
         model = build_model(cell, dropout=dropout, dtype=getattr(torch, precision.dtype))
-        batch = make_batch(model, seed=SEED + 1 + rank, device=device)
+        batches = [
+            make_batch(model, seed=micro_batch_seed(rank, index), device=device) for index in range(micro_batches)
+        ]
     with failing_stage(cell, f"parallelize (fsdp={cell['fsdp']}) {mode} activation checkpointing"):
         model = parallelize(model, cell, device=device, activation_checkpointing=checkpointing)
     model.train()
     parameters = local_parameters(model)
+    module_state_before, _ = module_state(model, ignored)
     torch.manual_seed(SEED + 1000 + rank)
     rng_before_forward = rng_states()
     with failing_stage(cell, f"forward {mode} activation checkpointing"), inner_output(model) as seen:
-        loss = model(**batch).loss
+        losses = [model(**batch).loss for batch in batches]
+    loss = losses[0] if len(losses) == 1 else torch.stack(losses).sum()
     forward_drew_random_numbers = rng_states() != rng_before_forward
     cache = seen["output"].past_key_values
     calls_after_forward = model.body_calls()
@@ -336,10 +533,17 @@ def train_step(cell, components: dict, precision: Precision, dropout: float, che
     cache_after_forward = cache_snapshot(cache) if has_cache else {}
     cache_state_after_forward = cache_state(cache) if has_cache else {}
     marks_after_forward = cache_marks(cache) if has_cache else {}
-    with failing_stage(
-        cell, f"backward {mode} activation checkpointing (did a recomputed layer differ from its forward?)"
+    with (
+        failing_stage(
+            cell, f"backward {mode} activation checkpointing (did a recomputed layer differ from its forward?)"
+        ),
+        modules_run(model) as ran,
     ):
-        loss.backward()
+        try:
+            loss.backward()
+        except CheckpointError as error:
+            raise RuntimeError(f"in the recompute of {recompute_origin(model, ran)}: {error}") from error
+    module_state_after, ints_after = module_state(model, ignored)
     return StepRecord(
         loss=loss.detach().float().cpu(),
         parameters=parameters,
@@ -354,6 +558,9 @@ def train_step(cell, components: dict, precision: Precision, dropout: float, che
         cache_state_after_backward=cache_state(cache) if has_cache else {},
         cache_written_in_backward=cache_writes(marks_after_forward, cache) if has_cache else [],
         buffers=buffers(model),
+        module_state_before_forward=module_state_before,
+        module_state_after_backward=module_state_after,
+        body_call_counters=body_call_counters(model, ints_after),
         forward_drew_random_numbers=forward_drew_random_numbers,
     )
 
@@ -363,18 +570,26 @@ def shards_only(local: dict, full: dict) -> dict:
     return {name: grad for name, grad in local.items() if name not in full or grad.shape != full[name].shape}
 
 
-def both_steps(cell, components: dict, precision: Precision, dropout: float) -> tuple[StepRecord, StepRecord]:
+def both_steps(
+    cell,
+    components: dict,
+    precision: Precision,
+    dropout: float,
+    micro_batches: int = 1,
+    ignored: tuple[str, ...] = (),
+) -> tuple[StepRecord, StepRecord]:
     """The step without, then with, activation checkpointing, under deterministic kernels."""
     with deterministic_algorithms():
         return (
-            train_step(cell, components, precision, dropout, checkpointing=False),
-            train_step(cell, components, precision, dropout, checkpointing=True),
+            train_step(cell, components, precision, dropout, False, micro_batches, ignored),
+            train_step(cell, components, precision, dropout, True, micro_batches, ignored),
         )
 
 
-def compare_gradients(cell, components: dict, precision: Precision, dropout: float) -> dict:
-    """Rank function: one step without and one with checkpointing; the differences, as plain data."""
-    without_ckpt, with_ckpt = both_steps(cell, components, precision, dropout)
+def compare_gradients(cell, components: dict, precision: Precision, dropout: float, micro_batches: int = 1) -> dict:
+    """Rank function: one step without and one with checkpointing (``micro_batches`` forwards before
+    its backward); the differences, as plain data."""
+    without_ckpt, with_ckpt = both_steps(cell, components, precision, dropout, micro_batches)
     return {
         "compared": len(with_ckpt.full_grads.keys() & without_ckpt.full_grads.keys()),
         "recomputed": with_ckpt.layers_recomputed,
@@ -441,13 +656,52 @@ def inspect_recompute(cell, components: dict, precision: Precision, dropout: flo
     }
 
 
-def compare_buffers(cell, components: dict, precision: Precision, dropout: float) -> dict:
-    """Rank function: every buffer after one forward+backward, with vs without checkpointing, exactly."""
-    without_ckpt, with_ckpt = both_steps(cell, components, precision, dropout)
+def compare_module_state(
+    cell, components: dict, precision: Precision, dropout: float, ignored: tuple[str, ...]
+) -> dict:
+    """Rank function: every buffer and every module's own attribute state after one forward+backward,
+    with vs without checkpointing, exactly; the ``body_calls()`` counters left out."""
+    without_ckpt, with_ckpt = both_steps(cell, components, precision, dropout, 1, ignored)
     return {
         "names": sorted(without_ckpt.buffers),
         "problems": compare_tensors("buffer", with_ckpt.buffers, without_ckpt.buffers, EXACT),
+        "attributes": len(without_ckpt.module_state_after_backward),
+        "attribute_problems": module_state_problems(
+            with_ckpt.module_state_after_backward,
+            without_ckpt.module_state_after_backward,
+            (with_ckpt.module_state_before_forward, without_ckpt.module_state_before_forward),
+            with_ckpt.body_call_counters | without_ckpt.body_call_counters,
+        ),
+        "counters": sorted(with_ckpt.body_call_counters | without_ckpt.body_call_counters),
     }
+
+
+def require_gradients_and_recompute(cell, results: list[dict]) -> None:
+    """Fail when some rank has no gradient to compare, or no layer body ran again in its backward
+    with checkpointing: either way the comparison would prove nothing."""
+    assert all(r["compared"] for r in results), (
+        f"cell {cell.id}: no parameter has a gradient on some rank, so there is nothing to compare; "
+        f"gradients compared per rank: {[r['compared'] for r in results]}"
+    )
+    not_recomputed = [rank for rank, r in enumerate(results) if not r["recomputed"]]
+    assert not not_recomputed, (
+        f"cell {cell.id}: ranks {not_recomputed}: no layer body ran again in backward with activation checkpointing "
+        f"(body_calls() unchanged by backward), so checkpointing was not applied and this compared eager with eager; "
+        f"`parallelize(..., activation_checkpointing=True)` must checkpoint the decoder layers"
+    )
+
+
+def gradient_problems(results: list[dict], loss_name: str) -> dict[str, list[str]]:
+    """Per rank, the loss and local-shard differences; under "every rank", the full-gradient ones."""
+    problems = {}
+    for rank, result in enumerate(results):
+        without_ckpt, with_ckpt, loss_reason = result["loss"]
+        found = [f"{loss_name} {with_ckpt!r} vs {without_ckpt!r}: {loss_reason}"] if loss_reason else []
+        if found + result["local"]:
+            problems[f"rank {rank}"] = found + result["local"]
+    if results[0]["full"]:
+        problems["every rank"] = results[0]["full"]
+    return problems
 
 
 def failure_text(cell, precision: Precision, headline: str, problems: dict[str, list[str]]) -> str:
@@ -481,16 +735,7 @@ def test_checkpointing_leaves_loss_and_gradients_unchanged(
     precision = precision_from(suite_options)
     results = ranks.run(compare_gradients, cell, components, precision, dropout)
     record_drift(record_property, results)
-    assert all(r["compared"] for r in results), (
-        f"cell {cell.id}: no parameter has a gradient on some rank, so there is nothing to compare; "
-        f"gradients compared per rank: {[r['compared'] for r in results]}"
-    )
-    not_recomputed = [rank for rank, r in enumerate(results) if not r["recomputed"]]
-    assert not not_recomputed, (
-        f"cell {cell.id}: ranks {not_recomputed}: no layer body ran again in backward with activation checkpointing "
-        f"(body_calls() unchanged by backward), so checkpointing was not applied and this compared eager with eager; "
-        f"`parallelize(..., activation_checkpointing=True)` must checkpoint the decoder layers"
-    )
+    require_gradients_and_recompute(cell, results)
 
     init = {f"rank {rank}": r["init"] for rank, r in enumerate(results) if r["init"]}
     assert not init, failure_text(
@@ -499,14 +744,7 @@ def test_checkpointing_leaves_loss_and_gradients_unchanged(
         "the two models differ before training: the model factory is not deterministic under torch.manual_seed",
         init,
     )
-    problems = {}
-    for rank, result in enumerate(results):
-        without_ckpt, with_ckpt, loss_reason = result["loss"]
-        found = [f"loss {with_ckpt!r} vs {without_ckpt!r}: {loss_reason}"] if loss_reason else []
-        if found + result["local"]:
-            problems[f"rank {rank}"] = found + result["local"]
-    if results[0]["full"]:
-        problems["every rank"] = results[0]["full"]
+    problems = gradient_problems(results, "loss")
     assert not problems, failure_text(
         cell,
         precision,
@@ -594,11 +832,21 @@ def test_recompute_reruns_layers_and_rewrites_cache_identically(cell, ranks, com
         pytest.skip(no_cache_reason(results[0]["has_cache"]))
 
 
-def test_checkpointing_leaves_every_buffer_unchanged(cell, ranks, components, suite_options):
+@pytest.fixture
+def module_state_run(cell, ranks, components, suite_options, once_per_cell) -> list[dict]:
+    """Buffers and module attributes after one step with and without checkpointing, run once per cell."""
+    precision = precision_from(suite_options)
+    ignored = ignored_attributes_from(suite_options)
+    return once_per_cell(
+        "the module-state steps", lambda: ranks.run(compare_module_state, cell, components, precision, DROPOUT, ignored)
+    )
+
+
+def test_checkpointing_leaves_every_buffer_unchanged(cell, module_state_run, suite_options):
     """After forward+backward, every buffer (running statistics, token or routing counters) must
     equal eager's exactly: a buffer that forward updates is updated again by recompute."""
     precision = precision_from(suite_options)
-    results = ranks.run(compare_buffers, cell, components, precision, DROPOUT)
+    results = module_state_run
     if not results[0]["names"]:
         pytest.skip("the model has no buffers (named_buffers() is empty): nothing for recompute to change")
     problems = {f"rank {rank}": r["problems"] for rank, r in enumerate(results) if r["problems"]}
@@ -606,5 +854,55 @@ def test_checkpointing_leaves_every_buffer_unchanged(cell, ranks, components, su
         cell,
         precision,
         f"checkpointing changed buffers (exact; with checkpointing first, without second; compared {', '.join(results[0]['names'])})",
+        problems,
+    )
+
+
+def test_checkpointing_leaves_module_attributes_unchanged(cell, module_state_run, suite_options):
+    """After forward+backward, every module's own attributes that hold tensors, numbers, strings or
+    containers of them (an aux-loss list a trainer sums, a per-layer dict, an int) must equal eager's
+    exactly: forward appends to or bumps them, and recompute runs forward's code a second time.
+    The ints ``body_calls()`` reports are the one state recompute must change; they are found by
+    moving each int and seeing ``body_calls()`` move, and left out, as are the attribute names of
+    option ``ignored_attributes``."""
+    precision = precision_from(suite_options)
+    results = module_state_run
+    if not any(r["attributes"] for r in results):
+        pytest.skip(
+            "no module holds an attribute of tensors, numbers, strings or containers of them: nothing to compare"
+        )
+    problems = {
+        f"rank {rank}": [f"module attribute {line}" for line in r["attribute_problems"]]
+        for rank, r in enumerate(results)
+        if r["attribute_problems"]
+    }
+    assert not problems, failure_text(
+        cell,
+        precision,
+        "checkpointing changed module attributes (exact; with checkpointing first, without second; "
+        f"left out as what body_calls() reports: {', '.join(results[0]['counters']) or 'nothing'})",
+        problems,
+    )
+
+
+def test_micro_batches_before_one_backward_leave_gradients_unchanged(
+    cell, ranks, components, suite_options, record_property
+):
+    """K micro-batches (option ``micro_batches``, default 2) run forward, their losses summed, before one
+    backward, as gradient accumulation and pipeline schedules do: each micro-batch's recompute then
+    runs after the later micro-batches' forwards, so state a model keeps across calls (a cache held on
+    the module, a per-call counter) that forward→backward never exercises is read by the wrong recompute.
+    The summed loss and every gradient must equal eager's as in the single-batch test."""
+    precision = precision_from(suite_options)
+    micro_batches = micro_batches_from(suite_options)
+    results = ranks.run(compare_gradients, cell, components, precision, 0.0, micro_batches)
+    record_property("micro_batches", micro_batches)
+    require_gradients_and_recompute(cell, results)
+    problems = gradient_problems(results, "summed loss")
+    assert not problems, failure_text(
+        cell,
+        precision,
+        f"with {micro_batches} micro-batches forward before one backward, checkpointing changed the loss or "
+        f"gradients (with checkpointing first, without second)",
         problems,
     )

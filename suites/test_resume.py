@@ -9,9 +9,11 @@ Right after the load, before any step, each piece of state is checked against wh
 and a failure names the piece: every parameter (full tensor), every optimizer state value
 (as the optimizer's state adapter gives it: plain, dequantized tensors, `step` included;
 see suites/optimizer_state.py), the param groups'
-hyper-parameters, the scheduler's `last_epoch` and current LR, the batch the loader would
-yield next, and every RNG stream the run draws from (torch CPU, each CUDA device, numpy,
-Python `random`; a stream counts as used when training advances it). Each rank also compares
+hyper-parameters, the optimizer object's own counters and scalars, the scheduler's `last_epoch`
+and current LR, the batches the loader would yield next (option `loader_batches`, by default one
+epoch and one more, so they cross an epoch boundary), and every RNG stream the run draws from
+(torch CPU, each CUDA device, numpy, Python `random`, and the generators the model, dataset and
+loader own; a stream counts as used when training advances it). Each rank also compares
 its own parameter shards and optimizer state, so a load that some ranks kept and others lost
 (restored on rank 0 only) says which, where full tensors differ on every rank. A comparison
 that finds nothing to compare (no parameters, no optimizer state) fails; a piece the rebuilt run
@@ -31,6 +33,7 @@ passing on plain fp32 state.
 from __future__ import annotations
 
 import copy
+import math
 import pickle
 import random
 
@@ -40,7 +43,8 @@ import torch
 from torchmatrix.testing import RESUME_BF16_PARAM_OPTIMIZERS, build_optimizer, clean_name, load
 
 from .deterministic import deterministic_algorithms
-from .optimizer_state import quantized_keys, state_adapter
+from .optimizer_state import optimizer_attributes, plain_equal, quantized_keys, state_adapter
+from .owned_generators import generator_state, owned_generators, set_generator_state, state_bytes
 from .ulp import bits_equal, ulp_distance
 
 try:
@@ -63,6 +67,7 @@ DEFAULT_OPTIONS = {
     "rebuild_seed": 98765,
     "bf16_param_optimizers": list(RESUME_BF16_PARAM_OPTIMIZERS),
     "quantized_state_optimizers": [],
+    "loader_batches": None,
 }
 
 
@@ -72,6 +77,12 @@ def options_for(suite_options: dict) -> dict:
     if not 1 <= options["resume_step"] <= options["steps"] - 2:
         raise pytest.UsageError(
             f"[suites.resume.options]: need 1 <= resume_step <= steps - 2 (two resumed steps at least), got steps={options['steps']}, resume_step={options['resume_step']}"
+        )
+    count = options["loader_batches"]
+    if count is not None and (not isinstance(count, int) or isinstance(count, bool) or count < 1):
+        raise pytest.UsageError(
+            f"[suites.resume.options] loader_batches = {count!r}: expected a number of batches, at least 1, "
+            f"or leave it out to compare one epoch and one batch"
         )
     return options
 
@@ -137,7 +148,10 @@ def test_state_restored_right_after_load(cell, experiment, piece):
     """Right after load, before any step: this piece of state equals what was saved, or the failure names what differs."""
     records = experiment
     if piece == "rng" and not records[0]["rng_streams_used"]:
-        pytest.skip("training advanced no RNG stream (torch CPU, CUDA, numpy, python random): no RNG state to resume")
+        pytest.skip(
+            "training advanced no RNG stream (torch CPU, CUDA, numpy, python random) and no generator the "
+            "model, dataset or loader owns: no RNG state to resume"
+        )
     problems = {rank: record["after_load"][piece] for rank, record in enumerate(records) if record["after_load"][piece]}
     listing = [f"  across ranks: {line}" for line in partial_restore(piece, records)]
     listing += [f"  rank {rank}: {line}" for rank, lines in problems.items() for line in lines]
@@ -276,11 +290,11 @@ def _straight_and_resumed(
     rebuilt = TrainingRun(cell, options, components, data_path, rank, world_size, seed=options["rebuild_seed"])
     saved_shards = at_save["parameter_shards"]
     rebuilt_equals_saved = all(torch.equal(p, saved_shards[n]) for n, p in rebuilt.parameters().items())
-    before_load = after_load_differences(at_save, rebuilt.state_snapshot(), run_a.batches, streams_used)
+    before_load = after_load_differences(at_save, rebuilt.state_snapshot(), run_a.batches, streams_used, resume_step)
     loaded_step = checkpointer.load(checkpoint_dir, **rebuilt.checkpointables())
     if loaded_step != resume_step:
         raise AssertionError(f"checkpointer.load returned step {loaded_step}, saved at step {resume_step}")
-    after_load = after_load_differences(at_save, rebuilt.state_snapshot(), run_a.batches, streams_used)
+    after_load = after_load_differences(at_save, rebuilt.state_snapshot(), run_a.batches, streams_used, resume_step)
     resumed_losses = [rebuilt.train_step() for _ in range(steps - resume_step)]
 
     return {
@@ -330,19 +344,29 @@ class TrainingRun:
         self.plain_state = state_adapter(components, cell["optimizer"])
         warmup = options["warmup_steps"]
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: min(1.0, (step + 1) / warmup))
-        dataset = load(components["dataset"])(data_path)
-        self.loader = dataset.loader(batch_size=options["batch_size"], rank=rank, world_size=world_size)
+        self.dataset = load(components["dataset"])(data_path)
+        self.loader = self.dataset.loader(batch_size=options["batch_size"], rank=rank, world_size=world_size)
+        self.loader_batches = options["loader_batches"] or batches_past_an_epoch(options, world_size)
         torch.manual_seed(seed + 1 + rank)
         random.seed(seed + 1 + rank)
         if numpy is not None:
             numpy.random.seed(seed + 1 + rank)
         self.batches: list[torch.Tensor] = []
-        self.rng_at_start = rng_streams()
+        self.rng_at_start = self.rng_streams()
+
+    @property
+    def generators(self) -> dict[str, object]:
+        """The generators the model, dataset and loader own, by path (see suites/owned_generators.py)."""
+        return owned_generators({"model": self.model, "dataset": self.dataset, "loader": self.loader})
+
+    def rng_streams(self) -> dict[str, bytes]:
+        """The process's RNG streams and the generators this run's objects own, by name, as bytes."""
+        return {**rng_streams(), **{name: state_bytes(g) for name, g in self.generators.items()}}
 
     @property
     def rng_streams_advanced(self) -> set[str]:
         """The RNG streams this run's steps have drawn from so far."""
-        now = rng_streams()
+        now = self.rng_streams()
         return {name for name, state in self.rng_at_start.items() if now.get(name) != state}
 
     def train_step(self) -> torch.Tensor:
@@ -392,19 +416,24 @@ class TrainingRun:
             "param_groups": [
                 {key: value for key, value in group.items() if key != "params"} for group in self.optimizer.param_groups
             ],
+            "optimizer_attributes": optimizer_attributes(self.optimizer),
             "scheduler": {"last_epoch": self.scheduler.last_epoch, "current LR": list(self.scheduler.get_last_lr())},
-            "next_batch": self.peek_next_batch(),
-            "rng": rng_streams(),
+            "next_batches": self.peek_next_batches(),
+            "rng": self.rng_streams(),
         }
 
-    def peek_next_batch(self) -> torch.Tensor:
-        """The batch the loader yields next, without moving it: read, then rewind through its state
-        dict; RNG streams are put back too, in case the loader draws from them."""
+    def peek_next_batches(self) -> list[torch.Tensor]:
+        """The `loader_batches` batches the loader yields next, without moving it: read, then rewind
+        through its state dict; RNG streams and the generators the run owns are put back too, in case
+        the loader draws from them."""
         position, generators = copy.deepcopy(self.loader.state_dict()), capture_generators()
-        batch = next(self.loader).detach().to("cpu", copy=True)
+        owned = {name: (g, copy.deepcopy(generator_state(g))) for name, g in self.generators.items()}
+        batches = [next(self.loader).detach().to("cpu", copy=True) for _ in range(self.loader_batches)]
         self.loader.load_state_dict(position)
         restore_generators(generators)
-        return batch
+        for generator, state in owned.values():
+            set_generator_state(generator, state)
+        return batches
 
 
 def local_shard(tensor: torch.Tensor) -> torch.Tensor:
@@ -450,21 +479,24 @@ def rng_streams() -> dict[str, bytes]:
     return streams
 
 
-def after_load_differences(saved: dict, loaded: dict, straight_batches: list, rng_used: list[str]) -> dict:
+def after_load_differences(
+    saved: dict, loaded: dict, straight_batches: list, rng_used: list[str], resume_step: int
+) -> dict:
     """Per piece of state, one line for each thing that differs between save and right after load."""
     return {
         "parameters": tensor_differences("parameter", saved["parameters"], loaded["parameters"]),
         "parameter_shards": tensor_differences(
             "parameter shard", saved["parameter_shards"], loaded["parameter_shards"]
         ),
-        "optimizer_state": optimizer_state_differences(saved["optimizer_state"], loaded["optimizer_state"]),
+        "optimizer_state": optimizer_state_differences(saved["optimizer_state"], loaded["optimizer_state"])
+        + optimizer_attribute_differences(saved["optimizer_attributes"], loaded["optimizer_attributes"]),
         "param_groups": param_group_differences(saved["param_groups"], loaded["param_groups"]),
         "scheduler": [
             f"after load: scheduler {key} is {loaded['scheduler'][key]!r}, saved {value!r}"
             for key, value in saved["scheduler"].items()
             if loaded["scheduler"][key] != value
         ],
-        "loader": loader_differences(saved["next_batch"], loaded["next_batch"], straight_batches),
+        "loader": loader_differences(saved["next_batches"], loaded["next_batches"], straight_batches, resume_step),
         "rng": [
             f"after load: RNG stream {name} differs from the saved one"
             for name in rng_used
@@ -527,13 +559,41 @@ def param_group_differences(saved: list[dict], loaded: list[dict]) -> list[str]:
     ]
 
 
-def loader_differences(saved: torch.Tensor, loaded: torch.Tensor, straight_batches: list) -> list[str]:
-    """The next batch after load vs at save, each named by its index in the straight run's reading order."""
-    if bits_equal(loaded, saved):
+def loader_differences(saved: list, loaded: list, straight_batches: list, resume_step: int) -> list[str]:
+    """The first of the next batches that differs after load vs at save, each named by its index in
+    the straight run's reading order: the next one, or one further on (past an epoch boundary)."""
+    differing = next((i for i, (a, b) in enumerate(zip(loaded, saved)) if not bits_equal(a, b)), None)
+    if differing is None:
         return []
 
     def index(batch) -> str:
         found = [i for i, seen in enumerate(straight_batches) if bits_equal(batch, seen)]
         return f"batch {found[0]}" if found else "a batch the straight run never read"
 
-    return [f"after load: loader would yield {index(loaded)}, saved at {index(saved)}"]
+    if differing == 0:
+        return [f"after load: loader would yield {index(loaded[0])}, saved at {index(saved[0])}"]
+    return [
+        f"after load: the loader's batch {resume_step + differing} (the {ordinal(differing + 1)} after the load) "
+        f"differs from the saved loader's, though the {differing} before it agree: the order changes later "
+        f"(at an epoch boundary?), so something the order depends on (epoch, shuffle seed) was not restored"
+    ]
+
+
+def ordinal(number: int) -> str:
+    suffix = "th" if 10 <= number % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(number % 10, "th")
+    return f"{number}{suffix}"
+
+
+def batches_past_an_epoch(options: dict, world_size: int) -> int:
+    """How many batches to compare after the load so that they cross an epoch boundary wherever the
+    resume falls: one epoch's worth of this world size's global batches, and one more."""
+    return math.ceil(options["num_sequences"] / (options["batch_size"] * world_size)) + 1
+
+
+def optimizer_attribute_differences(saved: dict, loaded: dict) -> list[str]:
+    """The optimizer object's own counters and scalars (besides `.state` and `.param_groups`) by name."""
+    return [
+        f"after load: optimizer attribute {name} is {loaded.get(name, 'missing')!r}, saved {saved.get(name, 'nothing')!r}"
+        for name in sorted(saved.keys() | loaded.keys())
+        if name not in saved or name not in loaded or not plain_equal(saved[name], loaded[name])
+    ]

@@ -48,6 +48,15 @@ class ShapelessStateAdamW(PrecisionAwareAdamW):
         return {key: _rewrapped(value, replicate=False) for key, value in super()._initial_state(param).items()}
 
 
+class ShapelessOnLoadAdamW(PrecisionAwareAdamW):
+    """Lays out new state right, but re-wraps each loaded state shard with `DTensor.from_local`
+    without the global shape: after `load_state_dict` into uneven shards every rank believes in
+    another global shape (local size x world size), and the first gather of the state crashes."""
+
+    def _loaded_state_value(self, param: torch.Tensor, key: str, value):
+        return _rewrapped(super()._loaded_state_value(param, key, value), replicate=False)
+
+
 def _rewrapped(value: torch.Tensor, *, replicate: bool) -> torch.Tensor:
     """Re-wrap a correctly laid out DTensor state from its local shard alone; plain tensors pass."""
     if not isinstance(value, DTensor):

@@ -115,6 +115,32 @@ class WriteCountingKVCache(KVCache):
         super().__setitem__(layer_idx, keys_values)
 
 
+class ModuleHeldCacheDecoder(PrefixExpertDecoder):
+    """Keeps one KV cache on the module for every call instead of a new one per forward (a cache held
+    for decoding). Right for one forward then its backward; with two micro-batches forward before one
+    backward, micro-batch 1's expert layers recompute over the prefix keys micro-batch 2 wrote."""
+
+    def __init__(self, config: DecoderConfig, **kwargs) -> None:
+        super().__init__(config, **kwargs)
+        self.held_cache = self.cache_type()
+
+    def forward(self, tokens: Tensor, past_key_values: KVCache | None = None) -> DecoderOutput:
+        return super().forward(tokens, self.held_cache if past_key_values is None else past_key_values)
+
+
+class AuxLossPrefixLayer(PrefixLayer):
+    """Appends an auxiliary loss to a plain list on the layer on every body run (a load-balancing loss a
+    trainer sums after the step): recompute appends again, so the list holds twice the entries."""
+
+    def __init__(self, config, layer_idx: int) -> None:
+        super().__init__(config, layer_idx)
+        self.aux_losses: list[Tensor] = []
+
+    def body(self, hidden: Tensor, cache: KVCache) -> Tensor:
+        self.aux_losses.append(hidden.detach().pow(2).mean())
+        return super().body(hidden, cache)
+
+
 class NeverCheckpointingLayer(PrefixLayer):
     """Ignores the ``checkpointing`` switch that ``parallelize`` sets: its body never reruns, so
     checkpointed and eager runs are the same computation and their comparison proves nothing."""
@@ -242,6 +268,21 @@ def cache_counter_model(
 ) -> PrefixExpertDecoder:
     """Model factory: the cache bumps an int counter on every write, recompute included."""
     return build_model(cell, dropout=dropout, dtype=dtype, cache_type=WriteCountingKVCache)
+
+
+def module_held_cache_model(
+    cell: Mapping[str, object], *, dropout: float = 0.0, dtype: torch.dtype = torch.float32
+) -> PrefixExpertDecoder:
+    """Model factory: the reference decoder keeping one KV cache on the module across calls."""
+    config = DecoderConfig(attn=str(cell["attn"]), sdpa_backend=cell.get("sdpa_backend"), dropout=dropout)
+    return ModuleHeldCacheDecoder(config).to(dtype)
+
+
+def aux_loss_list_model(
+    cell: Mapping[str, object], *, dropout: float = 0.0, dtype: torch.dtype = torch.float32
+) -> PrefixExpertDecoder:
+    """Model factory: prefix layers append an auxiliary loss to a plain list attribute on every body run."""
+    return build_model(cell, dropout=dropout, dtype=dtype, prefix_layer=AuxLossPrefixLayer)
 
 
 def last_bit_gradient_model(

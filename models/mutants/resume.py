@@ -6,12 +6,17 @@ Point `[components] checkpointer` (or `optimizer_precision_aware`) at one of the
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
+from torch import Tensor, nn
 
 from torchmatrix.sensitivity.mutants import restores_on_rank_zero_only
 
 from ..checkpoint import Checkpointer
+from ..data import ShardedLoader, TokenDataset
 from ..optim import PrecisionAwareAdamW
+from ..transformer import PrefixExpertDecoder, build_model
 
 
 class RawOptimizerStateCheckpointer(Checkpointer):
@@ -97,3 +102,90 @@ def build_cast_on_load_precision_aware(
     return CastOnLoadPrecisionAwareAdamW(
         params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, moment_dtype=moment_dtype
     )
+
+
+class StepCountingPrecisionAwareAdamW(PrecisionAwareAdamW):
+    """Counts its steps on the optimizer object and bias-corrects with that count instead of each
+    state's `step`: the count is in no state dict, so a resumed run restarts bias correction from 1."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.steps_taken = 0
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        self.steps_taken += 1
+        return super().step(closure)
+
+    def _update(self, param: torch.Tensor, group: dict) -> None:
+        state = self.state[param]
+        if not state:
+            state.update(self._initial_state(param))
+        state["step"].fill_(self.steps_taken - 1)
+        super()._update(param, group)
+
+
+def build_step_counting_precision_aware(
+    params, *, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, moment_dtype=torch.bfloat16
+) -> StepCountingPrecisionAwareAdamW:
+    """Factory with the signature of torchmatrix.models.optim.build_precision_aware."""
+    return StepCountingPrecisionAwareAdamW(
+        params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, moment_dtype=moment_dtype
+    )
+
+
+class GeneratorDropout(nn.Module):
+    """Dropout drawing its masks from a `torch.Generator` of its own, seeded from the global RNG when
+    built (as a module keeping a per-layer generator does); no checkpointer saves it."""
+
+    def __init__(self, p: float) -> None:
+        super().__init__()
+        self.p = p
+        self.generator = torch.Generator().manual_seed(int(torch.randint(2**62, ()).item()))
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        if not self.training or self.p == 0:
+            return hidden
+        keep = torch.rand(hidden.shape, generator=self.generator) >= self.p
+        return hidden * keep.to(hidden.device, hidden.dtype) / (1 - self.p)
+
+
+def own_generator_dropout_model(
+    cell: Mapping[str, object], *, dropout: float = 0.0, dtype: torch.dtype = torch.float32
+) -> PrefixExpertDecoder:
+    """Model factory: the reference decoder whose dropout layers draw from generators they own."""
+    model = build_model(cell, dropout=dropout, dtype=dtype)
+    for layer in model.decoder_layers():
+        layer.dropout = GeneratorDropout(dropout)
+    return model
+
+
+class ReshufflingLoader(ShardedLoader):
+    """Reads the first epoch in file order and every later one in an order shuffled from a seed drawn
+    from the global RNG when the loader is built. Its state dict saves its position (so the epoch
+    too), not that seed: a resumed run reads the right batches until the next epoch boundary, then
+    another order."""
+
+    def __init__(self, dataset: TokenDataset, **kwargs) -> None:
+        super().__init__(dataset, **kwargs)
+        self.shuffle_seed = int(torch.randint(2**62, ()).item())
+
+    def __next__(self) -> torch.Tensor:
+        global_batch = self.batch_size * self.world_size
+        per_epoch = len(self.dataset) // global_batch
+        epoch, step = divmod(self.position, per_epoch)
+        order = torch.arange(len(self.dataset))
+        if epoch:
+            order = torch.randperm(
+                len(self.dataset), generator=torch.Generator().manual_seed(self.shuffle_seed + epoch)
+            )
+        first = step * global_batch + self.rank * self.batch_size
+        self.position += 1
+        return self.dataset.tokens[order[first : first + self.batch_size]]
+
+
+class ReshufflingTokenDataset(TokenDataset):
+    """The `dataset` component whose loader reshuffles every epoch from a seed it does not save."""
+
+    def loader(self, *, batch_size: int, rank: int, world_size: int) -> ReshufflingLoader:
+        return ReshufflingLoader(self, batch_size=batch_size, rank=rank, world_size=world_size)

@@ -1,7 +1,7 @@
 """`python -m torchmatrix sensitivity`: the cell cover, the generated wrappers, the verdicts (caught,
-missed, errored, n/a, skipped), and two real runs on one CPU cell, one where every chosen mutant
-is caught (exit 0) and one where the suite cannot see a mutant because the run draws no random
-numbers (exit 1, reported as missed)."""
+missed, errored, n/a, skipped), and two real runs on one CPU cell: one where every chosen mutant
+is caught (exit 0), and one where a mutant acts unseen (missed, exit 1) next to one the suite cannot
+see because the run draws no random numbers (n/a, saying so)."""
 
 from __future__ import annotations
 
@@ -145,19 +145,23 @@ def test_a_cell_the_unmutated_run_skips_reads_skipped_with_its_reason_never_miss
     assert caught.result_text() == f"caught in 1 of 1 cells; skipped in {CELL_B.id} ({TE_SKIP})"
     assert not caught.missed
 
-    same = judge(mutant, [CELL_A, CELL_B], baseline, tmp_path / "same")
+    same = judge(mutant, [CELL_A, CELL_B], baseline, tmp_path / "same", acted_in={CELL_A.id})
     assert same.missed and same.result_text() == f"**missed in {CELL_A.id}**; skipped in {CELL_B.id} ({TE_SKIP})"
 
     only_skipped = judge(mutant, [CELL_B], baseline, None)
     assert not only_skipped.missed and only_skipped.result_text() == f"skipped ({TE_SKIP})"
 
 
-def resume_matrix(dropout: float) -> str:
-    """One ws1 cell of grad_ckpt and resume with the reference components, at this dropout."""
+def resume_matrix(dropout: float, grad_ckpt_options: dict | None = None) -> str:
+    """One ws1 cell of grad_ckpt (with these options) and resume with the reference components, at this dropout."""
     return matrix_toml(
         axes={"world_size": [1], "fsdp": ["none"], "attn": ["sdpa"], "optimizer": ["adamw"]},
         suites={
-            "grad_ckpt": {"timeout": 120, "axes": ["world_size", "fsdp", "attn"]},
+            "grad_ckpt": {
+                "timeout": 120,
+                "axes": ["world_size", "fsdp", "attn"],
+                **({"options": grad_ckpt_options} if grad_ckpt_options else {}),
+            },
             "resume": {
                 "timeout": 240,
                 "axes": ["world_size", "fsdp", "optimizer"],
@@ -175,10 +179,12 @@ def resume_matrix(dropout: float) -> str:
     )
 
 
-def sensitivity(tmp_path, dropout: float, mutants: str) -> tuple[subprocess.CompletedProcess, dict]:
+def sensitivity(
+    tmp_path, dropout: float, mutants: str, grad_ckpt_options: dict | None = None
+) -> tuple[subprocess.CompletedProcess, dict]:
     """Run the command on a one-cell matrix next to this checkout's suites; the process and sensitivity.json."""
     (tmp_path / "suites").symlink_to(REPO / "suites", target_is_directory=True)
-    (tmp_path / "matrix.toml").write_text(resume_matrix(dropout) + PROJECT_IS_THIS_CHECKOUT)
+    (tmp_path / "matrix.toml").write_text(resume_matrix(dropout, grad_ckpt_options) + PROJECT_IS_THIS_CHECKOUT)
     done = subprocess.run(
         [sys.executable, "-m", "torchmatrix", "sensitivity", "--config", str(tmp_path / "matrix.toml")]
         + ["--reports", str(tmp_path / "reports"), "--mutants", mutants],
@@ -194,12 +200,27 @@ def sensitivity(tmp_path, dropout: float, mutants: str) -> tuple[subprocess.Comp
 
 @pytest.mark.slow
 def test_every_chosen_mutant_caught_exits_zero_with_the_table(tmp_path):
-    done, report = sensitivity(tmp_path, 0.1, "skip_loader_on_load,recompute_bumps_buffer")
+    chosen = [
+        "skip_loader_on_load",
+        "recompute_bumps_buffer",
+        "recompute_reads_a_later_micro_batch",
+        "generator_not_saved",
+        "optimizer_counter_not_saved",
+        "loader_shuffle_seed_not_saved",
+    ]
+    done, report = sensitivity(tmp_path, 0.1, ",".join(chosen))
     assert done.returncode == 0, done.stdout + done.stderr
     verdicts = {v["mutant"]: v for v in report["verdicts"]}
-    assert verdicts["skip_loader_on_load"]["caught_in"] == ["ws1-none-sdpa-adamw"]
+    assert all(verdicts[name]["caught_in"] == ["ws1-none-sdpa-adamw"] for name in chosen), verdicts
+    said = {name: verdicts[name]["message"] for name in chosen}
+    assert said["recompute_reads_a_later_micro_batch"].startswith(
+        "test_micro_batches_before_one_backward_leave_gradients_unchanged: "
+    ), said
+    assert "after load: RNG stream model.mutant_generator differs from the saved one" in said["generator_not_saved"]
+    assert "after load: optimizer attribute mutant_steps is " in said["optimizer_counter_not_saved"], said
+    assert "after load: the loader's batch 32 (the 31st after the load)" in said["loader_shuffle_seed_not_saved"], said
     assert "after load: loader would yield batch 0, saved at batch 2" in verdicts["skip_loader_on_load"]["message"]
-    assert "buffer prefix_layers.0.mutant_body_runs: 2 vs 1" in verdicts["recompute_bumps_buffer"]["message"]
+    assert "buffer expert_layers.0.mutant_body_runs: 16 vs 8" in verdicts["recompute_bumps_buffer"]["message"]
     assert (
         "| `skip_loader_on_load` | checkpointer leaves the loader at its first batch | resume | caught in 1 of 1 cells |"
         in done.stdout
@@ -207,16 +228,22 @@ def test_every_chosen_mutant_caught_exits_zero_with_the_table(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_mutant_the_suites_cannot_see_is_missed_and_exits_one(tmp_path):
-    done, report = sensitivity(tmp_path, 0.0, "skip_rng_on_load")
+def test_a_mutant_that_acted_unseen_is_missed_and_one_that_could_not_be_seen_is_n_a(tmp_path):
+    """The list a layer's modules append to, named in `ignored_attributes`, is left out of the
+    module-attribute check: the mutant's hook ran in a recompute and nothing failed, so it is missed.
+    Without dropout no RNG stream advances and the rng check skips: the RNG load skip is n/a, saying so."""
+    ignored = {"ignored_attributes": ["mutant_aux_losses"]}
+    done, report = sensitivity(tmp_path, 0.0, "recompute_appends_to_attribute,skip_rng_on_load", ignored)
     assert done.returncode == 1, done.stdout + done.stderr
-    (verdict,) = report["verdicts"]
-    assert verdict["caught_in"] == [] and verdict["missed_in"] == ["ws1-none-sdpa-adamw"], verdict
-    assert (
-        "| `skip_rng_on_load` | checkpointer leaves the RNG streams unrestored | resume | **missed in ws1-none-sdpa-adamw** |"
-        in done.stdout
+    verdicts = {v["mutant"]: v for v in report["verdicts"]}
+    appended = verdicts["recompute_appends_to_attribute"]
+    assert appended["caught_in"] == [] and appended["missed_in"] == ["ws1-none-sdpa-adamw"], appended
+    rng = verdicts["skip_rng_on_load"]
+    assert rng["missed_in"] == [] and list(rng["not_applicable_in"]) == ["ws1-none-sdpa-adamw"], rng
+    assert rng["not_applicable_in"]["ws1-none-sdpa-adamw"].startswith(
+        "test_state_restored_right_after_load[piece=rng] skipped on the unmutated components: training advanced no RNG stream"
     )
-    assert "missed skip_rng_on_load (in ws1-none-sdpa-adamw)" in done.stderr
+    assert "missed recompute_appends_to_attribute (in ws1-none-sdpa-adamw)" in done.stderr
 
 
 CELL_WS2 = Cell({"world_size": 2, "optimizer": "adamw"})
@@ -225,9 +252,42 @@ CELL_WS2 = Cell({"world_size": 2, "optimizer": "adamw"})
 def test_a_mutant_missed_in_one_cell_is_missed_though_caught_in_another(tmp_path):
     write_run(tmp_path / "unmutated", {CELL_A: [], CELL_WS2: []})
     write_run(tmp_path / "mutant", {CELL_A: [loader_failure("rank 0: after load: new")], CELL_WS2: []})
-    verdict = judge(chosen_mutants("skip_loader_on_load")[0], [CELL_A, CELL_WS2], {}, tmp_path / "mutant")
+    verdict = judge(
+        chosen_mutants("skip_loader_on_load")[0], [CELL_A, CELL_WS2], {}, tmp_path / "mutant", acted_in={CELL_WS2.id}
+    )
     assert (verdict.caught_in, verdict.missed_in) == ([CELL_A.id], [CELL_WS2.id])
     assert verdict.missed and verdict.result_text() == f"caught in 1 of 2 cells; **missed in {CELL_WS2.id}**"
+
+
+def test_a_pass_where_the_mutant_never_acted_is_n_a_saying_what_did_not_happen_never_missed(tmp_path):
+    write_run(tmp_path / "unmutated", {CELL_A: [], CELL_WS2: []})
+    write_run(tmp_path / "mutant", {CELL_A: [], CELL_WS2: []})
+    mutant = chosen_mutants("recompute_bumps_buffer")[0]
+    verdict = judge(mutant, [CELL_A, CELL_WS2], {}, tmp_path / "mutant", acted_in={CELL_WS2.id})
+    assert verdict.missed_in == [CELL_WS2.id]
+    assert verdict.not_applicable_in == {
+        CELL_A.id: "the hook never ran inside a checkpointed region (no module of a decoder layer ran during backward)"
+    }
+    never = judge(mutant, [CELL_A], {}, tmp_path / "mutant")
+    assert not never.missed and never.result_text() == f"n/a ({mutant.idle})"
+    assert chosen_mutants("skip_loader_on_load")[0].idle == (
+        "its load skip removed nothing: the unmutated load left the loader position as a fresh build has it"
+    )
+
+
+def test_a_skipped_test_is_known_by_its_parameters_so_one_piece_of_resume_can_watch_a_mutant(tmp_path):
+    skipped = outcomes.TestOutcome(
+        "resume", "test_state_restored_right_after_load[piece=rng]", "skipped", message="no RNG stream"
+    )
+    write_run(
+        tmp_path, {CELL_A: [skipped, outcomes.TestOutcome("resume", "test_losses_identical_after_resume", "passed")]}
+    )
+    before = read_cells(tmp_path, "resume")[CELL_A.id]
+    rng, loader = chosen_mutants("skip_rng_on_load,skip_loader_on_load")
+    assert rng.unseen_in(before) == (
+        "test_state_restored_right_after_load[piece=rng] skipped on the unmutated components: no RNG stream"
+    )
+    assert loader.unseen_in(before) is None
 
 
 def test_a_cell_where_the_mutant_cannot_differ_is_n_a_never_missed():

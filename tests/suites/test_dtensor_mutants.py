@@ -32,13 +32,16 @@ MUTANTS = {
     "replicated_state": ("torchmatrix.models.mutants.dtensor_state:ReplicatedStateAdamW", ("model", "uneven_probe")),
     "shapeless_state": ("torchmatrix.models.mutants.dtensor_state:ShapelessStateAdamW", ("uneven_probe",)),
 }
+# Right after a step, wrong after `load_state_dict`: only the reshard into more ranks sees it, and it
+# must name the layout before the gather that such state crashes.
+LOAD_MUTANTS = {"shapeless_on_load": "torchmatrix.models.mutants.dtensor_state:ShapelessOnLoadAdamW"}
 WORLD_SIZES = (2, 4)
 CHECKPOINTER = "torchmatrix.models.checkpoint:Checkpointer"
 SAVED = "test_saved_state_is_sharded"
 
 
 def dtensor_matrix(
-    optimizers=(REFERENCE, *MUTANTS), world_sizes=WORLD_SIZES, checkpointer: str | None = CHECKPOINTER
+    optimizers=(REFERENCE, *MUTANTS, *LOAD_MUTANTS), world_sizes=WORLD_SIZES, checkpointer: str | None = CHECKPOINTER
 ) -> str:
     """FSDP2 cells of these world sizes, these optimizers (the reference one and mutants), and the checkpointer if any."""
     optimizers = list(optimizers)
@@ -48,10 +51,13 @@ def dtensor_matrix(
         "parallelize": "torchmatrix.models.parallel:parallelize",
         f"optimizer_{REFERENCE}": "torchmatrix.models.optim:build_precision_aware",
         **{f"optimizer_{name}": path for name, (path, _) in MUTANTS.items() if name in optimizers},
+        **{f"optimizer_{name}": path for name, path in LOAD_MUTANTS.items() if name in optimizers},
         **({"checkpointer": checkpointer} if checkpointer else {}),
     }
+    load_mutants = [name for name in LOAD_MUTANTS if name in optimizers]
     return matrix_toml(
         axes={"world_size": list(world_sizes), "fsdp": ["fsdp2"], "attn": ["sdpa"], "optimizer": optimizers},
+        exclude=[{"world_size": size, "optimizer": load_mutants} for size in world_sizes if size != 2 and load_mutants],
         suites={
             "dtensor_optim": {
                 "timeout": 120,
@@ -81,7 +87,8 @@ def cell_id(world_size: int, optimizer: str) -> str:
 def test_run_fails_and_reports_every_cell(run):
     done, outcomes = run
     assert done.returncode == 1, f"mutant cells must fail the run\n{done.stdout}{done.stderr}"
-    assert set(outcomes) == {cell_id(ws, opt) for ws in WORLD_SIZES for opt in [REFERENCE, *MUTANTS]}, done.stdout
+    expected = {cell_id(ws, opt) for ws in WORLD_SIZES for opt in [REFERENCE, *MUTANTS]}
+    assert set(outcomes) == expected | {cell_id(2, opt) for opt in LOAD_MUTANTS}, done.stdout
 
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
@@ -103,6 +110,23 @@ def test_suite_catches_mutant(run, mutant, world_size):
         assert any(test.startswith(check) for test in watching), f"{check} did not run: {tests}"
     missed = sorted(test for test, result in watching.items() if result not in ("failure", "skipped"))
     assert not missed, f"{mutant} at ws{world_size}: expected {missed} to fail, outcomes {tests}"
+
+
+def test_a_layout_broken_by_the_load_is_named_before_the_gather_it_crashes(run, run_root):
+    """The uneven probe's state, re-wrapped without its global shape on load: the reshard into more
+    ranks (1 -> 2; one cell, the ws4 one would only repeat it at 2 -> 4) fails with the layout line
+    of each rank (global shape 8 where the param has 7) before the crash of the gather after it;
+    every check before the load passes."""
+    cell = cell_id(2, "shapeless_on_load")
+    tests = run[1][cell]
+    grow = "test_reshard_load_is_exact[model_kind=uneven_probe,reshard=grow]"
+    assert tests[grow] == "failure", tests
+    failure = cell_failures(run_root / "reports" / "latest" / "torch-system")[cell][grow]
+    first_line = "state laid out unlike its param right after load, before anything gathered it:"
+    assert first_line in failure, failure
+    assert "rank 0: state 'master' of " in failure and "has global shape torch.Size([8, " in failure, failure
+    before_load = {test: result for test, result in tests.items() if not test.startswith("test_reshard_load_is_exact")}
+    assert set(before_load.values()) <= {"passed", "skipped"}, tests
 
 
 def layout_sources(root: Path) -> dict[str, set[str]]:

@@ -44,13 +44,18 @@ CELLS = ["ws1-none-sdpa", "ws1-none-eager", "ws2-fsdp1-sdpa", "ws2-fsdp1-eager",
 GRADIENTS = "test_checkpointing_leaves_loss_and_gradients_unchanged[dropout={}]"
 RECOMPUTE = "test_recompute_reruns_layers_and_rewrites_cache_identically"
 BUFFERS = "test_checkpointing_leaves_every_buffer_unchanged"
+ATTRIBUTES = "test_checkpointing_leaves_module_attributes_unchanged"
+MICRO_BATCHES = "test_micro_batches_before_one_backward_leave_gradients_unchanged"
+EVERY_TEST = sorted([GRADIENTS.format(0.0), GRADIENTS.format(0.1), RECOMPUTE, BUFFERS, ATTRIBUTES, MICRO_BATCHES])
 REFERENCE = "torchmatrix.models.transformer:build_model"
 
 # mutant factory -> (tests that must fail in every cell, text each failure must contain)
 MUTANTS = {
     "torchmatrix.models.mutants.grad_ckpt:appending_cache_model": (
         [GRADIENTS.format(0.0), GRADIENTS.format(0.1), RECOMPUTE],
-        "backward with activation checkpointing (did a recomputed layer differ from its forward?) failed",
+        # torch's CheckpointError names no layer; the suite names the one whose recompute raised it
+        "backward with activation checkpointing (did a recomputed layer differ from its forward?) failed: "
+        'RuntimeError("in the recompute of layer prefix_layers.2 (',
     ),
     "torchmatrix.models.mutants.grad_ckpt:reappending_cache_model": (
         [RECOMPUTE],
@@ -111,7 +116,7 @@ def test_suite_passes_on_the_reference_model_in_every_cell(tmp_path):
     assert returncode == 0, output
     assert sorted(cases) == sorted(CELLS), output
     for cell, tests in cases.items():
-        assert sorted(tests) == sorted([GRADIENTS.format(0.0), GRADIENTS.format(0.1), RECOMPUTE, BUFFERS]), cell
+        assert sorted(tests) == EVERY_TEST, cell
         assert all(case.is_passed for case in tests.values()), {cell: {n: failure_text(c) for n, c in tests.items()}}
         ulps = {name: value for name, value in properties[cell].items() if name.endswith("::grad_max_ulp")}
         assert sorted(ulps) == [f"grad_ckpt::{GRADIENTS.format(d)}::grad_max_ulp" for d in (0.0, 0.1)], properties[cell]
@@ -132,13 +137,42 @@ def test_suite_fails_on_each_mutant_in_every_cell(tmp_path, mutant):
             assert f"cell {cell}" in failure_text(case), "the failure must name the cell"
 
 
+# State the single forward→backward comparison cannot see; one sdpa cell per fsdp value.
+STATE_MUTANTS = {
+    "torchmatrix.models.mutants.grad_ckpt:module_held_cache_model": (
+        MICRO_BATCHES,
+        "with 2 micro-batches forward before one backward, checkpointing changed the loss or gradients",
+    ),
+    "torchmatrix.models.mutants.grad_ckpt:aux_loss_list_model": (
+        ATTRIBUTES,
+        "rank 0: module attribute prefix_layers.1.aux_losses: 2 entries vs 1",
+    ),
+}
+SDPA_CELLS = ["ws1-none-sdpa", "ws2-fsdp1-sdpa", "ws2-fsdp2-sdpa"]
+
+
+@pytest.mark.parametrize("mutant", sorted(STATE_MUTANTS), ids=lambda path: path.rsplit(":", 1)[1])
+def test_suite_fails_on_state_it_could_not_see_before_in_every_fsdp_value(tmp_path, mutant):
+    """A cache held on the module across calls (seen only with micro-batches) and a plain list attribute
+    that recompute appends to (seen only by comparing module attributes): the one test that can see
+    each fails, naming it; every other test passes, since the mutant is right for them."""
+    must_fail, reason = STATE_MUTANTS[mutant]
+    returncode, cases, output, _ = run_suite(tmp_path / "mutant", grad_ckpt_matrix(mutant, attn=("sdpa",)))
+    assert returncode == 1, output
+    assert sorted(cases) == SDPA_CELLS, output
+    for cell, tests in cases.items():
+        assert tests[must_fail].is_failure, f"{mutant} not caught by {must_fail} in {cell}"
+        assert reason in failure_text(tests[must_fail]), failure_text(tests[must_fail])
+        assert all(case.is_passed for test, case in tests.items() if test != must_fail), cell
+
+
 def test_reference_model_passes_in_bfloat16_within_the_derived_tolerance(tmp_path):
     matrix = grad_ckpt_matrix(REFERENCE, dtype="bfloat16", fsdp=("none", "fsdp2"), attn=("sdpa",))
     returncode, cases, output, _ = run_suite(tmp_path / "bf16", matrix)
     assert returncode == 0, output
     assert sorted(cases) == ["ws1-none-sdpa", "ws2-fsdp2-sdpa"], output
     for cell, tests in cases.items():
-        assert sorted(tests) == sorted([GRADIENTS.format(0.0), GRADIENTS.format(0.1), RECOMPUTE, BUFFERS]), cell
+        assert sorted(tests) == EVERY_TEST, cell
         assert all(case.is_passed for case in tests.values()), {cell: {n: failure_text(c) for n, c in tests.items()}}
 
 
@@ -153,7 +187,7 @@ def test_checks_a_model_lacks_skip_with_their_reason_and_never_pass(tmp_path):
     assert returncode == 0, output
     assert sorted(cases) == ["ws1-none-sdpa", "ws2-fsdp2-sdpa"], output
     for cell, tests in cases.items():
-        assert tests[GRADIENTS.format(0.0)].is_passed and tests[BUFFERS].is_passed, cell
+        assert all(tests[test].is_passed for test in (GRADIENTS.format(0.0), BUFFERS, ATTRIBUTES, MICRO_BATCHES)), cell
         dropout, recompute = tests[GRADIENTS.format(0.1)], tests[RECOMPUTE]
         assert dropout.is_skipped and "dropout changed nothing: the model has none" in failure_text(dropout), cell
         assert recompute.is_skipped, f"{cell}: {failure_text(recompute)}"

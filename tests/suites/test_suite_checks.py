@@ -16,9 +16,15 @@ from suites.test_dtensor_optim import layout_problems, param_shaped_states
 from suites.test_grad_ckpt import (
     BF16_RTOL,
     EXACT,
+    Entries,
     Precision,
+    body_call_counters,
     cache_presence_problems,
+    ignored_attributes_from,
+    micro_batches_from,
     mismatch,
+    module_state,
+    module_state_problems,
     no_cache_reason,
     precision_from,
 )
@@ -182,3 +188,65 @@ def test_dcp_layout_finds_the_one_checkpoint_a_checkpointer_wrote_under_its_dire
     (tmp_path / "step-2").mkdir()
     (tmp_path / "step-2" / ".metadata").write_bytes(b"")
     assert find_checkpoint(tmp_path) is None
+
+
+@pytest.mark.parametrize("count", [1, 0, "2", 2.0, True])
+def test_grad_ckpt_refuses_fewer_than_two_micro_batches_or_a_non_integer(count):
+    with pytest.raises(pytest.fail.Exception, match=f"micro_batches = {count!r}: expected an integer of at least 2"):
+        micro_batches_from({"micro_batches": count})
+    assert micro_batches_from({}) == 2 and micro_batches_from({"micro_batches": 3}) == 3
+
+
+class AuxLossLayer(nn.Module):
+    """A module with plain attribute state next to a parameter, a buffer and a submodule, and a body
+    counter that `body_calls()` reports under another name than the reference's."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(2, 2)
+        self.register_buffer("seen", torch.zeros(()))
+        self.aux_losses = [torch.ones(())]
+        self.routing = {"expert": 3}
+        self.calls = 5
+        self.name = "layer"
+        self.debug_log = ["ignored"]
+
+
+class CountingStack(nn.Sequential):
+    def body_calls(self) -> dict[str, int]:
+        return {"0": self[0].calls}
+
+
+def test_grad_ckpt_module_state_holds_plain_attributes_and_leaves_out_parameters_and_buffers():
+    state, ints = module_state(CountingStack(AuxLossLayer()), ignored=("debug_log",))
+    assert {path for path in state if path.startswith("0.") and not path.startswith("0.proj.")} == {
+        "0.aux_losses",
+        "0.aux_losses[0]",
+        "0.routing",
+        "0.routing['expert']",
+        "0.calls",
+        "0.name",
+    }
+    assert repr(state["0.aux_losses"]) == "1 entries" and state["0.routing['expert']"] == 3
+    assert {"0.calls", "0.routing['expert']"} <= set(ints)
+
+
+def test_grad_ckpt_finds_the_counters_body_calls_reports_whatever_their_name_and_puts_them_back():
+    model = CountingStack(AuxLossLayer())
+    _, ints = module_state(model)
+    assert body_call_counters(model, ints) == {"0.calls"}
+    assert model[0].calls == 5 and model[0].routing == {"expert": 3}
+
+
+def test_grad_ckpt_module_state_problems_name_the_path_and_skip_what_was_set_up_differently():
+    before = ({"0.checkpointing": True, "0.count": 0}, {"0.checkpointing": False, "0.count": 0})
+    after_with = {"0.checkpointing": True, "0.count": 2, "0.aux": Entries(12)}
+    after_without = {"0.checkpointing": False, "0.count": 1, "0.aux": Entries(6)}
+    assert module_state_problems(after_with, after_without, before) == ["0.aux: 12 entries vs 6", "0.count: 2 vs 1"]
+    assert module_state_problems(after_with, after_without, before, {"0.count"}) == ["0.aux: 12 entries vs 6"]
+
+
+def test_grad_ckpt_refuses_ignored_attributes_that_are_not_a_list_of_names():
+    with pytest.raises(pytest.fail.Exception, match="ignored_attributes = 'log': expected a list of attribute names"):
+        ignored_attributes_from({"ignored_attributes": "log"})
+    assert ignored_attributes_from({}) == () and ignored_attributes_from({"ignored_attributes": ["log"]}) == ("log",)

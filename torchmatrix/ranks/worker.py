@@ -55,6 +55,13 @@ def in_compile_cache(directory: str, fn, args: tuple):
     return fn(*args)
 
 
+def current_cell_id() -> str | None:
+    """The id of the cell whose test this rank runs now, or None before its first: `in_compile_cache`
+    keeps the cell's compile cache in a folder named after it (`<suite>/<cell id>/rank<N>`)."""
+    directory = os.environ.get(COMPILE_CACHE_VARIABLE)
+    return os.path.basename(os.path.dirname(directory)) if directory else None
+
+
 def _join_process_group(conn: Connection, rank: int, world_size: int) -> None:
     """Rank 0 hosts the TCPStore on a port the OS picks, so parallel cells never collide.
 

@@ -8,7 +8,9 @@ catch). The unmutated components run first: only failures they did not have coun
 that already fails there catches a mutant only by a new line, and a cell where they skip every
 test (a component's package not installed) is skipped, with that reason, for every mutant. A
 cell where a mutant cannot differ from the unmutated component (rank 0 only at one rank) is not
-run for it and reads n/a, with the reason.
+run for it and reads n/a, with the reason. A pass reads "missed" only where the mutant marked
+that it acted (torchmatrix.sensitivity.mutants.record_acted: its hook ran during a recompute, its
+load skip undid what the real load restored); elsewhere it reads n/a, saying what did not happen.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from torchmatrix.matrix.cells import Cell
 from torchmatrix.matrix.config import Matrix
 from torchmatrix.matrix.selection import select_cells
 from torchmatrix.run.runner import RunRequest, run_version
+from torchmatrix.sensitivity.mutants import EVIDENCE_VARIABLE, cells_acted_in
 from torchmatrix.sensitivity.verdicts import CellResult, new_failures, read_cells
 
 GENERATED_MODULE = "torchmatrix_sensitivity_components"
@@ -60,10 +63,13 @@ class GenericMutant:
     suite: str
     component: str
     wrapper: str
+    idle: str
+    """What did not happen where the mutant marked no act: why a pass there proves nothing (n/a)."""
     not_applicable: Callable[[Cell, Matrix], str | None] = applies_everywhere
     watched_by: str | None = None
-    """The one test that can see this mutant, where only one can: n/a in a cell where it skipped on
-    the unmutated components (the stack lacks what the mutant would corrupt)."""
+    """The one test that can see this mutant, where only one can (its name, with its parameters when
+    it has some): n/a in a cell where it skipped on the unmutated components (the stack lacks what
+    the mutant would corrupt)."""
 
     def unseen_in(self, before: CellResult) -> str | None:
         """Why this mutant cannot be seen in a cell the unmutated run gave `before`, or None."""
@@ -76,16 +82,29 @@ class GenericMutant:
         return key == self.component or (self.component == "optimizer" and key.startswith("optimizer_"))
 
 
+NO_RECOMPUTE = "the hook never ran inside a checkpointed region (no module of a decoder layer ran during backward)"
+RIGHT_AFTER_LOAD = "test_state_restored_right_after_load"
+
+
+def removed_nothing(piece: str) -> str:
+    return f"its load skip removed nothing: the unmutated load left the {piece} as a fresh build has it"
+
+
 GENERIC_MUTANTS = (
-    GenericMutant("skip_model_on_load", "checkpointer leaves the model weights unloaded", RESUME, "checkpointer", "skips_on_load({inner!r}, 'model')"),
-    GenericMutant("skip_optimizer_on_load", "checkpointer drops the optimizer state (the seed's lost moments)", RESUME, "checkpointer", "skips_on_load({inner!r}, 'optimizer')"),
-    GenericMutant("skip_scheduler_on_load", "checkpointer leaves the LR scheduler at its start", RESUME, "checkpointer", "skips_on_load({inner!r}, 'scheduler')"),
-    GenericMutant("skip_loader_on_load", "checkpointer leaves the loader at its first batch", RESUME, "checkpointer", "skips_on_load({inner!r}, 'loader')"),
-    GenericMutant("skip_rng_on_load", "checkpointer leaves the RNG streams unrestored", RESUME, "checkpointer", "skips_on_load({inner!r}, 'rng')"),
-    GenericMutant("restore_on_rank_zero_only", "checkpointer restores every piece on rank 0 only", RESUME, "checkpointer", "restores_on_rank_zero_only({inner!r})", single_rank),
-    GenericMutant("moments_cast_to_param_dtype", "optimizer load casts its state (moments, master) to the param dtype", RESUME, "optimizer", "moments_cast_on_load({inner!r})", fp32_params_in_resume),
-    GenericMutant("recompute_bumps_buffer", "a layer bumps a buffer on every body run, recompute included", GRAD_CKPT, "model", "counts_body_runs_in_buffer({inner!r})"),
-    GenericMutant("recompute_bumps_cache_counter", "an int counter on the cache is bumped on every body run, recompute included", GRAD_CKPT, "model", "counts_body_runs_on_cache({inner!r})", watched_by="test_recompute_reruns_layers_and_rewrites_cache_identically"),
+    GenericMutant("skip_model_on_load", "checkpointer leaves the model weights unloaded", RESUME, "checkpointer", "skips_on_load({inner!r}, 'model')", removed_nothing("model weights")),
+    GenericMutant("skip_optimizer_on_load", "checkpointer drops the optimizer state (the seed's lost moments)", RESUME, "checkpointer", "skips_on_load({inner!r}, 'optimizer')", removed_nothing("optimizer state")),
+    GenericMutant("skip_scheduler_on_load", "checkpointer leaves the LR scheduler at its start", RESUME, "checkpointer", "skips_on_load({inner!r}, 'scheduler')", removed_nothing("scheduler")),
+    GenericMutant("skip_loader_on_load", "checkpointer leaves the loader at its first batch", RESUME, "checkpointer", "skips_on_load({inner!r}, 'loader')", removed_nothing("loader position")),
+    GenericMutant("skip_rng_on_load", "checkpointer leaves the RNG streams unrestored", RESUME, "checkpointer", "skips_on_load({inner!r}, 'rng')", removed_nothing("RNG streams"), watched_by=f"{RIGHT_AFTER_LOAD}[piece=rng]"),
+    GenericMutant("restore_on_rank_zero_only", "checkpointer restores every piece on rank 0 only", RESUME, "checkpointer", "restores_on_rank_zero_only({inner!r})", "its load skip removed nothing: the unmutated load changed nothing on ranks 1.. that a fresh build did not hold", single_rank),
+    GenericMutant("moments_cast_to_param_dtype", "optimizer load casts its state (moments, master) to the param dtype", RESUME, "optimizer", "moments_cast_on_load({inner!r})", "the cast changed nothing: every loaded floating state already had its param's dtype", fp32_params_in_resume),
+    GenericMutant("recompute_bumps_buffer", "a layer bumps a buffer on every run of its modules, recompute included", GRAD_CKPT, "model", "counts_body_runs_in_buffer({inner!r})", NO_RECOMPUTE),
+    GenericMutant("recompute_bumps_cache_counter", "an int counter on the cache is bumped on every run of a layer's modules, recompute included", GRAD_CKPT, "model", "counts_body_runs_on_cache({inner!r})", NO_RECOMPUTE, watched_by="test_recompute_reruns_layers_and_rewrites_cache_identically"),
+    GenericMutant("recompute_appends_to_attribute", "a layer appends to a plain list attribute on every run of its modules, recompute included", GRAD_CKPT, "model", "appends_to_list_attribute({inner!r})", NO_RECOMPUTE),
+    GenericMutant("recompute_reads_a_later_micro_batch", "a layer's modules hold their last input across calls and recompute reads it (a cache held on the module)", GRAD_CKPT, "model", "holds_inputs_across_calls({inner!r})", "no module of a decoder layer was recomputed on another input than its own (no micro-batch forward ran between its forward and its recompute)"),
+    GenericMutant("generator_not_saved", "the model draws noise from a torch.Generator it owns, which no checkpointer saves", RESUME, "model", "draws_from_own_generator({inner!r})", "the model drew no noise: no decoder layer returned a floating tensor in training"),
+    GenericMutant("optimizer_counter_not_saved", "the optimizer counts steps on itself, outside its state dict, and warms up by that count", RESUME, "optimizer", "counts_steps_on_optimizer({inner!r})", "the optimizer never stepped"),
+    GenericMutant("loader_shuffle_seed_not_saved", "the loader reorders every epoch after the first from a seed its state dict lacks", RESUME, "dataset", "reshuffles_from_unsaved_seed({inner!r})", "no batch past the first epoch was read (not even by the loader check after the load)"),
 )  # fmt: skip
 
 
@@ -172,9 +191,14 @@ def generated_module(matrix: Matrix, mutants: tuple[GenericMutant, ...]) -> str:
         '"""Written by `python -m torchmatrix sensitivity`: the configured components in generic mutants."""',
         "",
         "from torchmatrix.sensitivity.mutants import (",
+        "    appends_to_list_attribute,",
         "    counts_body_runs_in_buffer,",
         "    counts_body_runs_on_cache,",
+        "    counts_steps_on_optimizer,",
+        "    draws_from_own_generator,",
+        "    holds_inputs_across_calls,",
         "    moments_cast_on_load,",
+        "    reshuffles_from_unsaved_seed,",
         "    restores_on_rank_zero_only,",
         "    skips_on_load,",
         ")",
@@ -228,12 +252,14 @@ def judge(
     baseline: dict[str, CellResult],
     run_dir: Path | None,
     inapplicable: dict[str, str] | None = None,
+    acted_in: frozenset[str] | set[str] = frozenset(),
 ) -> Verdict:
     """The verdict on `mutant` per cell: skipped where the unmutated run skipped every test of its
     suite; n/a where `inapplicable` says why; errored where a failure the unmutated run did not
     have is a crash of the mutant itself (what else failed there followed from it); else caught by
-    such a failure; else skipped where the mutant run skipped every test; else missed. `run_dir`
-    is the mutant's version directory (None: it did not run)."""
+    such a failure; else skipped where the mutant run skipped every test; else missed where the
+    mutant marked that it acted (`acted_in`), n/a saying what did not happen where it did not.
+    `run_dir` is the mutant's version directory (None: it did not run)."""
     inapplicable = inapplicable or {}
     results = read_cells(run_dir, mutant.suite, MUTANT_SOURCES) if run_dir else {}
     verdict = Verdict(mutant.name, mutant.bug, mutant.suite, [], [], "")
@@ -257,8 +283,10 @@ def judge(
             verdict.message = verdict.message or found[0].telling_line(known)
         elif after.skipped:
             verdict.skipped_in[cell.id] = after.skipped
-        else:
+        elif cell.id in acted_in:
             verdict.missed_in.append(cell.id)
+        else:
+            verdict.not_applicable_in[cell.id] = mutant.idle
     return verdict
 
 
@@ -309,10 +337,12 @@ def run_sensitivity(
             and not (before := baseline[mutant.suite].get(cell.id, CellResult())).skipped
             and not mutant.unseen_in(before)
         ]
+        evidence = out / "evidence" / mutant.name
         if judged:
+            os.environ[EVIDENCE_VARIABLE] = str(evidence)
             run_selection(dataclasses.replace(request, matrix=mutated(matrix, mutant), run_id=mutant.name), judged)
         run_dir = out / "runs" / mutant.name / f"torch-{version}" if judged else None
-        verdicts.append(judge(mutant, cells, baseline[mutant.suite], run_dir, inapplicable))
+        verdicts.append(judge(mutant, cells, baseline[mutant.suite], run_dir, inapplicable, cells_acted_in(evidence)))
     table = markdown_table(verdicts)
     header = f"Cells: {', '.join(c.id for c in cells)} (torch {version})\n\n"
     if notes:

@@ -2,13 +2,41 @@
 `python -m torchmatrix sensitivity` can show the suites catching them on the user's own stack.
 
 They run in the rank processes; torch is imported inside the functions, because every
-torchmatrix module must import without it.
+torchmatrix module must import without it. Each mutant records, per cell, that it acted (its hook
+ran during a recompute, its load skip undid something the real load restored, ...) with
+`record_acted`, so the command calls a pass "missed" only where the bug was really there.
 """
 
 from __future__ import annotations
 
+import os
+import types
+from pathlib import Path
+
 from torchmatrix.components.calling import accepts
 from torchmatrix.components.loading import load
+from torchmatrix.ranks.worker import current_cell_id
+
+EVIDENCE_VARIABLE = "TORCHMATRIX_SENSITIVITY_EVIDENCE"
+"""The folder where a mutant marks each cell it acted in (one empty file per cell id); the command sets it per mutant."""
+
+
+def record_acted() -> None:
+    """Mark that this mutant acted in the cell this rank runs now (once per cell and process)."""
+    directory, cell = os.environ.get(EVIDENCE_VARIABLE), current_cell_id()
+    if directory and cell and cell not in _MARKED:
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        Path(directory, cell).touch()
+        _MARKED.add(cell)
+
+
+_MARKED: set[str] = set()
+
+
+def cells_acted_in(directory: Path) -> set[str]:
+    """The cells a mutant marked with `record_acted` in a run that used `directory` as its evidence folder."""
+    return {path.name for path in directory.iterdir()} if directory.is_dir() else set()
+
 
 RESTORED_PIECES = ("model", "optimizer", "scheduler", "loader", "rng")
 
@@ -28,6 +56,16 @@ class FreshState:
             "loader": copy.deepcopy(loader.state_dict()),
             "rng": _rng_state(),
         }
+
+    def current(self, piece: str):
+        """What `piece` holds now, in the form `saved` keeps it."""
+        import copy
+
+        if piece == "model":
+            return [_local(p).detach().clone() for p in self.model.parameters()]
+        if piece == "rng":
+            return _rng_state()
+        return copy.deepcopy(getattr(self, piece).state_dict())
 
     def put_back(self, piece: str) -> None:
         import torch
@@ -69,6 +107,8 @@ class RevertingCheckpointer:
         fresh = FreshState(model=model, optimizer=optimizer, scheduler=scheduler, loader=loader)
         step = self.wrapped.load(directory, model=model, optimizer=optimizer, scheduler=scheduler, loader=loader)
         for piece in self.reverted(dist.get_rank() if dist.is_initialized() else 0):
+            if not _same(fresh.current(piece), fresh.saved[piece]):
+                record_acted()
             fresh.put_back(piece)
         return step
 
@@ -102,10 +142,7 @@ def moments_cast_on_load(inner: str):
     def build(params, *, named_parameters=None, **kwargs):
         import torch
 
-        factory = load(inner)
-        if named_parameters is not None and accepts(factory, "named_parameters"):
-            kwargs["named_parameters"] = named_parameters
-        optimizer = factory(params, **kwargs)
+        optimizer = _built_optimizer(inner, params, named_parameters, kwargs)
         load_exactly = optimizer.load_state_dict
 
         def load_state_dict(state_dict):
@@ -113,6 +150,8 @@ def moments_cast_on_load(inner: str):
             for param, state in optimizer.state.items():
                 for key, value in state.items():
                     if key != "step" and torch.is_tensor(value) and value.is_floating_point():
+                        if value.dtype != param.dtype:
+                            record_acted()
                         state[key] = value.to(param.dtype)
 
         optimizer.load_state_dict = load_state_dict
@@ -122,40 +161,43 @@ def moments_cast_on_load(inner: str):
 
 
 def counts_body_runs_in_buffer(inner: str):
-    """The model factory at `inner`, with a buffer on the first decoder layer that its body bumps
-    on every run, recompute included: a token or routing counter kept in a checkpointed layer."""
+    """The model factory at `inner`, with a buffer on every decoder layer that each run of a module
+    inside it bumps, recompute included: a token or routing counter kept in a checkpointed layer."""
 
     def build(cell, **kwargs):
         import torch
 
         model = load(inner)(cell, **kwargs)
-        layer = model.decoder_layers()[0]
-        layer.register_buffer("mutant_body_runs", torch.zeros((), dtype=torch.int64))
+        for layer in model.decoder_layers():
+            layer.register_buffer("mutant_body_runs", torch.zeros((), dtype=torch.int64))
 
-        def bump(module, args):
-            with torch.no_grad():
-                layer.mutant_body_runs += 1
+            def bump(module, args, layer=layer):
+                _note_if_recomputing()
+                with torch.no_grad():
+                    layer.mutant_body_runs += 1
 
-        _first_leaf(layer).register_forward_pre_hook(bump)
+            _hook_every_leaf(layer, bump)
         return model
 
     return build
 
 
 def counts_body_runs_on_cache(inner: str):
-    """The model factory at `inner`, whose cache carries a plain int that the first decoder layer's
-    body bumps on every run, recompute included, like a `seen_tokens` counter bumped per write."""
+    """The model factory at `inner`, whose cache carries a plain int that each run of a module inside
+    a decoder layer bumps, recompute included, like a `seen_tokens` counter bumped per write."""
 
     def build(cell, **kwargs):
         model = load(inner)(cell, **kwargs)
         counter = {"runs": 0, "cache": None}
 
         def bump(module, args):
+            _note_if_recomputing()
             counter["runs"] += 1
             if counter["cache"] is not None:
                 counter["cache"].mutant_writes += 1
 
-        _first_leaf(model.decoder_layers()[0]).register_forward_pre_hook(bump)
+        for layer in model.decoder_layers():
+            _hook_every_leaf(layer, bump)
         forward = model.forward
 
         def counting_forward(*args, **kwargs):
@@ -173,13 +215,212 @@ def counts_body_runs_on_cache(inner: str):
     return build
 
 
-def _first_leaf(layer):
-    """The first submodule of `layer` holding parameters of its own: it runs whenever the layer's
-    body runs, also when a checkpoint wrapper around the layer recomputes it."""
-    for module in layer.modules():
-        if module is not layer and next(module.parameters(recurse=False), None) is not None:
-            return module
-    raise ValueError(f"{type(layer).__name__} has no submodule with parameters to count body runs on")
+def appends_to_list_attribute(inner: str):
+    """The model factory at `inner`, whose decoder layers append to a plain list attribute on each run
+    of a module inside them, recompute included: an aux-loss list a trainer sums after the step."""
+
+    def build(cell, **kwargs):
+        model = load(inner)(cell, **kwargs)
+        for layer in model.decoder_layers():
+            layer.mutant_aux_losses = []
+
+            def append(module, args, layer=layer):
+                _note_if_recomputing()
+                layer.mutant_aux_losses.append(len(layer.mutant_aux_losses))
+
+            _hook_every_leaf(layer, append)
+        return model
+
+    return build
+
+
+def holds_inputs_across_calls(inner: str):
+    """The model factory at `inner`, whose modules inside the decoder layers keep their last forward
+    input on themselves and, when recomputed in backward, run on that instead of the one given: a
+    cache held across calls. Right for one forward then its backward; with two micro-batches
+    forward before one backward, micro-batch 1's recompute reads micro-batch 2's input."""
+
+    def build(cell, **kwargs):
+        import torch
+
+        model = load(inner)(cell, **kwargs)
+
+        def hold_or_replay(module, args):
+            if not args or not isinstance(args[0], torch.Tensor):
+                return None
+            if not _in_backward():
+                module.mutant_held_input = args[0].detach()
+                return None
+            held = getattr(module, "mutant_held_input", None)
+            if held is None or held.shape != args[0].shape or held.dtype != args[0].dtype:
+                return None
+            if not torch.equal(held, args[0]):
+                record_acted()
+            return (held.detach().requires_grad_(args[0].requires_grad), *args[1:])
+
+        for layer in model.decoder_layers():
+            _hook_every_leaf(layer, hold_or_replay)
+        return model
+
+    return build
+
+
+def draws_from_own_generator(inner: str):
+    """The model factory at `inner`, whose decoder layers scale their output by noise drawn from a
+    `torch.Generator` the model owns (seeded from the global RNG when built), in training only: a
+    per-module generator that no checkpointer saves."""
+
+    def build(cell, **kwargs):
+        import torch
+
+        model = load(inner)(cell, **kwargs)
+        model.mutant_generator = torch.Generator().manual_seed(int(torch.randint(2**62, ()).item()))
+
+        def jitter(module, args, output):
+            if not module.training or not isinstance(output, torch.Tensor) or not output.is_floating_point():
+                return None
+            noise = torch.rand(output.shape, generator=model.mutant_generator)
+            record_acted()
+            return output * (1 + 1e-2 * (noise.to(output.device, output.dtype) - 0.5))
+
+        for layer in model.decoder_layers():
+            layer.register_forward_hook(jitter)
+        return model
+
+    return build
+
+
+def counts_steps_on_optimizer(inner: str):
+    """The optimizer factory at `inner`, whose `step()` counts steps on the optimizer object (in no state
+    dict) and scales the gradients by a warm-up of that count: a resumed run restarts the warm-up."""
+
+    def build(params, *, named_parameters=None, **kwargs):
+        import torch
+
+        optimizer = _built_optimizer(inner, params, named_parameters, kwargs)
+        optimizer.mutant_steps = 0
+        inner_step = optimizer.step
+
+        def counting_step(self, *args, **kwargs):
+            self.mutant_steps += 1
+            warmup = 1 - 0.5**self.mutant_steps
+            with torch.no_grad():
+                for group in self.param_groups:
+                    for param in group["params"]:
+                        if param.grad is not None:
+                            param.grad.mul_(warmup)
+            record_acted()
+            return inner_step(*args, **kwargs)
+
+        optimizer.step = types.MethodType(counting_step, optimizer)
+        return optimizer
+
+    return build
+
+
+def reshuffles_from_unsaved_seed(inner: str):
+    """The dataset component at `inner`, whose loader relabels the tokens of every batch after the first
+    epoch by a permutation seeded from the global RNG when the loader is built; its state dict keeps
+    the loader's position, not that seed: a resumed run reads right until the next epoch boundary."""
+
+    class ReshuffledDataset:
+        component = load(inner)
+
+        @classmethod
+        def write(cls, *args, **kwargs):
+            return cls.component.write(*args, **kwargs)
+
+        def __init__(self, path):
+            self.wrapped = self.component(path)
+
+        def __len__(self):
+            return len(self.wrapped)
+
+        def loader(self, *, batch_size: int, rank: int, world_size: int):
+            inner_loader = self.wrapped.loader(batch_size=batch_size, rank=rank, world_size=world_size)
+            return ReshuffledLoader(inner_loader, max(1, len(self.wrapped) // (batch_size * world_size)))
+
+    return ReshuffledDataset
+
+
+class ReshuffledLoader:
+    """The loader of `reshuffles_from_unsaved_seed`: counts the batches it yields (saved), relabels
+    every batch from the second epoch on by a permutation of its unsaved seed and the epoch."""
+
+    def __init__(self, wrapped, batches_per_epoch: int):
+        import torch
+
+        self.wrapped, self.batches_per_epoch, self.yielded = wrapped, batches_per_epoch, 0
+        self.shuffle_seed = int(torch.randint(2**62, ()).item())
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        import torch
+
+        batch = next(self.wrapped)
+        epoch, self.yielded = self.yielded // self.batches_per_epoch, self.yielded + 1
+        if not epoch:
+            return batch
+        generator = torch.Generator().manual_seed(self.shuffle_seed + epoch)
+        record_acted()
+        return torch.randperm(int(batch.max()) + 1, generator=generator)[batch.cpu()].to(batch.device)
+
+    def state_dict(self) -> dict:
+        return {"wrapped": self.wrapped.state_dict(), "yielded": self.yielded}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.wrapped.load_state_dict(state["wrapped"])
+        self.yielded = int(state["yielded"])
+
+
+def _built_optimizer(inner: str, params, named_parameters, kwargs: dict):
+    """The optimizer factory at `inner` called as the protocol says: `named_parameters` only if it takes them."""
+    factory = load(inner)
+    if named_parameters is not None and accepts(factory, "named_parameters"):
+        kwargs = {**kwargs, "named_parameters": named_parameters}
+    return factory(params, **kwargs)
+
+
+def _in_backward() -> bool:
+    """Whether autograd is running a backward pass now: a module that runs then is being recomputed."""
+    import torch
+
+    return torch._C._current_graph_task_id() != -1
+
+
+def _note_if_recomputing() -> None:
+    if _in_backward():
+        record_acted()
+
+
+def _hook_every_leaf(layer, hook) -> None:
+    """`hook` as a forward pre-hook on every submodule of `layer` holding parameters of its own: the
+    ones inside a checkpointed body run again when it is recomputed, wherever the checkpoint sits."""
+    leaves = [m for m in layer.modules() if m is not layer and next(m.parameters(recurse=False), None) is not None]
+    if not leaves:
+        raise ValueError(f"{type(layer).__name__} has no submodule with parameters to hook")
+    for module in leaves:
+        module.register_forward_pre_hook(hook)
+
+
+def _same(first, second) -> bool:
+    """Whether two captures of a piece of state are equal, tensors bit for bit."""
+    import torch
+
+    if isinstance(first, torch.Tensor) or isinstance(second, torch.Tensor):
+        return isinstance(first, torch.Tensor) and isinstance(second, torch.Tensor) and torch.equal(first, second)
+    if isinstance(first, dict) and isinstance(second, dict):
+        return first.keys() == second.keys() and all(_same(first[key], second[key]) for key in first)
+    if isinstance(first, (list, tuple)) and isinstance(second, (list, tuple)):
+        return len(first) == len(second) and all(_same(a, b) for a, b in zip(first, second))
+    if hasattr(first, "tobytes") and hasattr(second, "tobytes"):
+        return type(first) is type(second) and first.tobytes() == second.tobytes()
+    try:
+        return bool(first == second)
+    except (TypeError, ValueError, RuntimeError):
+        return False
 
 
 def _local(tensor):

@@ -53,6 +53,7 @@ class CellResult:
     failures: list[SuiteFailure] = field(default_factory=list)
     skip_reasons: list[str] = field(default_factory=list)
     skipped_tests: dict[str, str] = field(default_factory=dict)
+    """Why each skipped test skipped, under its name with its parameters and under its bare name."""
     ran: int = 0
 
     @property
@@ -87,7 +88,9 @@ def read_cells(version_dir: Path, suite: str, mutant_sources: tuple[str, ...] = 
             elif problem.tag == "skipped":
                 reason = problem.get("message") or "no reason given"
                 result.skip_reasons.append(reason)
-                result.skipped_tests.setdefault(test_of_testcase(case.get("name", "")).split("[", 1)[0], reason)
+                test = test_of_testcase(case.get("name", ""))
+                result.skipped_tests.setdefault(test, reason)
+                result.skipped_tests.setdefault(test.split("[", 1)[0], reason)
             else:
                 result.ran += 1
                 test = test_of_testcase(case.get("name", ""))
