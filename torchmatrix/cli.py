@@ -1,4 +1,4 @@
-"""`python -m torchmatrix list | run | sensitivity | report | compare | merge | github-matrix | slurm`.
+"""`python -m torchmatrix list | run | sensitivity | report | compare | bisect | merge | github-matrix | slurm`.
 
 Exit codes: 0 all passed or skipped, 1 a test failed or errored, 2 a usage or matrix.toml error
 (printed as one line, no traceback), 130 interrupted.
@@ -12,6 +12,8 @@ import re
 import sys
 from pathlib import Path
 
+from torchmatrix.bisect.command import BisectError, BisectRequest, run_bisect
+from torchmatrix.bisect.versions import VersionError
 from torchmatrix.matrix.config import ConfigError, Matrix, load_matrix
 from torchmatrix.matrix.safe_names import UnsafeName, check_name
 from torchmatrix.matrix.selection import SelectionError, Shard, parse_only, select_cells
@@ -75,6 +77,13 @@ def _positive(text: str) -> int:
     return value
 
 
+def _suite_test(text: str) -> str:
+    suite, separator, test = text.partition("::")
+    if not separator or not suite or not test:
+        raise argparse.ArgumentTypeError(f"{text!r}: write it as SUITE::TEST, e.g. grad_ckpt::test_grads_match")
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="torchmatrix", description="Run PyTorch training-correctness suites over a matrix of cells."
@@ -106,6 +115,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--restart",
         action="store_true",
         help="the run id was used before (a requeued job): delete what that attempt left for this torch version and start clean",
+    )
+    run.add_argument(
+        "--test",
+        dest="tests",
+        action="append",
+        default=[],
+        type=_suite_test,
+        metavar="SUITE::TEST",
+        help="run only this test of the selected cells (repeatable), e.g. --test grad_ckpt::test_grads_match",
     )
     run.add_argument("--install-log", type=Path, default=None, help=argparse.SUPPRESS)
     run.add_argument(
@@ -197,6 +215,33 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("run_a", type=Path, help="the reference run: a run directory or its results.json")
     compare.add_argument("run_b", type=Path, help="the run to check against it")
     compare.add_argument("--out", type=Path, default=None, help="also write the diff (markdown) to this file")
+    bisect = commands.add_parser(
+        "bisect",
+        help="find the first torch release between two pins where a regression appears; exit 1 when a search has no answer",
+    )
+    _add_selection(bisect)
+    bisect.add_argument("--good", metavar="VERSION", help="a torch release the selected tests pass on (the older pin)")
+    bisect.add_argument("--bad", metavar="VERSION", help="a torch release they fail on (the newer pin)")
+    bisect.add_argument(
+        "--from",
+        dest="from_run",
+        type=Path,
+        metavar="RUN",
+        help="bisect the confirmed regressions of this run directory's upgrade diff (instead of --good/--bad)",
+    )
+    bisect.add_argument(
+        "--envdir",
+        type=Path,
+        default=None,
+        help="nox's envdir whose gpu_matrix venvs the steps use and add to (default: .nox next to matrix.toml)",
+    )
+    bisect.add_argument(
+        "--reports",
+        default=None,
+        metavar="DIR",
+        help="where the report goes without --from (default: reports/ next to matrix.toml)",
+    )
+    bisect.add_argument("--slots", type=_positive, default=None, help="as for run")
     merge = commands.add_parser("merge", help="merge report directories of shards, jobs and versions into one run")
     _add_selection(merge)
     merge.add_argument(
@@ -247,6 +292,8 @@ def main(argv: list[str] | None = None) -> int:
             return _slurm(matrix, args)
         if args.command == "sensitivity":
             return _sensitivity(matrix, args)
+        if args.command == "bisect":
+            return _bisect(matrix, args)
         return _run(matrix, args)
     except (
         ConfigError,
@@ -258,6 +305,8 @@ def main(argv: list[str] | None = None) -> int:
         SensitivityError,
         UnsafeName,
         PlanFileError,
+        BisectError,
+        VersionError,
     ) as error:
         print(f"torchmatrix: error: {error}", file=sys.stderr)
         return USAGE_EXIT
@@ -312,6 +361,7 @@ def _run(matrix: Matrix, args) -> int:
         multinode_launcher=args.multinode_launcher,
         slots=args.slots,
         confirm_limit=args.confirm_limit,
+        tests=tuple(args.tests),
         part=InvocationPart(*args.progress_part, since=args.progress_since),
         **_filters(matrix, args),
     )
@@ -338,6 +388,34 @@ def _sensitivity(matrix: Matrix, args) -> int:
         )
     except KeyboardInterrupt:
         print(f"torchmatrix sensitivity: interrupted; the finished runs are under {out / 'runs'}", file=sys.stderr)
+        return 130
+
+
+def _bisect(matrix: Matrix, args) -> int:
+    filters = _filters(matrix, args)
+    if filters["shard"]:
+        raise SelectionError("bisect: --shard does not apply; narrow the cells with --only and -k")
+    if args.from_run is not None and (args.good or args.bad or args.only or args.keyword):
+        raise SelectionError("bisect: --from RUN takes the run's regressions; drop --good, --bad, --only and -k")
+    if args.from_run is None and not (args.good and args.bad):
+        raise SelectionError("bisect: pass --good VERSION and --bad VERSION, or --from RUN")
+    if args.from_run is not None and not args.from_run.is_dir():
+        raise RunError(f"--from {args.from_run} is not a run directory; pass one under reports/, e.g. reports/latest")
+    select_cells(matrix.cells(), **filters)  # a selection that keeps no cell is refused here, before any install
+    request = BisectRequest(
+        matrix=matrix,
+        envdir=(args.envdir or matrix.root / ".nox").resolve(),
+        reports=Path(args.reports).resolve() if args.reports else matrix.root / "reports",
+        good=args.good,
+        bad=args.bad,
+        from_run=args.from_run.resolve() if args.from_run else None,
+        filters=[f"--only={text}" for text in args.only] + (["-k", args.keyword] if args.keyword else []),
+        slots=args.slots,
+    )
+    try:
+        return run_bisect(request)
+    except KeyboardInterrupt:
+        print("torchmatrix bisect: interrupted", file=sys.stderr)
         return 130
 
 

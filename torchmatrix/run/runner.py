@@ -60,6 +60,7 @@ class RunRequest:
     only: dict = field(default_factory=dict)
     keyword: str | None = None
     shard: Shard | None = None
+    tests: tuple[str, ...] = ()
     install_log: Path | None = None
     gpus_per_node: int | None = None
     multinode_launcher: str | None = None
@@ -129,7 +130,7 @@ def run_version(request: RunRequest, stream=sys.stdout) -> int:
             _refuse_broken_components(matrix, request.version)
         claim_version_directory(request)
         prepare_directory(request.version_dir / "logs")
-        runs = plan_runs(cells, matrix.suites)
+        runs = only_tests_of(plan_runs(cells, matrix.suites), request.tests)
         book = OutcomeBook(runs)
         environment, runnable = _environment(request, book, probed.result() if probed else None)
     progress = Progress(
@@ -163,6 +164,21 @@ def run_version(request: RunRequest, stream=sys.stdout) -> int:
     if interrupted:
         return INTERRUPTED_EXIT
     return 1 if any(count for status, count in totals.items() if status.is_failing) else 0
+
+
+def only_tests_of(runs: list[SuiteRun], tests: tuple[str, ...]) -> list[SuiteRun]:
+    """The suite runs of the suites `tests` (SUITE::TEST) name, all of them when it is empty;
+    raise RunError naming the suites when one is not in the matrix."""
+    if not tests:
+        return runs
+    suites = {test.partition("::")[0] for test in tests}
+    known = {run.suite.name for run in runs}
+    unknown = sorted(suites - known)
+    if unknown:
+        raise RunError(
+            f"--test {unknown[0]}::...: no selected cell runs suite {unknown[0]!r}; use one of: {', '.join(sorted(known))}"
+        )
+    return [run for run in runs if run.suite.name in suites]
 
 
 def _slots(request: RunRequest, environment: dict) -> int:
@@ -302,8 +318,11 @@ def _run_cells(
             **kwargs,
         )
 
+    groups = group_runs(runnable, slots, fillers=not gpu_count)
+    if request.tests:
+        groups = [replace(group, only_tests=tuple(t.partition("::")[2] for t in request.tests)) for group in groups]
     report_finished_cells()
-    scheduler(group_runs(runnable, slots, fillers=not gpu_count), book=book, on_update=report_finished_cells).run()
+    scheduler(groups, book=book, on_update=report_finished_cells).run()
     report_finished_cells()
     _confirm_failures(request, book, progress, scheduler, slots)
 
