@@ -1,4 +1,4 @@
-"""`python -m torchmatrix list | run | sensitivity | report | compare | bisect | merge | github-matrix | slurm`.
+"""`python -m torchmatrix list | run | sensitivity | report | compare | bisect | repro | merge | github-matrix | slurm`.
 
 Exit codes: 0 all passed or skipped, 1 a test failed or errored, 2 a usage or matrix.toml error
 (printed as one line, no traceback), 130 interrupted.
@@ -25,6 +25,7 @@ from torchmatrix.reports.confirmation import DEFAULT_LIMIT as DEFAULT_CONFIRM_LI
 from torchmatrix.reports.records import ResultsError
 from torchmatrix.reports.report import append_step_summary, compare_markdown, load_run, write_report
 from torchmatrix.reports.upgrade_diff import CompareError
+from torchmatrix.repro.command import ReproError, write_reproducer
 from torchmatrix.run.progress import InvocationPart
 from torchmatrix.run.run_directory import check_run_id, new_run_id
 from torchmatrix.run.runner import DEFAULT_MAX_CPU_RANKS, RunError, RunRequest, run_version
@@ -242,6 +243,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="where the report goes without --from (default: reports/ next to matrix.toml)",
     )
     bisect.add_argument("--slots", type=_positive, default=None, help="as for run")
+    repro = commands.add_parser(
+        "repro",
+        help="write a standalone reproducer (script, command, environment, bug-report README) of a confirmed failure",
+    )
+    repro.add_argument("run_dir", type=Path, help="the run directory (reports/<run-id>)")
+    repro.add_argument("test_id", metavar="TORCH/CELL/SUITE::TEST", help="the failure, as the summary page names it")
+    repro.add_argument("--out", type=Path, default=None, help="the directory to write (default: RUN/repro/<test id>)")
+    repro.add_argument(
+        "--python",
+        default=None,
+        help="the interpreter of that torch, for collect_env (default: its gpu_matrix venv in .nox, else this one)",
+    )
+    repro.add_argument("--config", default=None, help="the run's matrix file (default: the one its plan.json names)")
     merge = commands.add_parser("merge", help="merge report directories of shards, jobs and versions into one run")
     _add_selection(merge)
     merge.add_argument(
@@ -281,6 +295,8 @@ def main(argv: list[str] | None = None) -> int:
             return _report(Path(args.run_dir), args.config)
         if args.command == "compare":
             return _compare(args.run_a, args.run_b, args.out)
+        if args.command == "repro":
+            return _repro(args)
         matrix = load_matrix(args.config)
         if args.command == "list":
             return _list(matrix, args)
@@ -307,6 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         PlanFileError,
         BisectError,
         VersionError,
+        ReproError,
     ) as error:
         print(f"torchmatrix: error: {error}", file=sys.stderr)
         return USAGE_EXIT
@@ -417,6 +434,23 @@ def _bisect(matrix: Matrix, args) -> int:
     except KeyboardInterrupt:
         print("torchmatrix bisect: interrupted", file=sys.stderr)
         return 130
+
+
+def _repro(args) -> int:
+    if not args.run_dir.is_dir():
+        raise RunError(f"{args.run_dir} is not a run directory; pass one under reports/, e.g. reports/latest")
+    out = write_reproducer(
+        args.run_dir.resolve(),
+        args.test_id,
+        out=args.out.resolve() if args.out else None,
+        python=args.python,
+        config=args.config,
+    )
+    print(f"torchmatrix repro: wrote {out}: {', '.join(sorted(p.name for p in out.iterdir()))}")
+    print(
+        f"torchmatrix repro: run it where torch is installed (torchmatrix is not needed): cd {out} && python repro.py"
+    )
+    return 0
 
 
 def _report(run_dir: Path, config: str | None = None) -> int:

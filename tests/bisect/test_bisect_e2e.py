@@ -14,8 +14,10 @@ import base64
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -118,11 +120,20 @@ def _find_links() -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def torch_site(tmp_path_factory) -> Path:
+def workdir():
+    """A directory of the module's own: pytest's rotation of old base temps (other pytest sessions
+    on the machine) must not remove venvs that later tests reuse."""
+    path = Path(tempfile.mkdtemp(prefix="torchmatrix-bisect-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def torch_site(workdir) -> Path:
     """site-packages of a venv with only this torch and numpy in it (no torchmatrix)."""
     import torch
 
-    venv = tmp_path_factory.mktemp("real-torch") / "venv"
+    venv = workdir / "real-torch"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     version = torch.__version__.split("+")[0]
     subprocess.run(
@@ -135,11 +146,11 @@ def torch_site(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def project(tmp_path_factory, torch_site) -> dict:
+def project(workdir, torch_site) -> dict:
     """The throwaway project, its fake releases and the environment every bisect of the module shares."""
-    root = tmp_path_factory.mktemp("bisect-project")
+    root = workdir / "project"
     wheels = root / "fake-releases"
-    wheels.mkdir()
+    wheels.mkdir(parents=True)
     for version in RELEASES:
         fake_torch_wheel(wheels, version, torch_site, (MISSING_REQUIREMENT,) if version == UNINSTALLABLE else ())
     (root / "suites").mkdir()
@@ -173,8 +184,9 @@ def bisect(project: dict, *args: str, **env: str) -> tuple[subprocess.CompletedP
         timeout=900,
     )
     written = [line.split(" writing to ", 1)[1] for line in result.stdout.splitlines() if " writing to " in line]
-    report = json.loads((Path(written[0]) / "bisect.json").read_text()) if written else {}
-    return result, report
+    if not written or not (Path(written[0]) / "bisect.json").is_file():
+        pytest.fail(f"bisect wrote no report (exit {result.returncode}):\n{result.stdout}\n{result.stderr}")
+    return result, json.loads((Path(written[0]) / "bisect.json").read_text())
 
 
 @pytest.fixture(scope="module")
