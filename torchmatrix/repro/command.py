@@ -16,9 +16,10 @@ from pathlib import Path
 
 from torchmatrix.matrix.config import load_matrix
 from torchmatrix.reports.records import RunResults, TestRecord
+from torchmatrix.reports.reproducible import failure_id, is_reproducible
 from torchmatrix.reports.run_reader import load_results
 from torchmatrix.repro.inlining import inline_check
-from torchmatrix.status import Confirmation, Status
+from torchmatrix.status import Status
 
 SCRIPT_NAME = "repro.py"
 COLLECT_ENV_SECONDS = 300
@@ -28,21 +29,6 @@ PLACEHOLDERS = ("CHECK: dict = {}", "SOURCES: dict = {}")
 
 class ReproError(Exception):
     """No such failure in the run, or a run without its matrix; the message says what to pass."""
-
-
-def failure_id(record: TestRecord) -> str:
-    """How `torchmatrix repro` names a failure: `TORCH/CELL/SUITE::TEST`."""
-    return f"{record.torch}/{record.run_cell}/{record.suite}::{record.test}"
-
-
-def repro_command(run_dir: Path | str, record: TestRecord) -> str:
-    """The command line the summary pages print for a confirmed failure."""
-    return f"torchmatrix repro {run_dir} '{failure_id(record)}'"
-
-
-def is_reproducible(record: TestRecord) -> bool:
-    """A failure that failed again alone, in the cell that ran it (not a cell it stands for)."""
-    return record.status.is_failing and record.confirmation == Confirmation.FAILS_ALONE and record.ran_in is None
 
 
 def write_reproducer(
