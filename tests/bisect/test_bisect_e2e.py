@@ -227,3 +227,70 @@ def test_an_uninstallable_release_is_skipped_with_pips_reason(project, first_bad
     steps = report["steps"]
     assert [step["version"] for step in steps] == ["2.94.0", "2.90.0", "2.92.0", "2.93.0"]
     assert steps[2]["installed"] is False and "torchmatrix-test-no-such-package" in steps[2]["reason"]
+
+
+@pytest.fixture(scope="module")
+def plain_venv(project) -> Path:
+    """A venv with pytest and no torchmatrix, for the reproducer; torch comes from the fake releases."""
+    venv = project["root"] / "plain-venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    environment = {key: value for key, value in project["env"].items() if key != "PYTHONPATH"}
+    subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "pytest"],
+        check=True,
+        env=environment,
+        capture_output=True,
+    )
+    return venv
+
+
+def install_release(venv: Path, project: dict, version: str) -> None:
+    subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--force-reinstall", "--no-deps", "--no-index",
+         "--find-links", str(project["wheels"]), f"torch=={version}"],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+
+
+def test_the_reproducer_fails_without_torchmatrix_as_the_run_did_and_passes_on_the_good_release(
+    project, first_bad_search, plain_venv
+):
+    _, report = first_bad_search
+    out_dir = Path(report["out"])
+    bad_run = out_dir / "steps" / report["steps"][0]["run"]
+    failure = "system/ws1/release_switch::test_sum_over_ranks"
+    venv_python = project["root"] / ".nox"
+    written = subprocess.run(
+        [sys.executable, "-m", "torchmatrix", "repro", str(bad_run), failure, "--out", str(project["root"] / "repro"),
+         "--python", str(next(venv_python.glob("*2-98-0*")) / "bin" / "python")],
+        cwd=project["root"], env=project["env"], capture_output=True, text=True,
+    )  # fmt: skip
+    assert written.returncode == 0, written.stdout + written.stderr
+    repro = project["root"] / "repro"
+    assert sorted(p.name for p in repro.iterdir()) == [
+        "README.md",
+        "cell.json",
+        "collect_env.txt",
+        "command.txt",
+        "repro.py",
+    ]
+    assert (repro / "command.txt").read_text() == "python repro.py\n"
+    assert "PyTorch version" in (repro / "collect_env.txt").read_text()
+    readme = (repro / "README.md").read_text()
+    root_cause = "AssertionError: assert [2.0] == [1.0]"
+    assert "## What was expected" in readme and f"`{root_cause}`" in readme
+
+    plain = {key: value for key, value in project["env"].items() if key != "PYTHONPATH"}
+    python = str(plain_venv / "bin" / "python")
+    assert (
+        subprocess.run([python, "-c", "import torchmatrix"], cwd=repro, env=plain, capture_output=True).returncode == 1
+    )
+    install_release(plain_venv, project, "2.98.0")
+    failed = subprocess.run([python, "repro.py"], cwd=repro, env=plain, capture_output=True, text=True, timeout=300)
+    assert failed.returncode == 1, failed.stdout + failed.stderr
+    assert failed.stdout.splitlines()[-1] == f"root cause: {root_cause}", failed.stdout
+    install_release(plain_venv, project, "2.94.0")
+    passed = subprocess.run([python, "repro.py"], cwd=repro, env=plain, capture_output=True, text=True, timeout=300)
+    assert passed.returncode == 0, passed.stdout + passed.stderr
+    assert passed.stdout.splitlines()[-1].endswith("in cell ws1: passed")

@@ -107,7 +107,7 @@ class Steps:
             *selection,
         ]  # fmt: skip
         print(f"torchmatrix bisect: step {self.count}: torch {version}: running {' '.join(selection)}", flush=True)
-        code = subprocess.run(command, env={**os.environ, **venv.virtualenv.env, **venv.env}, check=False).returncode
+        code = subprocess.run(command, env=venv.environment(), check=False).returncode
         if code not in (0, 1):
             raise BisectError(f"torch {version}: `torchmatrix run` ended with exit code {code} (see above)")
         self.log.append({**step, "installed": True, "run": run_id, "seconds": _since(begun)})
@@ -284,6 +284,7 @@ def verdict_line(regression: Regression, search: Bisection) -> str:
 
 def _write_report(out: Path, request: BisectRequest, searches: list, lines: list[str], steps: Steps) -> None:
     data = {
+        "out": str(out),
         "from_run": str(request.from_run) if request.from_run else None,
         "seconds": _since(steps.started),
         "steps": steps.log,

@@ -44,13 +44,21 @@ class VersionVenv:
     def python(self) -> Path:
         return Path(self.virtualenv.bin) / "python"
 
+    def environment(self) -> dict[str, str]:
+        """This process's environment as nox gives it to a session of this venv: VIRTUAL_ENV set,
+        CONDA_PREFIX dropped, the bin directory first on PATH, the version's own variables."""
+        merged = {**os.environ, **self.virtualenv.env, **self.env}
+        merged["PATH"] = os.pathsep.join([self.virtualenv.bin, merged.get("PATH", "")])
+        return {key: value for key, value in merged.items() if value is not None}
+
     def run_install(self, *args: str, **options):
         """Run a command with the venv's bin first on PATH (as nox's session.run_install does)."""
         import nox.command
 
-        environment = {**os.environ, **self.virtualenv.env, **self.env}
         options.setdefault("log", False)
-        return nox.command.run(list(args), env=environment, paths=self.virtualenv.bin_paths, external=True, **options)
+        return nox.command.run(
+            list(args), env=self.environment(), paths=self.virtualenv.bin_paths, external=True, **options
+        )
 
     def install(self, *args: str, **options):
         return self.run_install("python", "-m", "pip", "install", *args, **options)
