@@ -7,9 +7,12 @@ import math
 
 import pytest
 
-from torchmatrix.bisect.command import Regression, verdict_line
+from torchmatrix.bisect.command import BisectError, Regression, bisect_selection, regressions_of_run, verdict_line
 from torchmatrix.bisect.search import Bisection, Outcome
 from torchmatrix.bisect.versions import VersionError, between, listed_versions
+from torchmatrix.reports.run_reader import load_results
+
+from reports_fixture import write_fixture_run
 
 LISTING = """torch (2.15.0)
 Available versions: 2.15.0, 2.14.1, 2.14.0, 2.13.0+cpu, 2.13.0, 2.12.1, 2.12.0
@@ -80,3 +83,19 @@ def test_pins_in_the_wrong_order_are_refused():
         between("2.15.0", "2.13.0", [])
     with pytest.raises(VersionError, match="not a torch version"):
         between("latest", "2.13.0", [])
+
+
+def test_a_runs_confirmed_regressions_are_what_from_run_bisects(tmp_path):
+    results = load_results(write_fixture_run(tmp_path / "project"))
+    regressions = regressions_of_run(results)
+    assert [(r.suite, r.test, r.cell, r.good, r.bad) for r in regressions] == [
+        ("alpha", "test_regress", "ws2-fsdp2", "2.13.0", "2.14.1")
+    ]
+    assert regressions[0].axes == {"world_size": "2", "fsdp": "fsdp2"}
+    assert "--test=alpha::test_regress" in bisect_selection(regressions[0])
+
+
+def test_a_run_without_a_confirmed_regression_is_refused(tmp_path):
+    results = load_results(write_fixture_run(tmp_path / "project", versions=("2.13.0",)))
+    with pytest.raises(BisectError, match="no confirmed regression"):
+        regressions_of_run(results)

@@ -150,7 +150,7 @@ def _bisect(request: BisectRequest) -> int:
         searches.append((regression, Bisection(regression.good, regression.bad, candidates)))
     for regression, search in searches:
         while (version := search.next_version()) is not None:
-            results, reason = steps.run(version, _selection(regression))
+            results, reason = steps.run(version, bisect_selection(regression))
             if results is None:
                 search.record(version, Outcome.NOT_INSTALLED, reason)
                 continue
@@ -225,7 +225,7 @@ def _regression(record: TestRecord, axes: dict[str, str], good: str, bad: str) -
     return Regression(record.suite, record.test, record.run_cell, dict(axes), good, bad, record.message)
 
 
-def _selection(regression: Regression) -> list[str]:
+def bisect_selection(regression: Regression) -> list[str]:
     """`torchmatrix run` arguments for only this test in only this cell."""
     return [
         *(f"--only={axis}={value}" for axis, value in regression.axes.items()),
