@@ -140,7 +140,6 @@ def _bisect(request: BisectRequest) -> int:
     searches = []
     for regression in regressions:
         candidates = offered_versions(request.matrix, regression.good, regression.bad)
-        steps.planned += math.ceil(math.log2(len(candidates) + 1))
         print(
             f"torchmatrix bisect: {regression.name}: passes on {regression.good}, fails alone on {regression.bad}; "
             f"{len(candidates)} versions between them on the index ({', '.join(candidates) or 'none'}): "
@@ -148,9 +147,12 @@ def _bisect(request: BisectRequest) -> int:
             flush=True,
         )
         searches.append((regression, Bisection(regression.good, regression.bad, candidates)))
-    for regression, search in searches:
-        while (version := search.next_version()) is not None:
-            results, reason = steps.run(version, bisect_selection(regression))
+    ranges = {(r.cell, r.good, r.bad): len(s.candidates) for r, s in searches}
+    steps.planned += sum(math.ceil(math.log2(count + 1)) for count in ranges.values())
+    while batch := next_batch(searches):
+        version = batch[0][1].next_version()
+        results, reason = steps.run(version, bisect_selection([regression for regression, _ in batch]))
+        for regression, search in batch:
             if results is None:
                 search.record(version, Outcome.NOT_INSTALLED, reason)
                 continue
@@ -225,11 +227,22 @@ def _regression(record: TestRecord, axes: dict[str, str], good: str, bad: str) -
     return Regression(record.suite, record.test, record.run_cell, dict(axes), good, bad, record.message)
 
 
-def bisect_selection(regression: Regression) -> list[str]:
-    """`torchmatrix run` arguments for only this test in only this cell."""
+def next_batch(searches: list[tuple[Regression, Bisection]]) -> list[tuple[Regression, Bisection]]:
+    """The searches one step serves: the first open one, and every other open one of the same cell
+    that asks for the same version next (the tests of one cell that regressed together)."""
+    open_searches = [(r, s) for r, s in searches if s.next_version() is not None]
+    if not open_searches:
+        return []
+    first, search = open_searches[0]
+    version = search.next_version()
+    return [(r, s) for r, s in open_searches if r.cell == first.cell and s.next_version() == version]
+
+
+def bisect_selection(regressions: list[Regression]) -> list[str]:
+    """`torchmatrix run` arguments for only these tests in only their (one) cell."""
     return [
-        *(f"--only={axis}={value}" for axis, value in regression.axes.items()),
-        f"--test={regression.suite}::{regression.test}",
+        *(f"--only={axis}={value}" for axis, value in regressions[0].axes.items()),
+        *sorted({f"--test={regression.suite}::{regression.test}" for regression in regressions}),
     ]
 
 
