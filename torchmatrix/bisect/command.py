@@ -106,7 +106,10 @@ class Steps:
             *(["--slots", str(self.request.slots)] if self.request.slots else []),
             *selection,
         ]  # fmt: skip
-        print(f"torchmatrix bisect: step {self.count}: torch {version}: running {' '.join(selection)}", flush=True)
+        print(
+            f"torchmatrix bisect: step {self.count}: torch {version}: running {' '.join(selection) or 'every cell of matrix.toml'}",
+            flush=True,
+        )
         code = subprocess.run(command, env=venv.environment(), check=False).returncode
         if code not in (0, 1):
             raise BisectError(f"torch {version}: `torchmatrix run` ended with exit code {code} (see above)")
