@@ -83,6 +83,10 @@ class Steps:
         self.planned = max(self.planned, self.count)
         step = {"version": version, "selection": selection}
         begun = time.time()
+        print(
+            f"torchmatrix bisect: step {self.count}: torch {version}: its gpu_matrix venv (installed unless it was before)",
+            flush=True,
+        )
         venv, installed, reused = prepare_venv(
             self.request.matrix, self.request.envdir, version, self.out / "logs" / f"torch-{version}"
         )
