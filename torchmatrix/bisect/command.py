@@ -13,6 +13,7 @@ import json
 import math
 import os
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -91,7 +92,11 @@ class Steps:
             self.request.matrix, self.request.envdir, version, self.out / "logs" / f"torch-{version}"
         )
         how = (
-            "reusing its venv" if reused else "installed into its venv" if installed.ok else "installing into its venv"
+            "reusing its venv"
+            if reused
+            else "installed into its venv"
+            if installed.ok
+            else "tried to install into its venv"
         )
         print(f"torchmatrix bisect: step {self.count}: torch {version}: {how} {venv.location}", flush=True)
         if not installed.ok:
@@ -124,14 +129,18 @@ class Steps:
 def run_bisect(request: BisectRequest) -> int:
     """Bisect every regression; print one line each; write bisect.md and bisect.json; 0 when each
     got a first bad version, 1 when a search stopped without one."""
+    lock = None
     try:
         lock = lock_envdir(request.envdir)
-    except (EnvdirBusy, EnvdirUnlockable) as error:
+    except EnvdirBusy as error:
         raise BisectError(str(error)) from None
+    except EnvdirUnlockable as error:
+        print(f"torchmatrix: warning: {error}; a matrix run using these venvs is not kept apart", file=sys.stderr)
     try:
         return _bisect(request)
     finally:
-        os.close(lock)
+        if lock is not None:
+            os.close(lock)
 
 
 def _bisect(request: BisectRequest) -> int:
