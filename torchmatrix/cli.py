@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from torchmatrix.bisect.command import BisectError, BisectRequest, run_bisect
-from torchmatrix.bisect.versions import VersionError
+from torchmatrix.bisect.versions import VersionError, between
 from torchmatrix.matrix.config import ConfigError, Matrix, load_matrix
 from torchmatrix.matrix.safe_names import UnsafeName, check_name
 from torchmatrix.matrix.selection import SelectionError, Shard, parse_only, select_cells
@@ -419,6 +419,8 @@ def _bisect(matrix: Matrix, args) -> int:
     if args.from_run is not None and not args.from_run.is_dir():
         raise RunError(f"--from {args.from_run} is not a run directory; pass one under reports/, e.g. reports/latest")
     select_cells(matrix.cells(), **filters)  # a selection that keeps no cell is refused here, before any install
+    if args.from_run is None:
+        between(args.good, args.bad, [])  # so are pins that are not versions, or out of order
     request = BisectRequest(
         matrix=matrix,
         envdir=(args.envdir or matrix.root / ".nox").resolve(),
