@@ -122,7 +122,7 @@ class Steps:
         code = subprocess.run(command, env=venv.environment(), check=False).returncode
         if code not in (0, 1):
             raise BisectError(f"torch {version}: `torchmatrix run` ended with exit code {code} (see above)")
-        self.log.append({**step, "installed": True, "run": run_id, "seconds": _since(begun)})
+        self.log.append({**step, "installed": True, "reused": reused, "run": run_id, "seconds": _since(begun)})
         return load_results(self.out / "steps" / run_id), ""
 
 
@@ -347,7 +347,7 @@ def _write_report(out: Path, request: BisectRequest, searches: list, lines: list
         "| step | torch | installed | selection | seconds |",
         "|---|---|---|---|---|",
         *(
-            f"| {i} | {s['version']} | {'yes' if s['installed'] else 'no: ' + s['reason']} | `{' '.join(s['selection'])}` | {s['seconds']:.0f} |"
+            f"| {i} | {s['version']} | {('reused its venv' if s['reused'] else 'yes') if s['installed'] else 'no: ' + s['reason']} | `{' '.join(s['selection'])}` | {s['seconds']:.0f} |"
             for i, s in enumerate(steps.log, 1)
         ),
     ]
