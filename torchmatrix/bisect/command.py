@@ -25,6 +25,7 @@ from torchmatrix.env.version_venv import prepare_venv
 from torchmatrix.matrix.config import Matrix
 from torchmatrix.reports.records import RunResults, TestRecord
 from torchmatrix.reports.run_reader import load_results
+from torchmatrix.reports.summary_data import count
 from torchmatrix.reports.upgrade_diff import upgrade_diffs
 from torchmatrix.run.progress import format_seconds
 from torchmatrix.run.run_directory import new_run_id
@@ -154,11 +155,15 @@ def _bisect(request: BisectRequest) -> int:
         steps = Steps(request, out, 2)
         regressions = _regressions_of_pins(request, steps)
     searches = []
+    offered: dict[tuple[str, str], list[str]] = {}
     for regression in regressions:
-        candidates = offered_versions(request.matrix, regression.good, regression.bad)
+        pins = (regression.good, regression.bad)
+        candidates = (
+            offered[pins] if pins in offered else offered.setdefault(pins, offered_versions(request.matrix, *pins))
+        )
         print(
             f"torchmatrix bisect: {regression.name}: passes on {regression.good}, fails alone on {regression.bad}; "
-            f"{len(candidates)} versions between them on the index ({', '.join(candidates) or 'none'}): "
+            f"{count(len(candidates), 'version')} between them on the index ({', '.join(candidates) or 'none'}): "
             f"at most {math.ceil(math.log2(len(candidates) + 1))} to install",
             flush=True,
         )
