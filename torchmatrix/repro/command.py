@@ -157,7 +157,10 @@ def _passing_versions(results: RunResults, record: TestRecord, run_dir: Path) ->
                 record.test,
                 record.run_cell,
             ):
-                passing.append(f"{regression['last_good']} (bisect: {regression['verdict'].split(': ', 1)[-1]})")
+                if regression["first_bad"]:
+                    passing.append(
+                        f"{regression['last_good']} (bisect: the last good release; {regression['first_bad']} is the first bad)"
+                    )
     return passing
 
 
