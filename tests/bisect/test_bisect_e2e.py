@@ -1,7 +1,7 @@
 """`torchmatrix bisect` end to end over fake torch releases that install in seconds.
 
 A local wheel directory, added to pip's find-links, offers torch 2.90.0 ... 2.98.0: each fake
-wheel is a dist-info plus a .pth that puts a real torch (a venv made once for this module) on
+wheel is a dist-info plus a .pth that puts a real torch (the site-packages of this test's own) on
 sys.path, so every "release" is the same torch under another version number. The component under
 test reads that number and drops a rank's value from 2.95.0 on (or from the release a test says);
 2.92.0 needs a package no index has, so it never installs. Venvs and wheels are shared by the
@@ -129,20 +129,13 @@ def workdir():
 
 
 @pytest.fixture(scope="module")
-def torch_site(workdir) -> Path:
-    """site-packages of a venv with only this torch and numpy in it (no torchmatrix)."""
+def torch_site() -> Path:
+    """The site-packages this test's torch comes from. torchmatrix is installed there editable, through
+    a .pth hook that a plain path entry does not run, so it stays unimportable where this directory is
+    only on sys.path (the reproducer test checks that it is)."""
     import torch
 
-    venv = workdir / "real-torch"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    version = torch.__version__.split("+")[0]
-    subprocess.run(
-        [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", f"torch=={version}", "numpy"],
-        check=True,
-        capture_output=True,
-    )
-    (site,) = (venv / "lib").glob("python*/site-packages")
-    return site
+    return Path(torch.__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")

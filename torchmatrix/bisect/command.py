@@ -186,7 +186,7 @@ def _bisect(request: BisectRequest) -> int:
     lines = [verdict_line(regression, search) for regression, search in searches]
     _write_report(out, request, searches, lines, steps)
     print(
-        f"torchmatrix bisect: {steps.count} steps in {format_seconds(time.time() - steps.started)}; report {out / (REPORT_NAME + '.md')}"
+        f"torchmatrix bisect: {count(steps.count, 'step')} in {format_seconds(time.time() - steps.started)}; report {out / (REPORT_NAME + '.md')}"
     )
     for line in lines:
         print(line)
@@ -344,7 +344,7 @@ def _write_report(out: Path, request: BisectRequest, searches: list, lines: list
     markdown = [
         "# torch bisect",
         "",
-        f"{steps.count} steps in {format_seconds(data['seconds'])}"
+        f"{count(steps.count, 'step')} in {format_seconds(data['seconds'])}"
         + (f", regressions of run {request.from_run}" if request.from_run else ""),
         "",
         *(f"- {line}" for line in lines),
