@@ -56,3 +56,12 @@ def test_repro_names_the_confirmed_failures_when_the_id_is_not_one(tmp_path):
     done = torchmatrix(tmp_path, "repro", str(run_dir), "2.14.1/ws1-none/alpha::test_ok")
     assert done.returncode == 2
     assert "is not a confirmed failure" in done.stderr and "2.14.1/ws2-fsdp2/alpha::test_regress" in done.stderr
+
+
+def test_run_test_names_a_suite_of_the_selection(tmp_path):
+    write_demo_project(tmp_path, axes={"world_size": [1]})
+    done = torchmatrix(tmp_path, "run", "--torch", "system", "--test", "nosuch::test_x")
+    assert done.returncode == 2
+    assert "no selected cell runs suite 'nosuch'; use one of: demo" in done.stderr
+    malformed = torchmatrix(tmp_path, "run", "--torch", "system", "--test", "test_x")
+    assert malformed.returncode == 2 and "write it as SUITE::TEST" in malformed.stderr
