@@ -30,7 +30,6 @@ class VersionVenv:
         from nox.sessions import _normalize_path
         from nox.virtualenv import VirtualEnv
 
-        self.version = version
         self.virtualenv = VirtualEnv(
             _normalize_path(str(envdir), f"gpu_matrix(torch={version!r})"), reuse_existing=True
         )
