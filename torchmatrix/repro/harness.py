@@ -86,9 +86,13 @@ class Ranks:
         return [answers[rank][1] for rank in range(self.world)]
 
     def close(self):
+        """Stop the ranks; one still busy (a hang the deadline caught) is terminated."""
         for tasks in self.tasks:
             tasks.put(None)
-        self.processes.join(timeout=30)
+        for process in self.processes.processes:
+            process.join(timeout=30)
+            if process.is_alive():
+                process.terminate()
 
 
 class Fixtures:
