@@ -7,6 +7,7 @@ Exit codes: 0 all passed or skipped, 1 a test failed or errored, 2 a usage or ma
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import re
 import sys
@@ -409,6 +410,8 @@ def _sensitivity(matrix: Matrix, args) -> int:
 
 
 def _bisect(matrix: Matrix, args) -> int:
+    if importlib.util.find_spec("nox") is None:
+        raise RunError("bisect makes gpu_matrix's venvs with nox, which this environment lacks; pip install nox")
     filters = _filters(matrix, args)
     if filters["shard"]:
         raise SelectionError("bisect: --shard does not apply; narrow the cells with --only and -k")

@@ -240,8 +240,9 @@ def sensitivity(session, matrix: Matrix) -> None:
 
 def bisect(session, matrix: Matrix) -> None:
     """`python -m torchmatrix bisect` from a venv with this torchmatrix; its steps install torch
-    versions into gpu_matrix's venvs in this same envdir (under the envdir's matrix lock)."""
-    session.install(*install_arguments())
+    versions into gpu_matrix's venvs in this same envdir (under the envdir's matrix lock), with
+    nox's own virtualenv code, so nox goes in beside it."""
+    session.install(*install_arguments(), "nox")
     envdir = Path(session.virtualenv.location).parent
     session.run(
         "python", "-m", "torchmatrix", "bisect", "--config", str(matrix.path), "--envdir", str(envdir), *session.posargs

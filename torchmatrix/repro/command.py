@@ -127,6 +127,8 @@ def _literal(text: str) -> str:
 
 def _venv_python(matrix_root: Path, version: str) -> str:
     """The gpu_matrix venv's python of `version` (where nox put it), else this interpreter."""
+    if importlib.util.find_spec("nox") is None:
+        return sys.executable
     from torchmatrix.env.version_venv import VersionVenv
 
     venv = VersionVenv(matrix_root / ".nox", version, {})
