@@ -9,11 +9,12 @@ nox -s hf_matrix                           the suites on a tiny Hugging Face Lla
 nox -s optim_matrix                        torchao, torch-optimi, bitsandbytes optimizers (examples/optimizers)
 nox -s titan_matrix                        the suites on torchtitan's own stack (examples/torchtitan)
 nox -s sensitivity [-- --mutants A,B]      would the suites catch generic mutants of [components]?
+nox -s bisect -- --good 2.13.0 --bad 2.15.0 [-k EXPR]   first release where a test regressed (or -- --from RUN)
 nox -s tests
 nox -s docs                                the documentation site, built strictly (site/)
 
 The sessions a user's repository gets too (gpu_matrix, report, list, compare, cli, merge,
-sensitivity) are declared in torchmatrix.nox_sessions; this file adds the checkout's own.
+sensitivity, bisect) are declared in torchmatrix.nox_sessions; this file adds the checkout's own.
 """
 
 import os

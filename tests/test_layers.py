@@ -9,7 +9,21 @@ from pathlib import Path
 import torchmatrix
 
 # First to last; "top" is every module directly under torchmatrix/ except status.
-LAYERS = ["status", "components", "matrix", "env", "messages", "ranks", "reports", "run", "scale", "sensitivity", "top"]
+LAYERS = [
+    "status",
+    "components",
+    "matrix",
+    "env",
+    "messages",
+    "ranks",
+    "reports",
+    "run",
+    "scale",
+    "sensitivity",
+    "bisect",
+    "repro",
+    "top",
+]
 PACKAGE = Path(torchmatrix.__file__).parent
 
 

@@ -141,4 +141,4 @@ def test_a_users_two_line_noxfile_declares_the_sessions_over_its_own_matrix(tmp_
     sessions = [line.split()[1] for line in listed.stdout.splitlines() if line.startswith("* ")]
     versions = load_matrix(tmp_path / "matrix.toml").versions
     expected = [f"gpu_matrix(torch='{v}')" for v in versions if v != "system"]
-    assert sessions == [*expected, "report", "list", "compare", "cli", "merge", "sensitivity"]
+    assert sessions == [*expected, "report", "list", "compare", "cli", "merge", "sensitivity", "bisect"]

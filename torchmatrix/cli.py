@@ -1,4 +1,4 @@
-"""`python -m torchmatrix list | run | sensitivity | report | compare | merge | github-matrix | slurm`.
+"""`python -m torchmatrix list | run | sensitivity | report | compare | bisect | repro | merge | github-matrix | slurm`.
 
 Exit codes: torchmatrix/exit_codes.py lists what each command returns (0 passed, 1 a test failed or
 the diff is not clean, 2 a usage or input error printed as one line, 130 interrupted).
@@ -7,11 +7,14 @@ the diff is not clean, 2 a usage or input error printed as one line, 130 interru
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import re
 import sys
 from pathlib import Path
 
+from torchmatrix.bisect.command import BisectError, BisectRequest, run_bisect
+from torchmatrix.bisect.versions import VersionError, between
 from torchmatrix.matrix.config import ConfigError, Matrix, load_matrix
 from torchmatrix.matrix.safe_names import UnsafeName, check_name
 from torchmatrix.matrix.selection import SelectionError, Shard, parse_only, select_cells
@@ -23,6 +26,7 @@ from torchmatrix.reports.confirmation import DEFAULT_LIMIT as DEFAULT_CONFIRM_LI
 from torchmatrix.reports.records import ResultsError
 from torchmatrix.reports.report import append_step_summary, compare_markdown, load_run, write_report
 from torchmatrix.reports.upgrade_diff import CompareError, upgrade_diffs
+from torchmatrix.repro.command import ReproError, write_reproducer
 from torchmatrix.run.cross_version import read_pass
 from torchmatrix.run.progress import InvocationPart
 from torchmatrix.run.run_directory import check_run_id, new_run_id
@@ -76,6 +80,13 @@ def _positive(text: str) -> int:
     return value
 
 
+def _suite_test(text: str) -> str:
+    suite, separator, test = text.partition("::")
+    if not separator or not suite or not test:
+        raise argparse.ArgumentTypeError(f"{text!r}: write it as SUITE::TEST, e.g. grad_ckpt::test_grads_match")
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="torchmatrix", description="Run PyTorch training-correctness suites over a matrix of cells."
@@ -107,6 +118,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--restart",
         action="store_true",
         help="the run id was used before (a requeued job): delete what that attempt left for this torch version and start clean",
+    )
+    run.add_argument(
+        "--test",
+        dest="tests",
+        action="append",
+        default=[],
+        type=_suite_test,
+        metavar="SUITE::TEST",
+        help="run only this test of the selected cells (repeatable), e.g. --test grad_ckpt::test_grads_match",
     )
     run.add_argument("--install-log", type=Path, default=None, help=argparse.SUPPRESS)
     run.add_argument(
@@ -226,6 +246,46 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("run_a", type=Path, help="the reference run: a run directory or its results.json")
     compare.add_argument("run_b", type=Path, help="the run to check against it")
     compare.add_argument("--out", type=Path, default=None, help="also write the diff (markdown) to this file")
+    bisect = commands.add_parser(
+        "bisect",
+        help="find the first torch release between two pins where a regression appears; exit 1 when a search has no answer",
+    )
+    _add_selection(bisect)
+    bisect.add_argument("--good", metavar="VERSION", help="a torch release the selected tests pass on (the older pin)")
+    bisect.add_argument("--bad", metavar="VERSION", help="a torch release they fail on (the newer pin)")
+    bisect.add_argument(
+        "--from",
+        dest="from_run",
+        type=Path,
+        metavar="RUN",
+        help="bisect the confirmed regressions of this run directory's upgrade diff (instead of --good/--bad)",
+    )
+    bisect.add_argument(
+        "--envdir",
+        type=Path,
+        default=None,
+        help="nox's envdir whose gpu_matrix venvs the steps use and add to (default: .nox next to matrix.toml)",
+    )
+    bisect.add_argument(
+        "--reports",
+        default=None,
+        metavar="DIR",
+        help="where the report goes without --from (default: reports/ next to matrix.toml)",
+    )
+    bisect.add_argument("--slots", type=_positive, default=None, help="as for run")
+    repro = commands.add_parser(
+        "repro",
+        help="write a standalone reproducer (script, command, environment, bug-report README) of a confirmed failure",
+    )
+    repro.add_argument("run_dir", type=Path, help="the run directory (reports/<run-id>)")
+    repro.add_argument("test_id", metavar="TORCH/CELL/SUITE::TEST", help="the failure, as the summary page names it")
+    repro.add_argument("--out", type=Path, default=None, help="the directory to write (default: RUN/repro/<test id>)")
+    repro.add_argument(
+        "--python",
+        default=None,
+        help="the interpreter of that torch, for collect_env (default: its gpu_matrix venv in .nox, else this one)",
+    )
+    repro.add_argument("--config", default=None, help="the run's matrix file (default: the one its plan.json names)")
     merge = commands.add_parser("merge", help="merge report directories of shards, jobs and versions into one run")
     _add_selection(merge)
     merge.add_argument(
@@ -267,6 +327,8 @@ def main(argv: list[str] | None = None) -> int:
             return _compare(args.run_a, args.run_b, args.out)
         if args.command == "cross-read":
             return _cross_read(args.run_dir, args.config)
+        if args.command == "repro":
+            return _repro(args)
         matrix = load_matrix(args.config)
         if args.command == "list":
             return _list(matrix, args)
@@ -278,6 +340,8 @@ def main(argv: list[str] | None = None) -> int:
             return _slurm(matrix, args)
         if args.command == "sensitivity":
             return _sensitivity(matrix, args)
+        if args.command == "bisect":
+            return _bisect(matrix, args)
         return _run(matrix, args)
     except (
         ConfigError,
@@ -289,6 +353,9 @@ def main(argv: list[str] | None = None) -> int:
         SensitivityError,
         UnsafeName,
         PlanFileError,
+        BisectError,
+        VersionError,
+        ReproError,
     ) as error:
         print(f"torchmatrix: error: {error}", file=sys.stderr)
         return USAGE_EXIT
@@ -345,6 +412,7 @@ def _run(matrix: Matrix, args) -> int:
         confirm_limit=args.confirm_limit,
         part=InvocationPart(*args.progress_part, since=args.progress_since, install_seconds=args.progress_install),
         cross_version_reads=args.cross_version_reads,
+        tests=tuple(args.tests),
         **_filters(matrix, args),
     )
     code = run_version(request)
@@ -378,6 +446,55 @@ def _sensitivity(matrix: Matrix, args) -> int:
     except KeyboardInterrupt:
         print(f"torchmatrix sensitivity: interrupted; the finished runs are under {out / 'runs'}", file=sys.stderr)
         return 130
+
+
+def _bisect(matrix: Matrix, args) -> int:
+    if importlib.util.find_spec("nox") is None:
+        raise RunError("bisect makes gpu_matrix's venvs with nox, which this environment lacks; pip install nox")
+    filters = _filters(matrix, args)
+    if filters["shard"]:
+        raise SelectionError("bisect: --shard does not apply; narrow the cells with --only and -k")
+    if args.from_run is not None and (args.good or args.bad or args.only or args.keyword):
+        raise SelectionError("bisect: --from RUN takes the run's regressions; drop --good, --bad, --only and -k")
+    if args.from_run is None and not (args.good and args.bad):
+        raise SelectionError("bisect: pass --good VERSION and --bad VERSION, or --from RUN")
+    if args.from_run is not None and not args.from_run.is_dir():
+        raise RunError(f"--from {args.from_run} is not a run directory; pass one under reports/, e.g. reports/latest")
+    select_cells(matrix.cells(), **filters)  # a selection that keeps no cell is refused here, before any install
+    if args.from_run is None:
+        between(args.good, args.bad, [])  # so are pins that are not versions, or out of order
+    request = BisectRequest(
+        matrix=matrix,
+        envdir=(args.envdir or matrix.root / ".nox").resolve(),
+        reports=Path(args.reports).resolve() if args.reports else matrix.root / "reports",
+        good=args.good,
+        bad=args.bad,
+        from_run=args.from_run.resolve() if args.from_run else None,
+        filters=[f"--only={text}" for text in args.only] + (["-k", args.keyword] if args.keyword else []),
+        slots=args.slots,
+    )
+    try:
+        return run_bisect(request)
+    except KeyboardInterrupt:
+        print("torchmatrix bisect: interrupted", file=sys.stderr)
+        return 130
+
+
+def _repro(args) -> int:
+    if not args.run_dir.is_dir():
+        raise RunError(f"{args.run_dir} is not a run directory; pass one under reports/, e.g. reports/latest")
+    out = write_reproducer(
+        args.run_dir.resolve(),
+        args.test_id,
+        out=args.out.resolve() if args.out else None,
+        python=args.python,
+        config=args.config,
+    )
+    print(f"torchmatrix repro: wrote {out}: {', '.join(sorted(p.name for p in out.iterdir()))}")
+    print(
+        f"torchmatrix repro: run it where torch is installed (torchmatrix is not needed): cd {out} && python repro.py"
+    )
+    return 0
 
 
 def _report(run_dir: Path, config: str | None = None, *, check_upgrade: bool = False) -> int:

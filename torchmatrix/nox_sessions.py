@@ -17,7 +17,7 @@ import nox
 
 from torchmatrix import sessions
 
-__all__ = ["MATRIX", "RUN_ID", "gpu_matrix", "report", "list_cells", "compare", "cli", "merge", "sensitivity"]
+__all__ = ["MATRIX", "RUN_ID", "gpu_matrix", "report", "list_cells", "compare", "cli", "merge", "sensitivity", "bisect"]
 __all__ += ["lock_matrix_sessions"]
 
 sessions.quiet_uv_probe()
@@ -66,6 +66,12 @@ def merge(session):
 def sensitivity(session):
     """Wrap [components] in generic mutants, run the suites on a few cells, fail on a missed mutant."""
     sessions.sensitivity(session, MATRIX)
+
+
+@nox.session
+def bisect(session):
+    """First torch release between two pins where a test regressed: -- --good V --bad V [-k ...], or -- --from RUN."""
+    sessions.bisect(session, MATRIX)
 
 
 def lock_matrix_sessions(**other_matrix_sessions: tuple[str, ...]) -> int | None:

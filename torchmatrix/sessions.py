@@ -245,6 +245,17 @@ def sensitivity(session, matrix: Matrix) -> None:
     )  # fmt: skip
 
 
+def bisect(session, matrix: Matrix) -> None:
+    """`python -m torchmatrix bisect` from a venv with this torchmatrix; its steps install torch
+    versions into gpu_matrix's venvs in this same envdir (under the envdir's matrix lock), with
+    nox's own virtualenv code, so nox goes in beside it."""
+    session.install(*install_arguments(), "nox")
+    envdir = Path(session.virtualenv.location).parent
+    session.run(
+        "python", "-m", "torchmatrix", "bisect", "--config", str(matrix.path), "--envdir", str(envdir), *session.posargs
+    )
+
+
 def tests(session, torch_version: str) -> None:
     """The project's own tests, in parallel with pytest-xdist, against the baseline torch; torchtitan
     for tests/suites/test_torchtitan_example.py is its minimal set, --no-deps (30 s, not 2.5 min)."""

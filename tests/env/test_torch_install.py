@@ -103,8 +103,13 @@ def test_uv_downloads_count_when_each_completes():
             "  ╰─▶ Because there is no version of torch==9.9.9 and you require torch==9.9.9, we can conclude that your requirements are unsatisfiable.\n",
             "Because there is no version of torch==9.9.9 and you require torch==9.9.9, we can conclude that your requirements are unsatisfiable.",
         ),
+        (
+            "ERROR: Ignored the following versions that require a different python version: 1.21.2 Requires-Python >=3.7,<3.11\n"
+            "ERROR: Could not find a version that satisfies the requirement nosuch==1 (from torch) (from versions: none)\n",
+            "ERROR: Could not find a version that satisfies the requirement nosuch==1 (from torch) (from versions: none)",
+        ),
     ],
-    ids=["pip", "uv"],
+    ids=["pip", "uv", "pip-after-its-note-on-ignored-versions"],
 )
 def test_the_installers_first_reason_line_is_kept(output, reason):
     assert fed(output).reason == reason

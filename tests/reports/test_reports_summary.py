@@ -14,6 +14,7 @@ from lxml import etree
 from torchmatrix.matrix.plan import SuiteRun
 from torchmatrix.reports import confirmation, junit, summary_html, summary_md
 from torchmatrix.reports.report import write_report
+from torchmatrix.reports.reproducible import is_reproducible
 from torchmatrix.reports.run_reader import load_results
 from torchmatrix.reports.upgrade_diff import SLOWDOWN_RULE
 
@@ -50,6 +51,19 @@ def run_dir(tmp_path):
 def test_summary_md_matches_golden(run_dir, tmp_path):
     write_report(run_dir)
     check_golden("summary.md", normalised((run_dir / "summary.md").read_text(), tmp_path / "project"))
+
+
+def test_summary_html_gives_the_repro_command_of_confirmed_failures_only(run_dir):
+    write_report(run_dir)
+    page = (run_dir / "summary.html").read_text()
+    command = "torchmatrix repro reports/run-fixture &#x27;2.14.1/ws2-fsdp2/alpha::test_regress&#x27;"
+    assert f"reproduce: <code>{command}</code>" in page
+    tests = load_results(run_dir).tests
+    assert (
+        page.count("reproduce: <code>")
+        == sum(is_reproducible(r) for r in tests)
+        < sum(r.status.is_failing for r in tests)
+    )
 
 
 def test_report_command_writes_every_file_and_the_step_summary(run_dir, tmp_path, monkeypatch):

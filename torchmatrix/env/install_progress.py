@@ -28,6 +28,7 @@ UV_DOWNLOADING = re.compile(r"^\s*Downloading (\S+) \(([\d.]+)\s?(KiB|MiB|GiB)\)
 UV_DOWNLOADED = re.compile(r"^\s*Downloaded (\S+)")
 UV_PREPARED = re.compile(r"^\s*Prepared (\d+) packages?")
 REASON = re.compile(r"^(ERROR: .*|error: .*|\s*╰─▶ .*)$")
+PIP_IGNORED_NOTE = "ERROR: Ignored the following versions"  # pip's note on what it skipped, before the real error
 TTY_TICK_S = 1.0  # the elapsed time shows whole seconds
 UNPACK_MEASURE_S = 5.0  # walking a torch venv (~10k files) takes a fraction of a second
 NAMED_PACKAGES = 3
@@ -82,7 +83,8 @@ class InstallProgress:
             self._finish_download()
             self.phase, self.current = "installing", f"{match[1]} packages"
         elif match := REASON.match(line):
-            self.reason = self.reason or match[1].strip().removeprefix("╰─▶ ")
+            if not self.reason or self.reason.startswith(PIP_IGNORED_NOTE):
+                self.reason = match[1].strip().removeprefix("╰─▶ ")
 
     def _finish_download(self) -> None:
         if self.current and self.phase == "downloading":

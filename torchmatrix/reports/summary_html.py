@@ -16,6 +16,7 @@ from collections import defaultdict
 
 from torchmatrix.reports.checkpoint_directions import Direction
 from torchmatrix.reports.records import RootCause, RunResults, TestRecord, drift_measure, is_drift_figure
+from torchmatrix.reports.reproducible import is_reproducible, repro_command
 from torchmatrix.reports.summary_data import LIMITS_NOTE, Summary, count, distinct_texts, other_cells, summarize
 from torchmatrix.reports.untrusted_text import one_line, visible
 from torchmatrix.reports.upgrade_diff import SLOWDOWN_RULE, Change, UpgradeDiff, grew
@@ -356,7 +357,7 @@ def _failures(summary: Summary, anchors: dict) -> str:
     return (
         f"<h2>{summary.failures_title}</h2>\n"
         f"<p>Each root cause is the innermost exception of the first failing rank. {text(summary.confirmations.note)}</p>\n"
-        + _causes(summary.root_causes, anchors, confirmed=True)
+        + _causes(summary.root_causes, anchors, confirmed=True, run_id=summary.run_id)
     )
 
 
@@ -370,7 +371,7 @@ def _limits(summary: Summary, anchors: dict) -> str:
     )
 
 
-def _causes(causes: list[RootCause], anchors: dict, confirmed: bool) -> str:
+def _causes(causes: list[RootCause], anchors: dict, confirmed: bool, run_id: str = "") -> str:
     cells_of = {(r.torch, r.suite, r.test, r.run_cell): cells for cause in causes for r, cells in cause.failures}
     sections = []
     for cause in causes:
@@ -379,7 +380,7 @@ def _causes(causes: list[RootCause], anchors: dict, confirmed: bool) -> str:
             first = records[0]
             anchor = anchors[(first.torch, first.suite, first.test, first.run_cell)]
             lines = "".join(
-                f"<li>{_failure_line(r, cells_of[(r.torch, r.suite, r.test, r.run_cell)], confirmed)}</li>"
+                f"<li>{_failure_line(r, cells_of[(r.torch, r.suite, r.test, r.run_cell)], confirmed, run_id)}</li>"
                 for r in records
             )
             noun = "failing test" if confirmed else "test"
@@ -398,11 +399,14 @@ def _causes(causes: list[RootCause], anchors: dict, confirmed: bool) -> str:
     return "\n".join(sections)
 
 
-def _failure_line(record: TestRecord, cells: list[str], confirmed: bool) -> str:
+def _failure_line(record: TestRecord, cells: list[str], confirmed: bool, run_id: str = "") -> str:
     """One failing test: status, torch, suite, test, the cell that ran it (and those it stands for),
-    and for a failure what re-running it alone showed."""
+    and for a failure what re-running it alone showed (for a confirmed one, the command that writes
+    its standalone reproducer)."""
     flag = ' class="bad"' if record.confirmation == Confirmation.FAILS_ALONE else ""
     alone = f" · <span{flag}>{text(Confirmation.describe(record.confirmation))}</span>" if confirmed else ""
+    if confirmed and is_reproducible(record):
+        alone += f" · reproduce: <code>{text(repro_command(run_id, record))}</code>"
     return (
         f"{_mark(record.status.mark)} torch <code>{text(record.torch)}</code> · "
         f"<code>{text(record.suite)}</code> <code>{text(record.test)}</code> in <code>{text(record.run_cell)}</code>"

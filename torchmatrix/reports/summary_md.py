@@ -12,6 +12,7 @@ import re
 
 from torchmatrix.reports.checkpoint_directions import Direction
 from torchmatrix.reports.records import RootCause, RunResults, TestRecord
+from torchmatrix.reports.reproducible import is_reproducible, repro_command
 from torchmatrix.reports.summary_data import LIMITS_NOTE, Summary, count, distinct_texts, other_cells, summarize
 from torchmatrix.reports.untrusted_text import one_line, visible
 from torchmatrix.reports.upgrade_diff import SLOWDOWN_RULE, UpgradeDiff
@@ -223,7 +224,7 @@ def _failures(summary: Summary) -> str:
     return (
         f"### {summary.failures_title}\n\n"
         f"Each root cause is the innermost exception of the first failing rank. {summary.confirmations.note}\n\n"
-        + _causes(summary.root_causes, confirmed=True)
+        + _causes(summary.root_causes, confirmed=True, run_id=summary.run_id)
     )
 
 
@@ -235,9 +236,9 @@ def _limits(summary: Summary) -> str:
     return f"### {summary.limits_title}\n\n{LIMITS_NOTE}\n\n" + _causes(summary.simulation_limits, confirmed=False)
 
 
-def _causes(causes: list[RootCause], confirmed: bool) -> str:
-    """Each cause's line, its reach, its tests (failures with what re-running them alone showed) and
-    its distinct texts."""
+def _causes(causes: list[RootCause], confirmed: bool, run_id: str = "") -> str:
+    """Each cause's line, its reach, its tests (failures with what re-running them alone showed, and
+    for a confirmed one the command that writes its standalone reproducer) and its distinct texts."""
     sections = []
     for index, cause in enumerate(causes[:MAX_ROOT_CAUSES], 1):
         versions = ", ".join(code(v, False) for v in cause.versions)
@@ -246,9 +247,14 @@ def _causes(causes: list[RootCause], confirmed: bool) -> str:
             others = other_cells(record.run_cell, cells)
             shared = f" (its result stands for {cell_list(others, MAX_CELLS_NAMED)})" if others else ""
             alone = f" · {_confirmation(record.confirmation)}" if confirmed else ""
+            repro = (
+                f" · reproduce: {code(repro_command(run_id, record), False)}"
+                if confirmed and is_reproducible(record)
+                else ""
+            )
             items.append(
                 f"- {record.status} · torch {code(record.torch, False)} · {code(record.suite, False)} "
-                f"{code(record.test, False)} in {code(record.run_cell, False)}{shared}{alone}"
+                f"{code(record.test, False)} in {code(record.run_cell, False)}{shared}{alone}{repro}"
             )
         more = len(cause.failures) - MAX_FAILURES_PER_CAUSE
         if more > 0:

@@ -69,6 +69,7 @@ class RunRequest:
     only: dict = field(default_factory=dict)
     keyword: str | None = None
     shard: Shard | None = None
+    tests: tuple[str, ...] = ()
     install_log: Path | None = None
     gpus_per_node: int | None = None
     multinode_launcher: str | None = None
@@ -148,8 +149,11 @@ def _run_version(request: RunRequest, stream, interrupts: Interrupts) -> int:
     matrix = request.matrix
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     cells = _cells(request)
-    runs = plan_runs(
-        cells, cross_version.suites_for(matrix, request.version, request.run_dir, reads=request.cross_version_reads)
+    runs = only_tests_of(
+        plan_runs(
+            cells, cross_version.suites_for(matrix, request.version, request.run_dir, reads=request.cross_version_reads)
+        ),
+        request.tests,
     )
     book = OutcomeBook(runs)
     environment: dict = {"device": "none (interrupted before the torch probe finished)"}
@@ -265,6 +269,21 @@ def _cells(request: RunRequest) -> list[Cell]:
         return [Cell(axes) for axes in read_plan(plan).cell_axes]
     except PlanFileError as error:
         raise RunError(f"{error}; a read pass needs the version's own run first") from None
+
+
+def only_tests_of(runs: list[SuiteRun], tests: tuple[str, ...]) -> list[SuiteRun]:
+    """The suite runs of the suites `tests` (SUITE::TEST) name, all of them when it is empty;
+    raise RunError naming the suites when one is not in the matrix."""
+    if not tests:
+        return runs
+    suites = {test.partition("::")[0] for test in tests}
+    known = {run.suite.name for run in runs}
+    unknown = sorted(suites - known)
+    if unknown:
+        raise RunError(
+            f"--test {unknown[0]}::...: no selected cell runs suite {unknown[0]!r}; use one of: {', '.join(sorted(known))}"
+        )
+    return [run for run in runs if run.suite.name in suites]
 
 
 def _slots(request: RunRequest, environment: dict) -> int:
@@ -395,8 +414,10 @@ def _run_cells(
             **kwargs,
         )
 
-    report_finished_cells()
     groups = group_runs(runnable, slots, fillers=not gpu_count)
+    if request.tests:
+        groups = [replace(group, only_tests=tuple(t.partition("::")[2] for t in request.tests)) for group in groups]
+    report_finished_cells()
     if groups:
         progress.say(
             f"torchmatrix: torch {request.version}: starting {count(len(groups), 'pytest process', 'pytest processes')} "

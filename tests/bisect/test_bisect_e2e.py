@@ -1,0 +1,289 @@
+"""`torchmatrix bisect` end to end over fake torch releases that install in seconds.
+
+A local wheel directory, added to pip's find-links, offers torch 2.90.0 ... 2.98.0: each fake
+wheel is a dist-info plus a .pth that puts a real torch (the site-packages of this test's own) on
+sys.path, so every "release" is the same torch under another version number. The component under
+test reads that number and drops a rank's value from 2.95.0 on (or from the release a test says);
+2.92.0 needs a package no index has, so it never installs. Venvs and wheels are shared by the
+module's tests, as the bisect shares them across runs.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from torchmatrix.env.torch_install import pip_index_options
+
+from conftest import write_matrix
+
+pytestmark = pytest.mark.slow
+
+RELEASES = [f"2.{minor}.0" for minor in range(90, 99)]
+UNINSTALLABLE = "2.92.0"
+MISSING_REQUIREMENT = "torchmatrix-test-no-such-package==1"
+
+SUITE = '''\
+"""A reducer component's sum over the ranks equals the sum of the rank values."""
+
+import torch
+import torch.distributed as dist
+
+from torchmatrix.testing import current_device, load
+
+
+def _reduced(reducer):
+    return load(reducer)(torch.tensor([float(dist.get_rank() + 1)], device=current_device())).item()
+
+
+def test_sum_over_ranks(cell, ranks, components):
+    world = cell.world_size
+    assert ranks.run(_reduced, components["reducer"]) == [world * (world + 1) / 2] * world
+'''
+
+COMPONENT = '''\
+"""A reducer that, from the torch release in RELEASE_SWITCH_FIRST_BAD on, counts its own rank's
+value twice; in RELEASE_SWITCH_FLAKY it does so on every other call (a state file remembers)."""
+
+import os
+from importlib import metadata
+from pathlib import Path
+
+import torch.distributed as dist
+
+
+def _release(text):
+    return tuple(int(part) for part in text.split("+")[0].split("."))
+
+
+def _flaky_turn(release):
+    if release != os.environ.get("RELEASE_SWITCH_FLAKY"):
+        return False
+    state = Path(os.environ["RELEASE_SWITCH_STATE"])
+    if state.exists():
+        state.unlink()
+        return False
+    state.write_text("failed once")
+    return True
+
+
+def reduce_sum(value):
+    release = metadata.version("torch")
+    dist.all_reduce(value)
+    if _release(release) >= _release(os.environ["RELEASE_SWITCH_FIRST_BAD"]) or _flaky_turn(release):
+        value += dist.get_rank() + 1
+    return value
+'''
+
+
+def _record_line(name: str, data: bytes) -> str:
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    return f"{name},sha256={digest},{len(data)}"
+
+
+def fake_torch_wheel(directory: Path, version: str, torch_site: Path, requires: tuple[str, ...] = ()) -> Path:
+    """A wheel named torch `version` whose only content is a .pth putting `torch_site` on sys.path."""
+    info = f"torch-{version}.dist-info"
+    files = {
+        "torch_release_shim.pth": f"{torch_site}\n".encode(),
+        f"{info}/METADATA": (
+            f"Metadata-Version: 2.1\nName: torch\nVersion: {version}\n"
+            + "".join(f"Requires-Dist: {r}\n" for r in requires)
+        ).encode(),
+        f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: torchmatrix-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = "\n".join([*(_record_line(n, d) for n, d in files.items()), f"{info}/RECORD,,"]) + "\n"
+    path = directory / f"torch-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as wheel:
+        for name, data in [*files.items(), (f"{info}/RECORD", record.encode())]:
+            wheel.writestr(name, data)
+    return path
+
+
+def _find_links() -> list[str]:
+    """pip's configured find-links (file and environment), which the fake releases join."""
+    listing = subprocess.run(
+        [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, check=False
+    ).stdout
+    options = pip_index_options(listing)
+    return [options[i + 1] for i, option in enumerate(options) if option == "--find-links"]
+
+
+@pytest.fixture(scope="module")
+def workdir():
+    """A directory of the module's own: pytest's rotation of old base temps (other pytest sessions
+    on the machine) must not remove venvs that later tests reuse."""
+    path = Path(tempfile.mkdtemp(prefix="torchmatrix-bisect-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def torch_site() -> Path:
+    """The site-packages this test's torch comes from. torchmatrix is installed there editable, through
+    a .pth hook that a plain path entry does not run, so it stays unimportable where this directory is
+    only on sys.path (the reproducer test checks that it is)."""
+    import torch
+
+    return Path(torch.__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def project(workdir, torch_site) -> dict:
+    """The throwaway project, its fake releases and the environment every bisect of the module shares."""
+    root = workdir / "project"
+    wheels = root / "fake-releases"
+    wheels.mkdir(parents=True)
+    for version in RELEASES:
+        fake_torch_wheel(wheels, version, torch_site, (MISSING_REQUIREMENT,) if version == UNINSTALLABLE else ())
+    (root / "suites").mkdir()
+    (root / "suites" / "test_release_switch.py").write_text(SUITE)
+    (root / "release_switch.py").write_text(COMPONENT)
+    write_matrix(
+        root,
+        torch=["2.90.0", "2.98.0"],
+        axes={"world_size": [1]},
+        suites={"release_switch": {"timeout": 60}},
+        components={"reducer": "release_switch:reduce_sum"},
+    )
+    env = {
+        **os.environ,
+        "PIP_FIND_LINKS": " ".join([str(wheels), *_find_links()]),
+        "TORCHMATRIX_WHEELHOUSE": str(root / "wheelhouse"),
+        "RELEASE_SWITCH_FIRST_BAD": "2.95.0",
+        "RELEASE_SWITCH_STATE": str(root / "flaky-state"),
+    }
+    return {"root": root, "wheels": wheels, "env": env}
+
+
+def bisect(project: dict, *args: str, **env: str) -> tuple[subprocess.CompletedProcess, dict]:
+    """`torchmatrix bisect` in the project; its output and the bisect.json it wrote."""
+    result = subprocess.run(
+        [sys.executable, "-m", "torchmatrix", "bisect", "--envdir", str(project["root"] / ".nox"), *args],
+        cwd=project["root"],
+        env={**project["env"], **env},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    written = [line.split(" writing to ", 1)[1] for line in result.stdout.splitlines() if " writing to " in line]
+    if not written or not (Path(written[0]) / "bisect.json").is_file():
+        pytest.fail(f"bisect wrote no report (exit {result.returncode}):\n{result.stdout}\n{result.stderr}")
+    return result, json.loads((Path(written[0]) / "bisect.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def first_bad_search(project):
+    return bisect(project, "--good", "2.93.0", "--bad", "2.98.0")
+
+
+def test_first_bad_found_with_the_fewest_installs(first_bad_search):
+    result, report = first_bad_search
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "release_switch::test_sum_over_ranks [ws1]: first bad: 2.95.0 (2.94.0 passed) — " in result.stdout
+    assert "AssertionError" in result.stdout.splitlines()[-1]
+    # Both pins decide which test regressed; between them, 4 candidates need 2 steps (ceil(log2(5)) = 3 at most).
+    assert [step["version"] for step in report["steps"]] == ["2.98.0", "2.93.0", "2.95.0", "2.94.0"]
+    assert report["regressions"][0]["candidates"] == ["2.94.0", "2.95.0", "2.96.0", "2.97.0"]
+    assert "[3/" in result.stdout and "torch system ws1: failed" in result.stdout  # the matrix's progress line
+
+
+def test_a_flaky_middle_release_stops_the_search(project, first_bad_search):
+    result, report = bisect(
+        project, "--good", "2.93.0", "--bad", "2.98.0", RELEASE_SWITCH_FLAKY="2.95.0", RELEASE_SWITCH_FIRST_BAD="2.96.0"
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    line = result.stdout.splitlines()[-1]
+    assert "no verdict: torch 2.95.0 flaky" in line and "passed alone" in line, line
+    assert "first bad" not in result.stdout
+    assert [step["version"] for step in report["steps"]] == ["2.98.0", "2.93.0", "2.95.0"]
+    assert report["regressions"][0]["stopped_at"] == "2.95.0"
+    assert "step 3: torch 2.95.0: reusing its venv" in result.stdout  # installed by the first search
+
+
+def test_an_uninstallable_release_is_skipped_with_pips_reason(project, first_bad_search):
+    result, report = bisect(project, "--good", "2.90.0", "--bad", "2.94.0", RELEASE_SWITCH_FIRST_BAD="2.94.0")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"torch {UNINSTALLABLE} did not install: " in result.stdout
+    assert "torchmatrix-test-no-such-package" in result.stdout
+    assert "first bad: 2.94.0 (2.93.0 passed)" in result.stdout.splitlines()[-1]
+    steps = report["steps"]
+    assert [step["version"] for step in steps] == ["2.94.0", "2.90.0", "2.92.0", "2.93.0"]
+    assert steps[2]["installed"] is False and "torchmatrix-test-no-such-package" in steps[2]["reason"]
+
+
+@pytest.fixture(scope="module")
+def plain_venv(project) -> Path:
+    """A venv with pytest and no torchmatrix, for the reproducer; torch comes from the fake releases."""
+    venv = project["root"] / "plain-venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    environment = {key: value for key, value in project["env"].items() if key != "PYTHONPATH"}
+    subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "pytest"],
+        check=True,
+        env=environment,
+        capture_output=True,
+    )
+    return venv
+
+
+def install_release(venv: Path, project: dict, version: str) -> None:
+    subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--force-reinstall", "--no-deps", "--no-index",
+         "--find-links", str(project["wheels"]), f"torch=={version}"],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+
+
+def test_the_reproducer_fails_without_torchmatrix_as_the_run_did_and_passes_on_the_good_release(
+    project, first_bad_search, plain_venv
+):
+    _, report = first_bad_search
+    out_dir = Path(report["out"])
+    bad_run = out_dir / "steps" / report["steps"][0]["run"]
+    failure = "system/ws1/release_switch::test_sum_over_ranks"
+    venv_python = project["root"] / ".nox"
+    written = subprocess.run(
+        [sys.executable, "-m", "torchmatrix", "repro", str(bad_run), failure, "--out", str(project["root"] / "repro"),
+         "--python", str(next(venv_python.glob("*2-98-0*")) / "bin" / "python")],
+        cwd=project["root"], env=project["env"], capture_output=True, text=True,
+    )  # fmt: skip
+    assert written.returncode == 0, written.stdout + written.stderr
+    repro = project["root"] / "repro"
+    assert sorted(p.name for p in repro.iterdir()) == [
+        "README.md",
+        "cell.json",
+        "collect_env.txt",
+        "command.txt",
+        "repro.py",
+    ]
+    assert (repro / "command.txt").read_text() == "python repro.py\n"
+    assert "PyTorch version" in (repro / "collect_env.txt").read_text()
+    readme = (repro / "README.md").read_text()
+    root_cause = "AssertionError: assert [2.0] == [1.0]"
+    assert "## What was expected" in readme and f"`{root_cause}`" in readme
+
+    plain = {key: value for key, value in project["env"].items() if key != "PYTHONPATH"}
+    python = str(plain_venv / "bin" / "python")
+    assert (
+        subprocess.run([python, "-c", "import torchmatrix"], cwd=repro, env=plain, capture_output=True).returncode == 1
+    )
+    install_release(plain_venv, project, "2.98.0")
+    failed = subprocess.run([python, "repro.py"], cwd=repro, env=plain, capture_output=True, text=True, timeout=300)
+    assert failed.returncode == 1, failed.stdout + failed.stderr
+    assert failed.stdout.splitlines()[-1] == f"root cause: {root_cause}", failed.stdout
+    install_release(plain_venv, project, "2.94.0")
+    passed = subprocess.run([python, "repro.py"], cwd=repro, env=plain, capture_output=True, text=True, timeout=300)
+    assert passed.returncode == 0, passed.stdout + passed.stderr
+    assert passed.stdout.splitlines()[-1].endswith("in cell ws1: passed")

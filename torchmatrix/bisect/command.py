@@ -1,0 +1,363 @@
+"""`torchmatrix bisect`: the first torch release between two pins where a regression appears.
+
+Each step installs one version into its gpu_matrix venv (torchmatrix.env.version_venv) and runs
+`torchmatrix run` there on only the regressed test in only its cell; the runner re-runs a failure
+alone, which decides the step's verdict. The pins come from a run's upgrade diff (`--from RUN`:
+its confirmed regressions, already decided on both pins) or from `--good/--bad` with a selection,
+which runs both pins first to find the tests that regressed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from torchmatrix.bisect.search import Bisection, Outcome
+from torchmatrix.bisect.versions import offered_versions
+from torchmatrix.env.envdir_lock import EnvdirBusy, EnvdirUnlockable, lock_envdir
+from torchmatrix.env.version_venv import prepare_venv
+from torchmatrix.matrix.config import Matrix
+from torchmatrix.reports.records import RunResults, TestRecord
+from torchmatrix.reports.run_reader import load_results
+from torchmatrix.reports.summary_data import count
+from torchmatrix.reports.upgrade_diff import upgrade_diffs
+from torchmatrix.run.progress import format_seconds
+from torchmatrix.run.run_directory import new_run_id
+from torchmatrix.status import Confirmation, Status
+
+REPORT_NAME = "bisect"
+
+
+class BisectError(Exception):
+    """Nothing to bisect, or a step the runner refused; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class Regression:
+    """A test that passes on the good pin and fails alone on the bad one, in the cell that ran it."""
+
+    suite: str
+    test: str
+    cell: str
+    axes: dict[str, str]
+    good: str
+    bad: str
+    root_cause: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.suite}::{self.test} [{self.cell}]"
+
+
+@dataclass
+class BisectRequest:
+    """What `torchmatrix bisect` was asked: pins and selection, or a run to take regressions from."""
+
+    matrix: Matrix
+    envdir: Path
+    reports: Path
+    good: str | None = None
+    bad: str | None = None
+    from_run: Path | None = None
+    filters: list[str] = field(default_factory=list)  # the selection, as `torchmatrix run` arguments
+    slots: int | None = None
+
+
+class Steps:
+    """Installs and runs of one bisect: numbered [k/N] as the matrix's progress counts versions."""
+
+    def __init__(self, request: BisectRequest, out: Path, planned: int):
+        self.request, self.out, self.planned = request, out, planned
+        self.started = time.time()
+        self.count = 0
+        self.log: list[dict] = []
+
+    def run(self, version: str, selection: list[str]) -> tuple[RunResults | None, str]:
+        """Install `version` (or reuse its venv) and run `selection` there; the results, or None
+        and pip's reason when it did not install."""
+        self.count += 1
+        self.planned = max(self.planned, self.count)
+        step = {"version": version, "selection": selection}
+        begun = time.time()
+        print(
+            f"torchmatrix bisect: step {self.count}: torch {version}: its gpu_matrix venv (installed unless it was before)",
+            flush=True,
+        )
+        venv, installed, reused = prepare_venv(
+            self.request.matrix, self.request.envdir, version, self.out / "logs" / f"torch-{version}"
+        )
+        how = (
+            "reusing its venv"
+            if reused
+            else "installed into its venv"
+            if installed.ok
+            else "tried to install into its venv"
+        )
+        print(f"torchmatrix bisect: step {self.count}: torch {version}: {how} {venv.location}", flush=True)
+        if not installed.ok:
+            print(f"torchmatrix bisect: step {self.count}: torch {version} did not install: {installed.reason}")
+            self.log.append({**step, "installed": False, "reason": installed.reason, "seconds": _since(begun)})
+            return None, installed.reason
+        run_id = f"step{self.count}-torch-{version}"
+        command = [
+            str(venv.python), "-m", "torchmatrix", "run",
+            "--config", str(self.request.matrix.path),
+            "--torch", "system",
+            "--reports", str(self.out / "steps"),
+            "--run-id", run_id,
+            "--progress-part", f"{self.count}/{self.planned}",
+            "--progress-since", f"{self.started:.3f}",
+            *(["--slots", str(self.request.slots)] if self.request.slots else []),
+            *selection,
+        ]  # fmt: skip
+        print(
+            f"torchmatrix bisect: step {self.count}: torch {version}: running {' '.join(selection) or 'every cell of matrix.toml'}",
+            flush=True,
+        )
+        code = subprocess.run(command, env=venv.environment(), check=False).returncode
+        if code not in (0, 1):
+            raise BisectError(f"torch {version}: `torchmatrix run` ended with exit code {code} (see above)")
+        self.log.append({**step, "installed": True, "reused": reused, "run": run_id, "seconds": _since(begun)})
+        return load_results(self.out / "steps" / run_id), ""
+
+
+def run_bisect(request: BisectRequest) -> int:
+    """Bisect every regression; print one line each; write bisect.md and bisect.json; 0 when each
+    got a first bad version, 1 when a search stopped without one."""
+    lock = None
+    try:
+        lock = lock_envdir(request.envdir)
+    except EnvdirBusy as error:
+        raise BisectError(str(error)) from None
+    except EnvdirUnlockable as error:
+        print(f"torchmatrix: warning: {error}; a matrix run using these venvs is not kept apart", file=sys.stderr)
+    try:
+        return _bisect(request)
+    finally:
+        if lock is not None:
+            os.close(lock)
+
+
+def _bisect(request: BisectRequest) -> int:
+    out = (request.from_run or request.reports) / f"bisect-{new_run_id()}"
+    out.mkdir(parents=True)
+    print(f"torchmatrix bisect: writing to {out}", flush=True)
+    if request.from_run:
+        regressions = regressions_of_run(load_results(request.from_run))
+        steps = Steps(request, out, 0)
+    else:
+        steps = Steps(request, out, 2)
+        regressions = _regressions_of_pins(request, steps)
+    searches = []
+    offered: dict[tuple[str, str], list[str]] = {}
+    for regression in regressions:
+        pins = (regression.good, regression.bad)
+        candidates = (
+            offered[pins] if pins in offered else offered.setdefault(pins, offered_versions(request.matrix, *pins))
+        )
+        print(
+            f"torchmatrix bisect: {regression.name}: passes on {regression.good}, fails alone on {regression.bad}; "
+            f"{count(len(candidates), 'version')} between them on the index ({', '.join(candidates) or 'none'}): "
+            f"at most {math.ceil(math.log2(len(candidates) + 1))} to install",
+            flush=True,
+        )
+        searches.append((regression, Bisection(regression.good, regression.bad, candidates)))
+    ranges = {(r.cell, r.good, r.bad): len(s.candidates) for r, s in searches}
+    steps.planned += sum(math.ceil(math.log2(count + 1)) for count in ranges.values())
+    while batch := next_batch(searches):
+        version = batch[0][1].next_version()
+        results, reason = steps.run(version, bisect_selection([regression for regression, _ in batch]))
+        for regression, search in batch:
+            if results is None:
+                search.record(version, Outcome.NOT_INSTALLED, reason)
+                continue
+            outcome, detail = verdict(_record(results, regression))
+            print(
+                f"torchmatrix bisect: torch {version}: {regression.name} {outcome.value}"
+                + (f": {detail}" if detail else "")
+            )
+            search.record(version, outcome, detail)
+    lines = [verdict_line(regression, search) for regression, search in searches]
+    _write_report(out, request, searches, lines, steps)
+    print(
+        f"torchmatrix bisect: {count(steps.count, 'step')} in {format_seconds(time.time() - steps.started)}; report {out / (REPORT_NAME + '.md')}"
+    )
+    for line in lines:
+        print(line)
+    return 1 if any(search.stopped is not None for _, search in searches) else 0
+
+
+def regressions_of_run(results: RunResults) -> list[Regression]:
+    """The confirmed regressions of every version of a run against its baseline."""
+    regressions = [
+        _regression(change.after, results.cells.get(change.after.run_cell, {}), diff.before, diff.after)
+        for diff in upgrade_diffs(results)
+        for change in diff.regressions
+    ]
+    if not regressions:
+        raise BisectError(
+            f"run {results.run_id} has no confirmed regression against its baseline {results.baseline}; "
+            "bisect a run whose upgrade diff lists one, or pass --good and --bad"
+        )
+    return regressions
+
+
+def _regressions_of_pins(request: BisectRequest, steps: Steps) -> list[Regression]:
+    """Run the selection on the bad pin, then its confirmed failures on the good pin: those that pass there."""
+    bad_results, reason = steps.run(request.bad, request.filters)
+    if bad_results is None:
+        raise BisectError(f"--bad {request.bad} did not install: {reason}")
+    failing = [
+        record
+        for record in bad_results.tests
+        if record.status.is_failing and record.confirmation == Confirmation.FAILS_ALONE and record.ran_in is None
+    ]
+    if not failing:
+        raise BisectError(
+            f"nothing fails alone on --bad {request.bad} in the selection ({' '.join(request.filters) or 'every cell'}); "
+            "widen it, or pick the release the upgrade diff flagged"
+        )
+    tests = sorted({f"--test={record.suite}::{record.test}" for record in failing})
+    good_results, reason = steps.run(request.good, [*request.filters, *tests])
+    if good_results is None:
+        raise BisectError(f"--good {request.good} did not install: {reason}")
+    regressions = []
+    for record in failing:
+        on_good = next((r for r in good_results.tests if _same_test(r, record)), None)
+        if on_good is not None and on_good.status is Status.PASSED:
+            regressions.append(_regression(record, bad_results.cells.get(record.cell, {}), request.good, request.bad))
+        else:
+            state = on_good.status.value if on_good else "not run"
+            print(
+                f"torchmatrix bisect: {record.suite}::{record.test} [{record.cell}] is {state} on {request.good} too: not a regression"
+            )
+    if not regressions:
+        raise BisectError(
+            f"every test that fails on {request.bad} fails on {request.good} too: nothing regressed between them"
+        )
+    return regressions
+
+
+def _regression(record: TestRecord, axes: dict[str, str], good: str, bad: str) -> Regression:
+    return Regression(record.suite, record.test, record.run_cell, dict(axes), good, bad, record.message)
+
+
+def next_batch(searches: list[tuple[Regression, Bisection]]) -> list[tuple[Regression, Bisection]]:
+    """The searches one step serves: the first open one, and every other open one of the same cell
+    that asks for the same version next (the tests of one cell that regressed together)."""
+    open_searches = [(r, s) for r, s in searches if s.next_version() is not None]
+    if not open_searches:
+        return []
+    first, search = open_searches[0]
+    version = search.next_version()
+    return [(r, s) for r, s in open_searches if r.cell == first.cell and s.next_version() == version]
+
+
+def bisect_selection(regressions: list[Regression]) -> list[str]:
+    """`torchmatrix run` arguments for only these tests in only their (one) cell."""
+    return [
+        *(f"--only={axis}={value}" for axis, value in regressions[0].axes.items()),
+        *sorted({f"--test={regression.suite}::{regression.test}" for regression in regressions}),
+    ]
+
+
+def _same_test(record: TestRecord, other: TestRecord) -> bool:
+    return (record.suite, record.test, record.run_cell) == (other.suite, other.test, other.run_cell)
+
+
+def _record(results: RunResults, regression: Regression) -> TestRecord | None:
+    return next(
+        (
+            r
+            for r in results.tests
+            if (r.suite, r.test, r.run_cell) == (regression.suite, regression.test, regression.cell)
+        ),
+        None,
+    )
+
+
+def verdict(record: TestRecord | None) -> tuple[Outcome, str]:
+    """A step's outcome for the bisected test: a failure counts only when it failed again alone."""
+    if record is None:
+        return Outcome.NO_VERDICT, "the step reported nothing for this test"
+    if record.status is Status.PASSED:
+        return Outcome.PASSED, ""
+    if not record.status.is_failing:
+        return Outcome.NO_VERDICT, f"{record.status.value}: {record.message}"
+    if record.confirmation == Confirmation.FAILS_ALONE:
+        return Outcome.FAILS, record.message
+    if record.confirmation == Confirmation.PASSED_ALONE:
+        return Outcome.FLAKY, f"failed ({record.message}), then passed alone: flaky or order-dependent"
+    return Outcome.NO_VERDICT, f"failed ({record.message}) and was not re-run alone"
+
+
+def verdict_line(regression: Regression, search: Bisection) -> str:
+    """`first bad: 2.14.0 (2.13.0 passed) — <root cause>`, or why the search has no answer."""
+    if search.stopped is not None:
+        outcome, detail = search.tried[search.stopped]
+        return (
+            f"{regression.name}: no verdict: torch {search.stopped} {outcome.value} ({detail}); "
+            f"the search stopped between {search.last_good} (passed) and {search.first_bad} (fails)"
+        )
+    root = search.tried.get(search.first_bad, (None, regression.root_cause))[1] or regression.root_cause
+    skipped = search.untested_between
+    if skipped:
+        reasons = "; ".join(f"{v} did not install: {search.tried[v][1]}" for v in skipped)
+        return (
+            f"{regression.name}: first bad: one of {', '.join([*skipped, search.first_bad])} "
+            f"({search.last_good} passed; {reasons}) — {root}"
+        )
+    return f"{regression.name}: first bad: {search.first_bad} ({search.last_good} passed) — {root}"
+
+
+def _write_report(out: Path, request: BisectRequest, searches: list, lines: list[str], steps: Steps) -> None:
+    data = {
+        "out": str(out),
+        "from_run": str(request.from_run) if request.from_run else None,
+        "seconds": _since(steps.started),
+        "steps": steps.log,
+        "regressions": [
+            {
+                "suite": regression.suite,
+                "test": regression.test,
+                "cell": regression.cell,
+                "good": regression.good,
+                "bad": regression.bad,
+                "candidates": search.candidates,
+                "first_bad": None if search.stopped else search.first_bad,
+                "last_good": search.last_good,
+                "stopped_at": search.stopped,
+                "untested_between": search.untested_between,
+                "tried": {v: {"outcome": o.value, "detail": d} for v, (o, d) in search.tried.items()},
+                "verdict": line,
+            }
+            for (regression, search), line in zip(searches, lines)
+        ],
+    }
+    (out / f"{REPORT_NAME}.json").write_text(json.dumps(data, indent=2) + "\n")
+    markdown = [
+        "# torch bisect",
+        "",
+        f"{count(steps.count, 'step')} in {format_seconds(data['seconds'])}"
+        + (f", regressions of run {request.from_run}" if request.from_run else ""),
+        "",
+        *(f"- {line}" for line in lines),
+        "",
+        "| step | torch | installed | selection | seconds |",
+        "|---|---|---|---|---|",
+        *(
+            f"| {i} | {s['version']} | {('reused its venv' if s['reused'] else 'yes') if s['installed'] else 'no: ' + s['reason']} | `{' '.join(s['selection'])}` | {s['seconds']:.0f} |"
+            for i, s in enumerate(steps.log, 1)
+        ),
+    ]
+    (out / f"{REPORT_NAME}.md").write_text("\n".join(markdown) + "\n")
+
+
+def _since(begun: float) -> float:
+    return round(time.time() - begun, 1)

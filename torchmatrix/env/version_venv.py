@@ -1,0 +1,100 @@
+"""A torch version's venv outside a nox session, where `nox -s gpu_matrix` keeps it.
+
+`torchmatrix bisect` installs versions that matrix.toml does not list, one step at a time. Each
+goes to `<envdir>/gpu_matrix-torch-<V>` (nox's own name for gpu_matrix's venv of that version,
+made by nox's own virtualenv class), so a version the matrix installed is reused and one bisect
+installs is reused by the matrix, and both share the wheelhouse of torch_install.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+from torchmatrix.env.component_requirements import RECORD_VARIABLE, install_requirements
+from torchmatrix.env.self_install import install_arguments
+from torchmatrix.env.torch_install import InstallResult, install_torch
+from torchmatrix.matrix.config import Matrix
+
+STAMP_NAME = "torchmatrix-installed.json"
+
+
+class VersionVenv:
+    """The few nox Session methods torch_install and component_requirements call, over one venv."""
+
+    venv_backend = "virtualenv"
+
+    def __init__(self, envdir: Path, version: str, env: dict[str, str]):
+        from nox.sessions import _normalize_path
+        from nox.virtualenv import VirtualEnv
+
+        self.virtualenv = VirtualEnv(
+            _normalize_path(str(envdir), f"gpu_matrix(torch={version!r})"), reuse_existing=True
+        )
+        self.env = dict(env)
+
+    @property
+    def location(self) -> Path:
+        return Path(self.virtualenv.location)
+
+    @property
+    def python(self) -> Path:
+        return Path(self.virtualenv.bin) / "python"
+
+    def environment(self) -> dict[str, str]:
+        """This process's environment as nox gives it to a session of this venv: VIRTUAL_ENV set,
+        CONDA_PREFIX dropped, the bin directory first on PATH, the version's own variables."""
+        merged = {**os.environ, **self.virtualenv.env, **self.env}
+        merged["PATH"] = os.pathsep.join([self.virtualenv.bin, merged.get("PATH", "")])
+        return {key: value for key, value in merged.items() if value is not None}
+
+    def run_install(self, *args: str, **options):
+        """Run a command with the venv's bin first on PATH (as nox's session.run_install does)."""
+        import nox.command
+
+        options.setdefault("log", False)
+        return nox.command.run(
+            list(args), env=self.environment(), paths=self.virtualenv.bin_paths, external=True, **options
+        )
+
+    def install(self, *args: str, **options):
+        return self.run_install("python", "-m", "pip", "install", *args, **options)
+
+
+def prepare_venv(matrix: Matrix, envdir: Path, version: str, logs: Path) -> tuple[VersionVenv, InstallResult, bool]:
+    """Create or reuse torch `version`'s venv and install into it what gpu_matrix installs: torch as
+    `[torch.install."V"]` says, this torchmatrix, `[requires]`. A venv whose stamp says the same
+    was installed before is reused as it is (nothing is downloaded or installed twice); the last
+    value says whether it was."""
+    install = matrix.install(version)
+    venv = VersionVenv(envdir, version, install.env)
+    venv.env[RECORD_VARIABLE] = str(venv.location / "torchmatrix-requires.json")
+    wanted = {
+        "torch": version,
+        "install": [install.index_url, list(install.requirements), list(install.constraints)],
+        "torchmatrix": install_arguments(),
+        "requires": {key: list(value) for key, value in sorted(matrix.requires.items())},
+    }
+    created = venv.virtualenv.create()
+    stamp = venv.location / STAMP_NAME
+    if not created and _read_stamp(stamp) == wanted:
+        return venv, InstallResult(True), True
+    stamp.unlink(missing_ok=True)
+    logs.mkdir(parents=True, exist_ok=True)
+    installed = install_torch(venv, version, install, logs / "install.log")
+    if not installed.ok:
+        return venv, installed, False
+    venv.install(*install_arguments(), silent=True, stderr=subprocess.STDOUT)
+    if matrix.requires:
+        install_requirements(venv, matrix.requires, install.constraints, logs / "requires.log")
+    stamp.write_text(json.dumps(wanted))
+    return venv, installed, False
+
+
+def _read_stamp(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None

@@ -1,0 +1,1 @@
+"""Standalone reproducers of confirmed failures, for reports upstream."""

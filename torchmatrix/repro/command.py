@@ -1,0 +1,214 @@
+"""`torchmatrix repro RUN TEST_ID`: one directory an upstream maintainer can act on for one
+confirmed failure: repro.py (the suite's check for that cell, with everything it imports from
+this project inlined, ranks started by torch.multiprocessing.spawn), the command, the cell, the
+torch build, `python -m torch.utils.collect_env` from that torch's venv, and a README laid out as
+an upstream bug report."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import pprint
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from torchmatrix.matrix.config import load_matrix
+from torchmatrix.reports.records import RunResults, TestRecord
+from torchmatrix.reports.reproducible import failure_id, is_reproducible
+from torchmatrix.reports.run_reader import load_results
+from torchmatrix.repro.inlining import inline_check
+from torchmatrix.status import Status
+
+SCRIPT_NAME = "repro.py"
+COLLECT_ENV_SECONDS = 300
+FAILURE_TEXT_LINES = 60
+PLACEHOLDERS = ("CHECK: dict = {}", "SOURCES: dict = {}")
+
+
+class ReproError(Exception):
+    """No such failure in the run, or a run without its matrix; the message says what to pass."""
+
+
+def write_reproducer(
+    run_dir: Path, wanted: str, *, out: Path | None = None, python: str | None = None, config: str | None = None
+) -> Path:
+    """Write the reproducer directory of the failure `wanted` names; return its path."""
+    results = load_results(run_dir)
+    record = _find(results, wanted)
+    matrix = load_matrix(config or results.matrix_path or "matrix.toml")
+    cell = next((c for c in matrix.cells() if c.id == record.run_cell), None)
+    if cell is None or record.suite not in matrix.suites:
+        raise ReproError(
+            f"{matrix.path} has no cell {record.run_cell} with suite {record.suite}; pass --config with the run's matrix"
+        )
+    suite = matrix.suites[record.suite]
+    sources, suite_file = inline_check(matrix.root / suite.path, list(matrix.components.values()), matrix.root)
+    info = next(v for v in results.versions if v.torch == record.torch)
+    device = "cuda" if info.device.startswith("cuda") else "cpu"
+    check = {
+        "suite": record.suite,
+        "test": record.test,
+        "suite_file": suite_file,
+        "cell_id": cell.id,
+        "cell": cell.to_json(),
+        "world_size": cell.world_size,
+        "device": device,
+        "timeout": suite.timeout,
+        "options": dict(suite.options),
+        "components": dict(matrix.components),
+    }
+    out = out or run_dir / "repro" / re.sub(r"[^\w.-]+", "_", failure_id(record)).strip("_")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / SCRIPT_NAME).write_text(script_text(check, sources, record, info.build or record.torch))
+    command = f"python {SCRIPT_NAME}"
+    (out / "command.txt").write_text(command + "\n")
+    (out / "cell.json").write_text(json.dumps({"id": cell.id, **cell.to_json()}, indent=2) + "\n")
+    collect_env = _collect_env(python or _venv_python(matrix.root, record.torch))
+    (out / "collect_env.txt").write_text(collect_env)
+    passing = _passing_versions(results, record, run_dir)
+    (out / "README.md").write_text(readme(record, info, cell.id, command, passing, collect_env))
+    return out
+
+
+def _find(results: RunResults, wanted: str) -> TestRecord:
+    failures = [r for r in results.tests if is_reproducible(r)]
+    for record in failures:
+        if failure_id(record) == wanted:
+            return record
+    known = ", ".join(failure_id(r) for r in failures[:5]) or "none"
+    raise ReproError(
+        f"{wanted!r} is not a confirmed failure of run {results.run_id}; write TORCH/CELL/SUITE::TEST, one of: {known}"
+    )
+
+
+def script_text(check: dict, sources: dict[str, str], record: TestRecord, build: str) -> str:
+    """repro.py: what it reproduces, CHECK, the inlined SOURCES, then the harness."""
+    runtime = Path(importlib.util.find_spec("torchmatrix.repro.harness").origin).read_text()
+    docstring_end = runtime.index('"""', 3) + 3
+    body = runtime[docstring_end:]
+    for placeholder in PLACEHOLDERS:
+        body = "\n".join(line for line in body.splitlines() if not line.startswith(placeholder))
+    inlined = "\n".join(f"SOURCES[{path!r}] = {_literal(text)}\n" for path, text in sources.items())
+    return "\n".join(
+        [
+            "#!/usr/bin/env python3",
+            f'"""{record.suite}::{record.test} fails in cell {check["cell_id"]} (world size {check["world_size"]}, '
+            f"{check['device']}) on torch {build}.",
+            "",
+            f"Root cause: {record.message}",
+            "",
+            f"Run: python {SCRIPT_NAME}    (needs torch, pytest and what the components import; not torchmatrix)",
+            "The check is the suite's test, unchanged; the modules it imports from the project that found it",
+            "are inlined below (SOURCES) and written to a temporary directory when the script runs.",
+            '"""',
+            "",
+            f"CHECK = {pprint.pformat(check, width=100, sort_dicts=False)}",
+            "",
+            "SOURCES = {}",
+            inlined,
+            body.strip("\n"),
+            "",
+            "",
+            'if __name__ == "__main__":',
+            "    main()",
+            "",
+        ]
+    )
+
+
+def _literal(text: str) -> str:
+    """A readable string literal: raw triple-quoted where the text allows it."""
+    if "'''" not in text and not text.endswith("\\"):
+        return f"r'''{text}'''"
+    return repr(text)
+
+
+def _venv_python(matrix_root: Path, version: str) -> str:
+    """The gpu_matrix venv's python of `version` (where nox put it), else this interpreter."""
+    if importlib.util.find_spec("nox") is None:
+        return sys.executable
+    from torchmatrix.env.version_venv import VersionVenv
+
+    venv = VersionVenv(matrix_root / ".nox", version, {})
+    return str(venv.python) if venv.python.is_file() else sys.executable
+
+
+def _collect_env(python: str) -> str:
+    try:
+        done = subprocess.run(
+            [python, "-m", "torch.utils.collect_env"], capture_output=True, text=True, timeout=COLLECT_ENV_SECONDS
+        )
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"python -m torch.utils.collect_env with {python} did not finish: {error}\n"
+    return f"# {python} -m torch.utils.collect_env\n{done.stdout}{done.stderr}"
+
+
+def _passing_versions(results: RunResults, record: TestRecord, run_dir: Path) -> list[str]:
+    """Where the same test in the same cell passed: this run's other versions, and bisect steps next to it."""
+    passing = [
+        f"{r.torch} (this run)"
+        for r in results.tests
+        if (r.suite, r.test, r.run_cell) == (record.suite, record.test, record.run_cell) and r.status is Status.PASSED
+    ]
+    for report in sorted(run_dir.glob("bisect-*/bisect.json")):
+        for regression in json.loads(report.read_text()).get("regressions", []):
+            if (regression["suite"], regression["test"], regression["cell"]) == (
+                record.suite,
+                record.test,
+                record.run_cell,
+            ):
+                if regression["first_bad"]:
+                    passing.append(
+                        f"{regression['last_good']} (bisect: the last good release; {regression['first_bad']} is the first bad)"
+                    )
+    return passing
+
+
+def readme(record: TestRecord, info, cell_id: str, command: str, passing: list[str], collect_env: str) -> str:
+    text = record.text.strip().splitlines()
+    excerpt = "\n".join(text[:FAILURE_TEXT_LINES] + (["..."] if len(text) > FAILURE_TEXT_LINES else []))
+    return "\n".join(
+        [
+            f"# {record.suite}::{record.test} fails on torch {info.build or record.torch}",
+            "",
+            "## What was expected",
+            "",
+            f"The check passes{', as it does on torch ' + ', '.join(passing) if passing else ''}.",
+            "",
+            "## What happened",
+            "",
+            f"On torch {info.build or record.torch} ({info.device}) it {record.status.value}, and failed again when re-run alone:",
+            "",
+            "```",
+            excerpt,
+            "```",
+            "",
+            "## Root cause",
+            "",
+            f"`{record.message}`",
+            "",
+            "## Reproduce",
+            "",
+            "Needs torch, pytest and what the components import; not torchmatrix:",
+            "",
+            "```shell",
+            command,
+            "```",
+            "",
+            f"Cell `{cell_id}` (cell.json), world size from the cell; the ranks start with torch.multiprocessing.spawn on gloo (nccl for CUDA).",
+            "",
+            "## Versions",
+            "",
+            f"- fails: torch {info.build or record.torch}, git {info.git_version or 'unknown'}, CUDA {info.cuda_version or 'none'}, device {info.device}",
+            *(f"- passes: torch {version}" for version in passing),
+            "",
+            "## Environment",
+            "",
+            "```",
+            collect_env.strip(),
+            "```",
+            "",
+        ]
+    )
