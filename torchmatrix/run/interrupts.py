@@ -28,6 +28,13 @@ class Interrupts:
         return self
 
     def __exit__(self, *exc) -> None:
+        if self.interrupted:
+            # The process is on its way out with 130. A late signal (the second of two quick Ctrl-C) must
+            # not kill it before its output is flushed: Python's own handler, or the SIG_DFL that
+            # interpreter shutdown puts back for it, would. An ignored signal stays ignored to the end.
+            for signum in SIGNALS:
+                signal.signal(signum, signal.SIG_IGN)
+            return
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
 

@@ -138,11 +138,12 @@ def run_version(request: RunRequest, stream=sys.stdout) -> int:
     Whatever stops it (Ctrl-C, SIGTERM, a full disk), every planned cell is in the reports, and no
     process it started outlives it."""
     adopt_orphans()
-    try:
-        with Interrupts() as interrupts:
+    with Interrupts() as interrupts:
+        try:
             return _run_version(request, stream, interrupts)
-    finally:
-        kill_leftovers()
+        finally:
+            interrupts.writing_reports()  # a signal during the sweep below only says so
+            kill_leftovers()
 
 
 def _run_version(request: RunRequest, stream, interrupts: Interrupts) -> int:
