@@ -504,7 +504,7 @@ def _report(run_dir: Path, config: str | None = None, *, check_upgrade: bool = F
     print(f"torchmatrix: wrote {', '.join(str(path) for path in written)}")
     run = load_run(run_dir.resolve(), config)
     print(closing_lines(run, run_dir.resolve()))
-    unclean = [diff for diff in upgrade_diffs(run) if not diff.clean]
+    unclean = [diff for diff in upgrade_diffs(run) if diff.fails]
     for diff in unclean if check_upgrade else []:
         print(f"torchmatrix: upgrade diff {diff.before} → {diff.after} is not clean; see the summary", file=sys.stderr)
     return 1 if check_upgrade and unclean else 0

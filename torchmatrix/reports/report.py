@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 from torchmatrix.matrix.config import ConfigError, Matrix, load_matrix
@@ -63,8 +62,7 @@ def compare_markdown(run_a: Path, run_b: Path) -> tuple[str, bool]:
     markdown += "\n\n".join(summary_md.diff_section(diff) for diff in diffs) + "\n"
     markdown += "".join(f"\n{summary_md.checkpoints_section(pair)}\n" for pair in directions if pair)
     broken = any(direction.broken for pair in directions for direction in pair)
-    # Not clean fails compare, except for newly skipped tests: listed, but a skip is not a regression.
-    return markdown, broken or any(not replace(diff, newly_skipped=[]).clean for diff in diffs)
+    return markdown, broken or any(diff.fails for diff in diffs)
 
 
 def load_run(path: Path, config: str | None = None) -> RunResults:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from statistics import median
 
 from torchmatrix.matrix.config import ReportSettings
@@ -196,6 +196,12 @@ class UpgradeDiff:
         unknown = [c for c in self.unconfirmed if c.failing.confirmation != Confirmation.PASSED_ALONE]
         broken = any(direction.broken for direction in self.checkpoints)
         return not (self.regressions or unknown or self.drift or self.slowdowns or self.newly_skipped or broken)
+
+    @property
+    def fails(self) -> bool:
+        """What `compare` and `report --check-upgrade` exit 1 on: anything that is not clean but newly
+        skipped tests, which are listed (a CPU-simulation limit is one) but are no regression."""
+        return not replace(self, newly_skipped=[]).clean
 
     def to_json(self) -> dict:
         return {
