@@ -42,12 +42,12 @@ def test_writes_checkpoint_for_other_versions(cell, ranks, suite_options, compon
 
 def restorable(run: TrainingRun) -> dict:
     """What a load must restore, as this rank sees it: full parameters, its optimizer state,
-    param groups, scheduler, the loader's next batch and the RNG streams."""
+    param groups, scheduler, the loader's next batches (across an epoch boundary) and the RNG streams."""
     snapshot = run.state_snapshot()
     return neutral({key: snapshot[key] for key in RESTORED})
 
 
-RESTORED = ("parameters", "optimizer_state", "param_groups", "scheduler", "next_batch", "rng")
+RESTORED = ("parameters", "optimizer_state", "param_groups", "scheduler", "next_batches", "rng")  # state_snapshot's keys
 
 
 def train_and_save(cell: dict, options: dict, components: dict, data_path: str, checkpoint_dir: str) -> dict:
