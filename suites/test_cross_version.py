@@ -47,7 +47,14 @@ def restorable(run: TrainingRun) -> dict:
     return neutral({key: snapshot[key] for key in RESTORED})
 
 
-RESTORED = ("parameters", "optimizer_state", "param_groups", "scheduler", "next_batches", "rng")  # state_snapshot's keys
+RESTORED = (
+    "parameters",
+    "optimizer_state",
+    "param_groups",
+    "scheduler",
+    "next_batches",
+    "rng",
+)  # state_snapshot's keys
 
 
 def train_and_save(cell: dict, options: dict, components: dict, data_path: str, checkpoint_dir: str) -> dict:
