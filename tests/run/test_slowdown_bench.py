@@ -14,7 +14,7 @@ from conftest import REPO, checkout_env
 pytestmark = pytest.mark.slow
 
 
-def test_the_tiny_bench_flags_the_costlier_suite_and_not_the_busy_machine():
+def test_the_tiny_bench_runs_both_comparisons_and_judges():
     done = subprocess.run(
         [sys.executable, str(REPO / "bench" / "slowdown_under_load.py"), "--tiny", "--hogs", "4"],
         env=checkout_env(),
