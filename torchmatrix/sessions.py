@@ -258,11 +258,12 @@ def bisect(session, matrix: Matrix) -> None:
 
 def tests(session, torch_version: str) -> None:
     """The project's own tests, in parallel with pytest-xdist, against the baseline torch; torchtitan
-    for tests/suites/test_torchtitan_example.py is its minimal set, --no-deps (30 s, not 2.5 min)."""
+    for tests/suites/test_torchtitan_example.py is its minimal set, --no-deps (30 s, not 2.5 min).
+    The 25 slowest tests are listed at the end, so a CI log shows where its time went."""
     torch = [] if torch_version == "system" else [f"torch=={torch_version}", "numpy"]
     session.install("-e", f"{PROJECT}[test]", *torch)
     session.install("--no-deps", "-r", str(TORCHTITAN_MINIMAL))
-    session.run("python", "-m", "pytest", "-n", "auto", *session.posargs)
+    session.run("python", "-m", "pytest", "-n", "auto", "--durations=25", *session.posargs)
 
 
 def lint(session) -> None:
