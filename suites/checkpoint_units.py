@@ -1,0 +1,144 @@
+"""The grad-ckpt suite's own view of activation checkpointing: it instruments
+``torch.utils.checkpoint.checkpoint`` wherever a loaded module holds it, so recompute is counted
+per checkpoint unit (a module, a module's method, or any function) without the model reporting it,
+and the mutable containers forward hands to those units (a KV cache kept in a local variable) are
+observed: the cache hook."""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+import torch.utils.checkpoint
+from torch import nn
+
+from torchmatrix.testing import clean_name
+
+CONTAINER_EXCLUDED = (torch.Tensor, nn.Module, type, tuple, str, bytes)
+
+
+@dataclass
+class Unit:
+    """One checkpoint unit as forward called it: how often its function ran in forward and again in backward."""
+
+    function: object
+    base: object
+    order: int
+    forward_runs: int = 0
+    reruns: int = 0
+
+
+@dataclass
+class CheckpointUnits:
+    """What the instrumented ``checkpoint`` saw during a step: its units and the containers passed to them."""
+
+    units: dict[tuple, Unit] = field(default_factory=dict)
+    containers: list[tuple[str, object]] = field(default_factory=list)
+    _calls_this_forward: dict[object, int] = field(default_factory=dict)
+
+    def next_forward(self) -> None:
+        """A new forward of the model begins: call order restarts, so unit names repeat per forward."""
+        self._calls_this_forward.clear()
+
+    def wrap(self, function, args: tuple, kwargs: dict):
+        """``function`` counting its runs, its unit noted, the mutable containers among its arguments kept."""
+        base = function.__self__ if inspect.ismethod(function) else function
+        key_base = (id(base), getattr(function, "__name__", None))
+        order = self._calls_this_forward.get(key_base, 0)
+        self._calls_this_forward[key_base] = order + 1
+        unit = self.units.setdefault((key_base, order), Unit(function, base, order))
+        self._note_containers(function, args, kwargs)
+        ran = [False]
+
+        def counted(*inner_args, **inner_kwargs):
+            if ran[0]:
+                unit.reruns += 1
+            else:
+                ran[0] = True
+                unit.forward_runs += 1
+            return function(*inner_args, **inner_kwargs)
+
+        return counted
+
+    def _note_containers(self, function, args: tuple, kwargs: dict) -> None:
+        try:
+            bound = inspect.signature(function).bind_partial(*args, **kwargs).arguments
+        except (TypeError, ValueError):
+            bound = {**{f"argument {index}": value for index, value in enumerate(args)}, **kwargs}
+        for name, value in bound.items():
+            if not isinstance(value, CONTAINER_EXCLUDED) and (
+                isinstance(value, (dict, list)) or hasattr(value, "__dict__")
+            ):
+                if all(value is not seen for _, seen in self.containers):
+                    self.containers.append((name, value))
+
+    def calls(self, model: nn.Module) -> dict[str, int]:
+        """Unit name -> how often its function ran, in forward and again in backward.
+        A unit is named by its module path (``layers.3``), module path and method (``layers.3._forward``),
+        or qualified name (``PrefixSuffix._run_layer``), with ``#n`` (call order in one forward) when
+        forward calls it more than once."""
+        names = {id(module): clean_name(name) for name, module in model.named_modules()}
+        counts: dict[str, int] = {}
+        repeated = {key_base for key_base, order in self.units if order > 0}
+        for (key_base, order), unit in self.units.items():
+            name = unit_name(unit, names)
+            if key_base in repeated:
+                name = f"{name}#{order}"
+            counts[name] = unit.forward_runs + unit.reruns
+        return counts
+
+
+def unit_name(unit: Unit, names: dict[int, str]) -> str:
+    """Module path for a module, module path and method name for a bound method of a submodule,
+    the qualified name otherwise (a function, a method of the model's root or of a non-module)."""
+    path = names.get(id(unit.base))
+    function_name = getattr(unit.function, "__name__", None)
+    if path and unit.base is not unit.function:
+        return f"{path}.{function_name}"
+    if path:
+        return path
+    return getattr(unit.function, "__qualname__", None) or type(unit.function).__qualname__
+
+
+ORIGINAL_CHECKPOINT = torch.utils.checkpoint.checkpoint
+
+
+def modules_holding_checkpoint() -> list[tuple[object, str]]:
+    """(module, attribute) wherever a loaded module holds ``torch.utils.checkpoint.checkpoint``:
+    torch's own, its checkpoint wrapper, transformers', and the user's ``from ... import checkpoint``."""
+    holders = []
+    for module in list(sys.modules.values()):
+        namespace = getattr(module, "__dict__", None)
+        if not isinstance(namespace, dict) or module is sys.modules[__name__]:
+            continue
+        holders += [(module, name) for name, value in list(namespace.items()) if value is ORIGINAL_CHECKPOINT]
+    return holders
+
+
+@contextmanager
+def counted_checkpoints():
+    """Within the block, every call of ``torch.utils.checkpoint.checkpoint`` through a loaded module's
+    reference counts its unit's runs and notes its containers, in the ``CheckpointUnits`` yielded."""
+    seen = CheckpointUnits()
+
+    def checkpoint(function, *args, **kwargs):
+        plain_args = tuple(args)
+        plain_kwargs = {k: v for k, v in kwargs.items() if k not in CHECKPOINT_OPTIONS}
+        return ORIGINAL_CHECKPOINT(seen.wrap(function, plain_args, plain_kwargs), *args, **kwargs)
+
+    holders = modules_holding_checkpoint()
+    for module, name in holders:
+        setattr(module, name, checkpoint)
+    try:
+        yield seen
+    finally:
+        for module, name in holders:
+            setattr(module, name, ORIGINAL_CHECKPOINT)
+
+
+CHECKPOINT_OPTIONS = frozenset(
+    {"use_reentrant", "context_fn", "determinism_check", "debug", "preserve_rng_state", "early_stop"}
+)
