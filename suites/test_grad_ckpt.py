@@ -216,7 +216,7 @@ def cache_contents(caches: dict) -> tuple[dict[str, torch.Tensor], dict[str, obj
     """The caches (name -> any pytree: dicts, lists, tuples, dataclasses, objects such as transformers'
     ``DynamicCache``) flattened to their tensors and their non-tensor state (int counters, lengths,
     flags), each by path: ``past_key_values[0][1]``, ``cache[0]['key_states']``,
-    ``len(past_key_values.layers)``. A tensor reachable by two paths is named by the first."""
+    ``len(past_key_values.layers)``. A container reachable by two paths is walked under the first."""
     tensors: dict[str, torch.Tensor] = {}
     state: dict[str, object] = {}
     seen: set[int] = set()
@@ -227,9 +227,7 @@ def cache_contents(caches: dict) -> tuple[dict[str, torch.Tensor], dict[str, obj
         elif isinstance(value, (torch.dtype, torch.device)):
             state[path] = str(value)
         elif isinstance(value, torch.Tensor):
-            if id(value) not in seen:
-                seen.add(id(value))
-                tensors[path] = value
+            tensors[path] = value
         elif isinstance(value, OPAQUE) or depth > CACHE_STATE_DEPTH or id(value) in seen:
             return
         else:
