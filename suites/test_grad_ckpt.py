@@ -50,7 +50,7 @@ from torchmatrix.testing import clean_name, current_device, load
 
 from .checkpoint_units import CheckpointUnits, counted_checkpoints
 from .deterministic import deterministic_algorithms
-from .model_output import cache_on, loss_of
+from .model_output import cache_on, call_model, loss_of
 from .optimizer_state import plain_equal
 from .ulp import bits_equal, ulp_distance
 
@@ -591,7 +591,7 @@ def train_step(
         with failing_stage(cell, f"forward {mode} activation checkpointing"), inner_output(model) as seen:
             for batch in batches:
                 units.next_forward()
-                losses.append(loss_of(model(**batch)))
+                losses.append(loss_of(call_model(model, batch)))
         loss = losses[0] if len(losses) == 1 else torch.stack(losses).sum()
         forward_drew_random_numbers = rng_states() != rng_before_forward
         caches, cache_source = found_caches(seen["output"], units)
