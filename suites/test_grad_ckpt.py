@@ -50,7 +50,7 @@ from torchmatrix.testing import clean_name, current_device, load
 
 from .checkpoint_units import CheckpointUnits, counted_checkpoints
 from .deterministic import deterministic_algorithms
-from .model_output import cache_on, loss_of
+from .model_output import cache_on, call_model, loss_of
 from .optimizer_state import plain_equal
 from .ulp import bits_equal, ulp_distance
 
@@ -216,7 +216,7 @@ def cache_contents(caches: dict) -> tuple[dict[str, torch.Tensor], dict[str, obj
     """The caches (name -> any pytree: dicts, lists, tuples, dataclasses, objects such as transformers'
     ``DynamicCache``) flattened to their tensors and their non-tensor state (int counters, lengths,
     flags), each by path: ``past_key_values[0][1]``, ``cache[0]['key_states']``,
-    ``len(past_key_values.layers)``. A tensor reachable by two paths is named by the first."""
+    ``len(past_key_values.layers)``. A container reachable by two paths is walked under the first."""
     tensors: dict[str, torch.Tensor] = {}
     state: dict[str, object] = {}
     seen: set[int] = set()
@@ -227,9 +227,7 @@ def cache_contents(caches: dict) -> tuple[dict[str, torch.Tensor], dict[str, obj
         elif isinstance(value, (torch.dtype, torch.device)):
             state[path] = str(value)
         elif isinstance(value, torch.Tensor):
-            if id(value) not in seen:
-                seen.add(id(value))
-                tensors[path] = value
+            tensors[path] = value
         elif isinstance(value, OPAQUE) or depth > CACHE_STATE_DEPTH or id(value) in seen:
             return
         else:
@@ -593,7 +591,7 @@ def train_step(
         with failing_stage(cell, f"forward {mode} activation checkpointing"), inner_output(model) as seen:
             for batch in batches:
                 units.next_forward()
-                losses.append(loss_of(model(**batch)))
+                losses.append(loss_of(call_model(model, batch)))
         loss = losses[0] if len(losses) == 1 else torch.stack(losses).sum()
         forward_drew_random_numbers = rng_states() != rng_before_forward
         caches, cache_source = found_caches(seen["output"], units)

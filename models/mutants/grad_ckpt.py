@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
+from ..function_units import DictCachePrefixLayer, FunctionUnitDecoder, build_function_unit_model
 from ..transformer import (
     DecoderConfig,
     DecoderOutput,
@@ -313,3 +314,58 @@ def no_cache_no_dropout_model(
     variant must skip saying so; everything else must pass."""
     config = DecoderConfig(attn=str(cell["attn"]), sdpa_backend=cell.get("sdpa_backend"))
     return CachelessDecoder(config).to(dtype)
+
+
+class HistoryKeepingDictPrefixLayer(DictCachePrefixLayer):
+    """Keeps every keys tensor it wrote in its dict entry's ``"history"`` list and attends over the
+    latest: forward leaves one, recompute appends a second to the cache forward never returned, so
+    only the cache hook can see it (gradients and losses are unchanged)."""
+
+    def keys_values(self, cache: dict, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
+        history = cache.get(self.layer_idx, {}).get("history", [])
+        cache[self.layer_idx] = {"key_states": key, "value_states": value, "history": [*history, key]}
+        return key, value
+
+
+class RngForgettingFunctionUnitDecoder(FunctionUnitDecoder):
+    """Checkpoints its function unit with ``preserve_rng_state=False``: recompute draws new dropout masks."""
+
+    def run_layer(self, i: int, hidden: Tensor, cache: dict) -> Tensor:
+        if self.gradient_checkpointing and self.training:
+            return checkpoint(self._run_layer, i, hidden, cache, use_reentrant=False, preserve_rng_state=False)
+        return self._run_layer(i, hidden, cache)
+
+
+class RunCountingFunctionUnitDecoder(FunctionUnitDecoder):
+    """Counts layer runs in a plain int on the model inside the function unit, recompute included."""
+
+    def __init__(self, config: DecoderConfig, **layers) -> None:
+        super().__init__(config, **layers)
+        self.layer_runs = 0
+
+    def _run_layer(self, i: int, hidden: Tensor, cache: dict) -> Tensor:
+        self.layer_runs += 1
+        return super()._run_layer(i, hidden, cache)
+
+
+def hidden_cache_history_model(
+    cell: Mapping[str, object], *, dropout: float = 0.0, dtype: torch.dtype = torch.float32
+) -> FunctionUnitDecoder:
+    """Model factory: function units over a dict-of-dicts cache never returned; recompute appends to it."""
+    return build_function_unit_model(cell, dropout=dropout, dtype=dtype, prefix_layer=HistoryKeepingDictPrefixLayer)
+
+
+def function_unit_rng_forgetting_model(
+    cell: Mapping[str, object], *, dropout: float = 0.0, dtype: torch.dtype = torch.float32
+) -> FunctionUnitDecoder:
+    """Model factory: the function unit's checkpoint does not replay the RNG for recompute."""
+    config = DecoderConfig(attn=str(cell["attn"]), sdpa_backend=cell.get("sdpa_backend"), dropout=dropout)
+    return RngForgettingFunctionUnitDecoder(config).to(dtype)
+
+
+def function_unit_counter_model(
+    cell: Mapping[str, object], *, dropout: float = 0.0, dtype: torch.dtype = torch.float32
+) -> FunctionUnitDecoder:
+    """Model factory: the function unit bumps an int on the model on every run, recompute included."""
+    config = DecoderConfig(attn=str(cell["attn"]), sdpa_backend=cell.get("sdpa_backend"), dropout=dropout)
+    return RunCountingFunctionUnitDecoder(config).to(dtype)

@@ -83,10 +83,17 @@ COMPONENTS: tuple[Component, ...] = (
             Argument("dropout", "dropout probability; dtensor_optim leaves it out, so default it to 0.0", SOME),
         ),
         returns=(
-            "an nn.Module on the CPU, its parameters drawn from the global RNG (the suites seed it first), with "
-            "`decoder_layers()` (the checkpointing and sharding units) and `body_calls()` (layer -> how often its "
-            "body ran); `model(tokens)` (resume, the loader's batch) and `model(**batch)` return an output with "
-            "`.loss` and (grad_ckpt) `.past_key_values`, a mapping layer -> tuple of tensors the layers wrote"
+            "an nn.Module on the CPU, its parameters drawn from the global RNG (the suites seed it first); "
+            "`model(tokens)` (resume, the loader's batch) and `model(**batch)` return the loss as a tensor, a "
+            "tuple's first element, a dict's `\"loss\"` or `.loss`. grad_ckpt finds the KV cache, any pytree of "
+            "tensors and plain values (dicts, lists, dataclasses, transformers' `DynamicCache`), on the output's "
+            "`past_key_values`, else through the cache hook: the containers forward hands to its checkpointed "
+            "units (`checkpoint(self._run_layer, i, hidden, cache)`), so the cache need not be returned. Optional: "
+            "`body_calls()` (layer -> how often its body ran; without it grad_ckpt counts each checkpoint unit's "
+            "runs by instrumenting `torch.utils.checkpoint.checkpoint`), `compute_dtype` (the torch.dtype it "
+            "computes in when that is not its parameters', e.g. bf16 under autocast: grad_ckpt compares and labels "
+            "at that precision), `decoder_layers()` (the checkpointing and sharding units; only the reference "
+            "`parallelize` needs it)"
         ),
         suites=(GRAD_CKPT, RESUME, DTENSOR_OPTIM),
     ),
@@ -99,7 +106,10 @@ COMPONENTS: tuple[Component, ...] = (
             Argument("seed", "seed for this rank's batch; use a torch.Generator, not the global RNG"),
             Argument("device", "torch.device of this rank"),
         ),
-        returns="a dict of keyword arguments for `model(**batch)`",
+        returns=(
+            "a dict of keyword arguments for `model(**batch)`; grad_ckpt also takes a tuple (`model(*batch)`) "
+            "or a tensor (`model(batch)`)"
+        ),
         suites=(GRAD_CKPT, DTENSOR_OPTIM),
     ),
     Component(
@@ -123,7 +133,11 @@ COMPONENTS: tuple[Component, ...] = (
                 OPTIONAL,
             ),
         ),
-        returns='the model on `device`, wrapped as `cell["fsdp"]` says (none | fsdp1 | fsdp2), checkpointing switched as asked',
+        returns=(
+            'the model on `device`, wrapped as `cell["fsdp"]` says (none | fsdp1 | fsdp2), checkpointing switched '
+            "as asked, in the stack's own way (its flag, `checkpoint_wrapper`, `torch.utils.checkpoint` in forward): "
+            "grad_ckpt counts the checkpoint units itself"
+        ),
         suites=(GRAD_CKPT, RESUME, DTENSOR_OPTIM),
     ),
     Component(
