@@ -117,32 +117,6 @@ class Checkpointer:
         return f"rng_rank{dist.get_rank() if dist.is_initialized() else 0}"
 
 
-class BoundCheckpointer:
-    """The `checkpointer` component in its bound form, as a training stack's checkpoint manager is
-    written: built once with the directory, the training objects and the process group it saves and
-    loads over, then `save(step)` and `load()`.
-
-    It keeps rank 0's RNG states for every rank (one `rng` key), as managers of stacks that seed
-    their data-parallel replicas alike do: right under the resume suite's `seeding = "replicated"`,
-    and world-size free, so the same checkpoint loads into another number of ranks. Besides the step,
-    `save` and `load` return `tokens_seen`, the extra state a manager keeps of its trainer's progress.
-    """
-
-    def __init__(self, directory: str, *, model, optimizer, scheduler, loader, process_group=None):
-        self.directory = directory
-        self.objects = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "loader": loader}
-        self.pieces = ReplicatedRngCheckpointer()
-        self.pieces.process_group = process_group
-
-    def save(self, step: int) -> dict:
-        self.pieces.save(self.directory, step=step, **self.objects)
-        return {"tokens_seen": self.pieces.tokens_seen(self.objects["loader"])}
-
-    def load(self) -> dict:
-        progress = self.pieces.restore(self.directory, **self.objects)
-        return {"step": int(progress["step"]), "tokens_seen": int(progress["tokens_seen"])}
-
-
 class ReplicatedRngCheckpointer(Checkpointer):
     """The reference checkpoint with one copy of the RNG states, rank 0's, and the tokens the
     loader has read in its progress."""
@@ -163,9 +137,39 @@ class ReplicatedRngCheckpointer(Checkpointer):
         return {**super().progress_state(scheduler, loader, step), "tokens_seen": self.tokens_seen(loader)}
 
     def tokens_seen(self, loader) -> int:
-        """Tokens every rank together has read: the loader's global batches times their tokens."""
+        """Tokens every rank together has read: the loader's global batches times their tokens (0 for
+        a loader that does not say its batch size and dataset)."""
         group_size = dist.get_world_size(self.process_group) if dist.is_initialized() else 1
-        return loader.state_dict()["position"] * getattr(loader, "batch_size", 1) * group_size
+        per_batch = getattr(loader, "batch_size", 0) * getattr(getattr(loader, "dataset", None), "seq_len", 0)
+        return loader.state_dict()["position"] * per_batch * group_size
+
+
+class BoundCheckpointer:
+    """The `checkpointer` component in its bound form, as a training stack's checkpoint manager is
+    written: built once with the directory, the training objects and the process group it saves and
+    loads over, then `save(step)` and `load()`.
+
+    It keeps rank 0's RNG states for every rank (one `rng` key), as managers of stacks that seed
+    their data-parallel replicas alike do: right under the resume suite's `seeding = "replicated"`,
+    and world-size free, so the same checkpoint loads into another number of ranks. Besides the step,
+    `save` and `load` return `tokens_seen`, the extra state a manager keeps of its trainer's progress.
+    """
+
+    pieces_class = ReplicatedRngCheckpointer
+
+    def __init__(self, directory: str, *, model, optimizer, scheduler, loader, process_group=None):
+        self.directory = directory
+        self.objects = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "loader": loader}
+        self.pieces = self.pieces_class()
+        self.pieces.process_group = process_group
+
+    def save(self, step: int) -> dict:
+        self.pieces.save(self.directory, step=step, **self.objects)
+        return {"tokens_seen": self.pieces.tokens_seen(self.objects["loader"])}
+
+    def load(self) -> dict:
+        progress = self.pieces.restore(self.directory, **self.objects)
+        return {"step": int(progress["step"]), "tokens_seen": int(progress["tokens_seen"])}
 
 
 def capture_rng_state() -> dict:
