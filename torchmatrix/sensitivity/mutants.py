@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import types
+from collections.abc import Mapping
 from pathlib import Path
 
 from torchmatrix.components.calling import accepts
@@ -168,7 +169,7 @@ def counts_body_runs_in_buffer(inner: str):
         import torch
 
         model = load(inner)(cell, **kwargs)
-        for layer in model.decoder_layers():
+        for layer in _layers(model):
             layer.register_buffer("mutant_body_runs", torch.zeros((), dtype=torch.int64))
 
             def bump(module, args, layer=layer):
@@ -194,18 +195,19 @@ def counts_body_runs_on_cache(inner: str):
             _note_if_recomputing()
             counter["runs"] += 1
             if counter["cache"] is not None:
-                counter["cache"].mutant_writes += 1
+                _set_counter(counter["cache"], _counter(counter["cache"]) + 1)
 
-        for layer in model.decoder_layers():
+        for layer in _layers(model):
             _hook_every_leaf(layer, bump)
         forward = model.forward
 
         def counting_forward(*args, **kwargs):
             counter["runs"], counter["cache"] = 0, None
             output = forward(*args, **kwargs)
-            cache = getattr(output, "past_key_values", None)
+            cache = output.get("past_key_values") if isinstance(output, Mapping) else None
+            cache = getattr(output, "past_key_values", cache)
             if cache is not None:
-                cache.mutant_writes = counter["runs"]
+                _set_counter(cache, counter["runs"])
                 counter["cache"] = cache
             return output
 
@@ -221,7 +223,7 @@ def appends_to_list_attribute(inner: str):
 
     def build(cell, **kwargs):
         model = load(inner)(cell, **kwargs)
-        for layer in model.decoder_layers():
+        for layer in _layers(model):
             layer.mutant_aux_losses = []
 
             def append(module, args, layer=layer):
@@ -258,7 +260,7 @@ def holds_inputs_across_calls(inner: str):
                 record_acted()
             return (held.detach().requires_grad_(args[0].requires_grad), *args[1:])
 
-        for layer in model.decoder_layers():
+        for layer in _layers(model):
             _hook_every_leaf(layer, hold_or_replay)
         return model
 
@@ -283,7 +285,7 @@ def draws_from_own_generator(inner: str):
             record_acted()
             return output * (1 + 1e-2 * (noise.to(output.device, output.dtype) - 0.5))
 
-        for layer in model.decoder_layers():
+        for layer in _layers(model):
             layer.register_forward_hook(jitter)
         return model
 
@@ -381,6 +383,24 @@ def _built_optimizer(inner: str, params, named_parameters, kwargs: dict):
     if named_parameters is not None and accepts(factory, "named_parameters"):
         kwargs = {**kwargs, "named_parameters": named_parameters}
     return factory(params, **kwargs)
+
+
+def _layers(model) -> list:
+    """The model's `decoder_layers()`, or the model itself when it has none (a stack that checkpoints
+    a function, not layer modules): every module with parameters inside it is then hooked."""
+    return model.decoder_layers() if hasattr(model, "decoder_layers") else [model]
+
+
+def _set_counter(cache, value: int) -> None:
+    """The mutant's write counter on the cache: an item of a plain dict, an attribute of any other object."""
+    if isinstance(cache, dict):
+        cache["mutant_writes"] = value
+    else:
+        cache.mutant_writes = value
+
+
+def _counter(cache) -> int:
+    return cache["mutant_writes"] if isinstance(cache, dict) else cache.mutant_writes
 
 
 def _in_backward() -> bool:
