@@ -48,6 +48,7 @@ class Component:
     suites: tuple[str, ...]
     members: tuple[Member, ...] = ()
     default: str | None = None  # the import path the suites use when [components] has no entry
+    form: str = ""  # which of a component's forms this entry describes, where it has several (the checkpointer's)
 
     def call_text(self, callee: str | None = None) -> str:
         """The call as the suites make it, e.g. `model(cell, *, dtype, dropout=...)`."""
@@ -69,6 +70,9 @@ GRAD_CKPT, RESUME, DTENSOR_OPTIM = "grad_ckpt", "resume", "dtensor_optim"
 RESUME_BF16_PARAM_OPTIMIZERS = ("precision_aware",)
 """The `optimizer` axis values whose model the resume suite builds with bf16 params unless
 `[suites.resume.options] bf16_param_optimizers` names others; every other optimizer gets fp32."""
+
+SAVE_RETURNS = "None, or a mapping of extra state it wrote (`tokens_seen`, ...), which `load` must return equal"
+LOAD_RETURNS = 'the step that was saved, or a mapping with "step" and the extra state `save` returned'
 
 CELL = Argument(
     "cell", 'the cell: a read-only mapping of axis -> value (`cell["attn"]`, `cell.world_size`)', positional=True
@@ -183,8 +187,12 @@ COMPONENTS: tuple[Component, ...] = (
     ),
     Component(
         name="checkpointer",
+        form="per-call",
         arguments=(),
-        returns="an object with `save` and `load`, both collectives called on every rank",
+        returns=(
+            "an object with `save` and `load`, both collectives called on every rank (dtensor_optim, where "
+            "[components] has one, checks the layout of what its `save` writes)"
+        ),
         suites=(RESUME,),
         members=(
             Member(
@@ -193,11 +201,11 @@ COMPONENTS: tuple[Component, ...] = (
                     Argument("directory", "checkpoint directory, the same on every rank", positional=True),
                     Argument("model", "the wrapped model"),
                     Argument("optimizer", "the optimizer"),
-                    Argument("scheduler", "a torch LR scheduler"),
+                    Argument("scheduler", "the `scheduler` component's scheduler"),
                     Argument("loader", "the dataset's loader (state_dict / load_state_dict)"),
                     Argument("step", "the step being saved"),
                 ),
-                "None",
+                SAVE_RETURNS,
             ),
             Member(
                 "load",
@@ -205,12 +213,54 @@ COMPONENTS: tuple[Component, ...] = (
                     Argument("directory", "checkpoint directory, the same on every rank", positional=True),
                     Argument("model", "a freshly built wrapped model"),
                     Argument("optimizer", "a fresh optimizer, no step taken yet"),
-                    Argument("scheduler", "a fresh LR scheduler"),
+                    Argument("scheduler", "a fresh scheduler"),
                     Argument("loader", "a fresh loader"),
                 ),
-                "the step that was saved",
+                LOAD_RETURNS,
             ),
         ),
+    ),
+    Component(
+        name="checkpointer",
+        form="bound",
+        arguments=(
+            Argument("directory", "checkpoint directory, the same on every rank", positional=True),
+            Argument("model", "the wrapped model (freshly built for a load)"),
+            Argument("optimizer", "the optimizer"),
+            Argument("scheduler", "the `scheduler` component's scheduler"),
+            Argument("loader", "the dataset's loader (state_dict / load_state_dict)"),
+            Argument(
+                "process_group",
+                "the process group to save and load over (dtensor_optim's reshard passes a smaller world's)",
+                OPTIONAL,
+            ),
+            Argument("mesh", "a 1-D DeviceMesh over the same ranks as `process_group`", OPTIONAL),
+        ),
+        returns=(
+            "a checkpoint manager built once per training run (told apart from the per-call form by its signature "
+            "naming `model`); with `process_group` or `mesh` dtensor_optim's reshard goes through it "
+            '(`reshard_source = "checkpointer"`)'
+        ),
+        suites=(RESUME,),
+        members=(
+            Member("save", (Argument("step", "the step being saved", positional=True),), SAVE_RETURNS),
+            Member("load", (), LOAD_RETURNS),
+        ),
+    ),
+    Component(
+        name="scheduler",
+        arguments=(
+            Argument("optimizer", "the optimizer", positional=True),
+            Argument("warmup_steps", "option `warmup_steps`", OPTIONAL),
+            Argument("total_steps", "the training steps of a straight run (option `steps`)", OPTIONAL),
+            Argument("cell", CELL.meaning, OPTIONAL),
+        ),
+        returns=(
+            "an LR scheduler: `step()`, `state_dict()`, `load_state_dict()`, and `get_last_lr()` where it has it; "
+            "optional: without an entry, a linear warm-up over `warmup_steps` (torch's LambdaLR)"
+        ),
+        suites=(RESUME, DTENSOR_OPTIM),
+        default="torchmatrix.suites.scheduler_component:warmup_scheduler",
     ),
     Component(
         name="dataset",
@@ -237,7 +287,9 @@ COMPONENTS: tuple[Component, ...] = (
                     Argument("rank", "this rank"),
                     Argument("world_size", "ranks of the cell"),
                 ),
-                "an iterator of token-id tensors (batch_size, seq_len), passed as `model(tokens)`, with state_dict()/load_state_dict()",
+                "an iterator of batches with state_dict()/load_state_dict(): token-id tensors (batch_size, seq_len), "
+                "passed as `model(tokens)` or, with option `batch_keywords`, as each keyword (`model(input_ids=tokens, "
+                "labels=tokens)`); a mapping is passed as `model(**batch)`, a tuple as `model(*batch)`",
             ),
         ),
     ),
@@ -274,9 +326,8 @@ def markdown_table() -> str:
     """The protocol as docs/reference/components.md shows it: one row per component and per method."""
     rows = ["| component | called as | receives | returns | used by |", "|---|---|---|---|---|"]
     for component in COMPONENTS:
-        rows.append(
-            _row(component.name, component.call_text(), component.arguments, component.returns, component.suites)
-        )
+        name = f"{component.name} ({component.form})" if component.form else component.name
+        rows.append(_row(name, component.call_text(), component.arguments, component.returns, component.suites))
         for member in component.members:
             rows.append(_row("", member.call_text(component.owner_text(member)), member.arguments, member.returns, ()))
     return "\n".join(rows)
