@@ -61,5 +61,6 @@ class Checkpointer(CheckpointManager):
         super().save(step)
 
     def load(self) -> int:
+        """Only for the protocol: the suites read the step `load` returns, the trainer its own."""
         super().load()
         return self.step
