@@ -6,6 +6,7 @@ observed: the cache hook."""
 
 from __future__ import annotations
 
+import functools
 import inspect
 import sys
 from contextlib import contextmanager
@@ -45,12 +46,16 @@ class CheckpointUnits:
 
     def wrap(self, function, args: tuple, kwargs: dict):
         """``function`` counting its runs, its unit noted, the mutable containers among its arguments kept."""
-        base = function.__self__ if inspect.ismethod(function) else function
-        key_base = (id(base), getattr(function, "__name__", None))
+        target = function
+        while isinstance(target, functools.partial):  # transformers: partial(layer.__call__, **kwargs)
+            args, kwargs = (*target.args, *args), {**target.keywords, **kwargs}
+            target = target.func
+        base = target.__self__ if inspect.ismethod(target) else target
+        key_base = (id(base), getattr(target, "__name__", None))
         order = self._calls_this_forward.get(key_base, 0)
         self._calls_this_forward[key_base] = order + 1
-        unit = self.units.setdefault((key_base, order), Unit(function, base, order))
-        self._note_containers(function, args, kwargs)
+        unit = self.units.setdefault((key_base, order), Unit(target, base, order))
+        self._note_containers(target, args, kwargs)
         ran = [False]
 
         def counted(*inner_args, **inner_kwargs):
@@ -87,6 +92,8 @@ class CheckpointUnits:
             name = unit_name(unit, names)
             if key_base in repeated:
                 name = f"{name}#{order}"
+            if name in counts:  # two functions of one qualified name: told apart by when they were first called
+                name = f"{name}@{len(counts)}"
             counts[name] = unit.forward_runs + unit.reruns
         return counts
 
@@ -96,25 +103,33 @@ def unit_name(unit: Unit, names: dict[int, str]) -> str:
     the qualified name otherwise (a function, a method of the model's root or of a non-module)."""
     path = names.get(id(unit.base))
     function_name = getattr(unit.function, "__name__", None)
-    if path and unit.base is not unit.function:
+    if path and unit.base is not unit.function and function_name not in MODULE_CALLS:
         return f"{path}.{function_name}"
     if path:
         return path
     return getattr(unit.function, "__qualname__", None) or type(unit.function).__qualname__
 
 
+MODULE_CALLS = frozenset({"__call__", "_wrapped_call_impl", "_call_impl", "forward"})
+"""Methods that run the module itself: a unit calling one is named by the module's path alone."""
+
 ORIGINAL_CHECKPOINT = torch.utils.checkpoint.checkpoint
 
 
 def modules_holding_checkpoint() -> list[tuple[object, str]]:
     """(module, attribute) wherever a loaded module holds ``torch.utils.checkpoint.checkpoint``:
-    torch's own, its checkpoint wrapper, transformers', and the user's ``from ... import checkpoint``."""
+    torch's own, its checkpoint wrapper, transformers', and the user's ``from ... import checkpoint``;
+    not under ``ORIGINAL_CHECKPOINT``, the name this module (wherever it is loaded from) keeps it by."""
     holders = []
     for module in list(sys.modules.values()):
         namespace = getattr(module, "__dict__", None)
-        if not isinstance(namespace, dict) or module is sys.modules[__name__]:
+        if not isinstance(namespace, dict):
             continue
-        holders += [(module, name) for name, value in list(namespace.items()) if value is ORIGINAL_CHECKPOINT]
+        holders += [
+            (module, name)
+            for name, value in list(namespace.items())
+            if value is ORIGINAL_CHECKPOINT and name != "ORIGINAL_CHECKPOINT"
+        ]
     return holders
 
 
