@@ -55,7 +55,7 @@ class CheckpointUnits:
         order = self._calls_this_forward.get(key_base, 0)
         self._calls_this_forward[key_base] = order + 1
         unit = self.units.setdefault((key_base, order), Unit(target, base, order))
-        self._note_containers(target, args, kwargs)
+        self.note_containers(target, args, kwargs)
         ran = [False]
 
         def counted(*inner_args, **inner_kwargs):
@@ -68,7 +68,7 @@ class CheckpointUnits:
 
         return counted
 
-    def _note_containers(self, function, args: tuple, kwargs: dict) -> None:
+    def note_containers(self, function, args: tuple, kwargs: dict) -> None:
         try:
             bound = inspect.signature(function).bind_partial(*args, **kwargs).arguments
         except (TypeError, ValueError):
@@ -79,6 +79,17 @@ class CheckpointUnits:
             ):
                 if all(value is not seen for _, seen in self.containers):
                     self.containers.append((name, value))
+
+    def sites(self, model: nn.Module) -> list[tuple[str, str | None]]:
+        """Where the units that are modules or modules' methods sit in ``model``: (module path, method
+        name, or None for the module's own call), so a run without checkpointing can watch the same calls."""
+        names = {id(module): clean_name(name) for name, module in model.named_modules()}
+        found = []
+        for unit in self.units.values():
+            path, method = names.get(id(unit.base)), getattr(unit.function, "__name__", None)
+            if path is not None:
+                found.append((path, None if unit.base is unit.function or method in MODULE_CALLS else method))
+        return sorted(set(found), key=repr)
 
     def calls(self, model: nn.Module) -> dict[str, int]:
         """Unit name -> how often its function ran, in forward and again in backward.
@@ -114,6 +125,38 @@ MODULE_CALLS = frozenset({"__call__", "_wrapped_call_impl", "_call_impl", "forwa
 """Methods that run the module itself: a unit calling one is named by the module's path alone."""
 
 ORIGINAL_CHECKPOINT = torch.utils.checkpoint.checkpoint
+
+
+@contextmanager
+def watched_sites(model: nn.Module, sites: list[tuple[str, str | None]], seen: CheckpointUnits):
+    """Without checkpointing, the units of a checkpointed run are called directly: within the block,
+    the containers handed to them at ``sites`` (``CheckpointUnits.sites``) go to ``seen`` as well, so
+    the eager run's cache is found by the same hook."""
+    modules = {clean_name(name): module for name, module in model.named_modules()}
+    undo = []
+    for path, method in sites:
+        module = modules.get(path)
+        if module is None:
+            continue
+        if method is None:
+            handle = module.register_forward_pre_hook(
+                lambda module, args, kwargs: seen.note_containers(module.forward, args, kwargs), with_kwargs=True
+            )
+            undo.append(handle.remove)
+            continue
+        bound = getattr(module, method)
+
+        def watched(*args, bound=bound, **kwargs):
+            seen.note_containers(bound, args, kwargs)
+            return bound(*args, **kwargs)
+
+        module.__dict__[method] = watched
+        undo.append(functools.partial(module.__dict__.pop, method))
+    try:
+        yield
+    finally:
+        for step in undo:
+            step()
 
 
 def modules_holding_checkpoint() -> list[tuple[object, str]]:

@@ -11,7 +11,7 @@ import torch.utils.checkpoint
 from torch import nn
 
 from models import function_units
-from suites.checkpoint_units import ORIGINAL_CHECKPOINT, counted_checkpoints
+from suites.checkpoint_units import ORIGINAL_CHECKPOINT, counted_checkpoints, watched_sites
 
 
 class Layers(nn.Module):
@@ -59,3 +59,19 @@ def test_a_module_holding_its_own_reference_is_instrumented_too():
     with counted_checkpoints():
         assert function_units.checkpoint is not ORIGINAL_CHECKPOINT
     assert function_units.checkpoint is ORIGINAL_CHECKPOINT
+
+
+def test_the_run_without_checkpointing_watches_the_same_units_for_the_cache():
+    """The eager model calls `_run_layer` directly; watching the checkpointed run's sites finds its cache too."""
+    tokens = torch.randint(64, (2, 16))
+    checkpointed = function_units.build_function_unit_model({"attn": "sdpa"})
+    checkpointed.gradient_checkpointing = True
+    with counted_checkpoints() as units:
+        checkpointed(tokens)
+    assert units.sites(checkpointed) == [("", "_run_layer")]
+    eager = function_units.build_function_unit_model({"attn": "sdpa"})
+    with counted_checkpoints() as watched, watched_sites(eager, units.sites(checkpointed), watched):
+        eager(tokens)
+    [(name, cache)] = watched.containers
+    assert name == "cache" and sorted(cache) == [0, 1, 2]
+    assert "_run_layer" not in vars(eager), "the watch is taken off after the block"
