@@ -713,7 +713,7 @@ def inspect_recompute(cell, components: dict, precision: Precision, dropout: flo
     """Rank function: layer body counts and cache entries around backward, with and without checkpointing."""
     without_ckpt, with_ckpt = both_steps(cell, components, precision, dropout)
     precision = with_ckpt.precision
-    # The cache hook sees only what forward hands to checkpointed units: eager has none to compare with.
+    # A hook-found cache handed only to plain functions has no eager twin: watched_sites cannot reach them.
     eager = without_ckpt.has_cache or with_ckpt.cache_source == "output"
     return {
         "precision": precision,
