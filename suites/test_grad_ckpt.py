@@ -116,7 +116,7 @@ def precision_from(options: dict) -> Precision:
     compute = options.get("compute_dtype")
     if compute is not None and compute not in COMPUTE_DTYPES:
         pytest.fail(f'[suites.grad_ckpt.options] compute_dtype = {compute!r}: expected "float32" or "bfloat16"')
-    return Precision(dtype, None if compute == dtype else compute)
+    return Precision(dtype, compute)
 
 
 def micro_batches_from(options: dict) -> int:
