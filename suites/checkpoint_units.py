@@ -159,44 +159,54 @@ def watched_sites(model: nn.Module, sites: list[tuple[str, str | None]], seen: C
             step()
 
 
-def modules_holding_checkpoint() -> list[tuple[object, str]]:
-    """(module, attribute) wherever a loaded module holds ``torch.utils.checkpoint.checkpoint``:
-    torch's own, its checkpoint wrapper, transformers', and the user's ``from ... import checkpoint``;
-    not under ``ORIGINAL_CHECKPOINT``, the name this module (wherever it is loaded from) keeps it by."""
+CHECKPOINT_OPTIONS = frozenset(
+    {"use_reentrant", "context_fn", "determinism_check", "debug", "preserve_rng_state", "early_stop"}
+)
+ACTIVE: list[CheckpointUnits] = []
+"""The ``CheckpointUnits`` of the block ``counted_checkpoints`` is running, if any."""
+
+
+def instrumented_checkpoint(function, *args, **kwargs):
+    """``torch.utils.checkpoint.checkpoint``, counting into the active ``CheckpointUnits``; outside a
+    block (a module imported during one kept this function) the original alone."""
+    if ACTIVE:
+        plain_kwargs = {key: value for key, value in kwargs.items() if key not in CHECKPOINT_OPTIONS}
+        function = ACTIVE[-1].wrap(function, args, plain_kwargs)
+    return ORIGINAL_CHECKPOINT(function, *args, **kwargs)
+
+
+KEPT_NAMES = frozenset({"ORIGINAL_CHECKPOINT", "instrumented_checkpoint"})
+
+
+def modules_holding(function) -> list[tuple[object, str]]:
+    """(module, attribute) wherever a loaded module holds ``function``: torch's own module, its checkpoint
+    wrapper, transformers', the user's ``from torch.utils.checkpoint import checkpoint``; not under the
+    names this module (wherever it is loaded from) keeps the two functions by."""
     holders = []
     for module in list(sys.modules.values()):
         namespace = getattr(module, "__dict__", None)
-        if not isinstance(namespace, dict):
-            continue
-        holders += [
-            (module, name)
-            for name, value in list(namespace.items())
-            if value is ORIGINAL_CHECKPOINT and name != "ORIGINAL_CHECKPOINT"
-        ]
+        if isinstance(namespace, dict):
+            holders += [
+                (module, name)
+                for name, value in list(namespace.items())
+                if value is function and name not in KEPT_NAMES
+            ]
     return holders
 
 
 @contextmanager
 def counted_checkpoints():
     """Within the block, every call of ``torch.utils.checkpoint.checkpoint`` through a loaded module's
-    reference counts its unit's runs and notes its containers, in the ``CheckpointUnits`` yielded."""
+    reference counts its unit's runs and notes its containers, in the ``CheckpointUnits`` yielded.
+    Modules imported during the block that took the instrumented function get the original back too."""
     seen = CheckpointUnits()
-
-    def checkpoint(function, *args, **kwargs):
-        plain_args = tuple(args)
-        plain_kwargs = {k: v for k, v in kwargs.items() if k not in CHECKPOINT_OPTIONS}
-        return ORIGINAL_CHECKPOINT(seen.wrap(function, plain_args, plain_kwargs), *args, **kwargs)
-
-    holders = modules_holding_checkpoint()
-    for module, name in holders:
-        setattr(module, name, checkpoint)
+    for module, name in modules_holding(ORIGINAL_CHECKPOINT):
+        setattr(module, name, instrumented_checkpoint)
+    ACTIVE.append(seen)
     try:
         yield seen
     finally:
-        for module, name in holders:
-            setattr(module, name, ORIGINAL_CHECKPOINT)
-
-
-CHECKPOINT_OPTIONS = frozenset(
-    {"use_reentrant", "context_fn", "determinism_check", "debug", "preserve_rng_state", "early_stop"}
-)
+        ACTIVE.remove(seen)
+        if not ACTIVE:
+            for module, name in modules_holding(instrumented_checkpoint):
+                setattr(module, name, ORIGINAL_CHECKPOINT)

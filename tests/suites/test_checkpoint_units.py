@@ -5,6 +5,8 @@ hook), and is put back afterwards."""
 from __future__ import annotations
 
 import functools
+import sys
+import types
 
 import torch
 import torch.utils.checkpoint
@@ -75,3 +77,13 @@ def test_the_run_without_checkpointing_watches_the_same_units_for_the_cache():
     [(name, cache)] = watched.containers
     assert name == "cache" and sorted(cache) == [0, 1, 2]
     assert "_run_layer" not in vars(eager), "the watch is taken off after the block"
+
+
+def test_a_module_imported_during_the_block_gets_the_original_back(monkeypatch):
+    """A factory that imports its package lazily takes the instrumented function; it must not keep it."""
+    late = types.ModuleType("late_stack")
+    with counted_checkpoints():
+        monkeypatch.setitem(sys.modules, "late_stack", late)
+        late.checkpoint = torch.utils.checkpoint.checkpoint
+        assert late.checkpoint is not ORIGINAL_CHECKPOINT
+    assert late.checkpoint is ORIGINAL_CHECKPOINT
