@@ -77,11 +77,17 @@ class FunctionUnitDecoder(nn.Module):
 
 
 def build_function_unit_model(
-    cell: Mapping[str, object], *, dropout: float = 0.0, dtype: torch.dtype = torch.float32, **layers
+    cell: Mapping[str, object],
+    *,
+    dropout: float = 0.0,
+    dtype: torch.dtype = torch.float32,
+    decoder: type[FunctionUnitDecoder] = FunctionUnitDecoder,
+    **layers,
 ) -> FunctionUnitDecoder:
-    """Model factory (component ``model``): the function-unit decoder for a cell, on CPU, in ``dtype``."""
+    """Model factory (component ``model``): the function-unit decoder (or ``decoder``, a subclass) for a
+    cell, on CPU, in ``dtype``; ``layers`` picks its prefix and expert layer classes."""
     config = DecoderConfig(attn=str(cell["attn"]), sdpa_backend=cell.get("sdpa_backend"), dropout=dropout)
-    return FunctionUnitDecoder(config, **layers).to(dtype)
+    return decoder(config, **layers).to(dtype)
 
 
 def parallelize_function_units(
@@ -107,5 +113,4 @@ def build_bfloat16_compute_model(
     cell: Mapping[str, object], *, dropout: float = 0.0, dtype: torch.dtype = torch.float32
 ) -> Bfloat16ComputeDecoder:
     """Model factory: the function-unit decoder computing in bfloat16 under float32 parameters."""
-    config = DecoderConfig(attn=str(cell["attn"]), sdpa_backend=cell.get("sdpa_backend"), dropout=dropout)
-    return Bfloat16ComputeDecoder(config).to(dtype)
+    return build_function_unit_model(cell, dropout=dropout, dtype=dtype, decoder=Bfloat16ComputeDecoder)

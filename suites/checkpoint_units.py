@@ -6,6 +6,7 @@ observed: the cache hook."""
 
 from __future__ import annotations
 
+import functools
 import inspect
 import sys
 from contextlib import contextmanager
@@ -45,12 +46,16 @@ class CheckpointUnits:
 
     def wrap(self, function, args: tuple, kwargs: dict):
         """``function`` counting its runs, its unit noted, the mutable containers among its arguments kept."""
-        base = function.__self__ if inspect.ismethod(function) else function
-        key_base = (id(base), getattr(function, "__name__", None))
+        target = function
+        while isinstance(target, functools.partial):  # transformers: partial(layer.__call__, **kwargs)
+            args, kwargs = (*target.args, *args), {**target.keywords, **kwargs}
+            target = target.func
+        base = target.__self__ if inspect.ismethod(target) else target
+        key_base = (id(base), getattr(target, "__name__", None))
         order = self._calls_this_forward.get(key_base, 0)
         self._calls_this_forward[key_base] = order + 1
-        unit = self.units.setdefault((key_base, order), Unit(function, base, order))
-        self._note_containers(function, args, kwargs)
+        unit = self.units.setdefault((key_base, order), Unit(target, base, order))
+        self.note_containers(target, args, kwargs)
         ran = [False]
 
         def counted(*inner_args, **inner_kwargs):
@@ -63,7 +68,7 @@ class CheckpointUnits:
 
         return counted
 
-    def _note_containers(self, function, args: tuple, kwargs: dict) -> None:
+    def note_containers(self, function, args: tuple, kwargs: dict) -> None:
         try:
             bound = inspect.signature(function).bind_partial(*args, **kwargs).arguments
         except (TypeError, ValueError):
@@ -74,6 +79,17 @@ class CheckpointUnits:
             ):
                 if all(value is not seen for _, seen in self.containers):
                     self.containers.append((name, value))
+
+    def sites(self, model: nn.Module) -> list[tuple[str, str | None]]:
+        """Where the units that are modules or modules' methods sit in ``model``: (module path, method
+        name, or None for the module's own call), so a run without checkpointing can watch the same calls."""
+        names = {id(module): clean_name(name) for name, module in model.named_modules()}
+        found = []
+        for unit in self.units.values():
+            path, method = names.get(id(unit.base)), getattr(unit.function, "__name__", None)
+            if path is not None:
+                found.append((path, None if unit.base is unit.function or method in MODULE_CALLS else method))
+        return sorted(set(found), key=repr)
 
     def calls(self, model: nn.Module) -> dict[str, int]:
         """Unit name -> how often its function ran, in forward and again in backward.
@@ -87,6 +103,8 @@ class CheckpointUnits:
             name = unit_name(unit, names)
             if key_base in repeated:
                 name = f"{name}#{order}"
+            if name in counts:  # two functions of one qualified name: told apart by when they were first called
+                name = f"{name}@{len(counts)}"
             counts[name] = unit.forward_runs + unit.reruns
         return counts
 
@@ -96,49 +114,99 @@ def unit_name(unit: Unit, names: dict[int, str]) -> str:
     the qualified name otherwise (a function, a method of the model's root or of a non-module)."""
     path = names.get(id(unit.base))
     function_name = getattr(unit.function, "__name__", None)
-    if path and unit.base is not unit.function:
+    if path and unit.base is not unit.function and function_name not in MODULE_CALLS:
         return f"{path}.{function_name}"
     if path:
         return path
     return getattr(unit.function, "__qualname__", None) or type(unit.function).__qualname__
 
 
+MODULE_CALLS = frozenset({"__call__", "_wrapped_call_impl", "_call_impl", "forward"})
+"""Methods that run the module itself: a unit calling one is named by the module's path alone."""
+
 ORIGINAL_CHECKPOINT = torch.utils.checkpoint.checkpoint
 
 
-def modules_holding_checkpoint() -> list[tuple[object, str]]:
-    """(module, attribute) wherever a loaded module holds ``torch.utils.checkpoint.checkpoint``:
-    torch's own, its checkpoint wrapper, transformers', and the user's ``from ... import checkpoint``."""
+@contextmanager
+def watched_sites(model: nn.Module, sites: list[tuple[str, str | None]], seen: CheckpointUnits):
+    """Without checkpointing, the units of a checkpointed run are called directly: within the block,
+    the containers handed to them at ``sites`` (``CheckpointUnits.sites``) go to ``seen`` as well, so
+    the eager run's cache is found by the same hook."""
+    modules = {clean_name(name): module for name, module in model.named_modules()}
+    undo = []
+    for path, method in sites:
+        module = modules.get(path)
+        if module is None:
+            continue
+        if method is None:
+            handle = module.register_forward_pre_hook(
+                lambda module, args, kwargs: seen.note_containers(module.forward, args, kwargs), with_kwargs=True
+            )
+            undo.append(handle.remove)
+            continue
+        bound = getattr(module, method)
+
+        def watched(*args, bound=bound, **kwargs):
+            seen.note_containers(bound, args, kwargs)
+            return bound(*args, **kwargs)
+
+        module.__dict__[method] = watched
+        undo.append(functools.partial(module.__dict__.pop, method))
+    try:
+        yield
+    finally:
+        for step in undo:
+            step()
+
+
+CHECKPOINT_OPTIONS = frozenset(
+    {"use_reentrant", "context_fn", "determinism_check", "debug", "preserve_rng_state", "early_stop"}
+)
+ACTIVE: list[CheckpointUnits] = []
+"""The ``CheckpointUnits`` of the block ``counted_checkpoints`` is running, if any."""
+
+
+def instrumented_checkpoint(function, *args, **kwargs):
+    """``torch.utils.checkpoint.checkpoint``, counting into the active ``CheckpointUnits``; outside a
+    block (a module imported during one kept this function) the original alone."""
+    if ACTIVE:
+        plain_kwargs = {key: value for key, value in kwargs.items() if key not in CHECKPOINT_OPTIONS}
+        function = ACTIVE[-1].wrap(function, args, plain_kwargs)
+    return ORIGINAL_CHECKPOINT(function, *args, **kwargs)
+
+
+KEPT_NAMES = frozenset({"ORIGINAL_CHECKPOINT", "instrumented_checkpoint"})
+
+
+def modules_holding(function) -> list[tuple[object, str]]:
+    """(module, attribute) wherever a loaded module holds ``function``: torch's own module, its checkpoint
+    wrapper, transformers', the user's ``from torch.utils.checkpoint import checkpoint``; not under the
+    names this module (wherever it is loaded from) keeps the two functions by."""
     holders = []
     for module in list(sys.modules.values()):
         namespace = getattr(module, "__dict__", None)
-        if not isinstance(namespace, dict) or module is sys.modules[__name__]:
-            continue
-        holders += [(module, name) for name, value in list(namespace.items()) if value is ORIGINAL_CHECKPOINT]
+        if isinstance(namespace, dict):
+            holders += [
+                (module, name)
+                for name, value in list(namespace.items())
+                if value is function and name not in KEPT_NAMES
+            ]
     return holders
 
 
 @contextmanager
 def counted_checkpoints():
     """Within the block, every call of ``torch.utils.checkpoint.checkpoint`` through a loaded module's
-    reference counts its unit's runs and notes its containers, in the ``CheckpointUnits`` yielded."""
+    reference counts its unit's runs and notes its containers, in the ``CheckpointUnits`` yielded.
+    Modules imported during the block that took the instrumented function get the original back too."""
     seen = CheckpointUnits()
-
-    def checkpoint(function, *args, **kwargs):
-        plain_args = tuple(args)
-        plain_kwargs = {k: v for k, v in kwargs.items() if k not in CHECKPOINT_OPTIONS}
-        return ORIGINAL_CHECKPOINT(seen.wrap(function, plain_args, plain_kwargs), *args, **kwargs)
-
-    holders = modules_holding_checkpoint()
-    for module, name in holders:
-        setattr(module, name, checkpoint)
+    for module, name in modules_holding(ORIGINAL_CHECKPOINT):
+        setattr(module, name, instrumented_checkpoint)
+    ACTIVE.append(seen)
     try:
         yield seen
     finally:
-        for module, name in holders:
-            setattr(module, name, ORIGINAL_CHECKPOINT)
-
-
-CHECKPOINT_OPTIONS = frozenset(
-    {"use_reentrant", "context_fn", "determinism_check", "debug", "preserve_rng_state", "early_stop"}
-)
+        ACTIVE.remove(seen)
+        if not ACTIVE:
+            for module, name in modules_holding(instrumented_checkpoint):
+                setattr(module, name, ORIGINAL_CHECKPOINT)

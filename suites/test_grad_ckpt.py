@@ -48,7 +48,7 @@ from torch.utils.checkpoint import CheckpointError
 
 from torchmatrix.testing import clean_name, current_device, load
 
-from .checkpoint_units import CheckpointUnits, counted_checkpoints
+from .checkpoint_units import CheckpointUnits, counted_checkpoints, watched_sites
 from .deterministic import deterministic_algorithms
 from .model_output import cache_on, call_model, loss_of
 from .optimizer_state import plain_equal
@@ -116,7 +116,7 @@ def precision_from(options: dict) -> Precision:
     compute = options.get("compute_dtype")
     if compute is not None and compute not in COMPUTE_DTYPES:
         pytest.fail(f'[suites.grad_ckpt.options] compute_dtype = {compute!r}: expected "float32" or "bfloat16"')
-    return Precision(dtype, None if compute == dtype else compute)
+    return Precision(dtype, compute)
 
 
 def micro_batches_from(options: dict) -> int:
@@ -467,6 +467,7 @@ class StepRecord:
     calls_after_forward: dict
     calls_after_backward: dict
     calls_source: str
+    unit_sites: list
     has_cache: bool
     cache_source: str
     precision: Precision
@@ -564,9 +565,11 @@ def train_step(
     checkpointing: bool,
     micro_batches: int = 1,
     ignored: tuple[str, ...] = (),
+    sites: list = (),
 ) -> StepRecord:
     """Build, wrap, and run ``micro_batches`` forwards (their losses summed) then one backward on this
-    rank; failures say which stage broke."""
+    rank; failures say which stage broke. ``sites``: the checkpointed run's units, whose arguments the
+    run without checkpointing watches for the cache hook."""
     build_model, parallelize, make_batch = (load(components[name]) for name in ("model", "parallelize", "batch"))
     device = current_device()
     rank = dist.get_rank() if dist.is_initialized() else 0
@@ -588,7 +591,11 @@ def train_step(
         torch.manual_seed(SEED + 1000 + rank)
         rng_before_forward = rng_states()
         losses = []
-        with failing_stage(cell, f"forward {mode} activation checkpointing"), inner_output(model) as seen:
+        with (
+            failing_stage(cell, f"forward {mode} activation checkpointing"),
+            inner_output(model) as seen,
+            watched_sites(unwrapped(model), sites, units),
+        ):
             for batch in batches:
                 units.next_forward()
                 losses.append(loss_of(call_model(model, batch)))
@@ -611,6 +618,7 @@ def train_step(
                 origin = recompute_origin(layer_calls(model, units), ran)
                 raise RuntimeError(f"in the recompute of {origin}: {error}") from error
         calls_after_backward = layer_calls(model, units)
+        unit_sites = units.sites(unwrapped(model))
     module_state_after, ints_after = module_state(model, ignored)
     return StepRecord(
         loss=loss.detach().float().cpu(),
@@ -620,6 +628,7 @@ def train_step(
         calls_after_forward=calls_after_forward,
         calls_after_backward=calls_after_backward,
         calls_source=calls_source(model),
+        unit_sites=unit_sites,
         has_cache=bool(caches),
         cache_source=cache_source,
         precision=precision,
@@ -649,12 +658,14 @@ def both_steps(
     micro_batches: int = 1,
     ignored: tuple[str, ...] = (),
 ) -> tuple[StepRecord, StepRecord]:
-    """The step without, then with, activation checkpointing, under deterministic kernels."""
+    """The step without and the step with activation checkpointing, under deterministic kernels; the
+    checkpointed one runs first, so the other can watch its units' arguments for the cache hook."""
     with deterministic_algorithms():
-        return (
-            train_step(cell, components, precision, dropout, False, micro_batches, ignored),
-            train_step(cell, components, precision, dropout, True, micro_batches, ignored),
+        with_ckpt = train_step(cell, components, precision, dropout, True, micro_batches, ignored)
+        without_ckpt = train_step(
+            cell, components, precision, dropout, False, micro_batches, ignored, with_ckpt.unit_sites
         )
+    return without_ckpt, with_ckpt
 
 
 def compare_gradients(cell, components: dict, precision: Precision, dropout: float, micro_batches: int = 1) -> dict:
@@ -702,7 +713,7 @@ def inspect_recompute(cell, components: dict, precision: Precision, dropout: flo
     """Rank function: layer body counts and cache entries around backward, with and without checkpointing."""
     without_ckpt, with_ckpt = both_steps(cell, components, precision, dropout)
     precision = with_ckpt.precision
-    # The cache hook sees only what forward hands to checkpointed units: eager has none to compare with.
+    # A hook-found cache handed only to plain functions has no eager twin: watched_sites cannot reach them.
     eager = without_ckpt.has_cache or with_ckpt.cache_source == "output"
     return {
         "precision": precision,

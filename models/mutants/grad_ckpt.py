@@ -359,13 +359,11 @@ def function_unit_rng_forgetting_model(
     cell: Mapping[str, object], *, dropout: float = 0.0, dtype: torch.dtype = torch.float32
 ) -> FunctionUnitDecoder:
     """Model factory: the function unit's checkpoint does not replay the RNG for recompute."""
-    config = DecoderConfig(attn=str(cell["attn"]), sdpa_backend=cell.get("sdpa_backend"), dropout=dropout)
-    return RngForgettingFunctionUnitDecoder(config).to(dtype)
+    return build_function_unit_model(cell, dropout=dropout, dtype=dtype, decoder=RngForgettingFunctionUnitDecoder)
 
 
 def function_unit_counter_model(
     cell: Mapping[str, object], *, dropout: float = 0.0, dtype: torch.dtype = torch.float32
 ) -> FunctionUnitDecoder:
     """Model factory: the function unit bumps an int on the model on every run, recompute included."""
-    config = DecoderConfig(attn=str(cell["attn"]), sdpa_backend=cell.get("sdpa_backend"), dropout=dropout)
-    return RunCountingFunctionUnitDecoder(config).to(dtype)
+    return build_function_unit_model(cell, dropout=dropout, dtype=dtype, decoder=RunCountingFunctionUnitDecoder)
