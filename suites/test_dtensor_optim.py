@@ -65,8 +65,7 @@ FULL = StateDictOptions(full_state_dict=True)
 TORCH_HELPERS = "torch get_optimizer_state_dict + dcp.save"
 RESHARD_THROUGH_CHECKPOINTER = "checkpointer"
 RESHARD_THROUGH_TORCH = (
-    "torch get/set_model_state_dict and get/set_optimizer_state_dict + dcp.save/load over a process group "
-    "(no checkpointer in [components] takes a process_group or mesh, so none can save or load in a smaller world)"
+    "torch get/set_model_state_dict and get/set_optimizer_state_dict + dcp.save/load over a process group ({why})"
 )
 SUB_WORLD_MESHES: dict[int, DeviceMesh | None] = {}
 
@@ -193,10 +192,7 @@ def test_reshard_load_is_exact(cell, ranks, recipe, reshard, tmp_path, record_pr
     )
     report = results[0]
     record_property("reshard_tensors_compared", report["compared"])
-    record_property(
-        "reshard_source",
-        RESHARD_THROUGH_CHECKPOINTER if recipe.reshards_through_checkpointer else RESHARD_THROUGH_TORCH,
-    )
+    record_property("reshard_source", reshard_source(recipe))
     assert report["compared"], "nothing was compared: the saved state is empty"
     mismatches = report["mismatches"]
     assert not mismatches, (
@@ -207,6 +203,19 @@ def test_reshard_load_is_exact(cell, ranks, recipe, reshard, tmp_path, record_pr
     assert not problems, f"reshard {src}->{dst}, after a step at {dst} ranks:\n" + "\n".join(problems)
     if not report["optimizer_compared"]:
         pytest.skip(f"model tensors resharded exactly; {no_param_shaped_state(recipe)}")
+
+
+def reshard_source(recipe: Recipe) -> str:
+    """What the reshard saved and loaded with: the user's checkpointer where it can, else torch's helpers and why."""
+    if recipe.reshards_through_checkpointer:
+        return RESHARD_THROUGH_CHECKPOINTER
+    name = recipe.components.get("checkpointer")
+    why = (
+        f"checkpointer {name} takes no process_group or mesh, so it cannot save or load in a smaller world"
+        if name
+        else "no checkpointer in [components]"
+    )
+    return RESHARD_THROUGH_TORCH.format(why=why)
 
 
 def no_param_shaped_state(recipe: Recipe) -> str:

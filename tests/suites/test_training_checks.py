@@ -38,7 +38,9 @@ def test_state_keyed_by_position_and_sharded_is_described_so():
     findings = storage_findings(layouts, EXPECTED, world_size=2)
     assert findings.problems == []
     assert findings.lines[0] == "stored sharded: 2 of 2 param-shaped states (e.g. optimizer.state.0.exp_avg)"
-    assert findings.lines[1].startswith("keyed by position in the optimizer's param order (`state.<index>.<state>`")
+    assert findings.lines[1].startswith(
+        "keyed by position: 2 of 2 param-shaped states (e.g. optimizer.state.0.exp_avg), their place in the optimizer's param order"
+    )
     assert len(findings.lines) == 2
 
 
@@ -56,12 +58,15 @@ def test_state_keyed_by_name_is_preferred_and_a_mix_gets_a_line_each():
         "optimizer.state.1.exp_avg": layout("optimizer.state.1.exp_avg", WHOLE),
     }
     findings = storage_findings(layouts, EXPECTED, world_size=2)
-    assert findings.keyed_by == {"a.weight.exp_avg": "name", "b.weight.exp_avg": "position"}
-    assert [line.split(":")[0] for line in findings.lines] == [
-        "stored sharded",
-        "not stored sharded",
-        "keyed by parameter name (`<param>.<state>`)",
-        "keyed by position in the optimizer's param order (`state.<index>.<state>`, as optimizer.state_dict() keys it), not by parameter name",
+    assert findings.keyed_by == {
+        "a.weight.exp_avg": ("parameter name", "optimizer.state.a.weight.exp_avg"),
+        "b.weight.exp_avg": ("position", "optimizer.state.1.exp_avg"),
+    }
+    assert [line.split(" (e.g.")[0] for line in findings.lines] == [
+        "stored sharded: 1 of 2 param-shaped states",
+        "not stored sharded: 1 of 2 param-shaped states",
+        "keyed by parameter name: 1 of 2 param-shaped states",
+        "keyed by position: 1 of 2 param-shaped states",
     ]
 
 
