@@ -1,7 +1,8 @@
 """The training side's new checks in one process (issue 30): the sharded-layout check finds state
 keyed by position and says sharded-or-not and keyed-by-what on separate lines; the checkpointer's
 two forms behind one face, with what `load` returns read as the step or a mapping of extra state;
-the extra state compared key by key; the seeding and batch_keywords options checked."""
+the extra state compared key by key; the seeding and batch_keywords options checked; an optimizer
+container read through its inner optimizers."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 
 from suites.checkpointer_forms import RunCheckpointer, reshards_itself
 from suites.dcp_layout import Chunk, ExpectedState, TensorLayout, storage_findings
+from suites.optimizer_state import inner_optimizers, optimizer_state_of, param_groups_of
 from suites.test_resume import extra_state_differences, options_for, rank_zero_rng
 from torchmatrix.models.checkpoint import BoundCheckpointer, Checkpointer
 
@@ -160,3 +162,30 @@ def test_options_are_checked(option, says):
     with pytest.raises(pytest.UsageError, match=r"^\[suites.resume.options\] ") as raised:
         options_for(option)
     assert says in str(raised.value)
+
+
+class OptimizersContainer(torch.optim.Optimizer):
+    """torchtitan's shape: an Optimizer over every param whose own `.state` stays empty, stepping one
+    inner optimizer per model part."""
+
+    def __init__(self, parts: list[torch.nn.Module]) -> None:
+        self.optimizers = [torch.optim.SGD(part.parameters(), lr=0.1, momentum=0.9) for part in parts]
+        super().__init__([param for part in parts for param in part.parameters()], {"lr": 0.1})
+
+    def step(self, closure=None) -> None:
+        for optimizer in self.optimizers:
+            optimizer.step()
+
+
+def test_an_optimizer_container_is_read_through_its_inner_optimizers():
+    parts = [torch.nn.Linear(2, 2), torch.nn.Linear(2, 3)]
+    container = OptimizersContainer(parts)
+    sum(part(torch.ones(1, 2)).sum() for part in parts).backward()
+    container.step()
+    assert not container.state
+    assert inner_optimizers(container) == container.optimizers
+    assert set(optimizer_state_of(container)) == {param for part in parts for param in part.parameters()}
+    assert all("momentum_buffer" in state for state in optimizer_state_of(container).values())
+    assert param_groups_of(container) == [group for inner in container.optimizers for group in inner.param_groups]
+    plain = container.optimizers[0]
+    assert inner_optimizers(plain) == [plain] and optimizer_state_of(plain) == dict(plain.state)
