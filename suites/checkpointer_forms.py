@@ -31,7 +31,7 @@ class RunCheckpointer:
     def __init__(self, factory, directory: str, *, model, optimizer, scheduler, loader, process_group=None, mesh=None):
         self.objects = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "loader": loader}
         self.directory = directory
-        self.name = getattr(factory, "__qualname__", repr(factory))
+        self.name = f"{getattr(factory, '__module__', '?')}:{getattr(factory, '__qualname__', repr(factory))}"
         if is_bound_checkpointer(factory):
             if mesh is None and accepts(factory, "mesh"):
                 mesh = world_mesh()

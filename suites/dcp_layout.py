@@ -152,7 +152,7 @@ class StorageFindings:
     lines: list[str]
     stored_bytes: int
     full_copy_bytes: int
-    keyed_by: dict[str, str]  # name key -> "name" or "position"
+    keyed_by: dict[str, tuple[str, str]]  # name key -> ("parameter name" or "position", the key found)
 
 
 def storage_findings(
@@ -165,7 +165,7 @@ def storage_findings(
     findings = StorageFindings([], [], 0, 0, {})
     sharded, unsharded = [], []
     for state in sorted(expected, key=lambda state: state.name_key):
-        found, keyed_by = by_name[state.name_key], "name"
+        found, keyed_by = by_name[state.name_key], "parameter name"
         if not found and state.position_key:
             found, keyed_by = by_position[state.position_key], "position"
         if len(found) != 1:
@@ -174,7 +174,7 @@ def storage_findings(
             findings.problems.append(f"{state.name_key}: {what} in the checkpoint ending with it{where}")
             continue
         layout = found[0]
-        findings.keyed_by[state.name_key] = keyed_by
+        findings.keyed_by[state.name_key] = (keyed_by, layout.key)
         findings.stored_bytes += layout.stored_bytes
         findings.full_copy_bytes += layout.full_copy_bytes
         problem = sharding_problem(layout, state.shape, world_size)
@@ -189,16 +189,20 @@ def storage_findings(
             f"not stored sharded: {len(unsharded)} of {total} param-shaped states (e.g. {unsharded[0]})"
         )
     for keyed_by, meaning in KEYED_BY.items():
-        keys = [key for key, how in findings.keyed_by.items() if how == keyed_by]
+        keys = [layout_key for name, (how, layout_key) in findings.keyed_by.items() if how == keyed_by]
         if keys:
-            findings.lines.append(f"keyed by {meaning}: {len(keys)} of {total} param-shaped states")
+            findings.lines.append(
+                f"keyed by {keyed_by}: {len(keys)} of {total} param-shaped states (e.g. {keys[0]}){meaning}"
+            )
     return findings
 
 
 KEYED_BY = {
-    "name": "parameter name (`<param>.<state>`)",
-    "position": "position in the optimizer's param order (`state.<index>.<state>`, as optimizer.state_dict() keys it), "
-    "not by parameter name: a load into a model whose params are ordered or grouped otherwise restores state into the wrong params",
+    "parameter name": "",
+    "position": (
+        ", their place in the optimizer's param order as optimizer.state_dict() numbers it, not their parameter's name: "
+        "a load into a model whose params are ordered or grouped otherwise puts each state into another param"
+    ),
 }
 
 

@@ -53,7 +53,7 @@ from torchmatrix.testing import accepts, build_optimizer, clean_name, current_de
 from .checkpointer_forms import RunCheckpointer, reshards_itself
 from .dcp_layout import ExpectedState, find_checkpoint, read_layouts, storage_findings
 from .model_output import loss_of
-from .optimizer_state import state_adapter
+from .optimizer_state import optimizer_state_of, param_groups_of, state_adapter
 from .scheduler_component import build_scheduler
 
 LR = 1e-2
@@ -65,8 +65,7 @@ FULL = StateDictOptions(full_state_dict=True)
 TORCH_HELPERS = "torch get_optimizer_state_dict + dcp.save"
 RESHARD_THROUGH_CHECKPOINTER = "checkpointer"
 RESHARD_THROUGH_TORCH = (
-    "torch get/set_model_state_dict and get/set_optimizer_state_dict + dcp.save/load over a process group "
-    "(no checkpointer in [components] takes a process_group or mesh, so none can save or load in a smaller world)"
+    "torch get/set_model_state_dict and get/set_optimizer_state_dict + dcp.save/load over a process group ({why})"
 )
 SUB_WORLD_MESHES: dict[int, DeviceMesh | None] = {}
 
@@ -193,10 +192,7 @@ def test_reshard_load_is_exact(cell, ranks, recipe, reshard, tmp_path, record_pr
     )
     report = results[0]
     record_property("reshard_tensors_compared", report["compared"])
-    record_property(
-        "reshard_source",
-        RESHARD_THROUGH_CHECKPOINTER if recipe.reshards_through_checkpointer else RESHARD_THROUGH_TORCH,
-    )
+    record_property("reshard_source", reshard_source(recipe))
     assert report["compared"], "nothing was compared: the saved state is empty"
     mismatches = report["mismatches"]
     assert not mismatches, (
@@ -207,6 +203,19 @@ def test_reshard_load_is_exact(cell, ranks, recipe, reshard, tmp_path, record_pr
     assert not problems, f"reshard {src}->{dst}, after a step at {dst} ranks:\n" + "\n".join(problems)
     if not report["optimizer_compared"]:
         pytest.skip(f"model tensors resharded exactly; {no_param_shaped_state(recipe)}")
+
+
+def reshard_source(recipe: Recipe) -> str:
+    """What the reshard saved and loaded with: the user's checkpointer where it can, else torch's helpers and why."""
+    if recipe.reshards_through_checkpointer:
+        return RESHARD_THROUGH_CHECKPOINTER
+    name = recipe.components.get("checkpointer")
+    why = (
+        f"checkpointer {name} takes no process_group or mesh, so it cannot save or load in a smaller world"
+        if name
+        else "no checkpointer in [components]"
+    )
+    return RESHARD_THROUGH_TORCH.format(why=why)
 
 
 def no_param_shaped_state(recipe: Recipe) -> str:
@@ -363,13 +372,14 @@ def layout_problems(model: nn.Module, optimizer: torch.optim.Optimizer, *, dtens
         return [
             f"no parameter of {type(model).__name__} is a DTensor after `parallelize` under FSDP2: there is no state layout to check"
         ]
-    keeps_state = any(optimizer.state.values())
+    states = optimizer_state_of(optimizer)
+    keeps_state = any(states.values())
     problems = [
         f"{names[p]}: no optimizer state after a step, while other params have some"
         for p in names
-        if keeps_state and isinstance(p, DTensor) and not optimizer.state.get(p)
+        if keeps_state and isinstance(p, DTensor) and not states.get(p)
     ]
-    for param, state in optimizer.state.items():
+    for param, state in states.items():
         if not isinstance(param, DTensor):
             continue
         for key, value in state.items():
@@ -404,7 +414,9 @@ def on_rank_state_layout(recipe: Recipe) -> dict:
 
 def param_shaped_states(optimizer: torch.optim.Optimizer) -> int:
     """How many non-scalar tensors the optimizer keeps in its per-param state on this rank."""
-    return sum(torch.is_tensor(v) and v.dim() > 0 for state in optimizer.state.values() for v in state.values())
+    return sum(
+        torch.is_tensor(v) and v.dim() > 0 for state in optimizer_state_of(optimizer).values() for v in state.values()
+    )
 
 
 class IdleLoader:
@@ -458,13 +470,13 @@ def sharded_states_expected(model: nn.Module, optimizer: torch.optim.Optimizer) 
     checkpointer of the user's may not go through (they cannot resolve torchtitan's fused-QKV keys);
     FSDP1 keeps state per flat parameter, which only the helpers unflatten to names (positions then
     number flat parameters, so none is given)."""
-    if any(isinstance(param, DTensor) for param in optimizer.state):
+    states = optimizer_state_of(optimizer)
+    if any(isinstance(param, DTensor) for param in states):
         names = {param: clean_name(name) for name, param in model.named_parameters()}
-        order = [param for group in optimizer.param_groups for param in group["params"]]
+        order = [param for group in param_groups_of(optimizer) for param in group["params"]]
         positions = {param: index for index, param in enumerate(order)}
         per_param = {
-            names[param]: (tuple(param.size()), positions.get(param), entries)
-            for param, entries in optimizer.state.items()
+            names[param]: (tuple(param.size()), positions.get(param), entries) for param, entries in states.items()
         }
     else:
         shapes = {name: tuple(value.size()) for name, value in get_model_state_dict(model).items()}

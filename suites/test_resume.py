@@ -53,7 +53,14 @@ from torchmatrix.testing import RESUME_BF16_PARAM_OPTIMIZERS, build_optimizer, c
 from .checkpointer_forms import RunCheckpointer
 from .deterministic import deterministic_algorithms
 from .model_output import call_model, loss_of
-from .optimizer_state import optimizer_attributes, plain_equal, quantized_keys, state_adapter
+from .optimizer_state import (
+    optimizer_attributes,
+    optimizer_state_of,
+    param_groups_of,
+    plain_equal,
+    quantized_keys,
+    state_adapter,
+)
 from .owned_generators import generator_state, owned_generators, set_generator_state, state_bytes
 from .scheduler_component import build_scheduler, scheduler_position
 from .ulp import bits_equal, ulp_distance
@@ -451,7 +458,7 @@ class TrainingRun:
     def named_raw_state(self) -> dict[str, dict]:
         """The optimizer's state by parameter name, as the optimizer holds it."""
         names = {id(param): clean_name(name) for name, param in self.model.named_parameters()}
-        return {names[id(param)]: state for param, state in self.optimizer.state.items()}
+        return {names[id(param)]: state for param, state in optimizer_state_of(self.optimizer).items()}
 
     def optimizer_state(self) -> dict[str, dict]:
         """This rank's shard of every optimizer state value, by parameter name, as the state adapter
@@ -474,7 +481,8 @@ class TrainingRun:
             "parameter_shards": self.parameters(),
             "optimizer_state": self.optimizer_state(),
             "param_groups": [
-                {key: value for key, value in group.items() if key != "params"} for group in self.optimizer.param_groups
+                {key: value for key, value in group.items() if key != "params"}
+                for group in param_groups_of(self.optimizer)
             ],
             "optimizer_attributes": optimizer_attributes(self.optimizer),
             "scheduler": scheduler_position(self.scheduler),
