@@ -157,10 +157,27 @@ class NeverCheckpointingExpertLayer(ExpertLayer):
         return self.body(hidden, cache)
 
 
+class SelfAttendingPrefixLayer(PrefixLayer):
+    """Attends over its own keys/values and writes no cache."""
+
+    def keys_values(self, cache: KVCache, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
+        return key, value
+
+
+class SelfAttendingExpertLayer(ExpertLayer):
+    """Attends over its own keys/values, reading no cache."""
+
+    def keys_values(self, cache: KVCache, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
+        return key, value
+
+
 class CachelessDecoder(PrefixExpertDecoder):
-    """Returns an empty ``past_key_values``, as a model without a KV cache glued to the protocol does
-    (torchtitan's Llama): the expert layers still read the prefix's keys internally, but nothing is
-    returned for the cache checks to compare."""
+    """A decoder without a KV cache, as torchtitan's Llama is: its layers attend over their own
+    keys/values, the cache handed to them stays empty, and forward returns an empty ``past_key_values``;
+    neither the output nor the cache hook has a cache for the checks to compare."""
+
+    def __init__(self, config: DecoderConfig) -> None:
+        super().__init__(config, prefix_layer=SelfAttendingPrefixLayer, expert_layer=SelfAttendingExpertLayer)
 
     def forward(self, tokens: Tensor, past_key_values: KVCache | None = None) -> DecoderOutput:
         loss, _ = super().forward(tokens, past_key_values)
