@@ -4,6 +4,7 @@ naming the fix for each wrong one."""
 
 from __future__ import annotations
 
+import pytest
 from test_component_check import GOOD, USER_STACK, resume_matrix
 
 from torchmatrix.matrix.config import load_matrix
@@ -94,31 +95,36 @@ def test_bound_checkpointers_and_scheduler_builders_that_follow_the_protocol_pas
     assert problems_with(project, **good) == []
 
 
-def test_a_bound_checkpointer_without_the_directory_and_a_scheduler_needing_another_argument(project):
+@pytest.mark.parametrize(
+    ("checkpointer", "checkpointer_says", "scheduler", "scheduler_says"),
+    [
+        (
+            "ManagerWithoutDirectory",
+            (
+                "cannot take directory, *, model, optimizer, scheduler, loader",
+                "make it accept checkpointer(directory, *, model, optimizer, scheduler, loader",
+            ),
+            "needs_the_lr_too",
+            ("cannot take optimizer", "make it accept scheduler(optimizer, *, warmup_steps=..."),
+        ),
+        (
+            "ManagerSavingPerCall",
+            ("cannot take step", ").save(step)"),
+            "returns_a_number",
+            ("what it returns (int) lacks step, state_dict, load_state_dict",),
+        ),
+    ],
+)
+def test_a_wrong_bound_checkpointer_and_scheduler_builder_get_a_line_each(
+    project, checkpointer, checkpointer_says, scheduler, scheduler_says
+):
     problems = problems_with(
-        project,
-        checkpointer="userstack.training:ManagerWithoutDirectory",
-        scheduler="userstack.training:needs_the_lr_too",
+        project, checkpointer=f"userstack.training:{checkpointer}", scheduler=f"userstack.training:{scheduler}"
     )
     assert len(problems) == 2, problems
-    problem = problem_of(problems, project, "checkpointer")
-    assert "cannot take directory, *, model, optimizer, scheduler, loader" in problem, problem
-    assert "make it accept checkpointer(directory, *, model, optimizer, scheduler, loader" in problem, problem
-    problem = problem_of(problems, project, "scheduler")
-    assert "cannot take optimizer" in problem and "make it accept scheduler(optimizer, *, warmup_steps=..." in problem
-
-
-def test_a_bound_checkpointer_saving_per_call_and_a_scheduler_builder_returning_no_scheduler(project):
-    problems = problems_with(
-        project,
-        checkpointer="userstack.training:ManagerSavingPerCall",
-        scheduler="userstack.training:returns_a_number",
-    )
-    assert len(problems) == 2, problems
-    problem = problem_of(problems, project, "checkpointer")
-    assert "cannot take step" in problem and ").save(step)" in problem, problem
-    problem = problem_of(problems, project, "scheduler")
-    assert "what it returns (int) lacks step, state_dict, load_state_dict" in problem, problem
+    for key, says in (("checkpointer", checkpointer_says), ("scheduler", scheduler_says)):
+        problem = problem_of(problems, project, key)
+        assert all(text in problem for text in says), problem
 
 
 def test_a_bound_checkpointer_without_load(project):

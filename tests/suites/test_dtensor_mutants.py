@@ -152,12 +152,17 @@ def test_the_sharded_save_check_reads_what_the_checkpointer_wrote(run, run_root)
     assert all(found <= {read, failed} for found in sources.values()), sources
 
 
-def test_suite_catches_a_checkpointer_that_saves_optimizer_state_unsharded(tmp_path):
-    checkpointer = "torchmatrix.models.mutants.dtensor_state:UnshardedOptimizerCheckpointer"
-    done, outcomes = run_suites(tmp_path, dtensor_matrix((REFERENCE,), (2,), checkpointer))
+def failing_run(root: Path, checkpointer: str) -> tuple[dict[str, str], dict[str, str]]:
+    """The reference optimizer's ws2 cell run with `checkpointer`, which must fail the run: its outcomes and failures."""
+    done, outcomes = run_suites(root, dtensor_matrix((REFERENCE,), (2,), checkpointer))
     assert done.returncode == 1, done.stdout + done.stderr
-    tests = outcomes[cell_id(2, REFERENCE)]
-    failures = cell_failures(tmp_path / "reports" / "latest" / "torch-system")[cell_id(2, REFERENCE)]
+    return outcomes[cell_id(2, REFERENCE)], cell_failures(root / "reports" / "latest" / "torch-system")[
+        cell_id(2, REFERENCE)
+    ]
+
+
+def test_suite_catches_a_checkpointer_that_saves_optimizer_state_unsharded(tmp_path):
+    tests, failures = failing_run(tmp_path, "torchmatrix.models.mutants.dtensor_state:UnshardedOptimizerCheckpointer")
     saved = {test: result for test, result in tests.items() if test.startswith(SAVED)}
     assert len(saved) == 2 and set(saved.values()) == {"failure"}, tests
     assert all("expected 2 chunks, one per rank" in failures[test] for test in saved), failures
@@ -203,11 +208,9 @@ def test_state_stored_sharded_but_keyed_by_position_is_described_so(tmp_path):
 
 def test_the_reshard_goes_through_a_bound_checkpointer_that_takes_a_process_group(tmp_path):
     """A manager that never loads the optimizer back: only a reshard through it sees that (torch's helpers restore it)."""
-    checkpointer = "torchmatrix.models.mutants.dtensor_state:OptimizerNotLoadedBoundCheckpointer"
-    done, outcomes = run_suites(tmp_path, dtensor_matrix((REFERENCE,), (2,), checkpointer))
-    assert done.returncode == 1, done.stdout + done.stderr
-    tests = outcomes[cell_id(2, REFERENCE)]
-    failures = cell_failures(tmp_path / "reports" / "latest" / "torch-system")[cell_id(2, REFERENCE)]
+    tests, failures = failing_run(
+        tmp_path, "torchmatrix.models.mutants.dtensor_state:OptimizerNotLoadedBoundCheckpointer"
+    )
     reshards = {test: result for test, result in tests.items() if test.startswith("test_reshard_load_is_exact")}
     assert len(reshards) == 4 and set(reshards.values()) == {"failure"}, tests
     assert all("tensors differ after load: optimizer." in failures[test] for test in reshards), failures

@@ -2,7 +2,7 @@
 keyed by position and says sharded-or-not and keyed-by-what on separate lines; the checkpointer's
 two forms behind one face, with what `load` returns read as the step or a mapping of extra state;
 the extra state compared key by key; the seeding and batch_keywords options checked; an optimizer
-container read through its inner optimizers."""
+container read through its inner optimizers; the sensitivity command's checkpointer mutants in the bound form."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ from suites.dcp_layout import Chunk, ExpectedState, TensorLayout, storage_findin
 from suites.optimizer_state import inner_optimizers, optimizer_state_of, param_groups_of
 from suites.test_resume import extra_state_differences, options_for, rank_zero_rng
 from torchmatrix.models.checkpoint import BoundCheckpointer, Checkpointer
+from torchmatrix.models.data import TokenDataset
+from torchmatrix.sensitivity.mutants import skips_on_load
 
 PARAM = (4, 3)
 
@@ -189,3 +191,39 @@ def test_an_optimizer_container_is_read_through_its_inner_optimizers():
     assert param_groups_of(container) == [group for inner in container.optimizers for group in inner.param_groups]
     plain = container.optimizers[0]
     assert inner_optimizers(plain) == [plain] and optimizer_state_of(plain) == dict(plain.state)
+
+
+def tiny_run(data: str) -> dict:
+    """A model, optimizer, scheduler and loader as a run builds them, on one process."""
+    model = torch.nn.Linear(4, 4)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    return {
+        "model": model,
+        "optimizer": optimizer,
+        "scheduler": scheduler,
+        "loader": TokenDataset(data).loader(batch_size=2, rank=0, world_size=1),
+    }
+
+
+def test_the_sensitivity_mutants_of_a_bound_checkpointer_are_bound_and_revert_their_piece(tmp_path):
+    """`skips_on_load` of a bound checkpointer: built as it is (process group and all), its load
+    returns the step and extra state yet leaves the optimizer as freshly built."""
+    data = str(tmp_path / "tokens.pt")
+    TokenDataset.write(data, num_sequences=8, seq_len=4)
+    mutant = skips_on_load("torchmatrix.models.checkpoint:BoundCheckpointer", "optimizer")
+    assert reshards_itself(mutant)
+    trained = tiny_run(data)
+    trained["model"](torch.ones(1, 4)).sum().backward()
+    trained["optimizer"].step()
+    next(trained["loader"])
+    BoundCheckpointer(str(tmp_path / "checkpoint"), **trained).save(1)
+    fresh = tiny_run(data)
+    returned = mutant(str(tmp_path / "checkpoint"), **fresh, process_group=None).load()
+    assert returned == {"step": 1, "tokens_seen": 8}
+    assert torch.equal(fresh["model"].weight, trained["model"].weight)
+    assert not fresh["optimizer"].state
+    assert fresh["loader"].position == 1
+    unmutated = tiny_run(data)
+    BoundCheckpointer(str(tmp_path / "checkpoint"), **unmutated).load()
+    assert unmutated["optimizer"].state, "the unmutated load restores the moments the mutant put back"
