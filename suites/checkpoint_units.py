@@ -18,6 +18,8 @@ from torch import nn
 
 from torchmatrix.testing import clean_name
 
+from .cache_tree import cache_marks
+
 CONTAINER_EXCLUDED = (torch.Tensor, nn.Module, type, tuple, str, bytes)
 
 
@@ -34,10 +36,11 @@ class Unit:
 
 @dataclass
 class CheckpointUnits:
-    """What the instrumented ``checkpoint`` saw during a step: its units and the containers passed to them."""
+    """What the instrumented ``checkpoint`` saw during a step: its units, and the containers passed to
+    them with their tensors' marks when first passed (``cache_marks``), so writes after it show."""
 
     units: dict[tuple, Unit] = field(default_factory=dict)
-    containers: list[tuple[str, object]] = field(default_factory=list)
+    containers: list[tuple[str, object, dict]] = field(default_factory=list)
     _calls_this_forward: dict[object, int] = field(default_factory=dict)
 
     def next_forward(self) -> None:
@@ -77,8 +80,8 @@ class CheckpointUnits:
             if not isinstance(value, CONTAINER_EXCLUDED) and (
                 isinstance(value, (dict, list)) or hasattr(value, "__dict__")
             ):
-                if all(value is not seen for _, seen in self.containers):
-                    self.containers.append((name, value))
+                if all(value is not seen for _, seen, _ in self.containers):
+                    self.containers.append((name, value, cache_marks({name: value})))
 
     def sites(self, model: nn.Module) -> list[tuple[str, str | None]]:
         """Where the units that are modules or modules' methods sit in ``model``: (module path, method

@@ -32,8 +32,6 @@ declares it (attribute ``compute_dtype`` or option ``compute_dtype``) and is com
 
 from __future__ import annotations
 
-import types
-from collections.abc import Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -48,6 +46,7 @@ from torch.utils.checkpoint import CheckpointError
 
 from torchmatrix.testing import clean_name, current_device, load
 
+from .cache_tree import CACHE_STATE_DEPTH, OPAQUE, cache_contents, cache_marks, cache_snapshot, cache_writes
 from .checkpoint_units import CheckpointUnits, counted_checkpoints, watched_sites
 from .deterministic import deterministic_algorithms
 from .model_output import cache_on, call_model, loss_of
@@ -162,29 +161,6 @@ def local_parameters(model) -> dict:
     return {clean_name(n): local_tensor(p).detach().clone() for n, p in model.named_parameters()}
 
 
-def cache_snapshot(caches: dict) -> dict:
-    """Every cache tensor by path, copied."""
-    return {name: tensor.detach().clone() for name, tensor in cache_contents(caches)[0].items()}
-
-
-def cache_marks(caches: dict) -> dict[str, tuple[torch.Tensor, int]]:
-    """Each cache tensor by path with its version counter, holding the tensor so its identity stays its own."""
-    return {name: (tensor, tensor._version) for name, tensor in cache_contents(caches)[0].items()}
-
-
-def cache_writes(before: dict[str, tuple[torch.Tensor, int]], caches: dict) -> list[str]:
-    """The cache tensors written since ``before`` was marked: replaced, written in place, added or removed."""
-    after = cache_marks(caches)
-    return sorted(
-        name
-        for name in before.keys() | after.keys()
-        if name not in before
-        or name not in after
-        or after[name][0] is not before[name][0]
-        or after[name][1] != before[name][1]
-    )
-
-
 WRAPPERS_THAT_REBUILD_OUTPUT = (FullyShardedDataParallel, DistributedDataParallel)
 
 
@@ -208,60 +184,20 @@ def inner_output(model: nn.Module):
         handle.remove()
 
 
-CACHE_STATE_DEPTH = 6
-OPAQUE = (type, types.ModuleType, types.FunctionType, types.MethodType, types.BuiltinFunctionType, nn.Module)
-
-
-def cache_contents(caches: dict) -> tuple[dict[str, torch.Tensor], dict[str, object]]:
-    """The caches (name -> any pytree: dicts, lists, tuples, dataclasses, objects such as transformers'
-    ``DynamicCache``) flattened to their tensors and their non-tensor state (int counters, lengths,
-    flags), each by path: ``past_key_values[0][1]``, ``cache[0]['key_states']``,
-    ``len(past_key_values.layers)``. A container reachable by two paths is walked under the first."""
-    tensors: dict[str, torch.Tensor] = {}
-    state: dict[str, object] = {}
-    seen: set[int] = set()
-
-    def walk(value, path: str, depth: int) -> None:
-        if isinstance(value, (int, float, bool, str, type(None))):
-            state[path] = value
-        elif isinstance(value, (torch.dtype, torch.device)):
-            state[path] = str(value)
-        elif isinstance(value, torch.Tensor):
-            tensors[path] = value
-        elif isinstance(value, OPAQUE) or depth > CACHE_STATE_DEPTH or id(value) in seen:
-            return
-        else:
-            seen.add(id(value))
-            if isinstance(value, (list, tuple, Mapping)):
-                state[f"len({path})"] = len(value)
-            if isinstance(value, (list, tuple)):
-                for index, item in enumerate(value):
-                    walk(item, f"{path}[{index}]", depth + 1)
-            elif isinstance(value, Mapping):
-                for key, item in value.items():
-                    walk(item, f"{path}[{key!r}]", depth + 1)
-            if hasattr(value, "__dict__"):
-                for name, item in vars(value).items():
-                    walk(item, f"{path}.{name}", depth + 1)
-
-    for name, cache in caches.items():
-        walk(cache, name, 0)
-    return tensors, state
-
-
 def cache_state(caches: dict) -> dict[str, object]:
     return cache_contents(caches)[1]
 
 
 def found_caches(output, units: CheckpointUnits) -> tuple[dict, str]:
     """The caches of one step and where they were found: the output's ``past_key_values``, else the
-    containers forward handed to its checkpointed units that hold tensors (the cache hook)."""
+    containers forward handed to its checkpointed units and wrote tensors to after handing them (the
+    cache hook: a mask or rotary table passed along unchanged is no cache)."""
     returned = cache_on(output)
     if returned is not None and cache_contents({"past_key_values": returned})[0]:
         return {"past_key_values": returned}, "output"
     observed: dict[str, object] = {}
-    for name, container in units.containers:
-        if cache_contents({name: container})[0]:
+    for name, container, marks in units.containers:
+        if cache_writes(marks, {name: container}):
             observed[name if name not in observed else f"{name}#{len(observed)}"] = container
     if observed:
         return observed, "hook"

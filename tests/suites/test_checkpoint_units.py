@@ -42,7 +42,7 @@ def test_a_function_unit_is_counted_per_call_and_its_dict_cache_observed():
         after_backward = units.calls(model)
     assert after_forward == {f"FunctionUnitDecoder._run_layer#{i}": 1 for i in range(6)}
     assert after_backward == {f"FunctionUnitDecoder._run_layer#{i}": 2 for i in range(6)}
-    [(name, cache)] = units.containers
+    [(name, cache, _)] = units.containers
     assert name == "cache" and sorted(cache) == [0, 1, 2]
     assert sorted(cache[0]) == ["key_states", "value_states"]
     assert torch.utils.checkpoint.checkpoint is ORIGINAL_CHECKPOINT
@@ -74,7 +74,7 @@ def test_the_run_without_checkpointing_watches_the_same_units_for_the_cache():
     eager = function_units.build_function_unit_model({"attn": "sdpa"})
     with counted_checkpoints() as watched, watched_sites(eager, units.sites(checkpointed), watched):
         eager(tokens)
-    [(name, cache)] = watched.containers
+    [(name, cache, _)] = watched.containers
     assert name == "cache" and sorted(cache) == [0, 1, 2]
     assert "_run_layer" not in vars(eager), "the watch is taken off after the block"
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+from suites.cache_tree import cache_marks
 from suites.checkpoint_units import CheckpointUnits
 from suites.test_grad_ckpt import BF16_RTOL, cache_contents, found_caches, precision_from
 
@@ -37,7 +38,7 @@ def test_any_pytree_is_flattened_to_tensors_and_plain_state_by_path():
 
 
 def test_the_cache_on_the_output_comes_first_then_the_hook():
-    units = CheckpointUnits(containers=[("cache", {0: {"key_states": torch.zeros(1)}})])
+    units = CheckpointUnits(containers=[("cache", {0: {"key_states": torch.zeros(1)}}, {})])  # empty when handed over
     output_cache = ObjectCache()
     assert found_caches({"loss": torch.zeros(()), "past_key_values": output_cache}, units) == (
         {"past_key_values": output_cache},
@@ -47,9 +48,15 @@ def test_the_cache_on_the_output_comes_first_then_the_hook():
     assert source == "hook" and list(caches) == ["cache"]
 
 
-def test_no_cache_anywhere_is_an_empty_one_and_containers_without_tensors_are_not_caches():
-    units = CheckpointUnits(containers=[("options", {"causal": True})])
+def test_no_cache_anywhere_is_an_empty_one_and_containers_forward_did_not_write_are_not_caches():
+    """A block mask or rotary table handed to every layer holds tensors, but forward never writes them."""
+    mask = {"mask": torch.ones(2, 2)}
+    units = CheckpointUnits(
+        containers=[("options", {"causal": True}, {}), ("masks", mask, cache_marks({"masks": mask}))]
+    )
     assert found_caches((torch.zeros(()), "logits"), units) == ({}, "output")
+    mask["mask"].add_(1)
+    assert found_caches((torch.zeros(()), "logits"), units)[1] == "hook", "written in place: a cache"
 
 
 def test_a_declared_compute_dtype_compares_and_labels_at_its_precision():
