@@ -6,7 +6,9 @@ The getters build a load template with the optimizer's lazily-created moments al
 allocated in the right FSDP/DTensor layout, which is what a raw `optimizer.state_dict()` of a
 fresh optimizer lacks (see shared/seeds/resume-optimizer-moments.txt). Next to them go the LR
 scheduler, the data-loader position and the step, which are the same on every rank, and each
-rank's RNG states, which are not.
+rank's RNG states, which are not. `BoundCheckpointer` is the same checkpoint in the form of a
+checkpoint manager: built once with the training objects and a process group, then `save(step)`
+and `load()`.
 """
 
 from __future__ import annotations
@@ -36,21 +38,30 @@ class Checkpointer:
     plain, FSDP1-wrapped or FSDP2-sharded; the optimizer anything torch's state-dict helpers
     handle. A resume needs the world size it was saved at, because RNG states are per rank.
     Each piece is its own method so the mutants in models/mutants/resume.py can break one.
+    `process_group` is the group DCP saves and loads over (None: every rank).
     """
+
+    process_group = None
 
     def save(self, directory: str, *, model, optimizer, scheduler, loader, step: int) -> None:
         progress = self.progress_state(scheduler, loader, step)
-        require_same_on_every_rank(progress)
+        require_same_on_every_rank(progress, self.process_group)
         state = {
             "model": self.model_state(model),
             "optimizer": self.optimizer_state(model, optimizer),
             "progress": progress,
-            rng_key(): capture_rng_state(),
+            self.rng_key(): self.rng_state(),
         }
-        dcp.save(state, checkpoint_id=directory)
+        dcp.save(state, checkpoint_id=directory, process_group=self.process_group)
 
     def load(self, directory: str, *, model, optimizer, scheduler, loader) -> int:
-        """Restore every piece from `directory` and return the step it was saved at.
+        """Restore every piece from `directory` and return the step it was saved at."""
+        return int(
+            self.restore(directory, model=model, optimizer=optimizer, scheduler=scheduler, loader=loader)["step"]
+        )
+
+    def restore(self, directory: str, *, model, optimizer, scheduler, loader) -> dict:
+        """Restore every piece from `directory` and return the progress saved with it (step, scheduler, loader, ...).
 
         Gradients are dropped first: torch's state-dict getter only allocates the lazily-created
         moments of an optimizer whose params have no gradients, so stale gradients would
@@ -61,15 +72,15 @@ class Checkpointer:
             "model": self.model_state(model),
             "optimizer": self.optimizer_state(model, optimizer),
             "progress": self.progress_state(scheduler, loader, step=0),
-            rng_key(): capture_rng_state(),
+            self.rng_key(): capture_rng_state(),
         }
-        dcp.load(state, checkpoint_id=directory)
+        dcp.load(state, checkpoint_id=directory, process_group=self.process_group)
         self.restore_model(model, state["model"])
         self.restore_optimizer(model, optimizer, state["optimizer"])
         self.restore_scheduler(scheduler, state["progress"]["scheduler"])
         self.restore_loader(loader, state["progress"]["loader"])
-        self.restore_rng(state[rng_key()])
-        return int(state["progress"]["step"])
+        self.restore_rng(state[self.rng_key()])
+        return state["progress"]
 
     def model_state(self, model) -> dict:
         return get_model_state_dict(model)
@@ -97,11 +108,68 @@ class Checkpointer:
     def restore_rng(self, state: dict) -> None:
         restore_rng_state(state)
 
+    def rng_state(self) -> dict:
+        return capture_rng_state()
 
-def rng_key() -> str:
-    """Checkpoint key of this rank's RNG states: one key per rank, because DCP keeps a single
-    copy of a key that every rank saves."""
-    return f"rng_rank{dist.get_rank() if dist.is_initialized() else 0}"
+    def rng_key(self) -> str:
+        """Checkpoint key of this rank's RNG states: one key per rank, because DCP keeps a single
+        copy of a key that every rank saves."""
+        return f"rng_rank{dist.get_rank() if dist.is_initialized() else 0}"
+
+
+class ReplicatedRngCheckpointer(Checkpointer):
+    """The reference checkpoint with one copy of the RNG states, rank 0's, and the tokens the
+    loader has read in its progress."""
+
+    def rng_key(self) -> str:
+        return "rng"
+
+    def rng_state(self) -> dict:
+        """Rank 0's RNG states (the group's first rank), on every rank: DCP keeps one copy of a key
+        every rank saves, and which rank's it keeps is its own choice."""
+        state = [capture_rng_state()]
+        if dist.is_initialized():
+            first = dist.get_global_rank(self.process_group, 0) if self.process_group is not None else 0
+            dist.broadcast_object_list(state, src=first, group=self.process_group)
+        return state[0]
+
+    def progress_state(self, scheduler, loader, step: int) -> dict:
+        return {**super().progress_state(scheduler, loader, step), "tokens_seen": self.tokens_seen(loader)}
+
+    def tokens_seen(self, loader) -> int:
+        """Tokens every rank together has read: the loader's global batches times their tokens (0 for
+        a loader that does not say its batch size and dataset)."""
+        group_size = dist.get_world_size(self.process_group) if dist.is_initialized() else 1
+        per_batch = getattr(loader, "batch_size", 0) * getattr(getattr(loader, "dataset", None), "seq_len", 0)
+        return loader.state_dict()["position"] * per_batch * group_size
+
+
+class BoundCheckpointer:
+    """The `checkpointer` component in its bound form, as a training stack's checkpoint manager is
+    written: built once with the directory, the training objects and the process group it saves and
+    loads over, then `save(step)` and `load()`.
+
+    It keeps rank 0's RNG states for every rank (one `rng` key), as managers of stacks that seed
+    their data-parallel replicas alike do: right under the resume suite's `seeding = "replicated"`,
+    and world-size free, so the same checkpoint loads into another number of ranks. Besides the step,
+    `save` and `load` return `tokens_seen`, the extra state a manager keeps of its trainer's progress.
+    """
+
+    pieces_class = ReplicatedRngCheckpointer
+
+    def __init__(self, directory: str, *, model, optimizer, scheduler, loader, process_group=None):
+        self.directory = directory
+        self.objects = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "loader": loader}
+        self.pieces = self.pieces_class()
+        self.pieces.process_group = process_group
+
+    def save(self, step: int) -> dict:
+        self.pieces.save(self.directory, step=step, **self.objects)
+        return {"tokens_seen": self.pieces.tokens_seen(self.objects["loader"])}
+
+    def load(self) -> dict:
+        progress = self.pieces.restore(self.directory, **self.objects)
+        return {"step": int(progress["step"]), "tokens_seen": int(progress["tokens_seen"])}
 
 
 def capture_rng_state() -> dict:
@@ -123,13 +191,14 @@ def restore_rng_state(state: dict) -> None:
         numpy.random.set_state(state["numpy"])
 
 
-def require_same_on_every_rank(progress: dict) -> None:
-    """Refuse to save a step, scheduler or loader position that differs between ranks: DCP keeps
-    one copy of them, so a disagreement would silently resume some ranks elsewhere."""
-    if not dist.is_initialized() or dist.get_world_size() == 1:
+def require_same_on_every_rank(progress: dict, group=None) -> None:
+    """Refuse to save a step, scheduler or loader position that differs between the ranks of
+    `group` (None: all): DCP keeps one copy of them, so a disagreement would silently resume some
+    ranks elsewhere."""
+    if not dist.is_initialized() or dist.get_world_size(group) == 1:
         return
-    gathered = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, progress)
+    gathered = [None] * dist.get_world_size(group)
+    dist.all_gather_object(gathered, progress, group=group)
     differing = [rank for rank, other in enumerate(gathered) if other != gathered[0]]
     if differing:
         raise RuntimeError(

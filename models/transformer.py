@@ -145,6 +145,10 @@ class DecoderLayer(nn.Module):
 
     def body(self, hidden: Tensor, cache: KVCache) -> Tensor:
         self.body_calls += 1
+        return self.compute(hidden, cache)
+
+    def compute(self, hidden: Tensor, cache: KVCache) -> Tensor:
+        """The layer's computation, uncounted (models/function_units.py runs it as a function unit)."""
         normed = self.attn_norm(hidden)
         query, key, value = (self.split_heads(proj(normed)) for proj in (self.q_proj, self.k_proj, self.v_proj))
         keys, values = self.keys_values(cache, key, value)

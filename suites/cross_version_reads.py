@@ -1,8 +1,8 @@
 """Checkpoints across torch versions, the reading side, run by `torchmatrix cross-read` only (no
 `test_` prefix: no matrix suite or directory collection picks it up): load, through the `checkpointer` component, what another torch version of the
 run wrote for this cell (suites/test_cross_version.py), into a model, optimizer, scheduler and loader
-rebuilt from another seed, and compare every restored value and the step exactly with what that
-version saved. A version whose writes for the cell are missing is reported as not checked.
+rebuilt from another seed, and compare every restored value, the step and the extra state the
+checkpointer's save returned exactly with what that version saved. A version whose writes for the cell are missing is reported as not checked.
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ import pytest
 
 from torchmatrix.testing import EXPECTED_FILE, load, planned_options, writes_dir
 
+from .checkpointer_forms import RunCheckpointer
 from .deterministic import deterministic_algorithms
-from .neutral_state import differences
+from .neutral_state import differences, neutral
 from .test_cross_version import restorable
 from .test_resume import TrainingRun, options_for, write_dataset
 
@@ -47,6 +48,8 @@ def test_loads_checkpoint_written_by(cell, ranks, suite_options, components, tmp
         if step != expected["step"]
     ]
     for rank, ((_, state), saved) in enumerate(zip(loaded, expected["ranks"])):
+        returned = state.pop("extra_state")  # only the keys its save returned must come back
+        state["extra_state"] = {key: value for key, value in returned.items() if key in saved.get("extra_state", {})}
         problems += [f"  rank {rank}: {line}" for line in differences(saved, state)]
     assert not problems, (
         f"{cell.id}: checkpoint written by torch {writer}, loaded by torch {suite_options['torch']}, differs from what was saved:\n"
@@ -62,5 +65,5 @@ def load_and_capture(cell: dict, options: dict, components: dict, data_path: str
         run = TrainingRun(
             cell, options, components, data_path, dist.get_rank(), dist.get_world_size(), seed=options["rebuild_seed"]
         )
-        step = load(components["checkpointer"])().load(checkpoint_dir, **run.checkpointables())
-        return int(step), restorable(run)
+        step, extra = RunCheckpointer(load(components["checkpointer"]), checkpoint_dir, **run.checkpointables()).load()
+        return step, {**restorable(run), "extra_state": neutral(extra)}

@@ -130,3 +130,97 @@ def layouts_by_suffix(layouts: dict[str, TensorLayout], suffixes: list[str]) -> 
         if owners:
             found[max(owners, key=len)].append(layout)
     return found
+
+
+@dataclass(frozen=True)
+class ExpectedState:
+    """One param-shaped optimizer state the checkpoint should hold sharded: its key by parameter name
+    (`layers.0.attn.weight.exp_avg`), by position in the optimizer's param order (`state.3.exp_avg`,
+    as `optimizer.state_dict()` keys it; None when the order is not known) and its param's global shape."""
+
+    name_key: str
+    position_key: str | None
+    shape: tuple[int, ...]
+
+
+@dataclass
+class StorageFindings:
+    """What the checkpoint shows of the expected states: per state what is wrong (`problems`), and
+    two separate verdicts over all of them (`lines`): stored sharded or not, keyed by name or by position."""
+
+    problems: list[str]
+    lines: list[str]
+    stored_bytes: int
+    full_copy_bytes: int
+    keyed_by: dict[str, tuple[str, str]]  # name key -> ("parameter name" or "position", the key found)
+
+
+def storage_findings(
+    layouts: dict[str, TensorLayout], expected: list[ExpectedState], world_size: int
+) -> StorageFindings:
+    """Find each expected state under its parameter name, else under its position, and judge whether
+    it is stored once at its param's global shape, one chunk per rank that holds a piece of it."""
+    by_name = layouts_by_suffix(layouts, [state.name_key for state in expected])
+    by_position = layouts_by_suffix(layouts, [state.position_key for state in expected if state.position_key])
+    findings = StorageFindings([], [], 0, 0, {})
+    sharded, unsharded = [], []
+    for state in sorted(expected, key=lambda state: state.name_key):
+        found, keyed_by = by_name[state.name_key], "parameter name"
+        if not found and state.position_key:
+            found, keyed_by = by_position[state.position_key], "position"
+        if len(found) != 1:
+            what = "no key" if not found else f"{len(found)} keys ({', '.join(sorted(f.key for f in found))})"
+            where = f" or with {state.position_key}" if state.position_key else ""
+            findings.problems.append(f"{state.name_key}: {what} in the checkpoint ending with it{where}")
+            continue
+        layout = found[0]
+        findings.keyed_by[state.name_key] = (keyed_by, layout.key)
+        findings.stored_bytes += layout.stored_bytes
+        findings.full_copy_bytes += layout.full_copy_bytes
+        problem = sharding_problem(layout, state.shape, world_size)
+        (unsharded if problem else sharded).append(layout.key)
+        if problem:
+            findings.problems.append(f"{layout.describe()}; {problem}")
+    total = len(expected)
+    if sharded:
+        findings.lines.append(f"stored sharded: {len(sharded)} of {total} param-shaped states (e.g. {sharded[0]})")
+    if unsharded:
+        findings.lines.append(
+            f"not stored sharded: {len(unsharded)} of {total} param-shaped states (e.g. {unsharded[0]})"
+        )
+    for keyed_by, meaning in KEYED_BY.items():
+        keys = [layout_key for name, (how, layout_key) in findings.keyed_by.items() if how == keyed_by]
+        if keys:
+            findings.lines.append(
+                f"keyed by {keyed_by}: {len(keys)} of {total} param-shaped states (e.g. {keys[0]}){meaning}"
+            )
+    return findings
+
+
+KEYED_BY = {
+    "parameter name": "",
+    "position": (
+        ", their place in the optimizer's param order as optimizer.state_dict() numbers it, not their parameter's name: "
+        "a load into a model whose params are ordered or grouped otherwise puts each state into another param"
+    ),
+}
+
+
+def sharding_problem(layout: TensorLayout, shape: tuple[int, ...], world_size: int) -> str | None:
+    """Why `layout` is not its param's state stored sharded, or None when it is."""
+    wanted_chunks = nonempty_shards(shape, world_size)
+    if layout.size != tuple(shape):
+        return f"the param is {list(shape)}"
+    if not layout.covers_exactly_once():
+        return "chunks do not cover the tensor exactly once"
+    if len(layout.stored_chunks) != wanted_chunks or len(set(layout.writers)) != wanted_chunks:
+        return f"expected {wanted_chunks} chunks, one per rank"
+    return None
+
+
+def nonempty_shards(shape: tuple[int, ...], world_size: int) -> int:
+    """How many ranks hold a non-empty piece when dim 0 is split the way torch.chunk does."""
+    if not shape:
+        return 1
+    per_rank = math.ceil(shape[0] / world_size)
+    return math.ceil(shape[0] / per_rank) if per_rank else 0

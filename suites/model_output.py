@@ -33,3 +33,13 @@ def call_model(model, batch):
     if isinstance(batch, (tuple, list)):
         return model(*batch)
     return model(batch)
+
+
+def cache_on(output):
+    """The cache the output carries: its ``.past_key_values`` or ``["past_key_values"]`` (any pytree),
+    else None (a bare loss tensor or a tuple carries none by name)."""
+    if isinstance(output, Mapping):
+        return output.get("past_key_values")
+    if isinstance(output, torch.Tensor):
+        return None
+    return getattr(output, "past_key_values", None)

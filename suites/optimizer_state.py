@@ -42,6 +42,31 @@ def is_subclass(tensor: torch.Tensor) -> bool:
     return type(tensor) not in (torch.Tensor, torch.nn.Parameter)
 
 
+def inner_optimizers(optimizer) -> list:
+    """The optimizers that hold the per-param state: `optimizer` itself, or, for a container whose own
+    `.state` is empty and that keeps its optimizers in a list `.optimizers` (torchtitan's
+    OptimizersContainer, one optimizer per model part), each of those."""
+    inner = getattr(optimizer, "optimizers", None)
+    if (
+        isinstance(inner, (list, tuple))
+        and inner
+        and not getattr(optimizer, "state", None)
+        and all(hasattr(part, "state") and hasattr(part, "param_groups") for part in inner)
+    ):
+        return list(inner)
+    return [optimizer]
+
+
+def optimizer_state_of(optimizer) -> dict:
+    """param -> state over the optimizers that hold it (see inner_optimizers)."""
+    return {param: state for part in inner_optimizers(optimizer) for param, state in part.state.items()}
+
+
+def param_groups_of(optimizer) -> list[dict]:
+    """The param groups whose `lr` the scheduler sets, over the optimizers that hold the state."""
+    return [group for part in inner_optimizers(optimizer) for group in part.param_groups]
+
+
 def state_adapter(components: dict, optimizer_value: str):
     """The adapter for this optimizer axis value: `[components] plain_state_<value>`, or `plain_state`."""
     from torchmatrix.testing import load

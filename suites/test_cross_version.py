@@ -18,13 +18,15 @@ import pytest
 
 from torchmatrix.testing import EXPECTED_FILE, load, writes_dir
 
+from .checkpointer_forms import RunCheckpointer
 from .deterministic import deterministic_algorithms
 from .neutral_state import neutral
 from .test_resume import TrainingRun, options_for, write_dataset
 
 
 def test_writes_checkpoint_for_other_versions(cell, ranks, suite_options, components, tmp_path):
-    """Train to the resume step, save through the checkpointer, and keep what a load must restore beside it."""
+    """Train to the resume step, save through the checkpointer (either form), and keep what a load
+    must restore beside it, with the extra state the checkpointer's save returned."""
     if not suite_options.get("peers"):
         pytest.skip("one torch version in this matrix: no other version reads this cell's checkpoint")
     options = options_for(suite_options)
@@ -68,5 +70,6 @@ def train_and_save(cell: dict, options: dict, components: dict, data_path: str, 
         for _ in range(options["resume_step"]):
             run.train_step()
         state = restorable(run)
-        load(components["checkpointer"])().save(checkpoint_dir, step=options["resume_step"], **run.checkpointables())
+        checkpointer = RunCheckpointer(load(components["checkpointer"]), checkpoint_dir, **run.checkpointables())
+        state["extra_state"] = neutral(checkpointer.save(options["resume_step"]))
         return state

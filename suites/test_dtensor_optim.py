@@ -18,15 +18,17 @@ Which save is checked, recorded as `layout_source`: with a `checkpointer` compon
 checkpoint that `checkpointer().save(...)` writes, found by its `.metadata` and read for each
 state under whatever prefix it nests it; without one (or where it writes no DCP metadata), torch's
 `get_optimizer_state_dict` saved with `dcp.save`, which is what torch's helpers give, not what a
-user's checkpointer writes. The reshard always goes through torch's helpers and DCP with a process
-group (`reshard_source`): the checkpointer protocol takes none, so it cannot save or load in the
-smaller world a reshard needs. An optimizer that keeps no param-shaped state (stateless, or only
+user's checkpointer writes. The reshard (`reshard_source`) goes through the user's checkpointer when
+it is the bound form and takes a `process_group` or `mesh` (suites/checkpointer_forms.py): its own
+`save(step)` at one world size, its own `load()` at the other; otherwise through torch's helpers
+and DCP with a process group, since a checkpointer that takes none cannot save or load in the
+smaller world a reshard needs. The sharded-save check says on separate lines whether the state is
+stored sharded and whether it is keyed by parameter name or by position (suites/dcp_layout.py). An optimizer that keeps no param-shaped state (stateless, or only
 scalars) skips these checks saying so; one that keeps it for some params and not others fails.
 """
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import NamedTuple
 
@@ -48,8 +50,11 @@ from torch.distributed.tensor import DTensor
 
 from torchmatrix.testing import accepts, build_optimizer, clean_name, current_device, load
 
-from .dcp_layout import find_checkpoint, layouts_by_suffix, read_layouts
-from .optimizer_state import state_adapter
+from .checkpointer_forms import RunCheckpointer, reshards_itself
+from .dcp_layout import ExpectedState, find_checkpoint, read_layouts, storage_findings
+from .model_output import loss_of
+from .optimizer_state import optimizer_state_of, param_groups_of, state_adapter
+from .scheduler_component import build_scheduler
 
 LR = 1e-2
 SAVE_SEED, LOAD_SEED = 0, 1
@@ -58,9 +63,9 @@ MODEL_KINDS = ("model", "uneven_probe")
 RESHARDS = ("shrink", "grow")  # W -> W/2 and W/2 -> W for a cell of W ranks: 2->1, 1->2, 4->2, 2->4, ...
 FULL = StateDictOptions(full_state_dict=True)
 TORCH_HELPERS = "torch get_optimizer_state_dict + dcp.save"
-RESHARD_SOURCE = (
-    "torch get/set_model_state_dict and get/set_optimizer_state_dict + dcp.save/load over a process group "
-    "(the checkpointer protocol takes no process group, so it cannot save or load in a smaller world)"
+RESHARD_THROUGH_CHECKPOINTER = "checkpointer"
+RESHARD_THROUGH_TORCH = (
+    "torch get/set_model_state_dict and get/set_optimizer_state_dict + dcp.save/load over a process group ({why})"
 )
 SUB_WORLD_MESHES: dict[int, DeviceMesh | None] = {}
 
@@ -127,32 +132,17 @@ def test_saved_state_is_sharded(cell, ranks, recipe, tmp_path, record_property):
     assert not (errors := _merged([r["errors"] for r in results])), "\n".join(errors)
     if not any(r["param_shaped_states"] for r in results):
         pytest.skip(no_param_shaped_state(recipe))
-    expected = results[0]["expected"]
-    layouts = layouts_by_suffix(read_layouts(results[0]["checkpoint"]), list(expected))
-    problems, stored, full = [], 0, 0
-    for key, shape in sorted(expected.items()):
-        found = layouts[key]
-        if len(found) != 1:
-            what = "no key" if not found else f"{len(found)} keys ({', '.join(sorted(f.key for f in found))})"
-            problems.append(f"{key}: {what} in the checkpoint ending with it")
-            continue
-        layout = found[0]
-        stored, full = stored + layout.stored_bytes, full + layout.full_copy_bytes
-        print(layout.describe())
-        wanted_chunks = _nonempty_shards(shape, ranks.world_size)
-        if layout.size != shape:
-            problems.append(f"{layout.describe()}; the param is {list(shape)}")
-        elif not layout.covers_exactly_once():
-            problems.append(f"{layout.describe()}; chunks do not cover the tensor exactly once")
-        elif len(layout.stored_chunks) != wanted_chunks or len(set(layout.writers)) != wanted_chunks:
-            problems.append(f"{layout.describe()}; expected {wanted_chunks} chunks, one per rank")
+    expected = [ExpectedState(name, position, tuple(shape)) for name, position, shape in results[0]["expected"]]
+    findings = storage_findings(read_layouts(results[0]["checkpoint"]), expected, ranks.world_size)
+    print("\n".join(findings.lines))
     record_property("sharded_states", len(expected))
-    record_property("sharded_stored_bytes", stored)
-    record_property("sharded_full_copy_bytes", full)
+    record_property("sharded_stored_bytes", findings.stored_bytes)
+    record_property("sharded_full_copy_bytes", findings.full_copy_bytes)
+    record_property("state_layout", " | ".join(findings.lines))
     assert expected, "the optimizer keeps param-shaped state, yet torch's get_optimizer_state_dict lists none"
-    assert not problems, (
-        f"{len(problems)} of {len(expected)} param-shaped states are not stored sharded "
-        f"(checkpoint written by {results[0]['layout_source']}):\n" + "\n".join(problems)
+    assert not findings.problems, (
+        f"{len(findings.problems)} of {len(expected)} param-shaped states are not stored sharded "
+        f"(checkpoint written by {results[0]['layout_source']}):\n" + "\n".join(findings.lines + findings.problems)
     )
 
 
@@ -202,7 +192,7 @@ def test_reshard_load_is_exact(cell, ranks, recipe, reshard, tmp_path, record_pr
     )
     report = results[0]
     record_property("reshard_tensors_compared", report["compared"])
-    record_property("reshard_source", RESHARD_SOURCE)
+    record_property("reshard_source", reshard_source(recipe))
     assert report["compared"], "nothing was compared: the saved state is empty"
     mismatches = report["mismatches"]
     assert not mismatches, (
@@ -215,20 +205,25 @@ def test_reshard_load_is_exact(cell, ranks, recipe, reshard, tmp_path, record_pr
         pytest.skip(f"model tensors resharded exactly; {no_param_shaped_state(recipe)}")
 
 
+def reshard_source(recipe: Recipe) -> str:
+    """What the reshard saved and loaded with: the user's checkpointer where it can, else torch's helpers and why."""
+    if recipe.reshards_through_checkpointer:
+        return RESHARD_THROUGH_CHECKPOINTER
+    name = recipe.components.get("checkpointer")
+    why = (
+        f"checkpointer {name} takes no process_group or mesh, so it cannot save or load in a smaller world"
+        if name
+        else "no checkpointer in [components]"
+    )
+    return RESHARD_THROUGH_TORCH.format(why=why)
+
+
 def no_param_shaped_state(recipe: Recipe) -> str:
     optimizer = recipe.components[f"optimizer_{recipe.cell['optimizer']}"]
     return (
         f"the optimizer ({optimizer}) keeps no param-shaped state after a step (none, or only scalars): "
         f"no state layout to check"
     )
-
-
-def _nonempty_shards(shape: tuple[int, ...], world_size: int) -> int:
-    """How many ranks hold a non-empty piece when dim 0 is split the way torch.chunk does."""
-    if not shape:
-        return 1
-    per_rank = math.ceil(shape[0] / world_size)
-    return math.ceil(shape[0] / per_rank) if per_rank else 0
 
 
 # ---- rank side: building the stack ------------------------------------------------------------
@@ -254,6 +249,28 @@ class Recipe(NamedTuple):
         model = parallelize(model, self.cell, device=device, **({"mesh": mesh} if mesh is not None else {}))
         return model, build_optimizer(load(self.components[f"optimizer_{self.cell['optimizer']}"]), model, lr=LR)
 
+    @property
+    def reshards_through_checkpointer(self) -> bool:
+        """Whether the `checkpointer` component can save and load in a world of the suite's choosing."""
+        return "checkpointer" in self.components and reshards_itself(load(self.components["checkpointer"]))
+
+    def checkpointer(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, directory: str, mesh: DeviceMesh | None = None
+    ) -> RunCheckpointer:
+        """The `checkpointer` component over this stack, in whichever form it has, saving and loading
+        over `mesh` (None: every rank), with the `scheduler` component and a loader that never moves."""
+        scheduler = build_scheduler(self.components, optimizer, warmup_steps=1, total_steps=2, cell=self.cell)
+        return RunCheckpointer(
+            load(self.components["checkpointer"]),
+            directory,
+            model=model,
+            optimizer=optimizer,
+            scheduler=scheduler,
+            loader=IdleLoader(),
+            process_group=mesh.get_group() if mesh is not None else None,
+            mesh=mesh,
+        )
+
     def plain_state(self, state: dict) -> dict:
         """One param's optimizer state made plain by the cell's optimizer's state adapter."""
         return state_adapter(self.components, self.cell["optimizer"])(state)
@@ -261,7 +278,7 @@ class Recipe(NamedTuple):
     def train_step(self, model: nn.Module, optimizer: torch.optim.Optimizer, seed: int) -> None:
         make_batch = load(self.components["batch"]) if self.model_kind == "model" else make_probe_batch
         batch = make_batch(model, seed=seed + dist.get_rank(), device=current_device())
-        model(**batch).loss.backward()
+        loss_of(model(**batch)).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
@@ -355,13 +372,14 @@ def layout_problems(model: nn.Module, optimizer: torch.optim.Optimizer, *, dtens
         return [
             f"no parameter of {type(model).__name__} is a DTensor after `parallelize` under FSDP2: there is no state layout to check"
         ]
-    keeps_state = any(optimizer.state.values())
+    states = optimizer_state_of(optimizer)
+    keeps_state = any(states.values())
     problems = [
         f"{names[p]}: no optimizer state after a step, while other params have some"
         for p in names
-        if keeps_state and isinstance(p, DTensor) and not optimizer.state.get(p)
+        if keeps_state and isinstance(p, DTensor) and not states.get(p)
     ]
-    for param, state in optimizer.state.items():
+    for param, state in states.items():
         if not isinstance(param, DTensor):
             continue
         for key, value in state.items():
@@ -396,7 +414,9 @@ def on_rank_state_layout(recipe: Recipe) -> dict:
 
 def param_shaped_states(optimizer: torch.optim.Optimizer) -> int:
     """How many non-scalar tensors the optimizer keeps in its per-param state on this rank."""
-    return sum(torch.is_tensor(v) and v.dim() > 0 for state in optimizer.state.values() for v in state.values())
+    return sum(
+        torch.is_tensor(v) and v.dim() > 0 for state in optimizer_state_of(optimizer).values() for v in state.values()
+    )
 
 
 class IdleLoader:
@@ -421,9 +441,7 @@ def on_rank_save(recipe: Recipe, checkpoint_dir: str) -> dict:
     errors, checkpoint, source = [], None, f"{TORCH_HELPERS} (no checkpointer in [components])"
     if "checkpointer" in recipe.components:
         name = recipe.components["checkpointer"]
-        attempt(
-            errors, f"checkpointer ({name}).save", _save_through_checkpointer, name, model, optimizer, checkpoint_dir
-        )
+        attempt(errors, f"checkpointer ({name}).save", recipe.checkpointer(model, optimizer, checkpoint_dir).save, 1)
         checkpoint = checkpoint_rank0_sees(checkpoint_dir)
         if errors:
             source = f"checkpointer {name} (its save failed)"
@@ -444,25 +462,32 @@ def on_rank_save(recipe: Recipe, checkpoint_dir: str) -> dict:
     }
 
 
-def sharded_states_expected(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, tuple[int, ...]]:
-    """Per non-scalar optimizer state, its key (`<param fqn>.<state>`) and its param's global
-    shape. Under FSDP2 the state is keyed by the DTensor params themselves, so their names and
-    shapes come from the model, not from torch's state-dict helpers, which a checkpointer of the
-    user's may not go through (they cannot resolve torchtitan's fused-QKV keys); FSDP1 keeps state
-    per flat parameter, which only the helpers unflatten to names."""
-    if any(isinstance(param, DTensor) for param in optimizer.state):
+def sharded_states_expected(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[tuple]:
+    """Per non-scalar optimizer state, (its key `<param fqn>.<state>`, its key by position
+    `state.<index>.<state>` or None, its param's global shape). Under FSDP2 the state is keyed by
+    the DTensor params themselves, so their names, positions in the optimizer's param order and
+    shapes come from the model and optimizer, not from torch's state-dict helpers, which a
+    checkpointer of the user's may not go through (they cannot resolve torchtitan's fused-QKV keys);
+    FSDP1 keeps state per flat parameter, which only the helpers unflatten to names (positions then
+    number flat parameters, so none is given)."""
+    states = optimizer_state_of(optimizer)
+    if any(isinstance(param, DTensor) for param in states):
         names = {param: clean_name(name) for name, param in model.named_parameters()}
-        per_param = {names[param]: (tuple(param.size()), entries) for param, entries in optimizer.state.items()}
+        order = [param for group in param_groups_of(optimizer) for param in group["params"]]
+        positions = {param: index for index, param in enumerate(order)}
+        per_param = {
+            names[param]: (tuple(param.size()), positions.get(param), entries) for param, entries in states.items()
+        }
     else:
         shapes = {name: tuple(value.size()) for name, value in get_model_state_dict(model).items()}
         state = get_optimizer_state_dict(model, optimizer)["state"]
-        per_param = {name: (shapes[name], entries) for name, entries in state.items()}
-    return {
-        f"{name}.{key}": shape
-        for name, (shape, entries) in per_param.items()
+        per_param = {name: (shapes[name], None, entries) for name, entries in state.items()}
+    return [
+        (f"{name}.{key}", None if position is None else f"state.{position}.{key}", shape)
+        for name, (shape, position, entries) in per_param.items()
         for key, value in entries.items()
         if torch.is_tensor(value) and value.dim() > 0
-    }
+    ]
 
 
 def checkpoint_rank0_sees(directory: str) -> Path | None:
@@ -472,11 +497,6 @@ def checkpoint_rank0_sees(directory: str) -> Path | None:
     found = [find_checkpoint(directory) if dist.get_rank() == 0 else None]
     dist.broadcast_object_list(found, src=0)
     return found[0]
-
-
-def _save_through_checkpointer(name: str, model: nn.Module, optimizer: torch.optim.Optimizer, directory: str) -> None:
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    load(name)().save(directory, model=model, optimizer=optimizer, scheduler=scheduler, loader=IdleLoader(), step=1)
 
 
 def on_rank_reshard(recipe: Recipe, checkpoint_dir: str, src: int, dst: int) -> dict:
@@ -521,14 +541,20 @@ def _train_and_save(
 ) -> tuple[nn.Module, torch.optim.Optimizer]:
     model, optimizer = recipe.build(SAVE_SEED, mesh)
     recipe.train_step(model, optimizer, SAVE_SEED)
+    if recipe.reshards_through_checkpointer:
+        recipe.checkpointer(model, optimizer, checkpoint_dir, mesh).save(1)
+        return model, optimizer
     state = {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer)}
     dcp.save(state, checkpoint_id=checkpoint_dir, process_group=mesh.get_group() if mesh else None)
     return model, optimizer
 
 
 def _load(recipe: Recipe, mesh: DeviceMesh | None, checkpoint_dir: str) -> tuple[nn.Module, torch.optim.Optimizer]:
-    """A fresh stack from another seed with the checkpoint loaded."""
+    """A fresh stack from another seed with the checkpoint loaded (by the checkpointer, where it reshards itself)."""
     model, optimizer = recipe.build(LOAD_SEED, mesh)
+    if recipe.reshards_through_checkpointer:
+        recipe.checkpointer(model, optimizer, checkpoint_dir, mesh).load()
+        return model, optimizer
     state = {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer)}
     dcp.load(state, checkpoint_id=checkpoint_dir, process_group=mesh.get_group() if mesh else None)
     set_model_state_dict(model, state["model"])

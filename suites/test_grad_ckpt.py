@@ -21,13 +21,17 @@ grad-ckpt + KV cache: pin gradient-equivalence with a focused regression test"),
 that recompute bumps twice changes no gradient of this step, only every step after it.
 
 Model contract (beyond the factory signatures in torchmatrix/components/protocol.py): ``model(**batch)``
-returns an output with ``.loss`` and ``.past_key_values``, the cache a mapping of layer ->
-tuple of tensors, and ``model.body_calls()`` maps each layer to how often its body ran.
+returns the loss as a tensor, a tuple's first element, a dict's ``"loss"`` or ``.loss``
+(suites/model_output.py). The cache is any pytree of tensors and plain values, read from the output's
+``past_key_values`` or, when the output has none, observed through the cache hook: the mutable
+containers forward hands to its checkpointed units (suites/checkpoint_units.py). Recompute is counted
+by ``model.body_calls()`` where the model has it, else by the suite's instrumented
+``torch.utils.checkpoint.checkpoint``. A model that computes in another dtype than its parameters
+declares it (attribute ``compute_dtype`` or option ``compute_dtype``) and is compared at that precision.
 """
 
 from __future__ import annotations
 
-import types
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -42,7 +46,10 @@ from torch.utils.checkpoint import CheckpointError
 
 from torchmatrix.testing import clean_name, current_device, load
 
+from .cache_tree import CACHE_STATE_DEPTH, OPAQUE, cache_contents, cache_marks, cache_snapshot, cache_writes
+from .checkpoint_units import CheckpointUnits, counted_checkpoints, watched_sites
 from .deterministic import deterministic_algorithms
+from .model_output import cache_on, call_model, loss_of
 from .optimizer_state import plain_equal
 from .ulp import bits_equal, ulp_distance
 
@@ -66,15 +73,30 @@ class Precision:
     """The dtype the models run in and how close checkpointed gradients must be to the reference."""
 
     dtype: str
+    compute: str | None = None
 
     @property
     def exact(self) -> bool:
-        return self.dtype == "float32"
+        return (self.compute or self.dtype) == "float32"
+
+    def computing(self, declared: str | None) -> Precision:
+        """This precision with the model's declared compute dtype, unless option ``compute_dtype`` set one."""
+        if self.compute or declared in (None, self.dtype):
+            return self
+        if declared not in COMPUTE_DTYPES:
+            raise ValueError(
+                f"the model declares compute_dtype = torch.{declared}: expected torch.float32 or torch.bfloat16"
+            )
+        return Precision(self.dtype, declared)
 
     def describe(self) -> str:
+        label = self.dtype if self.compute in (None, self.dtype) else f"{self.dtype} params, {self.compute} compute"
         if self.exact:
-            return "float32, bit for bit"
-        return f"{self.dtype}, rtol={BF16_RTOL} and atol={BF16_RTOL} x max|expected| per tensor (two bf16 ulps)"
+            return f"{label}, bit for bit"
+        return f"{label}, rtol={BF16_RTOL} and atol={BF16_RTOL} x max|expected| per tensor (two bf16 ulps)"
+
+
+COMPUTE_DTYPES = ("float32", "bfloat16")
 
 
 EXACT = Precision("float32")
@@ -88,9 +110,12 @@ def precision_from(options: dict) -> Precision:
         pytest.fail(
             f"[suites.grad_ckpt.options] {' and '.join(stale)}: the bf16 tolerance is derived (BF16_RTOL in suites/test_grad_ckpt.py); remove them from matrix.toml"
         )
-    if dtype in ("float32", "bfloat16"):
-        return Precision(dtype)
-    pytest.fail(f'[suites.grad_ckpt.options] dtype = {dtype!r}: expected "float32" or "bfloat16"')
+    if dtype not in COMPUTE_DTYPES:
+        pytest.fail(f'[suites.grad_ckpt.options] dtype = {dtype!r}: expected "float32" or "bfloat16"')
+    compute = options.get("compute_dtype")
+    if compute is not None and compute not in COMPUTE_DTYPES:
+        pytest.fail(f'[suites.grad_ckpt.options] compute_dtype = {compute!r}: expected "float32" or "bfloat16"')
+    return Precision(dtype, compute)
 
 
 def micro_batches_from(options: dict) -> int:
@@ -136,29 +161,6 @@ def local_parameters(model) -> dict:
     return {clean_name(n): local_tensor(p).detach().clone() for n, p in model.named_parameters()}
 
 
-def cache_snapshot(cache) -> dict:
-    return {layer: tuple(t.detach().clone() for t in entry) for layer, entry in cache.items()}
-
-
-def cache_marks(cache) -> dict[str, tuple[torch.Tensor, int]]:
-    """Each cache tensor by name with its version counter, holding the tensor so its identity stays its own."""
-    tensors = cache_tensors({layer: tuple(entry) for layer, entry in cache.items()})
-    return {name: (tensor, tensor._version) for name, tensor in tensors.items()}
-
-
-def cache_writes(before: dict[str, tuple[torch.Tensor, int]], cache) -> list[str]:
-    """The cache tensors written since ``before`` was marked: replaced, written in place, added or removed."""
-    after = cache_marks(cache)
-    return sorted(
-        name
-        for name in before.keys() | after.keys()
-        if name not in before
-        or name not in after
-        or after[name][0] is not before[name][0]
-        or after[name][1] != before[name][1]
-    )
-
-
 WRAPPERS_THAT_REBUILD_OUTPUT = (FullyShardedDataParallel, DistributedDataParallel)
 
 
@@ -182,40 +184,24 @@ def inner_output(model: nn.Module):
         handle.remove()
 
 
-CACHE_STATE_DEPTH = 6
-OPAQUE = (type, types.ModuleType, types.FunctionType, types.MethodType, types.BuiltinFunctionType, nn.Module)
+def cache_state(caches: dict) -> dict[str, object]:
+    return cache_contents(caches)[1]
 
 
-def cache_state(cache) -> dict[str, object]:
-    """The cache object's non-tensor state by path (``past_key_values.writes``,
-    ``len(past_key_values.cache.layers)``): int counters, lengths, flags and lists, whatever the
-    layers change besides the tensors, which ``cache_snapshot`` holds."""
-    state: dict[str, object] = {}
-    seen: set[int] = set()
-
-    def walk(value, path: str, depth: int) -> None:
-        if isinstance(value, (int, float, bool, str, type(None))):
-            state[path] = value
-        elif isinstance(value, (torch.dtype, torch.device)):
-            state[path] = str(value)
-        elif isinstance(value, torch.Tensor) or isinstance(value, OPAQUE) or depth > CACHE_STATE_DEPTH:
-            return
-        elif id(value) not in seen:
-            seen.add(id(value))
-            if hasattr(value, "__len__"):
-                state[f"len({path})"] = len(value)
-            if isinstance(value, (list, tuple)):
-                for index, item in enumerate(value):
-                    walk(item, f"{path}[{index}]", depth + 1)
-            elif isinstance(value, dict):
-                for key, item in value.items():
-                    walk(item, f"{path}[{key!r}]", depth + 1)
-            if hasattr(value, "__dict__"):
-                for name, item in vars(value).items():
-                    walk(item, f"{path}.{name}", depth + 1)
-
-    walk(cache, "past_key_values", 0)
-    return state
+def found_caches(output, units: CheckpointUnits) -> tuple[dict, str]:
+    """The caches of one step and where they were found: the output's ``past_key_values``, else the
+    containers forward handed to its checkpointed units and wrote tensors to after handing them (the
+    cache hook: a mask or rotary table passed along unchanged is no cache)."""
+    returned = cache_on(output)
+    if returned is not None and cache_contents({"past_key_values": returned})[0]:
+        return {"past_key_values": returned}, "output"
+    observed: dict[str, object] = {}
+    for name, container, marks in units.containers:
+        if cache_writes(marks, {name: container}):
+            observed[name if name not in observed else f"{name}#{len(observed)}"] = container
+    if observed:
+        return observed, "hook"
+    return ({} if returned is None else {"past_key_values": returned}), "output"
 
 
 def compare_values(what: str, actual: dict, expected: dict) -> list[str]:
@@ -360,13 +346,6 @@ def describe_difference(actual, expected) -> str:
     return f"{actual!r} vs {expected!r}"
 
 
-def cache_tensors(snapshot: dict) -> dict:
-    """A cache snapshot flattened to names like ``past_key_values[0][1]`` (layer 0, values)."""
-    return {
-        f"past_key_values[{layer}][{i}]": tensor for layer, entry in snapshot.items() for i, tensor in enumerate(entry)
-    }
-
-
 def drift(actual, expected) -> tuple[float, float]:
     """Max absolute and max relative difference (0/0 counts as 0, x/0 as inf), in float64."""
     if actual.numel() == 0:
@@ -423,7 +402,11 @@ class StepRecord:
     full_grads: dict
     calls_after_forward: dict
     calls_after_backward: dict
+    calls_source: str
+    unit_sites: list
     has_cache: bool
+    cache_source: str
+    precision: Precision
     cache_after_forward: dict
     cache_after_backward: dict
     cache_state_after_forward: dict
@@ -483,13 +466,28 @@ def modules_run(model: nn.Module):
         handle.remove()
 
 
-def recompute_origin(model, seen: dict) -> str:
-    """Where a recompute that torch found inconsistent ran: the layer (a ``body_calls()`` name) holding
-    the last module that ran, or that module (inside a checkpointed function), or none ran."""
+def layer_calls(model: nn.Module, units: CheckpointUnits) -> dict[str, int]:
+    """Layer -> how often its body ran: ``model.body_calls()`` where the model has it, else the
+    checkpoint units the suite's instrumented ``torch.utils.checkpoint`` counted."""
+    if hasattr(model, "body_calls"):
+        return model.body_calls()
+    return units.calls(unwrapped(model))
+
+
+def calls_source(model: nn.Module) -> str:
+    """What counted the layer bodies, for the messages."""
+    if hasattr(model, "body_calls"):
+        return "body_calls()"
+    return "the checkpoint units the suite's instrumented torch.utils.checkpoint saw"
+
+
+def recompute_origin(layers_run: dict, seen: dict) -> str:
+    """Where a recompute that torch found inconsistent ran: the layer (a ``body_calls()`` or checkpoint
+    unit name) holding the last module that ran, or that module (inside a checkpointed function), or none ran."""
     module = seen.get("last")
     if module is None:
         return "a checkpointed function in which no module ran during backward"
-    layers = [layer for layer in model.body_calls() if module == layer or module.startswith(f"{layer}.")]
+    layers = [layer for layer in layers_run if module == layer or module.startswith(f"{layer}.")]
     if layers:
         return f"layer {max(layers, key=len)} (its module {module} ran last)"
     return f"the checkpointed function around module {module} (it ran last)"
@@ -503,46 +501,60 @@ def train_step(
     checkpointing: bool,
     micro_batches: int = 1,
     ignored: tuple[str, ...] = (),
+    sites: list = (),
 ) -> StepRecord:
     """Build, wrap, and run ``micro_batches`` forwards (their losses summed) then one backward on this
-    rank; failures say which stage broke."""
+    rank; failures say which stage broke. ``sites``: the checkpointed run's units, whose arguments the
+    run without checkpointing watches for the cache hook."""
     build_model, parallelize, make_batch = (load(components[name]) for name in ("model", "parallelize", "batch"))
     device = current_device()
     rank = dist.get_rank() if dist.is_initialized() else 0
     mode = "with" if checkpointing else "without"
     torch.manual_seed(SEED)
-    with failing_stage(cell, f"building the model ({components['model']})"):
-        model = build_model(cell, dropout=dropout, dtype=getattr(torch, precision.dtype))
-        batches = [
-            make_batch(model, seed=micro_batch_seed(rank, index), device=device) for index in range(micro_batches)
-        ]
-    with failing_stage(cell, f"parallelize (fsdp={cell['fsdp']}) {mode} activation checkpointing"):
-        model = parallelize(model, cell, device=device, activation_checkpointing=checkpointing)
-    model.train()
-    parameters = local_parameters(model)
-    module_state_before, _ = module_state(model, ignored)
-    torch.manual_seed(SEED + 1000 + rank)
-    rng_before_forward = rng_states()
-    with failing_stage(cell, f"forward {mode} activation checkpointing"), inner_output(model) as seen:
-        losses = [model(**batch).loss for batch in batches]
-    loss = losses[0] if len(losses) == 1 else torch.stack(losses).sum()
-    forward_drew_random_numbers = rng_states() != rng_before_forward
-    cache = seen["output"].past_key_values
-    calls_after_forward = model.body_calls()
-    has_cache = cache is not None
-    cache_after_forward = cache_snapshot(cache) if has_cache else {}
-    cache_state_after_forward = cache_state(cache) if has_cache else {}
-    marks_after_forward = cache_marks(cache) if has_cache else {}
-    with (
-        failing_stage(
-            cell, f"backward {mode} activation checkpointing (did a recomputed layer differ from its forward?)"
-        ),
-        modules_run(model) as ran,
-    ):
-        try:
-            loss.backward()
-        except CheckpointError as error:
-            raise RuntimeError(f"in the recompute of {recompute_origin(model, ran)}: {error}") from error
+    with counted_checkpoints() as units:
+        with failing_stage(cell, f"building the model ({components['model']})"):
+            model = build_model(cell, dropout=dropout, dtype=getattr(torch, precision.dtype))
+            batches = [
+                make_batch(model, seed=micro_batch_seed(rank, index), device=device) for index in range(micro_batches)
+            ]
+            declared = getattr(model, "compute_dtype", None)
+            precision = precision.computing(None if declared is None else str(declared).removeprefix("torch."))
+        with failing_stage(cell, f"parallelize (fsdp={cell['fsdp']}) {mode} activation checkpointing"):
+            model = parallelize(model, cell, device=device, activation_checkpointing=checkpointing)
+        model.train()
+        parameters = local_parameters(model)
+        module_state_before, _ = module_state(model, ignored)
+        torch.manual_seed(SEED + 1000 + rank)
+        rng_before_forward = rng_states()
+        losses = []
+        with (
+            failing_stage(cell, f"forward {mode} activation checkpointing"),
+            inner_output(model) as seen,
+            watched_sites(unwrapped(model), sites, units),
+        ):
+            for batch in batches:
+                units.next_forward()
+                losses.append(loss_of(call_model(model, batch)))
+        loss = losses[0] if len(losses) == 1 else torch.stack(losses).sum()
+        forward_drew_random_numbers = rng_states() != rng_before_forward
+        caches, cache_source = found_caches(seen["output"], units)
+        calls_after_forward = layer_calls(model, units)
+        cache_after_forward = cache_snapshot(caches)
+        cache_state_after_forward = cache_state(caches)
+        marks_after_forward = cache_marks(caches)
+        with (
+            failing_stage(
+                cell, f"backward {mode} activation checkpointing (did a recomputed layer differ from its forward?)"
+            ),
+            modules_run(model) as ran,
+        ):
+            try:
+                loss.backward()
+            except CheckpointError as error:
+                origin = recompute_origin(layer_calls(model, units), ran)
+                raise RuntimeError(f"in the recompute of {origin}: {error}") from error
+        calls_after_backward = layer_calls(model, units)
+        unit_sites = units.sites(unwrapped(model))
     module_state_after, ints_after = module_state(model, ignored)
     return StepRecord(
         loss=loss.detach().float().cpu(),
@@ -550,17 +562,21 @@ def train_step(
         local_grads=local_gradients(model),
         full_grads=full_gradients(model),
         calls_after_forward=calls_after_forward,
-        calls_after_backward=model.body_calls(),
-        has_cache=has_cache,
+        calls_after_backward=calls_after_backward,
+        calls_source=calls_source(model),
+        unit_sites=unit_sites,
+        has_cache=bool(caches),
+        cache_source=cache_source,
+        precision=precision,
         cache_after_forward=cache_after_forward,
-        cache_after_backward=cache_snapshot(cache) if has_cache else {},
+        cache_after_backward=cache_snapshot(caches),
         cache_state_after_forward=cache_state_after_forward,
-        cache_state_after_backward=cache_state(cache) if has_cache else {},
-        cache_written_in_backward=cache_writes(marks_after_forward, cache) if has_cache else [],
+        cache_state_after_backward=cache_state(caches),
+        cache_written_in_backward=cache_writes(marks_after_forward, caches),
         buffers=buffers(model),
         module_state_before_forward=module_state_before,
         module_state_after_backward=module_state_after,
-        body_call_counters=body_call_counters(model, ints_after),
+        body_call_counters=body_call_counters(model, ints_after) if hasattr(model, "body_calls") else set(),
         forward_drew_random_numbers=forward_drew_random_numbers,
     )
 
@@ -578,19 +594,24 @@ def both_steps(
     micro_batches: int = 1,
     ignored: tuple[str, ...] = (),
 ) -> tuple[StepRecord, StepRecord]:
-    """The step without, then with, activation checkpointing, under deterministic kernels."""
+    """The step without and the step with activation checkpointing, under deterministic kernels; the
+    checkpointed one runs first, so the other can watch its units' arguments for the cache hook."""
     with deterministic_algorithms():
-        return (
-            train_step(cell, components, precision, dropout, False, micro_batches, ignored),
-            train_step(cell, components, precision, dropout, True, micro_batches, ignored),
+        with_ckpt = train_step(cell, components, precision, dropout, True, micro_batches, ignored)
+        without_ckpt = train_step(
+            cell, components, precision, dropout, False, micro_batches, ignored, with_ckpt.unit_sites
         )
+    return without_ckpt, with_ckpt
 
 
 def compare_gradients(cell, components: dict, precision: Precision, dropout: float, micro_batches: int = 1) -> dict:
     """Rank function: one step without and one with checkpointing (``micro_batches`` forwards before
     its backward); the differences, as plain data."""
     without_ckpt, with_ckpt = both_steps(cell, components, precision, dropout, micro_batches)
+    precision = with_ckpt.precision
     return {
+        "precision": precision,
+        "counted_by": with_ckpt.calls_source,
         "compared": len(with_ckpt.full_grads.keys() & without_ckpt.full_grads.keys()),
         "recomputed": with_ckpt.layers_recomputed,
         "drew_random_numbers": without_ckpt.forward_drew_random_numbers,
@@ -627,32 +648,39 @@ def compare_gradients(cell, components: dict, precision: Precision, dropout: flo
 def inspect_recompute(cell, components: dict, precision: Precision, dropout: float) -> dict:
     """Rank function: layer body counts and cache entries around backward, with and without checkpointing."""
     without_ckpt, with_ckpt = both_steps(cell, components, precision, dropout)
+    precision = with_ckpt.precision
+    # A hook-found cache handed only to plain functions has no eager twin: watched_sites cannot reach them.
+    eager = without_ckpt.has_cache or with_ckpt.cache_source == "output"
     return {
+        "precision": precision,
+        "counted_by": with_ckpt.calls_source,
+        "cache_source": with_ckpt.cache_source,
         "calls": {
             "without": (without_ckpt.calls_after_forward, without_ckpt.calls_after_backward),
             "with": (with_ckpt.calls_after_forward, with_ckpt.calls_after_backward),
         },
         "cache_backward": compare_tensors(
-            "cache entry",
-            cache_tensors(with_ckpt.cache_after_backward),
-            cache_tensors(with_ckpt.cache_after_forward),
-            precision,
+            "cache entry", with_ckpt.cache_after_backward, with_ckpt.cache_after_forward, precision
         ),
         "cache_forward": compare_tensors(
-            "cache entry",
-            cache_tensors(with_ckpt.cache_after_forward),
-            cache_tensors(without_ckpt.cache_after_forward),
-            precision,
-        ),
+            "cache entry", with_ckpt.cache_after_forward, without_ckpt.cache_after_forward, precision
+        )
+        if eager
+        else [],
         "has_cache": (without_ckpt.has_cache, with_ckpt.has_cache),
-        "cache_entries": (len(without_ckpt.cache_after_forward), len(with_ckpt.cache_after_forward)),
+        "cache_entries": (
+            len(without_ckpt.cache_after_forward) if eager else len(with_ckpt.cache_after_forward),
+            len(with_ckpt.cache_after_forward),
+        ),
         "recompute_writes": with_ckpt.cache_written_in_backward,
         "state_backward": compare_values(
             "cache state", with_ckpt.cache_state_after_backward, with_ckpt.cache_state_after_forward
         ),
         "state_vs_eager": compare_values(
             "cache state", with_ckpt.cache_state_after_backward, without_ckpt.cache_state_after_backward
-        ),
+        )
+        if eager
+        else [],
     }
 
 
@@ -686,8 +714,9 @@ def require_gradients_and_recompute(cell, results: list[dict]) -> None:
     not_recomputed = [rank for rank, r in enumerate(results) if not r["recomputed"]]
     assert not not_recomputed, (
         f"cell {cell.id}: ranks {not_recomputed}: no layer body ran again in backward with activation checkpointing "
-        f"(body_calls() unchanged by backward), so checkpointing was not applied and this compared eager with eager; "
-        f"`parallelize(..., activation_checkpointing=True)` must checkpoint the decoder layers"
+        f"(counted by {results[0]['counted_by']}: none ran again in backward), so checkpointing was not applied "
+        f"and this compared eager with eager; `parallelize(..., activation_checkpointing=True)` must checkpoint the "
+        f"decoder layers"
     )
 
 
@@ -734,6 +763,8 @@ def test_checkpointing_leaves_loss_and_gradients_unchanged(
     """
     precision = precision_from(suite_options)
     results = ranks.run(compare_gradients, cell, components, precision, dropout)
+    precision = results[0]["precision"]
+    record_property("precision", precision.describe())
     record_drift(record_property, results)
     require_gradients_and_recompute(cell, results)
 
@@ -778,11 +809,17 @@ def cache_presence_problems(entries_without: int, entries_with: int) -> list[str
     return []
 
 
+CACHE_SOURCES = {
+    "output": "the past_key_values the model returned",
+    "hook": "found by the cache hook: a container forward handed to its checkpointed units",
+}
+
+
 def no_cache_reason(has_cache: tuple[bool, bool]) -> str:
     returned = "past_key_values=None" if not any(has_cache) else "an empty past_key_values"
     return (
-        f"the model returned no cache ({returned}, with and without checkpointing): "
-        f"layer reruns checked, no cache to compare"
+        f"the model returned no cache ({returned}, with and without checkpointing) and handed none to a "
+        f"checkpointed unit (the cache hook saw no container holding tensors): layer reruns checked, no cache to compare"
     )
 
 
@@ -791,10 +828,13 @@ def test_recompute_reruns_layers_and_rewrites_cache_identically(cell, ranks, com
     as forward did: its tensors and its non-tensor state (counters, lengths), also against eager."""
     precision = precision_from(suite_options)
     results = ranks.run(inspect_recompute, cell, components, precision, DROPOUT)
+    precision = results[0]["precision"]
     problems = {}
     for rank, result in enumerate(results):
         after_forward, after_backward = result["calls"]["with"]
-        found = [] if after_forward else ["body_calls() names no layer: there is nothing to check recompute on"]
+        found = (
+            [] if after_forward else [f"{result['counted_by']} names no layer: there is nothing to check recompute on"]
+        )
         found += [
             f"layer {layer}: body ran {after_forward[layer]}x in forward and not again in backward with checkpointing"
             for layer in after_forward
@@ -818,7 +858,7 @@ def test_recompute_reruns_layers_and_rewrites_cache_identically(cell, ranks, com
         if all(result["cache_entries"]) and not result["recompute_writes"]:
             found.append(
                 "could not observe recompute writing the cache: after backward with checkpointing every tensor "
-                "of the past_key_values the model returned is the one forward left, unchanged (same object, "
+                f"of the cache ({CACHE_SOURCES[result['cache_source']]}) is the one forward left, unchanged (same object, "
                 "same version), so the cache checks compared nothing recompute did; either no layer that "
                 "writes the cache is checkpointed, or the object returned is not the one recompute writes to "
                 "(a wrapper or the model copied it)"
@@ -896,6 +936,7 @@ def test_micro_batches_before_one_backward_leave_gradients_unchanged(
     precision = precision_from(suite_options)
     micro_batches = micro_batches_from(suite_options)
     results = ranks.run(compare_gradients, cell, components, precision, 0.0, micro_batches)
+    precision = results[0]["precision"]
     record_property("micro_batches", micro_batches)
     require_gradients_and_recompute(cell, results)
     problems = gradient_problems(results, "summed loss")

@@ -24,8 +24,16 @@ tensor must equal the straight run's. Dropout, a warm-up LR schedule and an on-d
 make the RNG, scheduler and loader position part of what must resume.
 
 Components (matrix.toml `[components]`): `model`, `parallelize`, `optimizer_<optimizer axis>`,
-`checkpointer`, `dataset`, and optionally `plain_state_<optimizer axis>`; swapping one for a
-mutant must turn this suite red. Option `quantized_state_optimizers` names the optimizer values
+`checkpointer`, `dataset`, and optionally `scheduler` and `plain_state_<optimizer axis>`; swapping
+one for a mutant must turn this suite red. The checkpointer is either form of
+suites/checkpointer_forms.py; every key of the extra state its `save` returns must come back equal
+from its `load` (piece `extra_state`). The model is called as a trainer calls it (a loader's
+tensor batch as `model(batch)`, or as the keywords of option `batch_keywords`) and its loss read
+from whatever it returns (suites/model_output.py). Option `seeding` says how the ranks' RNGs are
+seeded for dropout: `per_rank` (each its own, the default) or `replicated` (all alike, as stacks
+that seed data-parallel replicas alike and checkpoint rank 0's RNG do); the RNG check compares
+each rank's streams with its own at the save either way, so a checkpointer that restores rank 0's
+RNG on every rank passes only under `replicated`. Option `quantized_state_optimizers` names the optimizer values
 whose state must be stored quantized, so a model too small for the quantizer fails instead of
 passing on plain fp32 state.
 """
@@ -42,9 +50,19 @@ import torch
 
 from torchmatrix.testing import RESUME_BF16_PARAM_OPTIMIZERS, build_optimizer, clean_name, load
 
+from .checkpointer_forms import RunCheckpointer
 from .deterministic import deterministic_algorithms
-from .optimizer_state import optimizer_attributes, plain_equal, quantized_keys, state_adapter
+from .model_output import call_model, loss_of
+from .optimizer_state import (
+    optimizer_attributes,
+    optimizer_state_of,
+    param_groups_of,
+    plain_equal,
+    quantized_keys,
+    state_adapter,
+)
 from .owned_generators import generator_state, owned_generators, set_generator_state, state_bytes
+from .scheduler_component import build_scheduler, scheduler_position
 from .ulp import bits_equal, ulp_distance
 
 try:
@@ -68,7 +86,10 @@ DEFAULT_OPTIONS = {
     "bf16_param_optimizers": list(RESUME_BF16_PARAM_OPTIMIZERS),
     "quantized_state_optimizers": [],
     "loader_batches": None,
+    "batch_keywords": [],
+    "seeding": "per_rank",
 }
+SEEDINGS = ("per_rank", "replicated")
 
 
 def options_for(suite_options: dict) -> dict:
@@ -83,6 +104,16 @@ def options_for(suite_options: dict) -> dict:
         raise pytest.UsageError(
             f"[suites.resume.options] loader_batches = {count!r}: expected a number of batches, at least 1, "
             f"or leave it out to compare one epoch and one batch"
+        )
+    if options["seeding"] not in SEEDINGS:
+        raise pytest.UsageError(
+            f'[suites.resume.options] seeding = {options["seeding"]!r}: expected "per_rank" (each rank seeded on its own) '
+            f'or "replicated" (every rank seeded alike)'
+        )
+    keywords = options["batch_keywords"]
+    if not isinstance(keywords, list) or not all(isinstance(name, str) and name.isidentifier() for name in keywords):
+        raise pytest.UsageError(
+            f'[suites.resume.options] batch_keywords = {keywords!r}: expected a list of the model\'s keyword names, e.g. ["input_ids", "labels"]'
         )
     return options
 
@@ -129,7 +160,7 @@ def test_rebuilt_run_starts_from_other_weights(cell, experiment, suite_options, 
         )
 
 
-AFTER_LOAD_PIECES = ("parameters", "optimizer_state", "param_groups", "scheduler", "loader", "rng")
+AFTER_LOAD_PIECES = ("parameters", "optimizer_state", "param_groups", "scheduler", "loader", "rng", "extra_state")
 # piece -> why its check proves nothing when the rebuilt run already held the saved value before the load
 NO_OP_LOAD_WOULD_PASS = {
     "parameters": "the rebuilt model already equalled the saved one before the load (see test_rebuilt_run_starts_from_other_weights)",
@@ -138,6 +169,9 @@ NO_OP_LOAD_WOULD_PASS = {
     "scheduler": "the fresh scheduler already equalled the saved one before the load: a load that restored nothing would pass",
     "loader": "the fresh loader already yielded the saved next batch before the load (the dataset repeats one batch?): its position cannot be told apart",
     "rng": "the rebuilt run's RNG streams already equalled the saved ones before the load: a load that restored nothing would pass",
+}
+NOTHING_TO_COMPARE = {
+    "extra_state": "the checkpointer's save returned no extra state (None or an empty mapping): nothing besides the step to compare",
 }
 # piece -> the after-load entry that holds each rank's own part of it, and what to call it
 OWN_PART = {"parameters": ("parameter_shards", "parameters"), "optimizer_state": ("optimizer_state", "optimizer state")}
@@ -153,11 +187,32 @@ def test_state_restored_right_after_load(cell, experiment, piece):
             "model, dataset or loader owns: no RNG state to resume"
         )
     problems = {rank: record["after_load"][piece] for rank, record in enumerate(records) if record["after_load"][piece]}
-    listing = [f"  across ranks: {line}" for line in partial_restore(piece, records)]
+    listing = [f"  across ranks: {line}" for line in partial_restore(piece, records) + rank_zero_rng(piece, records)]
     listing += [f"  rank {rank}: {line}" for rank, lines in problems.items() for line in lines]
     assert not problems, f"{cell.id}, {piece} right after load vs at save:\n" + "\n".join(listing)
+    if piece in NOTHING_TO_COMPARE and not any(record["extra_state_saved"] for record in records):
+        pytest.skip(NOTHING_TO_COMPARE[piece])
     if all(piece in record["equal_before_load"] for record in records):
         pytest.skip(NO_OP_LOAD_WOULD_PASS[piece])
+
+
+def rank_zero_rng(piece: str, records: list[dict]) -> list[str]:
+    """One line when ranks that saved their own RNG streams came back with rank 0's: a checkpointer
+    that keeps rank 0's RNG for every rank, right only for ranks seeded alike (option `seeding`)."""
+    if piece != "rng" or len(records) < 2:
+        return []
+    saved_by_zero = records[0]["rng_at_save"]
+    took_zero = [
+        rank
+        for rank, record in enumerate(records[1:], start=1)
+        if record["after_load"]["rng"] and record["rng_after_load"] == saved_by_zero != record["rng_at_save"]
+    ]
+    if not took_zero:
+        return []
+    return [
+        f"after load: ranks {took_zero} hold the RNG streams rank 0 saved, not their own: the checkpointer restores rank 0's RNG "
+        f'on every rank, which is right only if the trainer seeds every rank alike (then set [suites.resume.options] seeding = "replicated")'
+    ]
 
 
 def partial_restore(piece: str, records: list[dict]) -> list[str]:
@@ -272,7 +327,7 @@ def _straight_and_resumed(
     cell: dict, options: dict, components: dict, data_path: str, checkpoint_dir: str, rank: int, world_size: int
 ) -> dict:
     steps, resume_step = options["steps"], options["resume_step"]
-    checkpointer = load(components["checkpointer"])()
+    checkpointer = load(components["checkpointer"])
 
     run_a = TrainingRun(cell, options, components, data_path, rank, world_size, seed=options["seed"])
     straight_losses = [run_a.train_step() for _ in range(steps)]
@@ -285,16 +340,18 @@ def _straight_and_resumed(
     quantized_at_save = sorted(
         f"{name}.{key}" for name, state in run_b.named_raw_state().items() for key in quantized_keys(state)
     )
-    checkpointer.save(checkpoint_dir, step=resume_step, **run_b.checkpointables())
+    extra_saved = RunCheckpointer(checkpointer, checkpoint_dir, **run_b.checkpointables()).save(resume_step)
 
     rebuilt = TrainingRun(cell, options, components, data_path, rank, world_size, seed=options["rebuild_seed"])
     saved_shards = at_save["parameter_shards"]
     rebuilt_equals_saved = all(torch.equal(p, saved_shards[n]) for n, p in rebuilt.parameters().items())
     before_load = after_load_differences(at_save, rebuilt.state_snapshot(), run_a.batches, streams_used, resume_step)
-    loaded_step = checkpointer.load(checkpoint_dir, **rebuilt.checkpointables())
+    loaded_step, extra_loaded = RunCheckpointer(checkpointer, checkpoint_dir, **rebuilt.checkpointables()).load()
     if loaded_step != resume_step:
         raise AssertionError(f"checkpointer.load returned step {loaded_step}, saved at step {resume_step}")
-    after_load = after_load_differences(at_save, rebuilt.state_snapshot(), run_a.batches, streams_used, resume_step)
+    loaded = rebuilt.state_snapshot()
+    after_load = after_load_differences(at_save, loaded, run_a.batches, streams_used, resume_step)
+    after_load["extra_state"] = extra_state_differences(extra_saved, extra_loaded)
     resumed_losses = [rebuilt.train_step() for _ in range(steps - resume_step)]
 
     return {
@@ -312,15 +369,19 @@ def _straight_and_resumed(
         "quantized_at_save": quantized_at_save,
         "rng_streams_used": streams_used,
         "rebuilt_equals_saved": rebuilt_equals_saved,
-        "equal_before_load": [piece for piece in AFTER_LOAD_PIECES if not before_load[piece]],
+        "equal_before_load": [piece for piece in AFTER_LOAD_PIECES if piece in before_load and not before_load[piece]],
+        "extra_state_saved": sorted(map(str, extra_saved)),
+        "rng_at_save": {name: at_save["rng"].get(name) for name in streams_used},
+        "rng_after_load": {name: loaded["rng"].get(name) for name in streams_used},
     }
 
 
 class TrainingRun:
-    """Model, optimizer, warm-up scheduler and loader built from the cell's components and one seed.
+    """Model, optimizer, scheduler and loader built from the cell's components and one seed.
 
     The model is initialised from `seed` (identically on every rank); dropout then draws from
-    `seed + 1 + rank`, so ranks mask differently, as they do in real data-parallel training.
+    `seed + 1 + rank` under option `seeding = "per_rank"`, so ranks mask differently, as they do in
+    real data-parallel training, or from `seed + 1` on every rank under `"replicated"`.
     """
 
     def __init__(
@@ -342,16 +403,19 @@ class TrainingRun:
             weight_decay=options["weight_decay"],
         )
         self.plain_state = state_adapter(components, cell["optimizer"])
-        warmup = options["warmup_steps"]
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: min(1.0, (step + 1) / warmup))
+        self.scheduler = build_scheduler(
+            components, self.optimizer, warmup_steps=options["warmup_steps"], total_steps=options["steps"], cell=cell
+        )
+        self.batch_keywords = options["batch_keywords"]
         self.dataset = load(components["dataset"])(data_path)
         self.loader = self.dataset.loader(batch_size=options["batch_size"], rank=rank, world_size=world_size)
         self.loader_batches = options["loader_batches"] or batches_past_an_epoch(options, world_size)
-        torch.manual_seed(seed + 1 + rank)
-        random.seed(seed + 1 + rank)
+        dropout_seed = seed + 1 + (rank if options["seeding"] == "per_rank" else 0)
+        torch.manual_seed(dropout_seed)
+        random.seed(dropout_seed)
         if numpy is not None:
-            numpy.random.seed(seed + 1 + rank)
-        self.batches: list[torch.Tensor] = []
+            numpy.random.seed(dropout_seed)
+        self.batches: list = []
         self.rng_at_start = self.rng_streams()
 
     @property
@@ -373,8 +437,11 @@ class TrainingRun:
         """One optimizer step; returns this rank's loss as a CPU fp32 scalar."""
         self.model.train()
         batch = next(self.loader)
-        self.batches.append(batch.detach().to("cpu", copy=True))
-        loss = self.model(batch.to(self.device)).loss
+        self.batches.append(on_device(batch, "cpu"))
+        batch = on_device(batch, self.device)
+        if self.batch_keywords and isinstance(batch, torch.Tensor):
+            batch = dict.fromkeys(self.batch_keywords, batch)
+        loss = loss_of(call_model(self.model, batch))
         loss.backward()
         self.optimizer.step()
         self.scheduler.step()
@@ -391,7 +458,7 @@ class TrainingRun:
     def named_raw_state(self) -> dict[str, dict]:
         """The optimizer's state by parameter name, as the optimizer holds it."""
         names = {id(param): clean_name(name) for name, param in self.model.named_parameters()}
-        return {names[id(param)]: state for param, state in self.optimizer.state.items()}
+        return {names[id(param)]: state for param, state in optimizer_state_of(self.optimizer).items()}
 
     def optimizer_state(self) -> dict[str, dict]:
         """This rank's shard of every optimizer state value, by parameter name, as the state adapter
@@ -414,10 +481,11 @@ class TrainingRun:
             "parameter_shards": self.parameters(),
             "optimizer_state": self.optimizer_state(),
             "param_groups": [
-                {key: value for key, value in group.items() if key != "params"} for group in self.optimizer.param_groups
+                {key: value for key, value in group.items() if key != "params"}
+                for group in param_groups_of(self.optimizer)
             ],
             "optimizer_attributes": optimizer_attributes(self.optimizer),
-            "scheduler": {"last_epoch": self.scheduler.last_epoch, "current LR": list(self.scheduler.get_last_lr())},
+            "scheduler": scheduler_position(self.scheduler),
             "next_batches": self.peek_next_batches(),
             "rng": self.rng_streams(),
         }
@@ -428,12 +496,34 @@ class TrainingRun:
         the loader draws from them."""
         position, generators = copy.deepcopy(self.loader.state_dict()), capture_generators()
         owned = {name: (g, copy.deepcopy(generator_state(g))) for name, g in self.generators.items()}
-        batches = [next(self.loader).detach().to("cpu", copy=True) for _ in range(self.loader_batches)]
+        batches = [on_device(next(self.loader), "cpu") for _ in range(self.loader_batches)]
         self.loader.load_state_dict(position)
         restore_generators(generators)
         for generator, state in owned.values():
             set_generator_state(generator, state)
         return batches
+
+
+def on_device(batch, device):
+    """A copy of a loader's batch (a tensor, or a mapping, tuple or list of them) on `device`."""
+    if isinstance(batch, torch.Tensor):
+        return batch.detach().to(device, copy=True)
+    if isinstance(batch, dict):
+        return {key: on_device(value, device) for key, value in batch.items()}
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(on_device(value, device) for value in batch)
+    return batch
+
+
+def same_batch(a, b) -> bool:
+    """Whether two batches hold the same values, bit for bit, in the same structure."""
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return bits_equal(a, b)
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same_batch(a[key], b[key]) for key in a)
+    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+        return len(a) == len(b) and all(same_batch(x, y) for x, y in zip(a, b))
+    return a == b
 
 
 def local_shard(tensor: torch.Tensor) -> torch.Tensor:
@@ -546,6 +636,16 @@ def optimizer_state_differences(saved: dict, loaded: dict) -> list[str]:
     ]
 
 
+def extra_state_differences(saved: dict, loaded: dict) -> list[str]:
+    """Per key of the extra state the checkpointer's save returned: missing from what its load
+    returned, or different (a `tokens_seen` a manager writes and then loses)."""
+    return [
+        f"after load: extra state {key!r} " + ("missing from what load returned" if key not in loaded else reason)
+        for key in sorted(saved, key=str)
+        if key not in loaded or (reason := difference(saved[key], loaded[key]))
+    ]
+
+
 def param_group_differences(saved: list[dict], loaded: list[dict]) -> list[str]:
     if not saved:
         return ["after load: the optimizer had no param groups at the checkpoint step: nothing to compare"]
@@ -562,12 +662,12 @@ def param_group_differences(saved: list[dict], loaded: list[dict]) -> list[str]:
 def loader_differences(saved: list, loaded: list, straight_batches: list, resume_step: int) -> list[str]:
     """The first of the next batches that differs after load vs at save, each named by its index in
     the straight run's reading order: the next one, or one further on (past an epoch boundary)."""
-    differing = next((i for i, (a, b) in enumerate(zip(loaded, saved)) if not bits_equal(a, b)), None)
+    differing = next((i for i, (a, b) in enumerate(zip(loaded, saved)) if not same_batch(a, b)), None)
     if differing is None:
         return []
 
     def index(batch) -> str:
-        found = [i for i, seen in enumerate(straight_batches) if bits_equal(batch, seen)]
+        found = [i for i, seen in enumerate(straight_batches) if same_batch(batch, seen)]
         return f"batch {found[0]}" if found else "a batch the straight run never read"
 
     if differing == 0:

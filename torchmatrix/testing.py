@@ -6,7 +6,8 @@ In a suite's test functions the plugin provides the fixtures `cell` (the cell's 
 the functions the ranks run, `current_device()` is this rank's device and `load(path)` turns a
 component's import path into the object it names; `build_optimizer(factory, model, ...)` calls an
 `optimizer_<value>` factory as the protocol says and `accepts(factory, keyword)` says whether a
-factory takes an optional keyword; `clean_name` strips wrapper prefixes off a parameter's name.
+factory takes an optional keyword, `call_accepting(factory, ...)` passes only the keywords it
+takes, `is_bound_checkpointer(factory)` tells the checkpointer's two forms apart; `clean_name` strips wrapper prefixes off a parameter's name.
 `RESUME_BF16_PARAM_OPTIMIZERS` is the resume suite's default for which optimizers get bf16
 params (the sensitivity command reads it too). For checkpoints across versions, `writes_dir(run_dir,
 version, cell_id)` is where a version's cross_version checkpoint of a cell lives, with its
@@ -14,7 +15,7 @@ version, cell_id)` is where a version's cross_version checkpoint of a cell lives
 the options the runner planned for it.
 """
 
-from torchmatrix.components.calling import accepts, build_optimizer
+from torchmatrix.components.calling import accepts, build_optimizer, call_accepting, is_bound_checkpointer
 from torchmatrix.components.loading import load
 from torchmatrix.components.parameter_names import clean_name
 from torchmatrix.components.protocol import RESUME_BF16_PARAM_OPTIMIZERS
@@ -27,7 +28,9 @@ __all__ = [
     "RESUME_BF16_PARAM_OPTIMIZERS",
     "accepts",
     "build_optimizer",
+    "call_accepting",
     "clean_name",
     "current_device",
+    "is_bound_checkpointer",
 ]
 __all__ += ["load", "planned_options", "writes_dir"]

@@ -1,9 +1,6 @@
-"""The `parallelize` component for the Hugging Face Llama: transformers' own gradient
-checkpointing, then FSDP1 or FSDP2 with one unit per decoder layer (torchmatrix/components/protocol.py).
-
-The FSDP wrapping is the reference one (models/parallel.py): it only needs `decoder_layers()`,
-which the suites' probe model has too.
-"""
+"""The `parallelize` component: transformers' own activation checkpointing, then FSDP1 or FSDP2
+with one unit per module class the model names in `_no_split_modules`, as Hugging Face's
+accelerate wraps it (torchmatrix/components/protocol.py)."""
 
 from __future__ import annotations
 
@@ -13,8 +10,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-
-from torchmatrix.models.parallel import FSDP_KINDS, shard_fsdp2, wrap_fsdp1
+from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
 
 def parallelize(
@@ -25,16 +22,20 @@ def parallelize(
     activation_checkpointing: bool = False,
     mesh: DeviceMesh | None = None,
 ) -> nn.Module:
-    """Checkpointing through `gradient_checkpointing_enable` (non-reentrant), then `cell["fsdp"]`."""
-    fsdp = cell["fsdp"]
-    if fsdp not in FSDP_KINDS:
-        raise ValueError(f"cell axis fsdp={fsdp!r}: expected one of {', '.join(FSDP_KINDS)}")
+    """Checkpointing through `activation_checkpointing_enable` (non-reentrant), then `cell["fsdp"]`."""
     if activation_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    if fsdp == "none":
+        model.activation_checkpointing_enable()
+    if cell["fsdp"] == "none":
         return model.to(device)
-    if mesh is None:
-        mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-    if fsdp == "fsdp1":
-        return wrap_fsdp1(model, device, mesh)
-    return shard_fsdp2(model, device, mesh)
+    mesh = mesh or init_device_mesh(device.type, (dist.get_world_size(),))
+    no_split = getattr(model, "_no_split_modules", None) or []
+    units = [module for module in model.modules() if type(module).__name__ in no_split]
+    if cell["fsdp"] == "fsdp1":
+        policy = ModuleWrapPolicy({type(unit) for unit in units})
+        return FullyShardedDataParallel(
+            model, auto_wrap_policy=policy, process_group=mesh.get_group(), device_id=device, use_orig_params=True
+        )
+    model.to(device)
+    for unit in units:
+        fully_shard(unit, mesh=mesh)
+    return fully_shard(model, mesh=mesh)

@@ -1,7 +1,6 @@
-"""The `checkpointer` component: torchtitan's own `CheckpointManager` (DCP, one `step-N` folder
-per save), given the suites' model, optimizer, scheduler and loader as its trainer would
-(torchmatrix/components/protocol.py).
-"""
+"""The `checkpointer` component in its bound form: torchtitan's own `CheckpointManager` (DCP, one
+`step-N` folder per save), built once with the suites' model, optimizer, scheduler and loader as
+its trainer builds it, then `save(step)` and `load()` (torchmatrix/components/protocol.py)."""
 
 from __future__ import annotations
 
@@ -15,9 +14,9 @@ from torchtitan.components.optimizer.utils import (
 
 class FlatOptimizer:
     """The optimizer as torchtitan's `OptimizersContainer` checkpoints it: a flat, FQN-keyed state
-    dict built by torchtitan's own helpers, keyed by the `param_names` the optimizer was built with.
-    The container itself cannot be the `optimizer` component: its `.state` is empty and its param
-    groups hold no `lr` (the inner optimizers do)."""
+    dict built by torchtitan's own helpers. Only for the protocol: the container itself cannot be
+    the `optimizer` component (built from the model, its `.state` empty, its `lr` on the inner
+    optimizers)."""
 
     def __init__(self, optimizer):
         self.optimizer = optimizer
@@ -31,11 +30,25 @@ class FlatOptimizer:
         load_flat_optim_state_dict(self.optimizer, state)
 
 
-class TrainState:
-    """The step, as torchtitan's trainer checkpoints its own `train_state`."""
+class Checkpointer(CheckpointManager):
+    """A `CheckpointManager` over `directory` whose train state (the step) it keeps itself, as
+    torchtitan's trainer passes itself as `states={"train_state": ...}`."""
 
-    def __init__(self, step: int = 0):
-        self.step = step
+    def __init__(self, directory: str, *, model, optimizer, scheduler, loader):
+        self.step = 0
+        super().__init__(
+            self.config(directory),
+            dataloader=loader,
+            model_parts=[model],
+            optimizers=FlatOptimizer(optimizer),
+            lr_schedulers=scheduler,
+            states={"train_state": self},
+            sd_adapter=None,
+        )
+
+    def config(self, directory: str) -> CheckpointManager.Config:
+        """Saving at every step (interval 1), keeping every save, with the full training state."""
+        return CheckpointManager.Config(enable=True, folder=directory, interval=1, keep_latest_k=0)
 
     def state_dict(self) -> dict:
         return {"step": self.step}
@@ -43,30 +56,11 @@ class TrainState:
     def load_state_dict(self, state: dict) -> None:
         self.step = int(state["step"])
 
+    def save(self, step: int) -> None:
+        self.step = step
+        super().save(step)
 
-class Checkpointer:
-    """`save` and `load` through a `CheckpointManager` over `directory` (its checkpoint folder)."""
-
-    def save(self, directory: str, *, model, optimizer, scheduler, loader, step: int) -> None:
-        self.manager(directory, model, optimizer, scheduler, loader, TrainState(step)).save(step)
-
-    def load(self, directory: str, *, model, optimizer, scheduler, loader) -> int:
-        train_state = TrainState()
-        if not self.manager(directory, model, optimizer, scheduler, loader, train_state).load():
-            raise FileNotFoundError(f"CheckpointManager found no checkpoint in {directory}")
-        return train_state.step
-
-    def config(self, directory: str) -> CheckpointManager.Config:
-        """Saving at every step (interval 1) with the full training state, as during training."""
-        return CheckpointManager.Config(enable=True, folder=directory, interval=1, keep_latest_k=0)
-
-    def manager(self, directory: str, model, optimizer, scheduler, loader, train_state) -> CheckpointManager:
-        return CheckpointManager(
-            self.config(directory),
-            dataloader=loader,
-            model_parts=[model],
-            optimizers=FlatOptimizer(optimizer),
-            lr_schedulers=scheduler,
-            states={"train_state": train_state},
-            sd_adapter=None,
-        )
+    def load(self) -> int:
+        """Only for the protocol: the suites read the step `load` returns, the trainer its own."""
+        super().load()
+        return self.step

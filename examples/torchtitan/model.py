@@ -2,15 +2,14 @@
 (torchmatrix/components/protocol.py).
 
 `Llama3ForTraining` is torchtitan's own `Llama3Model`, built from its `debugmodel` config and
-initialised by its own `init_states()`; on top, only what the protocol asks of a model: a forward
-taking token ids that returns the loss, `decoder_layers()` and `body_calls()`.
+initialised by its own `init_states()`, its forward running its trainer's step up to the loss.
+The suites count checkpoint recompute themselves and find that the model keeps no KV cache.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -28,11 +27,6 @@ from torchtitan.models.llama3 import Llama3Model, llama3_configs
 
 BATCH_SIZE = 2
 SEQ_LEN = 16
-
-
-class TrainingOutput(NamedTuple):
-    loss: Tensor
-    past_key_values: dict  # torchtitan's Llama keeps no KV cache in training: always empty
 
 
 def debug_config(attn: str, qkv: str) -> Llama3Model.Config:
@@ -65,45 +59,21 @@ def split_qkv(fused: FusedQKVLinear.Config) -> QKVLinear.Config:
 
 
 class Llama3ForTraining(Llama3Model):
-    """Llama3Model whose forward takes token ids and returns the mean next-token loss."""
+    """Llama3Model whose forward is its trainer's step up to the loss: the suites call the model for
+    the loss, where torchtitan's trainer calls its loss function after the model."""
 
-    def __init__(self, config: Llama3Model.Config):
-        super().__init__(config)
-        self.layer_body_calls = dict.fromkeys(self.layers.keys(), 0)
-        for name, layer in self.layers.items():
-            layer.attention_norm.register_forward_pre_hook(self._counter(name))
-
-    def _counter(self, name: str):
-        """A hook on the block's first submodule, so that checkpoint recompute (which reruns the
-        wrapped block's body, not the wrapper) is counted too."""
-
-        def count(module, args):
-            self.layer_body_calls[name] += 1
-
-        return count
-
-    def forward(self, tokens: Tensor) -> TrainingOutput:
-        """As torchtitan's trainer calls it: one document per row, positions 0..L-1, and the
-        FlexAttention block mask built from them (SDPA is causal without one)."""
-        inputs = tokens[:, :-1]
+    def forward(self, tokens: Tensor) -> Tensor:
+        """As torchtitan's trainer runs a batch: inputs and next-token labels, one document per row
+        (positions 0..L-1) with FlexAttention's document mask (SDPA is causal without one), and the
+        summed loss divided by the step's token count over every data-parallel rank (its FSDP sums
+        gradients: divide factor 1)."""
+        inputs, labels = tokens[:, :-1], tokens[:, 1:]
         positions = torch.arange(inputs.shape[1], device=inputs.device).expand_as(inputs)
         flex = isinstance(self.config.first_attention.inner_attention, FlexAttention.Config)
         masks = self.get_attention_masks(positions) if flex else None
-        logits = super().forward(inputs, positions, masks)
-        return TrainingOutput(cross_entropy_loss(logits, tokens[:, 1:]) / self.global_tokens(inputs), {})
-
-    def global_tokens(self, inputs: Tensor) -> int:
-        """The step's token count over all data-parallel ranks, as torchtitan's trainer divides the
-        summed loss by it: its FSDP sums gradients (gradient divide factor 1)."""
         param = next(self.parameters())
         ranks = param.device_mesh.size() if isinstance(param, DTensor) else 1
-        return inputs.numel() * ranks
-
-    def decoder_layers(self) -> list[torch.nn.Module]:
-        return list(self.layers.values())
-
-    def body_calls(self) -> dict[str, int]:
-        return {f"layers.{name}": calls for name, calls in self.layer_body_calls.items()}
+        return cross_entropy_loss(super().forward(inputs, positions, masks), labels) / (labels.numel() * ranks)
 
 
 def build_model(cell: Mapping[str, object], *, dtype: torch.dtype, dropout: float = 0.0) -> Llama3ForTraining:

@@ -6,11 +6,11 @@ from __future__ import annotations
 from checkpoint import Checkpointer
 
 
-class OptimizerNotLoadedCheckpointer(Checkpointer):
-    """torchtitan's own `exclude_from_loading = ["optimizer"]` (as a fine-tuning config sets it):
-    the run resumes with fresh AdamW moments."""
+class FreshOptimizerAndScheduleCheckpointer(Checkpointer):
+    """torchtitan's own `exclude_from_loading = ["optimizer", "lr_scheduler"]` (as a fine-tuning
+    config sets it): the run resumes with fresh AdamW moments and its LR schedule restarted."""
 
     def config(self, directory: str):
         config = super().config(directory)
-        config.exclude_from_loading = ["optimizer"]
+        config.exclude_from_loading = ["optimizer", "lr_scheduler"]
         return config

@@ -38,7 +38,7 @@ def parallelize(
     if fsdp not in FSDP_KINDS:
         raise ValueError(f"cell axis fsdp={fsdp!r}: torchtitan supports {', '.join(FSDP_KINDS)}")
     if not isinstance(model, Decoder):
-        # Protocol gap: dtensor_optim also parallelizes its own probe model, which is no
+        # Only for the protocol: dtensor_optim also parallelizes its own probe model, which is no
         # torchtitan Decoder; the reference FSDP2 wrapping shards it instead.
         return reference_parallelize(model, cell, device=device, mesh=mesh)
     ac_config = FullAC.Config() if activation_checkpointing else None
@@ -46,6 +46,9 @@ def parallelize(
         if ac_config is not None:
             ac_config.build().apply(model)
         return model.to(device)
+    # Only for the protocol, the next two lines and ParallelDims' last two arguments: the suites
+    # hand over the mesh, a sub-world one for the reshard tests, where torchtitan builds its own
+    # over every rank; its "fsdp" axis is preset to it, which needs the partial_dtensor backend.
     if mesh is None:
         mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     parallel_dims = ParallelDims(
@@ -57,8 +60,6 @@ def parallelize(
         ep=1,
         world_size=mesh.size(),
         spmd_backend="partial_dtensor",
-        # Protocol gap: the suites hand over the mesh (a sub-world one for the reshard tests),
-        # while ParallelDims builds its own over every rank; its "fsdp" axis is preset to it.
         _single_axis_meshes={"fsdp": mesh},
     )
     param_dtype = "bfloat16" if next(model.parameters()).dtype == torch.bfloat16 else "float32"

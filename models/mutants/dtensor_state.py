@@ -18,7 +18,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.tensor import DTensor, Replicate
 
-from ..checkpoint import Checkpointer
+from ..checkpoint import BoundCheckpointer, Checkpointer, ReplicatedRngCheckpointer
 from ..optim import PrecisionAwareAdamW, local_tensor
 
 FULL = StateDictOptions(full_state_dict=True)
@@ -78,3 +78,18 @@ class UnshardedOptimizerCheckpointer(Checkpointer):
 
     def restore_optimizer(self, model, optimizer, state: dict) -> None:
         set_optimizer_state_dict(model, optimizer, state, options=FULL)
+
+
+class KeepsBuiltOptimizerCheckpointer(ReplicatedRngCheckpointer):
+    """Restores everything but the optimizer, which keeps the state it was built with."""
+
+    def restore_optimizer(self, model, optimizer, state: dict) -> None:
+        pass
+
+
+class OptimizerNotLoadedBoundCheckpointer(BoundCheckpointer):
+    """A checkpoint manager that takes a process group, saves the optimizer state sharded, and never
+    loads it back: the reshard through it leaves the optimizer fresh, while torch's helpers, which a
+    suite that ignores the user's checkpointer would reshard with, restore it exactly."""
+
+    pieces_class = KeepsBuiltOptimizerCheckpointer

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
+from ..function_units import DictCachePrefixLayer, FunctionUnitDecoder, build_function_unit_model
 from ..transformer import (
     DecoderConfig,
     DecoderOutput,
@@ -156,10 +157,27 @@ class NeverCheckpointingExpertLayer(ExpertLayer):
         return self.body(hidden, cache)
 
 
+class SelfAttendingPrefixLayer(PrefixLayer):
+    """Attends over its own keys/values and writes no cache."""
+
+    def keys_values(self, cache: KVCache, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
+        return key, value
+
+
+class SelfAttendingExpertLayer(ExpertLayer):
+    """Attends over its own keys/values, reading no cache."""
+
+    def keys_values(self, cache: KVCache, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
+        return key, value
+
+
 class CachelessDecoder(PrefixExpertDecoder):
-    """Returns an empty ``past_key_values``, as a model without a KV cache glued to the protocol does
-    (torchtitan's Llama): the expert layers still read the prefix's keys internally, but nothing is
-    returned for the cache checks to compare."""
+    """A decoder without a KV cache, as torchtitan's Llama is: its layers attend over their own
+    keys/values, the cache handed to them stays empty, and forward returns an empty ``past_key_values``;
+    neither the output nor the cache hook has a cache for the checks to compare."""
+
+    def __init__(self, config: DecoderConfig) -> None:
+        super().__init__(config, prefix_layer=SelfAttendingPrefixLayer, expert_layer=SelfAttendingExpertLayer)
 
     def forward(self, tokens: Tensor, past_key_values: KVCache | None = None) -> DecoderOutput:
         loss, _ = super().forward(tokens, past_key_values)
@@ -313,3 +331,56 @@ def no_cache_no_dropout_model(
     variant must skip saying so; everything else must pass."""
     config = DecoderConfig(attn=str(cell["attn"]), sdpa_backend=cell.get("sdpa_backend"))
     return CachelessDecoder(config).to(dtype)
+
+
+class HistoryKeepingDictPrefixLayer(DictCachePrefixLayer):
+    """Keeps every keys tensor it wrote in its dict entry's ``"history"`` list and attends over the
+    latest: forward leaves one, recompute appends a second to the cache forward never returned, so
+    only the cache hook can see it (gradients and losses are unchanged)."""
+
+    def keys_values(self, cache: dict, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
+        history = cache.get(self.layer_idx, {}).get("history", [])
+        cache[self.layer_idx] = {"key_states": key, "value_states": value, "history": [*history, key]}
+        return key, value
+
+
+class RngForgettingFunctionUnitDecoder(FunctionUnitDecoder):
+    """Checkpoints its function unit with ``preserve_rng_state=False``: recompute draws new dropout masks."""
+
+    def run_layer(self, i: int, hidden: Tensor, cache: dict) -> Tensor:
+        if self.gradient_checkpointing and self.training:
+            return checkpoint(self._run_layer, i, hidden, cache, use_reentrant=False, preserve_rng_state=False)
+        return self._run_layer(i, hidden, cache)
+
+
+class RunCountingFunctionUnitDecoder(FunctionUnitDecoder):
+    """Counts layer runs in a plain int on the model inside the function unit, recompute included."""
+
+    def __init__(self, config: DecoderConfig, **layers) -> None:
+        super().__init__(config, **layers)
+        self.layer_runs = 0
+
+    def _run_layer(self, i: int, hidden: Tensor, cache: dict) -> Tensor:
+        self.layer_runs += 1
+        return super()._run_layer(i, hidden, cache)
+
+
+def hidden_cache_history_model(
+    cell: Mapping[str, object], *, dropout: float = 0.0, dtype: torch.dtype = torch.float32
+) -> FunctionUnitDecoder:
+    """Model factory: function units over a dict-of-dicts cache never returned; recompute appends to it."""
+    return build_function_unit_model(cell, dropout=dropout, dtype=dtype, prefix_layer=HistoryKeepingDictPrefixLayer)
+
+
+def function_unit_rng_forgetting_model(
+    cell: Mapping[str, object], *, dropout: float = 0.0, dtype: torch.dtype = torch.float32
+) -> FunctionUnitDecoder:
+    """Model factory: the function unit's checkpoint does not replay the RNG for recompute."""
+    return build_function_unit_model(cell, dropout=dropout, dtype=dtype, decoder=RngForgettingFunctionUnitDecoder)
+
+
+def function_unit_counter_model(
+    cell: Mapping[str, object], *, dropout: float = 0.0, dtype: torch.dtype = torch.float32
+) -> FunctionUnitDecoder:
+    """Model factory: the function unit bumps an int on the model on every run, recompute included."""
+    return build_function_unit_model(cell, dropout=dropout, dtype=dtype, decoder=RunCountingFunctionUnitDecoder)

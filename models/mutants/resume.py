@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from torchmatrix.sensitivity.mutants import restores_on_rank_zero_only
 
-from ..checkpoint import Checkpointer
+from ..checkpoint import BoundCheckpointer, Checkpointer
 from ..data import ShardedLoader, TokenDataset
 from ..optim import PrecisionAwareAdamW
 from ..transformer import PrefixExpertDecoder, build_model
@@ -80,6 +80,15 @@ class LoaderOneBatchLateCheckpointer(Checkpointer):
     def restore_loader(self, loader, state: dict) -> None:
         super().restore_loader(loader, state)
         next(loader)
+
+
+class StepOnlyBoundCheckpointer(BoundCheckpointer):
+    """Writes `tokens_seen` with the checkpoint and reports it from `save`, but its `load` returns only
+    the step (a manager whose load kept the per-call protocol's `-> int` habit): the resumed trainer's
+    token count, and whatever it schedules by it, restarts from nothing."""
+
+    def load(self) -> dict:
+        return {"step": super().load()["step"]}
 
 
 RankZeroOnlyCheckpointer = restores_on_rank_zero_only("torchmatrix.models.checkpoint:Checkpointer")

@@ -324,3 +324,10 @@ def test_run_stops_with_one_line_and_exit_2_before_any_cell(project):
         " 'build_modle'; did you mean 'build_model'?"
     )
     assert not (project.root / "out").exists(), "no cell may run"
+
+
+@pytest.mark.slow
+def test_the_prefix_suffix_example_follows_the_protocol_with_no_body_calls_or_decoder_layers():
+    """A function as checkpoint unit, a cache never returned and a tensor loss need nothing the check refuses."""
+    matrix = load_matrix(REPO / "examples" / "prefix_suffix" / "matrix.toml")
+    assert check_components(matrix, "2.13.0") == ComponentCheck()

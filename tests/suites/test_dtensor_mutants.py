@@ -7,7 +7,9 @@ The optimizer mutants ride along as extra values of the `optimizer` axis (one co
 so a single run with one rank pool per world size covers them all; it names the reference
 checkpointer, so the sharded-save check reads what `checkpointer().save` wrote. Two small runs at
 world size 2 prove the rest: the mutant checkpointer that saves optimizer state unsharded is
-caught, and without a checkpointer the suite checks torch's helpers' save and says so.
+caught, and without a checkpointer the suite checks torch's helpers' save and says so; and two more
+(issue 30): state saved sharded but keyed by position is described so, and the reshard goes through
+a bound checkpointer that takes a process group (a mutant of it that never loads the optimizer fails there).
 """
 
 from __future__ import annotations
@@ -150,12 +152,17 @@ def test_the_sharded_save_check_reads_what_the_checkpointer_wrote(run, run_root)
     assert all(found <= {read, failed} for found in sources.values()), sources
 
 
-def test_suite_catches_a_checkpointer_that_saves_optimizer_state_unsharded(tmp_path):
-    checkpointer = "torchmatrix.models.mutants.dtensor_state:UnshardedOptimizerCheckpointer"
-    done, outcomes = run_suites(tmp_path, dtensor_matrix((REFERENCE,), (2,), checkpointer))
+def failing_run(root: Path, checkpointer: str) -> tuple[dict[str, str], dict[str, str]]:
+    """The reference optimizer's ws2 cell run with `checkpointer`, which must fail the run: its outcomes and failures."""
+    done, outcomes = run_suites(root, dtensor_matrix((REFERENCE,), (2,), checkpointer))
     assert done.returncode == 1, done.stdout + done.stderr
-    tests = outcomes[cell_id(2, REFERENCE)]
-    failures = cell_failures(tmp_path / "reports" / "latest" / "torch-system")[cell_id(2, REFERENCE)]
+    return outcomes[cell_id(2, REFERENCE)], cell_failures(root / "reports" / "latest" / "torch-system")[
+        cell_id(2, REFERENCE)
+    ]
+
+
+def test_suite_catches_a_checkpointer_that_saves_optimizer_state_unsharded(tmp_path):
+    tests, failures = failing_run(tmp_path, "torchmatrix.models.mutants.dtensor_state:UnshardedOptimizerCheckpointer")
     saved = {test: result for test, result in tests.items() if test.startswith(SAVED)}
     assert len(saved) == 2 and set(saved.values()) == {"failure"}, tests
     assert all("expected 2 chunks, one per rank" in failures[test] for test in saved), failures
@@ -173,3 +180,39 @@ def test_without_a_checkpointer_it_checks_torch_helpers_save_and_says_so(tmp_pat
         cell_id(2, optimizer): {"torch get_optimizer_state_dict + dcp.save (no checkpointer in [components])"}
         for optimizer in (REFERENCE, "plain_local_state")
     }
+
+
+def recorded(root: Path, name: str) -> set[str]:
+    """Every value of property `name` the run at `root` recorded."""
+    junit = JUnitXml.fromfile(str(root / "reports" / "latest" / "junit.xml"))
+    return {prop.value for suite in junit for prop in suite.properties() if prop.name.endswith(f"::{name}")}
+
+
+def test_state_stored_sharded_but_keyed_by_position_is_described_so(tmp_path):
+    """`optimizer.state_dict()` saved as is: sharded (DTensor state), keyed `optimizer.state.<index>.<state>`;
+    the check passes and says both, each on its own line."""
+    checkpointer = "torchmatrix.models.mutants.resume:RawOptimizerStateCheckpointer"
+    done, outcomes = run_suites(tmp_path, dtensor_matrix((REFERENCE,), (2,), checkpointer))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert set(outcomes[cell_id(2, REFERENCE)].values()) == {"passed"}, outcomes
+    layouts = recorded(tmp_path, "state_layout")
+    assert len(layouts) == 2, layouts
+    for lines in (layout.split(" | ") for layout in layouts):
+        assert len(lines) == 2, lines
+        sharded, keyed = lines
+        count = sharded.removeprefix("stored sharded: ").split(" param-shaped")[0]
+        total = count.split(" of ")[1]
+        assert count == f"{total} of {total}", lines
+        assert keyed.startswith(f"keyed by position: {count} param-shaped states (e.g. optimizer.state."), lines
+
+
+def test_the_reshard_goes_through_a_bound_checkpointer_that_takes_a_process_group(tmp_path):
+    """A manager that never loads the optimizer back: only a reshard through it sees that (torch's helpers restore it)."""
+    tests, failures = failing_run(
+        tmp_path, "torchmatrix.models.mutants.dtensor_state:OptimizerNotLoadedBoundCheckpointer"
+    )
+    reshards = {test: result for test, result in tests.items() if test.startswith("test_reshard_load_is_exact")}
+    assert len(reshards) == 4 and set(reshards.values()) == {"failure"}, tests
+    assert all("tensors differ after load: optimizer." in failures[test] for test in reshards), failures
+    assert {result for test, result in tests.items() if test not in reshards} == {"passed"}, tests
+    assert recorded(tmp_path, "reshard_source") == {"checkpointer"}

@@ -27,6 +27,9 @@ LOSSES = "test_losses_identical_after_resume"
 PARAMETERS = "test_final_parameters_identical"
 STATE = "test_final_optimizer_state_identical"
 PARTIAL_RESTORE = "across ranks: after load:"
+NO_EXTRA_STATE = (
+    "test_state_restored_right_after_load[piece=extra_state]"  # skips: these checkpointers' save returns none
+)
 
 
 def after_load(piece: str) -> str:
@@ -199,6 +202,9 @@ def test_reference_components_pass_every_cell(tmp_path):
     assert set(outcomes) == expected_cells((1, 2), BOTH_OPTIMIZERS), done.stdout
     for cell, tests in outcomes.items():
         assert {after_load(piece) for piece in ("parameters", "optimizer_state", "rng")} <= set(tests), tests
+        assert tests.pop(NO_EXTRA_STATE) == "skipped", (
+            f"{cell}: the reference checkpointer's save returns no extra state"
+        )
         assert tests and set(tests.values()) == {"passed"}, f"{cell}: {tests}"
     junit = JUnitXml.fromfile(str(tmp_path / "reference" / "reports" / "latest" / "junit.xml"))
     for suite in junit:
@@ -219,7 +225,8 @@ def test_suite_catches_mutant_in_every_cell(tmp_path, mutant):
             f"{mutant} in {cell} crashed the suite instead of failing its checks: {tests}"
         )
         if not cell.startswith(failing):
-            assert set(tests.values()) == {"passed"}, f"{mutant} is correct in {cell}, yet: {failures[cell]}"
+            passed = {test: result for test, result in tests.items() if test != NO_EXTRA_STATE}
+            assert set(passed.values()) == {"passed"}, f"{mutant} is correct in {cell}, yet: {failures[cell]}"
             continue
         for test, texts in must_fail.items():
             assert tests.get(test) == "failure", f"{mutant} in {cell}: expected {test} to fail, outcomes {tests}"

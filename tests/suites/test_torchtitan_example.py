@@ -1,7 +1,8 @@
 """A small selection of examples/torchtitan (nox -s titan_matrix) on CPU, through the real CLI:
-grad_ckpt and resume on torchtitan's own Llama 3 debug model, parallelize_llama and
-CheckpointManager at ws1 without FSDP and ws2 with FSDP2 (SDPA, split QKV), plus the debug model
-as shipped (fused QKV) at ws1, and torchtitan's own `exclude_from_loading = ["optimizer"]` caught.
+grad_ckpt and resume on torchtitan's own Llama 3 debug model, parallelize_llama, CheckpointManager
+(the bound checkpointer form) and LRSchedulersContainer (the scheduler component) at ws1 without
+FSDP and ws2 with FSDP2 (SDPA, split QKV), plus the debug model as shipped (fused QKV) at ws1, and
+torchtitan's own `exclude_from_loading = ["optimizer", "lr_scheduler"]` caught on both pieces.
 
 Needs torchtitan's minimal set (examples/torchtitan/requirements-minimal.txt, installed with
 --no-deps by `nox -s tests`); without it the tests skip saying so, and fail instead where
@@ -84,11 +85,16 @@ def test_grad_ckpt_and_resume_on_torchtitans_stack(tmp_path):
     assert FUSED_QKV_STATE_DICT in done.stdout, done.stdout
 
 
-def test_resume_catches_torchtitans_optimizer_excluded_from_loading(tmp_path):
-    text = titan_matrix(("resume",), ["split"], checkpointer="mutants:OptimizerNotLoadedCheckpointer")
+def test_resume_catches_torchtitans_optimizer_and_schedule_excluded_from_loading(tmp_path):
+    text = titan_matrix(("resume",), ["split"], checkpointer="mutants:FreshOptimizerAndScheduleCheckpointer")
     done, outcomes = run_suites(tmp_path, text, EXAMPLE)
     cell = "ws1-none-sdpa-split-adamw"
     assert done.returncode == 1, done.stdout + done.stderr
-    assert outcomes[cell]["test_state_restored_right_after_load[piece=optimizer_state]"] == "failure", outcomes
-    message = cell_failures(tmp_path / "reports" / "latest" / "torch-system")[cell]
-    assert "after load: optimizer state " in message["test_state_restored_right_after_load[piece=optimizer_state]"]
+    messages = cell_failures(tmp_path / "reports" / "latest" / "torch-system")[cell]
+    for piece, line in (
+        ("optimizer_state", "after load: optimizer state "),
+        ("scheduler", "after load: scheduler state_dict is {'last_epoch': 0}"),
+    ):
+        test = f"test_state_restored_right_after_load[piece={piece}]"
+        assert outcomes[cell][test] == "failure", outcomes
+        assert line in messages[test], messages[test]

@@ -20,6 +20,19 @@ def accepts(function, keyword: str) -> bool:
     return parameter is not None and parameter.kind in NAMED
 
 
+def call_accepting(function, *arguments, **keywords):
+    """`function(*arguments, **those keywords its signature names)`: a factory written without an
+    optional keyword (a scheduler builder without `cell`, a checkpointer without `mesh`) keeps working."""
+    return function(*arguments, **{name: value for name, value in keywords.items() if accepts(function, name)})
+
+
+def is_bound_checkpointer(factory) -> bool:
+    """Whether a `checkpointer` component is the bound form, built once with the training objects
+    (`Checkpointer(directory, *, model, optimizer, ...)`, then `save(step)` / `load()`), rather than
+    a zero-argument factory of an object called with them at every `save` and `load`."""
+    return accepts(factory, "model")
+
+
 def build_optimizer(factory, model, **arguments):
     """`factory(model.parameters(), **arguments)`, plus `named_parameters=` (name, param) pairs
     under their wrapper-free names where the factory names it, for param groups chosen by name."""

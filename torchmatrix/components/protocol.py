@@ -48,6 +48,7 @@ class Component:
     suites: tuple[str, ...]
     members: tuple[Member, ...] = ()
     default: str | None = None  # the import path the suites use when [components] has no entry
+    form: str = ""  # which of a component's forms this entry describes, where it has several (the checkpointer's)
 
     def call_text(self, callee: str | None = None) -> str:
         """The call as the suites make it, e.g. `model(cell, *, dtype, dropout=...)`."""
@@ -70,6 +71,9 @@ RESUME_BF16_PARAM_OPTIMIZERS = ("precision_aware",)
 """The `optimizer` axis values whose model the resume suite builds with bf16 params unless
 `[suites.resume.options] bf16_param_optimizers` names others; every other optimizer gets fp32."""
 
+SAVE_RETURNS = "None, or a mapping of extra state it wrote (`tokens_seen`, ...), which `load` must return equal"
+LOAD_RETURNS = 'the step that was saved, or a mapping with "step" and the extra state `save` returned'
+
 CELL = Argument(
     "cell", 'the cell: a read-only mapping of axis -> value (`cell["attn"]`, `cell.world_size`)', positional=True
 )
@@ -83,10 +87,18 @@ COMPONENTS: tuple[Component, ...] = (
             Argument("dropout", "dropout probability; dtensor_optim leaves it out, so default it to 0.0", SOME),
         ),
         returns=(
-            "an nn.Module on the CPU, its parameters drawn from the global RNG (the suites seed it first), with "
-            "`decoder_layers()` (the checkpointing and sharding units) and `body_calls()` (layer -> how often its "
-            "body ran); `model(tokens)` (resume, the loader's batch) and `model(**batch)` return an output with "
-            "`.loss` and (grad_ckpt) `.past_key_values`, a mapping layer -> tuple of tensors the layers wrote"
+            "an nn.Module on the CPU, its parameters drawn from the global RNG (the suites seed it first); "
+            "`model(tokens)` (resume, the loader's batch) and `model(**batch)` return the loss as a tensor, a "
+            "tuple's first element, a dict's `\"loss\"` or `.loss`. grad_ckpt finds the KV cache, any pytree of "
+            "tensors and plain values (dicts, lists, dataclasses, transformers' `DynamicCache`), on the output's "
+            "`past_key_values`, else through the cache hook: the containers forward hands to its checkpointed "
+            "units (`checkpoint(self._run_layer, i, hidden, cache)`) and then writes tensors into, so the cache "
+            "need not be returned. Optional: "
+            "`body_calls()` (layer -> how often its body ran; without it grad_ckpt counts each checkpoint unit's "
+            "runs by instrumenting `torch.utils.checkpoint.checkpoint`), `compute_dtype` (the torch.dtype it "
+            "computes in when that is not its parameters', e.g. bf16 under autocast: grad_ckpt compares and labels "
+            "at that precision), `decoder_layers()` (the checkpointing and sharding units; only the reference "
+            "`parallelize` needs it)"
         ),
         suites=(GRAD_CKPT, RESUME, DTENSOR_OPTIM),
     ),
@@ -99,7 +111,10 @@ COMPONENTS: tuple[Component, ...] = (
             Argument("seed", "seed for this rank's batch; use a torch.Generator, not the global RNG"),
             Argument("device", "torch.device of this rank"),
         ),
-        returns="a dict of keyword arguments for `model(**batch)`",
+        returns=(
+            "a dict of keyword arguments for `model(**batch)`; grad_ckpt also takes a tuple (`model(*batch)`) "
+            "or a tensor (`model(batch)`)"
+        ),
         suites=(GRAD_CKPT, DTENSOR_OPTIM),
     ),
     Component(
@@ -123,7 +138,11 @@ COMPONENTS: tuple[Component, ...] = (
                 OPTIONAL,
             ),
         ),
-        returns='the model on `device`, wrapped as `cell["fsdp"]` says (none | fsdp1 | fsdp2), checkpointing switched as asked',
+        returns=(
+            'the model on `device`, wrapped as `cell["fsdp"]` says (none | fsdp1 | fsdp2), checkpointing switched '
+            "as asked, in the stack's own way (its flag, `checkpoint_wrapper`, `torch.utils.checkpoint` in forward): "
+            "grad_ckpt counts the checkpoint units itself"
+        ),
         suites=(GRAD_CKPT, RESUME, DTENSOR_OPTIM),
     ),
     Component(
@@ -169,8 +188,12 @@ COMPONENTS: tuple[Component, ...] = (
     ),
     Component(
         name="checkpointer",
+        form="per-call",
         arguments=(),
-        returns="an object with `save` and `load`, both collectives called on every rank",
+        returns=(
+            "an object with `save` and `load`, both collectives called on every rank (dtensor_optim, where "
+            "[components] has one, checks the layout of what its `save` writes)"
+        ),
         suites=(RESUME,),
         members=(
             Member(
@@ -179,11 +202,11 @@ COMPONENTS: tuple[Component, ...] = (
                     Argument("directory", "checkpoint directory, the same on every rank", positional=True),
                     Argument("model", "the wrapped model"),
                     Argument("optimizer", "the optimizer"),
-                    Argument("scheduler", "a torch LR scheduler"),
+                    Argument("scheduler", "the `scheduler` component's scheduler"),
                     Argument("loader", "the dataset's loader (state_dict / load_state_dict)"),
                     Argument("step", "the step being saved"),
                 ),
-                "None",
+                SAVE_RETURNS,
             ),
             Member(
                 "load",
@@ -191,12 +214,54 @@ COMPONENTS: tuple[Component, ...] = (
                     Argument("directory", "checkpoint directory, the same on every rank", positional=True),
                     Argument("model", "a freshly built wrapped model"),
                     Argument("optimizer", "a fresh optimizer, no step taken yet"),
-                    Argument("scheduler", "a fresh LR scheduler"),
+                    Argument("scheduler", "a fresh scheduler"),
                     Argument("loader", "a fresh loader"),
                 ),
-                "the step that was saved",
+                LOAD_RETURNS,
             ),
         ),
+    ),
+    Component(
+        name="checkpointer",
+        form="bound",
+        arguments=(
+            Argument("directory", "checkpoint directory, the same on every rank", positional=True),
+            Argument("model", "the wrapped model (freshly built for a load)"),
+            Argument("optimizer", "the optimizer"),
+            Argument("scheduler", "the `scheduler` component's scheduler"),
+            Argument("loader", "the dataset's loader (state_dict / load_state_dict)"),
+            Argument(
+                "process_group",
+                "the process group to save and load over (dtensor_optim's reshard passes a smaller world's)",
+                OPTIONAL,
+            ),
+            Argument("mesh", "a 1-D DeviceMesh over the same ranks as `process_group`", OPTIONAL),
+        ),
+        returns=(
+            "a checkpoint manager built once per training run (told apart from the per-call form by its signature "
+            "naming `model`); with `process_group` or `mesh` dtensor_optim's reshard goes through it "
+            '(`reshard_source = "checkpointer"`)'
+        ),
+        suites=(RESUME,),
+        members=(
+            Member("save", (Argument("step", "the step being saved", positional=True),), SAVE_RETURNS),
+            Member("load", (), LOAD_RETURNS),
+        ),
+    ),
+    Component(
+        name="scheduler",
+        arguments=(
+            Argument("optimizer", "the optimizer", positional=True),
+            Argument("warmup_steps", "option `warmup_steps`", OPTIONAL),
+            Argument("total_steps", "the training steps of a straight run (option `steps`)", OPTIONAL),
+            Argument("cell", CELL.meaning, OPTIONAL),
+        ),
+        returns=(
+            "an LR scheduler: `step()`, `state_dict()`, `load_state_dict()`, and `get_last_lr()` where it has it; "
+            "optional: without an entry, a linear warm-up over `warmup_steps` (torch's LambdaLR)"
+        ),
+        suites=(RESUME, DTENSOR_OPTIM),
+        default="torchmatrix.suites.scheduler_component:warmup_scheduler",
     ),
     Component(
         name="dataset",
@@ -223,7 +288,9 @@ COMPONENTS: tuple[Component, ...] = (
                     Argument("rank", "this rank"),
                     Argument("world_size", "ranks of the cell"),
                 ),
-                "an iterator of token-id tensors (batch_size, seq_len), passed as `model(tokens)`, with state_dict()/load_state_dict()",
+                "an iterator of batches with state_dict()/load_state_dict(): token-id tensors (batch_size, seq_len), "
+                "passed as `model(tokens)` or, with option `batch_keywords`, as each keyword (`model(input_ids=tokens, "
+                "labels=tokens)`); a mapping is passed as `model(**batch)`, a tuple as `model(*batch)`",
             ),
         ),
     ),
@@ -260,9 +327,8 @@ def markdown_table() -> str:
     """The protocol as docs/reference/components.md shows it: one row per component and per method."""
     rows = ["| component | called as | receives | returns | used by |", "|---|---|---|---|---|"]
     for component in COMPONENTS:
-        rows.append(
-            _row(component.name, component.call_text(), component.arguments, component.returns, component.suites)
-        )
+        name = f"{component.name} ({component.form})" if component.form else component.name
+        rows.append(_row(name, component.call_text(), component.arguments, component.returns, component.suites))
         for member in component.members:
             rows.append(_row("", member.call_text(component.owner_text(member)), member.arguments, member.returns, ()))
     return "\n".join(rows)

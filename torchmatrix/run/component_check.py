@@ -20,11 +20,12 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from torchmatrix.components.calling import accepts, build_optimizer
+from torchmatrix.components.calling import accepts, build_optimizer, call_accepting, is_bound_checkpointer
 from torchmatrix.components.optimizer_like import optimizer_like_problems
 from torchmatrix.components.optional import is_optional_here, needs_package, warning_line
 from torchmatrix.components.protocol import (
     ALWAYS,
+    COMPONENTS,
     OPTIONAL,
     Argument,
     Component,
@@ -133,10 +134,43 @@ def problems_of(key: str, import_path: str) -> tuple[list[str], str | None]:
     component = component_for(key)
     if component is None:
         return [], None
+    if component.name == "checkpointer":
+        component = checkpointer_form(obj)
     problems = signature_problems(component, obj, key)
     if not problems and component.name == "optimizer_<value>":
         problems = returned_optimizer_problems(obj)
+    if not problems and component.name == "scheduler":
+        problems = returned_scheduler_problems(obj)
     return problems, None
+
+
+def checkpointer_form(obj) -> Component:
+    """The protocol entry of the checkpointer form `obj` has: bound (a class or factory built once
+    with the training objects, its signature names `model`) or per-call (a zero-argument factory)."""
+    form = "bound" if is_bound_checkpointer(obj) else "per-call"
+    return next(entry for entry in COMPONENTS if entry.name == "checkpointer" and entry.form == form)
+
+
+SCHEDULER_METHODS = ("step", "state_dict", "load_state_dict")
+
+
+def returned_scheduler_problems(factory) -> list[str]:
+    """Build the scheduler over an optimizer of one dummy parameter and check what comes back has
+    what the suites call; a factory that raises on the dummy is left to the cells, which say why."""
+    import torch
+
+    optimizer = torch.optim.SGD(torch.nn.Linear(2, 2, bias=False).parameters(), lr=1e-3)
+    try:
+        scheduler = call_accepting(factory, optimizer, warmup_steps=2, total_steps=4, cell={})
+    except Exception:
+        return []
+    missing = [name for name in SCHEDULER_METHODS if not callable(getattr(scheduler, name, None))]
+    if not missing:
+        return []
+    return [
+        f"what it returns ({type(scheduler).__name__}) lacks {', '.join(missing)} (the suites step, save and load the "
+        f"scheduler); return a torch LR scheduler, or an object with {', '.join(SCHEDULER_METHODS)}"
+    ]
 
 
 def returned_optimizer_problems(factory) -> list[str]:

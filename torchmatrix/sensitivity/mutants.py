@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import os
 import types
+from collections.abc import Mapping
 from pathlib import Path
 
-from torchmatrix.components.calling import accepts
+from torchmatrix.components.calling import accepts, is_bound_checkpointer
 from torchmatrix.components.loading import load
 from torchmatrix.ranks.worker import current_cell_id
 
@@ -86,8 +87,8 @@ class FreshState:
 
 
 class RevertingCheckpointer:
-    """Delegates to the checkpointer at `inner`; after its load, puts `reverted(rank)` back as the
-    fresh objects had them. Subclasses made by `skips_on_load` / `restores_on_rank_zero_only`."""
+    """Delegates to the per-call checkpointer at `inner`; after its load, puts `reverted(rank)` back as
+    the fresh objects had them. Subclasses made by `skips_on_load` / `restores_on_rank_zero_only`."""
 
     inner: str = ""
 
@@ -98,40 +99,76 @@ class RevertingCheckpointer:
     def reverted(rank: int) -> tuple[str, ...]:
         raise NotImplementedError
 
-    def save(self, directory: str, *, model, optimizer, scheduler, loader, step: int) -> None:
-        self.wrapped.save(directory, model=model, optimizer=optimizer, scheduler=scheduler, loader=loader, step=step)
+    def save(self, directory: str, *, model, optimizer, scheduler, loader, step: int):
+        return self.wrapped.save(
+            directory, model=model, optimizer=optimizer, scheduler=scheduler, loader=loader, step=step
+        )
 
-    def load(self, directory: str, *, model, optimizer, scheduler, loader) -> int:
-        import torch.distributed as dist
-
+    def load(self, directory: str, *, model, optimizer, scheduler, loader):
         fresh = FreshState(model=model, optimizer=optimizer, scheduler=scheduler, loader=loader)
-        step = self.wrapped.load(directory, model=model, optimizer=optimizer, scheduler=scheduler, loader=loader)
-        for piece in self.reverted(dist.get_rank() if dist.is_initialized() else 0):
-            if not _same(fresh.current(piece), fresh.saved[piece]):
-                record_acted()
-            fresh.put_back(piece)
-        return step
+        returned = self.wrapped.load(directory, model=model, optimizer=optimizer, scheduler=scheduler, loader=loader)
+        put_back(fresh, self.reverted)
+        return returned
 
 
-def skips_on_load(inner: str, piece: str) -> type[RevertingCheckpointer]:
+class BoundRevertingCheckpointer:
+    """RevertingCheckpointer for a bound checkpointer at `inner`: built as it is (the subclass carries
+    its signature, so the suites pass it the same keywords), and after its `load()` puts
+    `reverted(rank)` back as the fresh objects had them."""
+
+    inner: str = ""
+
+    def __init__(self, directory: str, **objects_and_group):
+        self.fresh_objects = {name: objects_and_group[name] for name in ("model", "optimizer", "scheduler", "loader")}
+        self.wrapped = load(self.inner)(directory, **objects_and_group)
+
+    @staticmethod
+    def reverted(rank: int) -> tuple[str, ...]:
+        raise NotImplementedError
+
+    def save(self, step: int):
+        return self.wrapped.save(step)
+
+    def load(self):
+        fresh = FreshState(**self.fresh_objects)
+        returned = self.wrapped.load()
+        put_back(fresh, self.reverted)
+        return returned
+
+
+def put_back(fresh: FreshState, reverted) -> None:
+    """Put this rank's `reverted(rank)` pieces back as the fresh objects had them, marking the
+    mutant as having acted where the load had changed one."""
+    import torch.distributed as dist
+
+    for piece in reverted(dist.get_rank() if dist.is_initialized() else 0):
+        if not _same(fresh.current(piece), fresh.saved[piece]):
+            record_acted()
+        fresh.put_back(piece)
+
+
+def reverting(name: str, inner: str, reverted) -> type:
+    """A checkpointer class of the form the one at `inner` has, reverting `reverted(rank)` after each load."""
+    import inspect
+
+    factory = load(inner)
+    if not is_bound_checkpointer(factory):
+        return type(name, (RevertingCheckpointer,), {"inner": inner, "reverted": staticmethod(reverted)})
+    attributes = {"inner": inner, "reverted": staticmethod(reverted), "__signature__": inspect.signature(factory)}
+    return type(name, (BoundRevertingCheckpointer,), attributes)
+
+
+def skips_on_load(inner: str, piece: str) -> type:
     """The checkpointer at `inner`, except that a load leaves `piece` as the fresh objects had it."""
     if piece not in RESTORED_PIECES:
         raise ValueError(f"piece {piece!r}: expected one of {', '.join(RESTORED_PIECES)}")
-    return type(
-        f"Skips{piece.title()}OnLoad",
-        (RevertingCheckpointer,),
-        {"inner": inner, "reverted": staticmethod(lambda rank: (piece,))},
-    )
+    return reverting(f"Skips{piece.title()}OnLoad", inner, lambda rank: (piece,))
 
 
-def restores_on_rank_zero_only(inner: str) -> type[RevertingCheckpointer]:
+def restores_on_rank_zero_only(inner: str) -> type:
     """The checkpointer at `inner`, except that only rank 0 keeps what it loaded; every other rank
     resumes with freshly built state (at world size 1 this is the correct checkpointer)."""
-    return type(
-        "RestoresOnRankZeroOnly",
-        (RevertingCheckpointer,),
-        {"inner": inner, "reverted": staticmethod(lambda rank: RESTORED_PIECES if rank else ())},
-    )
+    return reverting("RestoresOnRankZeroOnly", inner, lambda rank: RESTORED_PIECES if rank else ())
 
 
 def moments_cast_on_load(inner: str):
@@ -168,7 +205,7 @@ def counts_body_runs_in_buffer(inner: str):
         import torch
 
         model = load(inner)(cell, **kwargs)
-        for layer in model.decoder_layers():
+        for layer in _layers(model):
             layer.register_buffer("mutant_body_runs", torch.zeros((), dtype=torch.int64))
 
             def bump(module, args, layer=layer):
@@ -194,18 +231,19 @@ def counts_body_runs_on_cache(inner: str):
             _note_if_recomputing()
             counter["runs"] += 1
             if counter["cache"] is not None:
-                counter["cache"].mutant_writes += 1
+                _set_counter(counter["cache"], _counter(counter["cache"]) + 1)
 
-        for layer in model.decoder_layers():
+        for layer in _layers(model):
             _hook_every_leaf(layer, bump)
         forward = model.forward
 
         def counting_forward(*args, **kwargs):
             counter["runs"], counter["cache"] = 0, None
             output = forward(*args, **kwargs)
-            cache = getattr(output, "past_key_values", None)
+            cache = output.get("past_key_values") if isinstance(output, Mapping) else None
+            cache = getattr(output, "past_key_values", cache)
             if cache is not None:
-                cache.mutant_writes = counter["runs"]
+                _set_counter(cache, counter["runs"])
                 counter["cache"] = cache
             return output
 
@@ -221,7 +259,7 @@ def appends_to_list_attribute(inner: str):
 
     def build(cell, **kwargs):
         model = load(inner)(cell, **kwargs)
-        for layer in model.decoder_layers():
+        for layer in _layers(model):
             layer.mutant_aux_losses = []
 
             def append(module, args, layer=layer):
@@ -258,7 +296,7 @@ def holds_inputs_across_calls(inner: str):
                 record_acted()
             return (held.detach().requires_grad_(args[0].requires_grad), *args[1:])
 
-        for layer in model.decoder_layers():
+        for layer in _layers(model):
             _hook_every_leaf(layer, hold_or_replay)
         return model
 
@@ -283,7 +321,7 @@ def draws_from_own_generator(inner: str):
             record_acted()
             return output * (1 + 1e-2 * (noise.to(output.device, output.dtype) - 0.5))
 
-        for layer in model.decoder_layers():
+        for layer in _layers(model):
             layer.register_forward_hook(jitter)
         return model
 
@@ -381,6 +419,24 @@ def _built_optimizer(inner: str, params, named_parameters, kwargs: dict):
     if named_parameters is not None and accepts(factory, "named_parameters"):
         kwargs = {**kwargs, "named_parameters": named_parameters}
     return factory(params, **kwargs)
+
+
+def _layers(model) -> list:
+    """The model's `decoder_layers()`, or the model itself when it has none (a stack that checkpoints
+    a function, not layer modules): every module with parameters inside it is then hooked."""
+    return model.decoder_layers() if hasattr(model, "decoder_layers") else [model]
+
+
+def _set_counter(cache, value: int) -> None:
+    """The mutant's write counter on the cache: an item of a plain dict, an attribute of any other object."""
+    if isinstance(cache, dict):
+        cache["mutant_writes"] = value
+    else:
+        cache.mutant_writes = value
+
+
+def _counter(cache) -> int:
+    return cache["mutant_writes"] if isinstance(cache, dict) else cache.mutant_writes
 
 
 def _in_backward() -> bool:

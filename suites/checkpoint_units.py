@@ -1,0 +1,215 @@
+"""The grad-ckpt suite's own view of activation checkpointing: it instruments
+``torch.utils.checkpoint.checkpoint`` wherever a loaded module holds it, so recompute is counted
+per checkpoint unit (a module, a module's method, or any function) without the model reporting it,
+and the mutable containers forward hands to those units (a KV cache kept in a local variable) are
+observed: the cache hook."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import sys
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+import torch.utils.checkpoint
+from torch import nn
+
+from torchmatrix.testing import clean_name
+
+from .cache_tree import cache_marks
+
+CONTAINER_EXCLUDED = (torch.Tensor, nn.Module, type, tuple, str, bytes)
+
+
+@dataclass
+class Unit:
+    """One checkpoint unit as forward called it: how often its function ran in forward and again in backward."""
+
+    function: object
+    base: object
+    order: int
+    forward_runs: int = 0
+    reruns: int = 0
+
+
+@dataclass
+class CheckpointUnits:
+    """What the instrumented ``checkpoint`` saw during a step: its units, and the containers passed to
+    them with their tensors' marks when first passed (``cache_marks``), so writes after it show."""
+
+    units: dict[tuple, Unit] = field(default_factory=dict)
+    containers: list[tuple[str, object, dict]] = field(default_factory=list)
+    _calls_this_forward: dict[object, int] = field(default_factory=dict)
+
+    def next_forward(self) -> None:
+        """A new forward of the model begins: call order restarts, so unit names repeat per forward."""
+        self._calls_this_forward.clear()
+
+    def wrap(self, function, args: tuple, kwargs: dict):
+        """``function`` counting its runs, its unit noted, the mutable containers among its arguments kept."""
+        target = function
+        while isinstance(target, functools.partial):  # transformers: partial(layer.__call__, **kwargs)
+            args, kwargs = (*target.args, *args), {**target.keywords, **kwargs}
+            target = target.func
+        base = target.__self__ if inspect.ismethod(target) else target
+        key_base = (id(base), getattr(target, "__name__", None))
+        order = self._calls_this_forward.get(key_base, 0)
+        self._calls_this_forward[key_base] = order + 1
+        unit = self.units.setdefault((key_base, order), Unit(target, base, order))
+        self.note_containers(target, args, kwargs)
+        ran = [False]
+
+        def counted(*inner_args, **inner_kwargs):
+            if ran[0]:
+                unit.reruns += 1
+            else:
+                ran[0] = True
+                unit.forward_runs += 1
+            return function(*inner_args, **inner_kwargs)
+
+        return counted
+
+    def note_containers(self, function, args: tuple, kwargs: dict) -> None:
+        try:
+            bound = inspect.signature(function).bind_partial(*args, **kwargs).arguments
+        except (TypeError, ValueError):
+            bound = {**{f"argument {index}": value for index, value in enumerate(args)}, **kwargs}
+        for name, value in bound.items():
+            if not isinstance(value, CONTAINER_EXCLUDED) and (
+                isinstance(value, (dict, list)) or hasattr(value, "__dict__")
+            ):
+                if all(value is not seen for _, seen, _ in self.containers):
+                    self.containers.append((name, value, cache_marks({name: value})))
+
+    def sites(self, model: nn.Module) -> list[tuple[str, str | None]]:
+        """Where the units that are modules or modules' methods sit in ``model``: (module path, method
+        name, or None for the module's own call), so a run without checkpointing can watch the same calls."""
+        names = {id(module): clean_name(name) for name, module in model.named_modules()}
+        found = []
+        for unit in self.units.values():
+            path, method = names.get(id(unit.base)), getattr(unit.function, "__name__", None)
+            if path is not None:
+                found.append((path, None if unit.base is unit.function or method in MODULE_CALLS else method))
+        return sorted(set(found), key=repr)
+
+    def calls(self, model: nn.Module) -> dict[str, int]:
+        """Unit name -> how often its function ran, in forward and again in backward.
+        A unit is named by its module path (``layers.3``), module path and method (``layers.3._forward``),
+        or qualified name (``PrefixSuffix._run_layer``), with ``#n`` (call order in one forward) when
+        forward calls it more than once."""
+        names = {id(module): clean_name(name) for name, module in model.named_modules()}
+        counts: dict[str, int] = {}
+        repeated = {key_base for key_base, order in self.units if order > 0}
+        for (key_base, order), unit in self.units.items():
+            name = unit_name(unit, names)
+            if key_base in repeated:
+                name = f"{name}#{order}"
+            if name in counts:  # two functions of one qualified name: told apart by when they were first called
+                name = f"{name}@{len(counts)}"
+            counts[name] = unit.forward_runs + unit.reruns
+        return counts
+
+
+def unit_name(unit: Unit, names: dict[int, str]) -> str:
+    """Module path for a module, module path and method name for a bound method of a submodule,
+    the qualified name otherwise (a function, a method of the model's root or of a non-module)."""
+    path = names.get(id(unit.base))
+    function_name = getattr(unit.function, "__name__", None)
+    if path and unit.base is not unit.function and function_name not in MODULE_CALLS:
+        return f"{path}.{function_name}"
+    if path:
+        return path
+    return getattr(unit.function, "__qualname__", None) or type(unit.function).__qualname__
+
+
+MODULE_CALLS = frozenset({"__call__", "_wrapped_call_impl", "_call_impl", "forward"})
+"""Methods that run the module itself: a unit calling one is named by the module's path alone."""
+
+ORIGINAL_CHECKPOINT = torch.utils.checkpoint.checkpoint
+
+
+@contextmanager
+def watched_sites(model: nn.Module, sites: list[tuple[str, str | None]], seen: CheckpointUnits):
+    """Without checkpointing, the units of a checkpointed run are called directly: within the block,
+    the containers handed to them at ``sites`` (``CheckpointUnits.sites``) go to ``seen`` as well, so
+    the eager run's cache is found by the same hook."""
+    modules = {clean_name(name): module for name, module in model.named_modules()}
+    undo = []
+    for path, method in sites:
+        module = modules.get(path)
+        if module is None:
+            continue
+        if method is None:
+            handle = module.register_forward_pre_hook(
+                lambda module, args, kwargs: seen.note_containers(module.forward, args, kwargs), with_kwargs=True
+            )
+            undo.append(handle.remove)
+            continue
+        bound = getattr(module, method)
+
+        def watched(*args, bound=bound, **kwargs):
+            seen.note_containers(bound, args, kwargs)
+            return bound(*args, **kwargs)
+
+        module.__dict__[method] = watched
+        undo.append(functools.partial(module.__dict__.pop, method))
+    try:
+        yield
+    finally:
+        for step in undo:
+            step()
+
+
+CHECKPOINT_OPTIONS = frozenset(
+    {"use_reentrant", "context_fn", "determinism_check", "debug", "preserve_rng_state", "early_stop"}
+)
+ACTIVE: list[CheckpointUnits] = []
+"""The ``CheckpointUnits`` of the block ``counted_checkpoints`` is running, if any."""
+
+
+def instrumented_checkpoint(function, *args, **kwargs):
+    """``torch.utils.checkpoint.checkpoint``, counting into the active ``CheckpointUnits``; outside a
+    block (a module imported during one kept this function) the original alone."""
+    if ACTIVE:
+        plain_kwargs = {key: value for key, value in kwargs.items() if key not in CHECKPOINT_OPTIONS}
+        function = ACTIVE[-1].wrap(function, args, plain_kwargs)
+    return ORIGINAL_CHECKPOINT(function, *args, **kwargs)
+
+
+KEPT_NAMES = frozenset({"ORIGINAL_CHECKPOINT", "instrumented_checkpoint"})
+
+
+def modules_holding(function) -> list[tuple[object, str]]:
+    """(module, attribute) wherever a loaded module holds ``function``: torch's own module, its checkpoint
+    wrapper, transformers', the user's ``from torch.utils.checkpoint import checkpoint``; not under the
+    names this module (wherever it is loaded from) keeps the two functions by."""
+    holders = []
+    for module in list(sys.modules.values()):
+        namespace = getattr(module, "__dict__", None)
+        if isinstance(namespace, dict):
+            holders += [
+                (module, name)
+                for name, value in list(namespace.items())
+                if value is function and name not in KEPT_NAMES
+            ]
+    return holders
+
+
+@contextmanager
+def counted_checkpoints():
+    """Within the block, every call of ``torch.utils.checkpoint.checkpoint`` through a loaded module's
+    reference counts its unit's runs and notes its containers, in the ``CheckpointUnits`` yielded.
+    Modules imported during the block that took the instrumented function get the original back too."""
+    seen = CheckpointUnits()
+    for module, name in modules_holding(ORIGINAL_CHECKPOINT):
+        setattr(module, name, instrumented_checkpoint)
+    ACTIVE.append(seen)
+    try:
+        yield seen
+    finally:
+        ACTIVE.remove(seen)
+        if not ACTIVE:
+            for module, name in modules_holding(instrumented_checkpoint):
+                setattr(module, name, ORIGINAL_CHECKPOINT)
