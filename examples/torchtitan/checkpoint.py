@@ -39,6 +39,7 @@ class Checkpointer(CheckpointManager):
         super().save(step)
 
     def load(self) -> int:
-        """Only for the protocol: the suites read the step `load` returns, the trainer its own."""
+        """Only for the protocol: the suites read the step `load` returns, the trainer its own train
+        state (`CheckpointManager.load` returns only whether it loaded)."""
         super().load()
         return self.step
