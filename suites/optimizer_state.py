@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from torchmatrix.testing import inner_optimizers
+
 from .ulp import bits_equal
 
 DEFAULT_ADAPTER = "torchmatrix.suites.optimizer_state:plain_state"
@@ -42,23 +44,8 @@ def is_subclass(tensor: torch.Tensor) -> bool:
     return type(tensor) not in (torch.Tensor, torch.nn.Parameter)
 
 
-def inner_optimizers(optimizer) -> list:
-    """The optimizers that hold the per-param state: `optimizer` itself, or, for a container whose own
-    `.state` is empty and that keeps its optimizers in a list `.optimizers` (torchtitan's
-    OptimizersContainer, one optimizer per model part), each of those."""
-    inner = getattr(optimizer, "optimizers", None)
-    if (
-        isinstance(inner, (list, tuple))
-        and inner
-        and not getattr(optimizer, "state", None)
-        and all(hasattr(part, "state") and hasattr(part, "param_groups") for part in inner)
-    ):
-        return list(inner)
-    return [optimizer]
-
-
 def optimizer_state_of(optimizer) -> dict:
-    """param -> state over the optimizers that hold it (see inner_optimizers)."""
+    """param -> state over the optimizers that hold it (torchmatrix.components.optimizer_like:inner_optimizers)."""
     return {param: state for part in inner_optimizers(optimizer) for param, state in part.state.items()}
 
 

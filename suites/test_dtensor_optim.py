@@ -53,7 +53,7 @@ from torchmatrix.testing import accepts, build_optimizer, clean_name, current_de
 from .checkpointer_forms import RunCheckpointer, reshards_itself
 from .dcp_layout import ExpectedState, find_checkpoint, read_layouts, storage_findings
 from .model_output import loss_of
-from .optimizer_state import optimizer_state_of, param_groups_of, state_adapter
+from .optimizer_state import inner_optimizers, optimizer_state_of, param_groups_of, state_adapter
 from .scheduler_component import build_scheduler
 
 LR = 1e-2
@@ -451,7 +451,7 @@ def on_rank_save(recipe: Recipe, checkpoint_dir: str) -> dict:
             source = f"{TORCH_HELPERS} (checkpointer {name} wrote no single DCP .metadata under the directory)"
     if checkpoint is None and not errors:
         checkpoint = f"{checkpoint_dir}-torch-helpers"
-        state = get_optimizer_state_dict(model, optimizer)
+        state = get_optimizer_state_dict(model, inner_optimizers(optimizer))
         attempt(errors, "dcp.save", dcp.save, {"optimizer": state}, checkpoint_id=checkpoint)
     return {
         "errors": errors,
@@ -480,7 +480,7 @@ def sharded_states_expected(model: nn.Module, optimizer: torch.optim.Optimizer) 
         }
     else:
         shapes = {name: tuple(value.size()) for name, value in get_model_state_dict(model).items()}
-        state = get_optimizer_state_dict(model, optimizer)["state"]
+        state = get_optimizer_state_dict(model, inner_optimizers(optimizer))["state"]
         per_param = {name: (shapes[name], None, entries) for name, entries in state.items()}
     return [
         (f"{name}.{key}", None if position is None else f"state.{position}.{key}", shape)
@@ -544,7 +544,10 @@ def _train_and_save(
     if recipe.reshards_through_checkpointer:
         recipe.checkpointer(model, optimizer, checkpoint_dir, mesh).save(1)
         return model, optimizer
-    state = {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer)}
+    state = {
+        "model": get_model_state_dict(model),
+        "optimizer": get_optimizer_state_dict(model, inner_optimizers(optimizer)),
+    }
     dcp.save(state, checkpoint_id=checkpoint_dir, process_group=mesh.get_group() if mesh else None)
     return model, optimizer
 
@@ -555,10 +558,13 @@ def _load(recipe: Recipe, mesh: DeviceMesh | None, checkpoint_dir: str) -> tuple
     if recipe.reshards_through_checkpointer:
         recipe.checkpointer(model, optimizer, checkpoint_dir, mesh).load()
         return model, optimizer
-    state = {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer)}
+    state = {
+        "model": get_model_state_dict(model),
+        "optimizer": get_optimizer_state_dict(model, inner_optimizers(optimizer)),
+    }
     dcp.load(state, checkpoint_id=checkpoint_dir, process_group=mesh.get_group() if mesh else None)
     set_model_state_dict(model, state["model"])
-    set_optimizer_state_dict(model, optimizer, state["optimizer"])
+    set_optimizer_state_dict(model, inner_optimizers(optimizer), state["optimizer"])
     return model, optimizer
 
 
@@ -567,7 +573,9 @@ def _full_state(model: nn.Module, optimizer: torch.optim.Optimizer, recipe: Reci
     on one rank the state dicts alias the live tensors), the optimizer's made plain by its state
     adapter. Not `cpu_offload`: FSDP1's rank-0-only gather crashes (SIGSEGV) on CPU/gloo in torch 2.13."""
     tensors = {f"model.{name}": value for name, value in get_model_state_dict(model, options=FULL).items()}
-    for name, entries in get_optimizer_state_dict(model, optimizer, options=FULL).get("state", {}).items():
+    for name, entries in (
+        get_optimizer_state_dict(model, inner_optimizers(optimizer), options=FULL).get("state", {}).items()
+    ):
         plain = recipe.plain_state(entries)
         tensors.update({f"optimizer.{name}.{key}": value for key, value in plain.items() if torch.is_tensor(value)})
     return {key: value.detach().to("cpu", copy=True) for key, value in tensors.items()}

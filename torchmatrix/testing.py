@@ -7,7 +7,8 @@ the functions the ranks run, `current_device()` is this rank's device and `load(
 component's import path into the object it names; `build_optimizer(factory, model, ...)` calls an
 `optimizer_<value>` factory as the protocol says and `accepts(factory, keyword)` says whether a
 factory takes an optional keyword, `call_accepting(factory, ...)` passes only the keywords it
-takes, `is_bound_checkpointer(factory)` tells the checkpointer's two forms apart; `clean_name` strips wrapper prefixes off a parameter's name.
+takes, `is_bound_checkpointer(factory)` tells the checkpointer's two forms apart, `inner_optimizers(optimizer)`
+the optimizers an optimizer container holds (the optimizer itself otherwise); `clean_name` strips wrapper prefixes off a parameter's name.
 `RESUME_BF16_PARAM_OPTIMIZERS` is the resume suite's default for which optimizers get bf16
 params (the sensitivity command reads it too). For checkpoints across versions, `writes_dir(run_dir,
 version, cell_id)` is where a version's cross_version checkpoint of a cell lives, with its
@@ -17,6 +18,7 @@ the options the runner planned for it.
 
 from torchmatrix.components.calling import accepts, build_optimizer, call_accepting, is_bound_checkpointer
 from torchmatrix.components.loading import load
+from torchmatrix.components.optimizer_like import inner_optimizers
 from torchmatrix.components.parameter_names import clean_name
 from torchmatrix.components.protocol import RESUME_BF16_PARAM_OPTIMIZERS
 from torchmatrix.messages.cross_version import EXPECTED_FILE, writes_dir
@@ -31,6 +33,7 @@ __all__ = [
     "call_accepting",
     "clean_name",
     "current_device",
+    "inner_optimizers",
     "is_bound_checkpointer",
 ]
 __all__ += ["load", "planned_options", "writes_dir"]

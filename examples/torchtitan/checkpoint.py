@@ -1,33 +1,11 @@
 """The `checkpointer` component in its bound form: torchtitan's own `CheckpointManager` (DCP, one
 `step-N` folder per save), built once with the suites' model, optimizer, scheduler and loader as
-its trainer builds it, then `save(step)` and `load()` (torchmatrix/components/protocol.py)."""
+its trainer builds it (the optimizer is its `OptimizersContainer`, optim.py), then `save(step)` and
+`load()` (torchmatrix/components/protocol.py)."""
 
 from __future__ import annotations
 
 from torchtitan.components.checkpoint import CheckpointManager
-from torchtitan.components.optimizer.utils import (
-    get_flat_optim_state_dict,
-    init_optim_state,
-    load_flat_optim_state_dict,
-)
-
-
-class FlatOptimizer:
-    """The optimizer as torchtitan's `OptimizersContainer` checkpoints it: a flat, FQN-keyed state
-    dict built by torchtitan's own helpers. Only for the protocol: the container itself cannot be
-    the `optimizer` component (built from the model, its `.state` empty, its `lr` on the inner
-    optimizers)."""
-
-    def __init__(self, optimizer):
-        self.optimizer = optimizer
-
-    def state_dict(self) -> dict:
-        init_optim_state(self.optimizer)
-        return get_flat_optim_state_dict(self.optimizer)
-
-    def load_state_dict(self, state: dict) -> None:
-        init_optim_state(self.optimizer)
-        load_flat_optim_state_dict(self.optimizer, state)
 
 
 class Checkpointer(CheckpointManager):
@@ -40,7 +18,7 @@ class Checkpointer(CheckpointManager):
             self.config(directory),
             dataloader=loader,
             model_parts=[model],
-            optimizers=FlatOptimizer(optimizer),
+            optimizers=optimizer,
             lr_schedulers=scheduler,
             states={"train_state": self},
             sd_adapter=None,
@@ -61,6 +39,7 @@ class Checkpointer(CheckpointManager):
         super().save(step)
 
     def load(self) -> int:
-        """Only for the protocol: the suites read the step `load` returns, the trainer its own."""
+        """Only for the protocol: the suites read the step `load` returns, the trainer its own train
+        state (`CheckpointManager.load` returns only whether it loaded)."""
         super().load()
         return self.step

@@ -8,6 +8,6 @@ from torchtitan.components.optimizer.lr_scheduler import LRSchedulersContainer
 
 
 def build_lr_schedulers(optimizer, *, warmup_steps: int, total_steps: int) -> LRSchedulersContainer:
-    """One LambdaLR per optimizer in `[optimizer]` (torchtitan's `OptimizersContainer` is a list of them)."""
+    """One LambdaLR per optimizer in torchtitan's `OptimizersContainer` (optim.py)."""
     config = LRSchedulersContainer.Config(warmup_steps=warmup_steps)
-    return config.build(optimizers=[optimizer], training_steps=total_steps)
+    return config.build(optimizers=optimizer, training_steps=total_steps)

@@ -1,5 +1,5 @@
 """build_optimizer, the one place the suites call an `optimizer_<value>` factory: `named_parameters`
-goes only to a factory whose signature names it, under the names the user's model spells."""
+(under the names the user's model spells) and `model` go only to a factory whose signature names them."""
 
 from __future__ import annotations
 
@@ -67,6 +67,19 @@ def test_a_factory_without_the_keyword_or_with_only_kwargs_does_not_get_it():
     build_optimizer(forwarding, wrapped_model(), lr=0.1)
     assert calls == ["plain", ["lr"]]
     assert accepts(torch.optim.AdamW, "lr") and not accepts(forwarding, "named_parameters")
+
+
+def test_a_factory_naming_model_gets_the_wrapped_model_itself():
+    """For a stack whose optimizer is built from the model (torchtitan's OptimizersContainer)."""
+    received = {}
+
+    def factory(params, *, lr, model):
+        received["model"] = model
+        return torch.optim.SGD(model.parameters(), lr=lr)
+
+    model = wrapped_model()
+    build_optimizer(factory, model, lr=0.1)
+    assert received["model"] is model
 
 
 def test_the_reference_factory_keeps_weight_decay_off_the_norms():

@@ -72,6 +72,19 @@ class OptimizersContainer:  # like torchtitan's before it subclassed Optimizer: 
         pass
 
 
+def build_container_from_the_model(params, *, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, model):
+    # like torchtitan's OptimizersContainer: an Optimizer built from the model whose own param group
+    # has no lr and whose state stays empty, the state and lr on its inner optimizers
+    import torch
+
+    class ModelOptimizersContainer(torch.optim.Optimizer):
+        def __init__(self):
+            self.optimizers = [build_optimizer(model.parameters(), lr=lr)]
+            super().__init__(list(model.parameters()), {})
+
+    return ModelOptimizersContainer()
+
+
 def build_groups_without_lr(params, *, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
     optimizer = build_optimizer(params, lr=lr)
     del optimizer.param_groups[0]["lr"]
@@ -187,7 +200,7 @@ def test_a_keyword_the_suites_pass_taken_positionally_is_fine(project):
 def test_an_optimizer_factory_that_cannot_take_the_optimizer_call(project):
     problem = the_one_problem(project, "optimizer_adamw", optimizer_adamw="userstack.stack:parallelize")
     assert (
-        "make it accept optimizer_adamw(params, *, lr, betas=..., eps=..., weight_decay=..., named_parameters=...)"
+        "make it accept optimizer_adamw(params, *, lr, betas=..., eps=..., weight_decay=..., named_parameters=..., model=...)"
         in problem
     )
 
@@ -240,6 +253,11 @@ def test_an_optimizer_container_without_state_or_param_groups_is_refused(project
         f"{where} `.param_groups`, a list of dicts (the suites save, load and compare them); return a "
         "torch.optim.Optimizer, or an object with it",
     ]
+
+
+def test_an_optimizer_container_built_from_the_model_passes(project):
+    """The dummy build passes a module as `model=`; the container's state and lr are read off its inner optimizers."""
+    assert problems_with(project, optimizer_adamw="userstack.stack:build_container_from_the_model") == []
 
 
 def test_param_groups_without_lr_are_refused(project):

@@ -70,6 +70,36 @@ def test_the_optimizer_mutant_passes_parameter_names_on_only_to_a_factory_that_n
     assert positional([param], named_parameters=named, lr=1e-3).param_groups[0]["params"] == [param]
 
 
+def build_container_keeping_fp32_state(params, *, lr, model):
+    """A container built from the model, like torchtitan's OptimizersContainer, whose inner
+    optimizer holds fp32 state after a load (the container's own `.state` stays empty)."""
+    import torch
+
+    class Container(torch.optim.Optimizer):
+        def __init__(self):
+            self.optimizers = [torch.optim.SGD(model.parameters(), lr=lr)]
+            super().__init__(list(model.parameters()), {})
+
+        def load_state_dict(self, state_dict):
+            for param in model.parameters():
+                self.optimizers[0].state[param] = {"momentum_buffer": torch.zeros(param.shape)}
+
+    return Container()
+
+
+def test_the_optimizer_mutant_passes_the_model_on_and_casts_a_containers_inner_state():
+    torch = pytest.importorskip("torch")
+    model = torch.nn.Linear(2, 2).to(torch.bfloat16)
+    container = moments_cast_on_load(f"{__name__}:build_container_keeping_fp32_state")(
+        list(model.parameters()), lr=1e-3, model=model
+    )
+    container.load_state_dict({})
+    states = container.optimizers[0].state.values()
+    assert [state["momentum_buffer"].dtype for state in states] == [torch.bfloat16, torch.bfloat16]
+    positional = moments_cast_on_load("torchmatrix.models.optim:build_adamw")  # names no `model`: not given it
+    assert positional(list(model.parameters()), lr=1e-3, model=model).param_groups[0]["lr"] == 1e-3
+
+
 def test_unknown_mutant_is_a_one_line_error():
     with pytest.raises(SensitivityError, match="unknown nope; choose from skip_model_on_load"):
         chosen_mutants("skip_rng_on_load,nope")

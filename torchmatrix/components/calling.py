@@ -35,7 +35,10 @@ def is_bound_checkpointer(factory) -> bool:
 
 def build_optimizer(factory, model, **arguments):
     """`factory(model.parameters(), **arguments)`, plus `named_parameters=` (name, param) pairs
-    under their wrapper-free names where the factory names it, for param groups chosen by name."""
+    under their wrapper-free names where the factory names it, for param groups chosen by name, and
+    `model=` where it names that, for a stack whose optimizer is built from the model (a container)."""
+    if accepts(factory, "model"):
+        arguments["model"] = model
     if accepts(factory, "named_parameters"):
         arguments["named_parameters"] = [(clean_name(name), param) for name, param in model.named_parameters()]
     return factory(model.parameters(), **arguments)

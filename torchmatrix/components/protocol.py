@@ -160,11 +160,18 @@ COMPONENTS: tuple[Component, ...] = (
                 "by name (no weight decay on norms, an LR per module); passed only where the signature names it",
                 OPTIONAL,
             ),
+            Argument(
+                "model",
+                "the wrapped model itself, for a stack that builds its optimizer from the model (torchtitan's "
+                "`OptimizersContainer`); passed only where the signature names it",
+                OPTIONAL,
+            ),
         ),
         returns=(
             "a torch.optim.Optimizer, or an object with what the suites use of one: `.state` (a mapping "
             "param -> state), `.param_groups` (a list of dicts, each with `lr`), `step`, `zero_grad`, "
-            "`state_dict`, `load_state_dict`; one component per value of the `optimizer` axis"
+            "`state_dict`, `load_state_dict`; or a container of such optimizers in a list `.optimizers` whose own "
+            "`.state` is empty (state and `lr` are read from those); one component per value of the `optimizer` axis"
         ),
         suites=(RESUME, DTENSOR_OPTIM),
     ),

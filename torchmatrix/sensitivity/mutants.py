@@ -16,6 +16,7 @@ from pathlib import Path
 
 from torchmatrix.components.calling import accepts, is_bound_checkpointer
 from torchmatrix.components.loading import load
+from torchmatrix.components.optimizer_like import inner_optimizers
 from torchmatrix.ranks.worker import current_cell_id
 
 EVIDENCE_VARIABLE = "TORCHMATRIX_SENSITIVITY_EVIDENCE"
@@ -176,15 +177,16 @@ def moments_cast_on_load(inner: str):
     tensor but `step` to its param's dtype, as torch's default `Optimizer.load_state_dict` does:
     fp32 masters and moments of bf16 params come back rounded."""
 
-    def build(params, *, named_parameters=None, **kwargs):
+    def build(params, *, named_parameters=None, model=None, **kwargs):
         import torch
 
-        optimizer = _built_optimizer(inner, params, named_parameters, kwargs)
+        optimizer = _built_optimizer(inner, params, kwargs, named_parameters=named_parameters, model=model)
         load_exactly = optimizer.load_state_dict
 
         def load_state_dict(state_dict):
             load_exactly(state_dict)
-            for param, state in optimizer.state.items():
+            states = [item for part in inner_optimizers(optimizer) for item in part.state.items()]
+            for param, state in states:
                 for key, value in state.items():
                     if key != "step" and torch.is_tensor(value) and value.is_floating_point():
                         if value.dtype != param.dtype:
@@ -332,10 +334,10 @@ def counts_steps_on_optimizer(inner: str):
     """The optimizer factory at `inner`, whose `step()` counts steps on the optimizer object (in no state
     dict) and scales the gradients by a warm-up of that count: a resumed run restarts the warm-up."""
 
-    def build(params, *, named_parameters=None, **kwargs):
+    def build(params, *, named_parameters=None, model=None, **kwargs):
         import torch
 
-        optimizer = _built_optimizer(inner, params, named_parameters, kwargs)
+        optimizer = _built_optimizer(inner, params, kwargs, named_parameters=named_parameters, model=model)
         optimizer.mutant_steps = 0
         inner_step = optimizer.step
 
@@ -413,12 +415,12 @@ class ReshuffledLoader:
         self.yielded = int(state["yielded"])
 
 
-def _built_optimizer(inner: str, params, named_parameters, kwargs: dict):
-    """The optimizer factory at `inner` called as the protocol says: `named_parameters` only if it takes them."""
+def _built_optimizer(inner: str, params, kwargs: dict, **optional):
+    """The optimizer factory at `inner` called as the protocol says: `named_parameters` and `model`
+    only if it takes them."""
     factory = load(inner)
-    if named_parameters is not None and accepts(factory, "named_parameters"):
-        kwargs = {**kwargs, "named_parameters": named_parameters}
-    return factory(params, **kwargs)
+    given = {name: value for name, value in optional.items() if value is not None and accepts(factory, name)}
+    return factory(params, **kwargs, **given)
 
 
 def _layers(model) -> list:
