@@ -13,10 +13,8 @@ def loss_of(output) -> torch.Tensor:
     ``"loss"``, or the ``.loss`` attribute (transformers' ModelOutput, a NamedTuple)."""
     if isinstance(output, torch.Tensor):
         return output
-    if isinstance(output, Mapping) and output.get("loss") is not None:
-        return output["loss"]
-    if getattr(output, "loss", None) is not None:
-        return output.loss
+    if (loss := named_field(output, "loss")) is not None:
+        return loss
     if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
         return output[0]
     raise TypeError(
@@ -38,8 +36,12 @@ def call_model(model, batch):
 def cache_on(output):
     """The cache the output carries: its ``.past_key_values`` or ``["past_key_values"]`` (any pytree),
     else None (a bare loss tensor or a tuple carries none by name)."""
+    return named_field(output, "past_key_values")
+
+
+def named_field(output, name: str):
+    """``output[name]`` of a mapping, else ``output.<name>`` (a ModelOutput, a NamedTuple, a
+    dataclass), else None."""
     if isinstance(output, Mapping):
-        return output.get("past_key_values")
-    if isinstance(output, torch.Tensor):
-        return None
-    return getattr(output, "past_key_values", None)
+        return output.get(name)
+    return getattr(output, name, None)

@@ -116,11 +116,11 @@ def plain_value(value):
 
 
 def plain_equal(first, second) -> bool:
-    """Whether two plain values (numbers, strings, tensors, lists and dicts of them) are equal and of
-    one type, tensors bit for bit (dtype and shape included)."""
+    """Whether two plain values (numbers, strings, tensors, lists, tuples and dicts of them) are equal
+    and of one type, tensors bit for bit (dtype and shape included)."""
     if isinstance(first, torch.Tensor) or isinstance(second, torch.Tensor):
         return isinstance(first, torch.Tensor) and isinstance(second, torch.Tensor) and bits_equal(first, second)
-    if isinstance(first, list) and isinstance(second, list):
+    if isinstance(first, (list, tuple)) and type(first) is type(second):
         return len(first) == len(second) and all(plain_equal(a, b) for a, b in zip(first, second))
     if isinstance(first, dict) and isinstance(second, dict):
         return first.keys() == second.keys() and all(plain_equal(first[key], second[key]) for key in first)

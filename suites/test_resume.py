@@ -515,17 +515,6 @@ def on_device(batch, device):
     return batch
 
 
-def same_batch(a, b) -> bool:
-    """Whether two batches hold the same values, bit for bit, in the same structure."""
-    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-        return bits_equal(a, b)
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(same_batch(a[key], b[key]) for key in a)
-    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
-        return len(a) == len(b) and all(same_batch(x, y) for x, y in zip(a, b))
-    return a == b
-
-
 def local_shard(tensor: torch.Tensor) -> torch.Tensor:
     """This rank's part of a state tensor on the CPU, dequantized when it is a tensor subclass
     that stores something else than its values (a float8 tensor of TransformerEngine, say)."""
@@ -662,12 +651,12 @@ def param_group_differences(saved: list[dict], loaded: list[dict]) -> list[str]:
 def loader_differences(saved: list, loaded: list, straight_batches: list, resume_step: int) -> list[str]:
     """The first of the next batches that differs after load vs at save, each named by its index in
     the straight run's reading order: the next one, or one further on (past an epoch boundary)."""
-    differing = next((i for i, (a, b) in enumerate(zip(loaded, saved)) if not same_batch(a, b)), None)
+    differing = next((i for i, (a, b) in enumerate(zip(loaded, saved)) if not plain_equal(a, b)), None)
     if differing is None:
         return []
 
     def index(batch) -> str:
-        found = [i for i, seen in enumerate(straight_batches) if same_batch(batch, seen)]
+        found = [i for i, seen in enumerate(straight_batches) if plain_equal(batch, seen)]
         return f"batch {found[0]}" if found else "a batch the straight run never read"
 
     if differing == 0:
