@@ -149,6 +149,8 @@ def project(workdir, torch_site) -> dict:
     (root / "suites").mkdir()
     (root / "suites" / "test_release_switch.py").write_text(SUITE)
     (root / "release_switch.py").write_text(COMPONENT)
+    no_constraints = root / "no-constraints.txt"
+    no_constraints.write_text("")
     write_matrix(
         root,
         torch=["2.90.0", "2.98.0"],
@@ -159,6 +161,8 @@ def project(workdir, torch_site) -> dict:
     env = {
         **os.environ,
         "PIP_FIND_LINKS": " ".join([str(wheels), *_find_links()]),
+        # A configured constraint (a company's `torch<=X` cap) would refuse the fake releases.
+        "PIP_CONSTRAINT": str(no_constraints),
         "TORCHMATRIX_WHEELHOUSE": str(root / "wheelhouse"),
         "RELEASE_SWITCH_FIRST_BAD": "2.95.0",
         "RELEASE_SWITCH_STATE": str(root / "flaky-state"),
@@ -243,6 +247,7 @@ def install_release(venv: Path, project: dict, version: str) -> None:
          "--find-links", str(project["wheels"]), f"torch=={version}"],
         check=True,
         capture_output=True,
+        env=project["env"],
     )  # fmt: skip
 
 
