@@ -119,3 +119,28 @@ def test_a_missing_package_errors_its_cells_unless_optional_where_they_skip(tmp_
     assert len(warnings) == 2, done.stderr
     assert "components.optimizer_adamw: " in warnings[1] and "its cells will error" in warnings[1], warnings
     assert "components.optimizer_precision_aware: " in warnings[0] and "its cells will skip" in warnings[0], warnings
+
+
+@pytest.mark.slow
+def test_an_optional_component_skips_the_cross_version_write_too(tmp_path):
+    """The cross_version suite trains with what resume trains with, so `[optional]` holds for it too:
+    an optimizer whose package is missing skips its write with that reason (not "No module named"),
+    while the other optimizer's cell writes its checkpoint for the peer version."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "heavy_optim.py").write_text(
+        "import a_package_nobody_installed\n\ndef build(params, *, lr):\n    pass\n"
+    )
+    text = matrix_toml(
+        torch=("system", "2.14.1"),
+        baseline="system",
+        axes={"world_size": [1], "fsdp": ["none"], "attn": ["sdpa"], "optimizer": ["adamw", "heavy"]},
+        suites={"cross_version": {"timeout": 120, "path": None, "options": {"steps": 3, "resume_step": 1}}},
+        components={**REFERENCE_COMPONENTS, "optimizer_heavy": "heavy_optim:build"},
+    )
+    done, outcomes = run_suites(project, text + '\n[optional]\noptimizer_heavy = { device = ["cpu"] }\n')
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert set(outcomes["ws1-none-sdpa-adamw"].values()) == {"passed"}, outcomes
+    assert set(outcomes["ws1-none-sdpa-heavy"].values()) == {"skipped"}, outcomes
+    junit = (project / "reports" / "latest" / "torch-system" / "ws1-none-sdpa-heavy.xml").read_text()
+    assert "optimizer_heavy = heavy_optim:build needs 'a_package_nobody_installed'" in junit, junit

@@ -67,6 +67,7 @@ def parameters_text(arguments: tuple[Argument, ...]) -> str:
 
 
 GRAD_CKPT, RESUME, DTENSOR_OPTIM = "grad_ckpt", "resume", "dtensor_optim"
+CROSS_VERSION = "cross_version"  # writes and reads through what resume trains with
 RESUME_BF16_PARAM_OPTIMIZERS = ("precision_aware",)
 """The `optimizer` axis values whose model the resume suite builds with bf16 params unless
 `[suites.resume.options] bf16_param_optimizers` names others; every other optimizer gets fp32."""
@@ -100,7 +101,7 @@ COMPONENTS: tuple[Component, ...] = (
             "at that precision), `decoder_layers()` (the checkpointing and sharding units; only the reference "
             "`parallelize` needs it)"
         ),
-        suites=(GRAD_CKPT, RESUME, DTENSOR_OPTIM),
+        suites=(GRAD_CKPT, RESUME, CROSS_VERSION, DTENSOR_OPTIM),
     ),
     Component(
         name="batch",
@@ -143,7 +144,7 @@ COMPONENTS: tuple[Component, ...] = (
             "as asked, in the stack's own way (its flag, `checkpoint_wrapper`, `torch.utils.checkpoint` in forward): "
             "grad_ckpt counts the checkpoint units itself"
         ),
-        suites=(GRAD_CKPT, RESUME, DTENSOR_OPTIM),
+        suites=(GRAD_CKPT, RESUME, CROSS_VERSION, DTENSOR_OPTIM),
     ),
     Component(
         name="optimizer_<value>",
@@ -173,7 +174,7 @@ COMPONENTS: tuple[Component, ...] = (
             "`state_dict`, `load_state_dict`; or a container of such optimizers in a list `.optimizers` whose own "
             "`.state` is empty (state and `lr` are read from those); one component per value of the `optimizer` axis"
         ),
-        suites=(RESUME, DTENSOR_OPTIM),
+        suites=(RESUME, CROSS_VERSION, DTENSOR_OPTIM),
     ),
     Component(
         name="plain_state_<value>",
@@ -190,7 +191,7 @@ COMPONENTS: tuple[Component, ...] = (
             "compare; optional: without an entry, `torchmatrix.suites.optimizer_state:plain_state` takes each DTensor's local "
             "shard and calls `dequantize()` on a tensor subclass that has it"
         ),
-        suites=(RESUME, DTENSOR_OPTIM),
+        suites=(RESUME, CROSS_VERSION, DTENSOR_OPTIM),
         default="torchmatrix.suites.optimizer_state:plain_state",
     ),
     Component(
@@ -201,7 +202,7 @@ COMPONENTS: tuple[Component, ...] = (
             "an object with `save` and `load`, both collectives called on every rank (dtensor_optim, where "
             "[components] has one, checks the layout of what its `save` writes)"
         ),
-        suites=(RESUME,),
+        suites=(RESUME, CROSS_VERSION),
         members=(
             Member(
                 "save",
@@ -249,7 +250,7 @@ COMPONENTS: tuple[Component, ...] = (
             "naming `model`); with `process_group` or `mesh` dtensor_optim's reshard goes through it "
             '(`reshard_source = "checkpointer"`)'
         ),
-        suites=(RESUME,),
+        suites=(RESUME, CROSS_VERSION),
         members=(
             Member("save", (Argument("step", "the step being saved", positional=True),), SAVE_RETURNS),
             Member("load", (), LOAD_RETURNS),
@@ -267,14 +268,14 @@ COMPONENTS: tuple[Component, ...] = (
             "an LR scheduler: `step()`, `state_dict()`, `load_state_dict()`, and `get_last_lr()` where it has it; "
             "optional: without an entry, a linear warm-up over `warmup_steps` (torch's LambdaLR)"
         ),
-        suites=(RESUME, DTENSOR_OPTIM),
+        suites=(RESUME, CROSS_VERSION, DTENSOR_OPTIM),
         default="torchmatrix.suites.scheduler_component:warmup_scheduler",
     ),
     Component(
         name="dataset",
         arguments=(Argument("path", "the file `write` created", positional=True),),
         returns="a dataset with `loader(...)`",
-        suites=(RESUME,),
+        suites=(RESUME, CROSS_VERSION),
         members=(
             Member(
                 "write",
