@@ -17,10 +17,12 @@ _BUILT: dict[tuple, Any] = {}
 
 
 def cell_layout(cell: Mapping[str, Any]) -> MeshLayout:
-    """The shape and dimension names of the cell's mesh over the current default process group."""
+    """The shape and dimension names of the cell's mesh over the default process group (in a rank), or
+    over the cell's `world_size` (in the pytest process, which joins no group)."""
     import torch.distributed as dist
 
-    return mesh_layout(mesh_kind(cell), dist.get_world_size() if dist.is_initialized() else 1)
+    world_size = dist.get_world_size() if dist.is_initialized() else int(cell.get("world_size", 1))
+    return mesh_layout(mesh_kind(cell), world_size)
 
 
 def cell_mesh(cell: Mapping[str, Any], device_type: str | None = None):
