@@ -46,13 +46,15 @@ def parallelize(
     device: torch.device,
     activation_checkpointing: bool = False,
     mesh: DeviceMesh | None = None,
+    tensor_parallel_plan: Mapping[str, ParallelStyle] = TENSOR_PARALLEL_PLAN,
 ) -> nn.Module:
     """Component ``parallelize``: the model ready to train on ``device`` under ``cell["fsdp"]``.
 
     ``model`` must offer ``decoder_layers()`` (the checkpointing and sharding units, each
     with a boolean ``checkpointing`` attribute). FSDP shards over ``mesh``, by default the one
     the cell's ``mesh`` names over every rank (torchmatrix.testing.cell_mesh); a mesh with a "tp"
-    dim first gets ``TENSOR_PARALLEL_PLAN`` applied to each decoder layer over that dim.
+    dim first gets ``tensor_parallel_plan`` applied to each decoder layer over that dim (the suites
+    never pass one; models/mutants/meshes.py does).
     """
     fsdp = cell["fsdp"]
     if fsdp not in FSDP_KINDS:
@@ -66,7 +68,7 @@ def parallelize(
         raise ValueError(f"fsdp={fsdp!r} shards over a 1-D mesh; a {mesh.ndim}-D mesh {mesh.mesh_dim_names} needs fsdp2")
     model.to(device)
     if TP_DIM in (mesh.mesh_dim_names or ()):
-        apply_tensor_parallel(model, mesh[TP_DIM])
+        apply_tensor_parallel(model, mesh[TP_DIM], tensor_parallel_plan)
     switch_checkpointing(model, activation_checkpointing)
     if fsdp == "fsdp1":
         return wrap_fsdp1(model, device, mesh)

@@ -96,14 +96,14 @@ def _param_problems(name: str, param: DTensor, dims: tuple[str, ...], plan: Tens
     problems = []
     if REPLICATE_DIM in dims and not isinstance(placed.get(REPLICATE_DIM), Replicate):
         got = placed.get(REPLICATE_DIM, f"no {REPLICATE_DIM} dim")
-        problems.append(f"{where}: {got} on {REPLICATE_DIM}, expected Replicate() (HSDP averages it across the replicas)")
+        problems.append(f"{where}: {got!r} on {REPLICATE_DIM}, expected Replicate() (HSDP averages it across the replicas)")
     if SHARD_DIM in dims and _shard_dim(placed.get(SHARD_DIM)) is None:
         got = placed.get(SHARD_DIM, f"no {SHARD_DIM} dim")
-        problems.append(f"{where}: {got} on {SHARD_DIM}, expected FSDP2's Shard")
+        problems.append(f"{where}: {got!r} on {SHARD_DIM}, expected FSDP2's Shard")
     if TP_DIM in dims:
         got, wanted = placed.get(TP_DIM, Replicate()), plan.expected_tp_placement(name)
         if not _same_placement(got, wanted, param.ndim):
-            problems.append(f"{where}: {got} on {TP_DIM}, expected {wanted} ({_style_words(plan, name)})")
+            problems.append(f"{where}: {got!r} on {TP_DIM}, expected {wanted!r} ({_style_words(plan, name)})")
     return problems
 
 

@@ -119,6 +119,15 @@ def _merged(per_rank: list[list[str]]) -> list[str]:
     return [f"rank {rank}: {line}" for rank, lines in enumerate(per_rank) if lines for line in lines]
 
 
+def _merged_alike(per_rank: list[list[str]]) -> list[str]:
+    """Each line once, with the ranks that reported it (a layout is usually wrong alike on every rank)."""
+    ranks_of: dict[str, list[int]] = {}
+    for rank, lines in enumerate(per_rank):
+        for line in lines:
+            ranks_of.setdefault(line, []).append(rank)
+    return [f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}: {line}" for line, ranks in ranks_of.items()]
+
+
 # ---- the tests -------------------------------------------------------------------------------
 
 
@@ -132,7 +141,7 @@ def test_state_is_laid_out_like_its_param(cell, ranks, recipe):
         )
     results = ranks.run(on_rank_state_layout, recipe)
     layout = cell_layout(cell)
-    misplaced = _merged([r["placement_problems"] for r in results])
+    misplaced = _merged_alike([r["placement_problems"] for r in results])
     assert not misplaced, (
         f"parameters placed otherwise than the {layout.kind} mesh {dict(zip(layout.dim_names, layout.shape))} says "
         f"(dp_replicate: Replicate, dp_shard: Shard, tp: the plan's Shard(0) colwise / Shard(1) rowwise, else Replicate), "
