@@ -74,7 +74,6 @@ SAVE_SEED, LOAD_SEED = 0, 1
 DEFAULT_BF16_PARAM_OPTIMIZERS = ["precision_aware", "te_fused_adam"]
 MODEL_KINDS = ("model", "uneven_probe")
 RESHARDS = ("shrink", "grow")  # W -> W/2 and W/2 -> W for a cell of W ranks: 2->1, 1->2, 4->2, 2->4, ...
-MESH_RESHARDS = ("to_flat", "from_flat")  # a 2-D cell's mesh -> the 1-D mesh over its W ranks, and back
 FLAT = "flat"
 FULL = StateDictOptions(full_state_dict=True)
 TORCH_HELPERS = "torch get_optimizer_state_dict + dcp.save"
@@ -194,35 +193,36 @@ def test_reshard_load_is_exact(cell, ranks, recipe, reshard, tmp_path, record_pr
     load runs and keeps DTensor state laid out like its param.
 
     A cell of W ranks reshards between W (on the cell's mesh) and W/2 (1-D), so each pair runs in
-    the cells as wide as its larger side and no two cells repeat one."""
+    the cells as wide as its larger side and no two cells repeat one. A cell on a 2-D mesh also
+    reshards between that mesh and the 1-D mesh over the same W ranks (save at 2 x 2, load at 4;
+    save at 4, load at 2 x 2), the move a training makes when it adds or drops TP or HSDP."""
     if ranks.world_size < 2:
         pytest.skip("a reshard needs at least 2 ranks; this cell has 1")
-    whole, half = World(ranks.world_size, cell_layout(cell).kind), World(ranks.world_size // 2, FLAT)
-    src, dst = (whole, half) if reshard == "shrink" else (half, whole)
-    check_reshard(ranks, recipe, src, dst, tmp_path, record_property)
-
-
-@pytest.mark.parametrize("reshard", MESH_RESHARDS)
-def test_reshard_across_mesh_shapes_is_exact(cell, ranks, recipe, reshard, tmp_path, record_property):
-    """The reshard of test_reshard_load_is_exact between the cell's 2-D mesh and the 1-D mesh over
-    the same ranks (save at 2 x 2, load at 4; save at 4, load at 2 x 2), the move a stack makes when it
-    adds or drops tensor parallelism or HSDP between two runs of one training."""
     kind = cell_layout(cell).kind
-    if kind == FLAT:
-        pytest.skip("mesh=flat: the cell's mesh is 1-D; its hsdp and fsdp_tp cells reshard across mesh shapes")
-    meshed, flat = World(ranks.world_size, kind), World(ranks.world_size, FLAT)
-    src, dst = (meshed, flat) if reshard == "to_flat" else (flat, meshed)
-    check_reshard(ranks, recipe, src, dst, tmp_path, record_property)
-
-
-def check_reshard(ranks, recipe: Recipe, src: World, dst: World, tmp_path: Path, record_property) -> None:
-    """Save in world `src`, load into a fresh stack in world `dst`, and fail on any difference."""
+    whole = World(ranks.world_size, kind)
+    others = [World(ranks.world_size // 2, FLAT)] + ([World(ranks.world_size, FLAT)] if kind != FLAT else [])
+    pairs = [(whole, other) if reshard == "shrink" else (other, whole) for other in others]
     parallelize = load(recipe.components["parallelize"])
     if not accepts(parallelize, "mesh"):
+        worlds = ", ".join(f"{src}->{dst}" for src, dst in pairs)
         pytest.skip(
-            f"{recipe.components['parallelize']} takes no `mesh` argument, so it cannot build the {src}->{dst} worlds a reshard needs"
+            f"{recipe.components['parallelize']} takes no `mesh` argument, so it cannot build the worlds a reshard needs ({worlds})"
         )
-    checkpoint_dir = tmp_path / f"reshard-{src.slug}to{dst.slug}"
+    record_property("reshards", ", ".join(f"{src}->{dst}" for src, dst in pairs))
+    record_property("reshard_source", reshard_source(recipe))
+    reports = []
+    try:
+        for src, dst in pairs:
+            reports.append(check_reshard(ranks, recipe, src, dst, tmp_path))
+    finally:
+        record_property("reshard_tensors_compared", sum(report["compared"] for report in reports))
+    if not any(report["optimizer_compared"] for report in reports):
+        pytest.skip(f"model tensors resharded exactly; {no_param_shaped_state(recipe)}")
+
+
+def check_reshard(ranks, recipe: Recipe, src: World, dst: World, tmp_path: Path) -> dict:
+    """Save in world `src`, load into a fresh stack in world `dst`, fail on any difference; rank 0's report."""
+    checkpoint_dir = tmp_path / f"reshard-{src.slug}-to-{dst.slug}"
     try:
         results, crash = ranks.run(on_rank_reshard, recipe, str(checkpoint_dir), src, dst), None
     except Exception as error:
@@ -250,9 +250,7 @@ def check_reshard(ranks, recipe: Recipe, src: World, dst: World, tmp_path: Path,
         + ("failed:\n" + "\n".join(errors) if errors else "")
     )
     report = results[0]
-    record_property("reshard_tensors_compared", report["compared"])
-    record_property("reshard_source", reshard_source(recipe))
-    assert report["compared"], "nothing was compared: the saved state is empty"
+    assert report["compared"], f"reshard {src}->{dst}: nothing was compared: the saved state is empty"
     mismatches = report["mismatches"]
     assert not mismatches, (
         f"reshard {src}->{dst}: {len(mismatches)} of {report['compared']} tensors differ after load:\n"
@@ -260,8 +258,7 @@ def check_reshard(ranks, recipe: Recipe, src: World, dst: World, tmp_path: Path,
     )
     problems = _merged([r["problems"] for r in results])
     assert not problems, f"reshard {src}->{dst}, after a step at {dst} ranks:\n" + "\n".join(problems)
-    if not report["optimizer_compared"]:
-        pytest.skip(f"model tensors resharded exactly; {no_param_shaped_state(recipe)}")
+    return report
 
 
 def reshard_source(recipe: Recipe) -> str:
