@@ -118,10 +118,12 @@ def test_reshards_cross_mesh_shapes_and_world_sizes(run, run_root):
 
 def test_dtensor_optim_catches_hsdp_state_flattened_to_one_mesh_dim(run, run_root):
     """Every dtensor_optim test fails, on the model and on the probe; the layout check names the 1-D
-    mesh the state claims against its param's 2-D one."""
+    mesh the state claims against its param's 2-D one. (grad_ckpt and resume, which do not depend on
+    the optimizer here, ran once per mesh with the reference optimizer and stand for this cell too.)"""
     cell = cell_id(FLATTENED, "hsdp")
     tests = run[1][cell]
-    assert len(tests) == 8 and set(tests.values()) == {"failure"}, tests
+    dtensor_optim = {test: result for test, result in tests.items() if "model_kind=" in test}
+    assert len(dtensor_optim) == 8 and set(dtensor_optim.values()) == {"failure"}, tests
     failure = cell_failures(run_root / "reports" / "latest" / "torch-system")[cell][f"{LAYOUT}[model_kind=model]"]
     assert "(param [64, 32] (Replicate(), Shard(dim=0))) has mesh DeviceMesh((4,)" in failure, failure
     assert "expected DeviceMesh((dp_replicate=2, dp_shard=2)" in failure, failure
