@@ -65,7 +65,9 @@ def parallelize(
     if mesh is None:
         mesh = cell_mesh(cell, device.type)
     if mesh.ndim > 1 and fsdp != "fsdp2":
-        raise ValueError(f"fsdp={fsdp!r} shards over a 1-D mesh; a {mesh.ndim}-D mesh {mesh.mesh_dim_names} needs fsdp2")
+        raise ValueError(
+            f"fsdp={fsdp!r} shards over a 1-D mesh; a {mesh.ndim}-D mesh {mesh.mesh_dim_names} needs fsdp2"
+        )
     model.to(device)
     if TP_DIM in (mesh.mesh_dim_names or ()):
         apply_tensor_parallel(model, mesh[TP_DIM], tensor_parallel_plan)

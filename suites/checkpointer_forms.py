@@ -79,4 +79,3 @@ def world_group():
     import torch.distributed as dist
 
     return dist.group.WORLD
-

@@ -61,7 +61,15 @@ def load_and_capture(cell: dict, options: dict, components: dict, data_path: str
     """Rank function: rebuild from another seed, load the checkpoint, return (step, restorable state)."""
     with deterministic_algorithms():
         run = TrainingRun(
-            cell, options, components, data_path, data_parallel_rank(cell), data_parallel_size(cell), seed=options["rebuild_seed"]
+            cell,
+            options,
+            components,
+            data_path,
+            data_parallel_rank(cell),
+            data_parallel_size(cell),
+            seed=options["rebuild_seed"],
         )
-        step, extra = RunCheckpointer(load(components["checkpointer"]), checkpoint_dir, **run.checkpointables(), cell=cell).load()
+        step, extra = RunCheckpointer(
+            load(components["checkpointer"]), checkpoint_dir, **run.checkpointables(), cell=cell
+        ).load()
         return step, {**restorable(run), "extra_state": neutral(extra)}

@@ -61,9 +61,7 @@ class TensorParallelPlan:
         """The plan's modules that no parameter belongs to."""
         modules = [name.rpartition(".")[0] for name in param_names]
         return [
-            module
-            for module in (*self.colwise, *self.rowwise)
-            if not any(_ends_with(path, module) for path in modules)
+            module for module in (*self.colwise, *self.rowwise) if not any(_ends_with(path, module) for path in modules)
         ]
 
 
@@ -96,7 +94,9 @@ def _param_problems(name: str, param: DTensor, dims: tuple[str, ...], plan: Tens
     problems = []
     if REPLICATE_DIM in dims and not isinstance(placed.get(REPLICATE_DIM), Replicate):
         got = placed.get(REPLICATE_DIM, f"no {REPLICATE_DIM} dim")
-        problems.append(f"{where}: {got!r} on {REPLICATE_DIM}, expected Replicate() (HSDP averages it across the replicas)")
+        problems.append(
+            f"{where}: {got!r} on {REPLICATE_DIM}, expected Replicate() (HSDP averages it across the replicas)"
+        )
     if SHARD_DIM in dims and _shard_dim(placed.get(SHARD_DIM)) is None:
         got = placed.get(SHARD_DIM, f"no {SHARD_DIM} dim")
         problems.append(f"{where}: {got!r} on {SHARD_DIM}, expected FSDP2's Shard")

@@ -63,11 +63,19 @@ def train_and_save(cell: dict, options: dict, components: dict, data_path: str, 
     """Rank function: train to the resume step, save, return this rank's restorable state."""
     with deterministic_algorithms():
         run = TrainingRun(
-            cell, options, components, data_path, data_parallel_rank(cell), data_parallel_size(cell), seed=options["seed"]
+            cell,
+            options,
+            components,
+            data_path,
+            data_parallel_rank(cell),
+            data_parallel_size(cell),
+            seed=options["seed"],
         )
         for _ in range(options["resume_step"]):
             run.train_step()
         state = restorable(run)
-        checkpointer = RunCheckpointer(load(components["checkpointer"]), checkpoint_dir, **run.checkpointables(), cell=cell)
+        checkpointer = RunCheckpointer(
+            load(components["checkpointer"]), checkpoint_dir, **run.checkpointables(), cell=cell
+        )
         state["extra_state"] = neutral(checkpointer.save(options["resume_step"]))
         return state

@@ -124,7 +124,9 @@ def _merged_alike(per_rank: list[list[str]]) -> list[str]:
     for rank, lines in enumerate(per_rank):
         for line in lines:
             ranks_of.setdefault(line, []).append(rank)
-    return [f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}: {line}" for line, ranks in ranks_of.items()]
+    return [
+        f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}: {line}" for line, ranks in ranks_of.items()
+    ]
 
 
 # ---- the tests -------------------------------------------------------------------------------

@@ -520,7 +520,9 @@ def train_step(
             ]
             declared = getattr(model, "compute_dtype", None)
             precision = precision.computing(None if declared is None else str(declared).removeprefix("torch."))
-        with failing_stage(cell, f"parallelize (fsdp={cell['fsdp']}, mesh={cell.get('mesh', 'flat')}) {mode} activation checkpointing"):
+        with failing_stage(
+            cell, f"parallelize (fsdp={cell['fsdp']}, mesh={cell.get('mesh', 'flat')}) {mode} activation checkpointing"
+        ):
             model = parallelized(components, model, cell, device=device, activation_checkpointing=checkpointing)
         model.train()
         parameters = local_parameters(model)

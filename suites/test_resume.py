@@ -68,8 +68,8 @@ from .optimizer_state import (
     quantized_keys,
     state_adapter,
 )
-from .parallelize_component import parallelized
 from .owned_generators import generator_state, owned_generators, set_generator_state, state_bytes
+from .parallelize_component import parallelized
 from .scheduler_component import build_scheduler, scheduler_position
 from .ulp import bits_equal, ulp_distance
 
@@ -352,7 +352,9 @@ def _straight_and_resumed(
     saved_shards = at_save["parameter_shards"]
     rebuilt_equals_saved = all(torch.equal(p, saved_shards[n]) for n, p in rebuilt.parameters().items())
     before_load = after_load_differences(at_save, rebuilt.state_snapshot(), run_a.batches, streams_used, resume_step)
-    loaded_step, extra_loaded = RunCheckpointer(checkpointer, checkpoint_dir, **rebuilt.checkpointables(), cell=cell).load()
+    loaded_step, extra_loaded = RunCheckpointer(
+        checkpointer, checkpoint_dir, **rebuilt.checkpointables(), cell=cell
+    ).load()
     if loaded_step != resume_step:
         raise AssertionError(f"checkpointer.load returned step {loaded_step}, saved at step {resume_step}")
     loaded = rebuilt.state_snapshot()

@@ -19,7 +19,9 @@ from ..parallel import TENSOR_PARALLEL_PLAN, parallelize
 
 O_PROJ_REPLICATED_PLAN = {
     **TENSOR_PARALLEL_PLAN,
-    "o_proj": PrepareModuleInput(input_layouts=(Shard(-1),), desired_input_layouts=(Replicate(),), use_local_output=True),
+    "o_proj": PrepareModuleInput(
+        input_layouts=(Shard(-1),), desired_input_layouts=(Replicate(),), use_local_output=True
+    ),
 }
 """The reference plan, except that o_proj gathers the attention heads and runs whole on every tp rank
 (a "fix" for a shape error that all-gathers instead of splitting rowwise): the same numbers, every tp
@@ -27,7 +29,12 @@ rank keeping all of o_proj's weight and all of its optimizer state."""
 
 
 def parallelize_with_o_proj_replicated(
-    model: nn.Module, cell, *, device: torch.device, activation_checkpointing: bool = False, mesh: DeviceMesh | None = None
+    model: nn.Module,
+    cell,
+    *,
+    device: torch.device,
+    activation_checkpointing: bool = False,
+    mesh: DeviceMesh | None = None,
 ) -> nn.Module:
     """The reference `parallelize` with a tensor-parallel plan that leaves one projection (o_proj) replicated."""
     return parallelize(

@@ -141,7 +141,12 @@ MALFORMED = [
     ),
     (
         GOOD.replace('fsdp = ["none", "fsdp2"]', 'fsdp = ["none", "fsdp2"]\nmesh = ["flat", "hsdp"]'),
-        ["axes.mesh", "cell ws1-none-hsdp", "needs an even world_size of at least 4", 'add [[exclude]] mesh = ["hsdp"], world_size = [1, 2]'],
+        [
+            "axes.mesh",
+            "cell ws1-none-hsdp",
+            "needs an even world_size of at least 4",
+            'add [[exclude]] mesh = ["hsdp"], world_size = [1, 2]',
+        ],
     ),
     (
         GOOD.replace('fsdp = ["none", "fsdp2"]', 'fsdp = ["none", "fsdp2"]\nmesh = ["flat", "2d"]'),
@@ -151,7 +156,11 @@ MALFORMED = [
         GOOD.replace("world_size = [1, 2]", "world_size = [4]").replace(
             'fsdp = ["none", "fsdp2"]', 'fsdp = ["none", "fsdp2"]\nmesh = ["flat", "fsdp_tp"]'
         ),
-        ["cell ws4-none-fsdp_tp", "needs fsdp='fsdp2', not 'none'", 'add [[exclude]] mesh = ["fsdp_tp"], fsdp = ["none"]'],
+        [
+            "cell ws4-none-fsdp_tp",
+            "needs fsdp='fsdp2', not 'none'",
+            'add [[exclude]] mesh = ["fsdp_tp"], fsdp = ["none"]',
+        ],
     ),
     (
         GOOD.replace("world_size = [1, 2]", "world_size = [4]").replace(

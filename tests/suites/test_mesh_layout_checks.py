@@ -32,12 +32,18 @@ def test_hsdp_state_stored_once_per_block_is_sharded():
 
 def test_state_stored_whole_names_the_blocks_of_its_param():
     findings = findings_of(stored(((0, 0), (4, 3), 0)))
-    assert "expected 2 chunks, one per block its param is split into (replicas store theirs once)" in findings.problems[0]
+    assert (
+        "expected 2 chunks, one per block its param is split into (replicas store theirs once)" in findings.problems[0]
+    )
 
 
 def test_state_cut_otherwise_than_its_param_is_caught():
     findings = findings_of(stored(((0, 0), (4, 2), 0), ((0, 2), (4, 1), 1)))
-    assert findings.problems and "chunks cut otherwise than its param, whose blocks are [2, 3] at [0, 0], [2, 3] at [2, 0]" in findings.problems[0]
+    assert (
+        findings.problems
+        and "chunks cut otherwise than its param, whose blocks are [2, 3] at [0, 0], [2, 3] at [2, 0]"
+        in findings.problems[0]
+    )
 
 
 def test_the_plan_says_which_placement_each_projection_has_on_tp():
@@ -47,7 +53,12 @@ def test_the_plan_says_which_placement_each_projection_has_on_tp():
     assert plan.expected_tp_placement("layers.0.o_proj.bias") == Replicate()
     assert plan.expected_tp_placement("layers.0.attn_norm.weight") == Replicate()
     assert plan.expected_tp_placement("layers.0.not_q_proj.weight") == Replicate()  # a name, not a substring
-    assert plan.unmatched(["layers.0.q_proj.weight", "layers.0.o_proj.weight"]) == ["k_proj", "v_proj", "mlp_in", "mlp_out"]
+    assert plan.unmatched(["layers.0.q_proj.weight", "layers.0.o_proj.weight"]) == [
+        "k_proj",
+        "v_proj",
+        "mlp_in",
+        "mlp_out",
+    ]
     assert _same_placement(Shard(-1), Shard(1), ndim=2) and not _same_placement(Replicate(), Shard(1), ndim=2)
 
 

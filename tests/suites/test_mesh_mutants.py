@@ -40,7 +40,9 @@ def mesh_matrix(parallelize: str = PARALLELIZE, optimizers=(REFERENCE, FLATTENED
             "optimizer": optimizers,
             "mesh": list(meshes),
         },
-        exclude=[{"optimizer": FLATTENED, "mesh": "fsdp_tp"}] if FLATTENED in optimizers and "fsdp_tp" in meshes else [],
+        exclude=[{"optimizer": FLATTENED, "mesh": "fsdp_tp"}]
+        if FLATTENED in optimizers and "fsdp_tp" in meshes
+        else [],
         suites={
             "grad_ckpt": {"timeout": 300, "axes": ["world_size", "fsdp", "attn", "mesh"]},
             "resume": {

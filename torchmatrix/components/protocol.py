@@ -245,7 +245,9 @@ COMPONENTS: tuple[Component, ...] = (
                 OPTIONAL,
             ),
             Argument(
-                "mesh", "the cell's DeviceMesh, or a reshard world's 1-D one, over the ranks of `process_group`", OPTIONAL
+                "mesh",
+                "the cell's DeviceMesh, or a reshard world's 1-D one, over the ranks of `process_group`",
+                OPTIONAL,
             ),
         ),
         returns=(

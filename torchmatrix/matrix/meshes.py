@@ -76,4 +76,3 @@ def mesh_problem(cell: Mapping[str, Any]) -> str | None:
     if kind in TWO_D_MESH_KINDS and "fsdp" in cell and cell["fsdp"] != TWO_D_FSDP:
         return f"mesh={kind!r} shards with FSDP2 (fully_shard over a 2-D mesh), so it needs fsdp={TWO_D_FSDP!r}, not {cell['fsdp']!r}"
     return None
-
