@@ -158,8 +158,10 @@ class DecoderLayer(nn.Module):
         return hidden + self.dropout(mlp)
 
     def split_heads(self, projected: Tensor) -> Tensor:
+        """(batch, tokens, heads x head_dim) -> (batch, heads, tokens, head_dim), counting the heads from the
+        width: under tensor parallelism a rank's q/k/v projections output only its own heads, as in torchtitan."""
         batch, tokens, _ = projected.shape
-        return projected.view(batch, tokens, self.config.heads, -1).transpose(1, 2)
+        return projected.view(batch, tokens, -1, self.config.width // self.config.heads).transpose(1, 2)
 
     def keys_values(self, cache: KVCache, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
         raise NotImplementedError

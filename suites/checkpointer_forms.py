@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from torchmatrix.testing import accepts, call_accepting, is_bound_checkpointer
+from torchmatrix.testing import accepts, call_accepting, cell_mesh, is_bound_checkpointer, mesh_group
 
 PROCESS_KEYWORDS = ("process_group", "mesh")
 
@@ -26,17 +26,20 @@ class RunCheckpointer:
     """One training run's checkpointer over `directory`, in either form.
 
     `process_group` and `mesh` reach a bound checkpointer whose signature names them; None means
-    the whole world (a mesh is then built over it only if the signature asks for one)."""
+    the whole world, as `cell`'s mesh (torchmatrix.testing.cell_mesh; 1-D without a cell), built only
+    if the signature asks for one, and the process group over all of its ranks."""
 
-    def __init__(self, factory, directory: str, *, model, optimizer, scheduler, loader, process_group=None, mesh=None):
+    def __init__(
+        self, factory, directory: str, *, model, optimizer, scheduler, loader, process_group=None, mesh=None, cell=None
+    ):
         self.objects = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "loader": loader}
         self.directory = directory
         self.name = f"{getattr(factory, '__module__', '?')}:{getattr(factory, '__qualname__', repr(factory))}"
         if is_bound_checkpointer(factory):
             if mesh is None and accepts(factory, "mesh"):
-                mesh = world_mesh()
+                mesh = cell_mesh(cell or {})
             if process_group is None and accepts(factory, "process_group"):
-                process_group = mesh.get_group() if mesh is not None else world_group()
+                process_group = mesh_group(mesh) if mesh is not None else world_group()
             self.bound = call_accepting(factory, directory, **self.objects, process_group=process_group, mesh=mesh)
             self.per_call = None
         else:
@@ -76,13 +79,3 @@ def world_group():
     import torch.distributed as dist
 
     return dist.group.WORLD
-
-
-def world_mesh():
-    """A 1-D DeviceMesh over every rank, for a checkpointer that takes a mesh where the suite means the whole world."""
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import DeviceMesh
-
-    from torchmatrix.testing import current_device
-
-    return DeviceMesh.from_group(dist.group.WORLD, current_device().type)

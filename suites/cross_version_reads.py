@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from torchmatrix.testing import EXPECTED_FILE, load, planned_options, writes_dir
+from torchmatrix.testing import EXPECTED_FILE, data_parallel_rank, data_parallel_size, load, planned_options, writes_dir
 
 from .checkpointer_forms import RunCheckpointer
 from .deterministic import deterministic_algorithms
@@ -59,11 +59,17 @@ def test_loads_checkpoint_written_by(cell, ranks, suite_options, components, tmp
 
 def load_and_capture(cell: dict, options: dict, components: dict, data_path: str, checkpoint_dir: str) -> tuple:
     """Rank function: rebuild from another seed, load the checkpoint, return (step, restorable state)."""
-    import torch.distributed as dist
-
     with deterministic_algorithms():
         run = TrainingRun(
-            cell, options, components, data_path, dist.get_rank(), dist.get_world_size(), seed=options["rebuild_seed"]
+            cell,
+            options,
+            components,
+            data_path,
+            data_parallel_rank(cell),
+            data_parallel_size(cell),
+            seed=options["rebuild_seed"],
         )
-        step, extra = RunCheckpointer(load(components["checkpointer"]), checkpoint_dir, **run.checkpointables()).load()
+        step, extra = RunCheckpointer(
+            load(components["checkpointer"]), checkpoint_dir, **run.checkpointables(), cell=cell
+        ).load()
         return step, {**restorable(run), "extra_state": neutral(extra)}

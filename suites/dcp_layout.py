@@ -136,11 +136,15 @@ def layouts_by_suffix(layouts: dict[str, TensorLayout], suffixes: list[str]) -> 
 class ExpectedState:
     """One param-shaped optimizer state the checkpoint should hold sharded: its key by parameter name
     (`layers.0.attn.weight.exp_avg`), by position in the optimizer's param order (`state.3.exp_avg`,
-    as `optimizer.state_dict()` keys it; None when the order is not known) and its param's global shape."""
+    as `optimizer.state_dict()` keys it; None when the order is not known), its param's global shape
+    and, for a DTensor param, the distinct blocks (offsets, sizes) its ranks hold: on a 2-D mesh a
+    replicated dim makes fewer blocks than ranks, which DCP stores once each. None: dim 0 split over
+    every rank, as torch.chunk splits it (FSDP1's flat parameters)."""
 
     name_key: str
     position_key: str | None
     shape: tuple[int, ...]
+    param_chunks: frozenset[tuple[tuple[int, ...], tuple[int, ...]]] | None = None
 
 
 @dataclass
@@ -177,7 +181,7 @@ def storage_findings(
         findings.keyed_by[state.name_key] = (keyed_by, layout.key)
         findings.stored_bytes += layout.stored_bytes
         findings.full_copy_bytes += layout.full_copy_bytes
-        problem = sharding_problem(layout, state.shape, world_size)
+        problem = sharding_problem(layout, state.shape, world_size, state.param_chunks)
         (unsharded if problem else sharded).append(layout.key)
         if problem:
             findings.problems.append(f"{layout.describe()}; {problem}")
@@ -206,15 +210,23 @@ KEYED_BY = {
 }
 
 
-def sharding_problem(layout: TensorLayout, shape: tuple[int, ...], world_size: int) -> str | None:
+def sharding_problem(
+    layout: TensorLayout, shape: tuple[int, ...], world_size: int, param_chunks: frozenset | None = None
+) -> str | None:
     """Why `layout` is not its param's state stored sharded, or None when it is."""
-    wanted_chunks = nonempty_shards(shape, world_size)
+    wanted_chunks = nonempty_shards(shape, world_size) if param_chunks is None else len(param_chunks)
     if layout.size != tuple(shape):
         return f"the param is {list(shape)}"
     if not layout.covers_exactly_once():
         return "chunks do not cover the tensor exactly once"
     if len(layout.stored_chunks) != wanted_chunks or len(set(layout.writers)) != wanted_chunks:
-        return f"expected {wanted_chunks} chunks, one per rank"
+        if wanted_chunks == world_size or param_chunks is None:
+            return f"expected {wanted_chunks} chunks, one per rank"
+        return f"expected {wanted_chunks} chunks, one per block its param is split into (replicas store theirs once)"
+    stored = {(chunk.offsets, chunk.sizes) for chunk in layout.stored_chunks}
+    if param_chunks is not None and stored != param_chunks:
+        blocks = ", ".join(f"{list(sizes)} at {list(offsets)}" for offsets, sizes in sorted(param_chunks))
+        return f"chunks cut otherwise than its param, whose blocks are {blocks}"
     return None
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from torchmatrix.testing import EXPECTED_FILE, load, writes_dir
+from torchmatrix.testing import EXPECTED_FILE, data_parallel_rank, data_parallel_size, load, writes_dir
 
 from .checkpointer_forms import RunCheckpointer
 from .deterministic import deterministic_algorithms
@@ -61,15 +61,21 @@ RESTORED = (
 
 def train_and_save(cell: dict, options: dict, components: dict, data_path: str, checkpoint_dir: str) -> dict:
     """Rank function: train to the resume step, save, return this rank's restorable state."""
-    import torch.distributed as dist
-
     with deterministic_algorithms():
         run = TrainingRun(
-            cell, options, components, data_path, dist.get_rank(), dist.get_world_size(), seed=options["seed"]
+            cell,
+            options,
+            components,
+            data_path,
+            data_parallel_rank(cell),
+            data_parallel_size(cell),
+            seed=options["seed"],
         )
         for _ in range(options["resume_step"]):
             run.train_step()
         state = restorable(run)
-        checkpointer = RunCheckpointer(load(components["checkpointer"]), checkpoint_dir, **run.checkpointables())
+        checkpointer = RunCheckpointer(
+            load(components["checkpointer"]), checkpoint_dir, **run.checkpointables(), cell=cell
+        )
         state["extra_state"] = neutral(checkpointer.save(options["resume_step"]))
         return state

@@ -29,6 +29,7 @@ scalars) skips these checks saying so; one that keeps it for some params and not
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import NamedTuple
 
@@ -48,12 +49,24 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
-from torchmatrix.testing import accepts, build_optimizer, clean_name, current_device, load
+from torchmatrix.testing import (
+    accepts,
+    build_optimizer,
+    cell_layout,
+    cell_mesh,
+    clean_name,
+    current_device,
+    data_parallel_rank,
+    load,
+    mesh_group,
+)
 
 from .checkpointer_forms import RunCheckpointer, reshards_itself
 from .dcp_layout import ExpectedState, find_checkpoint, read_layouts, storage_findings
+from .mesh_placements import TensorParallelPlan, placement_problems
 from .model_output import loss_of
 from .optimizer_state import inner_optimizers, optimizer_state_of, param_groups_of, state_adapter
+from .parallelize_component import parallelized
 from .scheduler_component import build_scheduler
 
 LR = 1e-2
@@ -61,6 +74,7 @@ SAVE_SEED, LOAD_SEED = 0, 1
 DEFAULT_BF16_PARAM_OPTIMIZERS = ["precision_aware", "te_fused_adam"]
 MODEL_KINDS = ("model", "uneven_probe")
 RESHARDS = ("shrink", "grow")  # W -> W/2 and W/2 -> W for a cell of W ranks: 2->1, 1->2, 4->2, 2->4, ...
+FLAT = "flat"
 FULL = StateDictOptions(full_state_dict=True)
 TORCH_HELPERS = "torch get_optimizer_state_dict + dcp.save"
 RESHARD_THROUGH_CHECKPOINTER = "checkpointer"
@@ -92,13 +106,27 @@ def recipe(cell, components, suite_options, model_kind) -> Recipe:
     optimizer needs a package that is not installed, such as TransformerEngine on a CPU box).
 
     Option `bf16_param_optimizers` names the optimizer values that get bf16 params, as a
-    mixed-precision stack gives its precision-aware optimizer; the others get fp32 params."""
+    mixed-precision stack gives its precision-aware optimizer; the others get fp32 params. Option
+    `tensor_parallel_plan` ({colwise = [...], rowwise = [...]}, module names) is the plan that
+    `parallelize` applies on a mesh with a tp dim; by default the reference decoder's."""
     bf16 = cell["optimizer"] in suite_options.get("bf16_param_optimizers", DEFAULT_BF16_PARAM_OPTIMIZERS)
-    return Recipe(dict(components), cell, model_kind, "bfloat16" if bf16 else "float32")
+    plan = TensorParallelPlan.from_option(suite_options.get("tensor_parallel_plan"))
+    return Recipe(dict(components), cell, model_kind, "bfloat16" if bf16 else "float32", plan)
 
 
 def _merged(per_rank: list[list[str]]) -> list[str]:
     return [f"rank {rank}: {line}" for rank, lines in enumerate(per_rank) if lines for line in lines]
+
+
+def _merged_alike(per_rank: list[list[str]]) -> list[str]:
+    """Each line once, with the ranks that reported it (a layout is usually wrong alike on every rank)."""
+    ranks_of: dict[str, list[int]] = {}
+    for rank, lines in enumerate(per_rank):
+        for line in lines:
+            ranks_of.setdefault(line, []).append(rank)
+    return [
+        f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}: {line}" for line, ranks in ranks_of.items()
+    ]
 
 
 # ---- the tests -------------------------------------------------------------------------------
@@ -106,12 +134,22 @@ def _merged(per_rank: list[list[str]]) -> list[str]:
 
 def test_state_is_laid_out_like_its_param(cell, ranks, recipe):
     """After a step, every non-scalar state of a DTensor param is a DTensor with the param's
-    mesh, placements, global shape and stride, and a local shard of the param's local shape."""
+    mesh, placements, global shape and stride, and a local shard of the param's local shape; on a
+    2-D mesh every param is first placed as the mesh says on each of its dims (suites/mesh_placements.py)."""
     if cell["fsdp"] != "fsdp2":
         pytest.skip(
             f"fsdp={cell['fsdp']}: params are flat-parameter views, not DTensors; test_saved_state_is_sharded covers this cell"
         )
     results = ranks.run(on_rank_state_layout, recipe)
+    layout = cell_layout(cell)
+    misplaced = _merged_alike([r["placement_problems"] for r in results])
+    assert not misplaced, (
+        f"parameters placed otherwise than the {layout.kind} mesh {dict(zip(layout.dim_names, layout.shape))} says "
+        f"(dp_replicate: Replicate, dp_shard: Shard, tp: the plan's Shard(0) colwise / Shard(1) rowwise, else Replicate), "
+        f"so their optimizer state is too:\n"
+        + "\n".join(misplaced)
+        + "\nfix the plan or mesh in `parallelize`, or set [suites.dtensor_optim.options] tensor_parallel_plan to the plan it applies"
+    )
     assert not (problems := _merged([r["problems"] for r in results])), "\n".join(problems)
     if not any(r["param_shaped_states"] for r in results):
         pytest.skip(no_param_shaped_state(recipe))
@@ -132,7 +170,11 @@ def test_saved_state_is_sharded(cell, ranks, recipe, tmp_path, record_property):
     assert not (errors := _merged([r["errors"] for r in results])), "\n".join(errors)
     if not any(r["param_shaped_states"] for r in results):
         pytest.skip(no_param_shaped_state(recipe))
-    expected = [ExpectedState(name, position, tuple(shape)) for name, position, shape in results[0]["expected"]]
+    param_chunks = param_chunks_of_every_rank([r["param_chunks"] for r in results])
+    expected = [
+        ExpectedState(name, position, tuple(shape), param_chunks.get(name))
+        for name, position, shape in results[0]["expected"]
+    ]
     findings = storage_findings(read_layouts(results[0]["checkpoint"]), expected, ranks.world_size)
     print("\n".join(findings.lines))
     record_property("sharded_states", len(expected))
@@ -152,18 +194,37 @@ def test_reshard_load_is_exact(cell, ranks, recipe, reshard, tmp_path, record_pr
     another seed at another world size: every full tensor is identical, and a step after the
     load runs and keeps DTensor state laid out like its param.
 
-    A cell of W ranks reshards between W and W/2, so each pair runs in the cells as wide as its
-    larger side and no two cells repeat one."""
+    A cell of W ranks reshards between W (on the cell's mesh) and W/2 (1-D), so each pair runs in
+    the cells as wide as its larger side and no two cells repeat one. A cell on a 2-D mesh also
+    reshards between that mesh and the 1-D mesh over the same W ranks (save at 2 x 2, load at 4;
+    save at 4, load at 2 x 2), the move a training makes when it adds or drops TP or HSDP."""
     if ranks.world_size < 2:
         pytest.skip("a reshard needs at least 2 ranks; this cell has 1")
-    half = ranks.world_size // 2
-    src, dst = (ranks.world_size, half) if reshard == "shrink" else (half, ranks.world_size)
+    kind = cell_layout(cell).kind
+    whole = World(ranks.world_size, kind)
+    others = [World(ranks.world_size // 2, FLAT)] + ([World(ranks.world_size, FLAT)] if kind != FLAT else [])
+    pairs = [(whole, other) if reshard == "shrink" else (other, whole) for other in others]
     parallelize = load(recipe.components["parallelize"])
     if not accepts(parallelize, "mesh"):
+        worlds = ", ".join(f"{src}->{dst}" for src, dst in pairs)
         pytest.skip(
-            f"{recipe.components['parallelize']} takes no `mesh` argument, so it cannot build the {min(src, dst)}-rank world a reshard needs"
+            f"{recipe.components['parallelize']} takes no `mesh` argument, so it cannot build the worlds a reshard needs ({worlds})"
         )
-    checkpoint_dir = tmp_path / f"reshard-{src}to{dst}"
+    record_property("reshards", ", ".join(f"{src}->{dst}" for src, dst in pairs))
+    record_property("reshard_source", reshard_source(recipe))
+    reports = []
+    try:
+        for src, dst in pairs:
+            reports.append(check_reshard(ranks, recipe, src, dst, tmp_path))
+    finally:
+        record_property("reshard_tensors_compared", sum(report["compared"] for report in reports))
+    if not any(report["optimizer_compared"] for report in reports):
+        pytest.skip(f"model tensors resharded exactly; {no_param_shaped_state(recipe)}")
+
+
+def check_reshard(ranks, recipe: Recipe, src: World, dst: World, tmp_path: Path) -> dict:
+    """Save in world `src`, load into a fresh stack in world `dst`, fail on any difference; rank 0's report."""
+    checkpoint_dir = tmp_path / f"reshard-{src.slug}-to-{dst.slug}"
     try:
         results, crash = ranks.run(on_rank_reshard, recipe, str(checkpoint_dir), src, dst), None
     except Exception as error:
@@ -191,9 +252,7 @@ def test_reshard_load_is_exact(cell, ranks, recipe, reshard, tmp_path, record_pr
         + ("failed:\n" + "\n".join(errors) if errors else "")
     )
     report = results[0]
-    record_property("reshard_tensors_compared", report["compared"])
-    record_property("reshard_source", reshard_source(recipe))
-    assert report["compared"], "nothing was compared: the saved state is empty"
+    assert report["compared"], f"reshard {src}->{dst}: nothing was compared: the saved state is empty"
     mismatches = report["mismatches"]
     assert not mismatches, (
         f"reshard {src}->{dst}: {len(mismatches)} of {report['compared']} tensors differ after load:\n"
@@ -201,8 +260,7 @@ def test_reshard_load_is_exact(cell, ranks, recipe, reshard, tmp_path, record_pr
     )
     problems = _merged([r["problems"] for r in results])
     assert not problems, f"reshard {src}->{dst}, after a step at {dst} ranks:\n" + "\n".join(problems)
-    if not report["optimizer_compared"]:
-        pytest.skip(f"model tensors resharded exactly; {no_param_shaped_state(recipe)}")
+    return report
 
 
 def reshard_source(recipe: Recipe) -> str:
@@ -229,6 +287,35 @@ def no_param_shaped_state(recipe: Recipe) -> str:
 # ---- rank side: building the stack ------------------------------------------------------------
 
 
+class World(NamedTuple):
+    """The first `size` ranks sharding over the mesh `kind` names (a 2-D one spans every rank)."""
+
+    size: int
+    kind: str
+
+    @property
+    def cell(self) -> dict:
+        """A cell of this world's size and mesh, for torchmatrix.testing's mesh functions."""
+        return {"mesh": self.kind, "world_size": self.size}
+
+    @property
+    def slug(self) -> str:
+        return f"{self.size}{self.kind}"
+
+    def __str__(self) -> str:
+        if self.kind == FLAT:
+            return str(self.size)
+        return f"{'x'.join(map(str, cell_layout(self.cell).shape))} {self.kind}"
+
+
+def world_mesh(world: World) -> DeviceMesh | None:
+    """This rank's mesh of `world`, None where the rank is outside it. Building one creates process
+    groups, a collective: every rank asks for every world a test uses before any of them trains."""
+    if world.size == dist.get_world_size():
+        return cell_mesh(world.cell)
+    return sub_world_meshes()[world.size]
+
+
 class Recipe(NamedTuple):
     """Picklable instructions for building the stack under test in a rank process."""
 
@@ -236,17 +323,17 @@ class Recipe(NamedTuple):
     cell: object
     model_kind: str
     param_dtype: str
+    tensor_parallel_plan: TensorParallelPlan
 
     def build(self, seed: int, mesh: DeviceMesh | None = None) -> tuple[nn.Module, torch.optim.Optimizer]:
-        """Model (from `seed`) wrapped by the `parallelize` component over `mesh` (all ranks when
+        """Model (from `seed`) wrapped by the `parallelize` component over `mesh` (the cell's when
         None), and the cell's optimizer component over its params."""
         device = current_device()
         dtype = getattr(torch, self.param_dtype)
         build_model = load(self.components["model"]) if self.model_kind == "model" else build_uneven_probe
         torch.manual_seed(seed)
         model = build_model(self.cell, dtype=dtype)
-        parallelize = load(self.components["parallelize"])
-        model = parallelize(model, self.cell, device=device, **({"mesh": mesh} if mesh is not None else {}))
+        model = parallelized(self.components, model, self.cell, device=device, mesh=mesh)
         return model, build_optimizer(load(self.components[f"optimizer_{self.cell['optimizer']}"]), model, lr=LR)
 
     @property
@@ -258,7 +345,7 @@ class Recipe(NamedTuple):
         self, model: nn.Module, optimizer: torch.optim.Optimizer, directory: str, mesh: DeviceMesh | None = None
     ) -> RunCheckpointer:
         """The `checkpointer` component over this stack, in whichever form it has, saving and loading
-        over `mesh` (None: every rank), with the `scheduler` component and a loader that never moves."""
+        over `mesh` (None: the cell's, over every rank), with the `scheduler` component and a loader that never moves."""
         scheduler = build_scheduler(self.components, optimizer, warmup_steps=1, total_steps=2, cell=self.cell)
         return RunCheckpointer(
             load(self.components["checkpointer"]),
@@ -267,17 +354,22 @@ class Recipe(NamedTuple):
             optimizer=optimizer,
             scheduler=scheduler,
             loader=IdleLoader(),
-            process_group=mesh.get_group() if mesh is not None else None,
+            process_group=mesh_group(mesh) if mesh is not None else None,
             mesh=mesh,
+            cell=self.cell,
         )
 
     def plain_state(self, state: dict) -> dict:
         """One param's optimizer state made plain by the cell's optimizer's state adapter."""
         return state_adapter(self.components, self.cell["optimizer"])(state)
 
-    def train_step(self, model: nn.Module, optimizer: torch.optim.Optimizer, seed: int) -> None:
+    def train_step(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, seed: int, world: World | None = None
+    ) -> None:
+        """One step on this rank's batch: one per data-parallel rank of `world` (the cell's when None)."""
         make_batch = load(self.components["batch"]) if self.model_kind == "model" else make_probe_batch
-        batch = make_batch(model, seed=seed + dist.get_rank(), device=current_device())
+        rank = data_parallel_rank(self.cell if world is None else world.cell)
+        batch = make_batch(model, seed=seed + rank, device=current_device())
         loss_of(model(**batch)).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -335,7 +427,7 @@ def make_probe_batch(model: UnevenProbe, *, seed: int, device: torch.device) -> 
 
 def sub_world_meshes() -> dict[int, DeviceMesh | None]:
     """size -> mesh over ranks 0..size-1 for every world smaller than the cell's (None where
-    this rank is outside it); the cell's own world is absent, meaning the components' default.
+    this rank is outside it); the cell's own world is torchmatrix.testing.cell_mesh's.
 
     Created once per rank process, by every rank in the same order (new_group is collective
     and names groups by creation order), and kept: a group destroyed and created again under
@@ -406,6 +498,9 @@ def on_rank_state_layout(recipe: Recipe) -> dict:
     recipe.train_step(model, optimizer, SAVE_SEED)
     uneven = [name for name, p in model.named_parameters() if p.dim() and p.shape[0] % dist.get_world_size()]
     return {
+        "placement_problems": placement_problems(
+            model, recipe.cell, recipe.tensor_parallel_plan, plan_applies=recipe.model_kind == "model"
+        ),
         "problems": layout_problems(model, optimizer, dtensors_expected=True),
         "uneven_params": uneven,
         "param_shaped_states": param_shaped_states(optimizer),
@@ -456,6 +551,7 @@ def on_rank_save(recipe: Recipe, checkpoint_dir: str) -> dict:
     return {
         "errors": errors,
         "expected": expected,
+        "param_chunks": param_chunks(model, optimizer),
         "checkpoint": str(checkpoint),
         "layout_source": source,
         "param_shaped_states": param_shaped_states(optimizer),
@@ -490,6 +586,32 @@ def sharded_states_expected(model: nn.Module, optimizer: torch.optim.Optimizer) 
     ]
 
 
+def param_chunks(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, tuple]:
+    """Per non-scalar state of a DTensor param, keyed as `sharded_states_expected` keys it, the block
+    (offsets, sizes) of its param this rank holds, as DCP's own planner cuts it."""
+    names = {param: clean_name(name) for name, param in model.named_parameters()}
+    chunks = {}
+    for param, entries in optimizer_state_of(optimizer).items():
+        if not isinstance(param, DTensor):
+            continue
+        (chunk,) = param.__create_chunk_list__()
+        block = (tuple(chunk.offsets), tuple(chunk.sizes))
+        chunks.update(
+            {f"{names[param]}.{key}": block for key, value in entries.items() if torch.is_tensor(value) and value.dim()}
+        )
+    return chunks
+
+
+def param_chunks_of_every_rank(per_rank: list[dict[str, tuple]]) -> dict[str, frozenset]:
+    """Per state key, the distinct blocks of its param that hold elements, over every rank (replicas hold one block twice)."""
+    blocks: dict[str, set] = {}
+    for chunks in per_rank:
+        for key, (offsets, sizes) in chunks.items():
+            if math.prod(sizes):
+                blocks.setdefault(key, set()).add((tuple(offsets), tuple(sizes)))
+    return {key: frozenset(found) for key, found in blocks.items()}
+
+
 def checkpoint_rank0_sees(directory: str) -> Path | None:
     """Where rank 0 finds the DCP checkpoint under `directory` once every rank's save returned, the
     same answer on every rank, so all of them take the same path (a fallback save is collective)."""
@@ -499,18 +621,19 @@ def checkpoint_rank0_sees(directory: str) -> Path | None:
     return found[0]
 
 
-def on_rank_reshard(recipe: Recipe, checkpoint_dir: str, src: int, dst: int) -> dict:
-    """Train and save in the first `src` ranks, load into a fresh stack in the first `dst`
-    ranks and take a step; rank 0 (in both worlds) compares the full tensors."""
-    meshes, rank = sub_world_meshes(), dist.get_rank()
+def on_rank_reshard(recipe: Recipe, checkpoint_dir: str, src: World, dst: World) -> dict:
+    """Train and save in world `src`, load into a fresh stack in world `dst` and take a step;
+    rank 0 (in both worlds) compares the full tensors."""
+    rank = dist.get_rank()
+    meshes = {world: world_mesh(world) for world in (src, dst)}
     errors, saved, loaded, problems = [], None, None, []
-    if rank < src:
-        trained = attempt(errors, f"save at {src} ranks", _train_and_save, recipe, meshes.get(src), checkpoint_dir)
+    if rank < src.size:
+        trained = attempt(errors, f"save at {src} ranks", _train_and_save, recipe, src, meshes[src], checkpoint_dir)
         if trained is not None:
             saved = attempt(errors, f"full state after save at {src} ranks", _full_state, *trained, recipe)
     dist.barrier()
-    if rank < dst:
-        loaded = attempt(errors, f"load at {dst} ranks", _load, recipe, meshes.get(dst), checkpoint_dir)
+    if rank < dst.size:
+        loaded = attempt(errors, f"load at {dst} ranks", _load, recipe, meshes[dst], checkpoint_dir)
     layout_after_load = []
     if loaded is not None:
         model, optimizer = loaded
@@ -520,7 +643,7 @@ def on_rank_reshard(recipe: Recipe, checkpoint_dir: str, src: int, dst: int) -> 
         ]
         Path(f"{checkpoint_dir}.layout-rank{rank}.txt").write_text("".join(f"{line}\n" for line in layout_after_load))
         loaded = attempt(errors, f"full state after load at {dst} ranks", _full_state, model, optimizer, recipe)
-        attempt(errors, f"step after load at {dst} ranks", recipe.train_step, model, optimizer, LOAD_SEED)
+        attempt(errors, f"step after load at {dst} ranks", recipe.train_step, model, optimizer, LOAD_SEED, dst)
         problems = layout_problems(model, optimizer, dtensors_expected=recipe.cell["fsdp"] == "fsdp2")
     dist.barrier()
     result = {"errors": errors, "problems": problems, "layout_after_load": layout_after_load}
@@ -537,10 +660,10 @@ def layout_lines_written(checkpoint_dir: Path) -> list[str]:
 
 
 def _train_and_save(
-    recipe: Recipe, mesh: DeviceMesh | None, checkpoint_dir: str
+    recipe: Recipe, world: World, mesh: DeviceMesh, checkpoint_dir: str
 ) -> tuple[nn.Module, torch.optim.Optimizer]:
     model, optimizer = recipe.build(SAVE_SEED, mesh)
-    recipe.train_step(model, optimizer, SAVE_SEED)
+    recipe.train_step(model, optimizer, SAVE_SEED, world)
     if recipe.reshards_through_checkpointer:
         recipe.checkpointer(model, optimizer, checkpoint_dir, mesh).save(1)
         return model, optimizer
@@ -548,11 +671,11 @@ def _train_and_save(
         "model": get_model_state_dict(model),
         "optimizer": get_optimizer_state_dict(model, inner_optimizers(optimizer)),
     }
-    dcp.save(state, checkpoint_id=checkpoint_dir, process_group=mesh.get_group() if mesh else None)
+    dcp.save(state, checkpoint_id=checkpoint_dir, process_group=mesh_group(mesh))
     return model, optimizer
 
 
-def _load(recipe: Recipe, mesh: DeviceMesh | None, checkpoint_dir: str) -> tuple[nn.Module, torch.optim.Optimizer]:
+def _load(recipe: Recipe, mesh: DeviceMesh, checkpoint_dir: str) -> tuple[nn.Module, torch.optim.Optimizer]:
     """A fresh stack from another seed with the checkpoint loaded (by the checkpointer, where it reshards itself)."""
     model, optimizer = recipe.build(LOAD_SEED, mesh)
     if recipe.reshards_through_checkpointer:
@@ -562,7 +685,7 @@ def _load(recipe: Recipe, mesh: DeviceMesh | None, checkpoint_dir: str) -> tuple
         "model": get_model_state_dict(model),
         "optimizer": get_optimizer_state_dict(model, inner_optimizers(optimizer)),
     }
-    dcp.load(state, checkpoint_id=checkpoint_dir, process_group=mesh.get_group() if mesh else None)
+    dcp.load(state, checkpoint_id=checkpoint_dir, process_group=mesh_group(mesh))
     set_model_state_dict(model, state["model"])
     set_optimizer_state_dict(model, inner_optimizers(optimizer), state["optimizer"])
     return model, optimizer

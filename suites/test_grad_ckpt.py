@@ -1,8 +1,9 @@
 """Activation checkpointing must not change gradients, even when layers mutate a KV cache.
 
 Per cell: the ``model`` component is built twice from one seed, without and with per-layer
-checkpointing, wrapped by the ``parallelize`` component for the cell's ``fsdp``, and run
-forward+backward on the same per-rank ``batch``. Gradients (local shards and full tensors)
+checkpointing, wrapped by the ``parallelize`` component for the cell's ``fsdp`` and ``mesh`` (the
+cell's DeviceMesh handed over where its signature names ``mesh``), and run forward+backward on the
+same per-rank ``batch`` (one per data-parallel rank: the ranks of a tensor-parallel group share it). Gradients (local shards and full tensors)
 and losses must match bit for bit in float32 (recompute runs the same kernels on the same
 inputs; the max ULP distance is recorded as ``grad_max_ulp``), or within the derived bf16
 tolerance (``BF16_RTOL``), also when K micro-batches (option ``micro_batches``, default 2) run
@@ -37,20 +38,20 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import FullyShardedDataParallel
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import CheckpointError
 
-from torchmatrix.testing import clean_name, current_device, load
+from torchmatrix.testing import clean_name, current_device, data_parallel_rank, load
 
 from .cache_tree import CACHE_STATE_DEPTH, OPAQUE, cache_contents, cache_marks, cache_snapshot, cache_writes
 from .checkpoint_units import CheckpointUnits, counted_checkpoints, watched_sites
 from .deterministic import deterministic_algorithms
 from .model_output import cache_on, call_model, loss_of
 from .optimizer_state import plain_equal
+from .parallelize_component import parallelized
 from .ulp import bits_equal, ulp_distance
 
 SEED = 0
@@ -506,9 +507,9 @@ def train_step(
     """Build, wrap, and run ``micro_batches`` forwards (their losses summed) then one backward on this
     rank; failures say which stage broke. ``sites``: the checkpointed run's units, whose arguments the
     run without checkpointing watches for the cache hook."""
-    build_model, parallelize, make_batch = (load(components[name]) for name in ("model", "parallelize", "batch"))
+    build_model, make_batch = (load(components[name]) for name in ("model", "batch"))
     device = current_device()
-    rank = dist.get_rank() if dist.is_initialized() else 0
+    rank = data_parallel_rank(cell)
     mode = "with" if checkpointing else "without"
     torch.manual_seed(SEED)
     with counted_checkpoints() as units:
@@ -519,8 +520,10 @@ def train_step(
             ]
             declared = getattr(model, "compute_dtype", None)
             precision = precision.computing(None if declared is None else str(declared).removeprefix("torch."))
-        with failing_stage(cell, f"parallelize (fsdp={cell['fsdp']}) {mode} activation checkpointing"):
-            model = parallelize(model, cell, device=device, activation_checkpointing=checkpointing)
+        with failing_stage(
+            cell, f"parallelize (fsdp={cell['fsdp']}, mesh={cell.get('mesh', 'flat')}) {mode} activation checkpointing"
+        ):
+            model = parallelized(components, model, cell, device=device, activation_checkpointing=checkpointing)
         model.train()
         parameters = local_parameters(model)
         module_state_before, _ = module_state(model, ignored)

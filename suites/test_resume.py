@@ -48,7 +48,14 @@ import random
 import pytest
 import torch
 
-from torchmatrix.testing import RESUME_BF16_PARAM_OPTIMIZERS, build_optimizer, clean_name, load
+from torchmatrix.testing import (
+    RESUME_BF16_PARAM_OPTIMIZERS,
+    build_optimizer,
+    clean_name,
+    data_parallel_rank,
+    data_parallel_size,
+    load,
+)
 
 from .checkpointer_forms import RunCheckpointer
 from .deterministic import deterministic_algorithms
@@ -62,6 +69,7 @@ from .optimizer_state import (
     state_adapter,
 )
 from .owned_generators import generator_state, owned_generators, set_generator_state, state_bytes
+from .parallelize_component import parallelized
 from .scheduler_component import build_scheduler, scheduler_position
 from .ulp import bits_equal, ulp_distance
 
@@ -315,11 +323,9 @@ def state_mismatches(expected: dict, actual: dict) -> list[str]:
 
 def straight_and_resumed(cell: dict, options: dict, components: dict, data_path: str, checkpoint_dir: str) -> dict:
     """Rank function: run A (N steps straight) and run B (K steps, save, rebuild, load, N - K steps)."""
-    import torch.distributed as dist
-
     with deterministic_algorithms():
         return _straight_and_resumed(
-            cell, options, components, data_path, checkpoint_dir, dist.get_rank(), dist.get_world_size()
+            cell, options, components, data_path, checkpoint_dir, data_parallel_rank(cell), data_parallel_size(cell)
         )
 
 
@@ -340,13 +346,15 @@ def _straight_and_resumed(
     quantized_at_save = sorted(
         f"{name}.{key}" for name, state in run_b.named_raw_state().items() for key in quantized_keys(state)
     )
-    extra_saved = RunCheckpointer(checkpointer, checkpoint_dir, **run_b.checkpointables()).save(resume_step)
+    extra_saved = RunCheckpointer(checkpointer, checkpoint_dir, **run_b.checkpointables(), cell=cell).save(resume_step)
 
     rebuilt = TrainingRun(cell, options, components, data_path, rank, world_size, seed=options["rebuild_seed"])
     saved_shards = at_save["parameter_shards"]
     rebuilt_equals_saved = all(torch.equal(p, saved_shards[n]) for n, p in rebuilt.parameters().items())
     before_load = after_load_differences(at_save, rebuilt.state_snapshot(), run_a.batches, streams_used, resume_step)
-    loaded_step, extra_loaded = RunCheckpointer(checkpointer, checkpoint_dir, **rebuilt.checkpointables()).load()
+    loaded_step, extra_loaded = RunCheckpointer(
+        checkpointer, checkpoint_dir, **rebuilt.checkpointables(), cell=cell
+    ).load()
     if loaded_step != resume_step:
         raise AssertionError(f"checkpointer.load returned step {loaded_step}, saved at step {resume_step}")
     loaded = rebuilt.state_snapshot()
@@ -381,7 +389,9 @@ class TrainingRun:
 
     The model is initialised from `seed` (identically on every rank); dropout then draws from
     `seed + 1 + rank` under option `seeding = "per_rank"`, so ranks mask differently, as they do in
-    real data-parallel training, or from `seed + 1` on every rank under `"replicated"`.
+    real data-parallel training, or from `seed + 1` on every rank under `"replicated"`. `rank` and
+    `world_size` are data-parallel (torchmatrix.testing.data_parallel_rank): the ranks of a
+    tensor-parallel group read the same batches and draw the same masks, as their layers' slices need.
     """
 
     def __init__(
@@ -393,7 +403,7 @@ class TrainingRun:
         param_dtype = torch.bfloat16 if cell["optimizer"] in options["bf16_param_optimizers"] else torch.float32
         torch.manual_seed(seed)
         model = load(components["model"])(cell, dropout=options["dropout"], dtype=param_dtype)
-        self.model = load(components["parallelize"])(model, cell, device=self.device)
+        self.model = parallelized(components, model, cell, device=self.device)
         self.optimizer = build_optimizer(
             load(components[f"optimizer_{cell['optimizer']}"]),
             self.model,

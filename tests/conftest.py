@@ -152,17 +152,17 @@ def cell_failures(version_dir: Path) -> dict[str, dict[str, str]]:
 
 
 def run_suites(
-    root: Path, matrix_text: str, components_from: Path | None = None
+    root: Path, matrix_text: str, components_from: Path | None = None, *, tests: Sequence[str] = ()
 ) -> tuple[subprocess.CompletedProcess, dict[str, dict[str, str]]]:
     """Run this checkout's suites over `matrix_text` (a throwaway project at `root`, its components
-    importable from `components_from` too) with `python -m torchmatrix run --torch system`; return
-    the process and `cell_outcomes` of the run."""
+    importable from `components_from` too) with `python -m torchmatrix run --torch system`, only
+    `tests` (`suite::test[params]`) where given; return the process and `cell_outcomes` of the run."""
     root.mkdir(parents=True, exist_ok=True)
     (root / "suites").symlink_to(REPO / "suites", target_is_directory=True)
     (root / "matrix.toml").write_text(matrix_text + PROJECT_IS_THIS_CHECKOUT)
     # Mutants fail for a known reason; re-running each failure alone would only double the time.
     command = ["run", "--torch", "system", "--config", str(root / "matrix.toml"), "--reports", str(root / "reports")]
-    command += ["--confirm-limit", "0"]
+    command += ["--confirm-limit", "0", *(argument for test in tests for argument in ("--test", test))]
     done = subprocess.run(
         [sys.executable, "-m", "torchmatrix", *command],
         cwd=REPO,

@@ -9,6 +9,9 @@ component's import path into the object it names; `build_optimizer(factory, mode
 factory takes an optional keyword, `call_accepting(factory, ...)` passes only the keywords it
 takes, `is_bound_checkpointer(factory)` tells the checkpointer's two forms apart, `inner_optimizers(optimizer)`
 the optimizers an optimizer container holds (the optimizer itself otherwise); `clean_name` strips wrapper prefixes off a parameter's name.
+`cell_mesh(cell)` is the DeviceMesh the cell's `mesh` axis names (1-D `flat` by default; `hsdp` and
+`fsdp_tp` 2-D) and `cell_layout(cell)` its kind, dim names and shape, `mesh_group(mesh)` the process group over all its ranks, and `data_parallel_rank(cell)`
+/ `data_parallel_size(cell)` say which batch a rank trains on (the ranks of a tensor-parallel group share one).
 `RESUME_BF16_PARAM_OPTIMIZERS` is the resume suite's default for which optimizers get bf16
 params (the sensitivity command reads it too). For checkpoints across versions, `writes_dir(run_dir,
 version, cell_id)` is where a version's cross_version checkpoint of a cell lives, with its
@@ -22,6 +25,7 @@ from torchmatrix.components.optimizer_like import inner_optimizers
 from torchmatrix.components.parameter_names import clean_name
 from torchmatrix.components.protocol import RESUME_BF16_PARAM_OPTIMIZERS
 from torchmatrix.messages.cross_version import EXPECTED_FILE, writes_dir
+from torchmatrix.ranks.cell_mesh import cell_layout, cell_mesh, data_parallel_rank, data_parallel_size, mesh_group
 from torchmatrix.ranks.plugin import planned_options
 from torchmatrix.ranks.worker import current_device
 
@@ -31,9 +35,11 @@ __all__ = [
     "accepts",
     "build_optimizer",
     "call_accepting",
+    "cell_layout",
+    "cell_mesh",
     "clean_name",
     "current_device",
     "inner_optimizers",
     "is_bound_checkpointer",
 ]
-__all__ += ["load", "planned_options", "writes_dir"]
+__all__ += ["data_parallel_rank", "data_parallel_size", "load", "mesh_group", "planned_options", "writes_dir"]

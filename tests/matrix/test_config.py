@@ -139,6 +139,36 @@ MALFORMED = [
         GOOD + '\n[components]\nm = "m:f"\n[optional]\nm = { devices = ["cpu"] }\n',
         ["optional.m.devices", "unknown key in [optional].m", "use one of: device, torch"],
     ),
+    (
+        GOOD.replace('fsdp = ["none", "fsdp2"]', 'fsdp = ["none", "fsdp2"]\nmesh = ["flat", "hsdp"]'),
+        [
+            "axes.mesh",
+            "cell ws1-none-hsdp",
+            "needs an even world_size of at least 4",
+            'add [[exclude]] mesh = ["hsdp"], world_size = [1, 2]',
+        ],
+    ),
+    (
+        GOOD.replace('fsdp = ["none", "fsdp2"]', 'fsdp = ["none", "fsdp2"]\nmesh = ["flat", "2d"]'),
+        ["axes.mesh", "cell ws1-none-2d", "mesh='2d' is not a mesh", "use one of flat, hsdp, fsdp_tp"],
+    ),
+    (
+        GOOD.replace("world_size = [1, 2]", "world_size = [4]").replace(
+            'fsdp = ["none", "fsdp2"]', 'fsdp = ["none", "fsdp2"]\nmesh = ["flat", "fsdp_tp"]'
+        ),
+        [
+            "cell ws4-none-fsdp_tp",
+            "needs fsdp='fsdp2', not 'none'",
+            'add [[exclude]] mesh = ["fsdp_tp"], fsdp = ["none"]',
+        ],
+    ),
+    (
+        GOOD.replace("world_size = [1, 2]", "world_size = [4]").replace(
+            'fsdp = ["none", "fsdp2"]', 'fsdp = ["fsdp2"]\nmesh = ["flat"]'
+        )
+        + '\n[[include]]\nworld_size = 6\nfsdp = "fsdp2"\nmesh = "hsdp"\n[[include]]\nworld_size = 2\nfsdp = "fsdp2"\nmesh = "hsdp"\n',
+        ["cell ws2-fsdp2-hsdp", "not 2", "or change the [[include]] that adds this cell"],
+    ),
 ]
 
 
@@ -173,6 +203,26 @@ def test_good_matrix_loads(tmp_path):
     assert matrix.suites["demo"].axes == ("world_size",)
     assert matrix.suites["demo"].timeout == 30.0
     assert [c.id for c in matrix.cells()] == ["ws1-none", "ws1-fsdp2", "ws2-none", "ws2-fsdp2"]
+
+
+def test_a_mesh_axis_over_every_world_size_and_fsdp_needs_two_excludes(tmp_path):
+    """The 2-D meshes exist only at an even world size of at least 4 and under FSDP2; the two excludes
+    the loader's errors name leave exactly those cells, and no cell is skipped for it at run time."""
+    text = GOOD.replace("world_size = [1, 2]", "world_size = [1, 2, 4, 6]").replace(
+        'fsdp = ["none", "fsdp2"]', 'fsdp = ["none", "fsdp2"]\nmesh = ["flat", "hsdp", "fsdp_tp"]'
+    )
+    excludes = (
+        '\n[[exclude]]\nmesh = ["hsdp", "fsdp_tp"]\nworld_size = [1, 2]\n'
+        '\n[[exclude]]\nmesh = ["hsdp", "fsdp_tp"]\nfsdp = "none"\n'
+    )
+    cells = [cell.id for cell in load_matrix(write_matrix(tmp_path, text + excludes)).cells()]
+    assert [cell for cell in cells if not cell.endswith("-flat")] == [
+        "ws4-fsdp2-hsdp",
+        "ws4-fsdp2-fsdp_tp",
+        "ws6-fsdp2-hsdp",
+        "ws6-fsdp2-fsdp_tp",
+    ]
+    assert len(cells) == 4 * 2 + 4
 
 
 def test_per_version_install_settings_load(tmp_path):

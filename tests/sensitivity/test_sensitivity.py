@@ -59,6 +59,20 @@ def test_generated_module_wraps_each_configured_component_the_mutant_targets():
     compile(source, "generated", "exec")
 
 
+def test_the_2d_mesh_state_mutant_is_n_a_where_every_param_lies_on_a_1d_mesh():
+    matrix = load_matrix(REPO / "matrix.toml")
+    (mutant,) = [mutant for mutant in GENERIC_MUTANTS if mutant.name == "state_replicated_on_2d_mesh"]
+    assert mutant.not_applicable(Cell({"world_size": 4, "fsdp": "fsdp2", "mesh": "hsdp"}), matrix) is None
+    assert (
+        mutant.not_applicable(Cell({"world_size": 4, "fsdp": "fsdp2"}), matrix)
+        == "mesh=flat: every param's mesh is 1-D"
+    )
+    source = generated_module(matrix, (mutant,))
+    wrapped = "state_replicated_on_2d_mesh__optimizer_adamw = replicates_state_on_2d_meshes("
+    assert f"{wrapped}'torchmatrix.models.optim:build_adamw')" in source
+    compile(source, "generated", "exec")
+
+
 def test_the_optimizer_mutant_passes_parameter_names_on_only_to_a_factory_that_names_them():
     torch = pytest.importorskip("torch")
     param = torch.nn.Parameter(torch.zeros(2))

@@ -135,7 +135,9 @@ COMPONENTS: tuple[Component, ...] = (
             ),
             Argument(
                 "mesh",
-                "a 1-D DeviceMesh to shard over, default every rank; without it the reshard tests skip",
+                "the DeviceMesh to shard over: the cell's (`torchmatrix.testing.cell_mesh`: 1-D over every rank for "
+                '`mesh = "flat"`, 2-D with dims ("dp_replicate", "dp_shard") for `hsdp` and ("dp_shard", "tp") for '
+                "`fsdp_tp`), or dtensor_optim's reshard worlds (1-D); without it the reshard tests skip",
                 OPTIONAL,
             ),
         ),
@@ -243,7 +245,11 @@ COMPONENTS: tuple[Component, ...] = (
                 "the process group to save and load over (dtensor_optim's reshard passes a smaller world's)",
                 OPTIONAL,
             ),
-            Argument("mesh", "a 1-D DeviceMesh over the same ranks as `process_group`", OPTIONAL),
+            Argument(
+                "mesh",
+                "the cell's DeviceMesh, or a reshard world's 1-D one, over the ranks of `process_group`",
+                OPTIONAL,
+            ),
         ),
         returns=(
             "a checkpoint manager built once per training run (told apart from the per-call form by its signature "

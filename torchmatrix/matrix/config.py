@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import functools
 import hashlib
+import json
 import math
 import re
 import stat
@@ -23,6 +24,7 @@ from torchmatrix.components.loading import IMPORT_PATH
 from torchmatrix.components.optional import DEVICE_TYPES, OptionalWhere
 from torchmatrix.matrix.builtin_suites import BUILTIN_SUITES, builtin_suite_path
 from torchmatrix.matrix.cells import Cell, expand_cells, value_token
+from torchmatrix.matrix.meshes import MESH_AXIS, MESH_KINDS, TWO_D_FSDP, TWO_D_MESH_KINDS, mesh_layout, mesh_problem
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -654,6 +656,40 @@ def _check_cells(matrix: Matrix, where: _Where) -> None:
                 f"cells {dict(other)} and {dict(cell)} would share the id {cell.id!r}",
                 "make the include name every axis, or give the values distinct spellings",
             )
+    if MESH_AXIS in matrix.axes:
+        _check_meshes(matrix, cells, where)
+
+
+def _check_meshes(matrix: Matrix, cells: list[Cell], where: _Where) -> None:
+    """Every cell's mesh exists (torchmatrix.matrix.meshes): a 2-D mesh that no rank could build is a
+    line here, naming the [[exclude]] that removes such cells, not a pile of skipped cells in every report."""
+    for cell in cells:
+        problem = mesh_problem(cell)
+        if problem:
+            raise where.at("axes").at(MESH_AXIS).error(f"cell {cell.id}: {problem}", _mesh_fix(matrix, cell))
+
+
+def _mesh_fix(matrix: Matrix, cell: Cell) -> str:
+    """The exclude that drops every cell whose mesh cannot exist, as a user would write it."""
+    kinds = [kind for kind in matrix.axes[MESH_AXIS] if kind in TWO_D_MESH_KINDS]
+    if str(cell[MESH_AXIS]) not in MESH_KINDS:
+        return f"use one of {', '.join(MESH_KINDS)}"
+    if _fits(cell[MESH_AXIS], cell.world_size):
+        other = [value for value in matrix.axes.get("fsdp", ()) if value != TWO_D_FSDP]
+        exclude = f"[[exclude]] mesh = {json.dumps(kinds)}, fsdp = {json.dumps(other)}"
+    else:
+        sizes = [size for size in matrix.axes.get("world_size", ()) if not all(_fits(kind, size) for kind in kinds)]
+        exclude = f"[[exclude]] mesh = {json.dumps(kinds)}, world_size = {json.dumps(sizes)}"
+    from_include = any(cell[axis] not in matrix.axes.get(axis, ()) for axis in cell)
+    return f"add {exclude}" + (" or change the [[include]] that adds this cell" if from_include else "")
+
+
+def _fits(kind: str, world_size: int) -> bool:
+    try:
+        mesh_layout(kind, world_size)
+    except ValueError:
+        return False
+    return True
 
 
 def markdown_keys() -> str:

@@ -23,9 +23,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from torchmatrix.components.protocol import GRAD_CKPT, RESUME, RESUME_BF16_PARAM_OPTIMIZERS
+from torchmatrix.components.protocol import DTENSOR_OPTIM, GRAD_CKPT, RESUME, RESUME_BF16_PARAM_OPTIMIZERS
 from torchmatrix.matrix.cells import Cell
 from torchmatrix.matrix.config import Matrix
+from torchmatrix.matrix.meshes import TWO_D_MESH_KINDS, mesh_kind
 from torchmatrix.matrix.selection import select_cells
 from torchmatrix.run.runner import RunRequest, run_version
 from torchmatrix.sensitivity.mutants import EVIDENCE_VARIABLE, cells_acted_in
@@ -52,6 +53,12 @@ def fp32_params_in_resume(cell: Cell, matrix: Matrix) -> str | None:
     if optimizer in options.get("bf16_param_optimizers", RESUME_BF16_PARAM_OPTIMIZERS):
         return None
     return f"resume gives optimizer {optimizer} fp32 params: casting fp32 state to them changes nothing"
+
+
+def two_d_mesh(cell: Cell, matrix: Matrix) -> str | None:
+    """Only params on a 2-D mesh (mesh = hsdp | fsdp_tp) have a second dim to lose."""
+    kind = mesh_kind(cell)
+    return None if kind in TWO_D_MESH_KINDS else f"mesh={kind}: every param's mesh is 1-D"
 
 
 @dataclass(frozen=True)
@@ -105,6 +112,7 @@ GENERIC_MUTANTS = (
     GenericMutant("generator_not_saved", "the model draws noise from a torch.Generator it owns, which no checkpointer saves", RESUME, "model", "draws_from_own_generator({inner!r})", "the model drew no noise: no decoder layer returned a floating tensor in training"),
     GenericMutant("optimizer_counter_not_saved", "the optimizer counts steps on itself, outside its state dict, and warms up by that count", RESUME, "optimizer", "counts_steps_on_optimizer({inner!r})", "the optimizer never stepped"),
     GenericMutant("loader_shuffle_seed_not_saved", "the loader reorders every epoch after the first from a seed its state dict lacks", RESUME, "dataset", "reshuffles_from_unsaved_seed({inner!r})", "no batch past the first epoch was read (not even by the loader check after the load)"),
+    GenericMutant("state_replicated_on_2d_mesh", "optimizer state of a param on a 2-D mesh kept Replicate on every dim (HSDP state flattened to one copy)", DTENSOR_OPTIM, "optimizer", "replicates_state_on_2d_meshes({inner!r})", "no param on a 2-D mesh had DTensor state after a step", two_d_mesh),
 )  # fmt: skip
 
 
@@ -198,6 +206,7 @@ def generated_module(matrix: Matrix, mutants: tuple[GenericMutant, ...]) -> str:
         "    draws_from_own_generator,",
         "    holds_inputs_across_calls,",
         "    moments_cast_on_load,",
+        "    replicates_state_on_2d_meshes,",
         "    reshuffles_from_unsaved_seed,",
         "    restores_on_rank_zero_only,",
         "    skips_on_load,",
@@ -304,7 +313,7 @@ def run_sensitivity(
     mutants = tuple(m for m in chosen_mutants(mutant_names) if m.suite in matrix.suites)
     if not mutants:
         raise SensitivityError(
-            f"{matrix.path.name}: no [suites.{GRAD_CKPT}] or [suites.{RESUME}], which the generic mutants target"
+            f"{matrix.path.name}: no [suites.{GRAD_CKPT}], [suites.{RESUME}] or [suites.{DTENSOR_OPTIM}], which the generic mutants target"
         )
     cells = covering_cells(select_cells(matrix.cells(), **filters))
     if not cells:
@@ -316,9 +325,10 @@ def run_sensitivity(
     request = RunRequest(matrix=matrix, version=version, reports=out / "runs", run_id="", slots=slots, confirm_limit=0)
     print(f"torchmatrix sensitivity: {len(mutants)} mutants over {len(cells)} cells: {', '.join(c.id for c in cells)}")
 
-    suites = sorted({m.suite for m in mutants})
+    suites = sorted({m.suite for m in mutants if len(not_applicable(m, cells, matrix)) < len(cells)})
     unmutated = dataclasses.replace(matrix, suites={name: matrix.suites[name] for name in suites})
-    run_selection(dataclasses.replace(request, matrix=unmutated, run_id="unmutated"), cells)
+    if suites:
+        run_selection(dataclasses.replace(request, matrix=unmutated, run_id="unmutated"), cells)
     baseline = {suite: read_cells(out / "runs" / "unmutated" / f"torch-{version}", suite) for suite in suites}
     notes = [
         f"{suite} in {cell}: {failure.telling_line()}"
@@ -334,7 +344,7 @@ def run_sensitivity(
             cell
             for cell in cells
             if cell.id not in inapplicable
-            and not (before := baseline[mutant.suite].get(cell.id, CellResult())).skipped
+            and not (before := baseline.get(mutant.suite, {}).get(cell.id, CellResult())).skipped
             and not mutant.unseen_in(before)
         ]
         evidence = out / "evidence" / mutant.name
@@ -342,7 +352,9 @@ def run_sensitivity(
             os.environ[EVIDENCE_VARIABLE] = str(evidence)
             run_selection(dataclasses.replace(request, matrix=mutated(matrix, mutant), run_id=mutant.name), judged)
         run_dir = out / "runs" / mutant.name / f"torch-{version}" if judged else None
-        verdicts.append(judge(mutant, cells, baseline[mutant.suite], run_dir, inapplicable, cells_acted_in(evidence)))
+        verdicts.append(
+            judge(mutant, cells, baseline.get(mutant.suite, {}), run_dir, inapplicable, cells_acted_in(evidence))
+        )
     table = markdown_table(verdicts)
     header = f"Cells: {', '.join(c.id for c in cells)} (torch {version})\n\n"
     if notes:

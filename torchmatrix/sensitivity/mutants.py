@@ -358,6 +358,39 @@ def counts_steps_on_optimizer(inner: str):
     return build
 
 
+def replicates_state_on_2d_meshes(inner: str):
+    """The optimizer factory at `inner`, whose `step()` then re-wraps the state of every param on a 2-D
+    mesh as `Replicate` on each dim: HSDP's state flattened to one copy per shard group, each rank's
+    shard posing as the whole tensor, while the update itself ran on the right shard."""
+
+    def build(params, *, named_parameters=None, model=None, **kwargs):
+        optimizer = _built_optimizer(inner, params, kwargs, named_parameters=named_parameters, model=model)
+        inner_step = optimizer.step
+
+        def replicating_step(self, *args, **kwargs):
+            returned = inner_step(*args, **kwargs)
+            for part in inner_optimizers(optimizer):
+                for state in part.state.values():
+                    state.update({key: _replicated(value) for key, value in state.items()})
+            return returned
+
+        optimizer.step = types.MethodType(replicating_step, optimizer)
+        return optimizer
+
+    return build
+
+
+def _replicated(value):
+    """A non-scalar DTensor of a 2-D mesh re-wrapped from its local shard as Replicate on every dim; anything else as is."""
+    from torch.distributed.tensor import DTensor, Replicate
+
+    if not isinstance(value, DTensor) or value.device_mesh.ndim < 2 or not value.dim():
+        return value
+    record_acted()
+    mesh = value.device_mesh
+    return DTensor.from_local(value.to_local(), mesh, [Replicate()] * mesh.ndim, run_check=False)
+
+
 def reshuffles_from_unsaved_seed(inner: str):
     """The dataset component at `inner`, whose loader relabels the tokens of every batch after the first
     epoch by a permutation seeded from the global RNG when the loader is built; its state dict keeps
