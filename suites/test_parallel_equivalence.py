@@ -120,11 +120,23 @@ def lockstep(cell, ranks, suite_options, components, once_per_cell) -> list[dict
     )
 
 
-def collapsed(per_rank: list[list[str]]) -> list[str]:
+LISTED = 12
+"""Problem lines a failure message shows before it counts the rest."""
+
+
+def listing(lines: list[str]) -> str:
+    """The first LISTED lines, indented, and how many more there are."""
+    shown = [f"  {line}" for line in lines[:LISTED]]
+    if len(lines) > LISTED:
+        shown.append(f"  ... and {len(lines) - LISTED} more")
+    return "\n".join(shown)
+
+
+def collapsed(per_rank: list[list[str]]) -> str:
     """Per-rank problem lines, once under "every rank" where all ranks found the same."""
     if len(per_rank) > 1 and all(lines == per_rank[0] for lines in per_rank):
-        return [f"  every rank: {line}" for line in per_rank[0]]
-    return [f"  rank {rank}: {line}" for rank, lines in enumerate(per_rank) for line in lines]
+        return listing([f"every rank: {line}" for line in per_rank[0]])
+    return listing([f"rank {rank}: {line}" for rank, lines in enumerate(per_rank) for line in lines])
 
 
 def forward_is_single_process(records: list[dict]) -> bool:
@@ -160,7 +172,7 @@ def test_losses_match_single_process(cell, lockstep, record_property):
     assert not any(per_rank), (
         f"{cell.id}: the parallel forward computes another loss than the single-process forward of the same shard "
         f"(bit for bit expected: the same kernels on the same gathered parameters):\n"
-        + "\n".join(collapsed(per_rank))
+        + collapsed(per_rank)
         + "\n  hint: parallelize changed the computation (a cast, another attention kernel), or the gathered "
         "parameters differ from the reference's (see test_parameters_match_single_process_step)"
     )
@@ -185,7 +197,7 @@ def test_reduced_gradients_match_single_process(cell, lockstep, suite_options, r
     assert not problems, (
         f"{cell.id}: after the data-parallel reduction the gradient differs from the single-process mean gradient "
         f"of the same global batch by more than the reduction order allows ({reduction.describe()}):\n"
-        + "\n".join(f"  {line}" for line in problems)
+        + listing(problems)
         + "\n  hint: a reduction in a narrower dtype than declared ([suites.parallel_equivalence.options] reduce_dtype), "
         "a division by the wrong world size, or a reduction over the wrong ranks"
     )
@@ -207,7 +219,7 @@ def test_gradients_reduced_in_declared_dtype(cell, lockstep, suite_options):
         f"{cell.id}: gradients after the data-parallel reduction hold only values of a dtype narrower than the "
         f"declared reduce_dtype = {declared!r}, so they were summed in that dtype (an fp32 sum lands on bf16's grid "
         f"about once in 2**16 elements):\n"
-        + "\n".join(f"  {line}" for line in problems)
+        + listing(problems)
         + "\n  hint: a mixed-precision policy whose reduce_dtype is narrower than declared, or a reduction "
         "(a tensor-parallel all-reduce, say) that ignores it"
     )
@@ -233,7 +245,7 @@ def test_gradient_norm_is_the_whole_models(cell, lockstep, record_property):
     assert not any(per_rank), (
         f"{cell.id}: the gradient norm clip_grad_norm returns is not the norm of the whole model's gradient "
         f"(tolerance: the worst-case rounding of a 2-norm of {records[0]['elements']} elements):\n"
-        + "\n".join(collapsed(per_rank))
+        + collapsed(per_rank)
         + "\n  hint: a norm over this rank's shards only (torch.nn.utils.clip_grad_norm_ on FSDP1, or over "
         "DTensor.to_local() grads) misses the other ranks' parts; reduce the squared norms across ranks first"
     )
@@ -250,7 +262,7 @@ def test_clipping_scales_by_the_whole_norm(cell, lockstep, record_property):
     assert not problems, (
         f"{cell.id}: clipping did not scale the whole gradient by the coefficient of the whole norm "
         f"(max_norm {records[0]['max_norm']!r}; tolerance {records[0]['clip_tolerance']:.3e} x |g x coefficient|):\n"
-        + "\n".join(f"  {line}" for line in problems)
+        + listing(problems)
         + "\n  hint: each rank clipped by its own shard's norm, or the clip used another norm than the whole model's"
     )
 
@@ -262,7 +274,7 @@ def test_parameters_match_single_process_step(cell, lockstep):
     per_rank = [record["initial_parameters"] for record in records]
     assert not any(per_rank), (
         f"{cell.id}: before any step, the parallel model's gathered parameters differ from the single-process "
-        f"model built from the same seed:\n" + "\n".join(collapsed(per_rank)) + "\n  hint: the model factory is not "
+        f"model built from the same seed:\n" + collapsed(per_rank) + "\n  hint: the model factory is not "
         "deterministic under torch.manual_seed, or parallelize changed the weights"
     )
     per_rank = [
@@ -273,7 +285,7 @@ def test_parameters_match_single_process_step(cell, lockstep):
         f"{cell.id}: after the optimizer step the parallel run's parameters differ from the single-process optimizer's "
         f"step on the same clipped gradient (bit for bit expected: an elementwise update computes each element alike "
         f"on a shard and on the whole tensor):\n"
-        + "\n".join(collapsed(per_rank))
+        + collapsed(per_rank)
         + "\n  hint: the sharded optimizer updates some elements differently (state kept per shard, a step count or "
         "a weight decay applied twice, an update that needs the whole tensor)"
     )
@@ -439,7 +451,7 @@ def gradient_comparison(parallel: dict, reference: dict, magnitude: dict, reduct
     problems += [f"{name}: a gradient in the parallel run, none in the single-process run" for name in sorted(parallel.keys() - reference.keys())]
     if not reference:
         problems.append("the single-process run has no gradient: nothing to compare")
-    max_abs = max_ulp = max_ratio = 0.0
+    max_abs, max_ulp, max_ratio = 0.0, 0, 0.0
     for name in sorted(parallel.keys() & reference.keys()):
         actual, expected = parallel[name].cpu(), reference[name].cpu()
         if actual.shape != expected.shape:
