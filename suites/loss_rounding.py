@@ -27,7 +27,9 @@ def linear_rounding_bound(model: nn.Module, dtype: str = "float32"):
             return
         magnitude = F.linear(inputs[0].detach().abs().double(), module.weight.detach().abs().double())
         factor = 2 * gamma(module.in_features + 1, UNIT_ROUNDOFF[dtype])
-        output.register_hook(lambda grad: shares.append(factor * (grad.detach().abs().double() * magnitude).sum().item()))
+        output.register_hook(
+            lambda grad: shares.append(factor * (grad.detach().abs().double() * magnitude).sum().item())
+        )
 
     handles = [module.register_forward_hook(watch) for module in model.modules() if isinstance(module, nn.Linear)]
     try:

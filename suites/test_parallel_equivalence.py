@@ -85,7 +85,9 @@ concludes it was reduced there: an fp32 sum lands on bf16's grid by chance about
 DEFAULT_CLIP = "torchmatrix.suites.gradient_clipping:clip_grad_norm"
 CLIP_EPSILON = 1e-6
 """What torch.nn.utils.clip_grad_norm_ adds to the norm before dividing max_norm by it."""
-NO_PARALLELISM = "fsdp=none: no data-parallel wrapper, so there is nothing parallel to compare with the single-process run"
+NO_PARALLELISM = (
+    "fsdp=none: no data-parallel wrapper, so there is nothing parallel to compare with the single-process run"
+)
 
 
 def options_for(suite_options: dict) -> dict:
@@ -119,6 +121,12 @@ def parallel_cell(cell):
 def lockstep(cell, ranks, suite_options, components, once_per_cell) -> list[dict]:
     """The cell's training and its single-process reference, step by step, one record per rank; run once per cell."""
     options = options_for(suite_options)
+    if "optimizer" not in cell:
+        pytest.fail(
+            "the cell has no optimizer axis: parallel_equivalence trains with [components] optimizer_<value>; "
+            'add an axis such as optimizer = ["adamw"]',
+            pytrace=False,
+        )
     return once_per_cell(
         "the lockstep training", lambda: ranks.run(train_in_lockstep, dict(cell), options, dict(components))
     )
@@ -167,7 +175,9 @@ def test_losses_match_single_process(cell, lockstep, record_property):
         record_property("loss_max_ulp", max(step["loss_ulp"] for step in steps))
         allowed, expected = (lambda step: 0.0), "bit for bit: the same kernels on the same gathered parameters"
     else:
-        record_property("loss_max_ratio", max(abs(step["loss"] - step["reference_loss"]) / step["loss_bound"] for step in steps))
+        record_property(
+            "loss_max_ratio", max(abs(step["loss"] - step["reference_loss"]) / step["loss_bound"] for step in steps)
+        )
         allowed = lambda step: step["loss_bound"]  # noqa: E731
         expected = "within the first-order bound of tensor parallelism's linear layers summing in another order"
     per_rank = [
@@ -330,7 +340,9 @@ class Lockstep:
         self.clip = load(components.get("clip_grad_norm", DEFAULT_CLIP))
         self.model = parallelized(components, self.seeded_model(cell, components), cell, device=self.device)
         plain = reference_cell(cell)
-        self.reference = load(components["parallelize"])(self.seeded_model(plain, components), plain, device=self.device)
+        self.reference = load(components["parallelize"])(
+            self.seeded_model(plain, components), plain, device=self.device
+        )
         factory = load(components[f"optimizer_{cell['optimizer']}"])
         hyperparameters = dict(lr=options["lr"], betas=(0.9, 0.95), eps=1e-8, weight_decay=options["weight_decay"])
         self.optimizer = build_optimizer(factory, self.model, **hyperparameters)
@@ -394,7 +406,9 @@ class Lockstep:
         """What the clip component returns for the single-process model holding the mean gradient."""
         for name, param in self.reference.named_parameters():
             param.grad = mean[clean_name(name)].clone() if clean_name(name) in mean else None
-        returned = float(call_accepting(self.clip, self.reference, max_norm=self.max_norm, cell=reference_cell(self.cell)))
+        returned = float(
+            call_accepting(self.clip, self.reference, max_norm=self.max_norm, cell=reference_cell(self.cell))
+        )
         self.reference.zero_grad(set_to_none=True)
         return returned
 
@@ -462,8 +476,14 @@ def exact_norm(gradients: dict[str, torch.Tensor]) -> float:
 def gradient_comparison(parallel: dict, reference: dict, magnitude: dict, reduction: MeanReduction) -> dict:
     """Per gradient, whether the parallel one lies within the reduction bound of the reference's mean;
     the largest difference, ULP distance and difference-to-bound ratio over all of them."""
-    problems = [f"{name}: no gradient in the parallel run, one in the single-process run" for name in sorted(reference.keys() - parallel.keys())]
-    problems += [f"{name}: a gradient in the parallel run, none in the single-process run" for name in sorted(parallel.keys() - reference.keys())]
+    problems = [
+        f"{name}: no gradient in the parallel run, one in the single-process run"
+        for name in sorted(reference.keys() - parallel.keys())
+    ]
+    problems += [
+        f"{name}: a gradient in the parallel run, none in the single-process run"
+        for name in sorted(parallel.keys() - reference.keys())
+    ]
     if not reference:
         problems.append("the single-process run has no gradient: nothing to compare")
     max_abs, max_ulp, max_ratio = 0.0, 0, 0.0
@@ -545,7 +565,9 @@ def parameter_differences(parallel: dict, reference: dict) -> list[str]:
     for name in sorted(parallel.keys() & reference.keys()):
         actual, expected = parallel[name].cpu(), reference[name].cpu()
         if actual.shape != expected.shape or actual.dtype != expected.dtype:
-            problems.append(f"{name}: {actual.dtype} {tuple(actual.shape)}, single-process {expected.dtype} {tuple(expected.shape)}")
+            problems.append(
+                f"{name}: {actual.dtype} {tuple(actual.shape)}, single-process {expected.dtype} {tuple(expected.shape)}"
+            )
         elif not bits_equal(actual, expected):
             difference = (actual.double() - expected.double()).abs()
             problems.append(

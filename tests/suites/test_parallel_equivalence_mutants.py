@@ -75,7 +75,11 @@ def run(tmp_path_factory):
 
 def cells_of(outcomes: dict, variant: str) -> dict[str, dict[str, str]]:
     """The variant's cells by cell kind (ws2-fsdp1-flat, ...), each test -> outcome."""
-    found = {cell.removesuffix(f"-sdpa-adamw-{variant}"): tests for cell, tests in outcomes.items() if cell.endswith(f"-{variant}")}
+    found = {
+        cell.removesuffix(f"-sdpa-adamw-{variant}"): tests
+        for cell, tests in outcomes.items()
+        if cell.endswith(f"-{variant}")
+    }
     assert set(found) == set(CELL_KINDS), sorted(outcomes)
     return found
 
@@ -121,6 +125,10 @@ def test_suite_catches_mutant_in_every_cell(run, variant):
         assert must_fail, f"{variant} in {kind}: no test left to catch it"
         for test, text in must_fail.items():
             assert tests[test] == "failure", f"{variant} in {kind}: expected {test} to fail, outcomes {tests}"
-            assert text in failures[cell][test], f"{variant} in {kind}, {test} must say {text!r}:\n{failures[cell][test]}"
+            assert text in failures[cell][test], (
+                f"{variant} in {kind}, {test} must say {text!r}:\n{failures[cell][test]}"
+            )
         others = {test: result for test, result in tests.items() if test not in must_fail}
-        assert set(others.values()) <= {"passed", "skipped"}, f"{variant} is caught elsewhere too in {kind}: {others}\n{failures.get(cell)}"
+        assert set(others.values()) <= {"passed", "skipped"}, (
+            f"{variant} is caught elsewhere too in {kind}: {others}\n{failures.get(cell)}"
+        )

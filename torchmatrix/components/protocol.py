@@ -142,7 +142,7 @@ COMPONENTS: tuple[Component, ...] = (
         returns=(
             'the model on `device`, wrapped as `cell["fsdp"]` says (none | fsdp1 | fsdp2), checkpointing switched '
             "as asked, in the stack's own way (its flag, `checkpoint_wrapper`, `torch.utils.checkpoint` in forward): "
-            "grad_ckpt counts the checkpoint units itself; parallel_equivalence also calls it with `fsdp` \"none\", "
+            'grad_ckpt counts the checkpoint units itself; parallel_equivalence also calls it with `fsdp` "none", '
             '`mesh` "flat" and `world_size` 1 for its single-process reference, the plain model on `device`'
         ),
         suites=(GRAD_CKPT, RESUME, DTENSOR_OPTIM, PARALLEL_EQUIVALENCE),
@@ -200,7 +200,9 @@ COMPONENTS: tuple[Component, ...] = (
         arguments=(
             Argument("model", "the wrapped model after backward, its gradients reduced", positional=True),
             Argument("max_norm", "the largest total 2-norm the gradient may keep"),
-            Argument("cell", CELL.meaning + "; for a clip that depends on the parallelism (torchtitan's pp_mesh)", OPTIONAL),
+            Argument(
+                "cell", CELL.meaning + "; for a clip that depends on the parallelism (torchtitan's pp_mesh)", OPTIONAL
+            ),
         ),
         returns=(
             "the total 2-norm of the whole model's gradient, across every rank (a tensor, a DTensor, read as its full "
