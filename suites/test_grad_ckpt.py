@@ -49,6 +49,7 @@ from torchmatrix.testing import clean_name, current_device, data_parallel_rank, 
 from .cache_tree import CACHE_STATE_DEPTH, OPAQUE, cache_contents, cache_marks, cache_snapshot, cache_writes
 from .checkpoint_units import CheckpointUnits, counted_checkpoints, watched_sites
 from .deterministic import deterministic_algorithms
+from .full_tensors import full_gradients
 from .model_output import cache_on, call_model, loss_of
 from .optimizer_state import plain_equal
 from .parallelize_component import parallelized
@@ -143,18 +144,6 @@ def local_tensor(tensor):
 def local_gradients(model) -> dict:
     return {
         clean_name(n): local_tensor(p.grad).detach().clone() for n, p in model.named_parameters() if p.grad is not None
-    }
-
-
-def full_gradients(model) -> dict:
-    """Unsharded gradients: DTensor.full_tensor for FSDP2, summon_full_params(with_grads=True) for FSDP1."""
-    if isinstance(model, FullyShardedDataParallel):
-        with FullyShardedDataParallel.summon_full_params(model, with_grads=True):
-            return {clean_name(n): p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
-    return {
-        clean_name(n): (p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad).detach().clone()
-        for n, p in model.named_parameters()
-        if p.grad is not None
     }
 
 

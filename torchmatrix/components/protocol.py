@@ -68,6 +68,7 @@ def parameters_text(arguments: tuple[Argument, ...]) -> str:
 
 GRAD_CKPT, RESUME, DTENSOR_OPTIM = "grad_ckpt", "resume", "dtensor_optim"
 CROSS_VERSION = "cross_version"  # writes and reads through what resume trains with
+PARALLEL_EQUIVALENCE = "parallel_equivalence"
 RESUME_BF16_PARAM_OPTIMIZERS = ("precision_aware",)
 """The `optimizer` axis values whose model the resume suite builds with bf16 params unless
 `[suites.resume.options] bf16_param_optimizers` names others; every other optimizer gets fp32."""
@@ -101,7 +102,7 @@ COMPONENTS: tuple[Component, ...] = (
             "at that precision), `decoder_layers()` (the checkpointing and sharding units; only the reference "
             "`parallelize` needs it)"
         ),
-        suites=(GRAD_CKPT, RESUME, CROSS_VERSION, DTENSOR_OPTIM),
+        suites=(GRAD_CKPT, RESUME, CROSS_VERSION, DTENSOR_OPTIM, PARALLEL_EQUIVALENCE),
     ),
     Component(
         name="batch",
@@ -116,7 +117,7 @@ COMPONENTS: tuple[Component, ...] = (
             "a dict of keyword arguments for `model(**batch)`; grad_ckpt also takes a tuple (`model(*batch)`) "
             "or a tensor (`model(batch)`)"
         ),
-        suites=(GRAD_CKPT, DTENSOR_OPTIM),
+        suites=(GRAD_CKPT, DTENSOR_OPTIM, PARALLEL_EQUIVALENCE),
     ),
     Component(
         name="parallelize",
@@ -144,9 +145,10 @@ COMPONENTS: tuple[Component, ...] = (
         returns=(
             'the model on `device`, wrapped as `cell["fsdp"]` says (none | fsdp1 | fsdp2), checkpointing switched '
             "as asked, in the stack's own way (its flag, `checkpoint_wrapper`, `torch.utils.checkpoint` in forward): "
-            "grad_ckpt counts the checkpoint units itself"
+            'grad_ckpt counts the checkpoint units itself; parallel_equivalence also calls it with `fsdp` "none", '
+            '`mesh` "flat" and `world_size` 1 for its single-process reference, the plain model on `device`'
         ),
-        suites=(GRAD_CKPT, RESUME, CROSS_VERSION, DTENSOR_OPTIM),
+        suites=(GRAD_CKPT, RESUME, CROSS_VERSION, DTENSOR_OPTIM, PARALLEL_EQUIVALENCE),
     ),
     Component(
         name="optimizer_<value>",
@@ -176,7 +178,7 @@ COMPONENTS: tuple[Component, ...] = (
             "`state_dict`, `load_state_dict`; or a container of such optimizers in a list `.optimizers` whose own "
             "`.state` is empty (state and `lr` are read from those); one component per value of the `optimizer` axis"
         ),
-        suites=(RESUME, CROSS_VERSION, DTENSOR_OPTIM),
+        suites=(RESUME, CROSS_VERSION, DTENSOR_OPTIM, PARALLEL_EQUIVALENCE),
     ),
     Component(
         name="plain_state_<value>",
@@ -195,6 +197,24 @@ COMPONENTS: tuple[Component, ...] = (
         ),
         suites=(RESUME, CROSS_VERSION, DTENSOR_OPTIM),
         default="torchmatrix.suites.optimizer_state:plain_state",
+    ),
+    Component(
+        name="clip_grad_norm",
+        arguments=(
+            Argument("model", "the wrapped model after backward, its gradients reduced", positional=True),
+            Argument("max_norm", "the largest total 2-norm the gradient may keep"),
+            Argument(
+                "cell", CELL.meaning + "; for a clip that depends on the parallelism (torchtitan's pp_mesh)", OPTIONAL
+            ),
+        ),
+        returns=(
+            "the total 2-norm of the whole model's gradient, across every rank (a tensor, a DTensor, read as its full "
+            "tensor, or a number), having scaled every gradient in place by min(1, max_norm / (norm + 1e-6)); "
+            "optional: without an entry, `torchmatrix.suites.gradient_clipping:clip_grad_norm` (FSDP1's own "
+            "`clip_grad_norm_`, else `torch.nn.utils.clip_grad_norm_`, per device mesh where parameters live on several)"
+        ),
+        suites=(PARALLEL_EQUIVALENCE,),
+        default="torchmatrix.suites.gradient_clipping:clip_grad_norm",
     ),
     Component(
         name="checkpointer",

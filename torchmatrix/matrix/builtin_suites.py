@@ -30,6 +30,7 @@ BUILTIN_SUITES = {
     "resume": BuiltinSuite("test_resume.py", 300),
     "dtensor_optim": BuiltinSuite("test_dtensor_optim.py", 300),
     "cross_version": BuiltinSuite("test_cross_version.py", 300),
+    "parallel_equivalence": BuiltinSuite("test_parallel_equivalence.py", 300),
 }
 
 

@@ -1,0 +1,32 @@
+"""Whole parameters and gradients of a wrapped model, as one process would hold them, by the model's
+own names: gathered from FSDP1's flat shards or from DTensors (FSDP2, HSDP, tensor parallel); both
+are collectives, so every rank calls them at the same point."""
+
+from __future__ import annotations
+
+import torch
+from torch.distributed.fsdp import FullyShardedDataParallel
+from torch.distributed.tensor import DTensor
+
+from torchmatrix.testing import clean_name
+
+
+def whole(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's full tensor (a collective), or the tensor itself."""
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+def full_gradients(model) -> dict[str, torch.Tensor]:
+    """Unsharded gradients: summon_full_params(with_grads=True) for FSDP1, DTensor.full_tensor otherwise."""
+    if isinstance(model, FullyShardedDataParallel):
+        with FullyShardedDataParallel.summon_full_params(model, with_grads=True):
+            return {clean_name(n): p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    return {clean_name(n): whole(p.grad).detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def full_parameters(model) -> dict[str, torch.Tensor]:
+    """Unsharded parameters: summon_full_params for FSDP1, DTensor.full_tensor otherwise."""
+    if isinstance(model, FullyShardedDataParallel):
+        with FullyShardedDataParallel.summon_full_params(model):
+            return {clean_name(n): p.detach().clone() for n, p in model.named_parameters()}
+    return {clean_name(n): whole(p).detach().clone() for n, p in model.named_parameters()}

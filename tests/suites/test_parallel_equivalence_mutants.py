@@ -1,0 +1,134 @@
+"""The parallel_equivalence suite passes on the reference stack and fails on each mutant of
+models/mutants/parallel_equivalence.py, in every cell kind it applies to.
+
+One real `python -m torchmatrix run --torch system`, shared by every test here: FSDP1 and FSDP2 at
+world size 2, HSDP and FSDP2 x tensor parallel at world size 4, each cell once per value of axis
+`variant` (tests/suites/parallel_variants.py: the reference, a clip by this rank's shards' norm, an
+FSDP reduction in bf16 under the declared fp32), so one rank pool per world size serves them all.
+"""
+
+from __future__ import annotations
+
+import pytest
+from junitparser import JUnitXml
+
+from conftest import REPO, cell_failures, matrix_toml, run_suites
+
+pytestmark = pytest.mark.slow
+
+LOSSES = "test_losses_match_single_process"
+GRADIENTS = "test_reduced_gradients_match_single_process"
+DECLARED_DTYPE = "test_gradients_reduced_in_declared_dtype"
+NORM = "test_gradient_norm_is_the_whole_models"
+CLIP = "test_clipping_scales_by_the_whole_norm"
+PARAMETERS = "test_parameters_match_single_process_step"
+EVERY_TEST = {LOSSES, GRADIENTS, DECLARED_DTYPE, NORM, CLIP, PARAMETERS}
+CELL_KINDS = ("ws2-fsdp1-flat", "ws2-fsdp2-flat", "ws4-fsdp2-hsdp", "ws4-fsdp2-fsdp_tp")
+TENSOR_PARALLEL = "ws4-fsdp2-fsdp_tp"
+COMPARED_FOR_THE_RECORD = {GRADIENTS}
+"""What a tensor-parallel cell skips: its backward sums in another order, and no bound follows."""
+
+# variant -> per test that must fail in every cell where it runs, a text its failure must contain
+MUTANTS = {
+    "local_norm": {
+        NORM: "the gradient norm clip_grad_norm returns is not the norm of the whole model's gradient",
+        CLIP: "clipping did not scale the whole gradient by the coefficient of the whole norm",
+    },
+    "bf16_reductions": {
+        GRADIENTS: "after the data-parallel reduction the gradient differs from the single-process mean gradient",
+        DECLARED_DTYPE: "nonzero elements lie on the bfloat16 grid",
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """The one run: every cell kind times every variant; its per-cell outcomes, failures and JUnit."""
+    root = tmp_path_factory.mktemp("parallel_equivalence")
+    matrix = matrix_toml(
+        axes={
+            "world_size": [2, 4],
+            "fsdp": ["fsdp1", "fsdp2"],
+            "mesh": ["flat", "hsdp", "fsdp_tp"],
+            "attn": ["sdpa"],
+            "optimizer": ["adamw"],
+            "variant": ["reference", *MUTANTS],
+        },
+        exclude=[
+            {"mesh": "flat", "world_size": 4},
+            {"mesh": ["hsdp", "fsdp_tp"], "world_size": 2},
+            {"mesh": ["hsdp", "fsdp_tp"], "fsdp": "fsdp1"},
+        ],
+        suites={"parallel_equivalence": {"path": None, "timeout": 300}},
+        components={
+            "model": "torchmatrix.models.transformer:build_model",
+            "batch": "torchmatrix.models.transformer:make_batch",
+            "parallelize": "parallel_variants:parallelize",
+            "clip_grad_norm": "parallel_variants:clip_grad_norm",
+            "optimizer_adamw": "torchmatrix.models.optim:build_adamw",
+        },
+    )
+    done, outcomes = run_suites(root, matrix, components_from=REPO / "tests" / "suites")
+    version = root / "reports" / "latest" / "torch-system"
+    return done, outcomes, cell_failures(version), JUnitXml.fromfile(str(root / "reports" / "latest" / "junit.xml"))
+
+
+def cells_of(outcomes: dict, variant: str) -> dict[str, dict[str, str]]:
+    """The variant's cells by cell kind (ws2-fsdp1-flat, ...), each test -> outcome."""
+    found = {
+        cell.removesuffix(f"-sdpa-adamw-{variant}"): tests
+        for cell, tests in outcomes.items()
+        if cell.endswith(f"-{variant}")
+    }
+    assert set(found) == set(CELL_KINDS), sorted(outcomes)
+    return found
+
+
+def properties(junit: JUnitXml, cell_kind: str) -> dict[str, str]:
+    suite = next(suite for suite in junit if f"{cell_kind}-sdpa-adamw-reference" in suite.name)
+    return {prop.name.rpartition("::")[2]: prop.value for prop in suite.properties()}
+
+
+def test_reference_stack_passes_every_cell(run):
+    done, outcomes, _, junit = run
+    assert "error" not in {result for tests in outcomes.values() for result in tests.values()}, done.stdout
+    for kind, tests in cells_of(outcomes, "reference").items():
+        assert set(tests) == EVERY_TEST, tests
+        skipped = COMPARED_FOR_THE_RECORD if kind == TENSOR_PARALLEL else set()
+        assert {test for test, result in tests.items() if result == "skipped"} == skipped, f"{kind}: {tests}"
+        assert {result for test, result in tests.items() if test not in skipped} == {"passed"}, f"{kind}: {tests}"
+
+
+def test_reference_records_the_derived_tolerance(run):
+    """Two shards reduce bit for bit; four carry the gamma bound, and the measured difference stays under
+    it, as the tensor-parallel loss does under its first-order bound and every norm under the norm bound."""
+    junit = run[3]
+    assert properties(junit, "ws2-fsdp2-flat")["precision"].endswith("bit for bit (at most two terms, no cast)")
+    assert properties(junit, "ws2-fsdp1-flat")["grad_max_ulp"] == "0"
+    hsdp = properties(junit, "ws4-fsdp2-hsdp")
+    assert "gamma_3" in hsdp["precision"], hsdp
+    assert 0 < float(hsdp["grad_max_ratio"]) <= 1, hsdp
+    assert 0 < float(properties(junit, TENSOR_PARALLEL)["loss_max_ratio"]) <= 1
+    for kind in CELL_KINDS:
+        recorded = properties(junit, kind)
+        assert float(recorded["norm_max_rel"]) <= float(recorded["norm_tolerance_rel"]), recorded
+        assert recorded["clipped_steps"].startswith("[0"), recorded
+
+
+@pytest.mark.parametrize("variant", list(MUTANTS))
+def test_suite_catches_mutant_in_every_cell(run, variant):
+    done, outcomes, failures, _ = run
+    for kind, tests in cells_of(outcomes, variant).items():
+        cell = f"{kind}-sdpa-adamw-{variant}"
+        skipped = COMPARED_FOR_THE_RECORD if kind == TENSOR_PARALLEL else set()
+        must_fail = {test: text for test, text in MUTANTS[variant].items() if test not in skipped}
+        assert must_fail, f"{variant} in {kind}: no test left to catch it"
+        for test, text in must_fail.items():
+            assert tests[test] == "failure", f"{variant} in {kind}: expected {test} to fail, outcomes {tests}"
+            assert text in failures[cell][test], (
+                f"{variant} in {kind}, {test} must say {text!r}:\n{failures[cell][test]}"
+            )
+        others = {test: result for test, result in tests.items() if test not in must_fail}
+        assert set(others.values()) <= {"passed", "skipped"}, (
+            f"{variant} is caught elsewhere too in {kind}: {others}\n{failures.get(cell)}"
+        )
