@@ -9,6 +9,10 @@ component's import path into the object it names; `build_optimizer(factory, mode
 factory takes an optional keyword, `call_accepting(factory, ...)` passes only the keywords it
 takes, `is_bound_checkpointer(factory)` tells the checkpointer's two forms apart, `inner_optimizers(optimizer)`
 the optimizers an optimizer container holds (the optimizer itself otherwise); `clean_name` strips wrapper prefixes off a parameter's name.
+`implementation_of(cell)` is the cell's `optimizer_impl` (`IMPLEMENTATION_AXIS`; one of `IMPLEMENTATIONS`, `DEFAULT_IMPLEMENTATION`
+where the matrix has no such axis), which `build_optimizer(..., implementation=...)` hands to a factory naming
+`implementation`; a factory raises `UnavailableImplementation(reason)` for one it cannot build here, and the
+suites skip that cell's optimizer tests with the reason.
 `RESUME_BF16_PARAM_OPTIMIZERS` is the resume suite's default for which optimizers get bf16
 params (the sensitivity command reads it too). For checkpoints across versions, `writes_dir(run_dir,
 version, cell_id)` is where a version's cross_version checkpoint of a cell lives, with its
@@ -18,6 +22,13 @@ the options the runner planned for it.
 
 from torchmatrix.components.calling import accepts, build_optimizer, call_accepting, is_bound_checkpointer
 from torchmatrix.components.loading import load
+from torchmatrix.components.optimizer_implementations import (
+    DEFAULT_IMPLEMENTATION,
+    IMPLEMENTATION_AXIS,
+    IMPLEMENTATIONS,
+    UnavailableImplementation,
+    implementation_of,
+)
 from torchmatrix.components.optimizer_like import inner_optimizers
 from torchmatrix.components.parameter_names import clean_name
 from torchmatrix.components.protocol import RESUME_BF16_PARAM_OPTIMIZERS
@@ -26,14 +37,18 @@ from torchmatrix.ranks.plugin import planned_options
 from torchmatrix.ranks.worker import current_device
 
 __all__ = [
+    "DEFAULT_IMPLEMENTATION",
     "EXPECTED_FILE",
+    "IMPLEMENTATION_AXIS",
+    "IMPLEMENTATIONS",
     "RESUME_BF16_PARAM_OPTIMIZERS",
     "accepts",
     "build_optimizer",
     "call_accepting",
     "clean_name",
     "current_device",
+    "implementation_of",
     "inner_optimizers",
     "is_bound_checkpointer",
 ]
-__all__ += ["load", "planned_options", "writes_dir"]
+__all__ += ["load", "planned_options", "writes_dir", "UnavailableImplementation"]
