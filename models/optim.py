@@ -25,25 +25,31 @@ IMPLEMENTATION_FLAGS = ("foreach", "fused", "capturable")
 def build_adamw(
     params, *, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, implementation=DEFAULT_IMPLEMENTATION
 ) -> torch.optim.AdamW:
-    """torch.optim.AdamW in the cell's implementation: `default` as production runs it (the fused
-    kernel where this torch supports it on the params' device, foreach otherwise), or the one
-    `implementation` names. It stays that implementation across a load (keeps_its_implementation)."""
+    """torch.optim.AdamW in the cell's implementation, which it keeps across a load
+    (keeps_its_implementation): `default` as production runs it (the fused kernel where this torch
+    supports it on the params' device, foreach otherwise), or the one `implementation` names."""
+    return keeps_its_implementation(
+        adamw_as_torch_builds_it(params, implementation, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+    )
+
+
+def adamw_as_torch_builds_it(params, implementation: str, **hyperparameters) -> torch.optim.AdamW:
+    """torch.optim.AdamW (or CompiledStepAdamW) in `implementation`, with torch's own load, which
+    takes the kernel flags from the checkpoint; UnavailableImplementation for fused kernels this torch
+    lacks for these params."""
     params = list(params)
-    hyperparameters = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
     if implementation == DEFAULT_IMPLEMENTATION:
         try:
-            optimizer = torch.optim.AdamW(params, **hyperparameters, fused=True)
+            return torch.optim.AdamW(params, **hyperparameters, fused=True)
         except RuntimeError:
-            optimizer = torch.optim.AdamW(params, **hyperparameters, foreach=True)
-    elif implementation == "compiled":
-        optimizer = CompiledStepAdamW(params, **hyperparameters)
-    elif implementation in ADAMW_FLAGS:
-        if implementation == "fused" and (reason := fused_unavailable(params)):
-            raise UnavailableImplementation(reason)
-        optimizer = torch.optim.AdamW(params, **hyperparameters, **ADAMW_FLAGS[implementation])
-    else:
+            return torch.optim.AdamW(params, **hyperparameters, foreach=True)
+    if implementation == "compiled":
+        return CompiledStepAdamW(params, **hyperparameters)
+    if implementation not in ADAMW_FLAGS:
         raise ValueError(f"optimizer_impl={implementation!r}: expected one of {', '.join(IMPLEMENTATIONS)}")
-    return keeps_its_implementation(optimizer)
+    if implementation == "fused" and (reason := fused_unavailable(params)):
+        raise UnavailableImplementation(reason)
+    return torch.optim.AdamW(params, **hyperparameters, **ADAMW_FLAGS[implementation])
 
 
 def fused_unavailable(params) -> str | None:

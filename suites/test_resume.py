@@ -47,6 +47,7 @@ import random
 
 import pytest
 import torch
+from torch.distributed.checkpoint.api import CheckpointException
 
 from torchmatrix.testing import (
     DEFAULT_IMPLEMENTATION,
@@ -493,7 +494,7 @@ def loads_into_other_implementations(
         built_flags = kernel_flags(run.optimizer)
         try:
             RunCheckpointer(checkpointer, checkpoint_dir, **run.checkpointables()).load()
-        except Exception as error:
+        except (Exception, CheckpointException) as error:
             loads[other] = {"problems": [f"the load raised {first_line(error)}"]}
             continue
         saved, loaded = comparable_across_implementations(at_save, run.state_snapshot())
@@ -545,7 +546,10 @@ def kernel_flag_changes(built: list[dict], after_load: list[dict], saver: str, l
 
 
 def first_line(error: BaseException) -> str:
-    """`TypeName: the first line of its message`, for a failure inside a rank that the check reports and moves past."""
+    """`TypeName: the first line of its message`, for a failure inside a rank that the check reports
+    and moves past; for DCP's CheckpointException, that of the first failing rank's own error."""
+    if isinstance(error, CheckpointException) and error.failures:
+        error = next(iter(error.failures.values()))[0]
     lines = str(error).strip().splitlines()
     return f"{type(error).__name__}: {lines[0] if lines else ''}"
 
