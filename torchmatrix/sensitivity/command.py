@@ -105,6 +105,7 @@ GENERIC_MUTANTS = (
     GenericMutant("generator_not_saved", "the model draws noise from a torch.Generator it owns, which no checkpointer saves", RESUME, "model", "draws_from_own_generator({inner!r})", "the model drew no noise: no decoder layer returned a floating tensor in training"),
     GenericMutant("optimizer_counter_not_saved", "the optimizer counts steps on itself, outside its state dict, and warms up by that count", RESUME, "optimizer", "counts_steps_on_optimizer({inner!r})", "the optimizer never stepped"),
     GenericMutant("loader_shuffle_seed_not_saved", "the loader reorders every epoch after the first from a seed its state dict lacks", RESUME, "dataset", "reshuffles_from_unsaved_seed({inner!r})", "no batch past the first epoch was read (not even by the loader check after the load)"),
+    GenericMutant("step_dtype_changed_on_load", "optimizer load puts `step` in another dtype than the one saved (pytorch#173901)", RESUME, "optimizer", "recasts_step_on_load({inner!r})", "no optimizer state held a floating tensor `step` after the load"),
 )  # fmt: skip
 
 
@@ -198,6 +199,7 @@ def generated_module(matrix: Matrix, mutants: tuple[GenericMutant, ...]) -> str:
         "    draws_from_own_generator,",
         "    holds_inputs_across_calls,",
         "    moments_cast_on_load,",
+        "    recasts_step_on_load,",
         "    reshuffles_from_unsaved_seed,",
         "    restores_on_rank_zero_only,",
         "    skips_on_load,",
