@@ -8,8 +8,8 @@ restores nothing cannot pass), loaded, and trained for the remaining N - K steps
 Right after the load, before any step, each piece of state is checked against what was saved,
 and a failure names the piece: every parameter (full tensor), every optimizer state value
 (as the optimizer's state adapter gives it: plain, dequantized tensors, `step` included;
-see suites/optimizer_state.py), the param groups'
-hyper-parameters, the optimizer object's own counters and scalars, the scheduler's `last_epoch`
+see suites/optimizer_state.py) and the dtype and device the optimizer holds each state tensor in,
+the param groups' hyper-parameters, the optimizer object's own counters and scalars, the scheduler's `last_epoch`
 and current LR, the batches the loader would yield next (option `loader_batches`, by default one
 epoch and one more, so they cross an epoch boundary), and every RNG stream the run draws from
 (torch CPU, each CUDA device, numpy, Python `random`, and the generators the model, dataset and
@@ -20,8 +20,13 @@ that finds nothing to compare (no parameters, no optimizer state) fails; a piece
 already held equal to the saved one before the load skips saying so, since a load that restored
 nothing would pass it (a dataset that repeats one batch, say). Then losses after the
 resume (bit for bit; `loss_max_ulp` is recorded), final parameters and every optimizer state
-tensor must equal the straight run's. Dropout, a warm-up LR schedule and an on-disk dataset
-make the RNG, scheduler and loader position part of what must resume.
+tensor (its dtype and device too) must equal the straight run's. Dropout, a warm-up LR schedule
+and an on-disk dataset make the RNG, scheduler and loader position part of what must resume.
+
+With a cell axis `optimizer_impl` (docs/explanation/optimizer-implementations.md) the optimizer is
+built in that implementation (an implementation its factory cannot build here skips the cell with the
+factory's reason), and the checkpoint is also loaded into each other implementation the factory
+builds, compared right after that load (test_checkpoint_loads_into_other_implementations).
 
 Components (matrix.toml `[components]`): `model`, `parallelize`, `optimizer_<optimizer axis>`,
 `checkpointer`, `dataset`, and optionally `scheduler` and `plain_state_<optimizer axis>`; swapping
@@ -387,12 +392,9 @@ def straight_and_resumed(cell: dict, options: dict, components: dict, data_path:
     import torch.distributed as dist
 
     with deterministic_algorithms():
-        try:
-            return _straight_and_resumed(
-                cell, options, components, data_path, checkpoint_dir, dist.get_rank(), dist.get_world_size()
-            )
-        except UnavailableImplementation as unavailable:
-            return {"unavailable": str(unavailable)}
+        return _straight_and_resumed(
+            cell, options, components, data_path, checkpoint_dir, dist.get_rank(), dist.get_world_size()
+        )
 
 
 def _straight_and_resumed(
@@ -401,7 +403,10 @@ def _straight_and_resumed(
     steps, resume_step = options["steps"], options["resume_step"]
     checkpointer = load(components["checkpointer"])
 
-    run_a = TrainingRun(cell, options, components, data_path, rank, world_size, seed=options["seed"])
+    try:
+        run_a = TrainingRun(cell, options, components, data_path, rank, world_size, seed=options["seed"])
+    except UnavailableImplementation as unavailable:
+        return {"unavailable": str(unavailable)}
     straight_losses = [run_a.train_step() for _ in range(steps)]
     streams_used = sorted(run_a.rng_streams_advanced)
 
