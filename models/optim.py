@@ -149,9 +149,7 @@ def build_adamw_no_decay_on_norms(
         {"params": [param for name, param in named_parameters if not _in_a_norm(name)], "weight_decay": weight_decay},
         {"params": [param for name, param in named_parameters if _in_a_norm(name)], "weight_decay": 0.0},
     ]
-    return build_adamw(
-        groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, implementation=implementation
-    )
+    return build_adamw(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, implementation=implementation)
 
 
 def _in_a_norm(name: str) -> bool:

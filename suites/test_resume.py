@@ -292,7 +292,9 @@ def test_final_optimizer_state_identical(cell, experiment):
     for rank, record in enumerate(experiment):
         straight, resumed = record["straight"], record["resumed"]
         problems = state_mismatches(straight["optimizer_state"], resumed["optimizer_state"])
-        problems += dtype_device_mismatches(straight["optimizer_state_dtype_device"], resumed["optimizer_state_dtype_device"])
+        problems += dtype_device_mismatches(
+            straight["optimizer_state_dtype_device"], resumed["optimizer_state_dtype_device"]
+        )
         listing = "\n".join(problems)
         assert not problems, f"{cell.id} rank {rank}, final optimizer state, straight vs resumed:\n{listing}"
 
@@ -310,11 +312,15 @@ def test_checkpoint_loads_into_other_implementations(cell, experiment, record_pr
             f"the matrix has no {IMPLEMENTATION_AXIS} axis: add one to load each implementation's checkpoint into the others"
         )
     loads = experiment[0]["other_implementations"]
-    loaded = [name for name, load in loads.items() if "problems" in load]
+    loaded = [name for name, outcome in loads.items() if "problems" in outcome]
     record_property("loaded_into", ", ".join(loaded))
-    for name, load in loads.items():
-        if "problems" not in load:
-            print(f"not loaded into {name}: {load.get('unavailable') or load.get('not_loaded')}")
+    not_loaded = {
+        name: outcome.get("unavailable") or outcome.get("not_loaded")
+        for name, outcome in loads.items()
+        if name not in loaded
+    }
+    for name, why in not_loaded.items():
+        print(f"not loaded into {name}: {why}")
     problems = {
         name: [
             f"  into {name}, rank {rank}: {line}"
@@ -332,7 +338,7 @@ def test_checkpoint_loads_into_other_implementations(cell, experiment, record_pr
     if not loaded:
         pytest.skip(
             "no other implementation was loaded into here: "
-            + "; ".join(f"{name}: {load.get('unavailable') or load.get('not_loaded')}" for name, load in loads.items())
+            + "; ".join(f"{name}: {why}" for name, why in not_loaded.items())
         )
 
 
@@ -847,7 +853,11 @@ def dtype_device_differences(saved: dict, loaded: dict) -> list[str]:
         return ["after load: the optimizer had no state at the checkpoint step: nothing to compare"]
     return [
         f"after load: optimizer state {key} of {name} is "
-        + (f"{now[0]} on {now[1]}, saved {kept[0]} on {kept[1]}" if (now := loaded.get(name, {}).get(key)) else "missing")
+        + (
+            f"{now[0]} on {now[1]}, saved {kept[0]} on {kept[1]}"
+            if (now := loaded.get(name, {}).get(key))
+            else "missing"
+        )
         for name, state in sorted(saved.items())
         for key, kept in state.items()
         if loaded.get(name, {}).get(key) != kept

@@ -77,9 +77,7 @@ def build_step_recast_on_load(
             params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, implementation=implementation
         )
     return keeps_its_implementation(
-        StepRecastOnLoadAdamW(
-            params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, backend=MUTANT_BACKEND
-        )
+        StepRecastOnLoadAdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, backend=MUTANT_BACKEND)
     )
 
 
@@ -92,9 +90,7 @@ def build_step_recast_after_load(
             params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, implementation=implementation
         )
     return keeps_its_implementation(
-        StepRecastAfterLoadAdamW(
-            params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, backend=MUTANT_BACKEND
-        )
+        StepRecastAfterLoadAdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, backend=MUTANT_BACKEND)
     )
 
 
@@ -118,6 +114,4 @@ def build_adamw_taking_checkpoint_kernels(
     keeps_its_implementation: its load takes the checkpoint's `foreach` / `fused` flags, so an
     optimizer built fused that loads a forloop checkpoint runs forloop from then on (the resumed run
     silently changes kernels, and a stack that switched to fused never gets it from old checkpoints)."""
-    return adamw_as_torch_builds_it(
-        params, implementation, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay
-    )
+    return adamw_as_torch_builds_it(params, implementation, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)

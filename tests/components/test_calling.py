@@ -170,5 +170,7 @@ def test_the_precision_aware_optimizer_has_only_its_default_implementation():
 
 def test_fused_adamw_on_cpu_before_torch_2_4_is_unavailable_saying_so(monkeypatch):
     monkeypatch.setattr(torch, "__version__", torch.torch_version.TorchVersion("2.3.1"))
-    with pytest.raises(UnavailableImplementation, match=r"fused AdamW on CPU exists from torch 2.4; this is torch 2.3.1"):
+    with pytest.raises(
+        UnavailableImplementation, match=r"fused AdamW on CPU exists from torch 2.4; this is torch 2.3.1"
+    ):
         build_adamw(torch.nn.Linear(2, 2).parameters(), lr=1e-3, implementation="fused")

@@ -27,5 +27,5 @@ def implementation_not_named(factory, implementation: str) -> str:
     name = f"{getattr(factory, '__module__', '?')}:{getattr(factory, '__qualname__', repr(factory))}"
     return (
         f"{IMPLEMENTATION_AXIS}={implementation}: the optimizer factory {name} takes no `implementation` keyword, so it "
-        f"cannot be asked for one; add `implementation=\"default\"` to its signature to run this axis"
+        f'cannot be asked for one; add `implementation="default"` to its signature to run this axis'
     )

@@ -15,12 +15,12 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from torchmatrix.components.calling import accepts, is_bound_checkpointer
+from torchmatrix.components.loading import load
 from torchmatrix.components.optimizer_implementations import (
     DEFAULT_IMPLEMENTATION,
     UnavailableImplementation,
     implementation_not_named,
 )
-from torchmatrix.components.loading import load
 from torchmatrix.components.optimizer_like import inner_optimizers
 from torchmatrix.ranks.worker import current_cell_id
 
