@@ -115,3 +115,29 @@ def build_adamw_taking_checkpoint_kernels(
     optimizer built fused that loads a forloop checkpoint runs forloop from then on (the resumed run
     silently changes kernels, and a stack that switched to fused never gets it from old checkpoints)."""
     return adamw_as_torch_builds_it(params, implementation, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+
+
+class DTensorRefusingForeachAdamW(torch.optim.AdamW):
+    """The break of torch versions whose foreach kernels did not take DTensor params (stacks set
+    `foreach=False` under FSDP2): a foreach AdamW whose step raises on DTensor params. A cell of it
+    must fail with that error, never skip as if the implementation were merely unavailable."""
+
+    def step(self, closure=None):
+        from torch.distributed.tensor import DTensor
+
+        if any(isinstance(p, DTensor) for group in self.param_groups for p in group["params"]):
+            raise RuntimeError("foreach AdamW: DTensor params are not supported by the foreach kernels")
+        return super().step(closure)
+
+
+def build_foreach_refusing_dtensors(
+    params, *, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, implementation="default"
+) -> torch.optim.AdamW:
+    """`foreach`: DTensorRefusingForeachAdamW; any other implementation: the reference."""
+    if implementation != "foreach":
+        return build_adamw(
+            params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, implementation=implementation
+        )
+    return keeps_its_implementation(
+        DTensorRefusingForeachAdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, foreach=True)
+    )

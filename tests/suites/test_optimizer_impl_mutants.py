@@ -6,7 +6,8 @@ whose factory cannot build its implementation skips, saying why.
 
 Cells: ws1 without FSDP (resume; dtensor_optim skips there) for the reference in forloop, fused and
 compiled and for each mutant in the one implementation it breaks; ws2 FSDP2 for the reference in
-foreach and fused (resume and dtensor_optim, DTensor params: where foreach over DTensors broke).
+foreach and fused (resume and dtensor_optim, DTensor params: where foreach over DTensors broke), and
+for a foreach whose kernels refuse DTensor params, which must fail, not skip.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ OPTIMIZERS = {
     "step_recast_after_load": f"{MUTANTS}:build_step_recast_after_load",
     "one_element_step": f"{MUTANTS}:build_one_element_step",
     "kernels_from_checkpoint": f"{MUTANTS}:build_adamw_taking_checkpoint_kernels",
+    "foreach_refusing_dtensors": f"{MUTANTS}:build_foreach_refusing_dtensors",
 }
 # optimizer -> the implementations its ws1 cells run
 WS1_IMPLEMENTATIONS = {
@@ -39,8 +41,12 @@ WS1_IMPLEMENTATIONS = {
     "step_recast_after_load": ("compiled",),
     "one_element_step": ("fused",),
     "kernels_from_checkpoint": ("forloop",),
+    "foreach_refusing_dtensors": (),
 }
-WS2_IMPLEMENTATIONS = ("foreach", "fused")
+# optimizer -> the implementations its ws2 FSDP2 cells run
+WS2_IMPLEMENTATIONS = {"adamw": ("foreach", "fused"), "foreach_refusing_dtensors": ("foreach",)}
+REFUSED = "ws2-fsdp2-sdpa-foreach_refusing_dtensors-foreach"
+REFUSAL = "RuntimeError: foreach AdamW: DTensor params are not supported by the foreach kernels"
 IMPLEMENTATIONS = ("forloop", "foreach", "fused", "compiled")
 
 AFTER_LOAD = "test_state_restored_right_after_load[piece={}]"
@@ -98,9 +104,10 @@ SKIP_REASONS = {
 
 
 def implementations_matrix() -> str:
-    ws1_excluded = [
-        {"world_size": 1, "optimizer": name, "optimizer_impl": [i for i in IMPLEMENTATIONS if i not in kept]}
-        for name, kept in WS1_IMPLEMENTATIONS.items()
+    excluded = [
+        {"world_size": size, "optimizer": name, "optimizer_impl": [i for i in IMPLEMENTATIONS if i not in kept]}
+        for size, kept_by_optimizer in ((1, WS1_IMPLEMENTATIONS), (2, WS2_IMPLEMENTATIONS))
+        for name, kept in kept_by_optimizer.items()
     ]
     return matrix_toml(
         axes={
@@ -113,9 +120,8 @@ def implementations_matrix() -> str:
         exclude=[
             {"fsdp": "none", "world_size": 2},
             {"fsdp": "fsdp2", "world_size": 1},
-            {"world_size": 2, "optimizer": [name for name in OPTIMIZERS if name != "adamw"]},
-            {"world_size": 2, "optimizer_impl": [i for i in IMPLEMENTATIONS if i not in WS2_IMPLEMENTATIONS]},
-            *ws1_excluded,
+            {"world_size": 2, "optimizer": [name for name in OPTIMIZERS if name not in WS2_IMPLEMENTATIONS]},
+            *excluded,
         ],
         suites={
             name: {
@@ -135,7 +141,7 @@ def implementations_matrix() -> str:
 
 def expected_cells() -> set[str]:
     ws1 = {f"ws1-none-sdpa-{name}-{impl}" for name, kept in WS1_IMPLEMENTATIONS.items() for impl in kept}
-    return ws1 | {f"ws2-fsdp2-sdpa-adamw-{impl}" for impl in WS2_IMPLEMENTATIONS}
+    return ws1 | {f"ws2-fsdp2-sdpa-{name}-{impl}" for name, kept in WS2_IMPLEMENTATIONS.items() for impl in kept}
 
 
 @pytest.fixture(scope="module")
@@ -166,6 +172,7 @@ def test_every_planned_cell_reports(implementations_run):
     assert done.returncode == 1, f"the mutants must fail the run\n{done.stdout}{done.stderr}"
     assert set(outcomes) == expected_cells(), done.stdout
     errored = {cell: [test for test, result in tests.items() if result == "error"] for cell, tests in outcomes.items()}
+    errored.pop(REFUSED)
     assert not any(errored.values()), f"errors instead of failures: {errored}"
 
 
@@ -199,3 +206,15 @@ def test_an_implementation_the_factory_cannot_build_skips_with_the_reason(implem
     _, outcomes, _, skips = implementations_run
     assert set(outcomes[cell].values()) == {"skipped"}, outcomes[cell]
     assert skips[cell] and all(SKIP_REASONS[cell] in message for message in skips[cell]), skips[cell]
+
+
+def test_an_implementation_that_breaks_on_dtensor_params_fails_never_skips(implementations_run):
+    """Only the factory's UnavailableImplementation skips; a kernel refusing FSDP2's DTensor params is
+    the break the cell exists to show: dtensor_optim fails and resume errors, each with the error."""
+    _, outcomes, failures, _ = implementations_run
+    tests = outcomes[REFUSED]
+    dtensor = {test: result for test, result in tests.items() if "model_kind=" in test}
+    resume = {test: result for test, result in tests.items() if test not in dtensor}
+    assert dtensor and set(dtensor.values()) == {"failure"}, tests
+    assert all(REFUSAL in failures[REFUSED][test] for test in dtensor), failures[REFUSED]
+    assert resume and set(resume.values()) <= {"error", "failure"}, tests
