@@ -18,7 +18,7 @@ from torchmatrix.testing import DEFAULT_IMPLEMENTATION, IMPLEMENTATIONS, Unavail
 
 ADAMW_FLAGS = {"forloop": {"foreach": False, "fused": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}
 """torch.optim.AdamW's keywords for each kernel implementation; `compiled` is CompiledStepAdamW."""
-IMPLEMENTATION_FLAGS = ("foreach", "fused", "capturable")
+KERNEL_FLAGS = ("foreach", "fused", "capturable")
 """The param-group entries that choose torch's kernels, and which torch's load_state_dict overwrites."""
 
 
@@ -114,7 +114,7 @@ def keeps_its_implementation(optimizer: torch.optim.Optimizer) -> torch.optim.Op
     checkpoint, so a fused optimizer that loads a foreach checkpoint runs foreach from then on;
     after a load this puts the built flags back, and `step` where this implementation keeps it
     (fp32 on the param's device for fused and capturable kernels, on the CPU otherwise)."""
-    built = [{flag: group[flag] for flag in IMPLEMENTATION_FLAGS if flag in group} for group in optimizer.param_groups]
+    built = [{flag: group[flag] for flag in KERNEL_FLAGS if flag in group} for group in optimizer.param_groups]
 
     def restore_implementation(optimizer) -> None:
         for group, flags in zip(optimizer.param_groups, built):
