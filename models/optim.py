@@ -1,9 +1,10 @@
 """Optimizer factories for the `optimizer` axis.
 
 Every factory has the signature ``factory(params, *, lr, betas=(0.9, 0.999), eps=1e-8,
-weight_decay=0.0) -> torch.optim.Optimizer`` so a suite can build any of them the same way
-(build_adamw_no_decay_on_norms also takes the protocol's optional ``named_parameters``);
-matrix.toml names them as components ``optimizer_<axis value>``.
+weight_decay=0.0, implementation="default") -> torch.optim.Optimizer`` so a suite can build any
+of them the same way (build_adamw_no_decay_on_norms also takes the protocol's optional
+``named_parameters``); matrix.toml names them as components ``optimizer_<axis value>``, and the
+cell's `optimizer_impl` arrives as ``implementation``.
 """
 
 from __future__ import annotations
@@ -13,19 +14,131 @@ import math
 import torch
 from torch.distributed.tensor import DTensor
 
+from torchmatrix.testing import DEFAULT_IMPLEMENTATION, IMPLEMENTATIONS, UnavailableImplementation
 
-def build_adamw(params, *, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0) -> torch.optim.AdamW:
-    """torch.optim.AdamW as production runs it: the fused kernel where this torch supports it
-    on the params' device, the foreach implementation otherwise."""
+ADAMW_FLAGS = {"forloop": {"foreach": False, "fused": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}
+"""torch.optim.AdamW's keywords for each kernel implementation; `compiled` is CompiledStepAdamW."""
+KERNEL_FLAGS = ("foreach", "fused", "capturable")
+"""The param-group entries that choose torch's kernels, and which torch's load_state_dict overwrites."""
+
+
+def build_adamw(
+    params, *, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, implementation=DEFAULT_IMPLEMENTATION
+) -> torch.optim.AdamW:
+    """torch.optim.AdamW in the cell's implementation, which it keeps across a load
+    (keeps_its_implementation): `default` as production runs it (the fused kernel where this torch
+    supports it on the params' device, foreach otherwise), or the one `implementation` names."""
+    return keeps_its_implementation(
+        adamw_as_torch_builds_it(params, implementation, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+    )
+
+
+def adamw_as_torch_builds_it(params, implementation: str, **hyperparameters) -> torch.optim.AdamW:
+    """torch.optim.AdamW (or CompiledStepAdamW) in `implementation`, with torch's own load, which
+    takes the kernel flags from the checkpoint; UnavailableImplementation for fused kernels this torch
+    lacks for these params."""
     params = list(params)
-    try:
-        return torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, fused=True)
-    except RuntimeError:
-        return torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, foreach=True)
+    if implementation == DEFAULT_IMPLEMENTATION:
+        try:
+            return torch.optim.AdamW(params, **hyperparameters, fused=True)
+        except RuntimeError:
+            return torch.optim.AdamW(params, **hyperparameters, foreach=True)
+    if implementation == "compiled":
+        return CompiledStepAdamW(params, **hyperparameters)
+    if implementation not in ADAMW_FLAGS:
+        raise ValueError(f"optimizer_impl={implementation!r}: expected one of {', '.join(IMPLEMENTATIONS)}")
+    if implementation == "fused" and (reason := fused_unavailable(params)):
+        raise UnavailableImplementation(reason)
+    return torch.optim.AdamW(params, **hyperparameters, **ADAMW_FLAGS[implementation])
+
+
+def fused_unavailable(params) -> str | None:
+    """Why torch's fused AdamW cannot run on these params here, in torch's own words where it has
+    them (its device and dtype check); None when it can."""
+    tensors = [p for item in params for p in (item["params"] if isinstance(item, dict) else [item])]
+    if any(p.device.type == "cpu" for p in tensors) and torch.__version__ < (2, 4):
+        return f"fused AdamW on CPU exists from torch 2.4; this is torch {torch.__version__}"
+    from torch.optim import optimizer
+
+    device_dtype_check = getattr(optimizer, "_device_dtype_check_for_fused", None)
+    for param in tensors if device_dtype_check else ():
+        try:
+            device_dtype_check(param)
+        except RuntimeError as error:
+            return f"fused AdamW: {error}"
+    return None
+
+
+class CompiledStepAdamW(torch.optim.AdamW):
+    """torch.optim.AdamW whose `step` runs through `torch.compile`, as torch's compiled-optimizer
+    recipe has it: inside the step the LR is a tensor (float64, so a Python float round-trips
+    exactly), so the scheduler changing it does not recompile the step. Unlike the recipe, the param
+    groups hold the LR as a float outside the step: a tensor LR there goes into the state dicts of
+    the optimizer and of its LR scheduler (`base_lrs`), which DCP keys apart from floats, so a
+    checkpoint of this implementation and one of an eager one would not load into each other. The
+    kernels under the compile are the device's default (single-tensor on CPU, foreach on CUDA); it
+    is still a torch.optim.Optimizer, which DCP's state-dict helpers and the suites need."""
+
+    def __init__(self, params, *, lr, backend: str = "inductor", **hyperparameters):
+        super().__init__(params, lr=lr, **hyperparameters)
+        self._compiled_step = compiled_with_tensor_lr(self, super().step, backend)
+
+    def step(self, closure=None):
+        return self._compiled_step(closure)
+
+
+def compiled_with_tensor_lr(optimizer: torch.optim.Optimizer, step, backend: str):
+    """`step` under torch.compile, called with each of `optimizer`'s param groups' LR swapped for a
+    float64 tensor of its own (the same tensor every call, so a new LR value is a new tensor value,
+    not a recompile) and put back afterwards."""
+    compiled = torch.compile(step, backend=backend)
+    lr_tensors = [torch.zeros((), dtype=torch.float64) for _ in optimizer.param_groups]
+
+    def step_with_tensor_lr(closure=None):
+        groups = optimizer.param_groups
+        lrs = [group["lr"] for group in groups]
+        for group, lr, tensor in zip(groups, lrs, lr_tensors):
+            group["lr"] = tensor.fill_(lr)
+        try:
+            return compiled(closure)
+        finally:
+            for group, lr in zip(groups, lrs):
+                group["lr"] = lr
+
+    return step_with_tensor_lr
+
+
+def keeps_its_implementation(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """`optimizer`, staying the implementation it was built as across a load. torch's
+    `load_state_dict` takes each param group's `foreach`, `fused` and `capturable` from the
+    checkpoint, so a fused optimizer that loads a foreach checkpoint runs foreach from then on;
+    after a load this puts the built flags back, and `step` where this implementation keeps it
+    (fp32 on the param's device for fused and capturable kernels, on the CPU otherwise)."""
+    built = [{flag: group[flag] for flag in KERNEL_FLAGS if flag in group} for group in optimizer.param_groups]
+
+    def restore_implementation(optimizer) -> None:
+        for group, flags in zip(optimizer.param_groups, built):
+            group.update(flags)
+            on_param_device = group.get("fused") or group.get("capturable")
+            for param in group["params"]:
+                state = optimizer.state.get(param, {})
+                if isinstance(state.get("step"), torch.Tensor):
+                    step = state["step"]
+                    state["step"] = step.to(param.device, torch.float32) if on_param_device else step.to("cpu")
+
+    optimizer.register_load_state_dict_post_hook(restore_implementation)
+    return optimizer
 
 
 def build_adamw_no_decay_on_norms(
-    params, *, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, named_parameters=None
+    params,
+    *,
+    lr,
+    betas=(0.9, 0.999),
+    eps=1e-8,
+    weight_decay=0.0,
+    named_parameters=None,
+    implementation=DEFAULT_IMPLEMENTATION,
 ) -> torch.optim.AdamW:
     """build_adamw with param groups chosen by name, as production recipes set them up: the norms'
     weights without weight decay, every other param with it. It needs the names, so it takes the
@@ -36,7 +149,7 @@ def build_adamw_no_decay_on_norms(
         {"params": [param for name, param in named_parameters if not _in_a_norm(name)], "weight_decay": weight_decay},
         {"params": [param for name, param in named_parameters if _in_a_norm(name)], "weight_decay": 0.0},
     ]
-    return build_adamw(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+    return build_adamw(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, implementation=implementation)
 
 
 def _in_a_norm(name: str) -> bool:
@@ -45,12 +158,32 @@ def _in_a_norm(name: str) -> bool:
 
 
 def build_precision_aware(
-    params, *, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, moment_dtype=torch.bfloat16
+    params,
+    *,
+    lr,
+    betas=(0.9, 0.999),
+    eps=1e-8,
+    weight_decay=0.0,
+    moment_dtype=torch.bfloat16,
+    implementation=DEFAULT_IMPLEMENTATION,
 ) -> PrecisionAwareAdamW:
-    """PrecisionAwareAdamW; the suites give it bf16 params, as a mixed-precision stack does."""
+    """PrecisionAwareAdamW; the suites give it bf16 params, as a mixed-precision stack does. It has
+    one implementation, `default`; see PRECISION_AWARE_IMPLEMENTATIONS for why not the others."""
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(f"optimizer_impl={implementation!r}: expected one of {', '.join(IMPLEMENTATIONS)}")
+    if implementation != DEFAULT_IMPLEMENTATION:
+        raise UnavailableImplementation(f"optimizer_impl={implementation}: {PRECISION_AWARE_IMPLEMENTATIONS}")
     return PrecisionAwareAdamW(
         params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, moment_dtype=moment_dtype
     )
+
+
+PRECISION_AWARE_IMPLEMENTATIONS = (
+    "PrecisionAwareAdamW has one implementation, its own per-parameter loop (`default`): torch has no "
+    "foreach or fused kernel for an fp32 master with low-precision moments, and torch.compile of its step "
+    "breaks the graph at every parameter's `step.item()` and recompiles per lazily created state until the "
+    "recompile limit makes it eager again, so a `compiled` cell would run the same eager loop"
+)
 
 
 def local_tensor(tensor: torch.Tensor) -> torch.Tensor:

@@ -50,6 +50,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
 from torchmatrix.testing import (
+    DEFAULT_IMPLEMENTATION,
+    UnavailableImplementation,
     accepts,
     build_optimizer,
     cell_layout,
@@ -57,6 +59,7 @@ from torchmatrix.testing import (
     clean_name,
     current_device,
     data_parallel_rank,
+    implementation_of,
     load,
     mesh_group,
 )
@@ -92,6 +95,18 @@ def sharded_params(cell):
     """Skip cells without a data-parallel wrapper: their params and state are plain tensors."""
     if cell["fsdp"] == "none":
         pytest.skip("fsdp=none: params are plain tensors, so there is no sharded optimizer state to check")
+
+
+@pytest.fixture(autouse=True)
+def optimizer_implementation_builds(cell, ranks, recipe, once_per_cell):
+    """Skip a cell whose optimizer factory says it cannot build the cell's `optimizer_impl` here
+    (UnavailableImplementation: fused kernels this torch lacks, say), asked once per cell on the
+    ranks, with the cell's own params. Anything else the build raises fails the tests that build."""
+    if implementation_of(cell) == DEFAULT_IMPLEMENTATION:
+        return
+    reason = once_per_cell("the optimizer implementation check", lambda: ranks.run(on_rank_unavailable, recipe)[0])
+    if reason:
+        pytest.skip(reason)
 
 
 @pytest.fixture(params=MODEL_KINDS)
@@ -334,7 +349,8 @@ class Recipe(NamedTuple):
         torch.manual_seed(seed)
         model = build_model(self.cell, dtype=dtype)
         model = parallelized(self.components, model, self.cell, device=device, mesh=mesh)
-        return model, build_optimizer(load(self.components[f"optimizer_{self.cell['optimizer']}"]), model, lr=LR)
+        factory = load(self.components[f"optimizer_{self.cell['optimizer']}"])
+        return model, build_optimizer(factory, model, lr=LR, implementation=implementation_of(self.cell))
 
     @property
     def reshards_through_checkpointer(self) -> bool:
@@ -491,6 +507,15 @@ def layout_problems(model: nn.Module, optimizer: torch.optim.Optimizer, *, dtens
                 if got != wanted:
                     problems.append(f"{where} has {aspect} {got}, expected {wanted}")
     return problems
+
+
+def on_rank_unavailable(recipe: Recipe) -> str | None:
+    """Why the optimizer factory cannot build the cell's implementation here, or None when it can."""
+    try:
+        recipe.build(SAVE_SEED)
+    except UnavailableImplementation as unavailable:
+        return str(unavailable)
+    return None
 
 
 def on_rank_state_layout(recipe: Recipe) -> dict:

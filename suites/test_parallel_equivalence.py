@@ -50,12 +50,14 @@ import torch
 import torch.distributed as dist
 
 from torchmatrix.testing import (
+    UnavailableImplementation,
     build_optimizer,
     call_accepting,
     clean_name,
     current_device,
     data_parallel_rank,
     data_parallel_size,
+    implementation_of,
     load,
 )
 
@@ -127,9 +129,12 @@ def lockstep(cell, ranks, suite_options, components, once_per_cell) -> list[dict
             'add an axis such as optimizer = ["adamw"]',
             pytrace=False,
         )
-    return once_per_cell(
+    records = once_per_cell(
         "the lockstep training", lambda: ranks.run(train_in_lockstep, dict(cell), options, dict(components))
     )
+    if records[0].get("unavailable"):
+        pytest.skip(records[0]["unavailable"])
+    return records
 
 
 LISTED = 12
@@ -316,9 +321,14 @@ def test_parameters_match_single_process_step(cell, lockstep):
 
 
 def train_in_lockstep(cell: dict, options: dict, components: dict) -> dict:
-    """Rank function: the cell's training and, on every rank, the single-process reference beside it."""
+    """Rank function: the cell's training and, on every rank, the single-process reference beside it;
+    `{"unavailable": reason}` when the cell's optimizer implementation cannot be built here."""
     with deterministic_algorithms():
-        return Lockstep(cell, options, components).run()
+        try:
+            lockstep = Lockstep(cell, options, components)
+        except UnavailableImplementation as unavailable:
+            return {"unavailable": str(unavailable)}
+        return lockstep.run()
 
 
 def reference_cell(cell: dict) -> dict:
@@ -328,7 +338,7 @@ def reference_cell(cell: dict) -> dict:
 
 class Lockstep:
     """The cell's training beside its single-process reference: the same model from one seed, the same
-    optimizer factory, one global batch per step, shard `data_parallel_rank` of it on this rank."""
+    optimizer factory and implementation, one global batch per step, shard `data_parallel_rank` of it on this rank."""
 
     def __init__(self, cell: dict, options: dict, components: dict):
         self.options = options
@@ -344,7 +354,13 @@ class Lockstep:
             self.seeded_model(plain, components), plain, device=self.device
         )
         factory = load(components[f"optimizer_{cell['optimizer']}"])
-        hyperparameters = dict(lr=options["lr"], betas=(0.9, 0.95), eps=1e-8, weight_decay=options["weight_decay"])
+        hyperparameters = dict(
+            lr=options["lr"],
+            betas=(0.9, 0.95),
+            eps=1e-8,
+            weight_decay=options["weight_decay"],
+            implementation=implementation_of(cell),
+        )
         self.optimizer = build_optimizer(factory, self.model, **hyperparameters)
         self.follower = build_optimizer(factory, self.reference, **hyperparameters)
         self.tensor_parallel = self.shards < (dist.get_world_size() if dist.is_initialized() else 1)

@@ -8,8 +8,8 @@ restores nothing cannot pass), loaded, and trained for the remaining N - K steps
 Right after the load, before any step, each piece of state is checked against what was saved,
 and a failure names the piece: every parameter (full tensor), every optimizer state value
 (as the optimizer's state adapter gives it: plain, dequantized tensors, `step` included;
-see suites/optimizer_state.py), the param groups'
-hyper-parameters, the optimizer object's own counters and scalars, the scheduler's `last_epoch`
+see suites/optimizer_state.py) and the dtype and device the optimizer holds each state tensor in,
+the param groups' hyper-parameters, the optimizer object's own counters and scalars, the scheduler's `last_epoch`
 and current LR, the batches the loader would yield next (option `loader_batches`, by default one
 epoch and one more, so they cross an epoch boundary), and every RNG stream the run draws from
 (torch CPU, each CUDA device, numpy, Python `random`, and the generators the model, dataset and
@@ -20,8 +20,13 @@ that finds nothing to compare (no parameters, no optimizer state) fails; a piece
 already held equal to the saved one before the load skips saying so, since a load that restored
 nothing would pass it (a dataset that repeats one batch, say). Then losses after the
 resume (bit for bit; `loss_max_ulp` is recorded), final parameters and every optimizer state
-tensor must equal the straight run's. Dropout, a warm-up LR schedule and an on-disk dataset
-make the RNG, scheduler and loader position part of what must resume.
+tensor (its dtype and device too) must equal the straight run's. Dropout, a warm-up LR schedule
+and an on-disk dataset make the RNG, scheduler and loader position part of what must resume.
+
+With a cell axis `optimizer_impl` (docs/explanation/optimizer-implementations.md) the optimizer is
+built in that implementation (an implementation its factory cannot build here skips the cell with the
+factory's reason), and the checkpoint is also loaded into each other implementation the factory
+builds, compared right after that load (test_checkpoint_loads_into_other_implementations).
 
 Components (matrix.toml `[components]`): `model`, `parallelize`, `optimizer_<optimizer axis>`,
 `checkpointer`, `dataset`, and optionally `scheduler` and `plain_state_<optimizer axis>`; swapping
@@ -47,13 +52,19 @@ import random
 
 import pytest
 import torch
+from torch.distributed.checkpoint.api import CheckpointException
 
 from torchmatrix.testing import (
+    DEFAULT_IMPLEMENTATION,
+    IMPLEMENTATION_AXIS,
+    IMPLEMENTATIONS,
     RESUME_BF16_PARAM_OPTIMIZERS,
+    UnavailableImplementation,
     build_optimizer,
     clean_name,
     data_parallel_rank,
     data_parallel_size,
+    implementation_of,
     load,
 )
 
@@ -61,6 +72,7 @@ from .checkpointer_forms import RunCheckpointer
 from .deterministic import deterministic_algorithms
 from .model_output import call_model, loss_of
 from .optimizer_state import (
+    local_part,
     optimizer_attributes,
     optimizer_state_of,
     param_groups_of,
@@ -136,7 +148,10 @@ def experiment(cell, ranks, suite_options, components, tmp_path, once_per_cell) 
         write_dataset(components, options, data_path)
         return ranks.run(straight_and_resumed, dict(cell), options, components, data_path, str(tmp_path / "checkpoint"))
 
-    return once_per_cell("the training runs", both_runs)
+    records = once_per_cell("the training runs", both_runs)
+    if records[0].get("unavailable"):
+        pytest.skip(records[0]["unavailable"])
+    return records
 
 
 def write_dataset(components: dict, options: dict, path: str) -> None:
@@ -168,11 +183,21 @@ def test_rebuilt_run_starts_from_other_weights(cell, experiment, suite_options, 
         )
 
 
-AFTER_LOAD_PIECES = ("parameters", "optimizer_state", "param_groups", "scheduler", "loader", "rng", "extra_state")
+AFTER_LOAD_PIECES = (
+    "parameters",
+    "optimizer_state",
+    "optimizer_state_dtype_device",
+    "param_groups",
+    "scheduler",
+    "loader",
+    "rng",
+    "extra_state",
+)
 # piece -> why its check proves nothing when the rebuilt run already held the saved value before the load
 NO_OP_LOAD_WOULD_PASS = {
     "parameters": "the rebuilt model already equalled the saved one before the load (see test_rebuilt_run_starts_from_other_weights)",
     "optimizer_state": "the fresh optimizer already held the saved state before the load: a load that restored nothing would pass",
+    "optimizer_state_dtype_device": "the fresh optimizer's state already had the saved dtypes and devices before the load: a load that restored nothing would pass",
     "param_groups": "the fresh optimizer's param groups already equalled the saved ones before the load (warm-up ended by the save step?): a load that restored nothing would pass",
     "scheduler": "the fresh scheduler already equalled the saved one before the load: a load that restored nothing would pass",
     "loader": "the fresh loader already yielded the saved next batch before the load (the dataset repeats one batch?): its position cannot be told apart",
@@ -265,10 +290,59 @@ def test_final_parameters_identical(cell, experiment):
 
 
 def test_final_optimizer_state_identical(cell, experiment):
+    """Every state value bit for bit, and the dtype and device the optimizer keeps it in: a step
+    after the load that moves or casts `step` (pytorch#173901) shows here even where the values agree."""
     for rank, record in enumerate(experiment):
-        problems = state_mismatches(record["straight"]["optimizer_state"], record["resumed"]["optimizer_state"])
+        straight, resumed = record["straight"], record["resumed"]
+        problems = state_mismatches(straight["optimizer_state"], resumed["optimizer_state"])
+        problems += dtype_device_mismatches(
+            straight["optimizer_state_dtype_device"], resumed["optimizer_state_dtype_device"]
+        )
         listing = "\n".join(problems)
         assert not problems, f"{cell.id} rank {rank}, final optimizer state, straight vs resumed:\n{listing}"
+
+
+def test_checkpoint_loads_into_other_implementations(cell, experiment, record_property):
+    """The checkpoint this cell's optimizer implementation saved, loaded into each other
+    implementation its factory builds here (cell axis `optimizer_impl`; not into `compiled`, see
+    COMPILED_NOT_A_TARGET): right after the load every parameter, optimizer state value (dtype
+    included) and hyper-parameter equals what was saved, the loading optimizer still runs its own
+    kernels (torch's load_state_dict takes the kernel flags from the checkpoint), and a step after
+    the load runs. Devices are not compared: fused and capturable kernels keep `step` on the param's
+    device, the others on the CPU."""
+    if IMPLEMENTATION_AXIS not in cell:
+        pytest.skip(
+            f"the matrix has no {IMPLEMENTATION_AXIS} axis: add one to load each implementation's checkpoint into the others"
+        )
+    loads = experiment[0]["other_implementations"]
+    loaded = [name for name, outcome in loads.items() if "problems" in outcome]
+    record_property("loaded_into", ", ".join(loaded))
+    not_loaded = {
+        name: outcome.get("unavailable") or outcome.get("not_loaded")
+        for name, outcome in loads.items()
+        if name not in loaded
+    }
+    for name, why in not_loaded.items():
+        print(f"not loaded into {name}: {why}")
+    problems = {
+        name: [
+            f"  into {name}, rank {rank}: {line}"
+            for rank, record in enumerate(experiment)
+            for line in record["other_implementations"][name]["problems"]
+        ]
+        for name in loaded
+    }
+    failing = [name for name, lines in problems.items() if lines]
+    assert not failing, (
+        f"{cell.id}: the checkpoint the {implementation_of(cell)} implementation saved does not load exactly into "
+        f"{', '.join(failing)} ({len(failing)} of the {len(loaded)} others built here):\n"
+        + "\n".join(line for name in failing for line in problems[name])
+    )
+    if not loaded:
+        pytest.skip(
+            "no other implementation was loaded into here: "
+            + "; ".join(f"{name}: {why}" for name, why in not_loaded.items())
+        )
 
 
 def tensor_mismatch(expected: torch.Tensor, actual: torch.Tensor) -> str | None:
@@ -322,7 +396,8 @@ def state_mismatches(expected: dict, actual: dict) -> list[str]:
 
 
 def straight_and_resumed(cell: dict, options: dict, components: dict, data_path: str, checkpoint_dir: str) -> dict:
-    """Rank function: run A (N steps straight) and run B (K steps, save, rebuild, load, N - K steps)."""
+    """Rank function: run A (N steps straight) and run B (K steps, save, rebuild, load, N - K steps);
+    `{"unavailable": reason}` when the cell's optimizer implementation cannot be built here."""
     with deterministic_algorithms():
         return _straight_and_resumed(
             cell, options, components, data_path, checkpoint_dir, data_parallel_rank(cell), data_parallel_size(cell)
@@ -335,7 +410,10 @@ def _straight_and_resumed(
     steps, resume_step = options["steps"], options["resume_step"]
     checkpointer = load(components["checkpointer"])
 
-    run_a = TrainingRun(cell, options, components, data_path, rank, world_size, seed=options["seed"])
+    try:
+        run_a = TrainingRun(cell, options, components, data_path, rank, world_size, seed=options["seed"])
+    except UnavailableImplementation as unavailable:
+        return {"unavailable": str(unavailable)}
     straight_losses = [run_a.train_step() for _ in range(steps)]
     streams_used = sorted(run_a.rng_streams_advanced)
 
@@ -361,19 +439,28 @@ def _straight_and_resumed(
     after_load = after_load_differences(at_save, loaded, run_a.batches, streams_used, resume_step)
     after_load["extra_state"] = extra_state_differences(extra_saved, extra_loaded)
     resumed_losses = [rebuilt.train_step() for _ in range(steps - resume_step)]
+    build = (cell, options, components, data_path, rank, world_size)
+    other_implementations = (
+        loads_into_other_implementations(build, checkpoint_dir, at_save, run_a.batches, streams_used)
+        if IMPLEMENTATION_AXIS in cell
+        else {}
+    )
 
     return {
         "straight": {
             "losses": straight_losses,
             "parameters": run_a.parameters(),
             "optimizer_state": run_a.optimizer_state(),
+            "optimizer_state_dtype_device": run_a.optimizer_state_dtype_device(),
         },
         "resumed": {
             "losses": resumed_losses,
             "parameters": rebuilt.parameters(),
             "optimizer_state": rebuilt.optimizer_state(),
+            "optimizer_state_dtype_device": rebuilt.optimizer_state_dtype_device(),
         },
         "after_load": after_load,
+        "other_implementations": other_implementations,
         "quantized_at_save": quantized_at_save,
         "rng_streams_used": streams_used,
         "rebuilt_equals_saved": rebuilt_equals_saved,
@@ -382,6 +469,103 @@ def _straight_and_resumed(
         "rng_at_save": {name: at_save["rng"].get(name) for name in streams_used},
         "rng_after_load": {name: loaded["rng"].get(name) for name in streams_used},
     }
+
+
+KERNEL_FLAGS = ("foreach", "fused", "capturable")
+"""The param-group entries by which torch's optimizers choose their kernels: not hyper-parameters, so
+a load into another implementation must leave them as that implementation built them."""
+CROSS_LOAD_PIECES = ("parameters", "optimizer_state", "param_groups")
+
+
+COMPILED_NOT_A_TARGET = (
+    "not loaded into from another implementation's cell: DCP's load template runs one step of a fresh optimizer, "
+    "which for a compiled step is a compile per cell (tens of seconds on CPU); the compiled cells load their own "
+    "checkpoint and step after it"
+)
+
+
+def loads_into_other_implementations(
+    build: tuple, checkpoint_dir: str, at_save: dict, straight_batches: list, streams_used: list[str]
+) -> dict[str, dict]:
+    """Per implementation other than the cell's own (and `default`): `{"unavailable": reason}` where
+    its factory cannot build it here, `{"not_loaded": reason}` for `compiled`, else `{"problems":
+    [...]}`: what differs right after loading the cell's checkpoint into a fresh run of it, kernel
+    flags the load changed, and a step after the load that raised."""
+    cell, options, components, data_path, rank, world_size = build
+    checkpointer = load(components["checkpointer"])
+    loads = {}
+    for other in IMPLEMENTATIONS:
+        if other in (DEFAULT_IMPLEMENTATION, implementation_of(cell)):
+            continue
+        if other == "compiled":
+            loads[other] = {"not_loaded": COMPILED_NOT_A_TARGET}
+            continue
+        try:
+            run = TrainingRun(*build, seed=options["rebuild_seed"], implementation=other)
+        except UnavailableImplementation as unavailable:
+            loads[other] = {"unavailable": str(unavailable)}
+            continue
+        built_flags = kernel_flags(run.optimizer)
+        try:
+            RunCheckpointer(checkpointer, checkpoint_dir, **run.checkpointables()).load()
+        except (Exception, CheckpointException) as error:
+            loads[other] = {"problems": [f"the load raised {first_line(error)}"]}
+            continue
+        saved, loaded = comparable_across_implementations(at_save, run.state_snapshot())
+        differences = after_load_differences(saved, loaded, straight_batches, streams_used, options["resume_step"])
+        problems = [line for piece in CROSS_LOAD_PIECES for line in differences[piece]]
+        problems += kernel_flag_changes(built_flags, kernel_flags(run.optimizer), implementation_of(cell), other)
+        try:
+            run.train_step()
+        except Exception as error:
+            problems.append(f"the first step after the load raised {first_line(error)}")
+        loads[other] = {"problems": problems}
+    return loads
+
+
+def comparable_across_implementations(saved: dict, loaded: dict) -> tuple[dict, dict]:
+    """Two snapshots of different implementations, less what differs by implementation and not by
+    training: the param groups' kernel flags (kernel_flag_changes judges those) and the attributes
+    only one of the two optimizer objects has (fused AdamW's `_step_supports_amp_scaling`, say)."""
+    common = saved["optimizer_attributes"].keys() & loaded["optimizer_attributes"].keys()
+
+    def comparable(snapshot: dict) -> dict:
+        return {
+            **snapshot,
+            "param_groups": [
+                {key: value for key, value in group.items() if key not in KERNEL_FLAGS}
+                for group in snapshot["param_groups"]
+            ],
+            "optimizer_attributes": {name: snapshot["optimizer_attributes"][name] for name in common},
+        }
+
+    return comparable(saved), comparable(loaded)
+
+
+def kernel_flags(optimizer) -> list[dict]:
+    """Per param group, the KERNEL_FLAGS it has."""
+    return [{flag: group[flag] for flag in KERNEL_FLAGS if flag in group} for group in param_groups_of(optimizer)]
+
+
+def kernel_flag_changes(built: list[dict], after_load: list[dict], saver: str, loader: str) -> list[str]:
+    """One line per kernel flag the load changed from what the loading implementation was built with."""
+    return [
+        f"after load: param group {index} has {flag}={now.get(flag)!r}, built with {flag}={value!r}: the load took "
+        f"the {saver} checkpoint's kernel flags, so this {loader} optimizer now runs {saver}'s kernels; put the "
+        f"optimizer's own flags back after a load (a load_state_dict post-hook), or keep them out of the checkpoint"
+        for index, (flags, now) in enumerate(zip(built, after_load))
+        for flag, value in flags.items()
+        if now.get(flag) != value
+    ]
+
+
+def first_line(error: BaseException) -> str:
+    """`TypeName: the first line of its message`, for a failure inside a rank that the check reports
+    and moves past; for DCP's CheckpointException, that of the first failing rank's own error."""
+    if isinstance(error, CheckpointException) and error.failures:
+        error = next(iter(error.failures.values()))[0]
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0] if lines else ''}"
 
 
 class TrainingRun:
@@ -395,7 +579,16 @@ class TrainingRun:
     """
 
     def __init__(
-        self, cell: dict, options: dict, components: dict, data_path: str, rank: int, world_size: int, *, seed: int
+        self,
+        cell: dict,
+        options: dict,
+        components: dict,
+        data_path: str,
+        rank: int,
+        world_size: int,
+        *,
+        seed: int,
+        implementation: str | None = None,
     ):
         from torchmatrix.testing import current_device
 
@@ -411,6 +604,7 @@ class TrainingRun:
             betas=(0.9, 0.95),
             eps=1e-8,
             weight_decay=options["weight_decay"],
+            implementation=implementation or implementation_of(cell),
         )
         self.plain_state = state_adapter(components, cell["optimizer"])
         self.scheduler = build_scheduler(
@@ -481,6 +675,18 @@ class TrainingRun:
             for name, state in self.named_raw_state().items()
         }
 
+    def optimizer_state_dtype_device(self) -> dict[str, dict[str, tuple[str, str]]]:
+        """Per parameter name and state key, the dtype and device of each state tensor as the
+        optimizer holds it (a DTensor's local shard's device), before any state adapter or copy."""
+        return {
+            name: {
+                key: (str(value.dtype), str(local_part(value).device))
+                for key, value in state.items()
+                if isinstance(value, torch.Tensor)
+            }
+            for name, state in self.named_raw_state().items()
+        }
+
     def state_snapshot(self) -> dict:
         """Every piece a resume must restore, as this rank sees it now (a collective: full parameters)."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -490,8 +696,9 @@ class TrainingRun:
             "parameters": {name: value.detach().to("cpu", copy=True) for name, value in full.items()},
             "parameter_shards": self.parameters(),
             "optimizer_state": self.optimizer_state(),
+            "optimizer_state_dtype_device": self.optimizer_state_dtype_device(),
             "param_groups": [
-                {key: value for key, value in group.items() if key != "params"}
+                {key: copied(value) for key, value in group.items() if key != "params"}
                 for group in param_groups_of(self.optimizer)
             ],
             "optimizer_attributes": optimizer_attributes(self.optimizer),
@@ -512,6 +719,11 @@ class TrainingRun:
         for generator, state in owned.values():
             set_generator_state(generator, state)
         return batches
+
+
+def copied(value):
+    """A tensor cloned (a param group's tensor LR is updated in place by the scheduler); anything else as it is."""
+    return value.detach().clone() if isinstance(value, torch.Tensor) else value
 
 
 def on_device(batch, device):
@@ -579,6 +791,9 @@ def after_load_differences(
         ),
         "optimizer_state": optimizer_state_differences(saved["optimizer_state"], loaded["optimizer_state"])
         + optimizer_attribute_differences(saved["optimizer_attributes"], loaded["optimizer_attributes"]),
+        "optimizer_state_dtype_device": dtype_device_differences(
+            saved["optimizer_state_dtype_device"], loaded["optimizer_state_dtype_device"]
+        ),
         "param_groups": param_group_differences(saved["param_groups"], loaded["param_groups"]),
         "scheduler": [
             f"after load: scheduler {key} is {loaded['scheduler'][key]!r}, saved {value!r}"
@@ -632,6 +847,35 @@ def optimizer_state_differences(saved: dict, loaded: dict) -> list[str]:
                 problems.append(f"after load: optimizer state {key} of {name} {reason}")
     return problems + [
         f"after load: optimizer state of {name} present, none saved" for name in loaded.keys() - saved.keys()
+    ]
+
+
+def dtype_device_differences(saved: dict, loaded: dict) -> list[str]:
+    """Per parameter and state key, the dtype or device the optimizer holds a state tensor in right
+    after the load, where it is not the one saved: a load (or a compiled step's handling of it) that
+    casts `step` or moves it to another device (pytorch#173901)."""
+    if not any(saved.values()):
+        return ["after load: the optimizer had no state at the checkpoint step: nothing to compare"]
+    return [
+        f"after load: optimizer state {key} of {name} is "
+        + (
+            f"{now[0]} on {now[1]}, saved {kept[0]} on {kept[1]}"
+            if (now := loaded.get(name, {}).get(key))
+            else "missing"
+        )
+        for name, state in sorted(saved.items())
+        for key, kept in state.items()
+        if loaded.get(name, {}).get(key) != kept
+    ]
+
+
+def dtype_device_mismatches(expected: dict, actual: dict) -> list[str]:
+    """dtype_device_differences for the final state: straight run (expected) vs resumed (actual)."""
+    return [
+        f"  {name}.{key}: {now[0]} on {now[1]}, expected {kept[0]} on {kept[1]}"
+        for name, state in sorted(expected.items())
+        for key, kept in state.items()
+        if (now := actual.get(name, {}).get(key)) and now != kept
     ]
 
 

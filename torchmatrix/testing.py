@@ -12,6 +12,10 @@ the optimizers an optimizer container holds (the optimizer itself otherwise); `c
 `cell_mesh(cell)` is the DeviceMesh the cell's `mesh` axis names (1-D `flat` by default; `hsdp` and
 `fsdp_tp` 2-D) and `cell_layout(cell)` its kind, dim names and shape, `mesh_group(mesh)` the process group over all its ranks, and `data_parallel_rank(cell)`
 / `data_parallel_size(cell)` say which batch a rank trains on (the ranks of a tensor-parallel group share one).
+`implementation_of(cell)` is the cell's `optimizer_impl` (`IMPLEMENTATION_AXIS`; one of `IMPLEMENTATIONS`, `DEFAULT_IMPLEMENTATION`
+where the matrix has no such axis), which `build_optimizer(..., implementation=...)` hands to a factory naming
+`implementation`; a factory raises `UnavailableImplementation(reason)` for one it cannot build here, and the
+suites skip that cell's optimizer tests with the reason.
 `RESUME_BF16_PARAM_OPTIMIZERS` is the resume suite's default for which optimizers get bf16
 params (the sensitivity command reads it too). For checkpoints across versions, `writes_dir(run_dir,
 version, cell_id)` is where a version's cross_version checkpoint of a cell lives, with its
@@ -21,6 +25,13 @@ the options the runner planned for it.
 
 from torchmatrix.components.calling import accepts, build_optimizer, call_accepting, is_bound_checkpointer
 from torchmatrix.components.loading import load
+from torchmatrix.components.optimizer_implementations import (
+    DEFAULT_IMPLEMENTATION,
+    IMPLEMENTATION_AXIS,
+    IMPLEMENTATIONS,
+    UnavailableImplementation,
+    implementation_of,
+)
 from torchmatrix.components.optimizer_like import inner_optimizers
 from torchmatrix.components.parameter_names import clean_name
 from torchmatrix.components.protocol import RESUME_BF16_PARAM_OPTIMIZERS
@@ -30,7 +41,10 @@ from torchmatrix.ranks.plugin import planned_options
 from torchmatrix.ranks.worker import current_device
 
 __all__ = [
+    "DEFAULT_IMPLEMENTATION",
     "EXPECTED_FILE",
+    "IMPLEMENTATION_AXIS",
+    "IMPLEMENTATIONS",
     "RESUME_BF16_PARAM_OPTIMIZERS",
     "accepts",
     "build_optimizer",
@@ -39,7 +53,9 @@ __all__ = [
     "cell_mesh",
     "clean_name",
     "current_device",
+    "implementation_of",
     "inner_optimizers",
     "is_bound_checkpointer",
 ]
 __all__ += ["data_parallel_rank", "data_parallel_size", "load", "mesh_group", "planned_options", "writes_dir"]
+__all__ += ["UnavailableImplementation"]

@@ -1,5 +1,6 @@
 """build_optimizer, the one place the suites call an `optimizer_<value>` factory: `named_parameters`
-(under the names the user's model spells) and `model` go only to a factory whose signature names them."""
+(under the names the user's model spells), `model` and `implementation` go only to a factory whose
+signature names them; and the reference factories' implementations."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ torch = pytest.importorskip("torch")
 
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper  # noqa: E402
 
-from torchmatrix.models.optim import build_adamw_no_decay_on_norms  # noqa: E402
-from torchmatrix.testing import accepts, build_optimizer  # noqa: E402
+from torchmatrix.models.optim import build_adamw, build_adamw_no_decay_on_norms, build_precision_aware  # noqa: E402
+from torchmatrix.testing import UnavailableImplementation, accepts, build_optimizer  # noqa: E402
 
 from conftest import REFERENCE_COMPONENTS, matrix_toml, run_suites  # noqa: E402
 
@@ -110,3 +111,66 @@ def test_param_groups_chosen_by_name_resume_and_reshard(tmp_path):
     tests = outcomes["ws2-fsdp2-sdpa-adamw_norms"]
     assert tests["test_state_restored_right_after_load[piece=param_groups]"] == "passed", tests
     assert tests["test_reshard_load_is_exact[model_kind=model,reshard=shrink]"] == "passed", tests
+
+
+def test_implementation_goes_only_to_a_factory_that_names_it():
+    received = []
+
+    def naming(params, *, lr, implementation="default"):
+        received.append(implementation)
+        return torch.optim.SGD(params, lr=lr)
+
+    def plain(params, *, lr):
+        return torch.optim.SGD(params, lr=lr)
+
+    build_optimizer(naming, wrapped_model(), lr=0.1)
+    build_optimizer(naming, wrapped_model(), lr=0.1, implementation="foreach")
+    build_optimizer(plain, wrapped_model(), lr=0.1, implementation="default")
+    assert received == ["default", "foreach"]
+    with pytest.raises(UnavailableImplementation, match="takes no `implementation` keyword"):
+        build_optimizer(plain, wrapped_model(), lr=0.1, implementation="fused")
+
+
+@pytest.mark.parametrize(
+    ("implementation", "flags"),
+    [("forloop", {"foreach": False, "fused": False}), ("foreach", {"foreach": True}), ("fused", {"fused": True})],
+)
+def test_the_reference_adamw_builds_each_kernel_and_keeps_it_across_a_load(implementation, flags):
+    """torch's load_state_dict takes the kernel flags from the checkpoint; the reference puts its own back."""
+    params = list(torch.nn.Linear(4, 4).parameters())
+    optimizer = build_adamw(params, lr=1e-3, implementation=implementation)
+    assert {key: optimizer.param_groups[0][key] for key in flags} == flags
+    other = "fused" if implementation != "fused" else "forloop"
+    for param in params:
+        param.grad = torch.ones_like(param)
+    saver = build_adamw(params, lr=1e-3, implementation=other)
+    saver.step()
+    optimizer.load_state_dict(saver.state_dict())
+    assert {key: optimizer.param_groups[0][key] for key in flags} == flags
+    assert all(torch.equal(optimizer.state[p]["exp_avg"], saver.state[p]["exp_avg"]) for p in params)
+
+
+def test_the_compiled_adamw_is_an_optimizer_whose_groups_and_state_dict_hold_a_float_lr():
+    """A tensor LR in the groups would go into the optimizer's and the scheduler's state dicts as a
+    tensor, which DCP keys apart from a float: the eager implementations could not load them."""
+    optimizer = build_adamw(torch.nn.Linear(4, 4).parameters(), lr=1e-3, implementation="compiled")
+    assert isinstance(optimizer, torch.optim.Optimizer)
+    assert type(optimizer.state_dict()["param_groups"][0]["lr"]) is float
+
+
+def test_the_precision_aware_optimizer_has_only_its_default_implementation():
+    params = [torch.nn.Parameter(torch.zeros(2, dtype=torch.bfloat16))]
+    build_precision_aware(params, lr=1e-3, implementation="default")
+    for implementation in ("forloop", "foreach", "fused", "compiled"):
+        with pytest.raises(UnavailableImplementation, match="PrecisionAwareAdamW has one implementation"):
+            build_precision_aware(params, lr=1e-3, implementation=implementation)
+    with pytest.raises(ValueError, match="expected one of default, forloop, foreach, fused, compiled"):
+        build_precision_aware(params, lr=1e-3, implementation="fuzed")
+
+
+def test_fused_adamw_on_cpu_before_torch_2_4_is_unavailable_saying_so(monkeypatch):
+    monkeypatch.setattr(torch, "__version__", torch.torch_version.TorchVersion("2.3.1"))
+    with pytest.raises(
+        UnavailableImplementation, match=r"fused AdamW on CPU exists from torch 2.4; this is torch 2.3.1"
+    ):
+        build_adamw(torch.nn.Linear(2, 2).parameters(), lr=1e-3, implementation="fused")

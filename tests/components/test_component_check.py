@@ -200,7 +200,7 @@ def test_a_keyword_the_suites_pass_taken_positionally_is_fine(project):
 def test_an_optimizer_factory_that_cannot_take_the_optimizer_call(project):
     problem = the_one_problem(project, "optimizer_adamw", optimizer_adamw="userstack.stack:parallelize")
     assert (
-        "make it accept optimizer_adamw(params, *, lr, betas=..., eps=..., weight_decay=..., named_parameters=..., model=...)"
+        "make it accept optimizer_adamw(params, *, lr, betas=..., eps=..., weight_decay=..., named_parameters=..., model=..., implementation=...)"
         in problem
     )
 

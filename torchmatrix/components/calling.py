@@ -5,6 +5,11 @@ from __future__ import annotations
 
 import inspect
 
+from torchmatrix.components.optimizer_implementations import (
+    DEFAULT_IMPLEMENTATION,
+    UnavailableImplementation,
+    implementation_not_named,
+)
 from torchmatrix.components.parameter_names import clean_name
 
 NAMED = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
@@ -33,10 +38,17 @@ def is_bound_checkpointer(factory) -> bool:
     return accepts(factory, "model")
 
 
-def build_optimizer(factory, model, **arguments):
+def build_optimizer(factory, model, *, implementation: str = DEFAULT_IMPLEMENTATION, **arguments):
     """`factory(model.parameters(), **arguments)`, plus `named_parameters=` (name, param) pairs
-    under their wrapper-free names where the factory names it, for param groups chosen by name, and
-    `model=` where it names that, for a stack whose optimizer is built from the model (a container)."""
+    under their wrapper-free names where the factory names it, for param groups chosen by name,
+    `model=` where it names that, for a stack whose optimizer is built from the model (a container),
+    and `implementation=` (the cell's `optimizer_impl`) where it names that. A non-default
+    implementation asked of a factory that does not name it raises UnavailableImplementation: it
+    would silently run the factory's own choice instead."""
+    if accepts(factory, "implementation"):
+        arguments["implementation"] = implementation
+    elif implementation != DEFAULT_IMPLEMENTATION:
+        raise UnavailableImplementation(implementation_not_named(factory, implementation))
     if accepts(factory, "model"):
         arguments["model"] = model
     if accepts(factory, "named_parameters"):

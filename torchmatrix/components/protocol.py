@@ -171,6 +171,15 @@ COMPONENTS: tuple[Component, ...] = (
                 "`OptimizersContainer`); passed only where the signature names it",
                 OPTIONAL,
             ),
+            Argument(
+                "implementation",
+                "the cell's `optimizer_impl` (`default` where the matrix has no such axis): `default` (the factory's "
+                "own choice), `forloop`, `foreach`, `fused` or `compiled` (the step under `torch.compile`); raise "
+                "`torchmatrix.testing.UnavailableImplementation(reason)` for one it cannot build here, and the cell's "
+                "optimizer tests skip with the reason. Passed only where the signature names it; a cell asking a "
+                "factory without it for a non-default implementation skips",
+                OPTIONAL,
+            ),
         ),
         returns=(
             "a torch.optim.Optimizer, or an object with what the suites use of one: `.state` (a mapping "

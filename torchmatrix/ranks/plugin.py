@@ -20,6 +20,13 @@ from pathlib import Path
 
 import pytest
 
+from torchmatrix.components.calling import accepts
+from torchmatrix.components.loading import load
+from torchmatrix.components.optimizer_implementations import (
+    DEFAULT_IMPLEMENTATION,
+    implementation_not_named,
+    implementation_of,
+)
 from torchmatrix.components.optional import OptionalWhere, error_line, is_optional_here, needs_package
 from torchmatrix.components.protocol import required_names
 from torchmatrix.env.component_requirements import uninstalled_here
@@ -402,6 +409,28 @@ def _cells_whose_components_cannot_import(request):
         if is_optional_here(plan.optional, key, device_type, plan.plan.torch):
             pytest.skip(needs)
         pytest.fail(error_line(key, needs, device_type), pytrace=False)
+
+
+@pytest.fixture(autouse=True)
+def _cells_whose_optimizer_takes_no_implementation(request, _cells_whose_components_cannot_import):
+    """A cell whose `optimizer_impl` is not `default` skips the tests of a suite that builds its
+    optimizer when the `optimizer_<value>` factory names no `implementation`: run, it would train
+    the factory's own choice under another implementation's name."""
+    plan = request.config.stash.get(PLAN_KEY, None)
+    suite = plan.suite_of(request.node.path) if plan else None
+    if suite is None or "cell" not in request.fixturenames:
+        return
+    cell = request.getfixturevalue("cell")
+    implementation = implementation_of(cell)
+    if implementation == DEFAULT_IMPLEMENTATION or "optimizer" not in cell:
+        return
+    key = f"optimizer_{cell['optimizer']}"
+    suite_name = Path(plan.suites[suite].path).stem.removeprefix("test_")
+    path = plan.plan.components.get(key)
+    if path and key in required_names([suite_name], [str(cell["optimizer"])]):
+        factory = load(path)
+        if not accepts(factory, "implementation"):
+            pytest.skip(implementation_not_named(factory, implementation))
 
 
 @functools.cache

@@ -113,6 +113,7 @@ GENERIC_MUTANTS = (
     GenericMutant("optimizer_counter_not_saved", "the optimizer counts steps on itself, outside its state dict, and warms up by that count", RESUME, "optimizer", "counts_steps_on_optimizer({inner!r})", "the optimizer never stepped"),
     GenericMutant("loader_shuffle_seed_not_saved", "the loader reorders every epoch after the first from a seed its state dict lacks", RESUME, "dataset", "reshuffles_from_unsaved_seed({inner!r})", "no batch past the first epoch was read (not even by the loader check after the load)"),
     GenericMutant("state_replicated_on_2d_mesh", "optimizer state of a param on a 2-D mesh kept Replicate on every dim (HSDP state flattened to one copy)", DTENSOR_OPTIM, "optimizer", "replicates_state_on_2d_meshes({inner!r})", "no param on a 2-D mesh had DTensor state after a step", two_d_mesh),
+    GenericMutant("step_dtype_changed_on_load", "optimizer load puts `step` in another dtype than the one saved (pytorch#173901)", RESUME, "optimizer", "recasts_step_on_load({inner!r})", "no optimizer state held a floating tensor `step` after the load"),
 )  # fmt: skip
 
 
@@ -207,6 +208,7 @@ def generated_module(matrix: Matrix, mutants: tuple[GenericMutant, ...]) -> str:
         "    holds_inputs_across_calls,",
         "    moments_cast_on_load,",
         "    replicates_state_on_2d_meshes,",
+        "    recasts_step_on_load,",
         "    reshuffles_from_unsaved_seed,",
         "    restores_on_rank_zero_only,",
         "    skips_on_load,",

@@ -16,6 +16,11 @@ from pathlib import Path
 
 from torchmatrix.components.calling import accepts, is_bound_checkpointer
 from torchmatrix.components.loading import load
+from torchmatrix.components.optimizer_implementations import (
+    DEFAULT_IMPLEMENTATION,
+    UnavailableImplementation,
+    implementation_not_named,
+)
 from torchmatrix.components.optimizer_like import inner_optimizers
 from torchmatrix.ranks.worker import current_cell_id
 
@@ -177,10 +182,12 @@ def moments_cast_on_load(inner: str):
     tensor but `step` to its param's dtype, as torch's default `Optimizer.load_state_dict` does:
     fp32 masters and moments of bf16 params come back rounded."""
 
-    def build(params, *, named_parameters=None, model=None, **kwargs):
+    def build(params, *, named_parameters=None, model=None, implementation=None, **kwargs):
         import torch
 
-        optimizer = _built_optimizer(inner, params, kwargs, named_parameters=named_parameters, model=model)
+        optimizer = _built_optimizer(
+            inner, params, kwargs, named_parameters=named_parameters, model=model, implementation=implementation
+        )
         load_exactly = optimizer.load_state_dict
 
         def load_state_dict(state_dict):
@@ -334,10 +341,12 @@ def counts_steps_on_optimizer(inner: str):
     """The optimizer factory at `inner`, whose `step()` counts steps on the optimizer object (in no state
     dict) and scales the gradients by a warm-up of that count: a resumed run restarts the warm-up."""
 
-    def build(params, *, named_parameters=None, model=None, **kwargs):
+    def build(params, *, named_parameters=None, model=None, implementation=None, **kwargs):
         import torch
 
-        optimizer = _built_optimizer(inner, params, kwargs, named_parameters=named_parameters, model=model)
+        optimizer = _built_optimizer(
+            inner, params, kwargs, named_parameters=named_parameters, model=model, implementation=implementation
+        )
         optimizer.mutant_steps = 0
         inner_step = optimizer.step
 
@@ -363,8 +372,10 @@ def replicates_state_on_2d_meshes(inner: str):
     mesh as `Replicate` on each dim: HSDP's state flattened to one copy per shard group, each rank's
     shard posing as the whole tensor, while the update itself ran on the right shard."""
 
-    def build(params, *, named_parameters=None, model=None, **kwargs):
-        optimizer = _built_optimizer(inner, params, kwargs, named_parameters=named_parameters, model=model)
+    def build(params, *, named_parameters=None, model=None, implementation=None, **kwargs):
+        optimizer = _built_optimizer(
+            inner, params, kwargs, named_parameters=named_parameters, model=model, implementation=implementation
+        )
         inner_step = optimizer.step
 
         def replicating_step(self, *args, **kwargs):
@@ -375,6 +386,34 @@ def replicates_state_on_2d_meshes(inner: str):
             return returned
 
         optimizer.step = types.MethodType(replicating_step, optimizer)
+        return optimizer
+
+    return build
+
+
+def recasts_step_on_load(inner: str):
+    """The optimizer factory at `inner`, whose `load_state_dict` then puts every tensor `step` in
+    another dtype than the one loaded (float64, or float32 where it was float64): pytorch#173901's
+    compiled optimizer that changed `step`'s dtype on a load, silently moving bias correction."""
+
+    def build(params, *, named_parameters=None, model=None, implementation=None, **kwargs):
+        import torch
+
+        optimizer = _built_optimizer(
+            inner, params, kwargs, named_parameters=named_parameters, model=model, implementation=implementation
+        )
+        load_exactly = optimizer.load_state_dict
+
+        def load_state_dict(state_dict):
+            load_exactly(state_dict)
+            for part in inner_optimizers(optimizer):
+                for state in part.state.values():
+                    step = state.get("step")
+                    if isinstance(step, torch.Tensor) and step.is_floating_point():
+                        state["step"] = step.to(torch.float32 if step.dtype == torch.float64 else torch.float64)
+                        record_acted()
+
+        optimizer.load_state_dict = load_state_dict
         return optimizer
 
     return build
@@ -449,9 +488,13 @@ class ReshuffledLoader:
 
 
 def _built_optimizer(inner: str, params, kwargs: dict, **optional):
-    """The optimizer factory at `inner` called as the protocol says: `named_parameters` and `model`
-    only if it takes them."""
+    """The optimizer factory at `inner` called as the protocol says: `named_parameters`, `model` and
+    `implementation` only if it takes them; a non-default implementation it does not take is
+    UnavailableImplementation, as torchmatrix.components.calling.build_optimizer has it."""
     factory = load(inner)
+    implementation = optional.get("implementation") or DEFAULT_IMPLEMENTATION
+    if implementation != DEFAULT_IMPLEMENTATION and not accepts(factory, "implementation"):
+        raise UnavailableImplementation(implementation_not_named(factory, implementation))
     given = {name: value for name, value in optional.items() if value is not None and accepts(factory, name)}
     return factory(params, **kwargs, **given)
 
