@@ -1,7 +1,8 @@
-"""Apply a cell's data-parallel wrapper (fsdp = none | fsdp1 | fsdp2) and activation checkpointing.
+"""Apply a cell's data-parallel wrapper (fsdp = none | fsdp1 | fsdp2), activation checkpointing and compile.
 
 Order, as torchtitan's parallelize functions and the PyTorch FSDP docs have it: switch
-checkpointing on per layer first, then shard each layer, then the root. Every FSDP unit
+checkpointing on per layer first, then compile each layer (cell key ``compile``, models/block_compile.py),
+then shard each layer, then the root. Every FSDP unit
 therefore wraps one whole checkpointed layer, so its parameters are gathered before the
 layer's recompute runs during backward (FSDP2: ``fully_shard`` on each block, then on the
 model; FSDP1: the same units through ``ModuleWrapPolicy``, which is the structure
@@ -18,6 +19,8 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+from .block_compile import compile_blocks
 
 FSDP_KINDS = ("none", "fsdp1", "fsdp2")
 
@@ -41,6 +44,7 @@ def parallelize(
         raise ValueError(f"cell axis fsdp={fsdp!r}: expected one of {', '.join(FSDP_KINDS)}")
     for layer in model.decoder_layers():
         layer.checkpointing = activation_checkpointing
+    compile_blocks(model, cell)
     if fsdp == "none":
         return model.to(device)
     if mesh is None:

@@ -13,7 +13,8 @@ the optimizers an optimizer container holds (the optimizer itself otherwise); `c
 params (the sensitivity command reads it too). For checkpoints across versions, `writes_dir(run_dir,
 version, cell_id)` is where a version's cross_version checkpoint of a cell lives, with its
 `EXPECTED_FILE`, and `planned_options(config, suite)` gives a suite module's pytest_generate_tests
-the options the runner planned for it.
+the options the runner planned for it. `root_cause(error)` is an exception's root cause line, as
+the reports show it.
 """
 
 from torchmatrix.components.calling import accepts, build_optimizer, call_accepting, is_bound_checkpointer
@@ -23,6 +24,7 @@ from torchmatrix.components.parameter_names import clean_name
 from torchmatrix.components.protocol import RESUME_BF16_PARAM_OPTIMIZERS
 from torchmatrix.messages.cross_version import EXPECTED_FILE, writes_dir
 from torchmatrix.ranks.plugin import planned_options
+from torchmatrix.ranks.root_cause import root_cause
 from torchmatrix.ranks.worker import current_device
 
 __all__ = [
@@ -37,3 +39,4 @@ __all__ = [
     "is_bound_checkpointer",
 ]
 __all__ += ["load", "planned_options", "writes_dir"]
+__all__ += ["root_cause"]

@@ -1,0 +1,45 @@
+"""A known-bad model for the grad-ckpt suite's compiled cells: a block whose compiled recompute is
+not the graph its forward ran.
+
+Its checkpointed body branches on a Python counter that forward advances after the body ran, as a
+block reading a per-call schedule (a warm-up step, a position offset) from an attribute does. Torch
+compile guards on the counter, so with ``compile_nesting = "inside"`` the backward's recompute fails
+the guard and runs a graph compiled for the new value, which saves more tensors than the forward's:
+torch raises ``CheckpointError``, the class of pytorch#166926 (a recompute that selects another
+compiled graph than its forward). With ``compile_nesting = "outside"`` recompute runs inside the
+graph the forward traced, so the block is consistent there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from torch import Tensor
+
+from ..transformer import KVCache, PrefixExpertDecoder, PrefixLayer, build_model
+
+
+class CallCountingPrefixLayer(PrefixLayer):
+    """Counts its calls after the checkpointed body has run, and on odd counts adds a ``sin`` (which
+    saves its input for backward) to what the body computes."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.calls_finished = 0
+
+    def forward(self, hidden: Tensor, cache: KVCache) -> Tensor:
+        hidden = super().forward(hidden, cache)
+        self.calls_finished += 1
+        return hidden
+
+    def compute(self, hidden: Tensor, cache: KVCache) -> Tensor:
+        hidden = super().compute(hidden, cache)
+        if self.calls_finished % 2:
+            hidden = hidden + 1e-3 * hidden.sin()
+        return hidden
+
+
+def recompute_switching_model(cell: Mapping[str, object], **kwargs) -> PrefixExpertDecoder:
+    """Model factory: the reference decoder whose prefix layers switch graphs between forward and recompute."""
+    return build_model(cell, prefix_layer=CallCountingPrefixLayer, **kwargs)
+
