@@ -69,7 +69,9 @@ def main() -> int:
     args = parser.parse_args()
     backends, nestings = (["aot_eager"], ["outside"]) if args.tiny else (args.backends, args.nestings)
     sequence = "fixed" if args.tiny else "grown"
-    print("| backend | nesting | compile s, cold cache | compile s, warm cache | step wall s, cold | step wall s, warm |")
+    print(
+        "| backend | nesting | compile s, cold cache | compile s, warm cache | step wall s, cold | step wall s, warm |"
+    )
     print("|---|---|---|---|---|---|")
     for backend in backends:
         for nesting in nestings:

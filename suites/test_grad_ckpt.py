@@ -20,6 +20,17 @@ per-tensor gradient difference with mean ~0 hides in loss curves (the public rep
 grad-ckpt + KV cache: pin gradient-equivalence with a focused regression test"), and a counter
 that recompute bumps twice changes no gradient of this step, only every step after it.
 
+Compiled cells (cell key ``compile``, nesting ``compile_nesting``; docs/explanation/compile.md): both
+steps are compiled by the same backend. aot_eager runs torch's own kernels and stays bit for bit;
+a backend that generates kernels (inductor) may sum float32 reductions of the recompute in another
+order, so it is compared within ``REORDER_RTOL``, named in the message and the ``precision``
+property. A forward at another sequence length runs between the forwards and the backward, so a
+dynamic-shape graph exists when recompute runs (pytorch#166926). Recompute runs in the compiled
+backward (outside) or stops before a compiled body's Python side effects replay (inside), so no
+counter sees a layer run again: checkpointing is shown applied by autograd saving less for backward
+than without it, and the cache need not be seen rewritten. A compiler error fails with the compile
+mode and the compiler's root cause line.
+
 Model contract (beyond the factory signatures in torchmatrix/components/protocol.py): ``model(**batch)``
 returns the loss as a tensor, a tuple's first element, a dict's ``"loss"`` or ``.loss``
 (suites/model_output.py). The cache is any pytree of tensors and plain values, read from the output's
@@ -477,6 +488,15 @@ def compile_mode(cell) -> str | None:
     return f"compile={backend}, nesting {cell.get('compile_nesting', 'outside')}"
 
 
+class RecomputeMismatch(RuntimeError):
+    """torch's CheckpointError in a compiled cell, with the checkpoint unit whose recompute raised it
+    (torch's message names none)."""
+
+    def __init__(self, origin: str, error: CheckpointError):
+        super().__init__(f"in the recompute of {origin}: {error}")
+        self.origin = origin
+
+
 @contextmanager
 def failing_stage(cell, what: str):
     """Re-raise an error of ``what`` naming the cell and torch version: a broken combination fails, never
@@ -488,8 +508,9 @@ def failing_stage(cell, what: str):
         mode = compile_mode(cell)
         if mode is None:
             raise RuntimeError(f"cell {cell.id}, torch {torch.__version__}: {what} failed: {error!r}") from error
+        where = f" in the recompute of {error.origin}" if isinstance(error, RecomputeMismatch) else ""
         raise RuntimeError(
-            f"cell {cell.id}, torch {torch.__version__}, {mode}: {what} failed: {root_cause(error)}"
+            f"cell {cell.id}, torch {torch.__version__}, {mode}: {what} failed{where}: {root_cause(error)}"
         ) from error
 
 
@@ -638,8 +659,10 @@ def train_step(
             try:
                 loss.backward()
             except CheckpointError as error:
-                origin = units.rerunning(unwrapped(model)) if compiled else None
-                origin = origin or recompute_origin(layer_calls(model, units), ran)
+                if compiled:
+                    origin = units.rerunning(unwrapped(model)) or "a checkpointed function (no unit ran again)"
+                    raise RecomputeMismatch(origin, error) from error
+                origin = recompute_origin(layer_calls(model, units), ran)
                 raise RuntimeError(f"in the recompute of {origin}: {error}") from error
         calls_after_backward = layer_calls(model, units)
         unit_sites = units.sites(unwrapped(model))
@@ -942,7 +965,8 @@ def no_cache_reason(has_cache: tuple[bool, bool]) -> str:
 
 def test_recompute_reruns_layers_and_rewrites_cache_identically(cell, ranks, components, suite_options):
     """Backward must re-execute every checkpointed layer body, and the reruns must leave the KV cache
-    as forward did: its tensors and its non-tensor state (counters, lengths), also against eager."""
+    as forward did: its tensors and its non-tensor state (counters, lengths), also against eager.
+    In a compiled cell, where no Python body reruns, checkpointing must have left less saved for backward."""
     precision = precision_from(suite_options)
     results = ranks.run(inspect_recompute, cell, components, precision, DROPOUT)
     precision = results[0]["precision"]

@@ -4,10 +4,11 @@ not the graph its forward ran.
 Its checkpointed body branches on a Python counter that forward advances after the body ran, as a
 block reading a per-call schedule (a warm-up step, a position offset) from an attribute does. Torch
 compile guards on the counter, so with ``compile_nesting = "inside"`` the backward's recompute fails
-the guard and runs a graph compiled for the new value, which saves more tensors than the forward's:
+the guard and runs a graph compiled for the new value, which saves other tensors than the forward's:
 torch raises ``CheckpointError``, the class of pytorch#166926 (a recompute that selects another
-compiled graph than its forward). With ``compile_nesting = "outside"`` recompute runs inside the
-graph the forward traced, so the block is consistent there.
+compiled graph than its forward). Eager checkpointing reruns the same Python and fails the same way.
+With ``compile_nesting = "outside"`` recompute runs inside the graph the forward traced, so the
+block is consistent there.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from ..transformer import KVCache, PrefixExpertDecoder, PrefixLayer, build_model
 
 
 class CallCountingPrefixLayer(PrefixLayer):
-    """Counts its calls after the checkpointed body has run, and on odd counts adds a ``sin`` (which
-    saves its input for backward) to what the body computes."""
+    """Counts its calls after the checkpointed body has run, and from the second call on adds a
+    ``sin`` (which saves its input for backward) to what the body computes."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -34,7 +35,7 @@ class CallCountingPrefixLayer(PrefixLayer):
 
     def compute(self, hidden: Tensor, cache: KVCache) -> Tensor:
         hidden = super().compute(hidden, cache)
-        if self.calls_finished % 2:
+        if self.calls_finished:
             hidden = hidden + 1e-3 * hidden.sin()
         return hidden
 
@@ -42,4 +43,3 @@ class CallCountingPrefixLayer(PrefixLayer):
 def recompute_switching_model(cell: Mapping[str, object], **kwargs) -> PrefixExpertDecoder:
     """Model factory: the reference decoder whose prefix layers switch graphs between forward and recompute."""
     return build_model(cell, prefix_layer=CallCountingPrefixLayer, **kwargs)
-

@@ -12,7 +12,9 @@ from torchmatrix.reports.records import RunResults, TestRecord, VersionInfo
 def run(*records: TestRecord) -> RunResults:
     versions = [VersionInfo(torch) for torch in dict.fromkeys(record.torch for record in records)]
     cells = {record.cell: {"compile": record.cell} for record in records}
-    return RunResults("r", "now", ["host"], "matrix.toml", "0" * 64, "", ReportSettings(), versions, cells, list(records))
+    return RunResults(
+        "r", "now", ["host"], "matrix.toml", "0" * 64, "", ReportSettings(), versions, cells, list(records)
+    )
 
 
 def test_the_summary_says_how_much_of_each_versions_test_time_was_compiling():

@@ -86,7 +86,9 @@ class Usage(NamedTuple):
 
     def compiled_since(self, before: Usage) -> float:
         """The most seconds any rank spent compiling since ``before`` (0 where a rank restarted)."""
-        return max((max(now - then, 0.0) for now, then in zip(self.compile_seconds, before.compile_seconds)), default=0.0)
+        return max(
+            (max(now - then, 0.0) for now, then in zip(self.compile_seconds, before.compile_seconds)), default=0.0
+        )
 
 
 def rank_usage() -> dict:

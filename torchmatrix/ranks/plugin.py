@@ -34,10 +34,10 @@ from torchmatrix.messages.events import (
 from torchmatrix.messages.grant import Grant
 from torchmatrix.messages.group_plan import GroupPlan
 from torchmatrix.ranks import zygote
+from torchmatrix.ranks.compile_time import COMPILE_SECONDS, compile_seconds
 from torchmatrix.ranks.launched import launched_rank
 from torchmatrix.ranks.output_cap import DEFAULT_CAP_BYTES, cap_text
 from torchmatrix.ranks.parent_death import exit_with_runner
-from torchmatrix.ranks.compile_time import COMPILE_SECONDS, compile_seconds
 from torchmatrix.ranks.per_test_usage import (
     CPU_SECONDS,
     WARNING_PROPERTY,

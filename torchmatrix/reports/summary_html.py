@@ -147,8 +147,7 @@ def _totals(summary: Summary) -> str:
     compile_note = f'\n<p id="compile-time">Compile time: {times} ({text(summary.compile_note)}).</p>' if times else ""
     return (
         '<h2>Totals</h2>\n<table id="totals"><tr><th>torch</th><th>cells</th>'
-        f"{''.join(f'<th>{s.column}</th>' for s in Status)}{confirmations}</tr>\n{''.join(rows)}</table>"
-        + compile_note
+        f"{''.join(f'<th>{s.column}</th>' for s in Status)}{confirmations}</tr>\n{''.join(rows)}</table>" + compile_note
     )
 
 

@@ -185,7 +185,8 @@ def _totals(summary: Summary) -> str:
     if not summary.compiled:
         return table
     times = "; ".join(
-        f"{code(v.torch, table=False)}: {v.compile_seconds:.0f} s of {v.test_seconds:.0f} s of tests" for v in summary.compiled
+        f"{code(v.torch, table=False)}: {v.compile_seconds:.0f} s of {v.test_seconds:.0f} s of tests"
+        for v in summary.compiled
     )
     return f"{table}\n\nCompile time: {times} ({summary.compile_note})."
 
