@@ -117,12 +117,14 @@ def test_each_compiled_cell_records_its_compile_seconds(reference_run):
 
 def test_a_compiler_error_fails_every_test_with_the_compile_mode_and_torchs_root_cause(reference_run):
     _, cases, _, _ = reference_run
+    assert sorted(cases[NO_SUCH_BACKEND]) == EVERY_TEST
     for name, case in cases[NO_SUCH_BACKEND].items():
         assert not case.is_passed and not case.is_skipped, name
         assert case.result[0].message.startswith(
             "torch._dynamo.exc.InvalidBackend: Invalid backend: 'no_such_backend'"
         ), case.result[0].message
-        assert (
-            f"cell {NO_SUCH_BACKEND}, torch 2.13.0+cpu, compile=no_such_backend, nesting outside: parallelize"
-            in failure_text(case)
-        ), failure_text(case)
+    first = cases[NO_SUCH_BACKEND][GRADIENTS.format(0.0)]
+    assert (
+        f"cell {NO_SUCH_BACKEND}, torch 2.13.0+cpu, compile=no_such_backend, nesting outside: parallelize (fsdp=none) "
+        "with activation checkpointing failed: torch._dynamo.exc.InvalidBackend" in failure_text(first)
+    ), failure_text(first)
