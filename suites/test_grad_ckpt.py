@@ -530,7 +530,9 @@ def longer_batch(batch):
 def saved_activation_bytes():
     """Counts, under ``"bytes"``, what autograd saves for backward during the block outside checkpointed
     regions (checkpoint's own hooks take the saves inside them, and a compiled region saves only what
-    its partitioner keeps): the evidence that checkpointing was applied where no Python reruns."""
+    its partitioner keeps): the evidence that checkpointing was applied where no Python reruns. Only
+    compiled cells count: a tensor saved through hooks escapes autograd's check that it was not
+    modified in place before backward, which eager cells keep."""
     counted = {"bytes": 0}
 
     def pack(tensor):
@@ -631,7 +633,7 @@ def train_step(
             failing_stage(cell, f"forward {mode} activation checkpointing"),
             inner_output(model) as seen,
             watched_sites(unwrapped(model), sites, units),
-            saved_activation_bytes() as saved,
+            saved_activation_bytes() if compiled else nullcontext({"bytes": 0}) as saved,
         ):
             for batch in batches:
                 units.next_forward()
