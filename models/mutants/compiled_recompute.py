@@ -1,5 +1,5 @@
-"""A known-bad model for the grad-ckpt suite's compiled cells: a block whose compiled recompute is
-not the graph its forward ran.
+"""Known-bad components for the grad-ckpt suite's compiled cells: a block whose compiled recompute is
+not the graph its forward ran, and a parallelize that compiles blocks it never checkpointed.
 
 Its checkpointed body branches on a Python counter that forward advances after the body ran, as a
 block reading a per-call schedule (a warm-up step, a position offset) from an attribute does. Torch
@@ -17,6 +17,7 @@ from collections.abc import Mapping
 
 from torch import Tensor
 
+from ..parallel import parallelize
 from ..transformer import KVCache, PrefixExpertDecoder, PrefixLayer, build_model
 
 
@@ -43,3 +44,11 @@ class CallCountingPrefixLayer(PrefixLayer):
 def recompute_switching_model(cell: Mapping[str, object], **kwargs) -> PrefixExpertDecoder:
     """Model factory: the reference decoder whose prefix layers switch graphs between forward and recompute."""
     return build_model(cell, prefix_layer=CallCountingPrefixLayer, **kwargs)
+
+
+def checkpoint_dropping_parallelize(model, cell, *, device, activation_checkpointing: bool = False, mesh=None):
+    """Component ``parallelize``: the reference one, except that it never switches checkpointing on,
+    as a stack whose compile wrapper replaces the checkpointed blocks would. In an eager cell no layer
+    body runs again; in a compiled cell, where none runs again anyway, autograd saves as much with
+    checkpointing as without, and the suite must fail saying checkpointing was not applied."""
+    return parallelize(model, cell, device=device, activation_checkpointing=False, mesh=mesh)
