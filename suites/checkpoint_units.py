@@ -54,7 +54,7 @@ class CheckpointUnits:
         while isinstance(target, functools.partial):  # transformers: partial(layer.__call__, **kwargs)
             args, kwargs = (*target.args, *args), {**target.keywords, **kwargs}
             target = target.func
-        target = inspect.unwrap(target)  # torch.compile(layer.body) wraps the bound method it compiles
+        target = getattr(target, "_torchdynamo_orig_callable", target)  # torch.compile(layer.body)'s method
         base = target.__self__ if inspect.ismethod(target) else target
         key_base = (id(base), getattr(target, "__name__", None))
         order = self._calls_this_forward.get(key_base, 0)
