@@ -1,14 +1,15 @@
-"""Apply a cell's tensor parallelism, activation checkpointing and data-parallel wrapper
+"""Apply a cell's tensor parallelism, activation checkpointing, compile and data-parallel wrapper
 (fsdp = none | fsdp1 | fsdp2) over the cell's mesh (mesh = flat | hsdp | fsdp_tp).
 
 Order, as torchtitan's parallelize functions and the PyTorch FSDP docs have it: the
 tensor-parallel plan first (on a mesh with a "tp" dim), then checkpointing per layer, then
-shard each layer, then the root. Every FSDP unit therefore wraps one whole checkpointed layer,
-so its parameters are gathered before the layer's recompute runs during backward (FSDP2:
-``fully_shard`` on each block, then on the model; FSDP1: the same units through
-``ModuleWrapPolicy``, which is the structure ``apply_activation_checkpointing`` after wrapping
-produces). The mesh decides the layout: FSDP2 over a ("dp_replicate", "dp_shard") mesh is HSDP,
-over ("dp_shard", "tp") it shards the dp_shard dim of parameters the plan already split on tp.
+compile each layer (cell key ``compile``, models/block_compile.py), then shard each layer, then
+the root. Every FSDP unit therefore wraps one whole checkpointed layer, so its parameters are
+gathered before the layer's recompute runs during backward (FSDP2: ``fully_shard`` on each
+block, then on the model; FSDP1: the same units through ``ModuleWrapPolicy``, which is the
+structure ``apply_activation_checkpointing`` after wrapping produces). The mesh decides the
+layout: FSDP2 over a ("dp_replicate", "dp_shard") mesh is HSDP, over ("dp_shard", "tp") it
+shards the dp_shard dim of parameters the plan already split on tp.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel, parallelize_module
 
 from torchmatrix.testing import cell_mesh
+
+from .block_compile import compile_blocks
 
 FSDP_KINDS = ("none", "fsdp1", "fsdp2")
 TP_DIM = "tp"
@@ -61,6 +64,7 @@ def parallelize(
         raise ValueError(f"cell axis fsdp={fsdp!r}: expected one of {', '.join(FSDP_KINDS)}")
     if fsdp == "none":
         switch_checkpointing(model, activation_checkpointing)
+        compile_blocks(model, cell)
         return model.to(device)
     if mesh is None:
         mesh = cell_mesh(cell, device.type)
@@ -72,6 +76,7 @@ def parallelize(
     if TP_DIM in (mesh.mesh_dim_names or ()):
         apply_tensor_parallel(model, mesh[TP_DIM], tensor_parallel_plan)
     switch_checkpointing(model, activation_checkpointing)
+    compile_blocks(model, cell)
     if fsdp == "fsdp1":
         return wrap_fsdp1(model, device, mesh)
     return shard_fsdp2(model, device, data_parallel_mesh(mesh))

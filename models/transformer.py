@@ -107,6 +107,10 @@ def attend(query: Tensor, keys: Tensor, values: Tensor, config: DecoderConfig) -
         scores = (query @ keys.transpose(-2, -1)) * query.shape[-1] ** -0.5
         mask = lower_right_causal_mask(query_len, key_len, query.device)
         return scores.masked_fill(~mask, float("-inf")).softmax(dim=-1) @ values
+    if torch.compiler.is_compiling():
+        # Dynamo cannot build the CausalBias tensor subclass in a graph (a graph break): the same mask as a tensor
+        mask = lower_right_causal_mask(query_len, key_len, query.device)
+        return F.scaled_dot_product_attention(query, keys, values, attn_mask=mask)
     bias = causal_lower_right(query_len, key_len)
     if config.sdpa_backend is None:
         return F.scaled_dot_product_attention(query, keys, values, attn_mask=bias)
@@ -118,7 +122,8 @@ class DecoderLayer(nn.Module):
     """Pre-norm attention + MLP block whose body optionally runs under activation checkpointing.
 
     ``checkpointing`` is the per-layer switch (parallelize sets it before sharding);
-    ``body_calls`` counts body executions, so a test can see that recompute really ran.
+    ``body_calls`` counts body executions in Python, so a test can see that recompute really ran
+    (a body traced into a compiled block's graph runs as the graph and is not counted).
     Subclasses decide which cached keys/values the attention uses (``keys_values``).
     """
 
@@ -139,12 +144,30 @@ class DecoderLayer(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, hidden: Tensor, cache: KVCache) -> Tensor:
+        if self.checkpointing and torch.compiler.is_compiling():
+            return self.traced_checkpoint(hidden, cache)
         if self.checkpointing:
             return checkpoint(self.body, hidden, cache, use_reentrant=False)
         return self.body(hidden, cache)
 
+    def traced_checkpoint(self, hidden: Tensor, cache: KVCache) -> Tensor:
+        """The checkpointed body as torch.compile traces it into the block's graph (compile outside):
+        a checkpointed region with Python side effects breaks the graph, so the region computes on a
+        copy of the cache and returns what it wrote, which is written back outside it. Recompute then
+        runs inside the compiled backward, where no Python runs again."""
+
+        def region(hidden: Tensor, entries: dict[int, tuple[Tensor, Tensor]]):
+            local = KVCache()
+            local.update(entries)
+            return self.compute(hidden, local), dict(local.items())
+
+        hidden, written = checkpoint(region, hidden, dict(cache.items()), use_reentrant=False)
+        cache.update(written)
+        return hidden
+
     def body(self, hidden: Tensor, cache: KVCache) -> Tensor:
-        self.body_calls += 1
+        if not torch.compiler.is_compiling():  # a counter in a graph would recompile it at every call
+            self.body_calls += 1
         return self.compute(hidden, cache)
 
     def compute(self, hidden: Tensor, cache: KVCache) -> Tensor:

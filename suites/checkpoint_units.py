@@ -41,6 +41,7 @@ class CheckpointUnits:
 
     units: dict[tuple, Unit] = field(default_factory=dict)
     containers: list[tuple[str, object, dict]] = field(default_factory=list)
+    last_rerun: Unit | None = None
     _calls_this_forward: dict[object, int] = field(default_factory=dict)
 
     def next_forward(self) -> None:
@@ -53,6 +54,7 @@ class CheckpointUnits:
         while isinstance(target, functools.partial):  # transformers: partial(layer.__call__, **kwargs)
             args, kwargs = (*target.args, *args), {**target.keywords, **kwargs}
             target = target.func
+        target = getattr(target, "_torchdynamo_orig_callable", target)  # torch.compile(layer.body)'s method
         base = target.__self__ if inspect.ismethod(target) else target
         key_base = (id(base), getattr(target, "__name__", None))
         order = self._calls_this_forward.get(key_base, 0)
@@ -64,6 +66,7 @@ class CheckpointUnits:
         def counted(*inner_args, **inner_kwargs):
             if ran[0]:
                 unit.reruns += 1
+                self.last_rerun = unit
             else:
                 ran[0] = True
                 unit.forward_runs += 1
@@ -93,6 +96,14 @@ class CheckpointUnits:
             if path is not None:
                 found.append((path, None if unit.base is unit.function or method in MODULE_CALLS else method))
         return sorted(set(found), key=repr)
+
+    def rerunning(self, model: nn.Module) -> str | None:
+        """The name of the unit whose function backward ran again last (the one a recompute error
+        comes from), or None when none ran again."""
+        if self.last_rerun is None:
+            return None
+        names = {id(module): clean_name(name) for name, module in model.named_modules()}
+        return f"checkpoint unit {unit_name(self.last_rerun, names)}"
 
     def calls(self, model: nn.Module) -> dict[str, int]:
         """Unit name -> how often its function ran, in forward and again in backward.
@@ -171,12 +182,18 @@ ACTIVE: list[CheckpointUnits] = []
 
 def instrumented_checkpoint(function, *args, **kwargs):
     """``torch.utils.checkpoint.checkpoint``, counting into the active ``CheckpointUnits``; outside a
-    block (a module imported during one kept this function) the original alone."""
+    block (a module imported during one kept this function) the original alone. torch.compile never
+    runs it: it traces the call as checkpoint's higher-order op, so a compiled checkpoint goes uncounted."""
     if ACTIVE:
         plain_kwargs = {key: value for key, value in kwargs.items() if key not in CHECKPOINT_OPTIONS}
         function = ACTIVE[-1].wrap(function, args, plain_kwargs)
     return ORIGINAL_CHECKPOINT(function, *args, **kwargs)
 
+
+# Patched into torch.utils.checkpoint, this is the function torch.compile recognises as checkpoint and
+# traces as its higher-order op, splitting checkpoint's own keywords (use_reentrant) from the checkpointed
+# function's by this signature: it must be the original's.
+instrumented_checkpoint.__signature__ = inspect.signature(ORIGINAL_CHECKPOINT)
 
 KEPT_NAMES = frozenset({"ORIGINAL_CHECKPOINT", "instrumented_checkpoint"})
 

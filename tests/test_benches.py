@@ -16,6 +16,7 @@ pytestmark = pytest.mark.slow
 # Each bench, and a line its output must end up with: the figure its docstring promises.
 BENCHES = {
     "collective_latency": r"\| 2 \| SCHED_OTHER, unpinned \(a plain process\) \| [\d.]+ ms \| [\d.]+ ms \| 1\.0x \|",
+    "compile_cache": r"\| aot_eager \| outside \| [\d.]+ \| [\d.]+ \| [\d.]+ \| [\d.]+ \|",
     "env_overhead": r"\| `torchmatrix run --shard <empty shard>` on the torch here \| [\d.]+ s \|",
     "matrix_walltime": r"\| torchmatrix run \| [\d.]+ s \| 1 \| 1 \(1 testcases reported\) \| \d+ \| 0 \|",
     "per_test_overhead": r"worst mean overhead per test: [\d.]+ ms",

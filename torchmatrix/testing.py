@@ -20,7 +20,8 @@ suites skip that cell's optimizer tests with the reason.
 params (the sensitivity command reads it too). For checkpoints across versions, `writes_dir(run_dir,
 version, cell_id)` is where a version's cross_version checkpoint of a cell lives, with its
 `EXPECTED_FILE`, and `planned_options(config, suite)` gives a suite module's pytest_generate_tests
-the options the runner planned for it.
+the options the runner planned for it. `root_cause(error)` is an exception's root cause line, as
+the reports show it.
 """
 
 from torchmatrix.components.calling import accepts, build_optimizer, call_accepting, is_bound_checkpointer
@@ -38,6 +39,7 @@ from torchmatrix.components.protocol import RESUME_BF16_PARAM_OPTIMIZERS
 from torchmatrix.messages.cross_version import EXPECTED_FILE, writes_dir
 from torchmatrix.ranks.cell_mesh import cell_layout, cell_mesh, data_parallel_rank, data_parallel_size, mesh_group
 from torchmatrix.ranks.plugin import planned_options
+from torchmatrix.ranks.root_cause import root_cause
 from torchmatrix.ranks.worker import current_device
 
 __all__ = [
@@ -58,4 +60,4 @@ __all__ = [
     "is_bound_checkpointer",
 ]
 __all__ += ["data_parallel_rank", "data_parallel_size", "load", "mesh_group", "planned_options", "writes_dir"]
-__all__ += ["UnavailableImplementation"]
+__all__ += ["UnavailableImplementation", "root_cause"]

@@ -1,12 +1,15 @@
-"""Compiled kernels never cross cells or ranks: each rank of each (suite, cell) run compiles into
-its own TORCHINDUCTOR_CACHE_DIR, even when one long-lived rank process serves both cells, and
-Inductor itself (which reads the variable at each cache access) sees that directory."""
+"""Compiled kernels never cross cells, ranks or torch versions: each rank of each cell compiles into
+its own TORCHINDUCTOR_CACHE_DIR under the run's directory for the version, even when one long-lived
+rank process serves both cells, and Inductor itself (which reads the variable at each cache access)
+sees that directory; every suite of a cell reuses it. A test that compiled records its compile
+seconds apart from its duration; one that did not records none."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+from junitparser import JUnitXml
 
 from conftest import matrix_toml
 
@@ -15,6 +18,7 @@ pytestmark = pytest.mark.slow
 SUITE = """
 import json, os
 
+import torch
 import torch.distributed as dist
 
 
@@ -24,25 +28,50 @@ def _where():
     return {"rank": dist.get_rank(), "pid": os.getpid(), "inductor": cache_dir(), "env": os.environ["TORCHINDUCTOR_CACHE_DIR"]}
 
 
+def _compile_something():
+    torch.compile(lambda x: (x * 2).sin(), backend="aot_eager")(torch.ones(3, requires_grad=True)).sum().backward()
+
+
 def test_where_kernels_are_cached(cell, ranks):
     seen = ranks.run(_where)
-    with open(os.path.join(os.environ["COMPILE_CACHE_OUT"], cell.id + ".json"), "w") as out:
+    with open(os.path.join(os.environ["COMPILE_CACHE_OUT"], f"{os.path.basename(__file__)}-{cell.id}.json"), "w") as out:
         json.dump(seen, out)
+
+
+def test_compiles(cell, ranks):
+    ranks.run(_compile_something)
 """
 
 
-def test_each_cell_compiles_into_its_own_cache_directory(project, tmp_path, monkeypatch):
+def test_each_cell_compiles_into_its_own_cache_directory_of_its_torch_version(project, tmp_path, monkeypatch):
     out = tmp_path / "seen"
     out.mkdir()
     monkeypatch.setenv("COMPILE_CACHE_OUT", str(out))
-    project.write("matrix.toml", matrix_toml(axes={"world_size": [2], "flavor": ["a", "b"]}, suites={"where": {}}))
+    matrix = matrix_toml(axes={"world_size": [2], "flavor": ["a", "b"]}, suites={"where": {}, "again": {}})
+    project.write("matrix.toml", matrix)
     project.write("suites/__init__.py", "")
     project.write("suites/test_where.py", SUITE)
-    done = project.torchmatrix("run", "--torch", "system", "--reports", "out", "--slots", "2")
+    project.write("suites/test_again.py", SUITE)
+    done = project.torchmatrix("run", "--torch", "system", "--reports", "out", "--slots", "2", "--run-id", "r1")
     assert done.returncode == 0, done.stdout + done.stderr
-    a, b = (json.loads((out / f"ws2-{flavor}.json").read_text()) for flavor in ("a", "b"))
+    a, b, again = (
+        json.loads((out / f"{suite}-ws2-{flavor}.json").read_text())
+        for suite, flavor in (("test_where.py", "a"), ("test_where.py", "b"), ("test_again.py", "a"))
+    )
     assert [r["pid"] for r in a] == [r["pid"] for r in b], "both cells ran on the same rank processes"
     for seen in (a, b):
         assert all(r["inductor"] == r["env"] for r in seen), seen
         assert seen[0]["env"] != seen[1]["env"], "two ranks of one cell shared one compile cache directory"
     assert not {r["env"] for r in a} & {r["env"] for r in b}, "two cells shared one compile cache directory"
+    assert [r["env"] for r in again] == [r["env"] for r in a], "two suites of one cell compiled into different caches"
+    version_dir = (project.root / "out" / "r1" / "torch-system").resolve()
+    assert [r["env"] for r in a] == [str(version_dir / "compile-cache" / "ws2-a" / f"rank{rank}") for rank in (0, 1)]
+
+    properties = {}
+    for suite in JUnitXml.fromfile(str(project.root / "out" / "r1" / "junit.xml")):
+        properties.update({prop.name: prop.value for prop in suite.properties()})
+    compiled = {name: float(value) for name, value in properties.items() if name.endswith("::compile_seconds")}
+    assert sorted(compiled) == ["again::test_compiles::compile_seconds", "where::test_compiles::compile_seconds"], (
+        properties
+    )
+    assert all(seconds > 0 for seconds in compiled.values()), compiled

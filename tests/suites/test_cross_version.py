@@ -2,7 +2,8 @@
 once, beside this one's, ~1 min and 5.5 GB the first time) each run the cross_version suite on the
 smallest cell, then `cross-read` has each load the other's writes.
 
-With the reference checkpointer both directions load exactly; before 2.14.1 has run, a read pass
+With the reference checkpointer both directions load exactly, also for a compiled cell (parameter
+names with `_orig_mod.`); before 2.14.1 has run, a read pass
 reports 2.14.1's writes as missing (not checked, never passed); with a checkpointer that refuses a
 checkpoint another torch wrote, the rollback section names its root cause and `compare` and
 `report --check-upgrade` exit 1.
@@ -55,14 +56,17 @@ def torchmatrix(python: str, *args: str) -> subprocess.CompletedProcess:
     )
 
 
-def run_both(root: Path, checkpointer: str, candidate_python: str, *, read_between: bool = False) -> Path:
-    """Run both versions' cross_version suite into one run directory, then the read pass; return the run directory."""
+def run_both(
+    root: Path, checkpointer: str, candidate_python: str, *, read_between: bool = False, cell: dict = CELL
+) -> Path:
+    """Run both versions' cross_version suite on ``cell`` into one run directory, then the read pass;
+    return the run directory."""
     root.mkdir(parents=True)
     matrix = root / "matrix.toml"
     components = {**REFERENCE_COMPONENTS, "checkpointer": checkpointer}
     matrix.write_text(
         matrix_toml(
-            torch=[BASELINE, CANDIDATE], axes=CELL, suites={"cross_version": {"path": None}}, components=components
+            torch=[BASELINE, CANDIDATE], axes=cell, suites={"cross_version": {"path": None}}, components=components
         )
         + PROJECT_IS_THIS_CHECKOUT
     )
@@ -94,6 +98,14 @@ def mutant(tmp_path_factory, candidate_python) -> Path:
     return run_both(tmp_path_factory.mktemp("mutant") / "p", MUTANT, candidate_python)
 
 
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory, candidate_python) -> Path:
+    cell = {**CELL, "compile": ["aot_eager"]}
+    return run_both(
+        tmp_path_factory.mktemp("compiled") / "p", REFERENCE_COMPONENTS["checkpointer"], candidate_python, cell=cell
+    )
+
+
 def test_reference_checkpoints_load_exactly_both_ways(reference):
     done = torchmatrix(sys.executable, "report", str(reference), "--check-upgrade")
     assert done.returncode == 0, done.stdout + done.stderr
@@ -105,6 +117,20 @@ def test_reference_checkpoints_load_exactly_both_ways(reference):
         "✅ **rollback**: checkpoints written by 2.14.1 load exactly under 2.13.0"
         in (reference / "summary.md").read_text()
     )
+
+
+def test_a_compiled_models_checkpoint_loads_exactly_both_ways(compiled):
+    """Its blocks are torch.compile modules (parameter names with `_orig_mod.`); the checkpoint written
+    by either version loads exactly under the other."""
+    done = torchmatrix(sys.executable, "report", str(compiled), "--check-upgrade")
+    assert done.returncode == 0, done.stdout + done.stderr
+    found = directions(compiled / "results.json")
+    for name in ("rollback", "forward"):
+        assert found[name]["passed"] == ["ws1-none-sdpa-adamw-aot_eager"] and not found[name]["broken"], found[name]
+    writes = [
+        t for t in json.loads((compiled / "results.json").read_text())["tests"] if t["test"].startswith("test_writes")
+    ]
+    assert len(writes) == 2 and all(t["figures"].get("compile_seconds", 0) > 0 for t in writes), writes
 
 
 def test_missing_writes_are_not_checked_never_passed(reference, tmp_path):

@@ -1,4 +1,5 @@
-"""What a test leaves besides its result, per process: the CPU seconds it used and the warnings it raised.
+"""What a test leaves besides its result, per process: the CPU seconds it used, the seconds it spent
+in torch.compile (torchmatrix.ranks.compile_time) and the warnings it raised.
 
 Each rank process counts its warnings (WarningLog, installed when the rank starts) and the plugin
 asks every rank for `rank_usage()` before and after each test, adding its own process's CPU time and
@@ -12,6 +13,9 @@ import re
 import time
 import warnings
 from collections import Counter
+from typing import NamedTuple
+
+from torchmatrix.ranks.compile_time import compile_seconds
 
 CPU_SECONDS = "cpu_seconds"  # the figure each test records: its CPU time, on every rank and in pytest
 WARNING_PROPERTY = "warning"  # warning.1, warning.2, ...: one JSON entry per distinct warning of a test
@@ -71,6 +75,23 @@ def as_entries(counts: Counter) -> list[dict]:
 RANK_WARNINGS = WarningLog()
 
 
+class Usage(NamedTuple):
+    """What the ranks and pytest have used so far: CPU seconds together, the warnings since the last
+    query, and each rank's compile seconds (ranks compile side by side, so a test's figure is the
+    slowest rank's growth)."""
+
+    cpu_seconds: float
+    warnings: Counter
+    compile_seconds: tuple[float, ...]
+
+    def compiled_since(self, before: Usage) -> float:
+        """The most seconds any rank spent compiling since ``before`` (0 where a rank restarted)."""
+        return max(
+            (max(now - then, 0.0) for now, then in zip(self.compile_seconds, before.compile_seconds)), default=0.0
+        )
+
+
 def rank_usage() -> dict:
-    """Rank function: this rank's CPU seconds so far (all its threads, gloo's too) and its warnings since the last call."""
-    return {"cpu_seconds": time.process_time(), "warnings": RANK_WARNINGS.drain()}
+    """Rank function: this rank's CPU seconds and compile seconds so far (all its threads, gloo's too)
+    and its warnings since the last call."""
+    return {"cpu_seconds": time.process_time(), "compile_seconds": compile_seconds(), "warnings": RANK_WARNINGS.drain()}

@@ -11,8 +11,6 @@ import functools
 import importlib
 import json
 import os
-import shutil
-import tempfile
 import time
 import warnings
 from collections import Counter
@@ -43,12 +41,14 @@ from torchmatrix.messages.events import (
 from torchmatrix.messages.grant import Grant
 from torchmatrix.messages.group_plan import GroupPlan
 from torchmatrix.ranks import zygote
+from torchmatrix.ranks.compile_time import COMPILE_SECONDS, compile_seconds
 from torchmatrix.ranks.launched import launched_rank
 from torchmatrix.ranks.output_cap import DEFAULT_CAP_BYTES, cap_text
 from torchmatrix.ranks.parent_death import exit_with_runner
 from torchmatrix.ranks.per_test_usage import (
     CPU_SECONDS,
     WARNING_PROPERTY,
+    Usage,
     as_entries,
     module_of,
     normalised,
@@ -64,6 +64,14 @@ from torchmatrix.status import Status
 PLAN_KEY = pytest.StashKey["CellPlan"]()
 USAGE_QUERY_SECONDS = 30.0
 NOT_PLANNED = "suites run through `python -m torchmatrix run`, which tells this plugin the cells to run"
+COMPILE_CACHE_DIRECTORY = "compile-cache"
+
+
+def compile_cache_root(plan: GroupPlan) -> Path:
+    """Where this torch version's compile caches live: `compile-cache` in the run's directory for the
+    version (the parent of its logs/), so every pytest process of the version's run, confirmation
+    re-runs included, finds what the earlier ones compiled, and no other version does."""
+    return Path(plan.events).parent.parent / COMPILE_CACHE_DIRECTORY
 
 
 def pytest_addoption(parser):
@@ -105,14 +113,15 @@ class CellPlan:
         if not plan.launched:
             zygote.start()
         self.events = EventLog(plan.events if rank == 0 else f"{plan.events}.rank{rank}")
-        self.compile_caches = Path(tempfile.mkdtemp(prefix="torchmatrix-compile-"))
+        self.compile_caches = compile_cache_root(plan)
         self._reports: dict[str, list] = {}
         self.shared: dict[tuple[str, str, str], object] = {}
 
-    def compile_cache(self, suite: str, cell: Cell) -> str:
-        """The directory torch.compile caches into while this suite runs on this cell (a folder per
-        rank in it): one per (suite, cell), removed with this process, so no compiled kernel crosses cells."""
-        return str(self.compile_caches / suite / cell.id)  # both checked as file names when the plan was read
+    def compile_cache(self, cell: Cell) -> str:
+        """The directory torch.compile caches into while a suite runs on this cell (a folder per rank
+        in it): one per cell of this torch version, which every suite, test and confirmation re-run of
+        the cell reuses, so no compiled kernel crosses cells or versions."""
+        return str(self.compile_caches / cell.id)  # checked as a file name when the plan was read
 
     def suite_of(self, path: Path) -> str | None:
         return self.suite_by_path.get(Path(path).resolve())
@@ -206,8 +215,10 @@ class CellPlan:
             outcome = as_simulation_limit(_outcome(reports, self.plan.output_cap), self.plan.device_type)
             after = self.usage() if before is not None else None
             if after is not None:
-                outcome["properties"].append([CPU_SECONDS, round(after[0] - before[0], 3)])
-                own_warnings.update(after[1])
+                outcome["properties"].append([CPU_SECONDS, round(after.cpu_seconds - before.cpu_seconds, 3)])
+                if compiled := after.compiled_since(before):
+                    outcome["properties"].append([COMPILE_SECONDS, round(compiled, 3)])
+                own_warnings.update(after.warnings)
             for index, entry in enumerate(as_entries(own_warnings), 1):
                 outcome["properties"].append([f"{WARNING_PROPERTY}.{index}", json.dumps(entry)])
             self.events.write(TestFinished(nodeid=item.nodeid, **where, **outcome))
@@ -228,16 +239,15 @@ class CellPlan:
     def pytest_sessionfinish(self, session):
         if self.pool is not None:
             self.pool.close()
-        shutil.rmtree(self.compile_caches, ignore_errors=True)
         self.events.close()
 
-    def usage(self) -> tuple[float, Counter] | None:
+    def usage(self) -> Usage | None:
         """User + system CPU seconds this process and its local ranks have used so far (what a test
-        costs whatever else loads the machine), and the warnings the ranks raised since the last
-        call; None while the ranks are down."""
+        costs whatever else loads the machine), the warnings the ranks raised since the last call
+        and each rank's compile seconds; None while the ranks are down."""
         own = sum(os.times()[:2])
         if self.plan.launched:
-            return own, Counter()
+            return Usage(own, Counter(), (compile_seconds(),))
         if self.pool is None or not self.pool.running:
             return None
         try:
@@ -247,7 +257,8 @@ class CellPlan:
         raised = Counter()
         for rank in ranks:
             raised.update({(w["category"], w["module"], w["message"]): w["count"] for w in rank["warnings"]})
-        return own + sum(rank["cpu_seconds"] for rank in ranks), raised
+        compiled = tuple(rank["compile_seconds"] for rank in ranks)
+        return Usage(own + sum(rank["cpu_seconds"] for rank in ranks), raised, compiled)
 
     def _key(self, item) -> str | None:
         cell = getattr(item, "callspec", None) and item.callspec.params.get("cell")
@@ -362,7 +373,7 @@ class Ranks:
 def ranks(request, cell, _cell_plan) -> Ranks:
     _cell_plan.start_pool()
     suite = _cell_plan.suite_of(request.node.path)
-    return Ranks(_cell_plan.pool, cell, _cell_plan.suites[suite].timeout, _cell_plan.compile_cache(suite, cell))
+    return Ranks(_cell_plan.pool, cell, _cell_plan.suites[suite].timeout, _cell_plan.compile_cache(cell))
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ import sys
 import traceback
 from multiprocessing.connection import Connection
 
+from torchmatrix.ranks.compile_time import reset_keeping_time
 from torchmatrix.ranks.parent_death import exit_with_parent
 from torchmatrix.ranks.per_test_usage import RANK_WARNINGS
 from torchmatrix.ranks.root_cause import root_cause
@@ -34,8 +35,8 @@ def current_device():
 
 
 def in_compile_cache(directory: str, fn, args: tuple):
-    """fn(*args) with torch.compile's on-disk caches (Inductor's, Triton's under it) in this rank's
-    own folder of the cell's `directory`.
+    """fn(*args) with torch.compile's on-disk caches (Inductor's FX graph and AOTAutograd caches,
+    Triton's under it) in this rank's own folder of the cell's `directory`.
 
     Inductor reads TORCHINDUCTOR_CACHE_DIR at every cache access (torch/_inductor/runtime/
     cache_dir_utils.py), not once at import, so setting it here re-homes every later compile of
@@ -49,15 +50,13 @@ def in_compile_cache(directory: str, fn, args: tuple):
     if os.environ.get(COMPILE_CACHE_VARIABLE) != directory:
         os.environ[COMPILE_CACHE_VARIABLE] = directory
         if "torch" in sys.modules:
-            import torch
-
-            torch.compiler.reset()
+            reset_keeping_time()
     return fn(*args)
 
 
 def current_cell_id() -> str | None:
     """The id of the cell whose test this rank runs now, or None before its first: `in_compile_cache`
-    keeps the cell's compile cache in a folder named after it (`<suite>/<cell id>/rank<N>`)."""
+    keeps the cell's compile cache in a folder named after it (`<cell id>/rank<N>`)."""
     directory = os.environ.get(COMPILE_CACHE_VARIABLE)
     return os.path.basename(os.path.dirname(directory)) if directory else None
 

@@ -10,6 +10,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from torchmatrix.ranks.compile_time import COMPILE_SECONDS
 from torchmatrix.reports.confirmation import why_not_rerun
 from torchmatrix.reports.records import RootCause, RunResults, SkipReason, TestRecord
 from torchmatrix.status import Confirmation, Status
@@ -109,6 +110,8 @@ class VersionRow:
     counts: dict[Status, int]
     confirmations: Confirmations
     filters: str
+    test_seconds: float = 0.0
+    compile_seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -133,6 +136,19 @@ class Summary:
     def filtered(self) -> list[VersionRow]:
         """The versions whose run was filtered, so the page says it is not the whole matrix."""
         return [version for version in self.versions if version.filters]
+
+    @property
+    def compiled(self) -> list[VersionRow]:
+        """The versions whose tests spent time in torch.compile."""
+        return [version for version in self.versions if version.compile_seconds]
+
+    @property
+    def compile_note(self) -> str:
+        """What the compile times are, after each version's (`torch 2.13.0: 41 s of 310 s of tests`)."""
+        return (
+            f"the `{COMPILE_SECONDS}` figure summed over the tests that compiled: each test's slowest rank's "
+            "seconds in torch.compile as Dynamo times them, a part of the test's duration"
+        )
 
     @property
     def grid_title(self) -> str:
@@ -179,6 +195,8 @@ def summarize(results: RunResults) -> Summary:
                 counts=results.totals(v.torch),
                 confirmations=Confirmations.of(results.records(v.torch)),
                 filters=describe_filters(v.filters),
+                test_seconds=sum(record.duration for record in results.records(v.torch)),
+                compile_seconds=sum(record.figures.get(COMPILE_SECONDS, 0) for record in results.records(v.torch)),
             )
             for v in results.versions
         ],

@@ -140,9 +140,14 @@ def _totals(summary: Summary) -> str:
             + "</tr>"
         )
     confirmations = "".join(f"<th>{name}</th>" for name, _ in summary.confirmations.columns)
+    times = "; ".join(
+        f"<code>{text(v.torch)}</code>: {v.compile_seconds:.0f} s of {v.test_seconds:.0f} s of tests"
+        for v in summary.compiled
+    )
+    compile_note = f'\n<p id="compile-time">Compile time: {times} ({text(summary.compile_note)}).</p>' if times else ""
     return (
         '<h2>Totals</h2>\n<table id="totals"><tr><th>torch</th><th>cells</th>'
-        f"{''.join(f'<th>{s.column}</th>' for s in Status)}{confirmations}</tr>\n{''.join(rows)}</table>"
+        f"{''.join(f'<th>{s.column}</th>' for s in Status)}{confirmations}</tr>\n{''.join(rows)}</table>" + compile_note
     )
 
 

@@ -181,7 +181,14 @@ def _totals(summary: Summary) -> str:
             + [str(n) for _, n in v.confirmations.columns]
         )
     confirmations = [name for name, _ in summary.confirmations.columns]
-    return _table(["torch", "build", "device", "cells", *(s.column for s in Status), *confirmations], rows)
+    table = _table(["torch", "build", "device", "cells", *(s.column for s in Status), *confirmations], rows)
+    if not summary.compiled:
+        return table
+    times = "; ".join(
+        f"{code(v.torch, table=False)}: {v.compile_seconds:.0f} s of {v.test_seconds:.0f} s of tests"
+        for v in summary.compiled
+    )
+    return f"{table}\n\nCompile time: {times} ({summary.compile_note})."
 
 
 def _grid(results: RunResults, summary: Summary) -> str:
