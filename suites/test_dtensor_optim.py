@@ -342,13 +342,15 @@ class Recipe(NamedTuple):
 
     def build(self, seed: int, mesh: DeviceMesh | None = None) -> tuple[nn.Module, torch.optim.Optimizer]:
         """Model (from `seed`) wrapped by the `parallelize` component over `mesh` (the cell's when
-        None), and the cell's optimizer component over its params."""
+        None), and the cell's optimizer component over its params. The uneven probe is not the
+        stack's model, so it is never compiled (it has no block for `compile_nesting` to enter)."""
         device = current_device()
         dtype = getattr(torch, self.param_dtype)
         build_model = load(self.components["model"]) if self.model_kind == "model" else build_uneven_probe
+        cell = self.cell if self.model_kind == "model" else {**self.cell, "compile": "none"}
         torch.manual_seed(seed)
-        model = build_model(self.cell, dtype=dtype)
-        model = parallelized(self.components, model, self.cell, device=device, mesh=mesh)
+        model = build_model(cell, dtype=dtype)
+        model = parallelized(self.components, model, cell, device=device, mesh=mesh)
         factory = load(self.components[f"optimizer_{self.cell['optimizer']}"])
         return model, build_optimizer(factory, model, lr=LR, implementation=implementation_of(self.cell))
 

@@ -24,6 +24,8 @@ from torchmatrix.components.loading import IMPORT_PATH
 from torchmatrix.components.optional import DEVICE_TYPES, OptionalWhere
 from torchmatrix.matrix.builtin_suites import BUILTIN_SUITES, builtin_suite_path
 from torchmatrix.matrix.cells import Cell, expand_cells, value_token
+from torchmatrix.matrix.known_failures import KEYS as KNOWN_FAILURE_KEYS
+from torchmatrix.matrix.known_failures import KnownFailure, KnownFailureError, read_known_failure
 from torchmatrix.matrix.meshes import MESH_AXIS, MESH_KINDS, TWO_D_FSDP, TWO_D_MESH_KINDS, mesh_layout, mesh_problem
 
 if sys.version_info >= (3, 11):
@@ -39,6 +41,7 @@ TOP_LEVEL_KEYS = (
     "axes",
     "exclude",
     "include",
+    "known_failure",
     "suites",
     "components",
     "requires",
@@ -111,6 +114,7 @@ class Matrix:
     installs: dict[str, TorchInstall] = field(default_factory=dict)
     requires: dict[str, tuple[str, ...]] = field(default_factory=dict)
     optional: dict[str, OptionalWhere] = field(default_factory=dict)
+    known_failures: tuple[KnownFailure, ...] = ()
 
     def install(self, version: str) -> TorchInstall:
         """`[torch.install."V"]`, or pip's defaults when the version has no table."""
@@ -186,6 +190,7 @@ def load_matrix(path: str | Path) -> Matrix:
     requires = _requires(raw, components, where)
     optional = _optional(raw, components, versions, where)
     report = _report(raw, where)
+    known_failures = _known_failures(raw, axes, suites, versions, where)
     matrix = Matrix(
         path=path,
         versions=versions,
@@ -200,6 +205,7 @@ def load_matrix(path: str | Path) -> Matrix:
         installs=installs,
         requires=requires,
         optional=optional,
+        known_failures=known_failures,
     )
     _check_cells(matrix, where)
     return matrix
@@ -421,6 +427,25 @@ def _include_entry(entry: dict, axes: dict, where: _Where) -> dict[str, Any]:
             raise at.error("must be a single value", "write one [[include]] entry per value")
         _check_value(axis, value, at)
     return dict(entry)
+
+
+def _known_failures(
+    raw: dict, axes: dict, suites: dict[str, Suite], versions: tuple[str, ...], where: _Where
+) -> tuple[KnownFailure, ...]:
+    entries = []
+    for i, entry in enumerate(where.list_of_tables(raw, "known_failure")):
+        at = where.at(f"known_failure[{i}]")
+        try:
+            known = read_known_failure(entry, axes, tuple(suites))
+        except KnownFailureError as error:
+            raise at.at(error.key).error(error.problem, error.fix) from None
+        stray = [version for version in known.torch if version not in (*versions, "system")]
+        if stray:
+            raise at.at("torch").error(
+                f"{stray[0]!r} is not in [torch].versions {list(versions)}", "list versions of this matrix"
+            )
+        entries.append(known)
+    return tuple(entries)
 
 
 def _suites(raw: dict, axes: dict, root: Path, project: Path, where: _Where) -> dict[str, Suite]:
@@ -705,6 +730,7 @@ def markdown_keys() -> str:
         ('`[torch.install."V"]`', listed(INSTALL_KEYS)),
         ("`[axes]`", f"any names matching `{NAME.pattern}`; numbers, booleans, or strings matching `{VALUE.pattern}`"),
         ("`[[exclude]]`, `[[include]]`", "names of `[axes]`"),
+        ("`[[known_failure]]`", f"{listed(KNOWN_FAILURE_KEYS)} (`test` and `reason` required), and names of `[axes]`"),
         ("`[suites.<name>]`", f"{listed(SUITE_KEYS)}; `timeout` at most {MAX_TEST_TIMEOUT_S} s"),
         ("`[components]`", "any names; values `package.module:attribute`"),
         ("`[requires]`", "names of `[components]`"),

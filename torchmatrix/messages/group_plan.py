@@ -12,7 +12,7 @@ from pathlib import Path
 
 from torchmatrix.matrix.cells import Cell
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 
 class GroupPlanError(ValueError):
@@ -35,7 +35,8 @@ class GroupPlan:
 
     `launched` is True when an external launcher (torchrun, srun) starts one pytest per rank;
     `only_tests` maps a run key to the tests a confirmation process re-runs (empty otherwise);
-    `optional` is matrix.toml's `[optional]`, key -> `OptionalWhere.to_json()`.
+    `optional` is matrix.toml's `[optional]`, key -> `OptionalWhere.to_json()`;
+    `known_failures` maps a run key to the (test glob, reason) pairs of `[[known_failure]]` covering it.
     """
 
     torch: str
@@ -50,6 +51,7 @@ class GroupPlan:
     runs: tuple[tuple[str, Cell], ...]
     output_cap: int
     only_tests: dict[str, tuple[str, ...]]
+    known_failures: dict[str, tuple[tuple[str, str], ...]]
 
     @property
     def device_type(self) -> str:
@@ -78,6 +80,7 @@ class GroupPlan:
             "runs": [{"suite": suite, "cell": cell.to_json()} for suite, cell in self.runs],
             "output_cap": self.output_cap,
             "only_tests": {key: list(names) for key, names in self.only_tests.items()},
+            "known_failures": {key: [list(pair) for pair in pairs] for key, pairs in self.known_failures.items()},
         }
 
     @classmethod
@@ -98,6 +101,10 @@ class GroupPlan:
             runs=tuple((run["suite"], Cell(run["cell"])) for run in data["runs"]),
             output_cap=int(data["output_cap"]),
             only_tests={key: tuple(names) for key, names in data["only_tests"].items()},
+            known_failures={
+                key: tuple((str(glob), str(reason)) for glob, reason in pairs)
+                for key, pairs in data["known_failures"].items()
+            },
         )
 
     def write(self, path: Path) -> None:

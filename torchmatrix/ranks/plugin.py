@@ -7,6 +7,7 @@ pool, and streams each result to the event log the runner turns into JUnit.
 
 from __future__ import annotations
 
+import fnmatch
 import functools
 import importlib
 import json
@@ -145,6 +146,8 @@ class CellPlan:
             kept = [item for item in items if test_name(item) in self.only_tests.get(self._key(item), ())]
             config.hook.pytest_deselected(items=[item for item in items if item not in kept])
             items[:] = kept
+        for item in items:
+            self.mark_known_failure(item)
         items.sort(key=lambda item: self.order.get(self._key(item), len(self.order)))
         collected: dict[str, list[str]] = {key: [] for key in self.order}
         for item in items:
@@ -152,6 +155,14 @@ class CellPlan:
             if key in collected:
                 collected[key].append(test_name(item))
         self.events.write(Collected(collected))
+
+    def mark_known_failure(self, item) -> None:
+        """A test a `[[known_failure]]` entry covers in this cell runs as a non-strict xfail: its
+        failure reads "expected failure: <reason>", its pass is reported as one."""
+        for glob, reason in self.plan.known_failures.get(self._key(item), ()):
+            if fnmatch.fnmatchcase(test_name(item), glob):
+                item.add_marker(pytest.mark.xfail(reason=reason, strict=False))
+                return
 
     def pytest_collection_finish(self, session):
         """Imports and collection are done; wait here until the runner grants GPUs and cores, then
@@ -278,6 +289,10 @@ def test_name(item) -> str:
     return f"{item.originalname}[{','.join(f'{k}={v}' for k, v in params.items())}]"
 
 
+KNOWN_FAILURE_PASSED = "known_failure_passed"
+"""The property a test covered by `[[known_failure]]` carries when it passed: the entry's reason."""
+
+
 def _outcome(reports, cap: int = DEFAULT_CAP_BYTES) -> dict:
     """Fold setup/call/teardown reports into one result the way JUnit reads it, each text capped
     at `cap` bytes (head and tail kept).
@@ -306,6 +321,12 @@ def _outcome(reports, cap: int = DEFAULT_CAP_BYTES) -> dict:
             message=cap_text(getattr(first, "root_cause", None) or fallback, cap),
             text=cap_text(text, cap),
         )
+    elif passed_known_failure := next((r for r in reports if r.passed and hasattr(r, "wasxfail")), None):
+        result["message"] = (
+            f"known failure passed: {passed_known_failure.wasxfail}; if a release fixed it, narrow or remove its "
+            "[[known_failure]] entry"
+        )
+        result["properties"].append([KNOWN_FAILURE_PASSED, passed_known_failure.wasxfail])
     elif skipped:
         first = skipped[0]
         if hasattr(first, "wasxfail"):

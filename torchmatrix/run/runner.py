@@ -26,6 +26,7 @@ from pathlib import Path
 from torchmatrix.env.devices import Environment, ProbeError, probe
 from torchmatrix.matrix.cells import Cell
 from torchmatrix.matrix.config import Matrix
+from torchmatrix.matrix.known_failures import expected_failures
 from torchmatrix.matrix.plan import Group, SuiteRun, group_runs, plan_runs
 from torchmatrix.matrix.selection import Shard, select_cells
 from torchmatrix.messages.cross_version import reads_dir
@@ -490,6 +491,11 @@ def group_command(
         runs=tuple((run.suite.name, run.cell) for run in group.runs),
         output_cap=output_cap,
         only_tests={run.key: group.only_tests for run in group.runs} if group.only_tests else {},
+        known_failures={
+            run.key: covered
+            for run in group.runs
+            if (covered := expected_failures(matrix.known_failures, run.suite.name, run.cell, version))
+        },
     ).write(plan)
     python = shlex.split(group.launcher) if group.launcher else [sys.executable]
     return [
