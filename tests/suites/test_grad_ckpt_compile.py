@@ -125,6 +125,6 @@ def test_a_compiler_error_fails_every_test_with_the_compile_mode_and_torchs_root
         ), case.result[0].message
     first = cases[NO_SUCH_BACKEND][GRADIENTS.format(0.0)]
     assert (
-        f"cell {NO_SUCH_BACKEND}, torch 2.13.0+cpu, compile=no_such_backend, nesting outside: parallelize (fsdp=none) "
+        f"cell {NO_SUCH_BACKEND}, torch 2.13.0+cpu, compile=no_such_backend, nesting outside: parallelize (fsdp=none, mesh=flat) "
         "with activation checkpointing failed: torch._dynamo.exc.InvalidBackend" in failure_text(first)
     ), failure_text(first)

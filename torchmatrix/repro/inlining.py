@@ -19,6 +19,9 @@ from torchmatrix.components.loading import IMPORT_PATH
 from torchmatrix.ranks import worker
 
 TESTING = "torchmatrix.testing"
+NOT_CARRIED = ("torchmatrix.ranks.plugin", "torchmatrix.ranks.worker", "torchmatrix.messages.cross_version")
+"""What torchmatrix.testing imports from the runner and the run directory's layout: the stand-in has
+its own current_device, and no plan or run directory to read; every other import, the script carries."""
 HARNESS_NEEDS = ("torchmatrix.ranks.root_cause", "torchmatrix.matrix.cells")
 INSTALLED_PACKAGES = ("site-packages", "dist-packages")
 
@@ -26,7 +29,11 @@ INSTALLED_PACKAGES = ("site-packages", "dist-packages")
 def testing_stand_in() -> str:
     """torchmatrix.testing for the script: its imports, and current_device from the rank's environment."""
     real = Path(inspect.getsourcefile(sys.modules.get(TESTING) or importlib.import_module(TESTING))).read_text()
-    kept = [line for line in real.splitlines() if line.startswith("from torchmatrix.components")]
+    kept = [
+        ast.get_source_segment(real, node)
+        for node in ast.parse(real).body
+        if isinstance(node, ast.ImportFrom) and node.module not in NOT_CARRIED
+    ]
     return "\n".join(
         [
             '"""torchmatrix.testing for a standalone reproducer: what a suite may use, and nothing else."""',
