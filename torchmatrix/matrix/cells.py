@@ -86,8 +86,8 @@ class Cell(Mapping):
         return dict(self._items)
 
 
-def _matches(entry: Mapping[str, Any], combination: Mapping[str, Any]) -> bool:
-    """Partial match; a list in an exclude entry means any of its values."""
+def matches_entry(entry: Mapping[str, Any], combination: Mapping[str, Any]) -> bool:
+    """Partial match; a list in an entry ([[exclude]], [[known_failure]]) means any of its values."""
     for axis, wanted in entry.items():
         if axis not in combination:
             return False
@@ -105,7 +105,7 @@ def expand_cells(
     """Expand axes into cells: the product, minus excludes, then includes (GitHub Actions rules)."""
     names = list(axes)
     originals = [dict(zip(names, values)) for values in itertools.product(*(axes[n] for n in names))] if names else []
-    originals = [combo for combo in originals if not any(_matches(entry, combo) for entry in exclude)]
+    originals = [combo for combo in originals if not any(matches_entry(entry, combo) for entry in exclude)]
     added: list[dict[str, Any]] = [{} for _ in originals]
     extra: list[dict[str, Any]] = []
     for entry in include:

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from torchmatrix.matrix.cells import Cell, value_token
+from torchmatrix.matrix.cells import Cell, matches_entry
 
 KEYS = ("test", "reason", "torch")
 """An entry's own keys; every other key names an axis, matched as `[[exclude]]` matches."""
@@ -39,13 +39,7 @@ class KnownFailure:
 
     def applies(self, cell: Cell, torch: str) -> bool:
         """Whether this entry covers `cell` under torch `torch`."""
-        if self.torch and torch not in self.torch:
-            return False
-        for axis, wanted in self.cells.items():
-            options = wanted if isinstance(wanted, list) else [wanted]
-            if axis not in cell or value_token(axis, cell[axis]) not in {value_token(axis, o) for o in options}:
-                return False
-        return True
+        return (not self.torch or torch in self.torch) and matches_entry(self.cells, cell)
 
 
 def read_known_failure(entry: dict, axes: Mapping[str, Any], suites: tuple[str, ...]) -> KnownFailure:
