@@ -303,7 +303,7 @@ def test_repository_matrix_is_valid():
     assert matrix.baseline in matrix.versions
     eager_flat_default = 3 * 2 * 2 + 2 * 2 * 2 * 2  # ws1 x 3 fsdp, ws2/ws4 x 2 fsdp, x attn x optimizer
     two_d = 2  # hsdp and fsdp_tp at ws4, fsdp2, sdpa, adamw
-    implementations = 2 * 4 + 2 * 3  # AdamW without FSDP at ws1 (4 others), FSDP2 at ws2 (no compiled step)
+    implementations = 4 + 3  # SDPA AdamW without FSDP at ws1 (4 others), FSDP2 at ws2 (no compiled step)
     compiled, modern_stack, te = 1, 1, 1
     assert len(matrix.cells()) == eager_flat_default + two_d + implementations + compiled + modern_stack + te
     ids = {cell.id for cell in matrix.cells()}
