@@ -8,6 +8,8 @@ step, not in the compiler, so a CI cell of theirs pays no Inductor compile.
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
 from ..optim import CompiledStepAdamW, adamw_as_torch_builds_it, build_adamw, keeps_its_implementation
@@ -68,45 +70,6 @@ def _step_reshaped(state: dict, shape: tuple) -> dict:
     return {key: value.reshape(shape) if key == "step" else value for key, value in state.items()}
 
 
-def build_step_recast_on_load(
-    params, *, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, implementation="default"
-) -> torch.optim.AdamW:
-    """`compiled`: StepRecastOnLoadAdamW; any other implementation: the reference."""
-    if implementation != "compiled":
-        return build_adamw(
-            params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, implementation=implementation
-        )
-    return keeps_its_implementation(
-        StepRecastOnLoadAdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, backend=MUTANT_BACKEND)
-    )
-
-
-def build_step_recast_after_load(
-    params, *, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, implementation="default"
-) -> torch.optim.AdamW:
-    """`compiled`: StepRecastAfterLoadAdamW; any other implementation: the reference."""
-    if implementation != "compiled":
-        return build_adamw(
-            params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, implementation=implementation
-        )
-    return keeps_its_implementation(
-        StepRecastAfterLoadAdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, backend=MUTANT_BACKEND)
-    )
-
-
-def build_one_element_step(
-    params, *, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, implementation="default"
-) -> torch.optim.AdamW:
-    """`fused`: OneElementStepAdamW; any other implementation: the reference."""
-    if implementation != "fused":
-        return build_adamw(
-            params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, implementation=implementation
-        )
-    return keeps_its_implementation(
-        OneElementStepAdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, fused=True)
-    )
-
-
 def build_adamw_taking_checkpoint_kernels(
     params, *, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, implementation="default"
 ) -> torch.optim.AdamW:
@@ -130,14 +93,20 @@ class DTensorRefusingForeachAdamW(torch.optim.AdamW):
         return super().step(closure)
 
 
-def build_foreach_refusing_dtensors(
-    params, *, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, implementation="default"
-) -> torch.optim.AdamW:
-    """`foreach`: DTensorRefusingForeachAdamW; any other implementation: the reference."""
-    if implementation != "foreach":
-        return build_adamw(
-            params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, implementation=implementation
-        )
-    return keeps_its_implementation(
-        DTensorRefusingForeachAdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, foreach=True)
-    )
+def reference_but(target: str, build_mutant):
+    """An optimizer factory that builds `build_mutant(params, **hyperparameters)`, kept in its kernels
+    across a load, for the `target` implementation, and the reference AdamW for every other."""
+
+    def build(params, *, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, implementation="default"):
+        hyperparameters = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+        if implementation != target:
+            return build_adamw(params, **hyperparameters, implementation=implementation)
+        return keeps_its_implementation(build_mutant(params, **hyperparameters))
+
+    return build
+
+
+build_step_recast_on_load = reference_but("compiled", partial(StepRecastOnLoadAdamW, backend=MUTANT_BACKEND))
+build_step_recast_after_load = reference_but("compiled", partial(StepRecastAfterLoadAdamW, backend=MUTANT_BACKEND))
+build_one_element_step = reference_but("fused", partial(OneElementStepAdamW, fused=True))
+build_foreach_refusing_dtensors = reference_but("foreach", partial(DTensorRefusingForeachAdamW, foreach=True))
