@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -27,7 +28,7 @@ from torchmatrix.reports.records import ResultsError
 from torchmatrix.reports.report import append_step_summary, compare_markdown, load_run, write_report
 from torchmatrix.reports.upgrade_diff import CompareError, upgrade_diffs
 from torchmatrix.repro.command import ReproError, write_reproducer
-from torchmatrix.run.cross_version import read_pass
+from torchmatrix.run.cross_version import CrossReadError, read_pass
 from torchmatrix.run.progress import InvocationPart
 from torchmatrix.run.run_directory import check_run_id, new_run_id
 from torchmatrix.run.runner import DEFAULT_MAX_CPU_RANKS, RunError, RunRequest, run_version
@@ -68,6 +69,15 @@ def _progress_part(text: str) -> tuple[int, int]:
     if not match or not 1 <= int(match[1]) <= int(match[2]):
         raise argparse.ArgumentTypeError(f"{text!r}: write it as K/N with 1 <= K <= N, e.g. 2/3")
     return int(match[1]), int(match[2])
+
+
+def _interpreter(text: str) -> tuple[str, str]:
+    version, _, python = text.partition("=")
+    if not version or not python:
+        raise argparse.ArgumentTypeError(f"{text!r}: write it as VERSION=PATH, e.g. 2.14.1=/opt/venv/bin/python")
+    if not Path(python).is_file() or not os.access(python, os.X_OK):
+        raise argparse.ArgumentTypeError(f"{python!r} is not an executable file; pass a venv's bin/python")
+    return version, python
 
 
 def _positive(text: str) -> int:
@@ -241,7 +251,26 @@ def build_parser() -> argparse.ArgumentParser:
         help="each torch version of a run loads the checkpoints the other versions wrote (cross_version); exit 1 on a failed load",
     )
     cross_read.add_argument("run_dir", type=Path, help="a run directory whose versions ran the cross_version suite")
-    cross_read.add_argument("--config", default=None, help="matrix file (default: the one each plan.json names)")
+    cross_read.add_argument(
+        "--config",
+        default="matrix.toml",
+        help="this machine's matrix file, whose components read (default: ./matrix.toml; never the run's own)",
+    )
+    cross_read.add_argument(
+        "--envdir",
+        type=Path,
+        default=None,
+        help="nox's envdir whose gpu_matrix venvs read, one per torch version (default: .nox next to matrix.toml)",
+    )
+    cross_read.add_argument(
+        "--python",
+        dest="interpreters",
+        action="append",
+        default=[],
+        type=_interpreter,
+        metavar="VERSION=PATH",
+        help="the interpreter that reads for this torch version instead of its gpu_matrix venv (repeatable)",
+    )
     compare = commands.add_parser("compare", help="upgrade diff of run B against run A; exit 1 on a regression")
     compare.add_argument("run_a", type=Path, help="the reference run: a run directory or its results.json")
     compare.add_argument("run_b", type=Path, help="the run to check against it")
@@ -326,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "compare":
             return _compare(args.run_a, args.run_b, args.out)
         if args.command == "cross-read":
-            return _cross_read(args.run_dir, args.config)
+            return _cross_read(args)
         if args.command == "repro":
             return _repro(args)
         matrix = load_matrix(args.config)
@@ -356,6 +385,7 @@ def main(argv: list[str] | None = None) -> int:
         BisectError,
         VersionError,
         ReproError,
+        CrossReadError,
     ) as error:
         print(f"torchmatrix: error: {error}", file=sys.stderr)
         return USAGE_EXIT
@@ -421,10 +451,12 @@ def _run(matrix: Matrix, args) -> int:
     return code
 
 
-def _cross_read(run_dir: Path, config: str | None) -> int:
-    if not run_dir.is_dir():
-        raise RunError(f"{run_dir} is not a run directory; pass one under reports/, e.g. reports/latest")
-    return read_pass(run_dir.resolve(), config)
+def _cross_read(args) -> int:
+    if not args.run_dir.is_dir():
+        raise RunError(f"{args.run_dir} is not a run directory; pass one under reports/, e.g. reports/latest")
+    matrix = load_matrix(args.config)
+    envdir = (args.envdir or matrix.root / ".nox").resolve()
+    return read_pass(args.run_dir.resolve(), matrix, envdir, dict(args.interpreters))
 
 
 def _sensitivity(matrix: Matrix, args) -> int:

@@ -21,6 +21,16 @@ from torchmatrix.matrix.config import Matrix
 STAMP_NAME = "torchmatrix-installed.json"
 
 
+def gpu_matrix_python(envdir: Path, version: str) -> Path | None:
+    """Where nox puts the python of gpu_matrix's venv of torch `version` under `envdir` (whether
+    or not it exists); None without nox, which names it."""
+    try:
+        from nox.sessions import _normalize_path
+    except ImportError:
+        return None
+    return Path(_normalize_path(str(envdir), f"gpu_matrix(torch={version!r})")) / "bin" / "python"
+
+
 class VersionVenv:
     """The few nox Session methods torch_install and component_requirements call, over one venv."""
 

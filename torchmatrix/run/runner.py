@@ -28,6 +28,7 @@ from torchmatrix.matrix.cells import Cell
 from torchmatrix.matrix.config import Matrix
 from torchmatrix.matrix.known_failures import expected_failures
 from torchmatrix.matrix.plan import Group, SuiteRun, group_runs, plan_runs
+from torchmatrix.matrix.safe_names import UnsafeName, check_name
 from torchmatrix.matrix.selection import Shard, select_cells
 from torchmatrix.messages.cross_version import reads_dir
 from torchmatrix.messages.group_plan import GroupPlan, SuiteSpec
@@ -268,9 +269,17 @@ def _cells(request: RunRequest) -> list[Cell]:
         return select_cells(request.matrix.cells(), only=request.only, keyword=request.keyword, shard=request.shard)
     plan = request.run_dir / f"torch-{request.version}" / "plan.json"
     try:
-        return [Cell(axes) for axes in read_plan(plan).cell_axes]
+        return [_checked(Cell(axes)) for axes in read_plan(plan).cell_axes]
     except PlanFileError as error:
         raise RunError(f"{error}; a read pass needs the version's own run first") from None
+    except UnsafeName as error:
+        raise RunError(f"{plan}: {error}; refusing to use it") from None
+
+
+def _checked(cell: Cell) -> Cell:
+    """`cell`, whose id (read from another machine's plan.json) becomes a file name."""
+    check_name(cell.id, "cell id")
+    return cell
 
 
 def only_tests_of(runs: list[SuiteRun], tests: tuple[str, ...]) -> list[SuiteRun]:
