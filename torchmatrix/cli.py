@@ -14,6 +14,7 @@ import re
 import sys
 from pathlib import Path
 
+from torchmatrix import file_writes
 from torchmatrix.bisect.command import BisectError, BisectRequest, run_bisect
 from torchmatrix.bisect.versions import VersionError, between
 from torchmatrix.matrix.config import ConfigError, Matrix, load_matrix
@@ -546,7 +547,7 @@ def _compare(run_a: Path, run_b: Path, out: Path | None = None) -> int:
     markdown, regressed = compare_markdown(run_a, run_b)
     print(markdown)
     if out is not None:
-        out.write_text(markdown + "\n")
+        file_writes.write_text(out, markdown + "\n")
         print(f"torchmatrix: wrote {out}")
     append_step_summary(markdown)
     return 1 if regressed else 0

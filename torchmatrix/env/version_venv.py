@@ -13,6 +13,7 @@ import os
 import subprocess
 from pathlib import Path
 
+from torchmatrix import file_writes
 from torchmatrix.env.component_requirements import RECORD_VARIABLE, install_requirements
 from torchmatrix.env.self_install import install_arguments
 from torchmatrix.env.torch_install import InstallResult, install_torch
@@ -99,7 +100,7 @@ def prepare_venv(matrix: Matrix, envdir: Path, version: str, logs: Path) -> tupl
     venv.install(*install_arguments(), silent=True, stderr=subprocess.STDOUT)
     if matrix.requires:
         install_requirements(venv, matrix.requires, install.constraints, logs / "requires.log")
-    stamp.write_text(json.dumps(wanted))
+    file_writes.write_text(stamp, json.dumps(wanted))
     return venv, installed, False
 
 

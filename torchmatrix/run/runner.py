@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
+from torchmatrix import file_writes
 from torchmatrix.env.devices import Environment, ProbeError, probe
 from torchmatrix.matrix.cells import Cell
 from torchmatrix.matrix.config import Matrix
@@ -100,7 +101,7 @@ def prepare_directory(path: Path) -> None:
     try:
         path.mkdir(parents=True, exist_ok=True)
         probe_file = path / f".write-test-{os.getpid()}"
-        probe_file.write_text("")
+        file_writes.write_text(probe_file, "")
         probe_file.unlink()
     except OSError as error:
         raise RunError(

@@ -13,6 +13,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
+from torchmatrix import file_writes
 from torchmatrix.matrix.config import Matrix
 from torchmatrix.matrix.selection import SelectionError, select_cells
 
@@ -174,7 +175,7 @@ def write_slurm(
     written = []
     for name, lines in scripts.items():
         path = out / name
-        path.write_text("\n".join(lines) + "\n")
+        file_writes.write_text(path, "\n".join(lines) + "\n")
         path.chmod(0o755)
         written.append(path)
     return written

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from torchmatrix import file_writes
 from torchmatrix.components.protocol import DTENSOR_OPTIM, GRAD_CKPT, RESUME, RESUME_BF16_PARAM_OPTIMIZERS
 from torchmatrix.matrix.cells import Cell
 from torchmatrix.matrix.config import Matrix
@@ -322,7 +323,7 @@ def run_sensitivity(
         raise SensitivityError("the filters select no cell")
     generated = out / "components"
     generated.mkdir(parents=True, exist_ok=True)
-    (generated / f"{GENERATED_MODULE}.py").write_text(generated_module(matrix, mutants))
+    file_writes.write_text(generated / f"{GENERATED_MODULE}.py", generated_module(matrix, mutants))
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(generated), os.environ.get("PYTHONPATH")) if p)
     request = RunRequest(matrix=matrix, version=version, reports=out / "runs", run_id="", slots=slots, confirm_limit=0)
     print(f"torchmatrix sensitivity: {len(mutants)} mutants over {len(cells)} cells: {', '.join(c.id for c in cells)}")
@@ -362,12 +363,13 @@ def run_sensitivity(
     if notes:
         header += "Already failing on the unmutated components (a mutant counts only with new failure lines):\n\n"
         header += "".join(f"- {note}\n" for note in notes) + "\n"
-    (out / "sensitivity.md").write_text(header + table + "\n")
-    (out / "sensitivity.json").write_text(
+    file_writes.write_text(out / "sensitivity.md", header + table + "\n")
+    file_writes.write_text(
+        out / "sensitivity.json",
         json.dumps(
             {"torch": version, "cells": [c.id for c in cells], "verdicts": [dataclasses.asdict(v) for v in verdicts]},
             indent=2,
-        )
+        ),
     )
     print(f"\n{header}{table}\n")
     print(f"torchmatrix sensitivity: wrote {out / 'sensitivity.md'} and sensitivity.json")
