@@ -533,7 +533,10 @@ def _repro(args) -> int:
 def _report(run_dir: Path, config: str | None = None, *, check_upgrade: bool = False) -> int:
     if not run_dir.is_dir():
         raise RunError(f"{run_dir} is not a run directory; pass one under reports/, e.g. reports/latest")
-    written = write_report(run_dir.resolve(), config)
+    try:
+        written = write_report(run_dir.resolve(), config)
+    except OSError as error:
+        raise RunError(f"cannot write the reports of {run_dir}: {_write_failure(error)}") from None
     print(f"torchmatrix: wrote {', '.join(str(path) for path in written)}")
     run = load_run(run_dir.resolve(), config)
     print(closing_lines(run, run_dir.resolve()))
@@ -544,13 +547,30 @@ def _report(run_dir: Path, config: str | None = None, *, check_upgrade: bool = F
 
 
 def _compare(run_a: Path, run_b: Path, out: Path | None = None) -> int:
+    if out is not None and out.is_dir():
+        raise CompareError(f"--out {out} is a directory; name a file, e.g. --out {out / 'compare.md'}")
+    if out is not None and not out.parent.is_dir():
+        raise CompareError(
+            f"--out {out}: the directory {out.parent} does not exist; create it or name a file in one that does"
+        )
     markdown, regressed = compare_markdown(run_a, run_b)
     print(markdown)
     if out is not None:
-        file_writes.write_text(out, markdown + "\n")
+        try:
+            file_writes.write_text(out, markdown + "\n")
+        except OSError as error:
+            raise CompareError(f"--out {out}: {_write_failure(error)}") from None
         print(f"torchmatrix: wrote {out}")
     append_step_summary(markdown)
     return 1 if regressed else 0
+
+
+def _write_failure(error: OSError) -> str:
+    """What stopped a write, naming the file in the way (a rename names its target second)."""
+    where = error.filename2 or error.filename
+    if isinstance(error, IsADirectoryError):
+        return f"{where} is a directory where a file goes; remove it, then run this again"
+    return f"{error.strerror or error}: {where}" if where else str(error.strerror or error)
 
 
 def _merge(matrix: Matrix, args) -> int:

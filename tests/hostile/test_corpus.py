@@ -80,6 +80,7 @@ BILLION_LAUGHS_XML = (
     + ']><testsuites><testsuite name="&l9;"/></testsuites>'
 )
 
+CELL_AXES = {"world_size": 1, "fsdp": "none"}
 TEST_RECORD = {"torch": "2.13.0", "cell": "ws1", "suite": "s", "test": "t", "status": "passed", "duration": 1.0}
 
 CASES = [
@@ -392,6 +393,59 @@ CASES = [
         "reports/nowhere is not a run directory; pass one under reports/",
     ),
     Case(
+        "cross-read-not-a-run",
+        "cross-read of a directory that holds no torch-*/plan.json",
+        ["cross-read", "suites"],
+        2,
+        "suites is not a run directory (no torch-*/plan.json in it)",
+    ),
+    Case(
+        "cross-read-truncated-plan",
+        "cross-read of a run whose plan.json is cut off",
+        ["cross-read", "reports/r"],
+        2,
+        "torch-2.13.0/plan.json: not a readable plan",
+        files={"reports/r/torch-2.13.0/plan.json": '{"torch": "2.1'},
+    ),
+    Case(
+        "report-planned-cell-report-is-a-directory",
+        "a planned cell's <cell>.xml that is a directory, which the report would rebuild",
+        ["report", "reports/r"],
+        2,
+        "ws1-none.xml is a directory where a file goes; remove it",
+        files={
+            "reports/r/torch-2.13.0/plan.json": _plan(cell_axes=[CELL_AXES], finished=True),
+            "reports/r/torch-2.13.0/ws1-none.xml/": "",
+        },
+    ),
+    Case(
+        "report-summary-is-a-directory",
+        "a summary.md that is a directory",
+        ["report", "reports/r", "--config", "matrix.toml"],
+        2,
+        "summary.md is a directory where a file goes; remove it",
+        files={
+            "reports/r/torch-2.13.0/plan.json": _plan(cell_axes=[CELL_AXES], finished=True),
+            "reports/r/summary.md/": "",
+        },
+    ),
+    Case(
+        "compare-out-is-a-directory",
+        "compare --out naming a directory",
+        ["compare", "a.json", "a.json", "--out", "suites"],
+        2,
+        "--out suites is a directory; name a file, e.g. --out suites/compare.md",
+        files={"a.json": _results(tests=[TEST_RECORD])},
+    ),
+    Case(
+        "compare-out-in-a-missing-directory",
+        "compare --out naming a file in a directory that does not exist",
+        ["compare", "a.json", "a.json", "--out", "missing/x.md"],
+        2,
+        "--out missing/x.md: the directory missing does not exist",
+        files={"a.json": _results(tests=[TEST_RECORD])},
+    ),
+    Case(
         "github-matrix-only-system",
         "github-matrix when [torch] lists only 'system' (GitHub rejects an empty job matrix)",
         ["github-matrix"],
@@ -609,3 +663,40 @@ def test_slurm_values_that_pass_are_plain(tmp_path):
     cells = (project.root / "reports" / "slurm" / "cells.sbatch").read_text()
     assert "#SBATCH --partition=gpu,gpu-long\n" in cells and "#SBATCH --time=1-12:00:00\n" in cells
     assert "-- --restart " in cells  # a requeued task starts its run directory clean
+
+
+def test_cross_read_runs_no_interpreter_the_run_directory_names(tmp_path):
+    """A run from elsewhere whose plan.json names an interpreter (a script that leaves a mark):
+    cross-read says the version has no venv here, runs nothing, exits 0."""
+    project = Project(tmp_path / "project")
+    project.write("matrix.toml", MATRIX.format(suite_extra="", extra=""))
+    project.write("suites/test_demo.py", SUITE)
+    marker, interpreter = tmp_path / "artifact-code-ran", project.root / "artifact" / "python"
+    project.write("artifact/python", f"#!/bin/sh\ntouch {marker}\n")
+    interpreter.chmod(0o755)
+    suites = {"cross_version": {"path": "x.py", "timeout": 60, "axes": []}}
+    plan = _plan(environment={"python": str(interpreter)}, suites=suites, cell_axes=[CELL_AXES])
+    project.write("reports/r/torch-2.13.0/plan.json", plan)
+    done = project.torchmatrix("cross-read", "reports/r")
+    assert done.returncode == 0 and not marker.exists(), done.stderr
+    assert "torch 2.13.0's reads of the other versions' checkpoints are not checked: no gpu_matrix venv" in done.stderr
+
+
+def test_report_replaces_symlinks_planted_at_its_reports(tmp_path):
+    """summary.md, summary.html, results.json and junit.xml planted as links to a file outside (a
+    stand-in for ~/.bashrc): each becomes a file of its own, the target stays as it was."""
+    project = Project(tmp_path / "project")
+    project.write("matrix.toml", MATRIX.format(suite_extra="", extra=""))
+    project.write("suites/test_demo.py", SUITE)
+    project.write(
+        "reports/r/torch-2.13.0/plan.json", _plan(cell_axes=[CELL_AXES], finished=True).replace("SHA", _digest(project))
+    )
+    bashrc = tmp_path / "bashrc"
+    bashrc.write_text("precious\n")
+    names = ("summary.md", "summary.html", "results.json", "junit.xml")
+    for name in names:
+        (project.root / "reports" / "r" / name).symlink_to(bashrc)
+    done = project.torchmatrix("report", "reports/r", "--config", "matrix.toml")
+    assert done.returncode == 0, done.stderr
+    assert bashrc.read_text() == "precious\n"
+    assert all(not (project.root / "reports" / "r" / name).is_symlink() for name in names)
