@@ -19,7 +19,7 @@ from torchmatrix.bisect.command import BisectError, BisectRequest, run_bisect
 from torchmatrix.bisect.versions import VersionError, between
 from torchmatrix.matrix.config import ConfigError, Matrix, load_matrix
 from torchmatrix.matrix.safe_names import UnsafeName, check_name
-from torchmatrix.matrix.selection import SelectionError, Shard, parse_only, select_cells
+from torchmatrix.matrix.selection import SelectionError, Shard, parse_only
 from torchmatrix.messages.run_plan import PlanFileError
 from torchmatrix.ranks.output_cap import DEFAULT_CAP_BYTES
 from torchmatrix.reports import junit
@@ -402,7 +402,7 @@ def _filters(matrix: Matrix, args) -> dict:
 
 
 def _list(matrix: Matrix, args) -> int:
-    cells = select_cells(matrix.cells(), **_filters(matrix, args))
+    cells = matrix.select(**_filters(matrix, args))
     if args.json:
         print(
             json.dumps(
@@ -493,7 +493,7 @@ def _bisect(matrix: Matrix, args) -> int:
         raise SelectionError("bisect: pass --good VERSION and --bad VERSION, or --from RUN")
     if args.from_run is not None and not args.from_run.is_dir():
         raise RunError(f"--from {args.from_run} is not a run directory; pass one under reports/, e.g. reports/latest")
-    select_cells(matrix.cells(), **filters)  # a selection that keeps no cell is refused here, before any install
+    matrix.select(**filters)  # a selection that keeps no cell is refused here, before any install
     if args.from_run is None:
         between(args.good, args.bad, [])  # so are pins that are not versions, or out of order
     request = BisectRequest(
@@ -583,7 +583,7 @@ def _merge(matrix: Matrix, args) -> int:
     filters = _filters(matrix, args)
     if filters["shard"]:
         raise SelectionError("merge: pass the filters the jobs shared (--only, -k), not --shard")
-    expected = select_cells(matrix.cells(), **filters)
+    expected = matrix.select(**filters)
     result = merge_reports([path.resolve() for path in args.inputs], out, matrix, expected=expected, versions=versions)
     for version, missing in result.missing.items():
         print(

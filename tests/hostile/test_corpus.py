@@ -446,6 +446,28 @@ CASES = [
         files={"a.json": _results(tests=[TEST_RECORD])},
     ),
     Case(
+        "torch-version-typo",
+        "a torch version with its local label typed without '+' (nox would die installing it)",
+        ["list"],
+        2,
+        """torch.versions[0]: '2.13.0cu121' is not a PEP 440 torch version pip can install; did you mean "2.13.0+cu121"?""",
+        files={"matrix.toml": MATRIX.format(suite_extra="", extra="").replace('"2.13.0"', '"2.13.0cu121"')},
+    ),
+    Case(
+        "matrix-too-large",
+        "axes that multiply to 4 x 10^7 cells (listing them would need tens of GB)",
+        ["list", "-k", "ws1"],
+        2,
+        "without --only, this matrix has 40,000,000 cells for -k to read",
+    ),
+    Case(
+        "matrix-too-large-unfiltered",
+        "axes that multiply to 4 x 10^7 cells, listed whole",
+        ["list"],
+        2,
+        "over the 200,000 torchmatrix expands; narrow this command with --only or -k",
+    ),
+    Case(
         "github-matrix-only-system",
         "github-matrix when [torch] lists only 'system' (GitHub rejects an empty job matrix)",
         ["github-matrix"],
@@ -570,12 +592,17 @@ CASES = [
     ),
 ]
 
+HUGE_AXES = 'world_size = [1, 2]\nfsdp = ["none", "fsdp2"]\n' + "".join(
+    f"a{i} = {json.dumps([f'v{i}{j}' for j in range(10)])}\n" for i in range(7)
+)  # 4 x 10^7 cells
 # Axis-level cases replace the [axes] table: written here, where the TOML needs it whole.
 AXES = {
     "axis-named-id": 'world_size = [1, 2]\nfsdp = ["none", "fsdp2"]\nid = ["a", "b"]',
     "toml-datetime-as-axis-value": 'world_size = [1, 2]\nfsdp = ["none", "fsdp2"]\nwhen = [07:32:00]',
     "negative-axis-value": 'world_size = [1, 2]\nfsdp = ["none", "fsdp2"]\nlr_shift = [0, -1]',
     "exponent-axis-value": 'world_size = [1, 2]\nfsdp = ["none", "fsdp2"]\nlr = [1e-05]',
+    "matrix-too-large": HUGE_AXES,
+    "matrix-too-large-unfiltered": HUGE_AXES,
 }
 
 

@@ -30,7 +30,7 @@ from torchmatrix.matrix.config import Matrix
 from torchmatrix.matrix.known_failures import expected_failures
 from torchmatrix.matrix.plan import Group, SuiteRun, group_runs, plan_runs
 from torchmatrix.matrix.safe_names import UnsafeName, check_name
-from torchmatrix.matrix.selection import Shard, select_cells
+from torchmatrix.matrix.selection import Shard
 from torchmatrix.messages.cross_version import reads_dir
 from torchmatrix.messages.group_plan import GroupPlan, SuiteSpec
 from torchmatrix.messages.run_lock import LOCK_NAME, RunBusy, lock_version_directory
@@ -267,7 +267,7 @@ def _fail_unfinished(book: OutcomeBook, message: str) -> None:
 def _cells(request: RunRequest) -> list[Cell]:
     """The selected cells; a read pass reads for exactly the cells its version's run planned."""
     if not request.cross_version_reads:
-        return select_cells(request.matrix.cells(), only=request.only, keyword=request.keyword, shard=request.shard)
+        return request.matrix.select(only=request.only, keyword=request.keyword, shard=request.shard)
     plan = request.run_dir / f"torch-{request.version}" / "plan.json"
     try:
         return [_checked(Cell(axes)) for axes in read_plan(plan).cell_axes]

@@ -28,7 +28,6 @@ from torchmatrix.components.protocol import DTENSOR_OPTIM, GRAD_CKPT, RESUME, RE
 from torchmatrix.matrix.cells import Cell
 from torchmatrix.matrix.config import Matrix
 from torchmatrix.matrix.meshes import TWO_D_MESH_KINDS, mesh_kind
-from torchmatrix.matrix.selection import select_cells
 from torchmatrix.run.runner import RunRequest, run_version
 from torchmatrix.sensitivity.mutants import EVIDENCE_VARIABLE, cells_acted_in
 from torchmatrix.sensitivity.verdicts import CellResult, new_failures, read_cells
@@ -318,7 +317,7 @@ def run_sensitivity(
         raise SensitivityError(
             f"{matrix.path.name}: no [suites.{GRAD_CKPT}], [suites.{RESUME}] or [suites.{DTENSOR_OPTIM}], which the generic mutants target"
         )
-    cells = covering_cells(select_cells(matrix.cells(), **filters))
+    cells = covering_cells(matrix.select(**filters))
     if not cells:
         raise SensitivityError("the filters select no cell")
     generated = out / "components"
