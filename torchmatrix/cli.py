@@ -390,6 +390,23 @@ def main(argv: list[str] | None = None) -> int:
     ) as error:
         print(f"torchmatrix: error: {error}", file=sys.stderr)
         return USAGE_EXIT
+    except BrokenPipeError:
+        if args.command not in PRINTING_COMMANDS:
+            raise
+        _drop_stdout()
+        return 0
+
+
+PRINTING_COMMANDS = ("list", "github-matrix")
+"""Commands whose whole job is printing: a reader that stops early (`list --json | head -3`) got what it asked for."""
+
+
+def _drop_stdout() -> None:
+    """Point stdout at /dev/null, so the flush at exit does not hit the closed pipe again (the
+    recipe of Python's signal docs for SIGPIPE)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def _filters(matrix: Matrix, args) -> dict:

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
-from conftest import Project
+from conftest import Project, checkout_env
 
 MATRIX = """
 [torch]
@@ -727,3 +729,29 @@ def test_report_replaces_symlinks_planted_at_its_reports(tmp_path):
     assert done.returncode == 0, done.stderr
     assert bashrc.read_text() == "precious\n"
     assert all(not (project.root / "reports" / "r" / name).is_symlink() for name in names)
+
+
+def test_list_json_into_a_reader_that_stops_early_is_quiet(tmp_path):
+    """`list --json | head -3` on 10^4 cells (far more than a pipe holds): no BrokenPipeError, exit 0."""
+    project = Project(tmp_path / "project")
+    many = 'world_size = [1, 2]\nfsdp = ["none", "fsdp2"]\n' + "".join(
+        f"a{i} = {json.dumps([f'v{i}{j}' for j in range(10)])}\n" for i in range(3)
+    )
+    project.write(
+        "matrix.toml",
+        MATRIX.format(suite_extra="", extra="").replace('world_size = [1, 2]\nfsdp = ["none", "fsdp2"]', many),
+    )
+    project.write("suites/test_demo.py", SUITE)
+    lister = subprocess.Popen(
+        [sys.executable, "-m", "torchmatrix", "list", "--json"],
+        cwd=project.root,
+        env=checkout_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    head = [lister.stdout.readline() for _ in range(3)]
+    lister.stdout.close()
+    stderr = lister.stderr.read()
+    assert lister.wait(timeout=120) == 0, stderr
+    assert head[0] == "{\n" and stderr == ""
