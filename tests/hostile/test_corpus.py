@@ -82,6 +82,17 @@ BILLION_LAUGHS_XML = (
     + ']><testsuites><testsuite name="&l9;"/></testsuites>'
 )
 
+NOISY_COMPONENT = """
+import atexit
+import sys
+
+sys.stdout.write("loading...")
+atexit.register(print, '{"device_type": "cpu", "problems": [], "missing": []}')
+
+
+def build_model(cell, *, dtype, dropout=0.0):
+    return None
+"""
 CELL_AXES = {"world_size": 1, "fsdp": "none"}
 TEST_RECORD = {"torch": "2.13.0", "cell": "ws1", "suite": "s", "test": "t", "status": "passed", "duration": 1.0}
 
@@ -468,6 +479,24 @@ CASES = [
         ["list"],
         2,
         "over the 200,000 torchmatrix expands; narrow this command with --only or -k",
+    ),
+    Case(
+        "component-prints-forged-answer-at-exit",
+        "a component module that prints at import without a newline and prints a forged check answer at exit",
+        ["run", "--torch", "2.13.0"],
+        2,
+        "components.model: 'noisy' has no attribute 'build_modle'; did you mean 'build_model'?",
+        extra='[components]\nmodel = "noisy:build_modle"',
+        files={"noisy.py": NOISY_COMPONENT},
+    ),
+    Case(
+        "component-exits-at-import",
+        "a component module that exits at import, so the check never answers",
+        ["run", "--torch", "2.13.0"],
+        2,
+        "components: the check could not run with",
+        extra='[components]\nmodel = "quits:build_model"',
+        files={"quits.py": "import sys\n\nprint('{}')\nsys.exit(3)\n"},
     ),
     Case(
         "github-matrix-only-system",
