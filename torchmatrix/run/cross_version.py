@@ -5,10 +5,11 @@ checkpoint through the user's checkpointer with the values it must restore in a 
 form: `<run>/torch-<W>/checkpoints/<cell-id>/`. Reading needs the other torch, so the reads run
 after every session wrote, in one pass (`torchmatrix cross-read RUN`, which `nox -s report` runs
 first): each version's interpreter on this machine (its gpu_matrix venv, or `--python V=PATH`),
-with this machine's matrix.toml, loads the other versions' writes and reports into `<run>/torch-<R>/reads/<cell-id>.xml`. The baseline reads every candidate's writes
-(rollback); each candidate reads the baseline's (forward). Session order, `-R`, shards and `merge`
-do not matter: a pass reads whatever writes the run directory holds, and a direction with no
-writes or no reader is reported as not checked.
+with this machine's matrix.toml, loads the other versions' writes and reports into
+`<run>/torch-<R>/reads/<cell-id>.xml`. The baseline reads every candidate's writes (rollback);
+each candidate reads the baseline's (forward). Session order, `-R`, shards and `merge` do not
+matter: a pass reads whatever writes the run directory holds, and a direction with no writes or no
+reader is reported as not checked.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def suites_for(matrix: Matrix, version: str, run_dir: Path, *, reads: bool) -> d
 
 
 class CrossReadError(ValueError):
-    """A read pass refused: the path is not a run directory, or an interpreter flag names no interpreter."""
+    """A read pass refused before it starts: the path holds no torch-*/plan.json."""
 
 
 def read_pass(
