@@ -23,11 +23,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from torchmatrix import file_writes
 from torchmatrix.components.protocol import DTENSOR_OPTIM, GRAD_CKPT, RESUME, RESUME_BF16_PARAM_OPTIMIZERS
 from torchmatrix.matrix.cells import Cell
 from torchmatrix.matrix.config import Matrix
 from torchmatrix.matrix.meshes import TWO_D_MESH_KINDS, mesh_kind
-from torchmatrix.matrix.selection import select_cells
 from torchmatrix.run.runner import RunRequest, run_version
 from torchmatrix.sensitivity.mutants import EVIDENCE_VARIABLE, cells_acted_in
 from torchmatrix.sensitivity.verdicts import CellResult, new_failures, read_cells
@@ -317,12 +317,12 @@ def run_sensitivity(
         raise SensitivityError(
             f"{matrix.path.name}: no [suites.{GRAD_CKPT}], [suites.{RESUME}] or [suites.{DTENSOR_OPTIM}], which the generic mutants target"
         )
-    cells = covering_cells(select_cells(matrix.cells(), **filters))
+    cells = covering_cells(matrix.select(**filters))
     if not cells:
         raise SensitivityError("the filters select no cell")
     generated = out / "components"
     generated.mkdir(parents=True, exist_ok=True)
-    (generated / f"{GENERATED_MODULE}.py").write_text(generated_module(matrix, mutants))
+    file_writes.write_text(generated / f"{GENERATED_MODULE}.py", generated_module(matrix, mutants))
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(generated), os.environ.get("PYTHONPATH")) if p)
     request = RunRequest(matrix=matrix, version=version, reports=out / "runs", run_id="", slots=slots, confirm_limit=0)
     print(f"torchmatrix sensitivity: {len(mutants)} mutants over {len(cells)} cells: {', '.join(c.id for c in cells)}")
@@ -362,12 +362,13 @@ def run_sensitivity(
     if notes:
         header += "Already failing on the unmutated components (a mutant counts only with new failure lines):\n\n"
         header += "".join(f"- {note}\n" for note in notes) + "\n"
-    (out / "sensitivity.md").write_text(header + table + "\n")
-    (out / "sensitivity.json").write_text(
+    file_writes.write_text(out / "sensitivity.md", header + table + "\n")
+    file_writes.write_text(
+        out / "sensitivity.json",
         json.dumps(
             {"torch": version, "cells": [c.id for c in cells], "verdicts": [dataclasses.asdict(v) for v in verdicts]},
             indent=2,
-        )
+        ),
     )
     print(f"\n{header}{table}\n")
     print(f"torchmatrix sensitivity: wrote {out / 'sensitivity.md'} and sensitivity.json")

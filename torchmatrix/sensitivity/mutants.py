@@ -14,6 +14,7 @@ import types
 from collections.abc import Mapping
 from pathlib import Path
 
+from torchmatrix import file_writes
 from torchmatrix.components.calling import accepts, is_bound_checkpointer
 from torchmatrix.components.loading import load
 from torchmatrix.components.optimizer_implementations import (
@@ -33,7 +34,7 @@ def record_acted() -> None:
     directory, cell = os.environ.get(EVIDENCE_VARIABLE), current_cell_id()
     if directory and cell and cell not in _MARKED:
         Path(directory).mkdir(parents=True, exist_ok=True)
-        Path(directory, cell).touch()
+        file_writes.write_text(Path(directory, cell), "")
         _MARKED.add(cell)
 
 
