@@ -56,8 +56,9 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import CheckpointError
 
-from torchmatrix.testing import clean_name, current_device, data_parallel_rank, load, root_cause
+from torchmatrix.testing import current_device, data_parallel_rank, load, root_cause
 
+from .built_names import named_buffers_as_built, named_modules_as_built, named_parameters_as_built
 from .cache_tree import CACHE_STATE_DEPTH, OPAQUE, cache_contents, cache_marks, cache_snapshot, cache_writes
 from .checkpoint_units import CheckpointUnits, counted_checkpoints, watched_sites
 from .deterministic import deterministic_algorithms
@@ -185,13 +186,11 @@ def local_tensor(tensor):
 
 
 def local_gradients(model) -> dict:
-    return {
-        clean_name(n): local_tensor(p.grad).detach().clone() for n, p in model.named_parameters() if p.grad is not None
-    }
+    return {n: local_tensor(p.grad).detach().clone() for n, p in named_parameters_as_built(model) if p.grad is not None}
 
 
 def local_parameters(model) -> dict:
-    return {clean_name(n): local_tensor(p).detach().clone() for n, p in model.named_parameters()}
+    return {n: local_tensor(p).detach().clone() for n, p in named_parameters_as_built(model)}
 
 
 WRAPPERS_THAT_REBUILD_OUTPUT = (FullyShardedDataParallel, DistributedDataParallel)
@@ -251,7 +250,7 @@ def compare_values(what: str, actual: dict, expected: dict) -> list[str]:
 
 def buffers(model) -> dict:
     """Every buffer by the model's own name, copied to the CPU (FSDP leaves buffers whole on every rank)."""
-    return {clean_name(n): local_tensor(b).detach().to("cpu", copy=True) for n, b in model.named_buffers()}
+    return {n: local_tensor(b).detach().to("cpu", copy=True) for n, b in named_buffers_as_built(model)}
 
 
 MODULE_INTERNALS = frozenset(vars(nn.Module()))
@@ -316,7 +315,7 @@ def module_state(model: nn.Module, ignored: tuple[str, ...] = ()) -> tuple[dict[
             for key, item in value.items():
                 walk(item, f"{path}[{key!r}]", depth + 1, Slot(value, key, False))
 
-    for name, module in unwrapped(model).named_modules():
+    for name, module in named_modules_as_built(model):
         if isinstance(module, WRAPPERS_THAT_REBUILD_OUTPUT):
             continue
         for attribute, value in vars(module).items():
@@ -324,7 +323,7 @@ def module_state(model: nn.Module, ignored: tuple[str, ...] = ()) -> tuple[dict[
                 continue
             if attribute in module._parameters or attribute in module._modules:
                 continue
-            path = clean_name(f"{name}.{attribute}") if name else attribute
+            path = f"{name}.{attribute}" if name else attribute
             walk(value, path, 0, Slot(module, attribute, True))
     return state, ints
 
@@ -541,7 +540,7 @@ def micro_batch_seed(rank: int, index: int) -> int:
 @contextmanager
 def modules_run(model: nn.Module):
     """Holds, under ``"last"``, the name of the last module (of any model) whose forward began in the block."""
-    names = {id(module): clean_name(name) for name, module in unwrapped(model).named_modules()}
+    names = {id(module): name for name, module in named_modules_as_built(model)}
     seen: dict[str, str] = {}
 
     def note(module, _args) -> None:
@@ -624,7 +623,7 @@ def train_step(
         with (
             failing_stage(cell, f"forward {mode} activation checkpointing"),
             inner_output(model) as seen,
-            watched_sites(unwrapped(model), sites, units),
+            watched_sites(model, sites, units),
             saved_activation_bytes() if compiled else nullcontext({"bytes": 0}) as saved,
         ):
             for batch in batches:

@@ -61,13 +61,13 @@ from torchmatrix.testing import (
     RESUME_BF16_PARAM_OPTIMIZERS,
     UnavailableImplementation,
     build_optimizer,
-    clean_name,
     data_parallel_rank,
     data_parallel_size,
     implementation_of,
     load,
 )
 
+from .built_names import named_parameters_as_built
 from .checkpointer_forms import RunCheckpointer
 from .deterministic import deterministic_algorithms
 from .model_output import call_model, loss_of
@@ -657,11 +657,11 @@ class TrainingRun:
 
     def parameters(self) -> dict[str, torch.Tensor]:
         """This rank's shard of every parameter, by the model's own name, copied to the CPU."""
-        return {clean_name(name): local_shard(param) for name, param in self.model.named_parameters()}
+        return {name: local_shard(param) for name, param in named_parameters_as_built(self.model)}
 
     def named_raw_state(self) -> dict[str, dict]:
         """The optimizer's state by parameter name, as the optimizer holds it."""
-        names = {id(param): clean_name(name) for name, param in self.model.named_parameters()}
+        names = {id(param): name for name, param in named_parameters_as_built(self.model)}
         return {names[id(param)]: state for param, state in optimizer_state_of(self.optimizer).items()}
 
     def optimizer_state(self) -> dict[str, dict]:

@@ -74,9 +74,28 @@ def test_state_keyed_by_name_is_preferred_and_a_mix_gets_a_line_each():
     ]
 
 
-def test_state_found_under_neither_key_names_both():
+def test_state_found_under_neither_key_is_a_lookup_problem_naming_both():
     findings = storage_findings({}, EXPECTED[:1], world_size=2)
-    assert findings.problems == ["a.weight.exp_avg: no key in the checkpoint ending with it or with state.0.exp_avg"]
+    assert findings.unfound == ["a.weight.exp_avg: no key in the checkpoint ending with it or with state.0.exp_avg"]
+    assert findings.problems == [] and findings.lines == []
+
+
+def test_state_saved_under_the_inner_module_names_is_found_by_a_tail_of_its_name():
+    """A checkpointer that saves the module inside a trainer's wrapper drops the wrapper's name; an
+    ambiguous tail finds nothing rather than another param's state."""
+    wrapped = [ExpectedState(f"_forward_module.model.{state.name_key}", None, PARAM) for state in EXPECTED]
+    layouts = {
+        f"optimizer.state.model.{key}": layout(f"optimizer.state.model.{key}", SHARDED)
+        for key in ("a.weight.exp_avg", "b.weight.exp_avg")
+    }
+    findings = storage_findings(layouts, wrapped, world_size=2)
+    assert findings.unfound == [] and findings.problems == []
+    assert findings.keyed_by["_forward_module.model.a.weight.exp_avg"] == (
+        "parameter name",
+        "optimizer.state.model.a.weight.exp_avg",
+    )
+    twice = {key: layout(key, SHARDED) for key in ("one.a.weight.exp_avg", "two.a.weight.exp_avg")}
+    assert storage_findings(twice, [ExpectedState("outer.a.weight.exp_avg", None, PARAM)], world_size=2).unfound
 
 
 class Returns:
