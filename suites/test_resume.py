@@ -72,10 +72,12 @@ from .checkpointer_forms import RunCheckpointer
 from .deterministic import deterministic_algorithms
 from .model_output import call_model, loss_of
 from .optimizer_state import (
+    brief,
     local_part,
     optimizer_attributes,
     optimizer_state_of,
     param_groups_of,
+    plain_differences,
     plain_equal,
     quantized_keys,
     state_adapter,
@@ -701,7 +703,9 @@ class TrainingRun:
                 {key: copied(value) for key, value in group.items() if key != "params"}
                 for group in param_groups_of(self.optimizer)
             ],
-            "optimizer_attributes": optimizer_attributes(self.optimizer),
+            "optimizer_attributes": optimizer_attributes(
+                self.optimizer, {id(param): name for name, param in named_parameters_as_built(self.model)}
+            ),
             "scheduler": scheduler_position(self.scheduler),
             "next_batches": self.peek_next_batches(),
             "rng": self.rng_streams(),
@@ -934,9 +938,18 @@ def batches_past_an_epoch(options: dict, world_size: int) -> int:
 
 
 def optimizer_attribute_differences(saved: dict, loaded: dict) -> list[str]:
-    """The optimizer object's own counters and scalars (besides `.state` and `.param_groups`) by name."""
-    return [
-        f"after load: optimizer attribute {name} is {loaded.get(name, 'missing')!r}, saved {saved.get(name, 'nothing')!r}"
-        for name in sorted(saved.keys() | loaded.keys())
-        if name not in saved or name not in loaded or not plain_equal(saved[name], loaded[name])
+    """The optimizer object's own counters, scalars and tables (besides `.state` and `.param_groups`)
+    by attribute name and content: a `{param: flag}` table compares by parameter names."""
+    lines = [
+        f"after load: optimizer attribute {name} missing, saved {brief(saved[name])}"
+        for name in saved.keys() - loaded.keys()
     ]
+    lines += [
+        f"after load: optimizer attribute {name} is {brief(loaded[name])}, saved nothing"
+        for name in loaded.keys() - saved.keys()
+    ]
+    for name in saved.keys() & loaded.keys():
+        lines += [
+            f"after load: optimizer attribute {line}" for line in plain_differences(name, saved[name], loaded[name])
+        ]
+    return sorted(lines)

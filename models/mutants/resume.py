@@ -115,11 +115,17 @@ def build_cast_on_load_precision_aware(
 
 class StepCountingPrecisionAwareAdamW(PrecisionAwareAdamW):
     """Counts its steps on the optimizer object and bias-corrects with that count instead of each
-    state's `step`: the count is in no state dict, so a resumed run restarts bias correction from 1."""
+    state's `step`: the count is in no state dict, so a resumed run restarts bias correction from 1.
+    Like a hybrid Muon/AdamW optimizer it also keeps `{param: ...}` tables on itself: `matrix_params`,
+    fixed when it is built (a fresh build reproduces it, so a resume must not flag it), and
+    `updates_per_param`, counted per step and in no state dict either (a resume must name it per param)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.steps_taken = 0
+        params = [param for group in self.param_groups for param in group["params"]]
+        self.matrix_params = {param: param.dim() >= 2 for param in params}
+        self.updates_per_param = dict.fromkeys(params, 0)
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -131,6 +137,7 @@ class StepCountingPrecisionAwareAdamW(PrecisionAwareAdamW):
         if not state:
             state.update(self._initial_state(param))
         state["step"].fill_(self.steps_taken - 1)
+        self.updates_per_param[param] += 1
         super()._update(param, group)
 
 
