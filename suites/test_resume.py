@@ -635,9 +635,10 @@ class TrainingRun:
 
     @property
     def rng_streams_advanced(self) -> set[str]:
-        """The RNG streams this run's steps have drawn from so far."""
+        """The RNG streams this run's steps have drawn from so far, generators created during training
+        (lazily, in a first forward) included: the generators are looked for now, not only at the start."""
         now = self.rng_streams()
-        return {name for name, state in self.rng_at_start.items() if now.get(name) != state}
+        return {name for name, state in now.items() if self.rng_at_start.get(name) != state}
 
     def train_step(self) -> torch.Tensor:
         """One optimizer step; returns this rank's loss as a CPU fp32 scalar."""
@@ -712,17 +713,29 @@ class TrainingRun:
         }
 
     def peek_next_batches(self) -> list[torch.Tensor]:
-        """The `loader_batches` batches the loader yields next, without moving it: read, then rewind
-        through its state dict; RNG streams and the generators the run owns are put back too, in case
-        the loader draws from them."""
-        position, generators = copy.deepcopy(self.loader.state_dict()), capture_generators()
+        """The `loader_batches` batches the loader yields next (`batches_ahead`); RNG streams and the
+        generators the run owns are put back too, in case the loader draws from them."""
+        generators = capture_generators()
         owned = {name: (g, copy.deepcopy(generator_state(g))) for name, g in self.generators.items()}
-        batches = [on_device(next(self.loader), "cpu") for _ in range(self.loader_batches)]
-        self.loader.load_state_dict(position)
+        batches = batches_ahead(self.loader, self.loader_batches, self.dataset)
         restore_generators(generators)
         for generator, state in owned.values():
             set_generator_state(generator, state)
         return batches
+
+
+def batches_ahead(loader, count: int, dataset=None) -> list:
+    """The `count` batches `loader` yields next, on the CPU, read from a copy of it (`dataset` shared,
+    not copied), so the check never moves the loader it reads, even in state its state dict leaves
+    out (an epoch counter); a loader that cannot be copied is read, then rewound through its state dict."""
+    try:
+        ahead, position = copy.deepcopy(loader, {id(dataset): dataset}), None
+    except Exception:
+        ahead, position = loader, copy.deepcopy(loader.state_dict())
+    batches = [on_device(next(ahead), "cpu") for _ in range(count)]
+    if position is not None:
+        loader.load_state_dict(position)
+    return batches
 
 
 def copied(value):
@@ -807,6 +820,8 @@ def after_load_differences(
         "loader": loader_differences(saved["next_batches"], loaded["next_batches"], straight_batches, resume_step),
         "rng": [
             f"after load: RNG stream {name} differs from the saved one"
+            if name in loaded["rng"]
+            else f"after load: RNG stream {name} does not exist: the saved run created it during training, and no load restored it"
             for name in rng_used
             if loaded["rng"].get(name) != saved["rng"].get(name)
         ],

@@ -152,27 +152,38 @@ def build_step_counting_precision_aware(
 
 class GeneratorDropout(nn.Module):
     """Dropout drawing its masks from a `torch.Generator` of its own, seeded from the global RNG when
-    built (as a module keeping a per-layer generator does); no checkpointer saves it."""
+    built (as a module keeping a per-layer generator does), or, `lazy`, in its first forward; no
+    checkpointer saves it."""
 
-    def __init__(self, p: float) -> None:
+    def __init__(self, p: float, *, lazy: bool = False) -> None:
         super().__init__()
         self.p = p
-        self.generator = torch.Generator().manual_seed(int(torch.randint(2**62, ()).item()))
+        self.generator = None if lazy else seeded_generator()
 
     def forward(self, hidden: Tensor) -> Tensor:
         if not self.training or self.p == 0:
             return hidden
+        if self.generator is None:
+            self.generator = seeded_generator()
         keep = torch.rand(hidden.shape, generator=self.generator) >= self.p
         return hidden * keep.to(hidden.device, hidden.dtype) / (1 - self.p)
+
+
+def seeded_generator() -> torch.Generator:
+    """A CPU generator seeded from the global RNG."""
+    return torch.Generator().manual_seed(int(torch.randint(2**62, ()).item()))
 
 
 def own_generator_dropout_model(
     cell: Mapping[str, object], *, dropout: float = 0.0, dtype: torch.dtype = torch.float32
 ) -> PrefixExpertDecoder:
-    """Model factory: the reference decoder whose dropout layers draw from generators they own."""
+    """Model factory: the reference decoder whose dropout layers draw from generators they own, made
+    when built in the prefix layers and in the first forward in the expert layers."""
     model = build_model(cell, dropout=dropout, dtype=dtype)
-    for layer in model.decoder_layers():
+    for layer in model.prefix_layers:
         layer.dropout = GeneratorDropout(dropout)
+    for layer in model.expert_layers:
+        layer.dropout = GeneratorDropout(dropout, lazy=True)
     return model
 
 

@@ -140,6 +140,7 @@ MUTANTS = {
         {
             after_load("rng"): (
                 "rank 0: after load: RNG stream model.prefix_layers.0.dropout.generator differs from the saved one",
+                "rank 0: after load: RNG stream model.expert_layers.0.dropout.generator does not exist",
             ),
             after_load("optimizer_state"): (
                 "rank 0: after load: optimizer attribute steps_taken is 1, saved 3",
