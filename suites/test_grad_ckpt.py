@@ -44,6 +44,7 @@ declares it (attribute ``compute_dtype`` or option ``compute_dtype``) and is com
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
@@ -66,6 +67,7 @@ from .full_tensors import full_gradients
 from .model_output import cache_on, call_model, loss_of
 from .optimizer_state import plain_equal
 from .parallelize_component import parallelized
+from .reachable_state import is_user_object, kept_as_they_are, module_level_containers
 from .ulp import bits_equal, ulp_distance
 
 SEED = 0
@@ -287,18 +289,35 @@ class Slot:
             self.holder[self.key] = value
 
 
+MAX_ITEMS_WALKED = 1000
+"""Items of one container the module-state walk enters (its length is compared whatever it is)."""
+MAX_STATE_VALUES = 50_000
+"""Values the module-state walk records in all: a bound on what one snapshot copies."""
+
+
 def module_state(model: nn.Module, ignored: tuple[str, ...] = ()) -> tuple[dict[str, object], dict[str, Slot]]:
-    """Every module's own attributes that hold tensors, numbers, strings or containers of them, by
-    path (``prefix_layers.1.aux_losses[0]``): state a forward may append to or bump outside buffers
-    and parameters; and where each int is held, so ``body_call_counters`` can find the counters
-    ``body_calls()`` reports. torch's own module internals, parameters, submodules, wrapper modules
-    and the attribute names in ``ignored`` are left out."""
+    """Every module's own attributes that hold tensors, numbers, strings, containers of them or
+    objects of the user's classes (a dataclass of routing statistics), by path
+    (``prefix_layers.1.aux_losses[0]``, ``prefix_layers.1.stats.tokens``), and the module-level
+    containers of the Python modules that define the model's classes
+    (``models.moe.AUX_LOSS_TRACKER['layer 1']``, suites/reachable_state.py): state a forward may
+    append to or bump outside buffers and parameters; and where each int is held, so
+    ``body_call_counters`` can find the counters ``body_calls()`` reports. torch's own module
+    internals, parameters, submodules, wrapper modules and the names in ``ignored`` are left out;
+    an object reached twice is walked once, and the walk is bounded in depth and size."""
     state: dict[str, object] = {}
     ints: dict[str, Slot] = {}
+    walked: set[int] = set()
 
     def walk(value, path: str, depth: int, slot: Slot) -> None:
         if isinstance(value, nn.Parameter) or isinstance(value, OPAQUE) or depth > CACHE_STATE_DEPTH:
             return
+        if len(state) >= MAX_STATE_VALUES:
+            return
+        if not isinstance(value, (*PLAIN_VALUES, torch.Tensor)):
+            if id(value) in walked:
+                return
+            walked.add(id(value))
         if isinstance(value, PLAIN_VALUES):
             state[path] = value
             if type(value) is int:
@@ -308,12 +327,16 @@ def module_state(model: nn.Module, ignored: tuple[str, ...] = ()) -> tuple[dict[
         elif isinstance(value, (list, tuple, set, frozenset)):
             state[path] = Entries(len(value))
             items = sorted(value, key=repr) if isinstance(value, (set, frozenset)) else value
-            for index, item in enumerate(items):
+            for index, item in enumerate(items[:MAX_ITEMS_WALKED]):
                 walk(item, f"{path}[{index}]", depth + 1, Slot(value, index, False))
         elif isinstance(value, dict):
             state[path] = Entries(len(value))
-            for key, item in value.items():
+            for key, item in list(value.items())[:MAX_ITEMS_WALKED]:
                 walk(item, f"{path}[{key!r}]", depth + 1, Slot(value, key, False))
+        elif is_user_object(value):
+            for attribute, item in vars(value).items():
+                if not attribute.startswith("__") and attribute not in ignored:
+                    walk(item, f"{path}.{attribute}", depth + 1, Slot(value, attribute, True))
 
     for name, module in named_modules_as_built(model):
         if isinstance(module, WRAPPERS_THAT_REBUILD_OUTPUT):
@@ -325,6 +348,8 @@ def module_state(model: nn.Module, ignored: tuple[str, ...] = ()) -> tuple[dict[
                 continue
             path = f"{name}.{attribute}" if name else attribute
             walk(value, path, 0, Slot(module, attribute, True))
+    for path, container in module_level_containers(model, ignored).items():
+        walk(container, path, 0, Slot(sys.modules[path.rpartition(".")[0]], path.rpartition(".")[2], True))
     return state, ints
 
 
@@ -617,6 +642,7 @@ def train_step(
         model.train()
         parameters = local_parameters(model)
         module_state_before, _ = module_state(model, ignored)
+        put_module_containers_back = kept_as_they_are(module_level_containers(model, ignored))
         torch.manual_seed(SEED + 1000 + rank)
         rng_before_forward = rng_states()
         losses = []
@@ -660,6 +686,7 @@ def train_step(
         calls_after_backward = layer_calls(model, units)
         unit_sites = units.sites(unwrapped(model))
     module_state_after, ints_after = module_state(model, ignored)
+    put_module_containers_back()
     return StepRecord(
         loss=loss.detach().float().cpu(),
         parameters=parameters,
