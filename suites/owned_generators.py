@@ -64,7 +64,8 @@ def owned_generators(roots: dict[str, object]) -> dict[str, object]:
             found[path] = value
         elif isinstance(value, dict):
             for key, item in value.items():
-                walk(item, f"{path}[{key!r}]", depth + 1)
+                label = f"<tensor {list(key.shape)}>" if isinstance(key, torch.Tensor) else repr(key)
+                walk(item, f"{path}[{label}]", depth + 1)
         elif isinstance(value, (list, tuple)):
             for index, item in enumerate(value):
                 walk(item, f"{path}[{index}]", depth + 1)

@@ -67,7 +67,7 @@ from torchmatrix.testing import (
     load,
 )
 
-from .built_names import named_parameters_as_built
+from .built_names import named_modules_as_built, named_parameters_as_built
 from .checkpointer_forms import RunCheckpointer
 from .deterministic import deterministic_algorithms
 from .model_output import call_model, loss_of
@@ -627,7 +627,15 @@ class TrainingRun:
     @property
     def generators(self) -> dict[str, object]:
         """The generators the model, dataset and loader own, by path (see suites/owned_generators.py)."""
-        return owned_generators({"model": self.model, "dataset": self.dataset, "loader": self.loader})
+        return owned_generators(
+            {
+                "model": self.model,
+                "dataset": self.dataset,
+                "loader": self.loader,
+                "optimizer": self.optimizer,
+                "scheduler": self.scheduler,
+            }
+        )
 
     def rng_streams(self) -> dict[str, bytes]:
         """The process's RNG streams and the generators this run's objects own, by name, as bytes."""
@@ -661,6 +669,17 @@ class TrainingRun:
     def parameters(self) -> dict[str, torch.Tensor]:
         """This rank's shard of every parameter, by the model's own name, copied to the CPU."""
         return {name: local_shard(param) for name, param in named_parameters_as_built(self.model)}
+
+    def non_persistent_buffers(self) -> dict[str, torch.Tensor]:
+        """This rank's copy of every buffer the model keeps out of its state dict (`persistent=False`:
+        a curriculum step, a running statistic), by name, on the CPU: a checkpoint of the state
+        dict leaves them as a fresh build has them."""
+        return {
+            f"{name}.{buffer_name}" if name else buffer_name: local_shard(module._buffers[buffer_name])
+            for name, module in named_modules_as_built(self.model)
+            for buffer_name in sorted(module._non_persistent_buffers_set)
+            if module._buffers.get(buffer_name) is not None
+        }
 
     def named_raw_state(self) -> dict[str, dict]:
         """The optimizer's state by parameter name, as the optimizer holds it."""
@@ -698,6 +717,7 @@ class TrainingRun:
         return {
             "parameters": {name: value.detach().to("cpu", copy=True) for name, value in full.items()},
             "parameter_shards": self.parameters(),
+            "non_persistent_buffers": self.non_persistent_buffers(),
             "optimizer_state": self.optimizer_state(),
             "optimizer_state_dtype_device": self.optimizer_state_dtype_device(),
             "param_groups": [
@@ -802,7 +822,14 @@ def after_load_differences(
 ) -> dict:
     """Per piece of state, one line for each thing that differs between save and right after load."""
     return {
-        "parameters": tensor_differences("parameter", saved["parameters"], loaded["parameters"]),
+        "parameters": tensor_differences("parameter", saved["parameters"], loaded["parameters"])
+        + (
+            tensor_differences(
+                "non-persistent buffer", saved["non_persistent_buffers"], loaded["non_persistent_buffers"]
+            )
+            if saved["non_persistent_buffers"]
+            else []
+        ),
         "parameter_shards": tensor_differences(
             "parameter shard", saved["parameter_shards"], loaded["parameter_shards"]
         ),

@@ -123,6 +123,7 @@ class StepCountingPrecisionAwareAdamW(PrecisionAwareAdamW):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.steps_taken = 0
+        self.rounding_generator = seeded_generator()
         params = [param for group in self.param_groups for param in group["params"]]
         self.matrix_params = {param: param.dim() >= 2 for param in params}
         self.updates_per_param = dict.fromkeys(params, 0)
@@ -130,6 +131,7 @@ class StepCountingPrecisionAwareAdamW(PrecisionAwareAdamW):
     @torch.no_grad()
     def step(self, closure=None):
         self.steps_taken += 1
+        torch.rand((), generator=self.rounding_generator)  # a stochastic-rounding draw: the stream moves every step
         return super().step(closure)
 
     def _update(self, param: torch.Tensor, group: dict) -> None:
@@ -178,13 +180,22 @@ def own_generator_dropout_model(
     cell: Mapping[str, object], *, dropout: float = 0.0, dtype: torch.dtype = torch.float32
 ) -> PrefixExpertDecoder:
     """Model factory: the reference decoder whose dropout layers draw from generators they own, made
-    when built in the prefix layers and in the first forward in the expert layers."""
+    when built in the prefix layers and in the first forward in the expert layers, and which counts
+    its training forwards in a non-persistent buffer."""
     model = build_model(cell, dropout=dropout, dtype=dtype)
     for layer in model.prefix_layers:
         layer.dropout = GeneratorDropout(dropout)
     for layer in model.expert_layers:
         layer.dropout = GeneratorDropout(dropout, lazy=True)
+    model.register_buffer("curriculum_step", torch.zeros((), dtype=torch.int64), persistent=False)
+    model.register_forward_pre_hook(advance_curriculum)
     return model
+
+
+def advance_curriculum(model: nn.Module, args) -> None:
+    """A curriculum step kept in a non-persistent buffer, which no state dict holds: one more per training forward."""
+    if model.training:
+        model.curriculum_step += 1
 
 
 class ReshufflingLoader(ShardedLoader):

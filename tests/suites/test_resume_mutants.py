@@ -125,8 +125,10 @@ MUTANTS = {
         },
         world_sizes=(1, 2, 4),
     ),
-    # Three pieces of state outside what the suite compared before, lost at once in one run of three
-    # cells: generators the model owns, a counter on the optimizer object, and the shuffle seed of a
+    # Pieces of state outside what the suite compared before, lost at once in one run of three
+    # cells: generators the model owns (one made in the first forward), one the optimizer owns, a
+    # non-persistent buffer, a counter and a per-param table on the optimizer object (beside a routing
+    # table a fresh build reproduces, which must not be flagged), and the shuffle seed of a
     # loader whose order changes only at the next epoch boundary (33 batches on at ws1, 17 at ws2:
     # the default `loader_batches` reaches it; the losses, six steps long, never do).
     "owned_state_not_saved": Mutant(
@@ -141,7 +143,9 @@ MUTANTS = {
             after_load("rng"): (
                 "rank 0: after load: RNG stream model.prefix_layers.0.dropout.generator differs from the saved one",
                 "rank 0: after load: RNG stream model.expert_layers.0.dropout.generator does not exist",
+                "rank 0: after load: RNG stream optimizer.rounding_generator differs from the saved one",
             ),
+            after_load("parameters"): ("rank 0: after load: non-persistent buffer curriculum_step is 0, saved 3",),
             after_load("optimizer_state"): (
                 "rank 0: after load: optimizer attribute steps_taken is 1, saved 3",
                 "rank 0: after load: optimizer attribute updates_per_param[<param ",
