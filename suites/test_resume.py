@@ -85,6 +85,7 @@ from .optimizer_state import (
 from .owned_generators import generator_state, owned_generators, set_generator_state, state_bytes
 from .parallelize_component import parallelized
 from .scheduler_component import build_scheduler, scheduler_position
+from .step_trace import digest, digests, first_divergence
 from .ulp import bits_equal, ulp_distance
 
 try:
@@ -279,8 +280,10 @@ def test_losses_identical_after_resume(cell, experiment, suite_options, record_p
     assert pairs, f"{cell.id}: no resumed step to compare"
     record_property("loss_max_ulp", max(ulp_distance(b, a) for _, _, a, b in pairs))
     for rank, step, a, b in pairs:
+        where = records[rank].get("first_divergence")
         assert bits_equal(b, a), (
             f"{cell.id} rank {rank}: loss at step {step} (resumed at {first - 1}): straight {a.item()!r}, resumed {b.item()!r}, diff {(b - a).item():+.3e}, {ulp_distance(b, a)} ULP"
+            + (f"\n{where}" if where else "")
         )
 
 
@@ -465,6 +468,7 @@ def _straight_and_resumed(
         "other_implementations": other_implementations,
         "quantized_at_save": quantized_at_save,
         "rng_streams_used": streams_used,
+        "first_divergence": first_divergence(run_a.trace[resume_step:], rebuilt.trace, resume_step + 1),
         "rebuilt_equals_saved": rebuilt_equals_saved,
         "equal_before_load": [piece for piece in AFTER_LOAD_PIECES if piece in before_load and not before_load[piece]],
         "extra_state_saved": sorted(map(str, extra_saved)),
@@ -622,6 +626,7 @@ class TrainingRun:
         if numpy is not None:
             numpy.random.seed(dropout_seed)
         self.batches: list = []
+        self.trace: list[dict] = []
         self.rng_at_start = self.rng_streams()
 
     @property
@@ -649,18 +654,35 @@ class TrainingRun:
         return {name for name, state in now.items() if self.rng_at_start.get(name) != state}
 
     def train_step(self) -> torch.Tensor:
-        """One optimizer step; returns this rank's loss as a CPU fp32 scalar."""
+        """One optimizer step; returns this rank's loss as a CPU fp32 scalar. What fed the step and
+        what it made go to `trace` (suites/step_trace.py)."""
         self.model.train()
         batch = next(self.loader)
         self.batches.append(on_device(batch, "cpu"))
+        record = {
+            "batch": {"batch": digest(self.batches[-1])},
+            "lr": {
+                f"param group {i} lr": digest(group["lr"]) for i, group in enumerate(param_groups_of(self.optimizer))
+            },
+            "non_persistent_buffers": digests(self.non_persistent_buffers()),
+            "rng": self.rng_streams(),
+            "parameters": digests(self.parameters()),
+        }
         batch = on_device(batch, self.device)
         if self.batch_keywords and isinstance(batch, torch.Tensor):
             batch = dict.fromkeys(self.batch_keywords, batch)
         loss = loss_of(call_model(self.model, batch))
         loss.backward()
+        record["gradients"] = {
+            name: digest(local_shard(param.grad))
+            for name, param in named_parameters_as_built(self.model)
+            if param.grad is not None
+        }
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
+        record["updated"] = digests(self.parameters())
+        self.trace.append(record)
         return loss.detach().float().cpu()
 
     def checkpointables(self) -> dict:

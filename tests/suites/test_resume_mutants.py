@@ -55,7 +55,13 @@ MUTANTS = {
         {"checkpointer": "torchmatrix.models.mutants.resume:RawOptimizerStateCheckpointer"},
         ("adamw",),
         CELL_PREFIXES,
-        {after_load("optimizer_state"): ("after load: optimizer state exp_avg of ",), LOSSES: ("loss at step",)},
+        {
+            after_load("optimizer_state"): ("after load: optimizer state exp_avg of ",),
+            LOSSES: (
+                "loss at step",
+                "the runs first part at step 4, in the parameters after the step, with equal gradients",
+            ),
+        },
     ),
     "rng_not_restored": Mutant(
         {"checkpointer": "torchmatrix.models.mutants.resume:RngNotRestoredCheckpointer"},
@@ -154,7 +160,10 @@ MUTANTS = {
                 "rank 0: after load: the loader's batch {epoch_start} (the {ordinal} after the load) differs from "
                 "the saved loader's",
             ),
-            LOSSES: ("loss at step",),
+            LOSSES: (
+                "loss at step",
+                "the runs first part at step 4, in the model's non-persistent buffers (in no state dict): curriculum_step",
+            ),
         },
     ),
     "precision_aware_cast_on_load": Mutant(
