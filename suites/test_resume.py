@@ -220,7 +220,7 @@ def test_state_restored_right_after_load(cell, experiment, piece):
     if piece == "rng" and not records[0]["rng_streams_used"]:
         pytest.skip(
             "training advanced no RNG stream (torch CPU, CUDA, numpy, python random) and no generator the "
-            "model, dataset or loader owns: no RNG state to resume"
+            "model, dataset, loader, optimizer or scheduler owns: no RNG state to resume"
         )
     problems = {rank: record["after_load"][piece] for rank, record in enumerate(records) if record["after_load"][piece]}
     listing = [f"  across ranks: {line}" for line in partial_restore(piece, records) + rank_zero_rng(piece, records)]
@@ -631,7 +631,7 @@ class TrainingRun:
 
     @property
     def generators(self) -> dict[str, object]:
-        """The generators the model, dataset and loader own, by path (see suites/owned_generators.py)."""
+        """The generators the model, dataset, loader, optimizer and scheduler own, by path (see suites/owned_generators.py)."""
         return owned_generators(
             {
                 "model": self.model,
