@@ -583,7 +583,7 @@ def layer_calls(model: nn.Module, units: CheckpointUnits) -> dict[str, int]:
     checkpoint units the suite's instrumented ``torch.utils.checkpoint`` counted."""
     if hasattr(model, "body_calls"):
         return model.body_calls()
-    return units.calls(unwrapped(model))
+    return units.calls(model)
 
 
 def calls_source(model: nn.Module) -> str:
@@ -679,12 +679,12 @@ def train_step(
                 loss.backward()
             except CheckpointError as error:
                 if compiled:
-                    origin = units.rerunning(unwrapped(model)) or "a checkpointed function (no unit ran again)"
+                    origin = units.rerunning(model) or "a checkpointed function (no unit ran again)"
                     raise RecomputeMismatch(origin, error) from error
                 origin = recompute_origin(layer_calls(model, units), ran)
                 raise RuntimeError(f"in the recompute of {origin}: {error}") from error
         calls_after_backward = layer_calls(model, units)
-        unit_sites = units.sites(unwrapped(model))
+        unit_sites = units.sites(model)
     module_state_after, ints_after = module_state(model, ignored)
     put_module_containers_back()
     return StepRecord(
