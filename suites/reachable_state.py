@@ -34,9 +34,10 @@ def is_user_object(value) -> bool:
 
 def module_level_containers(model: nn.Module, ignored: tuple[str, ...] = ()) -> dict[str, object]:
     """Per path `<python module>.<global name>`, the mutable containers (dicts, lists, sets) and user
-    objects kept at module level by the Python modules that define the classes of `model`'s modules,
-    torch's and the standard library's left out, as are dunder names and the names in `ignored`."""
-    sources = {type(module).__module__ for module in model.modules()}
+    objects kept at module level by the Python modules that define the classes of `model`'s modules
+    and their bases (FSDP2 swaps each module's class for a subclass it makes), torch's and the
+    standard library's left out, as are dunder names and the names in `ignored`."""
+    sources = {kind.__module__ for module in model.modules() for kind in type(module).__mro__}
     found = {}
     for source in sorted(sources):
         python_module = sys.modules.get(source)

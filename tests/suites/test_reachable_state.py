@@ -49,3 +49,13 @@ def test_ignored_attributes_leave_out_an_object_and_a_registry_by_name():
     assert "torchmatrix.models.mutants.grad_ckpt.AUX_LOSS_TRACKER" in walked
     ignored, _ = module_state(model, ("routing_stats", "AUX_LOSS_TRACKER"))
     assert not any("routing_stats" in path or "AUX_LOSS_TRACKER" in path for path in ignored)
+
+
+def test_a_registry_is_found_through_a_class_a_wrapper_made_from_the_models():
+    """FSDP2 swaps each module's class for a subclass defined in torch: the bases still say where the registry lives."""
+    model = aux_loss_list_model(CELL)
+    kind = type(model.prefix_layers[0])
+    for layer in model.prefix_layers:
+        layer.__class__ = type(f"FSDP{kind.__name__}", (kind,), {"__module__": "torch.distributed.fsdp"})
+    assert all(type(module).__module__ != grad_ckpt.__name__ for module in model.modules())
+    assert "torchmatrix.models.mutants.grad_ckpt.AUX_LOSS_TRACKER" in module_level_containers(model)
