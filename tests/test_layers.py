@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torchmatrix
 
-# First to last; "top" is every module directly under torchmatrix/ except status.
+# First to last; "top" is every module directly under torchmatrix/ except the foundation's.
 LAYERS = [
     "status",
     "components",
@@ -25,11 +25,13 @@ LAYERS = [
     "top",
 ]
 PACKAGE = Path(torchmatrix.__file__).parent
+# The first layer, "status": the outcome and exit-code vocabulary and the user-error base every layer uses.
+FOUNDATION = {"torchmatrix", "torchmatrix.status", "torchmatrix.exit_codes", "torchmatrix.user_error"}
 
 
 def layer_of(module: str) -> str:
-    """A subpackage's name, "status" for status and the bare package (its __init__ holds only the version), else "top"."""
-    if module == "torchmatrix":
+    """A subpackage's name, "status" for the foundation's modules (the bare package's __init__ holds only the version), else "top"."""
+    if module in FOUNDATION:
         return "status"
     parts = module.split(".")
     if len(parts) > 1 and parts[1] in LAYERS:

@@ -27,6 +27,7 @@ from torchmatrix.matrix.cells import Cell, expand_cells, value_token
 from torchmatrix.matrix.known_failures import KEYS as KNOWN_FAILURE_KEYS
 from torchmatrix.matrix.known_failures import KnownFailure, KnownFailureError, read_known_failure
 from torchmatrix.matrix.meshes import MESH_AXIS, MESH_KINDS, TWO_D_FSDP, TWO_D_MESH_KINDS, mesh_layout, mesh_problem
+from torchmatrix.user_error import UserError
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -61,7 +62,7 @@ MAX_TEST_TIMEOUT_S = 86400
 TOML_DATES = (datetime.date, datetime.time)  # datetime.datetime is a date
 
 
-class ConfigError(Exception):
+class ConfigError(UserError):
     """A problem in matrix.toml, phrased as one line that says where and what to change."""
 
 

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from torchmatrix.matrix.safe_names import UnsafeName, check_name
+from torchmatrix.user_error import UserError
 
 FILE_NAME = "plan.json"
 VERSION_PREFIX = "torch-"
@@ -100,7 +101,7 @@ class RunPlan:
         )
 
 
-class PlanFileError(ValueError):
+class PlanFileError(UserError, ValueError):
     """A plan.json that cannot be trusted or parsed; the message names the file and the value."""
 
 

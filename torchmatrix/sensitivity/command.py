@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from torchmatrix.components.protocol import DTENSOR_OPTIM, GRAD_CKPT, RESUME, RESUME_BF16_PARAM_OPTIMIZERS
+from torchmatrix.exit_codes import ExitCode
 from torchmatrix.matrix.cells import Cell
 from torchmatrix.matrix.config import Matrix
 from torchmatrix.matrix.meshes import TWO_D_MESH_KINDS, mesh_kind
@@ -31,6 +32,7 @@ from torchmatrix.matrix.selection import select_cells
 from torchmatrix.run.runner import RunRequest, run_version
 from torchmatrix.sensitivity.mutants import EVIDENCE_VARIABLE, cells_acted_in
 from torchmatrix.sensitivity.verdicts import CellResult, new_failures, read_cells
+from torchmatrix.user_error import UserError
 
 GENERATED_MODULE = "torchmatrix_sensitivity_components"
 MUTANT_SOURCES = ("torchmatrix/sensitivity/mutants.py", f"{GENERATED_MODULE}.py")
@@ -117,7 +119,7 @@ GENERIC_MUTANTS = (
 )  # fmt: skip
 
 
-class SensitivityError(Exception):
+class SensitivityError(UserError):
     """A request the command cannot serve (unknown mutant, no suite to run), said in one line."""
 
 
@@ -235,12 +237,12 @@ def mutated(matrix: Matrix, mutant: GenericMutant) -> Matrix:
     return dataclasses.replace(matrix, suites={mutant.suite: matrix.suites[mutant.suite]}, components=components)
 
 
-INTERRUPTED = 130
-
-
 def run_selection(request: RunRequest, cells: list[Cell]) -> None:
     """run_version over exactly `cells` (a keyword of their ids); an interrupted run ends the command."""
-    if run_version(dataclasses.replace(request, keyword=" or ".join(cell.id for cell in cells))) == INTERRUPTED:
+    if (
+        run_version(dataclasses.replace(request, keyword=" or ".join(cell.id for cell in cells)))
+        == ExitCode.INTERRUPTED
+    ):
         raise KeyboardInterrupt
 
 
@@ -303,7 +305,7 @@ def judge(
 
 def run_sensitivity(
     matrix: Matrix, *, version: str, out: Path, filters: dict, mutant_names: str | None, slots: int | None
-) -> int:
+) -> ExitCode:
     """Unmutated run, then every mutant; print and write the table; 1 when a mutant is missed or
     errored in any cell where it applies.
 
@@ -376,4 +378,4 @@ def run_sensitivity(
     for what, names in (("missed", missed), ("errored, the mutant itself crashed:", errored)):
         if names:
             print(f"torchmatrix sensitivity: {what} {'; '.join(names)}", file=sys.stderr)
-    return 1 if missed or errored else 0
+    return ExitCode.FAILED if missed or errored else ExitCode.PASSED
