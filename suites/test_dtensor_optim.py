@@ -71,6 +71,7 @@ from .model_output import loss_of
 from .optimizer_state import inner_optimizers, optimizer_state_of, param_groups_of, state_adapter
 from .parallelize_component import parallelized
 from .scheduler_component import build_scheduler
+from .ulp import bits_difference, bits_equal
 
 LR = 1e-2
 SAVE_SEED, LOAD_SEED = 0, 1
@@ -739,8 +740,12 @@ def _compare(saved: dict[str, torch.Tensor], loaded: dict[str, torch.Tensor]) ->
             mismatches.append(
                 f"{key}: saved {before.dtype} {list(before.shape)}, loaded {after.dtype} {list(after.shape)}"
             )
-        elif not torch.equal(before, after):
+        elif not bits_equal(after, before):
             diff = (before.float() - after.float()).abs().max().item()
-            mismatches.append(f"{key}: values differ (max abs diff {diff:.3g})")
+            mismatches.append(
+                f"{key}: values differ (max abs diff {diff:.3g})"
+                if diff
+                else f"{key}: {bits_difference(after, before, 'saved')}"
+            )
     optimizer_compared = sum(key.startswith("optimizer.") for key in saved)
     return {"compared": len(saved), "optimizer_compared": optimizer_compared, "mismatches": mismatches}

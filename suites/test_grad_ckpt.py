@@ -65,7 +65,7 @@ from .full_tensors import full_gradients
 from .model_output import cache_on, call_model, loss_of
 from .optimizer_state import plain_equal
 from .parallelize_component import parallelized
-from .ulp import bits_equal, ulp_distance
+from .ulp import bits_equal, differing_bits, ulp_distance
 
 SEED = 0
 DROPOUT = 0.1
@@ -405,7 +405,7 @@ def mismatch(actual, expected, precision: Precision) -> str | None:
             return None
         except AssertionError:
             pass
-    differing = int((actual != expected).sum())
+    differing = differing_bits(actual, expected)
     if not actual.is_floating_point():
         return (
             f"{actual.item()} vs {expected.item()}" if actual.numel() == 1 else f"{differing}/{actual.numel()} differ"

@@ -49,6 +49,7 @@ import copy
 import math
 import pickle
 import random
+from dataclasses import dataclass, field
 
 import pytest
 import torch
@@ -83,7 +84,7 @@ from .optimizer_state import (
 from .owned_generators import generator_state, owned_generators, set_generator_state, state_bytes
 from .parallelize_component import parallelized
 from .scheduler_component import build_scheduler, scheduler_position
-from .ulp import bits_equal, ulp_distance
+from .ulp import bits_difference, bits_equal, ulp_distance
 
 try:
     import numpy
@@ -139,18 +140,18 @@ def options_for(suite_options: dict) -> dict:
 
 
 @pytest.fixture
-def experiment(cell, ranks, suite_options, components, tmp_path, once_per_cell) -> list[dict]:
+def experiment(cell, ranks, suite_options, components, tmp_path, once_per_cell) -> list[RankRecord]:
     """Both runs of the cell, one record per rank; run once per cell and shared by its tests."""
 
-    def both_runs() -> list[dict]:
+    def both_runs() -> list[RankRecord | Unavailable]:
         options = options_for(suite_options)
         data_path = str(tmp_path / "tokens.pt")
         write_dataset(components, options, data_path)
         return ranks.run(straight_and_resumed, dict(cell), options, components, data_path, str(tmp_path / "checkpoint"))
 
     records = once_per_cell("the training runs", both_runs)
-    if records[0].get("unavailable"):
-        pytest.skip(records[0]["unavailable"])
+    if isinstance(records[0], Unavailable):
+        pytest.skip(records[0].reason)
     return records
 
 
@@ -171,12 +172,12 @@ def test_rebuilt_run_starts_from_other_weights(cell, experiment, suite_options, 
     checkpoint on every rank, or the checks below compared plain floats."""
     records = experiment
     for rank, record in enumerate(records):
-        assert not record["rebuilt_equals_saved"], (
+        assert not record.rebuilt_equals_saved, (
             f"{cell.id} rank {rank}: the rebuilt model already equals the checkpointed one; the rebuild seed has no effect"
         )
     if cell["optimizer"] in options_for(suite_options)["quantized_state_optimizers"]:
-        record_property("quantized_states", [len(record["quantized_at_save"]) for record in records])
-        plain = [rank for rank, record in enumerate(records) if not record["quantized_at_save"]]
+        record_property("quantized_states", [len(record.quantized_at_save) for record in records])
+        plain = [rank for rank, record in enumerate(records) if not record.quantized_at_save]
         assert not plain, (
             f"{cell.id}: ranks {plain} hold no quantized optimizer state at the checkpoint step (all plain floats): "
             f"the params are too small for {cell['optimizer']}'s quantizer, so this cell checked unquantized state"
@@ -214,31 +215,31 @@ OWN_PART = {"parameters": ("parameter_shards", "parameters"), "optimizer_state":
 def test_state_restored_right_after_load(cell, experiment, piece):
     """Right after load, before any step: this piece of state equals what was saved, or the failure names what differs."""
     records = experiment
-    if piece == "rng" and not records[0]["rng_streams_used"]:
+    if piece == "rng" and not records[0].rng_streams_used:
         pytest.skip(
             "training advanced no RNG stream (torch CPU, CUDA, numpy, python random) and no generator the "
             "model, dataset or loader owns: no RNG state to resume"
         )
-    problems = {rank: record["after_load"][piece] for rank, record in enumerate(records) if record["after_load"][piece]}
+    problems = {rank: record.after_load[piece] for rank, record in enumerate(records) if record.after_load[piece]}
     listing = [f"  across ranks: {line}" for line in partial_restore(piece, records) + rank_zero_rng(piece, records)]
     listing += [f"  rank {rank}: {line}" for rank, lines in problems.items() for line in lines]
     assert not problems, f"{cell.id}, {piece} right after load vs at save:\n" + "\n".join(listing)
-    if piece in NOTHING_TO_COMPARE and not any(record["extra_state_saved"] for record in records):
+    if piece in NOTHING_TO_COMPARE and not any(record.extra_state_saved for record in records):
         pytest.skip(NOTHING_TO_COMPARE[piece])
-    if all(piece in record["equal_before_load"] for record in records):
+    if all(piece in record.equal_before_load for record in records):
         pytest.skip(NO_OP_LOAD_WOULD_PASS[piece])
 
 
-def rank_zero_rng(piece: str, records: list[dict]) -> list[str]:
+def rank_zero_rng(piece: str, records: list[RankRecord]) -> list[str]:
     """One line when ranks that saved their own RNG streams came back with rank 0's: a checkpointer
     that keeps rank 0's RNG for every rank, right only for ranks seeded alike (option `seeding`)."""
     if piece != "rng" or len(records) < 2:
         return []
-    saved_by_zero = records[0]["rng_at_save"]
+    saved_by_zero = records[0].rng_at_save
     took_zero = [
         rank
         for rank, record in enumerate(records[1:], start=1)
-        if record["after_load"]["rng"] and record["rng_after_load"] == saved_by_zero != record["rng_at_save"]
+        if record.after_load["rng"] and record.rng_after_load == saved_by_zero != record.rng_at_save
     ]
     if not took_zero:
         return []
@@ -248,13 +249,13 @@ def rank_zero_rng(piece: str, records: list[dict]) -> list[str]:
     ]
 
 
-def partial_restore(piece: str, records: list[dict]) -> list[str]:
+def partial_restore(piece: str, records: list[RankRecord]) -> list[str]:
     """One line when some ranks got their own part of `piece` back and others did not: a load kept
     on some ranks only (rank 0's, say), which full-tensor checks report on every rank alike."""
     if piece not in OWN_PART:
         return []
     entry, what = OWN_PART[piece]
-    differing = [rank for rank, record in enumerate(records) if record["after_load"][entry]]
+    differing = [rank for rank, record in enumerate(records) if record.after_load[entry]]
     if not differing or len(differing) == len(records):
         return []
     restored = [rank for rank in range(len(records)) if rank not in differing]
@@ -270,9 +271,7 @@ def test_losses_identical_after_resume(cell, experiment, suite_options, record_p
     pairs = [
         (rank, step, a, b)
         for rank, record in enumerate(records)
-        for step, (a, b) in enumerate(
-            zip(record["straight"]["losses"][first - 1 :], record["resumed"]["losses"]), start=first
-        )
+        for step, (a, b) in enumerate(zip(record.straight.losses[first - 1 :], record.resumed.losses), start=first)
     ]
     assert pairs, f"{cell.id}: no resumed step to compare"
     record_property("loss_max_ulp", max(ulp_distance(b, a) for _, _, a, b in pairs))
@@ -284,7 +283,7 @@ def test_losses_identical_after_resume(cell, experiment, suite_options, record_p
 
 def test_final_parameters_identical(cell, experiment):
     for rank, record in enumerate(experiment):
-        problems = parameter_mismatches(record["straight"]["parameters"], record["resumed"]["parameters"])
+        problems = parameter_mismatches(record.straight.parameters, record.resumed.parameters)
         listing = "\n".join(problems)
         assert not problems, f"{cell.id} rank {rank}, final parameters, straight vs resumed:\n{listing}"
 
@@ -293,11 +292,9 @@ def test_final_optimizer_state_identical(cell, experiment):
     """Every state value bit for bit, and the dtype and device the optimizer keeps it in: a step
     after the load that moves or casts `step` (pytorch#173901) shows here even where the values agree."""
     for rank, record in enumerate(experiment):
-        straight, resumed = record["straight"], record["resumed"]
-        problems = state_mismatches(straight["optimizer_state"], resumed["optimizer_state"])
-        problems += dtype_device_mismatches(
-            straight["optimizer_state_dtype_device"], resumed["optimizer_state_dtype_device"]
-        )
+        straight, resumed = record.straight, record.resumed
+        problems = state_mismatches(straight.optimizer_state, resumed.optimizer_state)
+        problems += dtype_device_mismatches(straight.optimizer_state_dtype_device, resumed.optimizer_state_dtype_device)
         listing = "\n".join(problems)
         assert not problems, f"{cell.id} rank {rank}, final optimizer state, straight vs resumed:\n{listing}"
 
@@ -314,7 +311,7 @@ def test_checkpoint_loads_into_other_implementations(cell, experiment, record_pr
         pytest.skip(
             f"the matrix has no {IMPLEMENTATION_AXIS} axis: add one to load each implementation's checkpoint into the others"
         )
-    loads = experiment[0]["other_implementations"]
+    loads = experiment[0].other_implementations
     loaded = [name for name, outcome in loads.items() if "problems" in outcome]
     record_property("loaded_into", ", ".join(loaded))
     not_loaded = {
@@ -328,7 +325,7 @@ def test_checkpoint_loads_into_other_implementations(cell, experiment, record_pr
         name: [
             f"  into {name}, rank {rank}: {line}"
             for rank, record in enumerate(experiment)
-            for line in record["other_implementations"][name]["problems"]
+            for line in record.other_implementations[name]["problems"]
         ]
         for name in loaded
     }
@@ -345,18 +342,6 @@ def test_checkpoint_loads_into_other_implementations(cell, experiment, record_pr
         )
 
 
-def tensor_mismatch(expected: torch.Tensor, actual: torch.Tensor) -> str | None:
-    """None when bit-identical, else what differs: dtype, shape, or how many elements and by how much."""
-    if expected.dtype != actual.dtype:
-        return f"dtype {actual.dtype}, expected {expected.dtype}"
-    if expected.shape != actual.shape:
-        return f"shape {tuple(actual.shape)}, expected {tuple(expected.shape)}"
-    if torch.equal(expected, actual):
-        return None
-    difference = (actual.double() - expected.double()).abs()
-    return f"{int((difference > 0).sum())}/{difference.numel()} elements differ, max abs diff {difference.max().item():.3e}"
-
-
 def parameter_mismatches(expected: dict, actual: dict) -> list[str]:
     """Per parameter: missing or not bit-identical; no parameter at all is a failure, not a pass."""
     if not expected:
@@ -365,14 +350,14 @@ def parameter_mismatches(expected: dict, actual: dict) -> list[str]:
     return problems + [
         f"  {name}: {problem}"
         for name in sorted(expected.keys() & actual.keys())
-        if (problem := tensor_mismatch(expected[name], actual[name]))
+        if (problem := bits_difference(actual[name], expected[name]))
     ]
 
 
 def value_mismatch(expected, actual) -> str | None:
-    """tensor_mismatch for tensors; plain equality for the other values a state may hold."""
+    """bits_difference for tensors; plain equality for the other values a state may hold."""
     if isinstance(expected, torch.Tensor) and isinstance(actual, torch.Tensor):
-        return tensor_mismatch(expected, actual)
+        return bits_difference(actual, expected)
     return None if expected == actual else f"{actual!r}, expected {expected!r}"
 
 
@@ -395,9 +380,48 @@ def state_mismatches(expected: dict, actual: dict) -> list[str]:
     return problems
 
 
-def straight_and_resumed(cell: dict, options: dict, components: dict, data_path: str, checkpoint_dir: str) -> dict:
-    """Rank function: run A (N steps straight) and run B (K steps, save, rebuild, load, N - K steps);
-    `{"unavailable": reason}` when the cell's optimizer implementation cannot be built here."""
+@dataclass
+class FinalState:
+    """What one run ended with on this rank: its losses, parameter shards, optimizer state and where that state lives."""
+
+    losses: list[torch.Tensor]
+    parameters: dict[str, torch.Tensor]
+    optimizer_state: dict[str, dict]
+    optimizer_state_dtype_device: dict[str, dict[str, tuple[str, str]]]
+
+    @classmethod
+    def of(cls, run: TrainingRun, losses: list[torch.Tensor]) -> FinalState:
+        return cls(losses, run.parameters(), run.optimizer_state(), run.optimizer_state_dtype_device())
+
+
+@dataclass
+class RankRecord:
+    """What one rank hands the tests: both runs' final state and what it found at the save and right after the load."""
+
+    straight: FinalState
+    resumed: FinalState
+    after_load: dict[str, list[str]]  # piece (and `parameter_shards`) -> what differs right after the load
+    other_implementations: dict[str, dict]  # implementation -> {"problems" | "unavailable" | "not_loaded": ...}
+    quantized_at_save: list[str]  # `param.key` of each quantized state at the save
+    rng_streams_used: list[str]  # the RNG streams training advanced
+    rebuilt_equals_saved: bool  # the rebuilt model held the saved parameters before the load
+    equal_before_load: list[str] = field(default_factory=list)  # pieces a no-op load would have passed
+    extra_state_saved: list[str] = field(default_factory=list)  # the keys of the checkpointer's extra state
+    rng_at_save: dict[str, bytes | None] = field(default_factory=dict)  # each used stream at the save
+    rng_after_load: dict[str, bytes | None] = field(default_factory=dict)  # and right after the load
+
+
+@dataclass
+class Unavailable:
+    """The cell's optimizer implementation cannot be built here, and why (its tests skip)."""
+
+    reason: str
+
+
+def straight_and_resumed(
+    cell: dict, options: dict, components: dict, data_path: str, checkpoint_dir: str
+) -> RankRecord | Unavailable:
+    """Rank function: run A (N steps straight) and run B (K steps, save, rebuild, load, N - K steps)."""
     with deterministic_algorithms():
         return _straight_and_resumed(
             cell, options, components, data_path, checkpoint_dir, data_parallel_rank(cell), data_parallel_size(cell)
@@ -406,14 +430,14 @@ def straight_and_resumed(cell: dict, options: dict, components: dict, data_path:
 
 def _straight_and_resumed(
     cell: dict, options: dict, components: dict, data_path: str, checkpoint_dir: str, rank: int, world_size: int
-) -> dict:
+) -> RankRecord | Unavailable:
     steps, resume_step = options["steps"], options["resume_step"]
     checkpointer = load(components["checkpointer"])
 
     try:
         run_a = TrainingRun(cell, options, components, data_path, rank, world_size, seed=options["seed"])
     except UnavailableImplementation as unavailable:
-        return {"unavailable": str(unavailable)}
+        return Unavailable(str(unavailable))
     straight_losses = [run_a.train_step() for _ in range(steps)]
     streams_used = sorted(run_a.rng_streams_advanced)
 
@@ -428,7 +452,7 @@ def _straight_and_resumed(
 
     rebuilt = TrainingRun(cell, options, components, data_path, rank, world_size, seed=options["rebuild_seed"])
     saved_shards = at_save["parameter_shards"]
-    rebuilt_equals_saved = all(torch.equal(p, saved_shards[n]) for n, p in rebuilt.parameters().items())
+    rebuilt_equals_saved = all(bits_equal(p, saved_shards[n]) for n, p in rebuilt.parameters().items())
     before_load = after_load_differences(at_save, rebuilt.state_snapshot(), run_a.batches, streams_used, resume_step)
     loaded_step, extra_loaded = RunCheckpointer(
         checkpointer, checkpoint_dir, **rebuilt.checkpointables(), cell=cell
@@ -446,29 +470,19 @@ def _straight_and_resumed(
         else {}
     )
 
-    return {
-        "straight": {
-            "losses": straight_losses,
-            "parameters": run_a.parameters(),
-            "optimizer_state": run_a.optimizer_state(),
-            "optimizer_state_dtype_device": run_a.optimizer_state_dtype_device(),
-        },
-        "resumed": {
-            "losses": resumed_losses,
-            "parameters": rebuilt.parameters(),
-            "optimizer_state": rebuilt.optimizer_state(),
-            "optimizer_state_dtype_device": rebuilt.optimizer_state_dtype_device(),
-        },
-        "after_load": after_load,
-        "other_implementations": other_implementations,
-        "quantized_at_save": quantized_at_save,
-        "rng_streams_used": streams_used,
-        "rebuilt_equals_saved": rebuilt_equals_saved,
-        "equal_before_load": [piece for piece in AFTER_LOAD_PIECES if piece in before_load and not before_load[piece]],
-        "extra_state_saved": sorted(map(str, extra_saved)),
-        "rng_at_save": {name: at_save["rng"].get(name) for name in streams_used},
-        "rng_after_load": {name: loaded["rng"].get(name) for name in streams_used},
-    }
+    return RankRecord(
+        straight=FinalState.of(run_a, straight_losses),
+        resumed=FinalState.of(rebuilt, resumed_losses),
+        after_load=after_load,
+        other_implementations=other_implementations,
+        quantized_at_save=quantized_at_save,
+        rng_streams_used=streams_used,
+        rebuilt_equals_saved=rebuilt_equals_saved,
+        equal_before_load=[piece for piece in AFTER_LOAD_PIECES if piece in before_load and not before_load[piece]],
+        extra_state_saved=sorted(map(str, extra_saved)),
+        rng_at_save={name: at_save["rng"].get(name) for name in streams_used},
+        rng_after_load={name: loaded["rng"].get(name) for name in streams_used},
+    )
 
 
 KERNEL_FLAGS = ("foreach", "fused", "capturable")
@@ -813,15 +827,7 @@ def difference(expected, actual) -> str | None:
     """None when bit-identical, else a short reason: dtype, shape, or the largest difference."""
     if not isinstance(expected, torch.Tensor) or not isinstance(actual, torch.Tensor):
         return None if expected == actual else f"is {actual!r}, saved {expected!r}"
-    if expected.dtype != actual.dtype:
-        return f"is {actual.dtype}, saved {expected.dtype}"
-    if expected.shape != actual.shape:
-        return f"has shape {tuple(actual.shape)}, saved {tuple(expected.shape)}"
-    if bits_equal(actual, expected):
-        return None
-    if actual.numel() == 1:
-        return f"is {actual.item()!r}, saved {expected.item()!r}"
-    return f"differs (max |Δ| {(actual.double() - expected.double()).abs().max().item():.1e})"
+    return bits_difference(actual, expected, reference="saved")
 
 
 def tensor_differences(what: str, saved: dict, loaded: dict) -> list[str]:
