@@ -51,6 +51,7 @@ from torch.distributed.tensor import DTensor
 
 from torchmatrix.testing import (
     DEFAULT_IMPLEMENTATION,
+    DtensorOptimOptions,
     UnavailableImplementation,
     accepts,
     build_optimizer,
@@ -73,9 +74,10 @@ from .parallelize_component import parallelized
 from .scheduler_component import build_scheduler
 from .ulp import bits_difference, bits_equal
 
+OPTIONS = DtensorOptimOptions  # the dataclass `suite_options` arrives as
+
 LR = 1e-2
 SAVE_SEED, LOAD_SEED = 0, 1
-DEFAULT_BF16_PARAM_OPTIMIZERS = ["precision_aware", "te_fused_adam"]
 MODEL_KINDS = ("model", "uneven_probe")
 RESHARDS = ("shrink", "grow")  # W -> W/2 and W/2 -> W for a cell of W ranks: 2->1, 1->2, 4->2, 2->4, ...
 FLAT = "flat"
@@ -125,8 +127,8 @@ def recipe(cell, components, suite_options, model_kind) -> Recipe:
     mixed-precision stack gives its precision-aware optimizer; the others get fp32 params. Option
     `tensor_parallel_plan` ({colwise = [...], rowwise = [...]}, module names) is the plan that
     `parallelize` applies on a mesh with a tp dim; by default the reference decoder's."""
-    bf16 = cell["optimizer"] in suite_options.get("bf16_param_optimizers", DEFAULT_BF16_PARAM_OPTIMIZERS)
-    plan = TensorParallelPlan.from_option(suite_options.get("tensor_parallel_plan"))
+    bf16 = cell["optimizer"] in suite_options.bf16_param_optimizers
+    plan = TensorParallelPlan.from_option(suite_options.tensor_parallel_plan)
     return Recipe(dict(components), cell, model_kind, "bfloat16" if bf16 else "float32", plan)
 
 

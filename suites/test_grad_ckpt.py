@@ -56,7 +56,15 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import CheckpointError
 
-from torchmatrix.testing import clean_name, current_device, data_parallel_rank, load, root_cause
+from torchmatrix.testing import (
+    DTYPES,
+    GradCkptOptions,
+    clean_name,
+    current_device,
+    data_parallel_rank,
+    load,
+    root_cause,
+)
 
 from .cache_tree import CACHE_STATE_DEPTH, OPAQUE, cache_contents, cache_marks, cache_snapshot, cache_writes
 from .checkpoint_units import CheckpointUnits, counted_checkpoints, watched_sites
@@ -67,9 +75,10 @@ from .optimizer_state import plain_equal
 from .parallelize_component import parallelized
 from .ulp import bits_equal, differing_bits, ulp_distance
 
+OPTIONS = GradCkptOptions  # the dataclass `suite_options` arrives as
+
 SEED = 0
 DROPOUT = 0.1
-MICRO_BATCHES = 2
 BODY_CALLS_PROBE = 1_000_003
 
 
@@ -119,7 +128,7 @@ class Precision:
         """This precision with the model's declared compute dtype, unless option ``compute_dtype`` set one."""
         if self.compute or declared in (None, self.dtype):
             return self
-        if declared not in COMPUTE_DTYPES:
+        if declared not in DTYPES:
             raise ValueError(
                 f"the model declares compute_dtype = torch.{declared}: expected torch.float32 or torch.bfloat16"
             )
@@ -141,42 +150,12 @@ class Precision:
         )
 
 
-COMPUTE_DTYPES = ("float32", "bfloat16")
-
-
 EXACT = Precision("float32")
 
 
-def precision_from(options: dict) -> Precision:
+def precision_from(options: GradCkptOptions) -> Precision:
     """float32 is compared bit for bit; bfloat16 within the derived two-ulp tolerance."""
-    dtype = options.get("dtype", "float32")
-    stale = [key for key in ("bf16_rtol", "bf16_atol") if key in options]
-    if stale:
-        pytest.fail(
-            f"[suites.grad_ckpt.options] {' and '.join(stale)}: the bf16 tolerance is derived (BF16_RTOL in suites/test_grad_ckpt.py); remove them from matrix.toml"
-        )
-    if dtype not in COMPUTE_DTYPES:
-        pytest.fail(f'[suites.grad_ckpt.options] dtype = {dtype!r}: expected "float32" or "bfloat16"')
-    compute = options.get("compute_dtype")
-    if compute is not None and compute not in COMPUTE_DTYPES:
-        pytest.fail(f'[suites.grad_ckpt.options] compute_dtype = {compute!r}: expected "float32" or "bfloat16"')
-    return Precision(dtype, compute)
-
-
-def micro_batches_from(options: dict) -> int:
-    """How many micro-batches run forward before one backward (option `micro_batches`, at least 2)."""
-    count = options.get("micro_batches", MICRO_BATCHES)
-    if isinstance(count, int) and not isinstance(count, bool) and count >= 2:
-        return count
-    pytest.fail(f"[suites.grad_ckpt.options] micro_batches = {count!r}: expected an integer of at least 2")
-
-
-def ignored_attributes_from(options: dict) -> tuple[str, ...]:
-    """Attribute names the module-attribute check leaves out (option `ignored_attributes`)."""
-    names = options.get("ignored_attributes", [])
-    if isinstance(names, list) and all(isinstance(name, str) for name in names):
-        return tuple(names)
-    pytest.fail(f"[suites.grad_ckpt.options] ignored_attributes = {names!r}: expected a list of attribute names")
+    return Precision(options.dtype, options.compute_dtype)
 
 
 def local_tensor(tensor):
@@ -1014,7 +993,7 @@ def test_recompute_reruns_layers_and_rewrites_cache_identically(cell, ranks, com
 def module_state_run(cell, ranks, components, suite_options, once_per_cell) -> list[dict]:
     """Buffers and module attributes after one step with and without checkpointing, run once per cell."""
     precision = precision_from(suite_options)
-    ignored = ignored_attributes_from(suite_options)
+    ignored = suite_options.ignored_attributes
     return once_per_cell(
         "the module-state steps", lambda: ranks.run(compare_module_state, cell, components, precision, DROPOUT, ignored)
     )
@@ -1072,7 +1051,7 @@ def test_micro_batches_before_one_backward_leave_gradients_unchanged(
     the module, a per-call counter) that forward→backward never exercises is read by the wrong recompute.
     The summed loss and every gradient must equal eager's as in the single-batch test."""
     precision = precision_from(suite_options)
-    micro_batches = micro_batches_from(suite_options)
+    micro_batches = suite_options.micro_batches
     results = ranks.run(compare_gradients, cell, components, precision, 0.0, micro_batches)
     precision = results[0]["precision"]
     record_property("micro_batches", micro_batches)

@@ -59,7 +59,7 @@ from torchmatrix.testing import (
     DEFAULT_IMPLEMENTATION,
     IMPLEMENTATION_AXIS,
     IMPLEMENTATIONS,
-    RESUME_BF16_PARAM_OPTIMIZERS,
+    ResumeOptions,
     UnavailableImplementation,
     build_optimizer,
     clean_name,
@@ -86,57 +86,12 @@ from .parallelize_component import parallelized
 from .scheduler_component import build_scheduler, scheduler_position
 from .ulp import bits_difference, bits_equal, ulp_distance
 
+OPTIONS = ResumeOptions  # the dataclass `suite_options` arrives as
+
 try:
     import numpy
 except ImportError:
     numpy = None
-
-DEFAULT_OPTIONS = {
-    "steps": 8,
-    "resume_step": 4,
-    "warmup_steps": 6,
-    "lr": 1e-2,
-    "weight_decay": 0.1,
-    "dropout": 0.1,
-    "batch_size": 2,
-    "vocab_size": 64,
-    "seq_len": 16,
-    "num_sequences": 64,
-    "seed": 1234,
-    "rebuild_seed": 98765,
-    "bf16_param_optimizers": list(RESUME_BF16_PARAM_OPTIMIZERS),
-    "quantized_state_optimizers": [],
-    "loader_batches": None,
-    "batch_keywords": [],
-    "seeding": "per_rank",
-}
-SEEDINGS = ("per_rank", "replicated")
-
-
-def options_for(suite_options: dict) -> dict:
-    """`[suites.resume.options]` over DEFAULT_OPTIONS, checked for at least two resumed steps."""
-    options = {**DEFAULT_OPTIONS, **suite_options}
-    if not 1 <= options["resume_step"] <= options["steps"] - 2:
-        raise pytest.UsageError(
-            f"[suites.resume.options]: need 1 <= resume_step <= steps - 2 (two resumed steps at least), got steps={options['steps']}, resume_step={options['resume_step']}"
-        )
-    count = options["loader_batches"]
-    if count is not None and (not isinstance(count, int) or isinstance(count, bool) or count < 1):
-        raise pytest.UsageError(
-            f"[suites.resume.options] loader_batches = {count!r}: expected a number of batches, at least 1, "
-            f"or leave it out to compare one epoch and one batch"
-        )
-    if options["seeding"] not in SEEDINGS:
-        raise pytest.UsageError(
-            f'[suites.resume.options] seeding = {options["seeding"]!r}: expected "per_rank" (each rank seeded on its own) '
-            f'or "replicated" (every rank seeded alike)'
-        )
-    keywords = options["batch_keywords"]
-    if not isinstance(keywords, list) or not all(isinstance(name, str) and name.isidentifier() for name in keywords):
-        raise pytest.UsageError(
-            f'[suites.resume.options] batch_keywords = {keywords!r}: expected a list of the model\'s keyword names, e.g. ["input_ids", "labels"]'
-        )
-    return options
 
 
 @pytest.fixture
@@ -144,7 +99,7 @@ def experiment(cell, ranks, suite_options, components, tmp_path, once_per_cell) 
     """Both runs of the cell, one record per rank; run once per cell and shared by its tests."""
 
     def both_runs() -> list[RankRecord | Unavailable]:
-        options = options_for(suite_options)
+        options = suite_options
         data_path = str(tmp_path / "tokens.pt")
         write_dataset(components, options, data_path)
         return ranks.run(straight_and_resumed, dict(cell), options, components, data_path, str(tmp_path / "checkpoint"))
@@ -155,13 +110,13 @@ def experiment(cell, ranks, suite_options, components, tmp_path, once_per_cell) 
     return records
 
 
-def write_dataset(components: dict, options: dict, path: str) -> None:
+def write_dataset(components: dict, options: ResumeOptions, path: str) -> None:
     """The on-disk dataset the training runs read, the same for every run and torch version (seed 0)."""
     load(components["dataset"]).write(
         path,
-        vocab_size=options["vocab_size"],
-        num_sequences=options["num_sequences"],
-        seq_len=options["seq_len"],
+        vocab_size=options.vocab_size,
+        num_sequences=options.num_sequences,
+        seq_len=options.seq_len,
         seed=0,
     )
 
@@ -175,7 +130,7 @@ def test_rebuilt_run_starts_from_other_weights(cell, experiment, suite_options, 
         assert not record.rebuilt_equals_saved, (
             f"{cell.id} rank {rank}: the rebuilt model already equals the checkpointed one; the rebuild seed has no effect"
         )
-    if cell["optimizer"] in options_for(suite_options)["quantized_state_optimizers"]:
+    if cell["optimizer"] in suite_options.quantized_state_optimizers:
         record_property("quantized_states", [len(record.quantized_at_save) for record in records])
         plain = [rank for rank, record in enumerate(records) if not record.quantized_at_save]
         assert not plain, (
@@ -265,8 +220,8 @@ def partial_restore(piece: str, records: list[RankRecord]) -> list[str]:
 
 def test_losses_identical_after_resume(cell, experiment, suite_options, record_property):
     """Bit for bit: the resumed steps run the same kernels on the same state as the straight ones."""
-    options = options_for(suite_options)
-    first = options["resume_step"] + 1
+    options = suite_options
+    first = options.resume_step + 1
     records = experiment
     pairs = [
         (rank, step, a, b)
@@ -419,7 +374,7 @@ class Unavailable:
 
 
 def straight_and_resumed(
-    cell: dict, options: dict, components: dict, data_path: str, checkpoint_dir: str
+    cell: dict, options: ResumeOptions, components: dict, data_path: str, checkpoint_dir: str
 ) -> RankRecord | Unavailable:
     """Rank function: run A (N steps straight) and run B (K steps, save, rebuild, load, N - K steps)."""
     with deterministic_algorithms():
@@ -429,19 +384,25 @@ def straight_and_resumed(
 
 
 def _straight_and_resumed(
-    cell: dict, options: dict, components: dict, data_path: str, checkpoint_dir: str, rank: int, world_size: int
+    cell: dict,
+    options: ResumeOptions,
+    components: dict,
+    data_path: str,
+    checkpoint_dir: str,
+    rank: int,
+    world_size: int,
 ) -> RankRecord | Unavailable:
-    steps, resume_step = options["steps"], options["resume_step"]
+    steps, resume_step = options.steps, options.resume_step
     checkpointer = load(components["checkpointer"])
 
     try:
-        run_a = TrainingRun(cell, options, components, data_path, rank, world_size, seed=options["seed"])
+        run_a = TrainingRun(cell, options, components, data_path, rank, world_size, seed=options.seed)
     except UnavailableImplementation as unavailable:
         return Unavailable(str(unavailable))
     straight_losses = [run_a.train_step() for _ in range(steps)]
     streams_used = sorted(run_a.rng_streams_advanced)
 
-    run_b = TrainingRun(cell, options, components, data_path, rank, world_size, seed=options["seed"])
+    run_b = TrainingRun(cell, options, components, data_path, rank, world_size, seed=options.seed)
     for _ in range(resume_step):
         run_b.train_step()
     at_save = run_b.state_snapshot()
@@ -450,7 +411,7 @@ def _straight_and_resumed(
     )
     extra_saved = RunCheckpointer(checkpointer, checkpoint_dir, **run_b.checkpointables(), cell=cell).save(resume_step)
 
-    rebuilt = TrainingRun(cell, options, components, data_path, rank, world_size, seed=options["rebuild_seed"])
+    rebuilt = TrainingRun(cell, options, components, data_path, rank, world_size, seed=options.rebuild_seed)
     saved_shards = at_save["parameter_shards"]
     rebuilt_equals_saved = all(bits_equal(p, saved_shards[n]) for n, p in rebuilt.parameters().items())
     before_load = after_load_differences(at_save, rebuilt.state_snapshot(), run_a.batches, streams_used, resume_step)
@@ -515,7 +476,7 @@ def loads_into_other_implementations(
             loads[other] = {"not_loaded": COMPILED_NOT_A_TARGET}
             continue
         try:
-            run = TrainingRun(*build, seed=options["rebuild_seed"], implementation=other)
+            run = TrainingRun(*build, seed=options.rebuild_seed, implementation=other)
         except UnavailableImplementation as unavailable:
             loads[other] = {"unavailable": str(unavailable)}
             continue
@@ -526,7 +487,7 @@ def loads_into_other_implementations(
             loads[other] = {"problems": [f"the load raised {first_line(error)}"]}
             continue
         saved, loaded = comparable_across_implementations(at_save, run.state_snapshot())
-        differences = after_load_differences(saved, loaded, straight_batches, streams_used, options["resume_step"])
+        differences = after_load_differences(saved, loaded, straight_batches, streams_used, options.resume_step)
         problems = [line for piece in CROSS_LOAD_PIECES for line in differences[piece]]
         problems += kernel_flag_changes(built_flags, kernel_flags(run.optimizer), implementation_of(cell), other)
         try:
@@ -595,7 +556,7 @@ class TrainingRun:
     def __init__(
         self,
         cell: dict,
-        options: dict,
+        options: ResumeOptions,
         components: dict,
         data_path: str,
         rank: int,
@@ -607,28 +568,28 @@ class TrainingRun:
         from torchmatrix.testing import current_device
 
         self.device = current_device()
-        param_dtype = torch.bfloat16 if cell["optimizer"] in options["bf16_param_optimizers"] else torch.float32
+        param_dtype = torch.bfloat16 if cell["optimizer"] in options.bf16_param_optimizers else torch.float32
         torch.manual_seed(seed)
-        model = load(components["model"])(cell, dropout=options["dropout"], dtype=param_dtype)
+        model = load(components["model"])(cell, dropout=options.dropout, dtype=param_dtype)
         self.model = parallelized(components, model, cell, device=self.device)
         self.optimizer = build_optimizer(
             load(components[f"optimizer_{cell['optimizer']}"]),
             self.model,
-            lr=options["lr"],
+            lr=options.lr,
             betas=(0.9, 0.95),
             eps=1e-8,
-            weight_decay=options["weight_decay"],
+            weight_decay=options.weight_decay,
             implementation=implementation or implementation_of(cell),
         )
         self.plain_state = state_adapter(components, cell["optimizer"])
         self.scheduler = build_scheduler(
-            components, self.optimizer, warmup_steps=options["warmup_steps"], total_steps=options["steps"], cell=cell
+            components, self.optimizer, warmup_steps=options.warmup_steps, total_steps=options.steps, cell=cell
         )
-        self.batch_keywords = options["batch_keywords"]
+        self.batch_keywords = options.batch_keywords
         self.dataset = load(components["dataset"])(data_path)
-        self.loader = self.dataset.loader(batch_size=options["batch_size"], rank=rank, world_size=world_size)
-        self.loader_batches = options["loader_batches"] or batches_past_an_epoch(options, world_size)
-        dropout_seed = seed + 1 + (rank if options["seeding"] == "per_rank" else 0)
+        self.loader = self.dataset.loader(batch_size=options.batch_size, rank=rank, world_size=world_size)
+        self.loader_batches = options.loader_batches or batches_past_an_epoch(options, world_size)
+        dropout_seed = seed + 1 + (rank if options.seeding == "per_rank" else 0)
         torch.manual_seed(dropout_seed)
         random.seed(dropout_seed)
         if numpy is not None:
@@ -933,10 +894,10 @@ def ordinal(number: int) -> str:
     return f"{number}{suffix}"
 
 
-def batches_past_an_epoch(options: dict, world_size: int) -> int:
+def batches_past_an_epoch(options: ResumeOptions, world_size: int) -> int:
     """How many batches to compare after the load so that they cross an epoch boundary wherever the
     resume falls: one epoch's worth of this world size's global batches, and one more."""
-    return math.ceil(options["num_sequences"] / (options["batch_size"] * world_size)) + 1
+    return math.ceil(options.num_sequences / (options.batch_size * world_size)) + 1
 
 
 def optimizer_attribute_differences(saved: dict, loaded: dict) -> list[str]:

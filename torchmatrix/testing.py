@@ -1,7 +1,8 @@
 """What a suite may use from torchmatrix, and nothing else: the rest of the package may change shape.
 
 In a suite's test functions the plugin provides the fixtures `cell` (the cell's axis values),
-`ranks` (`ranks.run(fn, *args)` runs fn on every rank of the cell), `suite_options`,
+`ranks` (`ranks.run(fn, *args)` runs fn on every rank of the cell), `suite_options` (a built-in
+suite's as its dataclass: `ResumeOptions`, `GradCkptOptions`, ...),
 `components` (matrix.toml's import paths), `once_per_cell(name, compute)` and `tmp_path`. Inside
 the functions the ranks run, `current_device()` is this rank's device and `load(path)` turns a
 component's import path into the object it names; `build_optimizer(factory, model, ...)` calls an
@@ -36,6 +37,15 @@ from torchmatrix.components.optimizer_implementations import (
 from torchmatrix.components.optimizer_like import inner_optimizers
 from torchmatrix.components.parameter_names import clean_name
 from torchmatrix.components.protocol import RESUME_BF16_PARAM_OPTIMIZERS
+from torchmatrix.matrix.suite_options import (
+    DTYPES,
+    REDUCE_DTYPES,
+    CrossVersionOptions,
+    DtensorOptimOptions,
+    GradCkptOptions,
+    ParallelEquivalenceOptions,
+    ResumeOptions,
+)
 from torchmatrix.messages.cross_version import EXPECTED_FILE, writes_dir
 from torchmatrix.ranks.cell_mesh import cell_layout, cell_mesh, data_parallel_rank, data_parallel_size, mesh_group
 from torchmatrix.ranks.plugin import planned_options
@@ -60,4 +70,11 @@ __all__ = [
     "is_bound_checkpointer",
 ]
 __all__ += ["data_parallel_rank", "data_parallel_size", "load", "mesh_group", "planned_options", "writes_dir"]
-__all__ += ["UnavailableImplementation", "root_cause"]
+__all__ += ["UnavailableImplementation", "root_cause", "DTYPES", "REDUCE_DTYPES"]
+__all__ += [
+    "CrossVersionOptions",
+    "DtensorOptimOptions",
+    "GradCkptOptions",
+    "ParallelEquivalenceOptions",
+    "ResumeOptions",
+]

@@ -22,11 +22,12 @@ from packaging.requirements import InvalidRequirement, Requirement
 
 from torchmatrix.components.loading import IMPORT_PATH
 from torchmatrix.components.optional import DEVICE_TYPES, OptionalWhere
-from torchmatrix.matrix.builtin_suites import BUILTIN_SUITES, builtin_suite_path
+from torchmatrix.matrix.builtin_suites import BUILTIN_SUITES, builtin_suite_path, is_builtin_suite
 from torchmatrix.matrix.cells import Cell, expand_cells, value_token
 from torchmatrix.matrix.known_failures import KEYS as KNOWN_FAILURE_KEYS
 from torchmatrix.matrix.known_failures import KnownFailure, KnownFailureError, read_known_failure
 from torchmatrix.matrix.meshes import MESH_AXIS, MESH_KINDS, TWO_D_FSDP, TWO_D_MESH_KINDS, mesh_layout, mesh_problem
+from torchmatrix.matrix.suite_options import OptionError
 from torchmatrix.user_error import UserError
 
 if sys.version_info >= (3, 11):
@@ -470,12 +471,15 @@ def _suites(raw: dict, axes: dict, root: Path, project: Path, where: _Where) -> 
         else:
             path = _builtin_path(name, at)
             timeout, natural_axes = BUILTIN_SUITES[name].timeout, BUILTIN_SUITES[name].axes or tuple(axes)
+        options = _options(spec.get("options", {}), at.at("options"))
+        if is_builtin_suite(name, path if "path" not in spec else str(root / path)):
+            _check_options(name, options, at.at("options"))
         suites[name] = Suite(
             name=name,
             path=path,
             timeout=_test_timeout(spec.get("timeout", timeout), at.at("timeout")),
             axes=_suite_axes(spec.get("axes"), axes, at.at("axes"), natural_axes),
-            options=_options(spec.get("options", {}), at.at("options")),
+            options=options,
         )
     paths = [suite.path for suite in suites.values()]
     duplicate = next((p for p in paths if paths.count(p) > 1), None)
@@ -576,6 +580,14 @@ def _options(value: Any, where: _Where) -> dict[str, Any]:
         )
     _refuse_dates(value, where)
     return dict(value)
+
+
+def _check_options(suite: str, options: dict[str, Any], where: _Where) -> None:
+    """A built-in suite's options against its dataclass (matrix/suite_options.py)."""
+    try:
+        BUILTIN_SUITES[suite].options.from_table(options, user=True)
+    except OptionError as error:
+        raise where.at(error.key).error(error.problem, error.fix) from None
 
 
 def _refuse_dates(value: Any, where: _Where) -> None:

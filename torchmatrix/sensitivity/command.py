@@ -23,12 +23,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from torchmatrix.components.protocol import DTENSOR_OPTIM, GRAD_CKPT, RESUME, RESUME_BF16_PARAM_OPTIMIZERS
+from torchmatrix.components.protocol import DTENSOR_OPTIM, GRAD_CKPT, RESUME
 from torchmatrix.exit_codes import ExitCode
 from torchmatrix.matrix.cells import Cell
 from torchmatrix.matrix.config import Matrix
 from torchmatrix.matrix.meshes import TWO_D_MESH_KINDS, mesh_kind
 from torchmatrix.matrix.selection import select_cells
+from torchmatrix.matrix.suite_options import ResumeOptions
 from torchmatrix.run.runner import RunRequest, run_version
 from torchmatrix.sensitivity.mutants import EVIDENCE_VARIABLE, cells_acted_in
 from torchmatrix.sensitivity.verdicts import CellResult, new_failures, read_cells
@@ -50,9 +51,9 @@ def single_rank(cell: Cell, matrix: Matrix) -> str | None:
 def fp32_params_in_resume(cell: Cell, matrix: Matrix) -> str | None:
     """The resume suite builds fp32 params for every optimizer but its bf16 ones, so a cast of
     fp32 state to the param dtype changes nothing there."""
-    options = matrix.suites[RESUME].options if RESUME in matrix.suites else {}
+    options = ResumeOptions.from_table(matrix.suites[RESUME].options if RESUME in matrix.suites else {})
     optimizer = cell.get("optimizer")
-    if optimizer in options.get("bf16_param_optimizers", RESUME_BF16_PARAM_OPTIMIZERS):
+    if optimizer in options.bf16_param_optimizers:
         return None
     return f"resume gives optimizer {optimizer} fp32 params: casting fp32 state to them changes nothing"
 
