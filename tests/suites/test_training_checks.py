@@ -12,7 +12,7 @@ import torch
 from suites.checkpointer_forms import RunCheckpointer, reshards_itself
 from suites.dcp_layout import Chunk, ExpectedState, TensorLayout, storage_findings
 from suites.optimizer_state import inner_optimizers, optimizer_state_of, param_groups_of
-from suites.test_resume import FinalState, RankRecord, extra_state_differences, options_for, rank_zero_rng
+from suites.test_resume import FinalState, RankRecord, extra_state_differences, rank_zero_rng
 from torchmatrix.models.checkpoint import BoundCheckpointer, Checkpointer
 from torchmatrix.models.data import TokenDataset
 from torchmatrix.sensitivity.mutants import skips_on_load
@@ -165,19 +165,6 @@ def test_rank_zero_rng_on_every_rank_is_named_only_where_ranks_saved_their_own()
     assert "ranks [1] hold the RNG streams rank 0 saved, not their own" in rank_zero_rng("rng", records)[0]
     records[1].rng_after_load = {"torch CPU": b"other"}
     assert rank_zero_rng("rng", records) == []
-
-
-@pytest.mark.parametrize(
-    ("option", "says"),
-    [
-        ({"seeding": "alike"}, "seeding = 'alike': expected \"per_rank\""),
-        ({"batch_keywords": "input_ids"}, "batch_keywords = 'input_ids': expected a list of the model's keyword names"),
-    ],
-)
-def test_options_are_checked(option, says):
-    with pytest.raises(pytest.UsageError, match=r"^\[suites.resume.options\] ") as raised:
-        options_for(option)
-    assert says in str(raised.value)
 
 
 class OptimizersContainer(torch.optim.Optimizer):
