@@ -45,6 +45,7 @@ from torchmatrix.matrix.suite_options import (
     GradCkptOptions,
     ParallelEquivalenceOptions,
     ResumeOptions,
+    SuiteOptions,
 )
 from torchmatrix.messages.cross_version import EXPECTED_FILE, writes_dir
 from torchmatrix.ranks.cell_mesh import cell_layout, cell_mesh, data_parallel_rank, data_parallel_size, mesh_group
@@ -72,9 +73,11 @@ __all__ = [
 __all__ += ["data_parallel_rank", "data_parallel_size", "load", "mesh_group", "planned_options", "writes_dir"]
 __all__ += ["UnavailableImplementation", "root_cause", "DTYPES", "REDUCE_DTYPES"]
 __all__ += [
+    "CollectivesOptions",
     "CrossVersionOptions",
     "DtensorOptimOptions",
     "GradCkptOptions",
     "ParallelEquivalenceOptions",
     "ResumeOptions",
+    "SuiteOptions",
 ]
