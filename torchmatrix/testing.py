@@ -40,6 +40,7 @@ from torchmatrix.components.protocol import RESUME_BF16_PARAM_OPTIMIZERS
 from torchmatrix.matrix.suite_options import (
     DTYPES,
     REDUCE_DTYPES,
+    CollectivesOptions,
     CrossVersionOptions,
     DtensorOptimOptions,
     GradCkptOptions,
