@@ -63,6 +63,7 @@ from torchmatrix.testing import (
     current_device,
     data_parallel_rank,
     load,
+    rng_streams,
     root_cause,
 )
 
@@ -441,14 +442,6 @@ class StepRecord:
         ]
 
 
-def rng_states() -> list[bytes]:
-    """The global RNG streams dropout draws from: torch CPU, and the current CUDA device's when CUDA is in use."""
-    states = [torch.get_rng_state().numpy().tobytes()]
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        states.append(torch.cuda.get_rng_state().numpy().tobytes())
-    return states
-
-
 def compile_mode(cell) -> str | None:
     """The cell's compile mode as messages name it (``compile=inductor, nesting outside``), None for an eager cell."""
     backend = str(cell.get("compile", "none"))
@@ -598,7 +591,7 @@ def train_step(
         parameters = local_parameters(model)
         module_state_before, _ = module_state(model, ignored)
         torch.manual_seed(SEED + 1000 + rank)
-        rng_before_forward = rng_states()
+        rng_before_forward = rng_streams()
         losses = []
         with (
             failing_stage(cell, f"forward {mode} activation checkpointing"),
@@ -610,7 +603,7 @@ def train_step(
                 units.next_forward()
                 losses.append(loss_of(call_model(model, batch)))
         loss = losses[0] if len(losses) == 1 else torch.stack(losses).sum()
-        forward_drew_random_numbers = rng_states() != rng_before_forward
+        forward_drew_random_numbers = rng_streams() != rng_before_forward
         caches, cache_source = found_caches(seen["output"], units)
         cache_after_forward = cache_snapshot(caches)
         cache_state_after_forward = cache_state(caches)

@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import copy
 import math
-import pickle
 import random
 from dataclasses import dataclass, field
 
@@ -62,11 +61,14 @@ from torchmatrix.testing import (
     ResumeOptions,
     UnavailableImplementation,
     build_optimizer,
+    capture_rng_state,
     clean_name,
     data_parallel_rank,
     data_parallel_size,
     implementation_of,
     load,
+    restore_rng_state,
+    rng_streams,
 )
 
 from .checkpointer_forms import RunCheckpointer
@@ -686,11 +688,11 @@ class TrainingRun:
         """The `loader_batches` batches the loader yields next, without moving it: read, then rewind
         through its state dict; RNG streams and the generators the run owns are put back too, in case
         the loader draws from them."""
-        position, generators = copy.deepcopy(self.loader.state_dict()), capture_generators()
+        position, generators = copy.deepcopy(self.loader.state_dict()), capture_rng_state()
         owned = {name: (g, copy.deepcopy(generator_state(g))) for name, g in self.generators.items()}
         batches = [on_device(next(self.loader), "cpu") for _ in range(self.loader_batches)]
         self.loader.load_state_dict(position)
-        restore_generators(generators)
+        restore_rng_state(generators)
         for generator, state in owned.values():
             set_generator_state(generator, state)
         return batches
@@ -721,38 +723,6 @@ def local_shard(tensor: torch.Tensor) -> torch.Tensor:
     if type(local) not in (torch.Tensor, torch.nn.Parameter) and hasattr(local, "dequantize"):
         local = local.dequantize()
     return local.detach().to("cpu", copy=True)
-
-
-def capture_generators() -> dict:
-    """The RNG states themselves, to put back with restore_generators."""
-    state = {"torch CPU": torch.get_rng_state(), "python random": random.getstate()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["CUDA"] = torch.cuda.get_rng_state_all()
-    if numpy is not None:
-        state["numpy"] = numpy.random.get_state()
-    return state
-
-
-def restore_generators(state: dict) -> None:
-    torch.set_rng_state(state["torch CPU"])
-    random.setstate(state["python random"])
-    if "CUDA" in state:
-        torch.cuda.set_rng_state_all(state["CUDA"])
-    if "numpy" in state:
-        numpy.random.set_state(state["numpy"])
-
-
-def rng_streams() -> dict[str, bytes]:
-    """Every RNG stream of this process by name ("torch CPU", "CUDA device 0", "numpy", "python
-    random"), each as the bytes of its state, so two captures compare with ==."""
-    state = capture_generators()
-    streams = {"torch CPU": state["torch CPU"].numpy().tobytes(), "python random": pickle.dumps(state["python random"])}
-    for device, device_state in enumerate(state.get("CUDA", [])):
-        streams[f"CUDA device {device}"] = device_state.numpy().tobytes()
-    if "numpy" in state:
-        kind, keys, position, has_gauss, cached = state["numpy"][:5]
-        streams["numpy"] = pickle.dumps((kind, keys.tobytes(), position, has_gauss, cached))
-    return streams
 
 
 def after_load_differences(

@@ -51,6 +51,7 @@ from torchmatrix.matrix.suite_options import (
 from torchmatrix.messages.cross_version import EXPECTED_FILE, writes_dir
 from torchmatrix.ranks.cell_mesh import cell_layout, cell_mesh, data_parallel_rank, data_parallel_size, mesh_group
 from torchmatrix.ranks.plugin import planned_options
+from torchmatrix.ranks.rng_state import capture_rng_state, restore_rng_state, rng_streams
 from torchmatrix.ranks.root_cause import root_cause
 from torchmatrix.ranks.worker import current_device
 
@@ -73,6 +74,7 @@ __all__ = [
 ]
 __all__ += ["data_parallel_rank", "data_parallel_size", "load", "mesh_group", "planned_options", "writes_dir"]
 __all__ += ["UnavailableImplementation", "root_cause", "DTYPES", "REDUCE_DTYPES"]
+__all__ += ["capture_rng_state", "restore_rng_state", "rng_streams"]
 __all__ += [
     "CollectivesOptions",
     "CrossVersionOptions",
