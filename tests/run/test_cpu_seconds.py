@@ -18,7 +18,7 @@ from conftest import REPO, checkout_env, write_matrix
 
 pytestmark = pytest.mark.slow
 
-BURN_SECONDS = 1.5
+BURN_SECONDS = 1.0
 CELLS = ("a", "b", "c", "d", "e")
 BURNING_SUITE = f"""
 import time
