@@ -1,46 +1,22 @@
-"""Resume exactness: a run checkpointed at step K and resumed must be bit-identical to one that
-never stopped (shared/seeds/resume-optimizer-moments.txt).
+"""Resume exactness: a run checkpointed at step K and resumed is bit for bit the run that never stopped.
 
-Per cell, run A trains N steps straight. Run B trains K steps and checkpoints; then the model,
-optimizer, scheduler, loader and RNG are all rebuilt from a different seed (so a load that
-restores nothing cannot pass), loaded, and trained for the remaining N - K steps.
-
-Right after the load, before any step, each piece of state is checked against what was saved,
-and a failure names the piece: every parameter (full tensor), every optimizer state value
-(as the optimizer's state adapter gives it: plain, dequantized tensors, `step` included;
-see suites/optimizer_state.py) and the dtype and device the optimizer holds each state tensor in,
-the param groups' hyper-parameters, the optimizer object's own counters and scalars, the scheduler's `last_epoch`
-and current LR, the batches the loader would yield next (option `loader_batches`, by default one
-epoch and one more, so they cross an epoch boundary), and every RNG stream the run draws from
-(torch CPU, each CUDA device, numpy, Python `random`, and the generators the model, dataset and
-loader own; a stream counts as used when training advances it). Each rank also compares
-its own parameter shards and optimizer state, so a load that some ranks kept and others lost
-(restored on rank 0 only) says which, where full tensors differ on every rank. A comparison
-that finds nothing to compare (no parameters, no optimizer state) fails; a piece the rebuilt run
-already held equal to the saved one before the load skips saying so, since a load that restored
-nothing would pass it (a dataset that repeats one batch, say). Then losses after the
-resume (bit for bit; `loss_max_ulp` is recorded), final parameters and every optimizer state
-tensor (its dtype and device too) must equal the straight run's. Dropout, a warm-up LR schedule
-and an on-disk dataset make the RNG, scheduler and loader position part of what must resume.
-
-With a cell axis `optimizer_impl` (docs/explanation/optimizer-implementations.md) the optimizer is
-built in that implementation (an implementation its factory cannot build here skips the cell with the
-factory's reason), and the checkpoint is also loaded into each other implementation the factory
-builds, compared right after that load (test_checkpoint_loads_into_other_implementations).
-
-Components (matrix.toml `[components]`): `model`, `parallelize`, `optimizer_<optimizer axis>`,
-`checkpointer`, `dataset`, and optionally `scheduler` and `plain_state_<optimizer axis>`; swapping
-one for a mutant must turn this suite red. The checkpointer is either form of
-suites/checkpointer_forms.py; every key of the extra state its `save` returns must come back equal
-from its `load` (piece `extra_state`). The model is called as a trainer calls it (a loader's
-tensor batch as `model(batch)`, or as the keywords of option `batch_keywords`) and its loss read
-from whatever it returns (suites/model_output.py). Option `seeding` says how the ranks' RNGs are
-seeded for dropout: `per_rank` (each its own, the default) or `replicated` (all alike, as stacks
-that seed data-parallel replicas alike and checkpoint rank 0's RNG do); the RNG check compares
-each rank's streams with its own at the save either way, so a checkpointer that restores rank 0's
-RNG on every rank passes only under `replicated`. Option `quantized_state_optimizers` names the optimizer values
-whose state must be stored quantized, so a model too small for the quantizer fails instead of
-passing on plain fp32 state.
+- Run A trains N steps straight; run B trains K, saves, rebuilds everything from another seed (a
+  load that restores nothing cannot pass), loads, trains N - K (shared/seeds/resume-optimizer-moments.txt).
+- Right after the load each piece is compared with what was saved, bit for bit (suites/ulp.py), and
+  a failure names it: parameters (full and each rank's shards), optimizer state (through its state
+  adapter, `step` included) with its dtype and device, param groups, the optimizer's own scalars,
+  the scheduler, the loader's next batches (across an epoch boundary), every RNG stream training
+  advanced (torchmatrix.testing.rng_streams, and generators the model, dataset and loader own), and
+  the checkpointer's extra state.
+- Some ranks restored and others not is named as such; a comparison over nothing fails; a piece the
+  rebuilt run already held before the load skips, saying why.
+- Then the resumed losses (`loss_max_ulp` recorded), final parameters and optimizer state must equal
+  the straight run's, bit for bit (-0.0 is not 0.0).
+- With an `optimizer_impl` axis the checkpoint also loads into each other implementation the factory
+  builds (docs/explanation/optimizer-implementations.md).
+- Components: `model`, `parallelize`, `optimizer_<optimizer>`, `checkpointer` (either form of
+  suites/checkpointer_forms.py), `dataset`, optionally `scheduler` and `plain_state_<optimizer>`.
+- Options: `ResumeOptions` (torchmatrix/matrix/suite_options.py); each rank sends its `RankRecord`.
 """
 
 from __future__ import annotations
