@@ -1,30 +1,19 @@
-"""dtensor_optim suite (../shared/seeds/dtensor-optimizer-state.txt): with sharded params, the
-optimizer's param-shaped state must be laid out like its param, DCP must store it as one chunk
-per rank, and it must load back exactly into a different number of ranks.
+"""DTensor optimizer state: laid out like its param, saved as one chunk per rank, exact after a reshard load.
 
-TransformerEngine's FusedAdam once turned the state of DTensor params into plain local tensors,
-so DCP saved each rank's shard as if it were the whole tensor. Each test here catches that
-class of bug for whichever model, wrapper and optimizer matrix.toml names as components.
-
-Every check runs twice: on the `model` component, and on a probe model whose first dims (7, 11)
-split unevenly over 2 and 4 ranks, since a state wrapped without its global shape is only
-wrong on uneven shards. Functions named `on_rank_*` run in every rank process.
-
-Quantized state (a tensor subclass inside the DTensor) has its layout checked on the DTensor
-that wraps it, and is compared after a reshard through the optimizer's state adapter
-(suites/optimizer_state.py), by the values it stands for.
-
-Which save is checked, recorded as `layout_source`: with a `checkpointer` component, the DCP
-checkpoint that `checkpointer().save(...)` writes, found by its `.metadata` and read for each
-state under whatever prefix it nests it; without one (or where it writes no DCP metadata), torch's
-`get_optimizer_state_dict` saved with `dcp.save`, which is what torch's helpers give, not what a
-user's checkpointer writes. The reshard (`reshard_source`) goes through the user's checkpointer when
-it is the bound form and takes a `process_group` or `mesh` (suites/checkpointer_forms.py): its own
-`save(step)` at one world size, its own `load()` at the other; otherwise through torch's helpers
-and DCP with a process group, since a checkpointer that takes none cannot save or load in the
-smaller world a reshard needs. The sharded-save check says on separate lines whether the state is
-stored sharded and whether it is keyed by parameter name or by position (suites/dcp_layout.py). An optimizer that keeps no param-shaped state (stateless, or only
-scalars) skips these checks saying so; one that keeps it for some params and not others fails.
+- The bug (../shared/seeds/dtensor-optimizer-state.txt): TransformerEngine's FusedAdam turned the
+  state of DTensor params into plain local tensors, so DCP saved each shard as the whole tensor.
+- Every check runs on the `model` component and on a probe whose first dims (7, 11) split unevenly
+  over 2 and 4 ranks (a state wrapped without its global shape is wrong only there); `on_rank_*`
+  functions run in every rank process.
+- Quantized state is laid out as the DTensor that wraps it and compared, after a reshard, through
+  the optimizer's state adapter (suites/optimizer_state.py), bit for bit (suites/ulp.py).
+- `layout_source`: the DCP checkpoint the `checkpointer` component writes (found by its `.metadata`,
+  each state under whatever prefix), else torch's `get_optimizer_state_dict` saved with `dcp.save`.
+- `reshard_source`: the bound checkpointer's own `save(step)` and `load()` where it takes a
+  `process_group` or `mesh` (suites/checkpointer_forms.py), else torch's helpers and DCP.
+- The sharded-save check says apart whether the state is stored sharded and whether it is keyed by
+  name or by position (suites/dcp_layout.py). No param-shaped state skips; some params without fails.
+- Options: `DtensorOptimOptions` (torchmatrix/matrix/suite_options.py).
 """
 
 from __future__ import annotations

@@ -1,45 +1,30 @@
 """Activation checkpointing must not change gradients, even when layers mutate a KV cache.
 
-Per cell: the ``model`` component is built twice from one seed, without and with per-layer
-checkpointing, wrapped by the ``parallelize`` component for the cell's ``fsdp`` and ``mesh`` (the
-cell's DeviceMesh handed over where its signature names ``mesh``), and run forward+backward on the
-same per-rank ``batch`` (one per data-parallel rank: the ranks of a tensor-parallel group share it). Gradients (local shards and full tensors)
-and losses must match bit for bit in float32 (recompute runs the same kernels on the same
-inputs; the max ULP distance is recorded as ``grad_max_ulp``), or within the derived bf16
-tolerance (``BF16_RTOL``), also when K micro-batches (option ``micro_batches``, default 2) run
-forward before one backward, so a recompute runs after later forwards; every buffer and every
-module's own attribute state (tensors, numbers, strings and containers of them, by path) must match
-exactly; a ``CheckpointError`` of recompute names its layer; recompute must really run and leave
-the cache, its tensors and its non-tensor state (counters, lengths), as forward left it; a cell in
-which no cache tensor was replaced or written in place during backward fails, since its cache checks
-saw nothing recompute did (FSDP1 and DDP copy the containers of the output they return, so the
-cache is read from the wrapped module's own output). What the stack legitimately lacks skips with
-its reason, never passes: a model that returns no cache (None or empty, in both runs) skips the
-cache checks, the dropout variant skips where forward draws no random numbers (the model has no
-dropout); a run in which no layer body ran again in backward fails (checkpointing not applied). Why: a
-per-tensor gradient difference with mean ~0 hides in loss curves (the public report "pi05
-grad-ckpt + KV cache: pin gradient-equivalence with a focused regression test"), and a counter
-that recompute bumps twice changes no gradient of this step, only every step after it.
-
-Compiled cells (cell key ``compile``, nesting ``compile_nesting``; docs/explanation/compile.md): both
-steps are compiled by the same backend. aot_eager runs torch's own kernels and stays bit for bit;
-a backend that generates kernels (inductor) may sum float32 reductions of the recompute in another
-order, so it is compared within ``REORDER_RTOL``, named in the message and the ``precision``
-property. A forward at another sequence length runs between the forwards and the backward, so a
-dynamic-shape graph exists when recompute runs (pytorch#166926). Recompute runs in the compiled
-backward (outside) or stops before a compiled body's Python side effects replay (inside), so no
-counter sees a layer run again: checkpointing is shown applied by autograd saving less for backward
-than without it, and the cache need not be seen rewritten. A compiler error fails with the compile
-mode and the compiler's root cause line.
-
-Model contract (beyond the factory signatures in torchmatrix/components/protocol.py): ``model(**batch)``
-returns the loss as a tensor, a tuple's first element, a dict's ``"loss"`` or ``.loss``
-(suites/model_output.py). The cache is any pytree of tensors and plain values, read from the output's
-``past_key_values`` or, when the output has none, observed through the cache hook: the mutable
-containers forward hands to its checkpointed units (suites/checkpoint_units.py). Recompute is counted
-by ``model.body_calls()`` where the model has it, else by the suite's instrumented
-``torch.utils.checkpoint.checkpoint``. A model that computes in another dtype than its parameters
-declares it (attribute ``compute_dtype`` or option ``compute_dtype``) and is compared at that precision.
+- Per cell the ``model`` component is built twice from one seed, without and with per-layer
+  checkpointing, wrapped by ``parallelize`` for the cell (its DeviceMesh where the signature names
+  ``mesh``), and run forward+backward on the same per-rank ``batch`` (the ranks of a tensor-parallel
+  group share one).
+- Losses and gradients (local shards and full tensors) match bit for bit in float32 (``grad_max_ulp``
+  recorded) or within the derived bf16 tolerance (``BF16_RTOL``), also when K micro-batches run
+  forward before one backward; buffers and each module's own attribute state match exactly.
+- Recompute must really run (no layer body ran again: checkpointing not applied, a failure) and
+  leave the cache, its tensors and its non-tensor state as forward left it; a cell where no cache
+  tensor was written during backward fails (its cache checks saw nothing). A ``CheckpointError``
+  names its layer.
+- What the stack lacks skips with its reason: no cache (None or empty in both runs), no dropout
+  (the dropout variant, where forward draws no random number).
+- Why: a per-tensor gradient difference with mean ~0 hides in loss curves (pi05's grad-ckpt + KV
+  cache report), and a counter recompute bumps twice changes no gradient of this step, only later ones.
+- Compiled cells (``compile``, ``compile_nesting``; docs/explanation/compile.md): aot_eager stays bit
+  for bit, a kernel-generating backend is compared within ``REORDER_RTOL``; a forward at another
+  sequence length runs before backward (pytorch#166926); checkpointing is shown applied by autograd
+  saving less for backward; a compiler error fails with the compile mode and its root cause.
+- Model contract (beyond torchmatrix/components/protocol.py): the loss is read as
+  suites/model_output.py says; the cache from the output's ``past_key_values`` or through the
+  containers forward hands its checkpointed units (suites/checkpoint_units.py); recompute is counted
+  by ``model.body_calls()`` or the suite's instrumented ``torch.utils.checkpoint.checkpoint``; a model
+  computing in another dtype declares ``compute_dtype`` (or option ``compute_dtype``).
+- Options: ``GradCkptOptions`` (torchmatrix/matrix/suite_options.py).
 """
 
 from __future__ import annotations
