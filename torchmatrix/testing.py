@@ -22,7 +22,8 @@ params (the sensitivity command reads it too). For checkpoints across versions, 
 version, cell_id)` is where a version's cross_version checkpoint of a cell lives, with its
 `EXPECTED_FILE`, and `planned_options(config, suite)` gives a suite module's pytest_generate_tests
 the options the runner planned for it. `root_cause(error)` is an exception's root cause line, as
-the reports show it.
+the reports show it. `capture_rng_state()`, `restore_rng_state(state)` and `rng_streams()` are the
+process's RNG state (torch CPU, every CUDA device, python `random`, numpy) as one value.
 """
 
 from torchmatrix.components.calling import accepts, build_optimizer, call_accepting, is_bound_checkpointer
