@@ -13,9 +13,6 @@ and `load()`.
 
 from __future__ import annotations
 
-import random
-
-import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (
@@ -25,10 +22,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-try:
-    import numpy
-except ImportError:
-    numpy = None
+from torchmatrix.testing import capture_rng_state, restore_rng_state
 
 
 class Checkpointer:
@@ -170,25 +164,6 @@ class BoundCheckpointer:
     def load(self) -> dict:
         progress = self.pieces.restore(self.directory, **self.objects)
         return {"step": int(progress["step"]), "tokens_seen": int(progress["tokens_seen"])}
-
-
-def capture_rng_state() -> dict:
-    """This process's torch CPU, current CUDA device, python `random` and numpy RNG states."""
-    state = {"torch_cpu": torch.get_rng_state(), "python": random.getstate()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["torch_cuda"] = torch.cuda.get_rng_state()
-    if numpy is not None:
-        state["numpy"] = numpy.random.get_state()
-    return state
-
-
-def restore_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch_cpu"])
-    random.setstate(state["python"])
-    if "torch_cuda" in state:
-        torch.cuda.set_rng_state(state["torch_cuda"])
-    if "numpy" in state:
-        numpy.random.set_state(state["numpy"])
 
 
 def require_same_on_every_rank(progress: dict, group=None) -> None:

@@ -12,13 +12,23 @@ from pathlib import Path
 
 import pytest
 
-from torchmatrix.testing import EXPECTED_FILE, data_parallel_rank, data_parallel_size, load, planned_options, writes_dir
+from torchmatrix.testing import (
+    EXPECTED_FILE,
+    CrossVersionOptions,
+    data_parallel_rank,
+    data_parallel_size,
+    load,
+    planned_options,
+    writes_dir,
+)
 
 from .checkpointer_forms import RunCheckpointer
 from .deterministic import deterministic_algorithms
 from .neutral_state import differences, neutral
 from .test_cross_version import restorable
-from .test_resume import TrainingRun, options_for, write_dataset
+from .test_resume import TrainingRun, write_dataset
+
+OPTIONS = CrossVersionOptions  # the dataclass `suite_options` arrives as
 
 NOT_CHECKED = "not checked: torch {writer} wrote no checkpoint for this cell in {run_dir} (its run has not finished it, or ran other cells)"
 
@@ -31,10 +41,10 @@ def pytest_generate_tests(metafunc):
 
 def test_loads_checkpoint_written_by(cell, ranks, suite_options, components, tmp_path, writer):
     """The other version's checkpoint of this cell loads, and every value equals what it saved."""
-    options = options_for(suite_options)
-    source = writes_dir(Path(suite_options["run_dir"]), writer, cell.id)
+    options = suite_options
+    source = writes_dir(Path(suite_options.run_dir), writer, cell.id)
     if not (source / EXPECTED_FILE).is_file():
-        pytest.skip(NOT_CHECKED.format(writer=writer, run_dir=suite_options["run_dir"]))
+        pytest.skip(NOT_CHECKED.format(writer=writer, run_dir=suite_options.run_dir))
     expected = json.loads((source / EXPECTED_FILE).read_text())
     data_path = str(tmp_path / "tokens.pt")
     write_dataset(components, options, data_path)
@@ -52,7 +62,7 @@ def test_loads_checkpoint_written_by(cell, ranks, suite_options, components, tmp
         state["extra_state"] = {key: value for key, value in returned.items() if key in saved.get("extra_state", {})}
         problems += [f"  rank {rank}: {line}" for line in differences(saved, state)]
     assert not problems, (
-        f"{cell.id}: checkpoint written by torch {writer}, loaded by torch {suite_options['torch']}, differs from what was saved:\n"
+        f"{cell.id}: checkpoint written by torch {writer}, loaded by torch {suite_options.torch}, differs from what was saved:\n"
         + "\n".join(problems)
     )
 
@@ -67,7 +77,7 @@ def load_and_capture(cell: dict, options: dict, components: dict, data_path: str
             data_path,
             data_parallel_rank(cell),
             data_parallel_size(cell),
-            seed=options["rebuild_seed"],
+            seed=options.rebuild_seed,
         )
         step, extra = RunCheckpointer(
             load(components["checkpointer"]), checkpoint_dir, **run.checkpointables(), cell=cell

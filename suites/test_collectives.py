@@ -7,7 +7,9 @@ for a cell before the heavier suites spend time on it.
 import torch
 import torch.distributed as dist
 
-from torchmatrix.testing import current_device
+from torchmatrix.testing import CollectivesOptions, current_device
+
+OPTIONS = CollectivesOptions  # the dataclass `suite_options` arrives as
 
 
 def _rank_identity():

@@ -16,27 +16,36 @@ from pathlib import Path
 
 import pytest
 
-from torchmatrix.testing import EXPECTED_FILE, data_parallel_rank, data_parallel_size, load, writes_dir
+from torchmatrix.testing import (
+    EXPECTED_FILE,
+    CrossVersionOptions,
+    data_parallel_rank,
+    data_parallel_size,
+    load,
+    writes_dir,
+)
 
 from .checkpointer_forms import RunCheckpointer
 from .deterministic import deterministic_algorithms
 from .neutral_state import neutral
-from .test_resume import TrainingRun, options_for, write_dataset
+from .test_resume import TrainingRun, write_dataset
+
+OPTIONS = CrossVersionOptions  # the dataclass `suite_options` arrives as
 
 
 def test_writes_checkpoint_for_other_versions(cell, ranks, suite_options, components, tmp_path):
     """Train to the resume step, save through the checkpointer (either form), and keep what a load
     must restore beside it, with the extra state the checkpointer's save returned."""
-    if not suite_options.get("peers"):
+    if not suite_options.peers:
         pytest.skip("one torch version in this matrix: no other version reads this cell's checkpoint")
-    options = options_for(suite_options)
-    target = writes_dir(Path(suite_options["run_dir"]), suite_options["torch"], cell.id)
+    options = suite_options
+    target = writes_dir(Path(suite_options.run_dir), suite_options.torch, cell.id)
     shutil.rmtree(target, ignore_errors=True)
     target.mkdir(parents=True)
     data_path = str(tmp_path / "tokens.pt")
     write_dataset(components, options, data_path)
     states = ranks.run(train_and_save, dict(cell), options, components, data_path, str(target / "checkpoint"))
-    expected = {"torch": suite_options["torch"], "step": options["resume_step"], "ranks": states}
+    expected = {"torch": suite_options.torch, "step": options.resume_step, "ranks": states}
     partial = target / f".{EXPECTED_FILE}.partial"
     partial.write_text(json.dumps(expected))
     partial.replace(target / EXPECTED_FILE)  # last: a reader finds expected values only beside a whole checkpoint
@@ -69,13 +78,13 @@ def train_and_save(cell: dict, options: dict, components: dict, data_path: str, 
             data_path,
             data_parallel_rank(cell),
             data_parallel_size(cell),
-            seed=options["seed"],
+            seed=options.seed,
         )
-        for _ in range(options["resume_step"]):
+        for _ in range(options.resume_step):
             run.train_step()
         state = restorable(run)
         checkpointer = RunCheckpointer(
             load(components["checkpointer"]), checkpoint_dir, **run.checkpointables(), cell=cell
         )
-        state["extra_state"] = neutral(checkpointer.save(options["resume_step"]))
+        state["extra_state"] = neutral(checkpointer.save(options.resume_step))
         return state

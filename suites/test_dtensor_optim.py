@@ -1,30 +1,19 @@
-"""dtensor_optim suite (../shared/seeds/dtensor-optimizer-state.txt): with sharded params, the
-optimizer's param-shaped state must be laid out like its param, DCP must store it as one chunk
-per rank, and it must load back exactly into a different number of ranks.
+"""DTensor optimizer state: laid out like its param, saved as one chunk per rank, exact after a reshard load.
 
-TransformerEngine's FusedAdam once turned the state of DTensor params into plain local tensors,
-so DCP saved each rank's shard as if it were the whole tensor. Each test here catches that
-class of bug for whichever model, wrapper and optimizer matrix.toml names as components.
-
-Every check runs twice: on the `model` component, and on a probe model whose first dims (7, 11)
-split unevenly over 2 and 4 ranks, since a state wrapped without its global shape is only
-wrong on uneven shards. Functions named `on_rank_*` run in every rank process.
-
-Quantized state (a tensor subclass inside the DTensor) has its layout checked on the DTensor
-that wraps it, and is compared after a reshard through the optimizer's state adapter
-(suites/optimizer_state.py), by the values it stands for.
-
-Which save is checked, recorded as `layout_source`: with a `checkpointer` component, the DCP
-checkpoint that `checkpointer().save(...)` writes, found by its `.metadata` and read for each
-state under whatever prefix it nests it; without one (or where it writes no DCP metadata), torch's
-`get_optimizer_state_dict` saved with `dcp.save`, which is what torch's helpers give, not what a
-user's checkpointer writes. The reshard (`reshard_source`) goes through the user's checkpointer when
-it is the bound form and takes a `process_group` or `mesh` (suites/checkpointer_forms.py): its own
-`save(step)` at one world size, its own `load()` at the other; otherwise through torch's helpers
-and DCP with a process group, since a checkpointer that takes none cannot save or load in the
-smaller world a reshard needs. The sharded-save check says on separate lines whether the state is
-stored sharded and whether it is keyed by parameter name or by position (suites/dcp_layout.py). An optimizer that keeps no param-shaped state (stateless, or only
-scalars) skips these checks saying so; one that keeps it for some params and not others fails.
+- The bug (../shared/seeds/dtensor-optimizer-state.txt): TransformerEngine's FusedAdam turned the
+  state of DTensor params into plain local tensors, so DCP saved each shard as the whole tensor.
+- Every check runs on the `model` component and on a probe whose first dims (7, 11) split unevenly
+  over 2 and 4 ranks (a state wrapped without its global shape is wrong only there); `on_rank_*`
+  functions run in every rank process.
+- Quantized state is laid out as the DTensor that wraps it and compared, after a reshard, through
+  the optimizer's state adapter (suites/optimizer_state.py), bit for bit (suites/ulp.py).
+- `layout_source`: the DCP checkpoint the `checkpointer` component writes (found by its `.metadata`,
+  each state under whatever prefix), else torch's `get_optimizer_state_dict` saved with `dcp.save`.
+- `reshard_source`: the bound checkpointer's own `save(step)` and `load()` where it takes a
+  `process_group` or `mesh` (suites/checkpointer_forms.py), else torch's helpers and DCP.
+- The sharded-save check says apart whether the state is stored sharded and whether it is keyed by
+  name or by position (suites/dcp_layout.py). No param-shaped state skips; some params without fails.
+- Options: `DtensorOptimOptions` (torchmatrix/matrix/suite_options.py).
 """
 
 from __future__ import annotations
@@ -51,6 +40,7 @@ from torch.distributed.tensor import DTensor
 
 from torchmatrix.testing import (
     DEFAULT_IMPLEMENTATION,
+    DtensorOptimOptions,
     UnavailableImplementation,
     accepts,
     build_optimizer,
@@ -71,10 +61,12 @@ from .model_output import loss_of
 from .optimizer_state import inner_optimizers, optimizer_state_of, param_groups_of, state_adapter
 from .parallelize_component import parallelized
 from .scheduler_component import build_scheduler
+from .ulp import bits_difference, bits_equal
+
+OPTIONS = DtensorOptimOptions  # the dataclass `suite_options` arrives as
 
 LR = 1e-2
 SAVE_SEED, LOAD_SEED = 0, 1
-DEFAULT_BF16_PARAM_OPTIMIZERS = ["precision_aware", "te_fused_adam"]
 MODEL_KINDS = ("model", "uneven_probe")
 RESHARDS = ("shrink", "grow")  # W -> W/2 and W/2 -> W for a cell of W ranks: 2->1, 1->2, 4->2, 2->4, ...
 FLAT = "flat"
@@ -124,8 +116,8 @@ def recipe(cell, components, suite_options, model_kind) -> Recipe:
     mixed-precision stack gives its precision-aware optimizer; the others get fp32 params. Option
     `tensor_parallel_plan` ({colwise = [...], rowwise = [...]}, module names) is the plan that
     `parallelize` applies on a mesh with a tp dim; by default the reference decoder's."""
-    bf16 = cell["optimizer"] in suite_options.get("bf16_param_optimizers", DEFAULT_BF16_PARAM_OPTIMIZERS)
-    plan = TensorParallelPlan.from_option(suite_options.get("tensor_parallel_plan"))
+    bf16 = cell["optimizer"] in suite_options.bf16_param_optimizers
+    plan = TensorParallelPlan.from_option(suite_options.tensor_parallel_plan)
     return Recipe(dict(components), cell, model_kind, "bfloat16" if bf16 else "float32", plan)
 
 
@@ -750,8 +742,12 @@ def _compare(saved: dict[str, torch.Tensor], loaded: dict[str, torch.Tensor]) ->
             mismatches.append(
                 f"{key}: saved {before.dtype} {list(before.shape)}, loaded {after.dtype} {list(after.shape)}"
             )
-        elif not torch.equal(before, after):
+        elif not bits_equal(after, before):
             diff = (before.float() - after.float()).abs().max().item()
-            mismatches.append(f"{key}: values differ (max abs diff {diff:.3g})")
+            mismatches.append(
+                f"{key}: values differ (max abs diff {diff:.3g})"
+                if diff
+                else f"{key}: {bits_difference(after, before, 'saved')}"
+            )
     optimizer_compared = sum(key.startswith("optimizer.") for key in saved)
     return {"compared": len(saved), "optimizer_compared": optimizer_compared, "mismatches": mismatches}

@@ -1,45 +1,30 @@
 """Activation checkpointing must not change gradients, even when layers mutate a KV cache.
 
-Per cell: the ``model`` component is built twice from one seed, without and with per-layer
-checkpointing, wrapped by the ``parallelize`` component for the cell's ``fsdp`` and ``mesh`` (the
-cell's DeviceMesh handed over where its signature names ``mesh``), and run forward+backward on the
-same per-rank ``batch`` (one per data-parallel rank: the ranks of a tensor-parallel group share it). Gradients (local shards and full tensors)
-and losses must match bit for bit in float32 (recompute runs the same kernels on the same
-inputs; the max ULP distance is recorded as ``grad_max_ulp``), or within the derived bf16
-tolerance (``BF16_RTOL``), also when K micro-batches (option ``micro_batches``, default 2) run
-forward before one backward, so a recompute runs after later forwards; every buffer and every
-module's own attribute state (tensors, numbers, strings and containers of them, by path) must match
-exactly; a ``CheckpointError`` of recompute names its layer; recompute must really run and leave
-the cache, its tensors and its non-tensor state (counters, lengths), as forward left it; a cell in
-which no cache tensor was replaced or written in place during backward fails, since its cache checks
-saw nothing recompute did (FSDP1 and DDP copy the containers of the output they return, so the
-cache is read from the wrapped module's own output). What the stack legitimately lacks skips with
-its reason, never passes: a model that returns no cache (None or empty, in both runs) skips the
-cache checks, the dropout variant skips where forward draws no random numbers (the model has no
-dropout); a run in which no layer body ran again in backward fails (checkpointing not applied). Why: a
-per-tensor gradient difference with mean ~0 hides in loss curves (the public report "pi05
-grad-ckpt + KV cache: pin gradient-equivalence with a focused regression test"), and a counter
-that recompute bumps twice changes no gradient of this step, only every step after it.
-
-Compiled cells (cell key ``compile``, nesting ``compile_nesting``; docs/explanation/compile.md): both
-steps are compiled by the same backend. aot_eager runs torch's own kernels and stays bit for bit;
-a backend that generates kernels (inductor) may sum float32 reductions of the recompute in another
-order, so it is compared within ``REORDER_RTOL``, named in the message and the ``precision``
-property. A forward at another sequence length runs between the forwards and the backward, so a
-dynamic-shape graph exists when recompute runs (pytorch#166926). Recompute runs in the compiled
-backward (outside) or stops before a compiled body's Python side effects replay (inside), so no
-counter sees a layer run again: checkpointing is shown applied by autograd saving less for backward
-than without it, and the cache need not be seen rewritten. A compiler error fails with the compile
-mode and the compiler's root cause line.
-
-Model contract (beyond the factory signatures in torchmatrix/components/protocol.py): ``model(**batch)``
-returns the loss as a tensor, a tuple's first element, a dict's ``"loss"`` or ``.loss``
-(suites/model_output.py). The cache is any pytree of tensors and plain values, read from the output's
-``past_key_values`` or, when the output has none, observed through the cache hook: the mutable
-containers forward hands to its checkpointed units (suites/checkpoint_units.py). Recompute is counted
-by ``model.body_calls()`` where the model has it, else by the suite's instrumented
-``torch.utils.checkpoint.checkpoint``. A model that computes in another dtype than its parameters
-declares it (attribute ``compute_dtype`` or option ``compute_dtype``) and is compared at that precision.
+- Per cell the ``model`` component is built twice from one seed, without and with per-layer
+  checkpointing, wrapped by ``parallelize`` for the cell (its DeviceMesh where the signature names
+  ``mesh``), and run forward+backward on the same per-rank ``batch`` (the ranks of a tensor-parallel
+  group share one).
+- Losses and gradients (local shards and full tensors) match bit for bit in float32 (``grad_max_ulp``
+  recorded) or within the derived bf16 tolerance (``BF16_RTOL``), also when K micro-batches run
+  forward before one backward; buffers and each module's own attribute state match exactly.
+- Recompute must really run (no layer body ran again: checkpointing not applied, a failure) and
+  leave the cache, its tensors and its non-tensor state as forward left it; a cell where no cache
+  tensor was written during backward fails (its cache checks saw nothing). A ``CheckpointError``
+  names its layer.
+- What the stack lacks skips with its reason: no cache (None or empty in both runs), no dropout
+  (the dropout variant, where forward draws no random number).
+- Why: a per-tensor gradient difference with mean ~0 hides in loss curves (pi05's grad-ckpt + KV
+  cache report), and a counter recompute bumps twice changes no gradient of this step, only later ones.
+- Compiled cells (``compile``, ``compile_nesting``; docs/explanation/compile.md): aot_eager stays bit
+  for bit, a kernel-generating backend is compared within ``REORDER_RTOL``; a forward at another
+  sequence length runs before backward (pytorch#166926); checkpointing is shown applied by autograd
+  saving less for backward; a compiler error fails with the compile mode and its root cause.
+- Model contract (beyond torchmatrix/components/protocol.py): the loss is read as
+  suites/model_output.py says; the cache from the output's ``past_key_values`` or through the
+  containers forward hands its checkpointed units (suites/checkpoint_units.py); recompute is counted
+  by ``model.body_calls()`` or the suite's instrumented ``torch.utils.checkpoint.checkpoint``; a model
+  computing in another dtype declares ``compute_dtype`` (or option ``compute_dtype``).
+- Options: ``GradCkptOptions`` (torchmatrix/matrix/suite_options.py).
 """
 
 from __future__ import annotations
@@ -57,7 +42,15 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import CheckpointError
 
-from torchmatrix.testing import current_device, data_parallel_rank, load, root_cause
+from torchmatrix.testing import (
+    DTYPES,
+    GradCkptOptions,
+    current_device,
+    data_parallel_rank,
+    load,
+    rng_streams,
+    root_cause,
+)
 
 from .built_names import named_buffers_as_built, named_modules_as_built, named_parameters_as_built
 from .cache_tree import CACHE_STATE_DEPTH, OPAQUE, cache_contents, cache_marks, cache_snapshot, cache_writes
@@ -68,11 +61,12 @@ from .model_output import cache_on, call_model, loss_of
 from .optimizer_state import plain_equal
 from .parallelize_component import parallelized
 from .reachable_state import is_user_object, kept_as_they_are, module_level_containers
-from .ulp import bits_equal, ulp_distance
+from .ulp import bits_equal, differing_bits, ulp_distance
+
+OPTIONS = GradCkptOptions  # the dataclass `suite_options` arrives as
 
 SEED = 0
 DROPOUT = 0.1
-MICRO_BATCHES = 2
 BODY_CALLS_PROBE = 1_000_003
 
 
@@ -122,7 +116,7 @@ class Precision:
         """This precision with the model's declared compute dtype, unless option ``compute_dtype`` set one."""
         if self.compute or declared in (None, self.dtype):
             return self
-        if declared not in COMPUTE_DTYPES:
+        if declared not in DTYPES:
             raise ValueError(
                 f"the model declares compute_dtype = torch.{declared}: expected torch.float32 or torch.bfloat16"
             )
@@ -144,42 +138,12 @@ class Precision:
         )
 
 
-COMPUTE_DTYPES = ("float32", "bfloat16")
-
-
 EXACT = Precision("float32")
 
 
-def precision_from(options: dict) -> Precision:
+def precision_from(options: GradCkptOptions) -> Precision:
     """float32 is compared bit for bit; bfloat16 within the derived two-ulp tolerance."""
-    dtype = options.get("dtype", "float32")
-    stale = [key for key in ("bf16_rtol", "bf16_atol") if key in options]
-    if stale:
-        pytest.fail(
-            f"[suites.grad_ckpt.options] {' and '.join(stale)}: the bf16 tolerance is derived (BF16_RTOL in suites/test_grad_ckpt.py); remove them from matrix.toml"
-        )
-    if dtype not in COMPUTE_DTYPES:
-        pytest.fail(f'[suites.grad_ckpt.options] dtype = {dtype!r}: expected "float32" or "bfloat16"')
-    compute = options.get("compute_dtype")
-    if compute is not None and compute not in COMPUTE_DTYPES:
-        pytest.fail(f'[suites.grad_ckpt.options] compute_dtype = {compute!r}: expected "float32" or "bfloat16"')
-    return Precision(dtype, compute)
-
-
-def micro_batches_from(options: dict) -> int:
-    """How many micro-batches run forward before one backward (option `micro_batches`, at least 2)."""
-    count = options.get("micro_batches", MICRO_BATCHES)
-    if isinstance(count, int) and not isinstance(count, bool) and count >= 2:
-        return count
-    pytest.fail(f"[suites.grad_ckpt.options] micro_batches = {count!r}: expected an integer of at least 2")
-
-
-def ignored_attributes_from(options: dict) -> tuple[str, ...]:
-    """Attribute names the module-attribute check leaves out (option `ignored_attributes`)."""
-    names = options.get("ignored_attributes", [])
-    if isinstance(names, list) and all(isinstance(name, str) for name in names):
-        return tuple(names)
-    pytest.fail(f"[suites.grad_ckpt.options] ignored_attributes = {names!r}: expected a list of attribute names")
+    return Precision(options.dtype, options.compute_dtype)
 
 
 def local_tensor(tensor):
@@ -429,7 +393,7 @@ def mismatch(actual, expected, precision: Precision) -> str | None:
             return None
         except AssertionError:
             pass
-    differing = int((actual != expected).sum())
+    differing = differing_bits(actual, expected)
     if not actual.is_floating_point():
         return (
             f"{actual.item()} vs {expected.item()}" if actual.numel() == 1 else f"{differing}/{actual.numel()} differ"
@@ -484,14 +448,6 @@ class StepRecord:
             for layer, count in self.calls_after_backward.items()
             if count > self.calls_after_forward.get(layer, count)
         ]
-
-
-def rng_states() -> list[bytes]:
-    """The global RNG streams dropout draws from: torch CPU, and the current CUDA device's when CUDA is in use."""
-    states = [torch.get_rng_state().numpy().tobytes()]
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        states.append(torch.cuda.get_rng_state().numpy().tobytes())
-    return states
 
 
 def compile_mode(cell) -> str | None:
@@ -644,7 +600,7 @@ def train_step(
         module_state_before, _ = module_state(model, ignored)
         put_module_containers_back = kept_as_they_are(module_level_containers(model, ignored))
         torch.manual_seed(SEED + 1000 + rank)
-        rng_before_forward = rng_states()
+        rng_before_forward = rng_streams()
         losses = []
         with (
             failing_stage(cell, f"forward {mode} activation checkpointing"),
@@ -656,7 +612,7 @@ def train_step(
                 units.next_forward()
                 losses.append(loss_of(call_model(model, batch)))
         loss = losses[0] if len(losses) == 1 else torch.stack(losses).sum()
-        forward_drew_random_numbers = rng_states() != rng_before_forward
+        forward_drew_random_numbers = rng_streams() != rng_before_forward
         caches, cache_source = found_caches(seen["output"], units)
         cache_after_forward = cache_snapshot(caches)
         cache_state_after_forward = cache_state(caches)
@@ -1040,7 +996,7 @@ def test_recompute_reruns_layers_and_rewrites_cache_identically(cell, ranks, com
 def module_state_run(cell, ranks, components, suite_options, once_per_cell) -> list[dict]:
     """Buffers and module attributes after one step with and without checkpointing, run once per cell."""
     precision = precision_from(suite_options)
-    ignored = ignored_attributes_from(suite_options)
+    ignored = suite_options.ignored_attributes
     return once_per_cell(
         "the module-state steps", lambda: ranks.run(compare_module_state, cell, components, precision, DROPOUT, ignored)
     )
@@ -1098,7 +1054,7 @@ def test_micro_batches_before_one_backward_leave_gradients_unchanged(
     the module, a per-call counter) that forward→backward never exercises is read by the wrong recompute.
     The summed loss and every gradient must equal eager's as in the single-batch test."""
     precision = precision_from(suite_options)
-    micro_batches = micro_batches_from(suite_options)
+    micro_batches = suite_options.micro_batches
     results = ranks.run(compare_gradients, cell, components, precision, 0.0, micro_batches)
     precision = results[0]["precision"]
     record_property("micro_batches", micro_batches)

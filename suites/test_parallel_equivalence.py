@@ -48,6 +48,8 @@ import torch
 import torch.distributed as dist
 
 from torchmatrix.testing import (
+    REDUCE_DTYPES,
+    ParallelEquivalenceOptions,
     UnavailableImplementation,
     build_optimizer,
     call_accepting,
@@ -67,16 +69,8 @@ from .parallelize_component import parallelized
 from .summation_bounds import MeanReduction, clip_relative_bound, norm_relative_bound
 from .ulp import bits_equal, ulp_distance
 
-DEFAULT_OPTIONS = {
-    "steps": 4,
-    "lr": 1e-2,
-    "weight_decay": 0.1,
-    "seed": 0,
-    "batch_seed": 1000,
-    "clip_fraction": 0.9,
-    "reduce_dtype": "float32",
-}
-REDUCE_DTYPES = ("float32", "bfloat16", "float16")
+OPTIONS = ParallelEquivalenceOptions  # the dataclass `suite_options` arrives as
+
 NARROWER = {"float32": ("bfloat16", "float16"), "bfloat16": (), "float16": ()}
 GRID_EVIDENCE = 16
 """Nonzero elements of one gradient that must all lie on a narrower dtype's grid before the suite
@@ -90,27 +84,6 @@ NO_PARALLELISM = (
 )
 
 
-def options_for(suite_options: dict) -> dict:
-    """`[suites.parallel_equivalence.options]` over DEFAULT_OPTIONS, checked."""
-    options = {**DEFAULT_OPTIONS, **suite_options}
-    where = "[suites.parallel_equivalence.options]"
-    if options["reduce_dtype"] not in REDUCE_DTYPES:
-        raise pytest.UsageError(
-            f"{where} reduce_dtype = {options['reduce_dtype']!r}: expected the dtype your mixed-precision policy "
-            f"declares for gradient reductions, one of {', '.join(REDUCE_DTYPES)}"
-        )
-    steps = options["steps"]
-    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
-        raise pytest.UsageError(f"{where} steps = {steps!r}: expected a number of training steps, at least 1")
-    fraction = options["clip_fraction"]
-    if not isinstance(fraction, (int, float)) or isinstance(fraction, bool) or not 0 < fraction < 1:
-        raise pytest.UsageError(
-            f"{where} clip_fraction = {fraction!r}: expected a number between 0 and 1 (max_norm is this fraction "
-            f"of the first step's gradient norm, so that step clips)"
-        )
-    return options
-
-
 @pytest.fixture(autouse=True)
 def parallel_cell(cell):
     if cell["fsdp"] == "none":
@@ -120,7 +93,7 @@ def parallel_cell(cell):
 @pytest.fixture
 def lockstep(cell, ranks, suite_options, components, once_per_cell) -> list[dict]:
     """The cell's training and its single-process reference, step by step, one record per rank; run once per cell."""
-    options = options_for(suite_options)
+    options = suite_options
     if "optimizer" not in cell:
         pytest.fail(
             "the cell has no optimizer axis: parallel_equivalence trains with [components] optimizer_<value>; "
@@ -206,7 +179,7 @@ def test_reduced_gradients_match_single_process(cell, lockstep, suite_options, r
     """After the data-parallel reduction, the whole gradient equals the single-process mean gradient of
     the global batch within the derived reduction bound (bit for bit at two shards or fewer)."""
     records = lockstep
-    reduction = MeanReduction(records[0]["shards"], options_for(suite_options)["reduce_dtype"])
+    reduction = MeanReduction(records[0]["shards"], suite_options.reduce_dtype)
     steps = records[0]["steps"]
     worst = max(step["gradient"]["max_abs"] for step in steps)
     record_property("grad_max_abs", worst)
@@ -230,7 +203,7 @@ def test_reduced_gradients_match_single_process(cell, lockstep, suite_options, r
 def test_gradients_reduced_in_declared_dtype(cell, lockstep, suite_options):
     """No gradient after the reduction lies wholly on the grid of a dtype narrower than the declared
     one: its sum ran in that narrower dtype (the pytorch#190626 class), whatever the reduction order."""
-    declared = options_for(suite_options)["reduce_dtype"]
+    declared = suite_options.reduce_dtype
     if not NARROWER[declared]:
         pytest.skip(f"reduce_dtype = {declared!r}: no narrower dtype among {', '.join(REDUCE_DTYPES)} to tell apart")
     steps = lockstep[0]["steps"]
@@ -318,7 +291,7 @@ def test_parameters_match_single_process_step(cell, lockstep):
 # ---- in the ranks ------------------------------------------------------------------------------
 
 
-def train_in_lockstep(cell: dict, options: dict, components: dict) -> dict:
+def train_in_lockstep(cell: dict, options: ParallelEquivalenceOptions, components: dict) -> dict:
     """Rank function: the cell's training and, on every rank, the single-process reference beside it;
     `{"unavailable": reason}` when the cell's optimizer implementation cannot be built here."""
     with deterministic_algorithms():
@@ -338,7 +311,7 @@ class Lockstep:
     """The cell's training beside its single-process reference: the same model from one seed, the same
     optimizer factory and implementation, one global batch per step, shard `data_parallel_rank` of it on this rank."""
 
-    def __init__(self, cell: dict, options: dict, components: dict):
+    def __init__(self, cell: dict, options: ParallelEquivalenceOptions, components: dict):
         self.options = options
         self.cell = cell
         self.device = current_device()
@@ -354,10 +327,10 @@ class Lockstep:
         )
         factory = load(components[f"optimizer_{cell['optimizer']}"])
         hyperparameters = dict(
-            lr=options["lr"],
+            lr=options.lr,
             betas=(0.9, 0.95),
             eps=1e-8,
-            weight_decay=options["weight_decay"],
+            weight_decay=options.weight_decay,
             implementation=implementation_of(cell),
         )
         self.optimizer = build_optimizer(factory, self.model, **hyperparameters)
@@ -366,16 +339,16 @@ class Lockstep:
         self.max_norm: float | None = None
 
     def seeded_model(self, cell: dict, components: dict):
-        torch.manual_seed(self.options["seed"])
+        torch.manual_seed(self.options.seed)
         return load(components["model"])(cell, dtype=torch.float32, dropout=0.0)
 
     def batch(self, model, step: int, shard: int):
-        return self.make_batch(model, seed=self.options["batch_seed"] + step * self.shards + shard, device=self.device)
+        return self.make_batch(model, seed=self.options.batch_seed + step * self.shards + shard, device=self.device)
 
     def run(self) -> dict:
         initial = parameter_differences(full_parameters(self.model), self.reference_parameters())
         steps = []
-        for step in range(self.options["steps"]):
+        for step in range(self.options.steps):
             steps.append(self.step(step))
             if steps[-1]["parameters"]:
                 break  # the reference no longer starts where the cell does: later steps would compare nothing
@@ -438,7 +411,7 @@ class Lockstep:
     def step(self, step: int) -> dict:
         mean, magnitude, reference_losses, loss_bounds = self.reference_gradient(step)
         if self.max_norm is None:
-            self.max_norm = self.options["clip_fraction"] * exact_norm(mean)
+            self.max_norm = self.options.clip_fraction * exact_norm(mean)
         reference_norm = self.reference_norm(mean)
 
         self.model.train()
@@ -467,7 +440,7 @@ class Lockstep:
             "loss_ulp": ulp_distance(loss, reference_loss),
             "loss_bound": loss_bounds[self.shard],
             "gradient": gradient_comparison(reduced, mean, magnitude, self.reduction()),
-            "narrow_grid": narrow_grid_lines(reduced, self.options["reduce_dtype"]),
+            "narrow_grid": narrow_grid_lines(reduced, self.options.reduce_dtype),
             "grid_checked": any(int(g.count_nonzero()) >= GRID_EVIDENCE for g in reduced.values()),
             "norm": {
                 "returned": returned_norm,
@@ -481,7 +454,7 @@ class Lockstep:
         }
 
     def reduction(self) -> MeanReduction:
-        return MeanReduction(self.shards, self.options["reduce_dtype"])
+        return MeanReduction(self.shards, self.options.reduce_dtype)
 
 
 def scalar(norm) -> torch.Tensor:

@@ -1,54 +1,30 @@
-"""Resume exactness: a run checkpointed at step K and resumed must be bit-identical to one that
-never stopped (shared/seeds/resume-optimizer-moments.txt).
+"""Resume exactness: a run checkpointed at step K and resumed is bit for bit the run that never stopped.
 
-Per cell, run A trains N steps straight. Run B trains K steps and checkpoints; then the model,
-optimizer, scheduler, loader and RNG are all rebuilt from a different seed (so a load that
-restores nothing cannot pass), loaded, and trained for the remaining N - K steps.
-
-Right after the load, before any step, each piece of state is checked against what was saved,
-and a failure names the piece: every parameter (full tensor), every optimizer state value
-(as the optimizer's state adapter gives it: plain, dequantized tensors, `step` included;
-see suites/optimizer_state.py) and the dtype and device the optimizer holds each state tensor in,
-the param groups' hyper-parameters, the optimizer object's own counters and scalars, the scheduler's `last_epoch`
-and current LR, the batches the loader would yield next (option `loader_batches`, by default one
-epoch and one more, so they cross an epoch boundary), and every RNG stream the run draws from
-(torch CPU, each CUDA device, numpy, Python `random`, and the generators the model, dataset and
-loader own; a stream counts as used when training advances it). Each rank also compares
-its own parameter shards and optimizer state, so a load that some ranks kept and others lost
-(restored on rank 0 only) says which, where full tensors differ on every rank. A comparison
-that finds nothing to compare (no parameters, no optimizer state) fails; a piece the rebuilt run
-already held equal to the saved one before the load skips saying so, since a load that restored
-nothing would pass it (a dataset that repeats one batch, say). Then losses after the
-resume (bit for bit; `loss_max_ulp` is recorded), final parameters and every optimizer state
-tensor (its dtype and device too) must equal the straight run's. Dropout, a warm-up LR schedule
-and an on-disk dataset make the RNG, scheduler and loader position part of what must resume.
-
-With a cell axis `optimizer_impl` (docs/explanation/optimizer-implementations.md) the optimizer is
-built in that implementation (an implementation its factory cannot build here skips the cell with the
-factory's reason), and the checkpoint is also loaded into each other implementation the factory
-builds, compared right after that load (test_checkpoint_loads_into_other_implementations).
-
-Components (matrix.toml `[components]`): `model`, `parallelize`, `optimizer_<optimizer axis>`,
-`checkpointer`, `dataset`, and optionally `scheduler` and `plain_state_<optimizer axis>`; swapping
-one for a mutant must turn this suite red. The checkpointer is either form of
-suites/checkpointer_forms.py; every key of the extra state its `save` returns must come back equal
-from its `load` (piece `extra_state`). The model is called as a trainer calls it (a loader's
-tensor batch as `model(batch)`, or as the keywords of option `batch_keywords`) and its loss read
-from whatever it returns (suites/model_output.py). Option `seeding` says how the ranks' RNGs are
-seeded for dropout: `per_rank` (each its own, the default) or `replicated` (all alike, as stacks
-that seed data-parallel replicas alike and checkpoint rank 0's RNG do); the RNG check compares
-each rank's streams with its own at the save either way, so a checkpointer that restores rank 0's
-RNG on every rank passes only under `replicated`. Option `quantized_state_optimizers` names the optimizer values
-whose state must be stored quantized, so a model too small for the quantizer fails instead of
-passing on plain fp32 state.
+- Run A trains N steps straight; run B trains K, saves, rebuilds everything from another seed (a
+  load that restores nothing cannot pass), loads, trains N - K (shared/seeds/resume-optimizer-moments.txt).
+- Right after the load each piece is compared with what was saved, bit for bit (suites/ulp.py), and
+  a failure names it: parameters (full and each rank's shards), optimizer state (through its state
+  adapter, `step` included) with its dtype and device, param groups, the optimizer's own scalars,
+  the scheduler, the loader's next batches (across an epoch boundary), every RNG stream training
+  advanced (torchmatrix.testing.rng_streams, and generators the model, dataset and loader own), and
+  the checkpointer's extra state.
+- Some ranks restored and others not is named as such; a comparison over nothing fails; a piece the
+  rebuilt run already held before the load skips, saying why.
+- Then the resumed losses (`loss_max_ulp` recorded), final parameters and optimizer state must equal
+  the straight run's, bit for bit (-0.0 is not 0.0).
+- With an `optimizer_impl` axis the checkpoint also loads into each other implementation the factory
+  builds (docs/explanation/optimizer-implementations.md).
+- Components: `model`, `parallelize`, `optimizer_<optimizer>`, `checkpointer` (either form of
+  suites/checkpointer_forms.py), `dataset`, optionally `scheduler` and `plain_state_<optimizer>`.
+- Options: `ResumeOptions` (torchmatrix/matrix/suite_options.py); each rank sends its `RankRecord`.
 """
 
 from __future__ import annotations
 
 import copy
 import math
-import pickle
 import random
+from dataclasses import dataclass, field
 
 import pytest
 import torch
@@ -58,13 +34,16 @@ from torchmatrix.testing import (
     DEFAULT_IMPLEMENTATION,
     IMPLEMENTATION_AXIS,
     IMPLEMENTATIONS,
-    RESUME_BF16_PARAM_OPTIMIZERS,
+    ResumeOptions,
     UnavailableImplementation,
     build_optimizer,
+    capture_rng_state,
     data_parallel_rank,
     data_parallel_size,
     implementation_of,
     load,
+    restore_rng_state,
+    rng_streams,
 )
 
 from .built_names import named_modules_as_built, named_parameters_as_built
@@ -86,84 +65,39 @@ from .owned_generators import generator_state, owned_generators, set_generator_s
 from .parallelize_component import parallelized
 from .scheduler_component import build_scheduler, scheduler_position
 from .step_trace import digest, digests, first_divergence
-from .ulp import bits_equal, ulp_distance
+from .ulp import bits_difference, bits_equal, ulp_distance
+
+OPTIONS = ResumeOptions  # the dataclass `suite_options` arrives as
 
 try:
     import numpy
 except ImportError:
     numpy = None
 
-DEFAULT_OPTIONS = {
-    "steps": 8,
-    "resume_step": 4,
-    "warmup_steps": 6,
-    "lr": 1e-2,
-    "weight_decay": 0.1,
-    "dropout": 0.1,
-    "batch_size": 2,
-    "vocab_size": 64,
-    "seq_len": 16,
-    "num_sequences": 64,
-    "seed": 1234,
-    "rebuild_seed": 98765,
-    "bf16_param_optimizers": list(RESUME_BF16_PARAM_OPTIMIZERS),
-    "quantized_state_optimizers": [],
-    "loader_batches": None,
-    "batch_keywords": [],
-    "seeding": "per_rank",
-}
-SEEDINGS = ("per_rank", "replicated")
-
-
-def options_for(suite_options: dict) -> dict:
-    """`[suites.resume.options]` over DEFAULT_OPTIONS, checked for at least two resumed steps."""
-    options = {**DEFAULT_OPTIONS, **suite_options}
-    if not 1 <= options["resume_step"] <= options["steps"] - 2:
-        raise pytest.UsageError(
-            f"[suites.resume.options]: need 1 <= resume_step <= steps - 2 (two resumed steps at least), got steps={options['steps']}, resume_step={options['resume_step']}"
-        )
-    count = options["loader_batches"]
-    if count is not None and (not isinstance(count, int) or isinstance(count, bool) or count < 1):
-        raise pytest.UsageError(
-            f"[suites.resume.options] loader_batches = {count!r}: expected a number of batches, at least 1, "
-            f"or leave it out to compare one epoch and one batch"
-        )
-    if options["seeding"] not in SEEDINGS:
-        raise pytest.UsageError(
-            f'[suites.resume.options] seeding = {options["seeding"]!r}: expected "per_rank" (each rank seeded on its own) '
-            f'or "replicated" (every rank seeded alike)'
-        )
-    keywords = options["batch_keywords"]
-    if not isinstance(keywords, list) or not all(isinstance(name, str) and name.isidentifier() for name in keywords):
-        raise pytest.UsageError(
-            f'[suites.resume.options] batch_keywords = {keywords!r}: expected a list of the model\'s keyword names, e.g. ["input_ids", "labels"]'
-        )
-    return options
-
 
 @pytest.fixture
-def experiment(cell, ranks, suite_options, components, tmp_path, once_per_cell) -> list[dict]:
+def experiment(cell, ranks, suite_options, components, tmp_path, once_per_cell) -> list[RankRecord]:
     """Both runs of the cell, one record per rank; run once per cell and shared by its tests."""
 
-    def both_runs() -> list[dict]:
-        options = options_for(suite_options)
+    def both_runs() -> list[RankRecord | Unavailable]:
+        options = suite_options
         data_path = str(tmp_path / "tokens.pt")
         write_dataset(components, options, data_path)
         return ranks.run(straight_and_resumed, dict(cell), options, components, data_path, str(tmp_path / "checkpoint"))
 
     records = once_per_cell("the training runs", both_runs)
-    if records[0].get("unavailable"):
-        pytest.skip(records[0]["unavailable"])
+    if isinstance(records[0], Unavailable):
+        pytest.skip(records[0].reason)
     return records
 
 
-def write_dataset(components: dict, options: dict, path: str) -> None:
+def write_dataset(components: dict, options: ResumeOptions, path: str) -> None:
     """The on-disk dataset the training runs read, the same for every run and torch version (seed 0)."""
     load(components["dataset"]).write(
         path,
-        vocab_size=options["vocab_size"],
-        num_sequences=options["num_sequences"],
-        seq_len=options["seq_len"],
+        vocab_size=options.vocab_size,
+        num_sequences=options.num_sequences,
+        seq_len=options.seq_len,
         seed=0,
     )
 
@@ -174,12 +108,12 @@ def test_rebuilt_run_starts_from_other_weights(cell, experiment, suite_options, 
     checkpoint on every rank, or the checks below compared plain floats."""
     records = experiment
     for rank, record in enumerate(records):
-        assert not record["rebuilt_equals_saved"], (
+        assert not record.rebuilt_equals_saved, (
             f"{cell.id} rank {rank}: the rebuilt model already equals the checkpointed one; the rebuild seed has no effect"
         )
-    if cell["optimizer"] in options_for(suite_options)["quantized_state_optimizers"]:
-        record_property("quantized_states", [len(record["quantized_at_save"]) for record in records])
-        plain = [rank for rank, record in enumerate(records) if not record["quantized_at_save"]]
+    if cell["optimizer"] in suite_options.quantized_state_optimizers:
+        record_property("quantized_states", [len(record.quantized_at_save) for record in records])
+        plain = [rank for rank, record in enumerate(records) if not record.quantized_at_save]
         assert not plain, (
             f"{cell.id}: ranks {plain} hold no quantized optimizer state at the checkpoint step (all plain floats): "
             f"the params are too small for {cell['optimizer']}'s quantizer, so this cell checked unquantized state"
@@ -217,31 +151,31 @@ OWN_PART = {"parameters": ("parameter_shards", "parameters"), "optimizer_state":
 def test_state_restored_right_after_load(cell, experiment, piece):
     """Right after load, before any step: this piece of state equals what was saved, or the failure names what differs."""
     records = experiment
-    if piece == "rng" and not records[0]["rng_streams_used"]:
+    if piece == "rng" and not records[0].rng_streams_used:
         pytest.skip(
             "training advanced no RNG stream (torch CPU, CUDA, numpy, python random) and no generator the "
             "model, dataset, loader, optimizer or scheduler owns: no RNG state to resume"
         )
-    problems = {rank: record["after_load"][piece] for rank, record in enumerate(records) if record["after_load"][piece]}
+    problems = {rank: record.after_load[piece] for rank, record in enumerate(records) if record.after_load[piece]}
     listing = [f"  across ranks: {line}" for line in partial_restore(piece, records) + rank_zero_rng(piece, records)]
     listing += [f"  rank {rank}: {line}" for rank, lines in problems.items() for line in lines]
     assert not problems, f"{cell.id}, {piece} right after load vs at save:\n" + "\n".join(listing)
-    if piece in NOTHING_TO_COMPARE and not any(record["extra_state_saved"] for record in records):
+    if piece in NOTHING_TO_COMPARE and not any(record.extra_state_saved for record in records):
         pytest.skip(NOTHING_TO_COMPARE[piece])
-    if all(piece in record["equal_before_load"] for record in records):
+    if all(piece in record.equal_before_load for record in records):
         pytest.skip(NO_OP_LOAD_WOULD_PASS[piece])
 
 
-def rank_zero_rng(piece: str, records: list[dict]) -> list[str]:
+def rank_zero_rng(piece: str, records: list[RankRecord]) -> list[str]:
     """One line when ranks that saved their own RNG streams came back with rank 0's: a checkpointer
     that keeps rank 0's RNG for every rank, right only for ranks seeded alike (option `seeding`)."""
     if piece != "rng" or len(records) < 2:
         return []
-    saved_by_zero = records[0]["rng_at_save"]
+    saved_by_zero = records[0].rng_at_save
     took_zero = [
         rank
         for rank, record in enumerate(records[1:], start=1)
-        if record["after_load"]["rng"] and record["rng_after_load"] == saved_by_zero != record["rng_at_save"]
+        if record.after_load["rng"] and record.rng_after_load == saved_by_zero != record.rng_at_save
     ]
     if not took_zero:
         return []
@@ -251,13 +185,13 @@ def rank_zero_rng(piece: str, records: list[dict]) -> list[str]:
     ]
 
 
-def partial_restore(piece: str, records: list[dict]) -> list[str]:
+def partial_restore(piece: str, records: list[RankRecord]) -> list[str]:
     """One line when some ranks got their own part of `piece` back and others did not: a load kept
     on some ranks only (rank 0's, say), which full-tensor checks report on every rank alike."""
     if piece not in OWN_PART:
         return []
     entry, what = OWN_PART[piece]
-    differing = [rank for rank, record in enumerate(records) if record["after_load"][entry]]
+    differing = [rank for rank, record in enumerate(records) if record.after_load[entry]]
     if not differing or len(differing) == len(records):
         return []
     restored = [rank for rank in range(len(records)) if rank not in differing]
@@ -267,20 +201,18 @@ def partial_restore(piece: str, records: list[dict]) -> list[str]:
 
 def test_losses_identical_after_resume(cell, experiment, suite_options, record_property):
     """Bit for bit: the resumed steps run the same kernels on the same state as the straight ones."""
-    options = options_for(suite_options)
-    first = options["resume_step"] + 1
+    options = suite_options
+    first = options.resume_step + 1
     records = experiment
     pairs = [
         (rank, step, a, b)
         for rank, record in enumerate(records)
-        for step, (a, b) in enumerate(
-            zip(record["straight"]["losses"][first - 1 :], record["resumed"]["losses"]), start=first
-        )
+        for step, (a, b) in enumerate(zip(record.straight.losses[first - 1 :], record.resumed.losses), start=first)
     ]
     assert pairs, f"{cell.id}: no resumed step to compare"
     record_property("loss_max_ulp", max(ulp_distance(b, a) for _, _, a, b in pairs))
     for rank, step, a, b in pairs:
-        where = records[rank].get("first_divergence")
+        where = records[rank].first_divergence
         assert bits_equal(b, a), (
             f"{cell.id} rank {rank}: loss at step {step} (resumed at {first - 1}): straight {a.item()!r}, resumed {b.item()!r}, diff {(b - a).item():+.3e}, {ulp_distance(b, a)} ULP"
             + (f"\n{where}" if where else "")
@@ -289,7 +221,7 @@ def test_losses_identical_after_resume(cell, experiment, suite_options, record_p
 
 def test_final_parameters_identical(cell, experiment):
     for rank, record in enumerate(experiment):
-        problems = parameter_mismatches(record["straight"]["parameters"], record["resumed"]["parameters"])
+        problems = parameter_mismatches(record.straight.parameters, record.resumed.parameters)
         listing = "\n".join(problems)
         assert not problems, f"{cell.id} rank {rank}, final parameters, straight vs resumed:\n{listing}"
 
@@ -298,11 +230,9 @@ def test_final_optimizer_state_identical(cell, experiment):
     """Every state value bit for bit, and the dtype and device the optimizer keeps it in: a step
     after the load that moves or casts `step` (pytorch#173901) shows here even where the values agree."""
     for rank, record in enumerate(experiment):
-        straight, resumed = record["straight"], record["resumed"]
-        problems = state_mismatches(straight["optimizer_state"], resumed["optimizer_state"])
-        problems += dtype_device_mismatches(
-            straight["optimizer_state_dtype_device"], resumed["optimizer_state_dtype_device"]
-        )
+        straight, resumed = record.straight, record.resumed
+        problems = state_mismatches(straight.optimizer_state, resumed.optimizer_state)
+        problems += dtype_device_mismatches(straight.optimizer_state_dtype_device, resumed.optimizer_state_dtype_device)
         listing = "\n".join(problems)
         assert not problems, f"{cell.id} rank {rank}, final optimizer state, straight vs resumed:\n{listing}"
 
@@ -319,7 +249,7 @@ def test_checkpoint_loads_into_other_implementations(cell, experiment, record_pr
         pytest.skip(
             f"the matrix has no {IMPLEMENTATION_AXIS} axis: add one to load each implementation's checkpoint into the others"
         )
-    loads = experiment[0]["other_implementations"]
+    loads = experiment[0].other_implementations
     loaded = [name for name, outcome in loads.items() if "problems" in outcome]
     record_property("loaded_into", ", ".join(loaded))
     not_loaded = {
@@ -333,7 +263,7 @@ def test_checkpoint_loads_into_other_implementations(cell, experiment, record_pr
         name: [
             f"  into {name}, rank {rank}: {line}"
             for rank, record in enumerate(experiment)
-            for line in record["other_implementations"][name]["problems"]
+            for line in record.other_implementations[name]["problems"]
         ]
         for name in loaded
     }
@@ -350,18 +280,6 @@ def test_checkpoint_loads_into_other_implementations(cell, experiment, record_pr
         )
 
 
-def tensor_mismatch(expected: torch.Tensor, actual: torch.Tensor) -> str | None:
-    """None when bit-identical, else what differs: dtype, shape, or how many elements and by how much."""
-    if expected.dtype != actual.dtype:
-        return f"dtype {actual.dtype}, expected {expected.dtype}"
-    if expected.shape != actual.shape:
-        return f"shape {tuple(actual.shape)}, expected {tuple(expected.shape)}"
-    if torch.equal(expected, actual):
-        return None
-    difference = (actual.double() - expected.double()).abs()
-    return f"{int((difference > 0).sum())}/{difference.numel()} elements differ, max abs diff {difference.max().item():.3e}"
-
-
 def parameter_mismatches(expected: dict, actual: dict) -> list[str]:
     """Per parameter: missing or not bit-identical; no parameter at all is a failure, not a pass."""
     if not expected:
@@ -370,14 +288,14 @@ def parameter_mismatches(expected: dict, actual: dict) -> list[str]:
     return problems + [
         f"  {name}: {problem}"
         for name in sorted(expected.keys() & actual.keys())
-        if (problem := tensor_mismatch(expected[name], actual[name]))
+        if (problem := bits_difference(actual[name], expected[name]))
     ]
 
 
 def value_mismatch(expected, actual) -> str | None:
-    """tensor_mismatch for tensors; plain equality for the other values a state may hold."""
+    """bits_difference for tensors; plain equality for the other values a state may hold."""
     if isinstance(expected, torch.Tensor) and isinstance(actual, torch.Tensor):
-        return tensor_mismatch(expected, actual)
+        return bits_difference(actual, expected)
     return None if expected == actual else f"{actual!r}, expected {expected!r}"
 
 
@@ -400,9 +318,49 @@ def state_mismatches(expected: dict, actual: dict) -> list[str]:
     return problems
 
 
-def straight_and_resumed(cell: dict, options: dict, components: dict, data_path: str, checkpoint_dir: str) -> dict:
-    """Rank function: run A (N steps straight) and run B (K steps, save, rebuild, load, N - K steps);
-    `{"unavailable": reason}` when the cell's optimizer implementation cannot be built here."""
+@dataclass
+class FinalState:
+    """What one run ended with on this rank: its losses, parameter shards, optimizer state and where that state lives."""
+
+    losses: list[torch.Tensor]
+    parameters: dict[str, torch.Tensor]
+    optimizer_state: dict[str, dict]
+    optimizer_state_dtype_device: dict[str, dict[str, tuple[str, str]]]
+
+    @classmethod
+    def of(cls, run: TrainingRun, losses: list[torch.Tensor]) -> FinalState:
+        return cls(losses, run.parameters(), run.optimizer_state(), run.optimizer_state_dtype_device())
+
+
+@dataclass
+class RankRecord:
+    """What one rank hands the tests: both runs' final state and what it found at the save and right after the load."""
+
+    straight: FinalState
+    resumed: FinalState
+    after_load: dict[str, list[str]]  # piece (and `parameter_shards`) -> what differs right after the load
+    other_implementations: dict[str, dict]  # implementation -> {"problems" | "unavailable" | "not_loaded": ...}
+    quantized_at_save: list[str]  # `param.key` of each quantized state at the save
+    rng_streams_used: list[str]  # the RNG streams training advanced
+    first_divergence: str | None  # where the straight and resumed runs first part (step and quantity), if they do
+    rebuilt_equals_saved: bool  # the rebuilt model held the saved parameters before the load
+    equal_before_load: list[str] = field(default_factory=list)  # pieces a no-op load would have passed
+    extra_state_saved: list[str] = field(default_factory=list)  # the keys of the checkpointer's extra state
+    rng_at_save: dict[str, bytes | None] = field(default_factory=dict)  # each used stream at the save
+    rng_after_load: dict[str, bytes | None] = field(default_factory=dict)  # and right after the load
+
+
+@dataclass
+class Unavailable:
+    """The cell's optimizer implementation cannot be built here, and why (its tests skip)."""
+
+    reason: str
+
+
+def straight_and_resumed(
+    cell: dict, options: ResumeOptions, components: dict, data_path: str, checkpoint_dir: str
+) -> RankRecord | Unavailable:
+    """Rank function: run A (N steps straight) and run B (K steps, save, rebuild, load, N - K steps)."""
     with deterministic_algorithms():
         return _straight_and_resumed(
             cell, options, components, data_path, checkpoint_dir, data_parallel_rank(cell), data_parallel_size(cell)
@@ -410,19 +368,25 @@ def straight_and_resumed(cell: dict, options: dict, components: dict, data_path:
 
 
 def _straight_and_resumed(
-    cell: dict, options: dict, components: dict, data_path: str, checkpoint_dir: str, rank: int, world_size: int
-) -> dict:
-    steps, resume_step = options["steps"], options["resume_step"]
+    cell: dict,
+    options: ResumeOptions,
+    components: dict,
+    data_path: str,
+    checkpoint_dir: str,
+    rank: int,
+    world_size: int,
+) -> RankRecord | Unavailable:
+    steps, resume_step = options.steps, options.resume_step
     checkpointer = load(components["checkpointer"])
 
     try:
-        run_a = TrainingRun(cell, options, components, data_path, rank, world_size, seed=options["seed"])
+        run_a = TrainingRun(cell, options, components, data_path, rank, world_size, seed=options.seed)
     except UnavailableImplementation as unavailable:
-        return {"unavailable": str(unavailable)}
+        return Unavailable(str(unavailable))
     straight_losses = [run_a.train_step() for _ in range(steps)]
     streams_used = sorted(run_a.rng_streams_advanced)
 
-    run_b = TrainingRun(cell, options, components, data_path, rank, world_size, seed=options["seed"])
+    run_b = TrainingRun(cell, options, components, data_path, rank, world_size, seed=options.seed)
     for _ in range(resume_step):
         run_b.train_step()
     at_save = run_b.state_snapshot()
@@ -431,9 +395,9 @@ def _straight_and_resumed(
     )
     extra_saved = RunCheckpointer(checkpointer, checkpoint_dir, **run_b.checkpointables(), cell=cell).save(resume_step)
 
-    rebuilt = TrainingRun(cell, options, components, data_path, rank, world_size, seed=options["rebuild_seed"])
+    rebuilt = TrainingRun(cell, options, components, data_path, rank, world_size, seed=options.rebuild_seed)
     saved_shards = at_save["parameter_shards"]
-    rebuilt_equals_saved = all(torch.equal(p, saved_shards[n]) for n, p in rebuilt.parameters().items())
+    rebuilt_equals_saved = all(bits_equal(p, saved_shards[n]) for n, p in rebuilt.parameters().items())
     before_load = after_load_differences(at_save, rebuilt.state_snapshot(), run_a.batches, streams_used, resume_step)
     loaded_step, extra_loaded = RunCheckpointer(
         checkpointer, checkpoint_dir, **rebuilt.checkpointables(), cell=cell
@@ -451,30 +415,20 @@ def _straight_and_resumed(
         else {}
     )
 
-    return {
-        "straight": {
-            "losses": straight_losses,
-            "parameters": run_a.parameters(),
-            "optimizer_state": run_a.optimizer_state(),
-            "optimizer_state_dtype_device": run_a.optimizer_state_dtype_device(),
-        },
-        "resumed": {
-            "losses": resumed_losses,
-            "parameters": rebuilt.parameters(),
-            "optimizer_state": rebuilt.optimizer_state(),
-            "optimizer_state_dtype_device": rebuilt.optimizer_state_dtype_device(),
-        },
-        "after_load": after_load,
-        "other_implementations": other_implementations,
-        "quantized_at_save": quantized_at_save,
-        "rng_streams_used": streams_used,
-        "first_divergence": first_divergence(run_a.trace[resume_step:], rebuilt.trace, resume_step + 1),
-        "rebuilt_equals_saved": rebuilt_equals_saved,
-        "equal_before_load": [piece for piece in AFTER_LOAD_PIECES if piece in before_load and not before_load[piece]],
-        "extra_state_saved": sorted(map(str, extra_saved)),
-        "rng_at_save": {name: at_save["rng"].get(name) for name in streams_used},
-        "rng_after_load": {name: loaded["rng"].get(name) for name in streams_used},
-    }
+    return RankRecord(
+        straight=FinalState.of(run_a, straight_losses),
+        resumed=FinalState.of(rebuilt, resumed_losses),
+        after_load=after_load,
+        other_implementations=other_implementations,
+        quantized_at_save=quantized_at_save,
+        rng_streams_used=streams_used,
+        first_divergence=first_divergence(run_a.trace[resume_step:], rebuilt.trace, resume_step + 1),
+        rebuilt_equals_saved=rebuilt_equals_saved,
+        equal_before_load=[piece for piece in AFTER_LOAD_PIECES if piece in before_load and not before_load[piece]],
+        extra_state_saved=sorted(map(str, extra_saved)),
+        rng_at_save={name: at_save["rng"].get(name) for name in streams_used},
+        rng_after_load={name: loaded["rng"].get(name) for name in streams_used},
+    )
 
 
 KERNEL_FLAGS = ("foreach", "fused", "capturable")
@@ -507,7 +461,7 @@ def loads_into_other_implementations(
             loads[other] = {"not_loaded": COMPILED_NOT_A_TARGET}
             continue
         try:
-            run = TrainingRun(*build, seed=options["rebuild_seed"], implementation=other)
+            run = TrainingRun(*build, seed=options.rebuild_seed, implementation=other)
         except UnavailableImplementation as unavailable:
             loads[other] = {"unavailable": str(unavailable)}
             continue
@@ -518,7 +472,7 @@ def loads_into_other_implementations(
             loads[other] = {"problems": [f"the load raised {first_line(error)}"]}
             continue
         saved, loaded = comparable_across_implementations(at_save, run.state_snapshot())
-        differences = after_load_differences(saved, loaded, straight_batches, streams_used, options["resume_step"])
+        differences = after_load_differences(saved, loaded, straight_batches, streams_used, options.resume_step)
         problems = [line for piece in CROSS_LOAD_PIECES for line in differences[piece]]
         problems += kernel_flag_changes(built_flags, kernel_flags(run.optimizer), implementation_of(cell), other)
         try:
@@ -587,7 +541,7 @@ class TrainingRun:
     def __init__(
         self,
         cell: dict,
-        options: dict,
+        options: ResumeOptions,
         components: dict,
         data_path: str,
         rank: int,
@@ -599,28 +553,28 @@ class TrainingRun:
         from torchmatrix.testing import current_device
 
         self.device = current_device()
-        param_dtype = torch.bfloat16 if cell["optimizer"] in options["bf16_param_optimizers"] else torch.float32
+        param_dtype = torch.bfloat16 if cell["optimizer"] in options.bf16_param_optimizers else torch.float32
         torch.manual_seed(seed)
-        model = load(components["model"])(cell, dropout=options["dropout"], dtype=param_dtype)
+        model = load(components["model"])(cell, dropout=options.dropout, dtype=param_dtype)
         self.model = parallelized(components, model, cell, device=self.device)
         self.optimizer = build_optimizer(
             load(components[f"optimizer_{cell['optimizer']}"]),
             self.model,
-            lr=options["lr"],
+            lr=options.lr,
             betas=(0.9, 0.95),
             eps=1e-8,
-            weight_decay=options["weight_decay"],
+            weight_decay=options.weight_decay,
             implementation=implementation or implementation_of(cell),
         )
         self.plain_state = state_adapter(components, cell["optimizer"])
         self.scheduler = build_scheduler(
-            components, self.optimizer, warmup_steps=options["warmup_steps"], total_steps=options["steps"], cell=cell
+            components, self.optimizer, warmup_steps=options.warmup_steps, total_steps=options.steps, cell=cell
         )
-        self.batch_keywords = options["batch_keywords"]
+        self.batch_keywords = options.batch_keywords
         self.dataset = load(components["dataset"])(data_path)
-        self.loader = self.dataset.loader(batch_size=options["batch_size"], rank=rank, world_size=world_size)
-        self.loader_batches = options["loader_batches"] or batches_past_an_epoch(options, world_size)
-        dropout_seed = seed + 1 + (rank if options["seeding"] == "per_rank" else 0)
+        self.loader = self.dataset.loader(batch_size=options.batch_size, rank=rank, world_size=world_size)
+        self.loader_batches = options.loader_batches or batches_past_an_epoch(options, world_size)
+        dropout_seed = seed + 1 + (rank if options.seeding == "per_rank" else 0)
         torch.manual_seed(dropout_seed)
         random.seed(dropout_seed)
         if numpy is not None:
@@ -757,10 +711,10 @@ class TrainingRun:
     def peek_next_batches(self) -> list[torch.Tensor]:
         """The `loader_batches` batches the loader yields next (`batches_ahead`); RNG streams and the
         generators the run owns are put back too, in case the loader draws from them."""
-        generators = capture_generators()
+        generators = capture_rng_state()
         owned = {name: (g, copy.deepcopy(generator_state(g))) for name, g in self.generators.items()}
         batches = batches_ahead(self.loader, self.loader_batches, self.dataset)
-        restore_generators(generators)
+        restore_rng_state(generators)
         for generator, state in owned.values():
             set_generator_state(generator, state)
         return batches
@@ -807,38 +761,6 @@ def local_shard(tensor: torch.Tensor) -> torch.Tensor:
     return local.detach().to("cpu", copy=True)
 
 
-def capture_generators() -> dict:
-    """The RNG states themselves, to put back with restore_generators."""
-    state = {"torch CPU": torch.get_rng_state(), "python random": random.getstate()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["CUDA"] = torch.cuda.get_rng_state_all()
-    if numpy is not None:
-        state["numpy"] = numpy.random.get_state()
-    return state
-
-
-def restore_generators(state: dict) -> None:
-    torch.set_rng_state(state["torch CPU"])
-    random.setstate(state["python random"])
-    if "CUDA" in state:
-        torch.cuda.set_rng_state_all(state["CUDA"])
-    if "numpy" in state:
-        numpy.random.set_state(state["numpy"])
-
-
-def rng_streams() -> dict[str, bytes]:
-    """Every RNG stream of this process by name ("torch CPU", "CUDA device 0", "numpy", "python
-    random"), each as the bytes of its state, so two captures compare with ==."""
-    state = capture_generators()
-    streams = {"torch CPU": state["torch CPU"].numpy().tobytes(), "python random": pickle.dumps(state["python random"])}
-    for device, device_state in enumerate(state.get("CUDA", [])):
-        streams[f"CUDA device {device}"] = device_state.numpy().tobytes()
-    if "numpy" in state:
-        kind, keys, position, has_gauss, cached = state["numpy"][:5]
-        streams["numpy"] = pickle.dumps((kind, keys.tobytes(), position, has_gauss, cached))
-    return streams
-
-
 def after_load_differences(
     saved: dict, loaded: dict, straight_batches: list, rng_used: list[str], resume_step: int
 ) -> dict:
@@ -881,15 +803,7 @@ def difference(expected, actual) -> str | None:
     """None when bit-identical, else a short reason: dtype, shape, or the largest difference."""
     if not isinstance(expected, torch.Tensor) or not isinstance(actual, torch.Tensor):
         return None if expected == actual else f"is {actual!r}, saved {expected!r}"
-    if expected.dtype != actual.dtype:
-        return f"is {actual.dtype}, saved {expected.dtype}"
-    if expected.shape != actual.shape:
-        return f"has shape {tuple(actual.shape)}, saved {tuple(expected.shape)}"
-    if bits_equal(actual, expected):
-        return None
-    if actual.numel() == 1:
-        return f"is {actual.item()!r}, saved {expected.item()!r}"
-    return f"differs (max |Δ| {(actual.double() - expected.double()).abs().max().item():.1e})"
+    return bits_difference(actual, expected, reference="saved")
 
 
 def tensor_differences(what: str, saved: dict, loaded: dict) -> list[str]:
@@ -995,10 +909,10 @@ def ordinal(number: int) -> str:
     return f"{number}{suffix}"
 
 
-def batches_past_an_epoch(options: dict, world_size: int) -> int:
+def batches_past_an_epoch(options: ResumeOptions, world_size: int) -> int:
     """How many batches to compare after the load so that they cross an epoch boundary wherever the
     resume falls: one epoch's worth of this world size's global batches, and one more."""
-    return math.ceil(options["num_sequences"] / (options["batch_size"] * world_size)) + 1
+    return math.ceil(options.num_sequences / (options.batch_size * world_size)) + 1
 
 
 def optimizer_attribute_differences(saved: dict, loaded: dict) -> list[str]:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torchmatrix
 
-# First to last; "top" is every module directly under torchmatrix/ except those of the first layer.
+# First to last; "top" is every module directly under torchmatrix/ except the foundation's.
 LAYERS = [
     "status",
     "components",
@@ -26,15 +26,19 @@ LAYERS = [
     "top",
 ]
 PACKAGE = Path(torchmatrix.__file__).parent
-
-
-FIRST_LAYER_MODULES = {"torchmatrix", "torchmatrix.status", "torchmatrix.file_writes"}
+# The first layer, "status": the outcome and exit-code vocabulary, the user-error base and the file writer every layer uses.
+FOUNDATION = {
+    "torchmatrix",
+    "torchmatrix.status",
+    "torchmatrix.exit_codes",
+    "torchmatrix.user_error",
+    "torchmatrix.file_writes",
+}
 
 
 def layer_of(module: str) -> str:
-    """A subpackage's name, "status" for status, file_writes and the bare package (its __init__ holds
-    only the version), else "top"."""
-    if module in FIRST_LAYER_MODULES:
+    """A subpackage's name, "status" for the foundation's modules (the bare package's __init__ holds only the version), else "top"."""
+    if module in FOUNDATION:
         return "status"
     parts = module.split(".")
     if len(parts) > 1 and parts[1] in LAYERS:

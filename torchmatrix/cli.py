@@ -1,7 +1,7 @@
 """`python -m torchmatrix list | run | sensitivity | report | compare | bisect | repro | merge | github-matrix | slurm`.
 
-Exit codes: torchmatrix/exit_codes.py lists what each command returns (0 passed, 1 a test failed or
-the diff is not clean, 2 a usage or input error printed as one line, 130 interrupted).
+Exit codes: `ExitCode` (torchmatrix/exit_codes.py); every `UserError` is caught here once and printed
+as one line with exit 2.
 """
 
 from __future__ import annotations
@@ -15,30 +15,28 @@ import sys
 from pathlib import Path
 
 from torchmatrix import file_writes
-from torchmatrix.bisect.command import BisectError, BisectRequest, run_bisect
-from torchmatrix.bisect.versions import VersionError, between
-from torchmatrix.matrix.config import ConfigError, Matrix, load_matrix
-from torchmatrix.matrix.safe_names import UnsafeName, check_name
+from torchmatrix.bisect.command import BisectRequest, run_bisect
+from torchmatrix.bisect.versions import between
+from torchmatrix.exit_codes import ExitCode
+from torchmatrix.matrix.config import Matrix, load_matrix
+from torchmatrix.matrix.safe_names import check_name
 from torchmatrix.matrix.selection import SelectionError, Shard, parse_only
-from torchmatrix.messages.run_plan import PlanFileError
 from torchmatrix.ranks.output_cap import DEFAULT_CAP_BYTES
 from torchmatrix.reports import junit
 from torchmatrix.reports.closing import closing_lines, run_closing_lines
 from torchmatrix.reports.confirmation import DEFAULT_LIMIT as DEFAULT_CONFIRM_LIMIT
-from torchmatrix.reports.records import ResultsError
 from torchmatrix.reports.report import append_step_summary, compare_markdown, load_run, write_report
 from torchmatrix.reports.upgrade_diff import CompareError, upgrade_diffs
-from torchmatrix.repro.command import ReproError, write_reproducer
-from torchmatrix.run.cross_version import CrossReadError, read_pass
+from torchmatrix.repro.command import write_reproducer
+from torchmatrix.run.cross_version import read_pass
 from torchmatrix.run.progress import InvocationPart
 from torchmatrix.run.run_directory import check_run_id, new_run_id
 from torchmatrix.run.runner import DEFAULT_MAX_CPU_RANKS, RunError, RunRequest, run_version
 from torchmatrix.scale.github import github_matrix
-from torchmatrix.scale.merge import MergeError, merge_reports
+from torchmatrix.scale.merge import merge_reports
 from torchmatrix.scale.slurm import SlurmOptions, write_slurm
-from torchmatrix.sensitivity.command import GENERIC_MUTANTS, SensitivityError, run_sensitivity
-
-USAGE_EXIT = 2
+from torchmatrix.sensitivity.command import GENERIC_MUTANTS, run_sensitivity
+from torchmatrix.user_error import UserError
 
 
 def _add_selection(parser: argparse.ArgumentParser) -> None:
@@ -373,28 +371,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "bisect":
             return _bisect(matrix, args)
         return _run(matrix, args)
-    except (
-        ConfigError,
-        SelectionError,
-        RunError,
-        MergeError,
-        ResultsError,
-        CompareError,
-        SensitivityError,
-        UnsafeName,
-        PlanFileError,
-        BisectError,
-        VersionError,
-        ReproError,
-        CrossReadError,
-    ) as error:
+    except UserError as error:
         print(f"torchmatrix: error: {error}", file=sys.stderr)
-        return USAGE_EXIT
+        return error.exit_code
     except BrokenPipeError:
         if args.command not in PRINTING_COMMANDS:
             raise
         _drop_stdout()
-        return 0
+        return ExitCode.PASSED
 
 
 PRINTING_COMMANDS = ("list", "github-matrix")
@@ -437,7 +421,7 @@ def _list(matrix: Matrix, args) -> int:
             f"{len(cells)} cells x {len(matrix.versions)} torch versions ({', '.join(matrix.versions)})",
             file=sys.stderr,
         )
-    return 0
+    return ExitCode.PASSED
 
 
 def _run(matrix: Matrix, args) -> int:
@@ -465,7 +449,7 @@ def _run(matrix: Matrix, args) -> int:
     )
     code = run_version(request)
     if not request.cross_version_reads:
-        print(run_closing_lines(request.run_dir, failed=code == 1, report_follows=args.report_follows))
+        print(run_closing_lines(request.run_dir, failed=code == ExitCode.FAILED, report_follows=args.report_follows))
     return code
 
 
@@ -495,7 +479,7 @@ def _sensitivity(matrix: Matrix, args) -> int:
         )
     except KeyboardInterrupt:
         print(f"torchmatrix sensitivity: interrupted; the finished runs are under {out / 'runs'}", file=sys.stderr)
-        return 130
+        return ExitCode.INTERRUPTED
 
 
 def _bisect(matrix: Matrix, args) -> int:
@@ -527,7 +511,7 @@ def _bisect(matrix: Matrix, args) -> int:
         return run_bisect(request)
     except KeyboardInterrupt:
         print("torchmatrix bisect: interrupted", file=sys.stderr)
-        return 130
+        return ExitCode.INTERRUPTED
 
 
 def _repro(args) -> int:
@@ -544,7 +528,7 @@ def _repro(args) -> int:
     print(
         f"torchmatrix repro: run it where torch is installed (torchmatrix is not needed): cd {out} && python repro.py"
     )
-    return 0
+    return ExitCode.PASSED
 
 
 def _report(run_dir: Path, config: str | None = None, *, check_upgrade: bool = False) -> int:
@@ -560,7 +544,7 @@ def _report(run_dir: Path, config: str | None = None, *, check_upgrade: bool = F
     unclean = [diff for diff in upgrade_diffs(run) if diff.fails]
     for diff in unclean if check_upgrade else []:
         print(f"torchmatrix: upgrade diff {diff.before} → {diff.after} is not clean; see the summary", file=sys.stderr)
-    return 1 if check_upgrade and unclean else 0
+    return ExitCode.FAILED if check_upgrade and unclean else ExitCode.PASSED
 
 
 def _compare(run_a: Path, run_b: Path, out: Path | None = None) -> int:
@@ -579,7 +563,7 @@ def _compare(run_a: Path, run_b: Path, out: Path | None = None) -> int:
             raise CompareError(f"--out {out}: {_write_failure(error)}") from None
         print(f"torchmatrix: wrote {out}")
     append_step_summary(markdown)
-    return 1 if regressed else 0
+    return ExitCode.FAILED if regressed else ExitCode.PASSED
 
 
 def _write_failure(error: OSError) -> str:
@@ -610,7 +594,7 @@ def _merge(matrix: Matrix, args) -> int:
     cells = ", ".join(f"torch {v}: {n} cells" for v, n in result.cells.items())
     print(f"torchmatrix: merged {result.inputs} report directories into {out} ({cells})")
     _report(out)
-    return 1 if junit.has_problems(out / junit.MERGED_NAME) else 0
+    return ExitCode.FAILED if junit.has_problems(out / junit.MERGED_NAME) else ExitCode.PASSED
 
 
 def _fan_out_filters(matrix: Matrix, args) -> tuple[dict, list[str]]:
@@ -628,7 +612,7 @@ def _github_matrix(matrix: Matrix, args) -> int:
             github_matrix(matrix, args.shards, only=filters["only"], keyword=args.keyword, filter_args=filter_args)
         )
     )
-    return 0
+    return ExitCode.PASSED
 
 
 def _slurm(matrix: Matrix, args) -> int:
@@ -637,4 +621,4 @@ def _slurm(matrix: Matrix, args) -> int:
     out = args.out if args.out.is_absolute() else matrix.root / args.out
     scripts = write_slurm(matrix, options, out, only=filters["only"], keyword=args.keyword, filter_args=filter_args)
     print(f"torchmatrix: wrote {', '.join(p.name for p in scripts)} to {out}; submit with {out / 'submit.sh'}")
-    return 0
+    return ExitCode.PASSED

@@ -13,13 +13,14 @@ import shutil
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from nox.command import CommandFailed
 
 from torchmatrix.env.component_requirements import install_requirements
 from torchmatrix.env.envdir_lock import (
-    EnvdirBusy,
     EnvdirUnlockable,
     MatrixSession,
     envdir_of,
@@ -29,35 +30,39 @@ from torchmatrix.env.envdir_lock import (
 )
 from torchmatrix.env.self_install import install_arguments
 from torchmatrix.env.torch_install import install_torch
-from torchmatrix.matrix.config import ConfigError, Matrix, load_matrix
-from torchmatrix.matrix.safe_names import UnsafeName
+from torchmatrix.exit_codes import ExitCode
+from torchmatrix.matrix.config import Matrix, load_matrix
 from torchmatrix.run.run_directory import check_run_id, new_run_id
+from torchmatrix.user_error import UserError
 
 PROJECT = Path(__file__).resolve().parent.parent  # this checkout: its examples, tests and lint only
 TORCHTITAN_MINIMAL = PROJECT / "examples" / "torchtitan" / "requirements-minimal.txt"
 DOCS_REQUIREMENTS = ("mkdocs==1.6.1", "mkdocs-material==9.8.1", "pymdown-extensions==13.1")
-USAGE_EXIT = 2
 INVOCATION_STARTED = time.time()  # the noxfile loads once per nox invocation
 _SESSIONS_STARTED: Counter[str] = Counter()
 
 
+@contextmanager
+def exit_on_user_error() -> Iterator[None]:
+    """End nox with a `UserError`'s one line and its exit code instead of a traceback."""
+    try:
+        yield
+    except UserError as error:
+        print(f"torchmatrix: error: {error}", file=sys.stderr)
+        raise SystemExit(error.exit_code) from None
+
+
 def matrix_or_exit(path: str) -> Matrix:
     """Load matrix.toml for the noxfile; a bad file ends nox with one line and exit code 2."""
-    try:
+    with exit_on_user_error():
         return load_matrix(path)
-    except ConfigError as error:
-        print(f"torchmatrix: error: {error}", file=sys.stderr)
-        raise SystemExit(2) from None
 
 
 def run_id_or_exit(given: str | None) -> str:
     """TORCHMATRIX_RUN_ID as a run directory name under reports/ (or a new one); one that would
     leave reports/ ends nox with one line and exit code 2."""
-    try:
+    with exit_on_user_error():
         return check_run_id(given, "TORCHMATRIX_RUN_ID") if given else new_run_id()
-    except UnsafeName as error:
-        print(f"torchmatrix: error: {error}", file=sys.stderr)
-        raise SystemExit(2) from None
 
 
 def lock_envdir_or_exit(argv: list[str], versions: dict[str, tuple[str, ...]]) -> int | None:
@@ -79,10 +84,8 @@ def lock_envdir_or_exit(argv: list[str], versions: dict[str, tuple[str, ...]]) -
     if not runs_matrix_sessions(argv, matrix_sessions):
         return None
     try:
-        return lock_envdir(envdir_of(argv, Path.cwd()), shared=reuses_venvs_only(argv))
-    except EnvdirBusy as error:
-        print(f"torchmatrix: error: {error}", file=sys.stderr)
-        raise SystemExit(2) from None
+        with exit_on_user_error():
+            return lock_envdir(envdir_of(argv, Path.cwd()), shared=reuses_venvs_only(argv))
     except EnvdirUnlockable as error:
         print(f"torchmatrix: warning: {error}; matrix runs sharing it are not kept apart", file=sys.stderr)
         return None
@@ -142,12 +145,12 @@ def run_cells(
     try:
         session.run(*command, *session.posargs, success_codes=success_codes or [0])
     except CommandFailed as failed:
-        if failed.return_code != USAGE_EXIT:
+        if failed.return_code != ExitCode.USAGE:
             session.notify("report", [str(run_dir)])
             raise
         if created:
             shutil.rmtree(created, ignore_errors=True)
-        raise SystemExit(USAGE_EXIT) from None
+        raise SystemExit(ExitCode.USAGE) from None
     finally:
         nox_logger.removeFilter(usage_exit)
     session.notify("report", [str(run_dir)])
@@ -308,7 +311,7 @@ class UsageExitFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
-        return not (message.startswith("Command ") and message.endswith(f"failed with exit code {USAGE_EXIT}"))
+        return not (message.startswith("Command ") and message.endswith(f"failed with exit code {int(ExitCode.USAGE)}"))
 
 
 def quiet_uv_probe() -> None:

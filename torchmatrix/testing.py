@@ -1,7 +1,8 @@
 """What a suite may use from torchmatrix, and nothing else: the rest of the package may change shape.
 
 In a suite's test functions the plugin provides the fixtures `cell` (the cell's axis values),
-`ranks` (`ranks.run(fn, *args)` runs fn on every rank of the cell), `suite_options`,
+`ranks` (`ranks.run(fn, *args)` runs fn on every rank of the cell), `suite_options` (a built-in
+suite's as its dataclass: `ResumeOptions`, `GradCkptOptions`, ...),
 `components` (matrix.toml's import paths), `once_per_cell(name, compute)` and `tmp_path`. Inside
 the functions the ranks run, `current_device()` is this rank's device and `load(path)` turns a
 component's import path into the object it names; `build_optimizer(factory, model, ...)` calls an
@@ -21,7 +22,8 @@ params (the sensitivity command reads it too). For checkpoints across versions, 
 version, cell_id)` is where a version's cross_version checkpoint of a cell lives, with its
 `EXPECTED_FILE`, and `planned_options(config, suite)` gives a suite module's pytest_generate_tests
 the options the runner planned for it. `root_cause(error)` is an exception's root cause line, as
-the reports show it.
+the reports show it. `capture_rng_state()`, `restore_rng_state(state)` and `rng_streams()` are the
+process's RNG state (torch CPU, every CUDA device, python `random`, numpy) as one value.
 """
 
 from torchmatrix.components.calling import accepts, build_optimizer, call_accepting, is_bound_checkpointer
@@ -36,9 +38,21 @@ from torchmatrix.components.optimizer_implementations import (
 from torchmatrix.components.optimizer_like import inner_optimizers
 from torchmatrix.components.parameter_names import clean_name
 from torchmatrix.components.protocol import RESUME_BF16_PARAM_OPTIMIZERS
+from torchmatrix.matrix.suite_options import (
+    DTYPES,
+    REDUCE_DTYPES,
+    CollectivesOptions,
+    CrossVersionOptions,
+    DtensorOptimOptions,
+    GradCkptOptions,
+    ParallelEquivalenceOptions,
+    ResumeOptions,
+    SuiteOptions,
+)
 from torchmatrix.messages.cross_version import EXPECTED_FILE, writes_dir
 from torchmatrix.ranks.cell_mesh import cell_layout, cell_mesh, data_parallel_rank, data_parallel_size, mesh_group
 from torchmatrix.ranks.plugin import planned_options
+from torchmatrix.ranks.rng_state import capture_rng_state, restore_rng_state, rng_streams
 from torchmatrix.ranks.root_cause import root_cause
 from torchmatrix.ranks.worker import current_device
 
@@ -60,4 +74,14 @@ __all__ = [
     "is_bound_checkpointer",
 ]
 __all__ += ["data_parallel_rank", "data_parallel_size", "load", "mesh_group", "planned_options", "writes_dir"]
-__all__ += ["UnavailableImplementation", "root_cause"]
+__all__ += ["UnavailableImplementation", "root_cause", "DTYPES", "REDUCE_DTYPES"]
+__all__ += ["capture_rng_state", "restore_rng_state", "rng_streams"]
+__all__ += [
+    "CollectivesOptions",
+    "CrossVersionOptions",
+    "DtensorOptimOptions",
+    "GradCkptOptions",
+    "ParallelEquivalenceOptions",
+    "ResumeOptions",
+    "SuiteOptions",
+]

@@ -18,13 +18,17 @@ from torchmatrix.messages.events import (
     LogOpened,
     PoolStarted,
     TestFinished,
+    TestOutcome,
     TestStarted,
+    from_json,
+    to_json,
 )
 from torchmatrix.messages.grant import Grant
 from torchmatrix.messages.group_plan import GroupPlan, GroupPlanError, SuiteSpec
 from torchmatrix.ranks.launched import LaunchedRank
 from torchmatrix.ranks.pool import RankPool, collective_timeout
 from torchmatrix.ranks.rank_group import open_ranks
+from torchmatrix.status import Status
 
 
 def group_plan(**changes) -> GroupPlan:
@@ -97,7 +101,9 @@ def test_every_event_reads_back_as_written_after_the_format_line(tmp_path):
         Collected({"resume|ws2-fsdp2": ["test_resume_is_exact"]}),
         PoolStarted(2),
         TestStarted("resume", "ws2-fsdp2", "test_resume_is_exact", 1767323045.25),
-        TestFinished("n", "resume", "ws2-fsdp2", "test_resume_is_exact", "failed", 1.5, "boom", "E boom", [["k", 1]]),
+        TestFinished(
+            "resume", "test_resume_is_exact", "failed", 1.5, "boom", "E boom", [["k", 1]], nodeid="n", cell="ws2-fsdp2"
+        ),
         CollectError("resume", "suites/test_resume.py", "SyntaxError"),
     ]
     log = EventLog(path)
@@ -116,3 +122,11 @@ def test_an_event_log_of_another_format_or_with_a_renamed_field_is_refused(tmp_p
     path.write_text('{"event": "start", "suite": "s", "cell": "c", "testname": "t", "started": 1.0}\n')
     with pytest.raises(EventLogError, match="testname"):
         EventReader(path).read_new()
+
+
+def test_a_finished_test_is_the_outcome_the_reports_keep_and_a_bad_status_is_refused():
+    finished = TestFinished("resume", "test_x", "failed", nodeid="n", cell="ws1")
+    assert isinstance(finished, TestOutcome) and finished.status is Status.FAILED and finished.key == "resume|ws1"
+    line = {**to_json(finished), "status": "exploded"}
+    with pytest.raises(EventLogError, match="not an event this torchmatrix writes"):
+        from_json(line)

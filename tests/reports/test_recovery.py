@@ -45,7 +45,7 @@ def test_a_rebuilt_cell_is_stamped_when_its_tests_started_not_when_it_was_rebuil
     log.write(Collected({run.key: ["test_one", "test_two"] for run in runs}))
     for offset, run in ((0.0, runs[0]), (30.0, runs[1])):
         log.write(TestStarted("demo", run.cell.id, "test_one", started=STARTED + offset))
-        log.write(TestFinished("n", "demo", run.cell.id, "test_one", "passed", 0.1))
+        log.write(TestFinished("demo", "test_one", "passed", 0.1, nodeid="n", cell=run.cell.id))
     log.write(TestStarted("demo", runs[1].cell.id, "test_two", started=STARTED + 31.0))
     log.close()  # the runner was killed during test_two of the second cell
 

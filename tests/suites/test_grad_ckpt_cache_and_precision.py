@@ -11,6 +11,8 @@ import torch
 from suites.cache_tree import cache_marks
 from suites.checkpoint_units import CheckpointUnits
 from suites.test_grad_ckpt import BF16_RTOL, cache_contents, found_caches, precision_from
+from torchmatrix.matrix.suite_options import OptionError
+from torchmatrix.testing import GradCkptOptions
 
 
 @dataclass
@@ -60,16 +62,16 @@ def test_no_cache_anywhere_is_an_empty_one_and_containers_forward_did_not_write_
 
 
 def test_a_declared_compute_dtype_compares_and_labels_at_its_precision():
-    declared = precision_from({}).computing("bfloat16")
+    declared = precision_from(GradCkptOptions()).computing("bfloat16")
     assert not declared.exact
     assert declared.describe().startswith(f"float32 params, bfloat16 compute, rtol={BF16_RTOL}")
-    assert precision_from({"compute_dtype": "bfloat16"}) == declared
-    assert precision_from({"compute_dtype": "float32"}).computing("bfloat16").exact, "the option wins"
-    assert precision_from({}).computing("float32").describe() == "float32, bit for bit"
+    assert precision_from(GradCkptOptions(compute_dtype="bfloat16")) == declared
+    assert precision_from(GradCkptOptions(compute_dtype="float32")).computing("bfloat16").exact, "the option wins"
+    assert precision_from(GradCkptOptions()).computing("float32").describe() == "float32, bit for bit"
 
 
 def test_a_compute_dtype_without_a_derived_tolerance_is_refused():
-    with pytest.raises(pytest.fail.Exception, match='compute_dtype = \'float16\': expected "float32" or "bfloat16"'):
-        precision_from({"compute_dtype": "float16"})
+    with pytest.raises(OptionError, match="compute_dtype: 'float16'; write one of 'float32', 'bfloat16'"):
+        GradCkptOptions(compute_dtype="float16")
     with pytest.raises(ValueError, match="the model declares compute_dtype = torch.float16"):
-        precision_from({}).computing("float16")
+        precision_from(GradCkptOptions()).computing("float16")

@@ -12,7 +12,7 @@ import torch
 from suites.checkpointer_forms import RunCheckpointer, reshards_itself
 from suites.dcp_layout import Chunk, ExpectedState, TensorLayout, storage_findings
 from suites.optimizer_state import inner_optimizers, optimizer_state_of, param_groups_of
-from suites.test_resume import batches_ahead, extra_state_differences, options_for, rank_zero_rng
+from suites.test_resume import FinalState, RankRecord, batches_ahead, extra_state_differences, rank_zero_rng
 from torchmatrix.models.checkpoint import BoundCheckpointer, Checkpointer
 from torchmatrix.models.data import TokenDataset
 from torchmatrix.sensitivity.mutants import skips_on_load
@@ -161,28 +161,29 @@ def test_extra_state_is_compared_key_by_key():
     ]
 
 
+def rng_record(**fields) -> RankRecord:
+    """A resume rank record with empty runs and these RNG fields."""
+    empty = FinalState([], {}, {}, {})
+    return RankRecord(
+        empty,
+        empty,
+        other_implementations={},
+        quantized_at_save=[],
+        rng_streams_used=[],
+        rebuilt_equals_saved=False,
+        **fields,
+    )
+
+
 def test_rank_zero_rng_on_every_rank_is_named_only_where_ranks_saved_their_own():
     own = {"torch CPU": b"zero"}
     records = [
-        {"after_load": {"rng": []}, "rng_at_save": own, "rng_after_load": own},
-        {"after_load": {"rng": ["differs"]}, "rng_at_save": {"torch CPU": b"one"}, "rng_after_load": own},
+        rng_record(after_load={"rng": []}, rng_at_save=own, rng_after_load=own),
+        rng_record(after_load={"rng": ["differs"]}, rng_at_save={"torch CPU": b"one"}, rng_after_load=own),
     ]
     assert "ranks [1] hold the RNG streams rank 0 saved, not their own" in rank_zero_rng("rng", records)[0]
-    records[1]["rng_after_load"] = {"torch CPU": b"other"}
+    records[1].rng_after_load = {"torch CPU": b"other"}
     assert rank_zero_rng("rng", records) == []
-
-
-@pytest.mark.parametrize(
-    ("option", "says"),
-    [
-        ({"seeding": "alike"}, "seeding = 'alike': expected \"per_rank\""),
-        ({"batch_keywords": "input_ids"}, "batch_keywords = 'input_ids': expected a list of the model's keyword names"),
-    ],
-)
-def test_options_are_checked(option, says):
-    with pytest.raises(pytest.UsageError, match=r"^\[suites.resume.options\] ") as raised:
-        options_for(option)
-    assert says in str(raised.value)
 
 
 class OptimizersContainer(torch.optim.Optimizer):

@@ -30,11 +30,12 @@ from torchmatrix.reports.upgrade_diff import upgrade_diffs
 from torchmatrix.run.progress import format_seconds
 from torchmatrix.run.run_directory import new_run_id
 from torchmatrix.status import Confirmation, Status
+from torchmatrix.user_error import UserError
 
 REPORT_NAME = "bisect"
 
 
-class BisectError(Exception):
+class BisectError(UserError):
     """Nothing to bisect, or a step the runner refused; the message says what to change."""
 
 

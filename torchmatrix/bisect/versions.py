@@ -11,9 +11,10 @@ from packaging.version import InvalidVersion, Version
 
 from torchmatrix.env.torch_install import AVAILABLE_VERSIONS
 from torchmatrix.matrix.config import Matrix
+from torchmatrix.user_error import UserError
 
 
-class VersionError(Exception):
+class VersionError(UserError):
     """A pin that is not a version, or pins in the wrong order; the message says what to pass."""
 
 

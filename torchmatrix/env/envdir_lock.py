@@ -21,6 +21,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from torchmatrix.user_error import UserError
+
 MATRIX_SESSIONS = ("gpu_matrix", "hf_matrix")
 SESSION_OPTIONS = ("-s", "-e", "--session", "--sessions")
 KEYWORD_OPTIONS = ("-k", "--keywords")
@@ -31,7 +33,7 @@ NO_REUSE_OPTIONS = ("-N", "--no-reuse-existing-virtualenvs")
 LOCK_NAME = "torchmatrix-matrix.lock"
 
 
-class EnvdirBusy(Exception):
+class EnvdirBusy(UserError):
     """Another matrix run holds this envdir's venvs in a conflicting mode; the message names its pid."""
 
 

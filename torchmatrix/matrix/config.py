@@ -23,7 +23,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 
 from torchmatrix.components.loading import IMPORT_PATH
 from torchmatrix.components.optional import DEVICE_TYPES, OptionalWhere
-from torchmatrix.matrix.builtin_suites import BUILTIN_SUITES, builtin_suite_path
+from torchmatrix.matrix.builtin_suites import BUILTIN_SUITES, builtin_suite_path, is_builtin_suite
 from torchmatrix.matrix.cells import (
     MAX_CELLS,
     MAX_SCANNED,
@@ -45,7 +45,9 @@ from torchmatrix.matrix.selection import (
     select_cells,
     shard_cells,
 )
+from torchmatrix.matrix.suite_options import OptionError
 from torchmatrix.matrix.torch_versions import is_torch_version, nearest_spelling
+from torchmatrix.user_error import UserError
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -79,7 +81,7 @@ MAX_TEST_TIMEOUT_S = 86400
 TOML_DATES = (datetime.date, datetime.time)  # datetime.datetime is a date
 
 
-class ConfigError(Exception):
+class ConfigError(UserError):
     """A problem in matrix.toml, phrased as one line that says where and what to change."""
 
 
@@ -529,12 +531,15 @@ def _suites(raw: dict, axes: dict, root: Path, project: Path, where: _Where) -> 
         else:
             path = _builtin_path(name, at)
             timeout, natural_axes = BUILTIN_SUITES[name].timeout, BUILTIN_SUITES[name].axes or tuple(axes)
+        options = _options(spec.get("options", {}), at.at("options"))
+        if is_builtin_suite(name, path if "path" not in spec else str(root / path)):
+            _check_options(name, options, at.at("options"))
         suites[name] = Suite(
             name=name,
             path=path,
             timeout=_test_timeout(spec.get("timeout", timeout), at.at("timeout")),
             axes=_suite_axes(spec.get("axes"), axes, at.at("axes"), natural_axes),
-            options=_options(spec.get("options", {}), at.at("options")),
+            options=options,
         )
     paths = [suite.path for suite in suites.values()]
     duplicate = next((p for p in paths if paths.count(p) > 1), None)
@@ -635,6 +640,14 @@ def _options(value: Any, where: _Where) -> dict[str, Any]:
         )
     _refuse_dates(value, where)
     return dict(value)
+
+
+def _check_options(suite: str, options: dict[str, Any], where: _Where) -> None:
+    """A built-in suite's options against its dataclass (matrix/suite_options.py)."""
+    try:
+        BUILTIN_SUITES[suite].options.from_table(options, user=True)
+    except OptionError as error:
+        raise where.at(error.key).error(error.problem, error.fix) from None
 
 
 def _refuse_dates(value: Any, where: _Where) -> None:

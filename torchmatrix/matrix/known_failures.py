@@ -14,12 +14,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from torchmatrix.matrix.cells import Cell, matches_entry
+from torchmatrix.user_error import UserError
 
 KEYS = ("test", "reason", "torch")
 """An entry's own keys; every other key names an axis, matched as `[[exclude]]` matches."""
 
 
-class KnownFailureError(ValueError):
+class KnownFailureError(UserError, ValueError):
     """An entry that cannot be read: which key, what is wrong, what to write instead."""
 
     def __init__(self, key: str, problem: str, fix: str):

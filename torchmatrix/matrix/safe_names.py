@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import re
 
+from torchmatrix.user_error import UserError
+
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 
 
-class UnsafeName(ValueError):
+class UnsafeName(UserError, ValueError):
     """A value that would become a path but could leave its directory; the message says what to use."""
 
 

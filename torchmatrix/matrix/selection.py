@@ -7,9 +7,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from torchmatrix.matrix.cells import Cell, filter_token
+from torchmatrix.user_error import UserError
 
 
-class SelectionError(ValueError):
+class SelectionError(UserError, ValueError):
     """A filter the user typed that cannot be applied; the message says how to write it."""
 
 

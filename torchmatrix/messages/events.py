@@ -16,6 +16,7 @@ from typing import ClassVar
 
 from torchmatrix import file_writes
 from torchmatrix.matrix.plan import run_key
+from torchmatrix.status import Status
 
 FORMAT_VERSION = 2  # 2: TestStarted carries when the test started
 
@@ -57,23 +58,34 @@ class TestStarted:
         return run_key(self.suite, self.cell)
 
 
-@dataclass(frozen=True)
-class TestFinished:
-    """A test's combined setup/call/teardown result, as JUnit will show it."""
+@dataclass
+class TestOutcome:
+    """One test's combined setup/call/teardown result, as JUnit shows it: logged by the pytest
+    process (as TestFinished), kept by the runner's ledger, marked by its confirmation re-run."""
 
     __test__ = False  # a record, not a pytest test class
-    kind: ClassVar[str] = "test"
-    nodeid: str
     suite: str
-    cell: str
     test: str
-    status: str
+    status: Status
     duration: float = 0.0
     message: str = ""
     text: str = ""
     properties: list = field(default_factory=list)
     stdout: str = ""
     stderr: str = ""
+    confirmation: str = ""
+
+    def __post_init__(self) -> None:
+        self.status = Status.parse(self.status, "test event status")
+
+
+@dataclass(kw_only=True)
+class TestFinished(TestOutcome):
+    """The event of a finished test: its outcome, and the node and cell it ran as."""
+
+    kind: ClassVar[str] = "test"
+    nodeid: str
+    cell: str
 
     @property
     def key(self) -> str:
@@ -111,7 +123,7 @@ def from_json(data: dict) -> Event:
     try:
         cls = EVENT_TYPES[data["event"]]
         event = cls(**{key: value for key, value in data.items() if key != "event"})
-    except (KeyError, TypeError) as error:
+    except (KeyError, TypeError, ValueError) as error:
         raise EventLogError(f"not an event this torchmatrix writes ({error!r}): {json.dumps(data)[:200]}") from None
     if isinstance(event, LogOpened) and event.format_version != FORMAT_VERSION:
         raise EventLogError(

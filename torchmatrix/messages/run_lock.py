@@ -12,10 +12,12 @@ import socket
 import time
 from pathlib import Path
 
+from torchmatrix.user_error import UserError
+
 LOCK_NAME = ".run.lock"
 
 
-class RunBusy(Exception):
+class RunBusy(UserError):
     """Another runner holds the version directory; the message names its pid."""
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from torchmatrix import file_writes
 from torchmatrix.matrix.safe_names import UnsafeName, check_name
+from torchmatrix.user_error import UserError
 
 FILE_NAME = "plan.json"
 VERSION_PREFIX = "torch-"
@@ -101,7 +102,7 @@ class RunPlan:
         )
 
 
-class PlanFileError(ValueError):
+class PlanFileError(UserError, ValueError):
     """A plan.json that cannot be trusted or parsed; the message names the file and the value."""
 
 

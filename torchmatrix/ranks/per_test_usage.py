@@ -13,8 +13,10 @@ import re
 import time
 import warnings
 from collections import Counter
+from collections.abc import Iterable
 from typing import NamedTuple
 
+from torchmatrix.messages.events import Event, TestFinished
 from torchmatrix.ranks.compile_time import compile_seconds
 
 CPU_SECONDS = "cpu_seconds"  # the figure each test records: its CPU time, on every rank and in pytest
@@ -89,6 +91,18 @@ class Usage(NamedTuple):
         return max(
             (max(now - then, 0.0) for now, then in zip(self.compile_seconds, before.compile_seconds)), default=0.0
         )
+
+
+def cpu_seconds_once(events: Iterable[Event]) -> float:
+    """The CPU seconds the tests of event logs used, each execution counted once: a run that stands
+    for several cells is one TestFinished event but one JUnit testcase per cell it covers."""
+    return sum(
+        float(value)
+        for event in events
+        if isinstance(event, TestFinished)
+        for name, value in event.properties
+        if name == CPU_SECONDS
+    )
 
 
 def rank_usage() -> dict:

@@ -31,6 +31,7 @@ from torchmatrix.components.protocol import required_names
 from torchmatrix.env.component_requirements import uninstalled_here
 from torchmatrix.matrix.cells import Cell
 from torchmatrix.matrix.plan import run_key
+from torchmatrix.matrix.suite_options import SuiteOptions
 from torchmatrix.messages.events import (
     Collected,
     CollectError,
@@ -426,9 +427,12 @@ def tmp_path(tmp_path, request):
 
 
 @pytest.fixture
-def suite_options(request, _cell_plan) -> dict:
-    """The suite's `[suites.<name>.options]` table from matrix.toml."""
-    return dict(_cell_plan.suites[_cell_plan.suite_of(request.node.path)].options)
+def suite_options(request, _cell_plan) -> SuiteOptions | dict:
+    """The suite's `[suites.<name>.options]` from matrix.toml: read into the dataclass the suite module
+    names as `OPTIONS` (each built-in suite does), else the table as it is."""
+    table = _cell_plan.suites[_cell_plan.suite_of(request.node.path)].options
+    declared = getattr(request.module, "OPTIONS", None)
+    return declared.from_table(table) if declared else dict(table)
 
 
 @pytest.fixture(autouse=True)

@@ -7,46 +7,19 @@ not install) is filled in with an error or skip that says why, so no planned cel
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 from torchmatrix.matrix.cells import Cell
 from torchmatrix.matrix.plan import SuiteRun
-from torchmatrix.messages.events import Collected, CollectError, Event, PoolStarted, TestFinished, TestStarted
+from torchmatrix.messages.events import (
+    Collected,
+    CollectError,
+    Event,
+    PoolStarted,
+    TestFinished,
+    TestOutcome,
+    TestStarted,
+)
 from torchmatrix.status import Status
-
-
-@dataclass
-class TestOutcome:
-    """One test of one suite run, as the JUnit testcase will show it."""
-
-    suite: str
-    test: str
-    status: Status
-    duration: float = 0.0
-    message: str = ""
-    text: str = ""
-    properties: list = field(default_factory=list)
-    stdout: str = ""
-    stderr: str = ""
-    confirmation: str = ""
-
-    def __post_init__(self) -> None:
-        self.status = Status.parse(self.status, "test event status")
-
-    @classmethod
-    def from_event(cls, event: TestFinished) -> TestOutcome:
-        return cls(
-            event.suite,
-            event.test,
-            event.status,
-            event.duration,
-            event.message,
-            event.text,
-            list(event.properties),
-            event.stdout,
-            event.stderr,
-        )
-
 
 NOTHING_COLLECTED = (
     "suite {suite} collected no test from {path}: pytest runs functions named test_* (in classes named Test*); "
@@ -86,7 +59,7 @@ class OutcomeBook:
         elif isinstance(event, TestFinished):
             self.running.pop(event.key, None)
             if event.key in self.tests:
-                self.tests[event.key].append(TestOutcome.from_event(event))
+                self.tests[event.key].append(event)
         elif isinstance(event, CollectError):
             for key, run in self.runs.items():
                 if run.suite.name == event.suite and key not in self.closed:

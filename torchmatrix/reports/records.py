@@ -10,11 +10,12 @@ from dataclasses import dataclass, field
 from torchmatrix.matrix.config import ReportSettings
 from torchmatrix.ranks.root_cause import group_key
 from torchmatrix.status import Confirmation, Status
+from torchmatrix.user_error import UserError
 
 DRIFT_WORDS = {"abs", "rel", "drift", "diff", "err", "error", "ulp"}
 
 
-class ResultsError(Exception):
+class ResultsError(UserError):
     """A path that holds no readable run; the message says what to pass instead."""
 
 

@@ -29,6 +29,7 @@ from torchmatrix.reports.checkpoint_directions import Direction, checkpoint_dire
 from torchmatrix.reports.records import RunResults, TestRecord, drift_measure, is_drift_figure
 from torchmatrix.reports.warning_changes import WarningGroup, new_and_gone
 from torchmatrix.status import Confirmation, Status
+from torchmatrix.user_error import UserError
 
 MIN_SLOWDOWN_SECONDS = 5.0
 MIN_TIMED_SECONDS = 0.5
@@ -42,7 +43,7 @@ SLOWDOWN_RULE = (
 )
 
 
-class CompareError(Exception):
+class CompareError(UserError):
     """Two runs with nothing to compare; the message says which versions each has."""
 
 

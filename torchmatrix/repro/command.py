@@ -20,6 +20,7 @@ from torchmatrix.reports.reproducible import failure_id, is_reproducible
 from torchmatrix.reports.run_reader import load_results
 from torchmatrix.repro.inlining import inline_check
 from torchmatrix.status import Status
+from torchmatrix.user_error import UserError
 
 SCRIPT_NAME = "repro.py"
 COLLECT_ENV_SECONDS = 300
@@ -27,7 +28,7 @@ FAILURE_TEXT_LINES = 60
 PLACEHOLDERS = ("CHECK: dict = {}", "SOURCES: dict = {}")
 
 
-class ReproError(Exception):
+class ReproError(UserError):
     """No such failure in the run, or a run without its matrix; the message says what to pass."""
 
 

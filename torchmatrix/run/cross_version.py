@@ -25,6 +25,7 @@ from torchmatrix.env.version_venv import gpu_matrix_python
 from torchmatrix.matrix.config import Matrix, Suite
 from torchmatrix.messages.cross_version import READS_FILE, SUITE, peers
 from torchmatrix.messages.run_plan import PlanFileError, read_plan
+from torchmatrix.user_error import UserError
 
 UNREADABLE_PLAN_EXIT = 2
 
@@ -41,7 +42,7 @@ def suites_for(matrix: Matrix, version: str, run_dir: Path, *, reads: bool) -> d
     return {SUITE: cross} if reads else {**matrix.suites, SUITE: cross}
 
 
-class CrossReadError(ValueError):
+class CrossReadError(UserError, ValueError):
     """A read pass refused before it starts: the path holds no torch-*/plan.json."""
 
 

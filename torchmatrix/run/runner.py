@@ -25,6 +25,7 @@ from pathlib import Path
 
 from torchmatrix import file_writes
 from torchmatrix.env.devices import Environment, ProbeError, probe
+from torchmatrix.exit_codes import ExitCode
 from torchmatrix.matrix.cells import Cell
 from torchmatrix.matrix.config import Matrix
 from torchmatrix.matrix.known_failures import expected_failures
@@ -51,13 +52,13 @@ from torchmatrix.run.progress import InvocationPart, Progress
 from torchmatrix.run.run_directory import point_latest
 from torchmatrix.run.schedule import GroupProcess, Scheduler
 from torchmatrix.status import Confirmation, Status, tally
+from torchmatrix.user_error import UserError
 
-INTERRUPTED_EXIT = 130
 INSTALL_LOG_TAIL_LINES = 40
 DEFAULT_MAX_CPU_RANKS = 64  # each simulated rank is a process with torch loaded (~0.3 GB)
 
 
-class RunError(Exception):
+class RunError(UserError):
     """A problem that stops the run before any cell starts; the message says what to change."""
 
 
@@ -135,8 +136,8 @@ def claim_version_directory(request: RunRequest) -> None:
             path.unlink()
 
 
-def run_version(request: RunRequest, stream=sys.stdout) -> int:
-    """Run the cells of one torch version; return 0 (all passed or skipped), 1 (failures) or 130.
+def run_version(request: RunRequest, stream=sys.stdout) -> ExitCode:
+    """Run the cells of one torch version; return PASSED (all passed or skipped), FAILED or INTERRUPTED.
 
     Whatever stops it (Ctrl-C, SIGTERM, a full disk), every planned cell is in the reports, and no
     process it started outlives it."""
@@ -149,7 +150,7 @@ def run_version(request: RunRequest, stream=sys.stdout) -> int:
             kill_leftovers()
 
 
-def _run_version(request: RunRequest, stream, interrupts: Interrupts) -> int:
+def _run_version(request: RunRequest, stream, interrupts: Interrupts) -> ExitCode:
     matrix = request.matrix
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     cells = _cells(request)
@@ -214,10 +215,10 @@ def _run_version(request: RunRequest, stream, interrupts: Interrupts) -> int:
         f"torchmatrix: torch {request.version}: {tally(totals)}; merged report: {request.run_dir / junit.MERGED_NAME}"
     )
     if interrupts.interrupted:
-        return INTERRUPTED_EXIT
+        return ExitCode.INTERRUPTED
     if stopped:
         raise RunError(f"torch {request.version}: {stopped}; every cell it did not finish errors saying so")
-    return 1 if any(count for status, count in totals.items() if status.is_failing) else 0
+    return ExitCode.FAILED if any(count for status, count in totals.items() if status.is_failing) else ExitCode.PASSED
 
 
 def _check_and_probe(request: RunRequest) -> Environment | ProbeError | None:

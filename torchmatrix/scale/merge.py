@@ -25,9 +25,10 @@ from torchmatrix.messages.run_plan import PlanFileError, RunPlan, read_plan, wri
 from torchmatrix.reports import junit
 from torchmatrix.reports.outcomes import OutcomeBook
 from torchmatrix.status import Status
+from torchmatrix.user_error import UserError
 
 
-class MergeError(Exception):
+class MergeError(UserError):
     """Inputs that cannot be merged into one honest report; the message says what to change."""
 
 

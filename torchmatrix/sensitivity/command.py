@@ -24,13 +24,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from torchmatrix import file_writes
-from torchmatrix.components.protocol import DTENSOR_OPTIM, GRAD_CKPT, RESUME, RESUME_BF16_PARAM_OPTIMIZERS
+from torchmatrix.components.protocol import DTENSOR_OPTIM, GRAD_CKPT, RESUME
+from torchmatrix.exit_codes import ExitCode
 from torchmatrix.matrix.cells import Cell
 from torchmatrix.matrix.config import Matrix
 from torchmatrix.matrix.meshes import TWO_D_MESH_KINDS, mesh_kind
+from torchmatrix.matrix.suite_options import ResumeOptions
 from torchmatrix.run.runner import RunRequest, run_version
 from torchmatrix.sensitivity.mutants import EVIDENCE_VARIABLE, cells_acted_in, reasons_it_cannot_act
 from torchmatrix.sensitivity.verdicts import CellResult, new_failures, read_cells
+from torchmatrix.user_error import UserError
 
 GENERATED_MODULE = "torchmatrix_sensitivity_components"
 MUTANT_SOURCES = ("torchmatrix/sensitivity/mutants.py", f"{GENERATED_MODULE}.py")
@@ -48,9 +51,9 @@ def single_rank(cell: Cell, matrix: Matrix) -> str | None:
 def fp32_params_in_resume(cell: Cell, matrix: Matrix) -> str | None:
     """The resume suite builds fp32 params for every optimizer but its bf16 ones, so a cast of
     fp32 state to the param dtype changes nothing there."""
-    options = matrix.suites[RESUME].options if RESUME in matrix.suites else {}
+    options = ResumeOptions.from_table(matrix.suites[RESUME].options if RESUME in matrix.suites else {})
     optimizer = cell.get("optimizer")
-    if optimizer in options.get("bf16_param_optimizers", RESUME_BF16_PARAM_OPTIMIZERS):
+    if optimizer in options.bf16_param_optimizers:
         return None
     return f"resume gives optimizer {optimizer} fp32 params: casting fp32 state to them changes nothing"
 
@@ -117,7 +120,7 @@ GENERIC_MUTANTS = (
 )  # fmt: skip
 
 
-class SensitivityError(Exception):
+class SensitivityError(UserError):
     """A request the command cannot serve (unknown mutant, no suite to run), said in one line."""
 
 
@@ -235,12 +238,12 @@ def mutated(matrix: Matrix, mutant: GenericMutant) -> Matrix:
     return dataclasses.replace(matrix, suites={mutant.suite: matrix.suites[mutant.suite]}, components=components)
 
 
-INTERRUPTED = 130
-
-
 def run_selection(request: RunRequest, cells: list[Cell]) -> None:
     """run_version over exactly `cells` (a keyword of their ids); an interrupted run ends the command."""
-    if run_version(dataclasses.replace(request, keyword=" or ".join(cell.id for cell in cells))) == INTERRUPTED:
+    if (
+        run_version(dataclasses.replace(request, keyword=" or ".join(cell.id for cell in cells)))
+        == ExitCode.INTERRUPTED
+    ):
         raise KeyboardInterrupt
 
 
@@ -311,7 +314,7 @@ def judge(
 
 def run_sensitivity(
     matrix: Matrix, *, version: str, out: Path, filters: dict, mutant_names: str | None, slots: int | None
-) -> int:
+) -> ExitCode:
     """Unmutated run, then every mutant; print and write the table; 1 when a mutant is missed or
     errored in any cell where it applies.
 
@@ -393,4 +396,4 @@ def run_sensitivity(
     for what, names in (("missed", missed), ("errored, the mutant itself crashed:", errored)):
         if names:
             print(f"torchmatrix sensitivity: {what} {'; '.join(names)}", file=sys.stderr)
-    return 1 if missed or errored else 0
+    return ExitCode.FAILED if missed or errored else ExitCode.PASSED

@@ -23,6 +23,7 @@ from torchmatrix.components.optimizer_implementations import (
     implementation_not_named,
 )
 from torchmatrix.components.optimizer_like import inner_optimizers
+from torchmatrix.ranks.rng_state import capture_rng_state, restore_rng_state
 from torchmatrix.ranks.worker import current_cell_id
 
 EVIDENCE_VARIABLE = "TORCHMATRIX_SENSITIVITY_EVIDENCE"
@@ -84,7 +85,7 @@ class FreshState:
             "optimizer": copy.deepcopy(optimizer.state_dict()),
             "scheduler": copy.deepcopy(scheduler.state_dict()),
             "loader": copy.deepcopy(loader.state_dict()),
-            "rng": _rng_state(),
+            "rng": capture_rng_state(),
         }
 
     def current(self, piece: str):
@@ -94,7 +95,7 @@ class FreshState:
         if piece == "model":
             return [_local(p).detach().clone() for p in self.model.parameters()]
         if piece == "rng":
-            return _rng_state()
+            return capture_rng_state()
         return copy.deepcopy(getattr(self, piece).state_dict())
 
     def put_back(self, piece: str) -> None:
@@ -112,7 +113,7 @@ class FreshState:
         elif piece == "loader":
             self.loader.load_state_dict(saved)
         else:
-            _set_rng_state(saved)
+            restore_rng_state(saved)
 
 
 class RevertingCheckpointer:
@@ -615,34 +616,3 @@ def _local(tensor):
     from torch.distributed.tensor import DTensor
 
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
-
-
-def _rng_state() -> dict:
-    import random
-
-    import torch
-
-    state = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    try:
-        import numpy
-    except ImportError:
-        return state
-    state["numpy"] = numpy.random.get_state()
-    return state
-
-
-def _set_rng_state(state: dict) -> None:
-    import random
-
-    import torch
-
-    torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
-    if "cuda" in state:
-        torch.cuda.set_rng_state_all(state["cuda"])
-    if "numpy" in state:
-        import numpy
-
-        numpy.random.set_state(state["numpy"])
