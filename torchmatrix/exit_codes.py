@@ -82,7 +82,8 @@ def render_markdown() -> str:
         "|---|---|---|---|",
     ]
     lines += [
-        f"| {_command(row.command)} | {int(row.code)} | {row.meaning} | {_tests(row.provoked_by)} |" for row in EXIT_CODES
+        f"| {_command(row.command)} | {int(row.code)} | {row.meaning} | {_tests(row.provoked_by)} |"
+        for row in EXIT_CODES
     ]
     return "\n".join(lines) + "\n"
 
