@@ -25,6 +25,8 @@ import yaml
 
 from torchmatrix.cli import build_parser
 from torchmatrix.matrix.config import ConfigError, load_matrix, tomllib
+from torchmatrix.matrix.selection import SelectionError
+from torchmatrix.matrix.suite_selection import SuiteSelection
 
 from conftest import REPO, checkout_env
 
@@ -108,12 +110,21 @@ def concrete(words: list[str]) -> list[str]:
 
 
 def parse_torchmatrix(arguments: list[str]) -> None:
-    """What `python -m torchmatrix` would do with these arguments up to running: argparse's verdict."""
+    """What `python -m torchmatrix` would do with these arguments up to running: argparse's verdict,
+    then, for `run`, the suites and tests `--suite` and `--test` name, looked up in this checkout's
+    matrix.toml and suite files."""
     try:
-        build_parser().parse_args(arguments)
+        parsed = build_parser().parse_args(arguments)
     except SystemExit as stop:
         if stop.code != 0:  # --help exits 0
             raise AssertionError(f"torchmatrix {shlex.join(arguments)}: the parser refuses it") from None
+        return
+    if parsed.command == "run" and (parsed.suites or parsed.tests):
+        matrix = load_matrix(str(REPO / "matrix.toml"))
+        try:
+            SuiteSelection(tuple(parsed.suites), tuple(parsed.tests)).choose(matrix.suites, matrix.root)
+        except SelectionError as error:
+            raise AssertionError(f"torchmatrix {shlex.join(arguments)}: {error}") from None
 
 
 @pytest.fixture(scope="module")
@@ -311,6 +322,11 @@ def test_the_command_line_page_lists_every_command_and_option_the_parser_has():
         ("python bench/matrix_walltime.py --no-such-option", "takes no --no-such-option"),
         ("python bench/no_such_bench.py", "no such file"),
         ("pip install torchmatrix-nightly", "no test checks it"),
+        (
+            "python -m torchmatrix run --torch system --test grad_ckpt::test_grads_match",
+            "matches no test of suite grad_ckpt",
+        ),
+        ("nox -s gpu_matrix -- --suite grad_checkpointing", "no suite 'grad_checkpointing'"),
     ],
 )
 def test_a_rotten_command_is_caught(command, refusal, nox_sessions):
