@@ -837,20 +837,22 @@ def require_gradients_and_recompute(cell, results: list[dict]) -> None:
         not_applied = [
             rank for rank, r in enumerate(results) if not (r["recomputed"] or compiled_checkpointing_shown(cell, r))
         ]
-        assert not not_applied, (
-            f"cell {cell.id} ({compile_mode(cell)}): ranks {not_applied}: checkpointing was not applied: no layer "
-            f"body ran again in backward and {saved_bytes_line(results[not_applied[0]])}, so this compared the "
-            f"compiled step with itself; `parallelize(..., activation_checkpointing=True)` must checkpoint the "
-            f"decoder layers before compiling them"
-        )
+        if not_applied:
+            raise AssertionError(
+                f"cell {cell.id} ({compile_mode(cell)}): ranks {not_applied}: checkpointing was not applied: no layer "
+                f"body ran again in backward and {saved_bytes_line(results[not_applied[0]])}, so this compared the "
+                f"compiled step with itself; `parallelize(..., activation_checkpointing=True)` must checkpoint the "
+                f"decoder layers before compiling them"
+            )
         return
     not_recomputed = [rank for rank, r in enumerate(results) if not r["recomputed"]]
-    assert not not_recomputed, (
-        f"cell {cell.id}: ranks {not_recomputed}: no layer body ran again in backward with activation checkpointing "
-        f"(counted by {results[0]['counted_by']}: none ran again in backward), so checkpointing was not applied "
-        f"and this compared eager with eager; `parallelize(..., activation_checkpointing=True)` must checkpoint the "
-        f"decoder layers"
-    )
+    if not_recomputed:
+        raise AssertionError(
+            f"cell {cell.id}: ranks {not_recomputed}: no layer body ran again in backward with activation checkpointing "
+            f"(counted by {results[0]['counted_by']}: none ran again in backward), so checkpointing was not applied "
+            f"and this compared eager with eager; `parallelize(..., activation_checkpointing=True)` must checkpoint the "
+            f"decoder layers"
+        )
 
 
 def gradient_problems(results: list[dict], loss_name: str) -> dict[str, list[str]]:
@@ -903,19 +905,25 @@ def test_checkpointing_leaves_loss_and_gradients_unchanged(
     require_gradients_and_recompute(cell, results)
 
     init = {f"rank {rank}": r["init"] for rank, r in enumerate(results) if r["init"]}
-    assert not init, failure_text(
-        cell,
-        precision,
-        "the two models differ before training: the model factory is not deterministic under torch.manual_seed",
-        init,
-    )
+    if init:
+        raise AssertionError(
+            failure_text(
+                cell,
+                precision,
+                "the two models differ before training: the model factory is not deterministic under torch.manual_seed",
+                init,
+            )
+        )
     problems = gradient_problems(results, "loss")
-    assert not problems, failure_text(
-        cell,
-        precision,
-        f"checkpointing changed the loss or gradients (dropout={dropout}; with checkpointing first, without second)",
-        problems,
-    )
+    if problems:
+        raise AssertionError(
+            failure_text(
+                cell,
+                precision,
+                f"checkpointing changed the loss or gradients (dropout={dropout}; with checkpointing first, without second)",
+                problems,
+            )
+        )
     if dropout and not any(r["drew_random_numbers"] for r in results):
         pytest.skip(dropout_changed_nothing(dropout))
 
@@ -1003,9 +1011,15 @@ def test_recompute_reruns_layers_and_rewrites_cache_identically(cell, ranks, com
             )
         if found:
             problems[f"rank {rank}"] = found
-    assert not problems, failure_text(
-        cell, precision, "recompute did not rerun the layers, or left the KV cache different from forward", problems
-    )
+    if problems:
+        raise AssertionError(
+            failure_text(
+                cell,
+                precision,
+                "recompute did not rerun the layers, or left the KV cache different from forward",
+                problems,
+            )
+        )
     if not any(entries for r in results for entries in r["cache_entries"]):
         pytest.skip(no_cache_reason(results[0]["has_cache"]))
 
@@ -1028,12 +1042,15 @@ def test_checkpointing_leaves_every_buffer_unchanged(cell, module_state_run, sui
     if not results[0]["names"]:
         pytest.skip("the model has no buffers (named_buffers() is empty): nothing for recompute to change")
     problems = {f"rank {rank}": r["problems"] for rank, r in enumerate(results) if r["problems"]}
-    assert not problems, failure_text(
-        cell,
-        precision,
-        f"checkpointing changed buffers (exact; with checkpointing first, without second; compared {', '.join(results[0]['names'])})",
-        problems,
-    )
+    if problems:
+        raise AssertionError(
+            failure_text(
+                cell,
+                precision,
+                f"checkpointing changed buffers (exact; with checkpointing first, without second; compared {', '.join(results[0]['names'])})",
+                problems,
+            )
+        )
 
 
 def test_checkpointing_leaves_module_attributes_unchanged(cell, module_state_run, suite_options):
@@ -1054,13 +1071,16 @@ def test_checkpointing_leaves_module_attributes_unchanged(cell, module_state_run
         for rank, r in enumerate(results)
         if r["attribute_problems"]
     }
-    assert not problems, failure_text(
-        cell,
-        precision,
-        "checkpointing changed module attributes (exact; with checkpointing first, without second; "
-        f"left out as what body_calls() reports: {', '.join(results[0]['counters']) or 'nothing'})",
-        problems,
-    )
+    if problems:
+        raise AssertionError(
+            failure_text(
+                cell,
+                precision,
+                "checkpointing changed module attributes (exact; with checkpointing first, without second; "
+                f"left out as what body_calls() reports: {', '.join(results[0]['counters']) or 'nothing'})",
+                problems,
+            )
+        )
 
 
 def test_micro_batches_before_one_backward_leave_gradients_unchanged(
@@ -1078,10 +1098,13 @@ def test_micro_batches_before_one_backward_leave_gradients_unchanged(
     record_property("micro_batches", micro_batches)
     require_gradients_and_recompute(cell, results)
     problems = gradient_problems(results, "summed loss")
-    assert not problems, failure_text(
-        cell,
-        precision,
-        f"with {micro_batches} micro-batches forward before one backward, checkpointing changed the loss or "
-        f"gradients (with checkpointing first, without second)",
-        problems,
-    )
+    if problems:
+        raise AssertionError(
+            failure_text(
+                cell,
+                precision,
+                f"with {micro_batches} micro-batches forward before one backward, checkpointing changed the loss or "
+                f"gradients (with checkpointing first, without second)",
+                problems,
+            )
+        )
