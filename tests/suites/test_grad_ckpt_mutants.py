@@ -59,7 +59,10 @@ MUTANTS = {
     ),
     "torchmatrix.models.mutants.grad_ckpt:reappending_cache_model": (
         [RECOMPUTE],
-        "cache entry past_key_values[0][2]: missing from the second (with checkpointing; after backward first",
+        # the conclusion first, naming the units whose recompute wrote the entries; the evidence under it
+        "after backward the cache has 12 entries, forward left 6: recompute wrote past_key_values[0][2], [0][3], "
+        "[1][2], [1][3], [2][2], [2][3] again (units prefix_layers.0.body, prefix_layers.1.body, prefix_layers.2.body)\n"
+        "  rank 0: cache entry past_key_values[0][2]: missing from the second (with checkpointing; after backward first",
     ),
     "torchmatrix.models.mutants.grad_ckpt:cache_copy_model": (
         [RECOMPUTE],
@@ -135,6 +138,7 @@ def test_suite_fails_on_each_mutant_in_every_cell(tmp_path, mutant):
             assert case.is_failure, f"{mutant} not caught by {test} in {cell}"
             assert reason in failure_text(case), failure_text(case)
             assert f"cell {cell}" in failure_text(case), "the failure must name the cell"
+            assert "assert not" not in failure_text(case), "no pytest repr of the problems trails the message"
 
 
 # State the single forward→backward comparison cannot see; one sdpa cell per fsdp value.
