@@ -23,6 +23,7 @@ import textwrap
 import pytest
 import yaml
 
+from torchmatrix import status
 from torchmatrix.cli import build_parser
 from torchmatrix.matrix.config import ConfigError, load_matrix, tomllib
 from torchmatrix.matrix.selection import SelectionError
@@ -270,6 +271,7 @@ def rendered(relative: str) -> str:
         ("reference/command-line.md", "torchmatrix.cli_reference:markdown_reference"),
         ("reference/results-json.md", "torchmatrix.reports.format_reference:results_json_keys"),
         ("reference/junit.md", "torchmatrix.reports.format_reference:junit_properties"),
+        ("getting-started/reading-the-report.md", "torchmatrix.status:legend_markdown"),
     ],
 )
 def test_each_reference_table_is_on_its_page_as_the_code_renders_it(page, table):
@@ -339,6 +341,55 @@ def test_a_rotten_command_is_caught(command, refusal, nox_sessions):
 def test_a_rotten_matrix_toml_snippet_is_caught(tmp_path):
     with pytest.raises(AssertionError, match="no_such_key"):
         test_every_matrix_toml_snippet_loads("page.md:1", "[report]\nno_such_key = 1\n", tmp_path)
+
+
+def test_the_site_opens_from_disk_with_code_that_wraps():
+    """Pages are files (a page opened from disk links to page.html, not to a directory listing), and
+    code blocks wrap their long lines."""
+    config = yaml.safe_load((REPO / "mkdocs.yml").read_text())
+    assert config["use_directory_urls"] is False
+    css = [REPO / "docs" / sheet for sheet in config["extra_css"]]
+    assert any("white-space: pre-wrap" in sheet.read_text() for sheet in css)
+
+
+def test_the_marks_legend_reads_without_an_emoji_font():
+    """Every mark a grid shows is in the legend the docs render (reading-the-report.md, checked
+    above to be the generated table) with its meaning in words and summary.html's symbol, a plain
+    text character: no emoji code point and no emoji variation selector."""
+    shown = [mark for mark, _ in status.grid_legend()]
+    special = {status.PARTLY_SKIPPED, status.ORDER_DEPENDENT, status.NOT_RUN}
+    assert {outcome.mark for outcome in status.Status} | special == set(shown)
+    for mark, meaning in status.grid_legend():
+        assert meaning and mark.symbol, mark
+        assert all(ord(char) < 0x1F000 and char != "\ufe0f" for char in mark.symbol), mark
+
+
+PROGRESS_LINE = re.compile(r"^\[\s*(\d+)/(\d+)\] torch (\S+) (\S+): (\w+) \((\d+) tests")
+
+
+def sample_progress_lines() -> list[tuple[str, re.Match]]:
+    """Every `[k/N] torch V cell: ...` line of a `text` block, with where it is."""
+    return [
+        (where, match)
+        for where, body in (block.values for block in fenced_blocks("text"))
+        for line in body.splitlines()
+        if (match := PROGRESS_LINE.match(line))
+    ]
+
+
+def test_sample_progress_lines_name_cells_and_counts_of_the_default_matrix():
+    """A progress line a page shows names a cell of this checkout's matrix.toml, its N is the cells of
+    every torch version (or of one, or of the world_size=1 path), and its k fits within N."""
+    matrix = load_matrix(str(REPO / "matrix.toml"))
+    cells = matrix.cells()
+    one_rank = [cell for cell in cells if cell.world_size == 1]
+    totals = {len(cells), len(cells) * len(matrix.versions), len(one_rank), len(one_rank) * len(matrix.versions)}
+    found = sample_progress_lines()
+    assert found, "the first-run page shows the progress lines"
+    for where, match in found:
+        done, total, _, cell, _, _ = match.groups()
+        assert cell in {c.id for c in cells}, f"{where}: {cell} is not a cell of matrix.toml"
+        assert int(total) in totals and 1 <= int(done) <= int(total), f"{where}: [{done}/{total}]"
 
 
 @pytest.mark.slow
