@@ -390,6 +390,7 @@ def _run_cells(
                 )
                 tests = [(f"{run.suite.name}::{o.test}", o.status) for run, o in book.for_cell(cell)]
                 progress.cell_finished(cell.id, tests, book.counts(finished))
+        progress.heartbeat(f"{count(len(cells) - len(finished), 'cell')} to finish")
 
     def scheduler(groups: list[Group], **kwargs) -> Scheduler:
         return Scheduler(
@@ -428,7 +429,13 @@ def _confirm_failures(request: RunRequest, book: OutcomeBook, progress: Progress
     )
     groups = [retry.group(index) for index, retry in enumerate(chosen, 1)]
     alone = [OutcomeBook(group.runs) for group in groups]
-    scheduler(groups, book=None, books={g.name: b for g, b in zip(groups, alone)}, max_started=slots).run()
+    scheduler(
+        groups,
+        book=None,
+        books={g.name: b for g, b in zip(groups, alone)},
+        max_started=slots,
+        on_update=lambda: progress.heartbeat(f"re-running {count(len(chosen), 'failed test')} alone"),
+    ).run()
     confirmation.record(chosen, alone, past_limit, request.confirm_limit)
     book.pool_starts += sum(b.pool_starts for b in alone)
     verdicts = [retry.outcome.confirmation for retry in chosen]
