@@ -106,8 +106,9 @@ class CheckpointUnits:
 
     def rerun_writers(self, model: nn.Module, tensors: dict[str, torch.Tensor]) -> dict[str, str]:
         """Path -> the name of the unit whose rerun wrote the tensor at that path of ``tensors`` (a
-        cache's, by path), for the tensors some rerun wrote."""
-        names = {id(module): clean_name(name) for name, module in model.named_modules()}
+        cache's, by path), for the tensors some rerun wrote. A module an FSDP1 wrapper holds is named
+        by its path without the wrapper (its own name ends in the wrapper's attribute)."""
+        names = {id(module): clean_name(f"{name}.").removesuffix(".") for name, module in model.named_modules()}
         writer = {id(tensor): unit_name(unit, names) for unit in self.units.values() for tensor in unit.rerun_writes}
         return {path: writer[id(tensor)] for path, tensor in tensors.items() if id(tensor) in writer}
 

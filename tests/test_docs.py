@@ -392,6 +392,24 @@ def test_sample_progress_lines_name_cells_and_counts_of_the_default_matrix():
         assert int(total) in totals and 1 <= int(done) <= int(total), f"{where}: [{done}/{total}]"
 
 
+SUITE_COUNTS = {"four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8}
+
+
+def test_the_screenshot_caption_counts_what_the_one_rank_path_runs():
+    """README's caption of docs/images/summary.png (docs/screenshot.py: the world_size=1 cells of this
+    checkout's matrix.toml) names as many cells and suites as that selection has."""
+    caption = re.search(r"--only world_size=1` on a CPU-only machine: (\d+) cells, (\w+) suites each", readme_text())
+    assert caption, "README's screenshot caption says what the page shows"
+    matrix = load_matrix(str(REPO / "matrix.toml"))
+    one_rank = [cell for cell in matrix.cells() if cell.world_size == 1]
+    assert (int(caption[1]), SUITE_COUNTS.get(caption[2])) == (len(one_rank), len(matrix.suites))
+
+
+def readme_text() -> str:
+    """README.md with its line breaks as spaces, so a phrase reads whole wherever it wraps."""
+    return " ".join((REPO / "README.md").read_text().split())
+
+
 @pytest.mark.slow
 def test_the_readme_matrix_runs_green(project):
     """The README's minimal matrix.toml is one a reader can run: its one-rank cell without FSDP
