@@ -367,29 +367,21 @@ def test_the_marks_legend_reads_without_an_emoji_font():
 PROGRESS_LINE = re.compile(r"^\[\s*(\d+)/(\d+)\] torch (\S+) (\S+): (\w+) \((\d+) tests")
 
 
-def sample_progress_lines() -> list[tuple[str, re.Match]]:
-    """Every `[k/N] torch V cell: ...` line of a `text` block, with where it is."""
-    return [
-        (where, match)
-        for where, body in (block.values for block in fenced_blocks("text"))
-        for line in body.splitlines()
-        if (match := PROGRESS_LINE.match(line))
-    ]
-
-
-def test_sample_progress_lines_name_cells_and_counts_of_the_default_matrix():
-    """A progress line a page shows names a cell of this checkout's matrix.toml, its N is the cells of
-    every torch version (or of one, or of the world_size=1 path), and its k fits within N."""
+def test_the_first_runs_progress_lines_name_cells_and_counts_of_the_default_matrix():
+    """The progress lines the first-run page shows name cells of this checkout's matrix.toml, with
+    an N of its cells (one version or all, every world size or the one-rank path) and k within it.
+    (Transcripts of other matrices, as the bisect page's, say which run they come from.)"""
     matrix = load_matrix(str(REPO / "matrix.toml"))
     cells = matrix.cells()
     one_rank = [cell for cell in cells if cell.world_size == 1]
     totals = {len(cells), len(cells) * len(matrix.versions), len(one_rank), len(one_rank) * len(matrix.versions)}
-    found = sample_progress_lines()
+    page = REPO / "docs" / "getting-started" / "first-run.md"
+    found = [match for line in page.read_text().splitlines() if (match := PROGRESS_LINE.match(line))]
     assert found, "the first-run page shows the progress lines"
-    for where, match in found:
+    for match in found:
         done, total, _, cell, _, _ = match.groups()
-        assert cell in {c.id for c in cells}, f"{where}: {cell} is not a cell of matrix.toml"
-        assert int(total) in totals and 1 <= int(done) <= int(total), f"{where}: [{done}/{total}]"
+        assert cell in {c.id for c in cells}, f"{cell} is not a cell of matrix.toml"
+        assert int(total) in totals and 1 <= int(done) <= int(total), f"[{done}/{total}]"
 
 
 SUITE_COUNTS = {"four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8}
