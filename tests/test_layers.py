@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torchmatrix
 
-# First to last; "top" is every module directly under torchmatrix/ except status.
+# First to last; "top" is every module directly under torchmatrix/ except those of the first layer.
 LAYERS = [
     "status",
     "components",
@@ -28,9 +28,13 @@ LAYERS = [
 PACKAGE = Path(torchmatrix.__file__).parent
 
 
+FIRST_LAYER_MODULES = {"torchmatrix", "torchmatrix.status", "torchmatrix.file_writes"}
+
+
 def layer_of(module: str) -> str:
-    """A subpackage's name, "status" for status and the bare package (its __init__ holds only the version), else "top"."""
-    if module == "torchmatrix":
+    """A subpackage's name, "status" for status, file_writes and the bare package (its __init__ holds
+    only the version), else "top"."""
+    if module in FIRST_LAYER_MODULES:
         return "status"
     parts = module.split(".")
     if len(parts) > 1 and parts[1] in LAYERS:

@@ -221,7 +221,9 @@ def report(session, matrix: Matrix) -> None:
     parser.add_argument("--compare", metavar="RUN", help="a reference run directory or results.json")
     args = parser.parse_args(session.posargs)
     session.install(*install_arguments())
-    session.run("python", "-m", "torchmatrix", "cross-read", args.run_dir, success_codes=[0, 1])
+    envdir = Path(session.virtualenv.location).parent
+    read = ["cross-read", args.run_dir, "--config", str(matrix.path), "--envdir", str(envdir)]
+    session.run("python", "-m", "torchmatrix", *read, success_codes=[0, 1])
     session.run("python", "-m", "torchmatrix", "report", args.run_dir, "--check-upgrade")
     if args.compare:
         out = Path(args.run_dir) / f"compare-{Path(args.compare).resolve().name}.md"

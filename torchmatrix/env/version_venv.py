@@ -13,12 +13,23 @@ import os
 import subprocess
 from pathlib import Path
 
+from torchmatrix import file_writes
 from torchmatrix.env.component_requirements import RECORD_VARIABLE, install_requirements
 from torchmatrix.env.self_install import install_arguments
 from torchmatrix.env.torch_install import InstallResult, install_torch
 from torchmatrix.matrix.config import Matrix
 
 STAMP_NAME = "torchmatrix-installed.json"
+
+
+def gpu_matrix_python(envdir: Path, version: str) -> Path | None:
+    """Where nox puts the python of gpu_matrix's venv of torch `version` under `envdir` (whether
+    or not it exists); None without nox, which names it."""
+    try:
+        from nox.sessions import _normalize_path
+    except ImportError:
+        return None
+    return Path(_normalize_path(str(envdir), f"gpu_matrix(torch={version!r})")) / "bin" / "python"
 
 
 class VersionVenv:
@@ -89,7 +100,7 @@ def prepare_venv(matrix: Matrix, envdir: Path, version: str, logs: Path) -> tupl
     venv.install(*install_arguments(), silent=True, stderr=subprocess.STDOUT)
     if matrix.requires:
         install_requirements(venv, matrix.requires, install.constraints, logs / "requires.log")
-    stamp.write_text(json.dumps(wanted))
+    file_writes.write_text(stamp, json.dumps(wanted))
     return venv, installed, False
 
 
