@@ -31,6 +31,8 @@ class Unit:
     order: int
     forward_runs: int = 0
     reruns: int = 0
+    rerun_writes: list = field(default_factory=list)
+    """The tensors its reruns put into, or wrote in place in, the containers forward handed to the units."""
 
 
 @dataclass
@@ -63,13 +65,21 @@ class CheckpointUnits:
         ran = [False]
 
         def counted(*inner_args, **inner_kwargs):
-            if ran[0]:
-                unit.reruns += 1
-                self.last_rerun = unit
-            else:
+            if not ran[0]:
                 ran[0] = True
                 unit.forward_runs += 1
-            return function(*inner_args, **inner_kwargs)
+                return function(*inner_args, **inner_kwargs)
+            unit.reruns += 1
+            self.last_rerun = unit
+            before = self.container_tensors()
+            try:
+                return function(*inner_args, **inner_kwargs)
+            finally:  # also when checkpoint's early stop ends the recompute by raising
+                unit.rerun_writes += [
+                    tensor
+                    for key, (tensor, version) in self.container_tensors().items()
+                    if key not in before or before[key][1] != version
+                ]
 
         return counted
 
@@ -84,6 +94,21 @@ class CheckpointUnits:
             ):
                 if all(value is not seen for _, seen, _ in self.containers):
                     self.containers.append((name, value, cache_marks({name: value})))
+
+    def container_tensors(self) -> dict[int, tuple[torch.Tensor, int]]:
+        """Every tensor in the containers forward handed to the units, by identity, with its version."""
+        return {
+            id(tensor): (tensor, version)
+            for name, container, _ in self.containers
+            for tensor, version in cache_marks({name: container}).values()
+        }
+
+    def rerun_writers(self, model: nn.Module, tensors: dict[str, torch.Tensor]) -> dict[str, str]:
+        """Path -> the name of the unit whose rerun wrote the tensor at that path of ``tensors`` (a
+        cache's, by path), for the tensors some rerun wrote; units are named as ``calls`` names them."""
+        names = {id(module): name for name, module in named_modules_as_built(model)}
+        writer = {id(tensor): unit_name(unit, names) for unit in self.units.values() for tensor in unit.rerun_writes}
+        return {path: writer[id(tensor)] for path, tensor in tensors.items() if id(tensor) in writer}
 
     def sites(self, model: nn.Module) -> list[tuple[str, str | None]]:
         """Where the units that are modules or modules' methods sit in ``model``: (module path, method

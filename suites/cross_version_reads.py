@@ -61,10 +61,11 @@ def test_loads_checkpoint_written_by(cell, ranks, suite_options, components, tmp
         returned = state.pop("extra_state")  # only the keys its save returned must come back
         state["extra_state"] = {key: value for key, value in returned.items() if key in saved.get("extra_state", {})}
         problems += [f"  rank {rank}: {line}" for line in differences(saved, state)]
-    assert not problems, (
-        f"{cell.id}: checkpoint written by torch {writer}, loaded by torch {suite_options.torch}, differs from what was saved:\n"
-        + "\n".join(problems)
-    )
+    if problems:
+        raise AssertionError(
+            f"{cell.id}: checkpoint written by torch {writer}, loaded by torch {suite_options.torch}, differs from what was saved:\n"
+            + "\n".join(problems)
+        )
 
 
 def load_and_capture(cell: dict, options: dict, components: dict, data_path: str, checkpoint_dir: str) -> tuple:

@@ -150,13 +150,14 @@ def test_state_is_laid_out_like_its_param(cell, ranks, recipe):
     results = ranks.run(on_rank_state_layout, recipe)
     layout = cell_layout(cell)
     misplaced = _merged_alike([r["placement_problems"] for r in results])
-    assert not misplaced, (
-        f"parameters placed otherwise than the {layout.kind} mesh {dict(zip(layout.dim_names, layout.shape))} says "
-        f"(dp_replicate: Replicate, dp_shard: Shard, tp: the plan's Shard(0) colwise / Shard(1) rowwise, else Replicate), "
-        f"so their optimizer state is too:\n"
-        + "\n".join(misplaced)
-        + "\nfix the plan or mesh in `parallelize`, or set [suites.dtensor_optim.options] tensor_parallel_plan to the plan it applies"
-    )
+    if misplaced:
+        raise AssertionError(
+            f"parameters placed otherwise than the {layout.kind} mesh {dict(zip(layout.dim_names, layout.shape))} says "
+            f"(dp_replicate: Replicate, dp_shard: Shard, tp: the plan's Shard(0) colwise / Shard(1) rowwise, else Replicate), "
+            f"so their optimizer state is too:\n"
+            + "\n".join(misplaced)
+            + "\nfix the plan or mesh in `parallelize`, or set [suites.dtensor_optim.options] tensor_parallel_plan to the plan it applies"
+        )
     assert not (problems := _merged([r["problems"] for r in results])), "\n".join(problems)
     if not any(r["param_shaped_states"] for r in results):
         pytest.skip(no_param_shaped_state(recipe))
@@ -272,12 +273,14 @@ def check_reshard(ranks, recipe: Recipe, src: World, dst: World, tmp_path: Path)
     report = results[0]
     assert report["compared"], f"reshard {src}->{dst}: nothing was compared: the saved state is empty"
     mismatches = report["mismatches"]
-    assert not mismatches, (
-        f"reshard {src}->{dst}: {len(mismatches)} of {report['compared']} tensors differ after load:\n"
-        + "\n".join(mismatches)
-    )
+    if mismatches:
+        raise AssertionError(
+            f"reshard {src}->{dst}: {len(mismatches)} of {report['compared']} tensors differ after load:\n"
+            + "\n".join(mismatches)
+        )
     problems = _merged([r["problems"] for r in results])
-    assert not problems, f"reshard {src}->{dst}, after a step at {dst} ranks:\n" + "\n".join(problems)
+    if problems:
+        raise AssertionError(f"reshard {src}->{dst}, after a step at {dst} ranks:\n" + "\n".join(problems))
     return report
 
 

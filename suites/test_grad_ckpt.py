@@ -433,6 +433,7 @@ class StepRecord:
     cache_state_after_forward: dict
     cache_state_after_backward: dict
     cache_written_in_backward: list
+    cache_writers: dict
     buffers: dict
     module_state_before_forward: dict
     module_state_after_backward: dict
@@ -641,6 +642,7 @@ def train_step(
                 raise RuntimeError(f"in the recompute of {origin}: {error}") from error
         calls_after_backward = layer_calls(model, units)
         unit_sites = units.sites(model)
+        cache_writers = units.rerun_writers(model, cache_contents(caches)[0])
     module_state_after, ints_after = module_state(model, ignored)
     put_module_containers_back()
     return StepRecord(
@@ -660,6 +662,7 @@ def train_step(
         cache_state_after_forward=cache_state_after_forward,
         cache_state_after_backward=cache_state(caches),
         cache_written_in_backward=cache_writes(marks_after_forward, caches),
+        cache_writers=cache_writers,
         buffers=buffers(model),
         module_state_before_forward=module_state_before,
         module_state_after_backward=module_state_after,
@@ -763,6 +766,9 @@ def inspect_recompute(cell, components: dict, precision: Precision, dropout: flo
             len(with_ckpt.cache_after_forward),
         ),
         "recompute_writes": with_ckpt.cache_written_in_backward,
+        "cache_paths": (sorted(with_ckpt.cache_after_forward), sorted(with_ckpt.cache_after_backward)),
+        "cache_writers": with_ckpt.cache_writers,
+        "compiled": compile_mode(cell),
         "state_backward": compare_values(
             "cache state", with_ckpt.cache_state_after_backward, with_ckpt.cache_state_after_forward
         ),
@@ -819,20 +825,22 @@ def require_gradients_and_recompute(cell, results: list[dict]) -> None:
         not_applied = [
             rank for rank, r in enumerate(results) if not (r["recomputed"] or compiled_checkpointing_shown(cell, r))
         ]
-        assert not not_applied, (
-            f"cell {cell.id} ({compile_mode(cell)}): ranks {not_applied}: checkpointing was not applied: no layer "
-            f"body ran again in backward and {saved_bytes_line(results[not_applied[0]])}, so this compared the "
-            f"compiled step with itself; `parallelize(..., activation_checkpointing=True)` must checkpoint the "
-            f"decoder layers before compiling them"
-        )
+        if not_applied:
+            raise AssertionError(
+                f"cell {cell.id} ({compile_mode(cell)}): ranks {not_applied}: checkpointing was not applied: no layer "
+                f"body ran again in backward and {saved_bytes_line(results[not_applied[0]])}, so this compared the "
+                f"compiled step with itself; `parallelize(..., activation_checkpointing=True)` must checkpoint the "
+                f"decoder layers before compiling them"
+            )
         return
     not_recomputed = [rank for rank, r in enumerate(results) if not r["recomputed"]]
-    assert not not_recomputed, (
-        f"cell {cell.id}: ranks {not_recomputed}: no layer body ran again in backward with activation checkpointing "
-        f"(counted by {results[0]['counted_by']}: none ran again in backward), so checkpointing was not applied "
-        f"and this compared eager with eager; `parallelize(..., activation_checkpointing=True)` must checkpoint the "
-        f"decoder layers"
-    )
+    if not_recomputed:
+        raise AssertionError(
+            f"cell {cell.id}: ranks {not_recomputed}: no layer body ran again in backward with activation checkpointing "
+            f"(counted by {results[0]['counted_by']}: none ran again in backward), so checkpointing was not applied "
+            f"and this compared eager with eager; `parallelize(..., activation_checkpointing=True)` must checkpoint the "
+            f"decoder layers"
+        )
 
 
 def gradient_problems(results: list[dict], loss_name: str) -> dict[str, list[str]]:
@@ -848,13 +856,95 @@ def gradient_problems(results: list[dict], loss_name: str) -> dict[str, list[str
     return problems
 
 
-def failure_text(cell, precision: Precision, headline: str, problems: dict[str, list[str]]) -> str:
-    """The assertion message: cell, dtype and tolerance, what went wrong, then one line per tensor."""
+def failure_text(cell, precision: Precision, headline: str, problems: dict[str, list[str]], hint: str = "") -> str:
+    """The failure message: cell, dtype and tolerance and the conclusion in plain words, then the
+    evidence (one line per tensor or value), then the usual fix where there is one."""
     mode = compile_mode(cell)
     lines = [f"cell {cell.id} ({precision.describe()}{', ' + mode if mode else ''}): {headline}"]
     for where, found in problems.items():
         lines += [f"  {where}: {problem}" for problem in found]
+    if hint:
+        lines.append(f"  usual fix: {hint}")
     return "\n".join(lines)
+
+
+GRADIENTS_HINT = (
+    "a recomputed layer must see what its forward saw: its own cache entry by layer index (not the latest one, "
+    "which a later layer wrote), the same random numbers (checkpoint with preserve_rng_state=True), no state a "
+    "later call changed"
+)
+REWRITE_HINT = (
+    "a checkpointed layer must leave the cache as one run of it does: assign its own entry "
+    "(cache[i] = (keys, values)) instead of appending to it, or write the cache outside the checkpointed unit"
+)
+NOT_RERUN_HINT = "checkpoint those layers: `parallelize(..., activation_checkpointing=True)` must wrap each in torch.utils.checkpoint"
+PRESENCE_HINT = (
+    "hand the cache to checkpointed layers as to plain ones; where a framework drops it under checkpointing "
+    "(transformers gives a checkpointed layer that writes the cache cache=None), do not checkpoint the layers that write it "
+    "or keep the cache out of training"
+)
+STATE_HINT = (
+    "derive a count or length from the entries themselves (len(cache[i])) instead of bumping it on every run, "
+    "or keep it outside the checkpointed unit"
+)
+ENTRIES_SHOWN = 6
+
+
+def entry_list(paths: list[str]) -> str:
+    """Cache paths as a reader scans them: the first in full, the rest after their shared root
+    (``past_key_values[0][2], [0][3]``), at most ENTRIES_SHOWN."""
+    roots = {path.partition("[")[0] for path in paths}
+    shown = [paths[0]] + [path[len(next(iter(roots))) :] if len(roots) == 1 else path for path in paths[1:]]
+    more = len(shown) - ENTRIES_SHOWN
+    return ", ".join(shown[:ENTRIES_SHOWN]) + (f" and {more} more" if more > 0 else "")
+
+
+def by_units(paths: list[str], writers: dict[str, str]) -> str:
+    """`` (unit layers.0)``: the checkpoint units whose recompute wrote those paths, where known."""
+    units = list(dict.fromkeys(writers[path] for path in paths if path in writers))
+    return f" ({'unit' if len(units) == 1 else 'units'} {', '.join(units)})" if units else ""
+
+
+def recompute_conclusion(result: dict, found: list[str]) -> tuple[str, str]:
+    """What the recompute checks of one rank found, in plain words, and the usual fix ("" if none
+    is usual): the cache growing or shrinking in backward first, then layers that did not rerun,
+    entries rewritten with other values, the cache's own state, then the first problem line."""
+    if lost_or_invented := cache_presence_problems(*result["cache_entries"]):
+        return lost_or_invented[0], PRESENCE_HINT
+    forward, backward = result["cache_paths"]
+    writers = result["cache_writers"]
+    added = [path for path in backward if path not in set(forward)]
+    removed = [path for path in forward if path not in set(backward)]
+    if added or removed:
+        done = (
+            f"recompute wrote {entry_list(added)} again{by_units(added, writers)}"
+            if added
+            else f"recompute removed {entry_list(removed)}"
+        )
+        return (
+            f"after backward the cache has {len(backward)} entries, forward left {len(forward)}: {done}",
+            REWRITE_HINT,
+        )
+    forward_calls, backward_calls = result["calls"]["with"]
+    not_rerun = [layer for layer in forward_calls if backward_calls[layer] <= forward_calls[layer]]
+    if not_rerun and result["compiled"] is None:
+        return f"backward did not rerun {', '.join(not_rerun)}: checkpointing was not applied to them", NOT_RERUN_HINT
+    if result["cache_backward"]:
+        rewritten = [path for path in result["recompute_writes"] if path in writers] or result["recompute_writes"]
+        where = f": {entry_list(rewritten)}{by_units(rewritten, writers)}" if rewritten else ""
+        return (
+            f"recompute rewrote {len(result['cache_backward'])} cache entries with values forward did not leave{where}",
+            REWRITE_HINT,
+        )
+    if result["cache_forward"]:
+        return (
+            f"with checkpointing, forward left {len(result['cache_forward'])} cache entries different from forward "
+            "without it",
+            "",
+        )
+    if result["state_backward"]:
+        return "recompute changed the cache's own state (a counter or length) that forward left", STATE_HINT
+    return found[0], ""
 
 
 def record_drift(record_property, results: list[dict]) -> None:
@@ -885,19 +975,26 @@ def test_checkpointing_leaves_loss_and_gradients_unchanged(
     require_gradients_and_recompute(cell, results)
 
     init = {f"rank {rank}": r["init"] for rank, r in enumerate(results) if r["init"]}
-    assert not init, failure_text(
-        cell,
-        precision,
-        "the two models differ before training: the model factory is not deterministic under torch.manual_seed",
-        init,
-    )
+    if init:
+        raise AssertionError(
+            failure_text(
+                cell,
+                precision,
+                "the two models differ before training: the model factory is not deterministic under torch.manual_seed",
+                init,
+            )
+        )
     problems = gradient_problems(results, "loss")
-    assert not problems, failure_text(
-        cell,
-        precision,
-        f"checkpointing changed the loss or gradients (dropout={dropout}; with checkpointing first, without second)",
-        problems,
-    )
+    if problems:
+        raise AssertionError(
+            failure_text(
+                cell,
+                precision,
+                f"checkpointing changed the loss or gradients (dropout={dropout}; with checkpointing first, without second)",
+                problems,
+                GRADIENTS_HINT,
+            )
+        )
     if dropout and not any(r["drew_random_numbers"] for r in results):
         pytest.skip(dropout_changed_nothing(dropout))
 
@@ -947,6 +1044,7 @@ def test_recompute_reruns_layers_and_rewrites_cache_identically(cell, ranks, com
     results = ranks.run(inspect_recompute, cell, components, precision, DROPOUT)
     precision = results[0]["precision"]
     problems = {}
+    conclusion = None
     for rank, result in enumerate(results):
         after_forward, after_backward = result["calls"]["with"]
         found = (
@@ -985,9 +1083,10 @@ def test_recompute_reruns_layers_and_rewrites_cache_identically(cell, ranks, com
             )
         if found:
             problems[f"rank {rank}"] = found
-    assert not problems, failure_text(
-        cell, precision, "recompute did not rerun the layers, or left the KV cache different from forward", problems
-    )
+            conclusion = conclusion or recompute_conclusion(result, found)
+    if problems:
+        headline, hint = conclusion
+        raise AssertionError(failure_text(cell, precision, headline, problems, hint))
     if not any(entries for r in results for entries in r["cache_entries"]):
         pytest.skip(no_cache_reason(results[0]["has_cache"]))
 
@@ -1010,12 +1109,15 @@ def test_checkpointing_leaves_every_buffer_unchanged(cell, module_state_run, sui
     if not results[0]["names"]:
         pytest.skip("the model has no buffers (named_buffers() is empty): nothing for recompute to change")
     problems = {f"rank {rank}": r["problems"] for rank, r in enumerate(results) if r["problems"]}
-    assert not problems, failure_text(
-        cell,
-        precision,
-        f"checkpointing changed buffers (exact; with checkpointing first, without second; compared {', '.join(results[0]['names'])})",
-        problems,
-    )
+    if problems:
+        raise AssertionError(
+            failure_text(
+                cell,
+                precision,
+                f"checkpointing changed buffers (exact; with checkpointing first, without second; compared {', '.join(results[0]['names'])})",
+                problems,
+            )
+        )
 
 
 def test_checkpointing_leaves_module_attributes_unchanged(cell, module_state_run, suite_options):
@@ -1036,13 +1138,16 @@ def test_checkpointing_leaves_module_attributes_unchanged(cell, module_state_run
         for rank, r in enumerate(results)
         if r["attribute_problems"]
     }
-    assert not problems, failure_text(
-        cell,
-        precision,
-        "checkpointing changed module attributes (exact; with checkpointing first, without second; "
-        f"left out as what body_calls() reports: {', '.join(results[0]['counters']) or 'nothing'})",
-        problems,
-    )
+    if problems:
+        raise AssertionError(
+            failure_text(
+                cell,
+                precision,
+                "checkpointing changed module attributes (exact; with checkpointing first, without second; "
+                f"left out as what body_calls() reports: {', '.join(results[0]['counters']) or 'nothing'})",
+                problems,
+            )
+        )
 
 
 def test_micro_batches_before_one_backward_leave_gradients_unchanged(
@@ -1060,10 +1165,14 @@ def test_micro_batches_before_one_backward_leave_gradients_unchanged(
     record_property("micro_batches", micro_batches)
     require_gradients_and_recompute(cell, results)
     problems = gradient_problems(results, "summed loss")
-    assert not problems, failure_text(
-        cell,
-        precision,
-        f"with {micro_batches} micro-batches forward before one backward, checkpointing changed the loss or "
-        f"gradients (with checkpointing first, without second)",
-        problems,
-    )
+    if problems:
+        raise AssertionError(
+            failure_text(
+                cell,
+                precision,
+                f"with {micro_batches} micro-batches forward before one backward, checkpointing changed the loss or "
+                f"gradients (with checkpointing first, without second)",
+                problems,
+                GRADIENTS_HINT,
+            )
+        )

@@ -114,10 +114,11 @@ def test_rebuilt_run_starts_from_other_weights(cell, experiment, suite_options, 
     if cell["optimizer"] in suite_options.quantized_state_optimizers:
         record_property("quantized_states", [len(record.quantized_at_save) for record in records])
         plain = [rank for rank, record in enumerate(records) if not record.quantized_at_save]
-        assert not plain, (
-            f"{cell.id}: ranks {plain} hold no quantized optimizer state at the checkpoint step (all plain floats): "
-            f"the params are too small for {cell['optimizer']}'s quantizer, so this cell checked unquantized state"
-        )
+        if plain:
+            raise AssertionError(
+                f"{cell.id}: ranks {plain} hold no quantized optimizer state at the checkpoint step (all plain floats): "
+                f"the params are too small for {cell['optimizer']}'s quantizer, so this cell checked unquantized state"
+            )
 
 
 AFTER_LOAD_PIECES = (
@@ -159,7 +160,8 @@ def test_state_restored_right_after_load(cell, experiment, piece):
     problems = {rank: record.after_load[piece] for rank, record in enumerate(records) if record.after_load[piece]}
     listing = [f"  across ranks: {line}" for line in partial_restore(piece, records) + rank_zero_rng(piece, records)]
     listing += [f"  rank {rank}: {line}" for rank, lines in problems.items() for line in lines]
-    assert not problems, f"{cell.id}, {piece} right after load vs at save:\n" + "\n".join(listing)
+    if problems:
+        raise AssertionError(f"{cell.id}, {piece} right after load vs at save:\n" + "\n".join(listing))
     if piece in NOTHING_TO_COMPARE and not any(record.extra_state_saved for record in records):
         pytest.skip(NOTHING_TO_COMPARE[piece])
     if all(piece in record.equal_before_load for record in records):
@@ -223,7 +225,8 @@ def test_final_parameters_identical(cell, experiment):
     for rank, record in enumerate(experiment):
         problems = parameter_mismatches(record.straight.parameters, record.resumed.parameters)
         listing = "\n".join(problems)
-        assert not problems, f"{cell.id} rank {rank}, final parameters, straight vs resumed:\n{listing}"
+        if problems:
+            raise AssertionError(f"{cell.id} rank {rank}, final parameters, straight vs resumed:\n{listing}")
 
 
 def test_final_optimizer_state_identical(cell, experiment):
@@ -234,7 +237,8 @@ def test_final_optimizer_state_identical(cell, experiment):
         problems = state_mismatches(straight.optimizer_state, resumed.optimizer_state)
         problems += dtype_device_mismatches(straight.optimizer_state_dtype_device, resumed.optimizer_state_dtype_device)
         listing = "\n".join(problems)
-        assert not problems, f"{cell.id} rank {rank}, final optimizer state, straight vs resumed:\n{listing}"
+        if problems:
+            raise AssertionError(f"{cell.id} rank {rank}, final optimizer state, straight vs resumed:\n{listing}")
 
 
 def test_checkpoint_loads_into_other_implementations(cell, experiment, record_property):
@@ -268,11 +272,12 @@ def test_checkpoint_loads_into_other_implementations(cell, experiment, record_pr
         for name in loaded
     }
     failing = [name for name, lines in problems.items() if lines]
-    assert not failing, (
-        f"{cell.id}: the checkpoint the {implementation_of(cell)} implementation saved does not load exactly into "
-        f"{', '.join(failing)} ({len(failing)} of the {len(loaded)} others built here):\n"
-        + "\n".join(line for name in failing for line in problems[name])
-    )
+    if failing:
+        raise AssertionError(
+            f"{cell.id}: the checkpoint the {implementation_of(cell)} implementation saved does not load exactly into "
+            f"{', '.join(failing)} ({len(failing)} of the {len(loaded)} others built here):\n"
+            + "\n".join(line for name in failing for line in problems[name])
+        )
     if not loaded:
         pytest.skip(
             "no other implementation was loaded into here: "

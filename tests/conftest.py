@@ -25,6 +25,13 @@ def checkout_env(*also: Path | None) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
 
 
+def unconstrained_pip(environ: Mapping[str, str]) -> dict[str, str]:
+    """`environ` for a test's own pip installs: the user's pip constraints (pip.conf's `constraint`,
+    PIP_CONSTRAINT) lifted, since a configured `torch<=X` cap refuses the releases and wheels a test
+    installs; the index settings stay, so the installs still find torch where the user's pip does."""
+    return {**environ, "PIP_CONSTRAINT": os.devnull}
+
+
 # The reference components the resume suite needs (matrix.toml's, without batch and TE).
 REFERENCE_COMPONENTS = {
     "model": "torchmatrix.models.transformer:build_model",

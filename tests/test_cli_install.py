@@ -6,13 +6,14 @@ to this one-line install or to the nox sessions that do it; CI proves the instal
 
 from __future__ import annotations
 
+import os
 import subprocess
 import venv
 
 import pytest
 from test_reports_upgrade_diff import write_single_version_run
 
-from conftest import REPO
+from conftest import REPO, unconstrained_pip
 from reports_fixture import BASELINE, CANDIDATE
 
 pytestmark = pytest.mark.slow
@@ -22,7 +23,11 @@ def test_every_command_the_docs_show_runs_after_the_one_line_install(tmp_path):
     venv.create(tmp_path / "venv", with_pip=True)
     python = str(tmp_path / "venv" / "bin" / "python")
     install = subprocess.run(
-        [python, "-m", "pip", "install", "-q", "-e", str(REPO)], capture_output=True, text=True, timeout=600
+        [python, "-m", "pip", "install", "-q", "-e", str(REPO)],
+        env=unconstrained_pip(os.environ),
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert install.returncode == 0, install.stderr
 

@@ -23,8 +23,11 @@ import textwrap
 import pytest
 import yaml
 
+from torchmatrix import status
 from torchmatrix.cli import build_parser
 from torchmatrix.matrix.config import ConfigError, load_matrix, tomllib
+from torchmatrix.matrix.selection import SelectionError
+from torchmatrix.matrix.suite_selection import SuiteSelection
 
 from conftest import REPO, checkout_env
 
@@ -109,12 +112,21 @@ def concrete(words: list[str]) -> list[str]:
 
 
 def parse_torchmatrix(arguments: list[str]) -> None:
-    """What `python -m torchmatrix` would do with these arguments up to running: argparse's verdict."""
+    """What `python -m torchmatrix` would do with these arguments up to running: argparse's verdict,
+    then, for `run`, the suites and tests `--suite` and `--test` name, looked up in this checkout's
+    matrix.toml and suite files."""
     try:
-        build_parser().parse_args(arguments)
+        parsed = build_parser().parse_args(arguments)
     except SystemExit as stop:
         if stop.code != 0:  # --help exits 0
             raise AssertionError(f"torchmatrix {shlex.join(arguments)}: the parser refuses it") from None
+        return
+    if parsed.command == "run" and (parsed.suites or parsed.tests):
+        matrix = load_matrix(str(REPO / "matrix.toml"))
+        try:
+            SuiteSelection(tuple(parsed.suites), tuple(parsed.tests)).choose(matrix.suites, matrix.root)
+        except SelectionError as error:
+            raise AssertionError(f"torchmatrix {shlex.join(arguments)}: {error}") from None
 
 
 @pytest.fixture(scope="module")
@@ -260,6 +272,7 @@ def rendered(relative: str) -> str:
         ("reference/command-line.md", "torchmatrix.cli_reference:markdown_reference"),
         ("reference/results-json.md", "torchmatrix.reports.format_reference:results_json_keys"),
         ("reference/junit.md", "torchmatrix.reports.format_reference:junit_properties"),
+        ("getting-started/reading-the-report.md", "torchmatrix.status:legend_markdown"),
     ],
 )
 def test_each_reference_table_is_on_its_page_as_the_code_renders_it(page, table):
@@ -312,6 +325,11 @@ def test_the_command_line_page_lists_every_command_and_option_the_parser_has():
         ("python bench/matrix_walltime.py --no-such-option", "takes no --no-such-option"),
         ("python bench/no_such_bench.py", "no such file"),
         ("pip install torchmatrix-nightly", "no test checks it"),
+        (
+            "python -m torchmatrix run --torch system --test grad_ckpt::test_grads_match",
+            "matches no test of suite grad_ckpt",
+        ),
+        ("nox -s gpu_matrix -- --suite grad_checkpointing", "no suite 'grad_checkpointing'"),
     ],
 )
 def test_a_rotten_command_is_caught(command, refusal, nox_sessions):
@@ -324,6 +342,65 @@ def test_a_rotten_command_is_caught(command, refusal, nox_sessions):
 def test_a_rotten_matrix_toml_snippet_is_caught(tmp_path):
     with pytest.raises(AssertionError, match="no_such_key"):
         test_every_matrix_toml_snippet_loads("page.md:1", "[report]\nno_such_key = 1\n", tmp_path)
+
+
+def test_the_site_opens_from_disk_with_code_that_wraps():
+    """Pages are files (a page opened from disk links to page.html, not to a directory listing), and
+    code blocks wrap their long lines."""
+    config = yaml.safe_load((REPO / "mkdocs.yml").read_text())
+    assert config["use_directory_urls"] is False
+    css = [REPO / "docs" / sheet for sheet in config["extra_css"]]
+    assert any("white-space: pre-wrap" in sheet.read_text() for sheet in css)
+
+
+def test_the_marks_legend_reads_without_an_emoji_font():
+    """Every mark a grid shows is in the legend the docs render (reading-the-report.md, checked
+    above to be the generated table) with its meaning in words and summary.html's symbol, a plain
+    text character: no emoji code point and no emoji variation selector."""
+    shown = [mark for mark, _ in status.grid_legend()]
+    special = {status.PARTLY_SKIPPED, status.ORDER_DEPENDENT, status.NOT_RUN}
+    assert {outcome.mark for outcome in status.Status} | special == set(shown)
+    for mark, meaning in status.grid_legend():
+        assert meaning and mark.symbol, mark
+        assert all(ord(char) < 0x1F000 and char != "\ufe0f" for char in mark.symbol), mark
+
+
+PROGRESS_LINE = re.compile(r"^\[\s*(\d+)/(\d+)\] torch (\S+) (\S+): (\w+) \((\d+) tests")
+
+
+def test_the_first_runs_progress_lines_name_cells_and_counts_of_the_default_matrix():
+    """The progress lines the first-run page shows name cells of this checkout's matrix.toml, with
+    an N of its cells (one version or all, every world size or the one-rank path) and k within it.
+    (Transcripts of other matrices, as the bisect page's, say which run they come from.)"""
+    matrix = load_matrix(str(REPO / "matrix.toml"))
+    cells = matrix.cells()
+    one_rank = [cell for cell in cells if cell.world_size == 1]
+    totals = {len(cells), len(cells) * len(matrix.versions), len(one_rank), len(one_rank) * len(matrix.versions)}
+    page = REPO / "docs" / "getting-started" / "first-run.md"
+    found = [match for line in page.read_text().splitlines() if (match := PROGRESS_LINE.match(line))]
+    assert found, "the first-run page shows the progress lines"
+    for match in found:
+        done, total, _, cell, _, _ = match.groups()
+        assert cell in {c.id for c in cells}, f"{cell} is not a cell of matrix.toml"
+        assert int(total) in totals and 1 <= int(done) <= int(total), f"[{done}/{total}]"
+
+
+SUITE_COUNTS = {"four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8}
+
+
+def test_the_screenshot_caption_counts_what_the_one_rank_path_runs():
+    """README's caption of docs/images/summary.png (docs/screenshot.py: the world_size=1 cells of this
+    checkout's matrix.toml) names as many cells and suites as that selection has."""
+    caption = re.search(r"--only world_size=1` on a CPU-only machine: (\d+) cells, (\w+) suites each", readme_text())
+    assert caption, "README's screenshot caption says what the page shows"
+    matrix = load_matrix(str(REPO / "matrix.toml"))
+    one_rank = [cell for cell in matrix.cells() if cell.world_size == 1]
+    assert (int(caption[1]), SUITE_COUNTS.get(caption[2])) == (len(one_rank), len(matrix.suites))
+
+
+def readme_text() -> str:
+    """README.md with its line breaks as spaces, so a phrase reads whole wherever it wraps."""
+    return " ".join((REPO / "README.md").read_text().split())
 
 
 @pytest.mark.slow

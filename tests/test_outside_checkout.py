@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import copy_checkout
+from conftest import copy_checkout, unconstrained_pip
 
 pytestmark = pytest.mark.slow
 
@@ -97,7 +97,7 @@ def test_a_users_repository_runs_builtin_suites_and_its_own(tmp_path):
     environ = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "VIRTUAL_ENV")}
     subprocess.run(
         [str(python), "-m", "pip", "install", "-q", "torch==2.13.0", "numpy", str(checkout)],
-        env=environ,
+        env=unconstrained_pip(environ),
         check=True,
         capture_output=True,
     )

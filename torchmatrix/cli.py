@@ -21,6 +21,7 @@ from torchmatrix.exit_codes import ExitCode
 from torchmatrix.matrix.config import Matrix, load_matrix
 from torchmatrix.matrix.safe_names import check_name
 from torchmatrix.matrix.selection import SelectionError, Shard, parse_only
+from torchmatrix.matrix.suite_selection import EXAMPLE_SUITE, SuiteSelection, example_test, split_test
 from torchmatrix.ranks.output_cap import DEFAULT_CAP_BYTES
 from torchmatrix.reports import junit
 from torchmatrix.reports.closing import closing_lines, run_closing_lines
@@ -90,9 +91,10 @@ def _positive(text: str) -> int:
 
 
 def _suite_test(text: str) -> str:
-    suite, separator, test = text.partition("::")
-    if not separator or not suite or not test:
-        raise argparse.ArgumentTypeError(f"{text!r}: write it as SUITE::TEST, e.g. grad_ckpt::test_grads_match")
+    try:
+        split_test(text)
+    except SelectionError as error:
+        raise argparse.ArgumentTypeError(str(error).removeprefix(f"--test {text!r}: ")) from None
     return text
 
 
@@ -129,13 +131,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="the run id was used before (a requeued job): delete what that attempt left for this torch version and start clean",
     )
     run.add_argument(
+        "--suite",
+        dest="suites",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help=f"run only this suite of matrix.toml (repeatable), e.g. --suite {EXAMPLE_SUITE}",
+    )
+    run.add_argument(
         "--test",
         dest="tests",
         action="append",
         default=[],
         type=_suite_test,
         metavar="SUITE::TEST",
-        help="run only this test of the selected cells (repeatable), e.g. --test grad_ckpt::test_grads_match",
+        help=f"run only this test of the selected cells (repeatable), e.g. --test {example_test()}; "
+        "a function name runs every parametrization of it, TEST[name=value] one of them",
     )
     run.add_argument("--install-log", type=Path, default=None, help=argparse.SUPPRESS)
     run.add_argument(
@@ -444,7 +455,7 @@ def _run(matrix: Matrix, args) -> int:
         confirm_limit=args.confirm_limit,
         part=InvocationPart(*args.progress_part, since=args.progress_since, install_seconds=args.progress_install),
         cross_version_reads=args.cross_version_reads,
-        tests=tuple(args.tests),
+        selection=SuiteSelection(tuple(args.suites), tuple(args.tests)),
         **_filters(matrix, args),
     )
     code = run_version(request)

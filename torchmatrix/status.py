@@ -100,6 +100,28 @@ ORDER_DEPENDENT = Mark("⚠️", "?", "order-dependent")
 NOT_RUN = Mark("·", "·", "none")
 
 
+def grid_legend() -> list[tuple[Mark, str]]:
+    """Every mark the grids show, in the order a suite's worst test decides it, with its meaning in words."""
+    return [
+        (Status.ERROR.mark, "error: a test errored (its setup failed, its process died or hung)"),
+        (Status.FAILED.mark, "failed"),
+        (ORDER_DEPENDENT, "failed in the run but passed when re-run alone (order-dependent or flaky)"),
+        (Status.SIMULATION_LIMIT.mark, "CPU-simulation limit: a failure only ranks simulated on CPU cause"),
+        (Status.PASSED.mark, "all passed"),
+        (PARTLY_SKIPPED, "passed, with some tests skipped"),
+        (Status.SKIPPED.mark, "skipped: every test skipped, each with its reason"),
+        (NOT_RUN, "not run: the suite has no run in this cell"),
+    ]
+
+
+def legend_markdown() -> str:
+    """The grids' marks as the documentation lists them: summary.md's emoji, summary.html's symbol
+    (on its colour) and the meaning in words, so the legend reads without an emoji font."""
+    rows = ["| summary.md | summary.html | means |", "|---|---|---|"]
+    rows += [f"| {mark.emoji} | `{mark.symbol}` | {meaning} |" for mark, meaning in grid_legend()]
+    return "\n".join(rows)
+
+
 def tally(totals: Mapping[str, int]) -> str:
     """`12 passed, 1 failed, 0 errors, 3 skipped`: counts per status as the terminal lines say them; CPU-simulation
     limits only where there are any (a GPU run has none, and totals counted before they existed lack the key)."""

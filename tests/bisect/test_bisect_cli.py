@@ -63,7 +63,7 @@ def test_run_test_names_a_suite_of_the_selection(tmp_path):
     write_demo_project(tmp_path, axes={"world_size": [1]})
     done = torchmatrix(tmp_path, "run", "--torch", "system", "--test", "nosuch::test_x")
     assert done.returncode == 2
-    assert "no selected cell runs suite 'nosuch'; use one of: demo" in done.stderr
+    assert "--test nosuch::test_x: no suite 'nosuch' in this run; its suites: demo" in done.stderr
     malformed = torchmatrix(tmp_path, "run", "--torch", "system", "--test", "test_x")
     assert malformed.returncode == 2 and "write it as SUITE::TEST" in malformed.stderr
 

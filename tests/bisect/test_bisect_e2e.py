@@ -25,7 +25,7 @@ import pytest
 
 from torchmatrix.env.torch_install import pip_index_options
 
-from conftest import write_matrix
+from conftest import unconstrained_pip, write_matrix
 
 pytestmark = pytest.mark.slow
 
@@ -149,8 +149,6 @@ def project(workdir, torch_site) -> dict:
     (root / "suites").mkdir()
     (root / "suites" / "test_release_switch.py").write_text(SUITE)
     (root / "release_switch.py").write_text(COMPONENT)
-    no_constraints = root / "no-constraints.txt"
-    no_constraints.write_text("")
     write_matrix(
         root,
         torch=["2.90.0", "2.98.0"],
@@ -159,10 +157,8 @@ def project(workdir, torch_site) -> dict:
         components={"reducer": "release_switch:reduce_sum"},
     )
     env = {
-        **os.environ,
+        **unconstrained_pip(os.environ),
         "PIP_FIND_LINKS": " ".join([str(wheels), *_find_links()]),
-        # A configured constraint (a company's `torch<=X` cap) would refuse the fake releases.
-        "PIP_CONSTRAINT": str(no_constraints),
         "TORCHMATRIX_WHEELHOUSE": str(root / "wheelhouse"),
         "RELEASE_SWITCH_FIRST_BAD": "2.95.0",
         "RELEASE_SWITCH_STATE": str(root / "flaky-state"),

@@ -180,3 +180,28 @@ def test_run_takes_its_part_of_the_invocation_on_the_command_line(capsys):
     with pytest.raises(SystemExit) as refused:
         build_parser().parse_args(["run", "--torch", "system", "--progress-part", "3/2"])
     assert refused.value.code == 2 and "write it as K/N with 1 <= K <= N" in capsys.readouterr().err
+
+
+def test_a_line_comes_at_least_every_30_seconds_while_cells_run(clock):
+    """No cell finishes for a minute: a heartbeat line at 30 s, none before, the last ETA counted
+    down since it was given; a cell line resets the 30 s."""
+    stream = io.StringIO()
+    line = Progress("2.13.0", 4, stream)
+    clock.now += 29
+    line.heartbeat("4 cells to finish")
+    assert stream.getvalue() == "", "nothing to say before 30 s of silence"
+    clock.now += 1
+    line.heartbeat("4 cells to finish")
+    assert stream.getvalue().splitlines() == [
+        "torchmatrix: torch 2.13.0: 0/4 cells done, 4 cells to finish | 0:30 elapsed"
+    ]
+    clock.now += 10
+    line.cell_finished("ws1-a", [("big::t", Status.PASSED)], TOTALS)  # ETA 2:00: 40 s a cell, three left
+    clock.now += 29
+    line.heartbeat("3 cells to finish")
+    assert len(stream.getvalue().splitlines()) == 2
+    clock.now += 16
+    line.heartbeat("3 cells to finish")
+    assert stream.getvalue().splitlines()[-1] == (
+        "torchmatrix: torch 2.13.0: 1/4 cells done, 3 cells to finish | 1:25 elapsed, ETA 1:15"
+    )

@@ -83,3 +83,40 @@ def test_an_empty_shard_is_an_empty_run_that_still_reports(demo):
     report = demo.torchmatrix("report", "reports/empty")
     assert report.returncode == 0, report.stderr
     assert (demo.root / "reports" / "empty" / "summary.md").is_file()
+
+
+SELECTED_SUITE = """
+import pytest
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_p(cell, n):
+    pass
+
+
+def test_other(cell):
+    pass
+"""
+
+
+@pytest.mark.slow
+def test_a_test_name_runs_every_parametrization_and_one_that_matches_nothing_errors_naming_them(project):
+    project.write("matrix.toml", MATRIX.replace("world_size = [1, 2]", "world_size = [1]"))
+    project.write("suites/test_demo.py", SELECTED_SUITE)
+    done = project.torchmatrix(
+        "run", "--torch", "system", "--confirm-limit", "0", "--test", "demo::test_p", "--test", "demo::test_p[n=3]"
+    )
+    assert done.returncode == 1, done.stderr
+    cases = {case.name.split("[torch=", 1)[0]: case for _, case in merged_cases(project)}
+    assert sorted(cases) == ["test_p[n=1]", "test_p[n=2]", "test_p[n=3]"], "test_other is not run"
+    assert not cases["test_p[n=1]"].result and not cases["test_p[n=2]"].result
+    assert cases["test_p[n=3]"].is_error
+    assert cases["test_p[n=3]"].result[0].message == (
+        "--test demo::test_p[n=3] matches no test of suite demo in this cell; "
+        "test_p runs here as test_p[n=1], test_p[n=2]; name one of them, or test_p for all"
+    )
+    missing = project.torchmatrix("run", "--torch", "system", "--test", "demo::test_q")
+    assert missing.returncode == 2
+    assert missing.stderr.strip() == (
+        "torchmatrix: error: --test demo::test_q matches no test of suite demo (test_demo.py); its tests: test_other, test_p"
+    )

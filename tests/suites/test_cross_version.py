@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PROJECT_IS_THIS_CHECKOUT, REFERENCE_COMPONENTS, REPO, checkout_env, matrix_toml
+from conftest import PROJECT_IS_THIS_CHECKOUT, REFERENCE_COMPONENTS, REPO, checkout_env, matrix_toml, unconstrained_pip
 
 pytestmark = pytest.mark.slow
 
@@ -46,7 +46,7 @@ def candidate_python() -> str:
         ):
             subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
             pip = [str(python), "-m", "pip", "install", "-q", f"torch=={CANDIDATE}", "numpy", "-e", str(REPO)]
-            subprocess.run(pip, check=True, timeout=1200)
+            subprocess.run(pip, env=unconstrained_pip(os.environ), check=True, timeout=1200)
     return str(python)
 
 

@@ -45,11 +45,12 @@ def test_the_suites_on_a_tiny_hf_llama(tmp_path):
     failed = {key: case for key, case in cases.items() if not (case.is_passed or case.is_skipped)}
     assert sorted(failed) == [(cell, CACHE_CHECK) for cell in CELLS], output
     for (cell, _), case in failed.items():
-        # the message is the root cause line, the assertion's headline; the lines under it name the entry
+        # the message is the root cause line, the conclusion; the lines under it name the entry, then the fix
         assert case.result[0].message == (
-            f"AssertionError: cell {cell} (float32, bit for bit): "
-            "recompute did not rerun the layers, or left the KV cache different from forward"
+            f"AssertionError: cell {cell} (float32, bit for bit): the model returned a cache of 4 entries without "
+            "checkpointing and none with it (None or empty): checkpointing lost the cache"
         ), case.result[0].message
+        assert "usual fix: hand the cache to checkpointed layers as to plain ones" in case.result[0].text
         for line in (
             "rank 0: cache entry past_key_values.layers[0].keys: missing from the first",
             "rank 0: the model returned a cache of 4 entries without checkpointing and none with it",

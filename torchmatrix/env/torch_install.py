@@ -28,6 +28,7 @@ from packaging.version import InvalidVersion, Version
 
 from torchmatrix import file_writes
 from torchmatrix.env.install_progress import InstallProgress, ProgressLine
+from torchmatrix.env.pip_constraints import blocking_constraint
 from torchmatrix.matrix.config import TorchInstall
 
 WHEELHOUSE_VARIABLE = "TORCHMATRIX_WHEELHOUSE"
@@ -163,12 +164,14 @@ def install_torch(session, version: str, install: TorchInstall, log_path: Path) 
             *options,
             *_progress_option(installer_version, uv),
         ]
+        listed = False  # whether pip's index lists the version: only then can a constraint be what refuses it
         if not uv:
             listing = session.run_install(
                 "python", "-m", "pip", "index", "versions", "torch", *pre, *options, silent=True, success_codes=[0, 1]
             )
             log.write(f"# pip index versions torch\n{listing}\n")
-            check = None if index_has(version, listing or "") else [*check, "--ignore-installed"]
+            listed = index_has(version, listing or "")
+            check = None if listed else [*check, "--ignore-installed"]
         wanted = [f"torch=={version}", "numpy", *install.requirements]
         wheels = None if uv else wheelhouse(version, install)
         if wheels is None:
@@ -194,7 +197,13 @@ def install_torch(session, version: str, install: TorchInstall, log_path: Path) 
                     session.run_install(*command, stdout=stream.writer, stderr=subprocess.STDOUT)
             except nox.command.CommandFailed:
                 stream.close()
-                reason = progress.reason or f"the installer failed (see {log_path})"
+                log.flush()
+                installer_output = log_path.read_text(errors="replace")
+                reason = (
+                    (listed and blocking_constraint(version, installer_output, pip_config, install.constraints))
+                    or progress.reason
+                    or f"the installer failed (see {log_path})"
+                )
                 line.close(f"failed: {reason}")
                 return InstallResult(False, reason)
             stream.close()

@@ -33,7 +33,8 @@ class Group:
     """Suite runs of one world size, run by one pytest process with one rank pool.
 
     A group wider than one node has a `launcher` (e.g. `srun ... torchrun ...`) that starts
-    pytest once per rank instead. A confirmation group names the `only_tests` it re-runs.
+    pytest once per rank instead. `only_tests` (SUITE::TEST) narrows the suites it names to those
+    tests: what `--test` asked for, or the one test a confirmation group re-runs.
     """
 
     name: str

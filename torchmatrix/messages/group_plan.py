@@ -35,7 +35,8 @@ class GroupPlan:
     and where its events, gate and ranks come from.
 
     `launched` is True when an external launcher (torchrun, srun) starts one pytest per rank;
-    `only_tests` maps a run key to the tests a confirmation process re-runs (empty otherwise);
+    `only_tests` maps a run key to the tests it keeps of that run (`--test`'s, or the one a
+    confirmation process re-runs; a function name keeps every parametrization), absent: all;
     `optional` is matrix.toml's `[optional]`, key -> `OptionalWhere.to_json()`;
     `known_failures` maps a run key to the (test glob, reason) pairs of `[[known_failure]]` covering it.
     """

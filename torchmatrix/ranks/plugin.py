@@ -32,6 +32,7 @@ from torchmatrix.env.component_requirements import uninstalled_here
 from torchmatrix.matrix.cells import Cell
 from torchmatrix.matrix.plan import run_key
 from torchmatrix.matrix.suite_options import SuiteOptions
+from torchmatrix.matrix.suite_selection import selects, unmatched_test_message, unmatched_tests
 from torchmatrix.messages.events import (
     Collected,
     CollectError,
@@ -141,10 +142,14 @@ class CellPlan:
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, config, items):
-        """Run cell by cell (in plan order) so results of whole cells arrive early; a confirmation
-        run keeps only the test it re-runs."""
+        """Run cell by cell (in plan order) so results of whole cells arrive early; a run the plan
+        narrows (`--test`, a confirmation) keeps only the tests it names, and each name that matches
+        none of the run's tests is an error of the run naming the tests it has."""
+        names_by_run: dict[str, list[str]] = {}
+        for item in items:
+            names_by_run.setdefault(self._key(item), []).append(test_name(item))
         if self.only_tests:
-            kept = [item for item in items if test_name(item) in self.only_tests.get(self._key(item), ())]
+            kept = [item for item in items if self.keeps(item)]
             config.hook.pytest_deselected(items=[item for item in items if item not in kept])
             items[:] = kept
         for item in items:
@@ -155,7 +160,24 @@ class CellPlan:
             key = self._key(item)
             if key in collected:
                 collected[key].append(test_name(item))
+        unmatched = {
+            key: unmatched_tests(names, names_by_run.get(key, ()))
+            for key, names in self.only_tests.items()
+            if key in collected
+        }
+        for key, names in unmatched.items():
+            collected[key].extend(names)
         self.events.write(Collected(collected))
+        for key, names in unmatched.items():
+            suite, cell = self.plan.runs[self.order[key]]
+            for name in names:
+                message = unmatched_test_message(suite, name, names_by_run.get(key, ()))
+                self.events.write(TestFinished("", suite, cell.id, name, status="error", message=message))
+
+    def keeps(self, item) -> bool:
+        """Whether the plan keeps this collected test: every test of a run it does not narrow."""
+        key = self._key(item)
+        return key not in self.only_tests or any(selects(name, test_name(item)) for name in self.only_tests[key])
 
     def mark_known_failure(self, item) -> None:
         """A test a `[[known_failure]]` entry covers in this cell runs as a non-strict xfail: its

@@ -17,6 +17,8 @@ from torchmatrix.reports.outcomes import OutcomeBook, TestOutcome
 from torchmatrix.status import Confirmation, Status
 
 DEFAULT_LIMIT = 25
+GROUP_PREFIX = "confirm"
+"""How a confirmation process's group (its plan and event log) is named, so a rebuild can leave it out."""
 REPORTED_NOTHING = "the confirmation process reported nothing for this test"
 NOT_RECORDED = "confirmation switched off by --confirm-limit 0, or a suite that never collected"
 PAST_LIMIT = re.compile(r"^more than (\d+) failures to re-run")
@@ -32,10 +34,10 @@ class Retry:
     def group(self, index: int) -> Group:
         """A pytest process of its own, whose plan keeps only this test of this run."""
         return Group(
-            f"confirm{index}-ws{self.run.cell.world_size}",
+            f"{GROUP_PREFIX}{index}-ws{self.run.cell.world_size}",
             self.run.cell.world_size,
             (self.run,),
-            only_tests=(self.outcome.test,),
+            only_tests=(f"{self.run.suite.name}::{self.outcome.test}",),
         )
 
 

@@ -16,9 +16,8 @@ from torchmatrix.matrix.config import Suite
 from torchmatrix.matrix.plan import plan_runs
 from torchmatrix.matrix.safe_names import UnsafeName, check_name
 from torchmatrix.messages.events import EventReader
-from torchmatrix.messages.group_plan import GroupPlan
 from torchmatrix.messages.run_plan import FILE_NAME, PlanFileError, RunPlan, read_plan
-from torchmatrix.reports import junit
+from torchmatrix.reports import confirmation, junit
 from torchmatrix.reports.outcomes import OutcomeBook
 from torchmatrix.status import Status
 
@@ -75,14 +74,9 @@ def _planned(plan: RunPlan, path: Path) -> tuple[list[Cell], dict[str, Suite]]:
 
 
 def _main_event_logs(logs: Path) -> list[Path]:
-    """Event logs of the cell runs; confirmation re-runs (a plan with only_tests) are left out."""
-    found = []
-    for plan in sorted(logs.glob("*.plan.json")):
-        try:
-            confirmation = GroupPlan.read(plan).only_tests
-        except (OSError, ValueError):
-            continue
-        events = plan.with_name(plan.name.removesuffix(".plan.json") + ".events.jsonl")
-        if not confirmation and events.is_file():
-            found.append(events)
-    return found
+    """Event logs of the cell runs; those of confirmation re-runs are left out."""
+    return [
+        events
+        for events in sorted(logs.glob("*.events.jsonl"))
+        if not events.name.startswith(confirmation.GROUP_PREFIX)
+    ]

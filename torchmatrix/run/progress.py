@@ -15,6 +15,8 @@ from torchmatrix.run.eta import WorkEstimate
 from torchmatrix.status import Status, tally
 
 FAILING_NAMED = 3
+HEARTBEAT_S = 30.0
+"""The longest the terminal goes without a line while cells run: a silent CI log reads as a hang."""
 
 
 def format_seconds(seconds: float) -> str:
@@ -73,9 +75,28 @@ class Progress:
         self.started_here = time.time()
         self.started = self.started_here if part.since is None else part.since
         self.part = part
+        self.last_said = self.started_here
+        self.last_eta: tuple[float, float] | None = None
+        """When the last cell line was printed, and the ETA it gave."""
 
     def say(self, text: str) -> None:
         print(text, file=self.stream, flush=True)
+        self.last_said = time.time()
+
+    def heartbeat(self, doing: str, now: float | None = None) -> None:
+        """A line when none came for HEARTBEAT_S: what is `doing` (`5 cells to finish`), the cells
+        done, the elapsed time, and the last cell line's ETA counted down since."""
+        now = time.time() if now is None else now
+        if now - self.last_said < HEARTBEAT_S:
+            return
+        eta = ""
+        if self.last_eta is not None:
+            said_at, seconds = self.last_eta
+            eta = f", ETA {format_seconds(max(seconds - (now - said_at), 0.0))}"
+        self.say(
+            f"torchmatrix: torch {self.version}: {self.done}/{self.total} cells done, {doing}"
+            f" | {format_seconds(now - self.started)} elapsed{eta}"
+        )
 
     def cell_finished(self, cell_id: str, tests: list[tuple[str, Status]], totals: Mapping[Status, int]) -> None:
         """One line for a finished cell; ``tests`` is (test name, status) for each of its tests."""
@@ -95,6 +116,7 @@ class Progress:
             self.first_finished = now
         eta += self.part.versions_after * (self.part.install_seconds + self.first_finished - self.started_here)
         width = len(str(self.total))
+        self.last_eta = (now, eta)
         self.say(
             f"[{self.done:>{width}}/{self.total}] torch {self.version} {cell_id}: {cell_outcome(tests)}"
             f" | {tally(totals)}"

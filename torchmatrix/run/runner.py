@@ -32,6 +32,7 @@ from torchmatrix.matrix.known_failures import expected_failures
 from torchmatrix.matrix.plan import Group, SuiteRun, group_runs, plan_runs
 from torchmatrix.matrix.safe_names import UnsafeName, check_name
 from torchmatrix.matrix.selection import Shard
+from torchmatrix.matrix.suite_selection import SuiteSelection
 from torchmatrix.messages.cross_version import reads_dir
 from torchmatrix.messages.group_plan import GroupPlan, SuiteSpec
 from torchmatrix.messages.run_lock import LOCK_NAME, RunBusy, lock_version_directory
@@ -73,7 +74,7 @@ class RunRequest:
     only: dict = field(default_factory=dict)
     keyword: str | None = None
     shard: Shard | None = None
-    tests: tuple[str, ...] = ()
+    selection: SuiteSelection = SuiteSelection()
     install_log: Path | None = None
     gpus_per_node: int | None = None
     multinode_launcher: str | None = None
@@ -154,12 +155,11 @@ def _run_version(request: RunRequest, stream, interrupts: Interrupts) -> ExitCod
     matrix = request.matrix
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     cells = _cells(request)
-    runs = only_tests_of(
-        plan_runs(
-            cells, cross_version.suites_for(matrix, request.version, request.run_dir, reads=request.cross_version_reads)
-        ),
-        request.tests,
+    suites = request.selection.choose(
+        cross_version.suites_for(matrix, request.version, request.run_dir, reads=request.cross_version_reads),
+        matrix.root,
     )
+    runs = plan_runs(cells, suites)
     book = OutcomeBook(runs)
     environment: dict = {"device": "none (interrupted before the torch probe finished)"}
     progress = Progress(request.version, len(cells), stream, part=request.part)
@@ -284,21 +284,6 @@ def _checked(cell: Cell) -> Cell:
     return cell
 
 
-def only_tests_of(runs: list[SuiteRun], tests: tuple[str, ...]) -> list[SuiteRun]:
-    """The suite runs of the suites `tests` (SUITE::TEST) name, all of them when it is empty;
-    raise RunError naming the suites when one is not in the matrix."""
-    if not tests:
-        return runs
-    suites = {test.partition("::")[0] for test in tests}
-    known = {run.suite.name for run in runs}
-    unknown = sorted(suites - known)
-    if unknown:
-        raise RunError(
-            f"--test {unknown[0]}::...: no selected cell runs suite {unknown[0]!r}; use one of: {', '.join(sorted(known))}"
-        )
-    return [run for run in runs if run.suite.name in suites]
-
-
 def _slots(request: RunRequest, environment: dict) -> int:
     """How many ranks may run at once: --slots, else the GPUs, else the cores this process may use."""
     gpu_count = environment["gpu_count"] if environment["device_type"] == "cuda" else 0
@@ -416,6 +401,7 @@ def _run_cells(
                 )
                 tests = [(f"{run.suite.name}::{o.test}", o.status) for run, o in book.for_cell(cell)]
                 progress.cell_finished(cell.id, tests, book.counts(finished))
+        progress.heartbeat(f"{count(len(cells) - len(finished), 'cell')} to finish")
 
     def scheduler(groups: list[Group], **kwargs) -> Scheduler:
         return Scheduler(
@@ -428,8 +414,8 @@ def _run_cells(
         )
 
     groups = group_runs(runnable, slots, fillers=not gpu_count)
-    if request.tests:
-        groups = [replace(group, only_tests=tuple(t.partition("::")[2] for t in request.tests)) for group in groups]
+    if request.selection.tests:
+        groups = [replace(group, only_tests=request.selection.tests) for group in groups]
     report_finished_cells()
     if groups:
         progress.say(
@@ -454,7 +440,13 @@ def _confirm_failures(request: RunRequest, book: OutcomeBook, progress: Progress
     )
     groups = [retry.group(index) for index, retry in enumerate(chosen, 1)]
     alone = [OutcomeBook(group.runs) for group in groups]
-    scheduler(groups, book=None, books={g.name: b for g, b in zip(groups, alone)}, max_started=slots).run()
+    scheduler(
+        groups,
+        book=None,
+        books={g.name: b for g, b in zip(groups, alone)},
+        max_started=slots,
+        on_update=lambda: progress.heartbeat(f"re-running {count(len(chosen), 'failed test')} alone"),
+    ).run()
     confirmation.record(chosen, alone, past_limit, request.confirm_limit)
     book.pool_starts += sum(b.pool_starts for b in alone)
     verdicts = [retry.outcome.confirmation for retry in chosen]
@@ -489,6 +481,7 @@ def group_command(
     """
     plan = logs / f"{group.name}.plan.json"
     suites = {run.suite.name: run.suite for run in group.runs}
+    kept = SuiteSelection(tests=group.only_tests).narrowed()
     GroupPlan(
         torch=version,
         world_size=group.world_size,
@@ -501,7 +494,7 @@ def group_command(
         suites={name: SuiteSpec(s.path, s.timeout, s.options) for name, s in suites.items()},
         runs=tuple((run.suite.name, run.cell) for run in group.runs),
         output_cap=output_cap,
-        only_tests={run.key: group.only_tests for run in group.runs} if group.only_tests else {},
+        only_tests={run.key: kept[run.suite.name] for run in group.runs if run.suite.name in kept},
         known_failures={
             run.key: covered
             for run in group.runs
@@ -581,6 +574,7 @@ def _write_plan(
 ) -> None:
     """plan.json, first before any cell runs (with what `report` needs to rebuild the cells of a
     runner that was killed: each cell's axis values and the suites), then again at the end."""
+    planned = {run.suite.name for run in book.runs.values()}
     write_plan(
         request.version_dir,
         RunPlan(
@@ -597,6 +591,7 @@ def _write_plan(
             suites={
                 name: PlannedSuite(suite.path, suite.timeout, tuple(suite.axes))
                 for name, suite in request.matrix.suites.items()
+                if name in planned
             },
             pool_starts=book.pool_starts,
             finished=finished,
