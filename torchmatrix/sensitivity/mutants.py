@@ -52,7 +52,7 @@ def record_cannot_act(reason: str) -> None:
     directory, cell = os.environ.get(EVIDENCE_VARIABLE), current_cell_id()
     if directory and cell:
         Path(directory).mkdir(parents=True, exist_ok=True)
-        Path(directory, cell + CANNOT_ACT).write_text(reason)
+        file_writes.write_text(Path(directory, cell + CANNOT_ACT), reason)
 
 
 def cells_acted_in(directory: Path) -> set[str]:
