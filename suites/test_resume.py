@@ -347,8 +347,8 @@ class RankRecord:
     other_implementations: dict[str, dict]  # implementation -> {"problems" | "unavailable" | "not_loaded": ...}
     quantized_at_save: list[str]  # `param.key` of each quantized state at the save
     rng_streams_used: list[str]  # the RNG streams training advanced
-    first_divergence: str | None  # where the straight and resumed runs first part (step and quantity), if they do
     rebuilt_equals_saved: bool  # the rebuilt model held the saved parameters before the load
+    first_divergence: str | None = None  # where the straight and resumed runs first part (step, quantity), if they do
     equal_before_load: list[str] = field(default_factory=list)  # pieces a no-op load would have passed
     extra_state_saved: list[str] = field(default_factory=list)  # the keys of the checkpointer's extra state
     rng_at_save: dict[str, bytes | None] = field(default_factory=dict)  # each used stream at the save
