@@ -698,7 +698,6 @@ class TrainingRun:
         return {
             "parameters": {name: value.detach().to("cpu", copy=True) for name, value in full.items()},
             "parameter_shards": self.parameters(),
-            "non_persistent_buffers": self.non_persistent_buffers(),
             "optimizer_state": self.optimizer_state(),
             "optimizer_state_dtype_device": self.optimizer_state_dtype_device(),
             "param_groups": [
@@ -771,14 +770,7 @@ def after_load_differences(
 ) -> dict:
     """Per piece of state, one line for each thing that differs between save and right after load."""
     return {
-        "parameters": tensor_differences("parameter", saved["parameters"], loaded["parameters"])
-        + (
-            tensor_differences(
-                "non-persistent buffer", saved["non_persistent_buffers"], loaded["non_persistent_buffers"]
-            )
-            if saved["non_persistent_buffers"]
-            else []
-        ),
+        "parameters": tensor_differences("parameter", saved["parameters"], loaded["parameters"]),
         "parameter_shards": tensor_differences(
             "parameter shard", saved["parameter_shards"], loaded["parameter_shards"]
         ),

@@ -1,5 +1,5 @@
-"""Where a resumed run first parts from the straight one (suites/step_trace.py): the first step, and
-there the first quantity in the order a step uses them, named."""
+"""Where a resumed run first parts from the straight one (suites/step_trace.py): the first step whose
+gradients or update differ, and what differs among its inputs, or whether the LR or the optimizer does."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ def step(**changed) -> dict:
     record = {
         "batch": {"batch": digest(torch.arange(4))},
         "lr": {"param group 0 lr": digest(0.1)},
-        "non_persistent_buffers": digests({"curriculum_step": torch.tensor(3)}),
+        "non_persistent_buffers": digests({"tokens_seen": torch.tensor(3)}),
         "rng": {"torch CPU": b"a"},
         "parameters": digests({"w": torch.ones(2)}),
         "gradients": digests({"w": torch.ones(2)}),
@@ -22,19 +22,32 @@ def step(**changed) -> dict:
     return {**record, **changed}
 
 
+OTHER_UPDATE = digests({"w": torch.ones(2)})
+
+
 def test_equal_runs_do_not_part_and_digests_tell_dtype_and_value_apart():
     assert first_divergence([step(), step()], [step(), step()], 4) is None
     assert digest(torch.ones(2)) != digest(torch.ones(2, dtype=torch.float64))
     assert digest(torch.tensor([0.0])) != digest(torch.tensor([-0.0]))
 
 
-def test_the_first_differing_step_names_its_first_differing_quantity():
-    later_update = step(updated=digests({"w": torch.ones(2)}))
-    resumed = [step(), step(lr={"param group 0 lr": digest(0.2)}, updated=later_update["updated"])]
+def test_a_counter_that_changes_nothing_is_never_blamed():
+    """A non-persistent counter no load restores differs at every resumed step; the runs part only where the update does."""
+    counter = {"non_persistent_buffers": digests({"tokens_seen": torch.tensor(0)})}
+    resumed = [step(**counter), step(**counter, updated=OTHER_UPDATE)]
     assert first_divergence([step(), step()], resumed, 4) == (
-        "the runs first part at step 5, in the learning rate the scheduler set: param group 0 lr"
+        "the runs first part at step 5, in the parameters after the step (w): with equal gradients and learning "
+        "rate, the optimizer's update differs (its state, or what it keeps on itself)"
     )
-    update_only = [step(updated=digests({"w": torch.ones(2)}))]
-    assert first_divergence([step()], update_only, 4).startswith(
-        "the runs first part at step 4, in the parameters after the step, with equal gradients"
+
+
+def test_the_first_step_with_other_gradients_names_the_inputs_that_differ():
+    resumed = [step(rng={"torch CPU": b"b"}, gradients=digests({"w": torch.full((2,), 2.0)}), updated=OTHER_UPDATE)]
+    assert first_divergence([step()], resumed, 4) == (
+        "the runs first part at step 4, in the gradients (w); of that step's inputs, these differ: RNG streams "
+        "(the process's, and generators the model, data, optimizer or scheduler own): torch CPU"
+    )
+    learning_rate = [step(lr={"param group 0 lr": digest(0.2)}, updated=OTHER_UPDATE)]
+    assert first_divergence([step()], learning_rate, 4).endswith(
+        "the learning rate the scheduler set differs (param group 0 lr)"
     )
