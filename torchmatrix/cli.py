@@ -10,6 +10,7 @@ import argparse
 import importlib.util
 import json
 import re
+import shlex
 import sys
 from pathlib import Path
 
@@ -492,7 +493,7 @@ def _repro(args) -> int:
     )
     print(f"torchmatrix repro: wrote {out}: {', '.join(sorted(p.name for p in out.iterdir()))}")
     print(
-        f"torchmatrix repro: run it where torch is installed (torchmatrix is not needed): cd {out} && python repro.py"
+        f"torchmatrix repro: run it where torch is installed (torchmatrix is not needed): cd {shlex.quote(str(out))} && python repro.py"
     )
     return 0
 

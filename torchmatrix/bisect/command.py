@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -117,7 +118,7 @@ class Steps:
             *selection,
         ]  # fmt: skip
         print(
-            f"torchmatrix bisect: step {self.count}: torch {version}: running {' '.join(selection) or 'every cell of matrix.toml'}",
+            f"torchmatrix bisect: step {self.count}: torch {version}: running {shlex.join(selection) or 'every cell of matrix.toml'}",
             flush=True,
         )
         code = subprocess.run(command, env=venv.environment(), check=False).returncode
@@ -352,7 +353,7 @@ def _write_report(out: Path, request: BisectRequest, searches: list, lines: list
         "| step | torch | installed | selection | seconds |",
         "|---|---|---|---|---|",
         *(
-            f"| {i} | {s['version']} | {('reused its venv' if s['reused'] else 'yes') if s['installed'] else 'no: ' + s['reason']} | `{' '.join(s['selection'])}` | {s['seconds']:.0f} |"
+            f"| {i} | {s['version']} | {('reused its venv' if s['reused'] else 'yes') if s['installed'] else 'no: ' + s['reason']} | `{shlex.join(s['selection'])}` | {s['seconds']:.0f} |"
             for i, s in enumerate(steps.log, 1)
         ),
     ]

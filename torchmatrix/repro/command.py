@@ -6,6 +6,7 @@ an upstream bug report."""
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import json
 import pprint
@@ -84,25 +85,34 @@ def _find(results: RunResults, wanted: str) -> TestRecord:
 
 
 def script_text(check: dict, sources: dict[str, str], record: TestRecord, build: str) -> str:
-    """repro.py: what it reproduces, CHECK, the inlined SOURCES, then the harness."""
+    """repro.py: what it reproduces (FAILURE), CHECK, the inlined SOURCES, then the harness. Text that
+    came from the run (ids, the root cause) is only ever a literal's value, never part of the source."""
     runtime = Path(importlib.util.find_spec("torchmatrix.repro.harness").origin).read_text()
     docstring_end = runtime.index('"""', 3) + 3
     body = runtime[docstring_end:]
     for placeholder in PLACEHOLDERS:
         body = "\n".join(line for line in body.splitlines() if not line.startswith(placeholder))
-    inlined = "\n".join(f"SOURCES[{path!r}] = {_literal(text)}\n" for path, text in sources.items())
+    inlined = "\n".join(f"SOURCES[{path!r}] = {source_literal(text)}\n" for path, text in sources.items())
+    failure = {
+        "test": f"{record.suite}::{record.test}",
+        "cell": check["cell_id"],
+        "world_size": check["world_size"],
+        "device": check["device"],
+        "torch": build,
+        "root_cause": record.message,
+    }
     return "\n".join(
         [
             "#!/usr/bin/env python3",
-            f'"""{record.suite}::{record.test} fails in cell {check["cell_id"]} (world size {check["world_size"]}, '
-            f"{check['device']}) on torch {build}.",
-            "",
-            f"Root cause: {record.message}",
+            '"""A suite check that failed under torchmatrix, standalone: FAILURE names the test, its cell, the torch',
+            "build it failed on and its root cause.",
             "",
             f"Run: python {SCRIPT_NAME}    (needs torch, pytest and what the components import; not torchmatrix)",
             "The check is the suite's test, unchanged; the modules it imports from the project that found it",
             "are inlined below (SOURCES) and written to a temporary directory when the script runs.",
             '"""',
+            "",
+            f"FAILURE = {pprint.pformat(failure, width=100, sort_dicts=False)}",
             "",
             f"CHECK = {pprint.pformat(check, width=100, sort_dicts=False)}",
             "",
@@ -118,10 +128,15 @@ def script_text(check: dict, sources: dict[str, str], record: TestRecord, build:
     )
 
 
-def _literal(text: str) -> str:
-    """A readable string literal: raw triple-quoted where the text allows it."""
-    if "'''" not in text and not text.endswith("\\"):
-        return f"r'''{text}'''"
+def source_literal(text: str) -> str:
+    """A string literal whose value is `text`: raw triple-quoted where that reads back exactly
+    (readable source), else repr."""
+    raw = f"r'''{text}'''"
+    try:
+        if ast.literal_eval(raw) == text:
+            return raw
+    except (SyntaxError, ValueError):
+        pass
     return repr(text)
 
 
