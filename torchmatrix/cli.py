@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from torchmatrix.bisect.command import BisectError, BisectRequest, run_bisect
-from torchmatrix.bisect.versions import VersionError, between
+from torchmatrix.bisect.versions import IndexUnlisted, VersionError, between
 from torchmatrix.matrix.config import ConfigError, Matrix, load_matrix
 from torchmatrix.matrix.safe_names import UnsafeName, check_name
 from torchmatrix.matrix.selection import SelectionError, Shard, parse_only, select_cells
@@ -28,6 +28,7 @@ from torchmatrix.reports.records import ResultsError
 from torchmatrix.reports.report import append_step_summary, compare_markdown, load_run, write_report
 from torchmatrix.reports.upgrade_diff import CompareError, upgrade_diffs
 from torchmatrix.repro.command import ReproError, write_reproducer
+from torchmatrix.repro.output_directory import OutputRefused
 from torchmatrix.run.cross_version import read_pass
 from torchmatrix.run.progress import InvocationPart
 from torchmatrix.run.run_directory import check_run_id, new_run_id
@@ -356,7 +357,9 @@ def main(argv: list[str] | None = None) -> int:
         PlanFileError,
         BisectError,
         VersionError,
+        IndexUnlisted,
         ReproError,
+        OutputRefused,
     ) as error:
         print(f"torchmatrix: error: {error}", file=sys.stderr)
         return USAGE_EXIT
@@ -464,10 +467,14 @@ def _bisect(matrix: Matrix, args) -> int:
     select_cells(matrix.cells(), **filters)  # a selection that keeps no cell is refused here, before any install
     if args.from_run is None:
         between(args.good, args.bad, [])  # so are pins that are not versions, or out of order
+    envdir = _directory_to_write((args.envdir or matrix.root / ".nox").resolve(), "--envdir")
+    reports = _directory_to_write(
+        Path(args.reports).resolve() if args.reports else matrix.root / "reports", "--reports"
+    )
     request = BisectRequest(
         matrix=matrix,
-        envdir=(args.envdir or matrix.root / ".nox").resolve(),
-        reports=Path(args.reports).resolve() if args.reports else matrix.root / "reports",
+        envdir=envdir,
+        reports=reports,
         good=args.good,
         bad=args.bad,
         from_run=args.from_run.resolve() if args.from_run else None,
@@ -479,6 +486,14 @@ def _bisect(matrix: Matrix, args) -> int:
     except KeyboardInterrupt:
         print("torchmatrix bisect: interrupted", file=sys.stderr)
         return 130
+
+
+def _directory_to_write(path: Path, flag: str) -> Path:
+    """`path` when it is a directory or can become one; a file there, or above it, is refused in one line."""
+    existing = next(parent for parent in [path, *path.parents] if parent.exists())
+    if not existing.is_dir():
+        raise RunError(f"{flag} {path}: {existing} is a file, not a directory; pass a directory")
+    return path
 
 
 def _repro(args) -> int:

@@ -20,9 +20,10 @@ from torchmatrix.reports.records import RunResults, TestRecord
 from torchmatrix.reports.reproducible import failure_id, is_reproducible
 from torchmatrix.reports.run_reader import load_results
 from torchmatrix.repro.inlining import inline_check
+from torchmatrix.repro.output_directory import MARK, SCRIPT_NAME, check_output, publish
 from torchmatrix.status import Status
 
-SCRIPT_NAME = "repro.py"
+REPRO_FILES = (SCRIPT_NAME, "command.txt", "cell.json", "collect_env.txt", "README.md")
 COLLECT_ENV_SECONDS = 300
 FAILURE_TEXT_LINES = 60
 PLACEHOLDERS = ("CHECK: dict = {}", "SOURCES: dict = {}")
@@ -61,15 +62,21 @@ def write_reproducer(
         "components": dict(matrix.components),
     }
     out = out or run_dir / "repro" / re.sub(r"[^\w.-]+", "_", failure_id(record)).strip("_")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / SCRIPT_NAME).write_text(script_text(check, sources, record, info.build or record.torch))
+    check_output(out, set(REPRO_FILES))
     command = f"python {SCRIPT_NAME}"
-    (out / "command.txt").write_text(command + "\n")
-    (out / "cell.json").write_text(json.dumps({"id": cell.id, **cell.to_json()}, indent=2) + "\n")
     collect_env = _collect_env(python or _venv_python(matrix.root, record.torch))
-    (out / "collect_env.txt").write_text(collect_env)
     passing = _passing_versions(results, record, run_dir)
-    (out / "README.md").write_text(readme(record, info, cell.id, command, passing, collect_env))
+    files = {
+        SCRIPT_NAME: script_text(check, sources, record, info.build or record.torch),
+        "command.txt": command + "\n",
+        "cell.json": json.dumps({"id": cell.id, **cell.to_json()}, indent=2) + "\n",
+        "collect_env.txt": collect_env,
+        "README.md": readme(record, info, cell.id, command, passing, collect_env),
+    }
+    try:
+        publish(out, files)
+    except OSError as error:
+        raise ReproError(f"cannot write {out}: {error.strerror or error}; nothing was written") from None
     return out
 
 
@@ -104,6 +111,7 @@ def script_text(check: dict, sources: dict[str, str], record: TestRecord, build:
     return "\n".join(
         [
             "#!/usr/bin/env python3",
+            MARK,
             '"""A suite check that failed under torchmatrix, standalone: FAILURE names the test, its cell, the torch',
             "build it failed on and its root cause.",
             "",
@@ -168,17 +176,25 @@ def _passing_versions(results: RunResults, record: TestRecord, run_dir: Path) ->
         if (r.suite, r.test, r.run_cell) == (record.suite, record.test, record.run_cell) and r.status is Status.PASSED
     ]
     for report in sorted(run_dir.glob("bisect-*/bisect.json")):
-        for regression in json.loads(report.read_text()).get("regressions", []):
-            if (regression["suite"], regression["test"], regression["cell"]) == (
+        for regression in _bisected(report):
+            if (regression.get("suite"), regression.get("test"), regression.get("cell")) == (
                 record.suite,
                 record.test,
                 record.run_cell,
-            ):
-                if regression["first_bad"]:
-                    passing.append(
-                        f"{regression['last_good']} (bisect: the last good release; {regression['first_bad']} is the first bad)"
-                    )
+            ) and regression.get("first_bad"):
+                passing.append(
+                    f"{regression.get('last_good')} (bisect: the last good release; {regression['first_bad']} is the first bad)"
+                )
     return passing
+
+
+def _bisected(report: Path) -> list[dict]:
+    """The regressions a bisect.json records; none from one that is truncated, of another shape or unreadable."""
+    try:
+        regressions = json.loads(report.read_text()).get("regressions", [])
+    except (OSError, ValueError, AttributeError):
+        return []
+    return [r for r in regressions if isinstance(r, dict)] if isinstance(regressions, list) else []
 
 
 def readme(record: TestRecord, info, cell_id: str, command: str, passing: list[str], collect_env: str) -> str:
