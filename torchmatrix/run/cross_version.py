@@ -60,7 +60,7 @@ def read_pass(run_dir: Path, config: str | None = None, stream=sys.stderr) -> in
         matrix_path = config or plan.matrix or "matrix.toml"
         command = [python, "-m", "torchmatrix", "run", "--cross-version-reads", "--torch", plan.torch]
         command += ["--config", matrix_path, "--reports", str(run_dir.parent)]
-        command += ["--run-id", run_dir.name, "--confirm-limit", "0", "--restart"]
+        command += ["--run-id", run_dir.name, "--restart"]  # a failed read is re-read alone: confirmed, reproducible
         code = subprocess.run(command, env=_version_environment(matrix_path, plan.torch), check=False).returncode
         if code not in (0, 1):
             return code
