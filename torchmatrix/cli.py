@@ -285,7 +285,12 @@ def build_parser() -> argparse.ArgumentParser:
     repro.add_argument(
         "--python",
         default=None,
-        help="the interpreter of that torch, for collect_env (default: its gpu_matrix venv in .nox, else this one)",
+        help="the interpreter of that torch, for collect_env and a cross_version read's reading side (default: its gpu_matrix venv in .nox, else this one)",
+    )
+    repro.add_argument(
+        "--writer-python",
+        default=None,
+        help="for a cross_version read: the interpreter of the torch that wrote the checkpoint (default: its gpu_matrix venv in .nox)",
     )
     repro.add_argument("--config", default=None, help="the run's matrix file (default: the one its plan.json names)")
     merge = commands.add_parser("merge", help="merge report directories of shards, jobs and versions into one run")
@@ -499,17 +504,17 @@ def _directory_to_write(path: Path, flag: str) -> Path:
 def _repro(args) -> int:
     if not args.run_dir.is_dir():
         raise RunError(f"{args.run_dir} is not a run directory; pass one under reports/, e.g. reports/latest")
-    out = write_reproducer(
+    written = write_reproducer(
         args.run_dir.resolve(),
         args.test_id,
         out=args.out.resolve() if args.out else None,
         python=args.python,
         config=args.config,
+        writer_python=args.writer_python,
     )
+    out = written.out
     print(f"torchmatrix repro: wrote {out}: {', '.join(sorted(p.name for p in out.iterdir()))}")
-    print(
-        f"torchmatrix repro: run it where torch is installed (torchmatrix is not needed): cd {shlex.quote(str(out))} && python repro.py"
-    )
+    print(f"torchmatrix repro: it needs {written.needs}: cd {shlex.quote(str(out))} && {written.command}")
     return 0
 
 

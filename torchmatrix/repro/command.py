@@ -1,8 +1,9 @@
 """`torchmatrix repro RUN TEST_ID`: one directory an upstream maintainer can act on for one
 confirmed failure: repro.py (the suite's check for that cell, with everything it imports from
-this project inlined, ranks started by torch.multiprocessing.spawn), the command, the cell, the
-torch build, `python -m torch.utils.collect_env` from that torch's venv, and a README laid out as
-an upstream bug report."""
+this project inlined, ranks started by torch.multiprocessing.spawn; for a cross_version read, a
+torch-only script that writes with one version's interpreter and reads with the other's), the
+command, the cell, the torch build, `python -m torch.utils.collect_env` from that torch's venv,
+and a README laid out as an upstream bug report."""
 
 from __future__ import annotations
 
@@ -13,17 +14,20 @@ import pprint
 import re
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from torchmatrix.matrix.config import load_matrix
 from torchmatrix.reports.records import RunResults, TestRecord
 from torchmatrix.reports.reproducible import failure_id, is_reproducible
 from torchmatrix.reports.run_reader import load_results
+from torchmatrix.repro import cross_version
 from torchmatrix.repro.inlining import inline_check
 from torchmatrix.repro.output_directory import MARK, SCRIPT_NAME, check_output, publish
 from torchmatrix.status import Status
 
 REPRO_FILES = (SCRIPT_NAME, "command.txt", "cell.json", "collect_env.txt", "README.md")
+SUITE_NEEDS = "torch, pytest and what the components import; not torchmatrix"
 COLLECT_ENV_SECONDS = 300
 FAILURE_TEXT_LINES = 60
 PLACEHOLDERS = ("CHECK: dict = {}", "SOURCES: dict = {}")
@@ -33,12 +37,47 @@ class ReproError(Exception):
     """No such failure in the run, or a run without its matrix; the message says what to pass."""
 
 
+@dataclass(frozen=True)
+class Reproducer:
+    """A written reproducer directory: how to run its script, and what that needs (said truthfully)."""
+
+    out: Path
+    command: str
+    needs: str
+
+
 def write_reproducer(
-    run_dir: Path, wanted: str, *, out: Path | None = None, python: str | None = None, config: str | None = None
-) -> Path:
-    """Write the reproducer directory of the failure `wanted` names; return its path."""
+    run_dir: Path,
+    wanted: str,
+    *,
+    out: Path | None = None,
+    python: str | None = None,
+    config: str | None = None,
+    writer_python: str | None = None,
+) -> Reproducer:
+    """Write the reproducer directory of the failure `wanted` names, all of it or nothing."""
     results = load_results(run_dir)
     record = _find(results, wanted)
+    info = next(v for v in results.versions if v.torch == record.torch)
+    out = out or run_dir / "repro" / re.sub(r"[^\w.-]+", "_", failure_id(record)).strip("_")
+    check_output(out, set(REPRO_FILES))
+    pair = cross_version.pair_of(record)
+    if pair:
+        root = Path(results.matrix_path).parent if results.matrix_path else Path.cwd()
+        reproducer = Reproducer(out, "", cross_version.NEEDS)
+        files = _cross_version_files(results, record, info, reproducer, root, python, writer_python, pair[0])
+    else:
+        reproducer = Reproducer(out, f"python {SCRIPT_NAME}", SUITE_NEEDS)
+        files = _suite_files(results, record, info, reproducer, run_dir, python, config)
+    try:
+        publish(out, files)
+    except OSError as error:
+        raise ReproError(f"cannot write {out}: {error.strerror or error}; nothing was written") from None
+    return Reproducer(out, files["command.txt"].strip(), reproducer.needs)
+
+
+def _suite_files(results, record, info, reproducer, run_dir, python, config) -> dict[str, str]:
+    """repro.py running the suite's test under pytest with everything it imports from the project inlined."""
     matrix = load_matrix(config or results.matrix_path or "matrix.toml")
     cell = next((c for c in matrix.cells() if c.id == record.run_cell), None)
     if cell is None or record.suite not in matrix.suites:
@@ -47,7 +86,6 @@ def write_reproducer(
         )
     suite = matrix.suites[record.suite]
     sources, suite_file = inline_check(matrix.root / suite.path, list(matrix.components.values()), matrix.root)
-    info = next(v for v in results.versions if v.torch == record.torch)
     device = "cuda" if info.device.startswith("cuda") else "cpu"
     check = {
         "suite": record.suite,
@@ -61,23 +99,38 @@ def write_reproducer(
         "options": dict(suite.options),
         "components": dict(matrix.components),
     }
-    out = out or run_dir / "repro" / re.sub(r"[^\w.-]+", "_", failure_id(record)).strip("_")
-    check_output(out, set(REPRO_FILES))
-    command = f"python {SCRIPT_NAME}"
-    collect_env = _collect_env(python or _venv_python(matrix.root, record.torch))
+    collect_env = _collect_env(python or _venv_python(matrix.root, record.torch) or sys.executable)
     passing = _passing_versions(results, record, run_dir)
-    files = {
+    return {
         SCRIPT_NAME: script_text(check, sources, record, info.build or record.torch),
-        "command.txt": command + "\n",
+        "command.txt": reproducer.command + "\n",
         "cell.json": json.dumps({"id": cell.id, **cell.to_json()}, indent=2) + "\n",
         "collect_env.txt": collect_env,
-        "README.md": readme(record, info, cell.id, command, passing, collect_env),
+        "README.md": readme(record, info, cell.id, reproducer.command, passing, collect_env),
     }
-    try:
-        publish(out, files)
-    except OSError as error:
-        raise ReproError(f"cannot write {out}: {error.strerror or error}; nothing was written") from None
-    return out
+
+
+def _cross_version_files(results, record, info, reproducer, root, python, writer_python, writer) -> dict[str, str]:
+    """repro.py writing the checkpoint with the writer's torch and loading it with the reader's, torch only."""
+    reader_python = python or _venv_python(root, record.torch) or f"/path/to/torch-{record.torch}/bin/python"
+    writer_python = writer_python or _venv_python(root, writer) or f"/path/to/torch-{writer}/bin/python"
+    run_command = cross_version.command(writer_python, reader_python)
+    failure = {
+        "writer": writer,
+        "reader": record.torch,
+        "test": f"{record.suite}::{record.test}",
+        "cell": record.run_cell,
+        "root_cause": record.message,
+    }
+    collect_env = _collect_env(reader_python)
+    cell = {"id": record.run_cell, **results.cells.get(record.run_cell, {})}
+    return {
+        SCRIPT_NAME: cross_version.script_text(failure),
+        "command.txt": run_command + "\n",
+        "cell.json": json.dumps(cell, indent=2) + "\n",
+        "collect_env.txt": collect_env,
+        "README.md": cross_version.readme(record, writer, info, record.run_cell, run_command, collect_env),
+    }
 
 
 def _find(results: RunResults, wanted: str) -> TestRecord:
@@ -115,7 +168,7 @@ def script_text(check: dict, sources: dict[str, str], record: TestRecord, build:
             '"""A suite check that failed under torchmatrix, standalone: FAILURE names the test, its cell, the torch',
             "build it failed on and its root cause.",
             "",
-            f"Run: python {SCRIPT_NAME}    (needs torch, pytest and what the components import; not torchmatrix)",
+            f"Run: python {SCRIPT_NAME}    (needs {SUITE_NEEDS})",
             "The check is the suite's test, unchanged; the modules it imports from the project that found it",
             "are inlined below (SOURCES) and written to a temporary directory when the script runs.",
             '"""',
@@ -148,14 +201,14 @@ def source_literal(text: str) -> str:
     return repr(text)
 
 
-def _venv_python(matrix_root: Path, version: str) -> str:
-    """The gpu_matrix venv's python of `version` (where nox put it), else this interpreter."""
+def _venv_python(matrix_root: Path, version: str) -> str | None:
+    """The gpu_matrix venv's python of `version`, where nox put it; None when there is none."""
     if importlib.util.find_spec("nox") is None:
-        return sys.executable
+        return None
     from torchmatrix.env.version_venv import VersionVenv
 
     venv = VersionVenv(matrix_root / ".nox", version, {})
-    return str(venv.python) if venv.python.is_file() else sys.executable
+    return str(venv.python) if venv.python.is_file() else None
 
 
 def _collect_env(python: str) -> str:
@@ -222,7 +275,7 @@ def readme(record: TestRecord, info, cell_id: str, command: str, passing: list[s
             "",
             "## Reproduce",
             "",
-            "Needs torch, pytest and what the components import; not torchmatrix:",
+            f"Needs {SUITE_NEEDS}:",
             "",
             "```shell",
             command,
