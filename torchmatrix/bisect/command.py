@@ -26,7 +26,9 @@ from torchmatrix.bisect.versions import IndexUnlisted, VersionError, offered_ver
 from torchmatrix.env.envdir_lock import EnvdirBusy, EnvdirUnlockable, lock_envdir
 from torchmatrix.env.version_venv import prepare_venv
 from torchmatrix.matrix.config import Matrix
+from torchmatrix.messages.cross_version import SUITE, writer_of_read
 from torchmatrix.reports.records import RunResults, TestRecord
+from torchmatrix.reports.reproducible import is_reproducible, repro_command
 from torchmatrix.reports.run_reader import load_results
 from torchmatrix.reports.summary_data import count
 from torchmatrix.reports.upgrade_diff import upgrade_diffs
@@ -278,18 +280,49 @@ def _distinct_ranges(searches: list[tuple[Regression, Bisection]]) -> list[Bisec
 
 
 def regressions_of_run(results: RunResults) -> list[Regression]:
-    """The confirmed regressions of every version of a run against its baseline."""
+    """The confirmed regressions of every version of a run against its baseline (broken checkpoint
+    directions are not among them: a step runs one torch, and a direction needs two)."""
     regressions = [
         _regression(change.after, results.cells.get(change.after.run_cell, {}), diff.before, diff.after)
         for diff in upgrade_diffs(results)
         for change in diff.regressions
+        if writer_of_read(change.after.suite, change.after.test) is None
     ]
+    directions = direction_breaks(results)
+    if directions:
+        print(
+            f"torchmatrix bisect: not searched, {count(len(directions), 'broken checkpoint direction')} (a step runs one torch; "
+            "reproduce each with the command below, a torch-only script, and run it per release):",
+            *(f"  {line}" for line in directions),
+            sep="\n",
+            flush=True,
+        )
     if not regressions:
         raise BisectError(
-            f"run {results.run_id} has no confirmed regression against its baseline {results.baseline}; "
-            "bisect a run whose upgrade diff lists one, or pass --good and --bad"
+            f"run {results.run_id} has no confirmed regression against its baseline {results.baseline} that bisect can search"
+            + (
+                f" ({count(len(directions), 'broken checkpoint direction')}: bisect cannot search one, a step runs one torch; "
+                f"`torchmatrix repro` of the read failure writes a torch-only script to run per release, e.g. {directions[0]})"
+                if directions
+                else "; bisect a run whose upgrade diff lists one, or pass --good and --bad"
+            )
         )
     return regressions
+
+
+def direction_breaks(results: RunResults) -> list[str]:
+    """Each confirmed failed cross_version read of the run: its direction, cell, versions and reproduce command."""
+    breaks = []
+    for record in results.tests:
+        writer = writer_of_read(record.suite, record.test)
+        if writer is None or not is_reproducible(record):
+            continue
+        direction = "rollback" if record.torch == results.baseline else "forward"
+        breaks.append(
+            f"{direction} in {record.run_cell}: torch {record.torch} cannot read torch {writer}'s checkpoint; "
+            f"reproduce: {repro_command(results.run_id, record)}"
+        )
+    return breaks
 
 
 def _regressions_of_pins(request: BisectRequest, steps: Steps) -> list[Regression]:
@@ -304,8 +337,14 @@ def _regressions_of_pins(request: BisectRequest, steps: Steps) -> list[Regressio
     ]
     if not failing:
         raise BisectError(
-            f"nothing fails alone on --bad {request.bad} in the selection ({' '.join(request.filters) or 'every cell'}); "
+            f"nothing fails alone on --bad {request.bad} in the selection ({shlex.join(request.filters) or 'every cell'}); "
             "widen it, or pick the release the upgrade diff flagged"
+            + (
+                " (a broken checkpoint direction never shows here: a step runs one torch, where cross_version's write "
+                "has no reader; `torchmatrix repro` of the run's read failure writes a torch-only script to run per release)"
+                if SUITE in request.matrix.suites
+                else ""
+            )
         )
     tests = sorted({f"--test={record.suite}::{record.test}" for record in failing})
     good_results, skipped, reason = steps.run(request.good, [*request.filters, *tests])

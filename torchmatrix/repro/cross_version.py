@@ -6,22 +6,20 @@ from __future__ import annotations
 
 import importlib.util
 import pprint
-import re
 import shlex
 from pathlib import Path
 
-from torchmatrix.messages.cross_version import READ_TEST, SUITE
+from torchmatrix.messages.cross_version import writer_of_read
 from torchmatrix.reports.records import TestRecord
 from torchmatrix.repro.output_directory import MARK, SCRIPT_NAME
 
-WRITER = re.compile(rf"^{READ_TEST}\[writer=([^\]]+)\]$")
 NEEDS = "two Pythons, each with torch (the writing version's and the reading version's); nothing else, no pytest, no torchmatrix"
 
 
 def pair_of(record: TestRecord) -> tuple[str, str] | None:
     """(writer, reader) when `record` is a failed cross_version read, else None."""
-    match = WRITER.match(record.test) if record.suite == SUITE else None
-    return (match[1], record.torch) if match else None
+    writer = writer_of_read(record.suite, record.test)
+    return (writer, record.torch) if writer else None
 
 
 def script_text(failure: dict) -> str:
