@@ -10,7 +10,7 @@ nox -s optim_matrix                        torchao, torch-optimi, bitsandbytes o
 nox -s titan_matrix                        the suites on torchtitan's own stack (examples/torchtitan)
 nox -s sensitivity [-- --mutants A,B]      would the suites catch generic mutants of [components]?
 nox -s bisect -- --good 2.13.0 --bad 2.15.0 [-k EXPR]   first release where a test regressed (or -- --from RUN)
-nox -s tests
+nox -s tests_fast                          the fast lane (no rank processes, a few minutes); nox -s tests: all
 nox -s docs                                the documentation site, built strictly (site/)
 
 The sessions a user's repository gets too (gpu_matrix, report, list, compare, cli, merge,
@@ -54,8 +54,14 @@ def titan_matrix(session, torch):
 
 @nox.session
 def tests(session):
-    """The runner's own tests (pytest-xdist), on the baseline torch."""
+    """The runner's own tests (pytest-xdist), on the baseline torch: the full lane CI runs."""
     sessions.tests(session, MATRIX.baseline)
+
+
+@nox.session
+def tests_fast(session):
+    """The fast lane of the runner's tests: none that starts rank processes or a run; run it first."""
+    sessions.tests(session, MATRIX.baseline, fast=True)
 
 
 @nox.session

@@ -16,8 +16,7 @@ import torch
 import torch.utils.checkpoint
 from torch import nn
 
-from torchmatrix.testing import clean_name
-
+from .built_names import named_modules_as_built
 from .cache_tree import cache_marks
 
 CONTAINER_EXCLUDED = (torch.Tensor, nn.Module, type, tuple, str, bytes)
@@ -89,7 +88,7 @@ class CheckpointUnits:
     def sites(self, model: nn.Module) -> list[tuple[str, str | None]]:
         """Where the units that are modules or modules' methods sit in ``model``: (module path, method
         name, or None for the module's own call), so a run without checkpointing can watch the same calls."""
-        names = {id(module): clean_name(name) for name, module in model.named_modules()}
+        names = {id(module): name for name, module in named_modules_as_built(model)}
         found = []
         for unit in self.units.values():
             path, method = names.get(id(unit.base)), getattr(unit.function, "__name__", None)
@@ -102,7 +101,7 @@ class CheckpointUnits:
         comes from), or None when none ran again."""
         if self.last_rerun is None:
             return None
-        names = {id(module): clean_name(name) for name, module in model.named_modules()}
+        names = {id(module): name for name, module in named_modules_as_built(model)}
         return f"checkpoint unit {unit_name(self.last_rerun, names)}"
 
     def calls(self, model: nn.Module) -> dict[str, int]:
@@ -110,7 +109,7 @@ class CheckpointUnits:
         A unit is named by its module path (``layers.3``), module path and method (``layers.3._forward``),
         or qualified name (``PrefixSuffix._run_layer``), with ``#n`` (call order in one forward) when
         forward calls it more than once."""
-        names = {id(module): clean_name(name) for name, module in model.named_modules()}
+        names = {id(module): name for name, module in named_modules_as_built(model)}
         counts: dict[str, int] = {}
         repeated = {key_base for key_base, order in self.units if order > 0}
         for (key_base, order), unit in self.units.items():
@@ -146,7 +145,7 @@ def watched_sites(model: nn.Module, sites: list[tuple[str, str | None]], seen: C
     """Without checkpointing, the units of a checkpointed run are called directly: within the block,
     the containers handed to them at ``sites`` (``CheckpointUnits.sites``) go to ``seen`` as well, so
     the eager run's cache is found by the same hook."""
-    modules = {clean_name(name): module for name, module in model.named_modules()}
+    modules = {name: module for name, module in named_modules_as_built(model)}
     undo = []
     for path, method in sites:
         module = modules.get(path)

@@ -149,10 +149,13 @@ class ExpectedState:
 
 @dataclass
 class StorageFindings:
-    """What the checkpoint shows of the expected states: per state what is wrong (`problems`), and
-    two separate verdicts over all of them (`lines`): stored sharded or not, keyed by name or by position."""
+    """What the checkpoint shows of the expected states: per state found, what is wrong with its
+    layout (`problems`); per state not found, why the lookup failed (`unfound`: a naming problem, not
+    a layout fault); and two separate verdicts over all of them (`lines`): stored sharded or not,
+    keyed by name or by position."""
 
     problems: list[str]
+    unfound: list[str]
     lines: list[str]
     stored_bytes: int
     full_copy_bytes: int
@@ -162,20 +165,24 @@ class StorageFindings:
 def storage_findings(
     layouts: dict[str, TensorLayout], expected: list[ExpectedState], world_size: int
 ) -> StorageFindings:
-    """Find each expected state under its parameter name, else under its position, and judge whether
-    it is stored once at its param's global shape, one chunk per rank that holds a piece of it."""
+    """Find each expected state under its parameter name, else under its position, else under the
+    longest tail of its name that one key alone ends with (a checkpointer that saves a module inside
+    the one the suite holds drops the outer names), and judge whether it is stored once at its
+    param's global shape, one chunk per rank that holds a piece of it."""
     by_name = layouts_by_suffix(layouts, [state.name_key for state in expected])
     by_position = layouts_by_suffix(layouts, [state.position_key for state in expected if state.position_key])
-    findings = StorageFindings([], [], 0, 0, {})
+    findings = StorageFindings([], [], [], 0, 0, {})
     sharded, unsharded = [], []
     for state in sorted(expected, key=lambda state: state.name_key):
         found, keyed_by = by_name[state.name_key], "parameter name"
         if not found and state.position_key:
             found, keyed_by = by_position[state.position_key], "position"
+        if not found:
+            found = found_by_name_tail(layouts, state.name_key)
         if len(found) != 1:
             what = "no key" if not found else f"{len(found)} keys ({', '.join(sorted(f.key for f in found))})"
             where = f" or with {state.position_key}" if state.position_key else ""
-            findings.problems.append(f"{state.name_key}: {what} in the checkpoint ending with it{where}")
+            findings.unfound.append(f"{state.name_key}: {what} in the checkpoint ending with it{where}")
             continue
         layout = found[0]
         findings.keyed_by[state.name_key] = (keyed_by, layout.key)
@@ -199,6 +206,20 @@ def storage_findings(
                 f"keyed by {keyed_by}: {len(keys)} of {total} param-shaped states (e.g. {keys[0]}){meaning}"
             )
     return findings
+
+
+def found_by_name_tail(layouts: dict[str, TensorLayout], name_key: str) -> list[TensorLayout]:
+    """The one entry whose key ends with the longest tail of `name_key` (its leading dotted names
+    dropped one by one, keeping at least the names of its module, its param and the state) that only one key ends with."""
+    parts = name_key.split(".")
+    for start in range(1, len(parts) - 2):
+        tail = ".".join(parts[start:])
+        found = [layout for key, layout in layouts.items() if key == tail or key.endswith("." + tail)]
+        if len(found) == 1:
+            return found
+        if found:
+            return []
+    return []
 
 
 KEYED_BY = {

@@ -8,7 +8,7 @@ import torch
 from torch.distributed.fsdp import FullyShardedDataParallel
 from torch.distributed.tensor import DTensor
 
-from torchmatrix.testing import clean_name
+from .built_names import named_parameters_as_built
 
 
 def whole(tensor: torch.Tensor) -> torch.Tensor:
@@ -20,13 +20,13 @@ def full_gradients(model) -> dict[str, torch.Tensor]:
     """Unsharded gradients: summon_full_params(with_grads=True) for FSDP1, DTensor.full_tensor otherwise."""
     if isinstance(model, FullyShardedDataParallel):
         with FullyShardedDataParallel.summon_full_params(model, with_grads=True):
-            return {clean_name(n): p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
-    return {clean_name(n): whole(p.grad).detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+            return {n: p.grad.detach().clone() for n, p in named_parameters_as_built(model) if p.grad is not None}
+    return {n: whole(p.grad).detach().clone() for n, p in named_parameters_as_built(model) if p.grad is not None}
 
 
 def full_parameters(model) -> dict[str, torch.Tensor]:
     """Unsharded parameters: summon_full_params for FSDP1, DTensor.full_tensor otherwise."""
     if isinstance(model, FullyShardedDataParallel):
         with FullyShardedDataParallel.summon_full_params(model):
-            return {clean_name(n): p.detach().clone() for n, p in model.named_parameters()}
-    return {clean_name(n): whole(p).detach().clone() for n, p in model.named_parameters()}
+            return {n: p.detach().clone() for n, p in named_parameters_as_built(model)}
+    return {n: whole(p).detach().clone() for n, p in named_parameters_as_built(model)}

@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from torch import nn
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
-from torchmatrix.testing import cell_layout, clean_name
+from torchmatrix.testing import cell_layout
+
+from .built_names import named_parameters_as_built
 
 REPLICATE_DIM, SHARD_DIM, TP_DIM = "dp_replicate", "dp_shard", "tp"
 COLWISE, ROWWISE = "colwise", "rowwise"
@@ -71,7 +73,7 @@ def placement_problems(model: nn.Module, cell, plan: TensorParallelPlan, *, plan
     dims = cell_layout(cell).dim_names
     if not dims:
         return []
-    named = [(clean_name(name), param) for name, param in model.named_parameters() if isinstance(param, DTensor)]
+    named = [(name, param) for name, param in named_parameters_as_built(model) if isinstance(param, DTensor)]
     problems = []
     if plan_applies and TP_DIM in dims:
         problems += [

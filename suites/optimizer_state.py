@@ -9,6 +9,8 @@ otherwise.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from torchmatrix.testing import inner_optimizers
@@ -83,15 +85,27 @@ TORCH_OPTIMIZER_BOOKKEEPING = frozenset(
 PLAIN_VALUES = (int, float, bool, str, type(None))
 
 
-def optimizer_attributes(optimizer) -> dict[str, object]:
+@dataclass(frozen=True)
+class ParamName:
+    """A parameter inside an optimizer attribute (a `{param: flag}` routing table's key, a list of
+    params), compared by its name: a rebuilt model's params are other objects with the same names."""
+
+    name: str
+
+    def __repr__(self) -> str:
+        return f"<param {self.name}>"
+
+
+def optimizer_attributes(optimizer, param_names: dict[int, str] | None = None) -> dict[str, object]:
     """What the optimizer object carries besides `.state`, `.param_groups` and torch's own bookkeeping
     that a `step()` may read: counters and scalars (numbers, strings, tensors, lists and dicts of
-    them), by attribute name, tensors copied to the CPU. Methods, dtypes and other objects are left out."""
+    them), by attribute name, tensors copied to the CPU, and the parameters among them (`param_names`:
+    id(param) -> name) as `ParamName`s. Methods, dtypes and other objects are left out."""
     found = {}
     for name, value in vars(optimizer).items():
         if name in TORCH_OPTIMIZER_BOOKKEEPING:
             continue
-        plain = plain_value(value)
+        plain = plain_value(value, param_names or {})
         if plain is not NOT_PLAIN:
             found[name] = plain
     return found
@@ -100,19 +114,65 @@ def optimizer_attributes(optimizer) -> dict[str, object]:
 NOT_PLAIN = object()
 
 
-def plain_value(value):
-    """`value` as numbers, strings, CPU tensors, lists and dicts of them; NOT_PLAIN when it is anything else."""
+def plain_value(value, param_names: dict[int, str]):
+    """`value` as numbers, strings, CPU tensors, parameter names, lists and dicts of them; NOT_PLAIN
+    when it is anything else (a tensor key that is no parameter of the model among them)."""
     if isinstance(value, PLAIN_VALUES):
         return value
     if isinstance(value, torch.Tensor):
+        if id(value) in param_names:
+            return ParamName(param_names[id(value)])
         return plain_tensor(value).to("cpu", copy=True)
     if isinstance(value, (list, tuple)):
-        items = [plain_value(item) for item in value]
+        items = [plain_value(item, param_names) for item in value]
         return NOT_PLAIN if any(item is NOT_PLAIN for item in items) else items
     if isinstance(value, dict):
-        items = {key: plain_value(item) for key, item in value.items()}
-        return NOT_PLAIN if any(item is NOT_PLAIN for item in items.values()) else items
+        items = {plain_key(key, param_names): plain_value(item, param_names) for key, item in value.items()}
+        return NOT_PLAIN if NOT_PLAIN in items or any(item is NOT_PLAIN for item in items.values()) else items
     return NOT_PLAIN
+
+
+def plain_key(key, param_names: dict[int, str]):
+    """A dict key as `plain_value` keeps it: a parameter by its name, a hashable plain value as it is."""
+    if isinstance(key, torch.Tensor):
+        return ParamName(param_names[id(key)]) if id(key) in param_names else NOT_PLAIN
+    return key if isinstance(key, (*PLAIN_VALUES, tuple)) else NOT_PLAIN
+
+
+def plain_differences(path: str, saved, loaded) -> list[str]:
+    """One line per place where two plain values differ (`path[key]`, `path[3]`), saying what each
+    holds in a few words: a tensor by its shape and dtype or its one value, never all its elements."""
+    if isinstance(saved, dict) and isinstance(loaded, dict):
+        lines = [f"{path}[{key!r}] missing" for key in saved.keys() - loaded.keys()]
+        lines += [f"{path}[{key!r}] is {brief(loaded[key])}, saved nothing" for key in loaded.keys() - saved.keys()]
+        for key in saved.keys() & loaded.keys():
+            lines += plain_differences(f"{path}[{key!r}]", saved[key], loaded[key])
+        return sorted(lines)
+    if isinstance(saved, list) and isinstance(loaded, list) and len(saved) == len(loaded):
+        return [
+            line
+            for index, pair in enumerate(zip(saved, loaded))
+            for line in plain_differences(f"{path}[{index}]", *pair)
+        ]
+    if plain_equal(saved, loaded):
+        return []
+    if isinstance(saved, torch.Tensor) and isinstance(loaded, torch.Tensor) and saved.numel() > 1:
+        if saved.shape == loaded.shape and saved.dtype == loaded.dtype:
+            return [f"{path} differs (max |Δ| {(loaded.double() - saved.double()).abs().max().item():.1e})"]
+    return [f"{path} is {brief(loaded)}, saved {brief(saved)}"]
+
+
+def brief(value) -> str:
+    """A plain value in a few words: a one-element tensor by its value, a larger one by shape and dtype, a list by its length."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() == 1:
+            return repr(value.item())
+        return f"a {list(value.shape)} {str(value.dtype).removeprefix('torch.')} tensor"
+    if isinstance(value, list) and len(value) > 4:
+        return f"a list of {len(value)}"
+    if isinstance(value, dict) and len(value) > 4:
+        return f"a dict of {len(value)}"
+    return repr(value)
 
 
 def plain_equal(first, second) -> bool:

@@ -3,18 +3,22 @@ module for its dropout, a numpy or Python generator a dataset or loader shuffles
 
 A checkpointer that restores only the global streams leaves these where a fresh build put them, so
 the resume suite finds them by attribute (also inside the dicts, lists and plain objects the model,
-dataset and loader hold, e.g. one generator per device) and checks each by its path.
+dataset and loader hold, e.g. one generator per device) and checks each by its path. The walk never
+enters a Python module (FSDP1's device handle holds the `torch` module), and the process's own
+streams (torch's default generators, numpy's and Python's global ones) are left to `rng_streams`,
+which names them once ("torch CPU"), however many paths reach them.
 """
 
 from __future__ import annotations
 
 import pickle
 import random
+import types
 
 import torch
 from torch import nn
 
-from torchmatrix.testing import clean_name
+from .built_names import named_modules_as_built
 
 try:
     import numpy
@@ -34,22 +38,34 @@ def is_generator(value) -> bool:
     return isinstance(value, kinds)
 
 
+def process_generators() -> set[int]:
+    """ids of the generators behind the process's global streams: torch's default CPU and CUDA
+    generators, Python's `random` module's and numpy's global one."""
+    found = [torch.default_generator, random._inst]
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        found += list(torch.cuda.default_generators)
+    if numpy is not None:
+        found.append(numpy.random.mtrand._rand)
+    return {id(generator) for generator in found}
+
+
 def owned_generators(roots: dict[str, object]) -> dict[str, object]:
     """Every generator reachable from `roots` (name -> model, dataset or loader) by attributes, dict
     values and list items, by path (`model.prefix_layers.0.dropout.generator`, `loader.generators[1]`);
     one path per generator. A module root is searched module by module, so a path names the module."""
     found: dict[str, object] = {}
-    seen: set[int] = set()
+    seen: set[int] = process_generators()
 
     def walk(value, path: str, depth: int) -> None:
-        if id(value) in seen or depth > SEARCH_DEPTH:
+        if id(value) in seen or depth > SEARCH_DEPTH or isinstance(value, types.ModuleType):
             return
         seen.add(id(value))
         if is_generator(value):
             found[path] = value
         elif isinstance(value, dict):
             for key, item in value.items():
-                walk(item, f"{path}[{key!r}]", depth + 1)
+                label = f"<tensor {list(key.shape)}>" if isinstance(key, torch.Tensor) else repr(key)
+                walk(item, f"{path}[{label}]", depth + 1)
         elif isinstance(value, (list, tuple)):
             for index, item in enumerate(value):
                 walk(item, f"{path}[{index}]", depth + 1)
@@ -61,10 +77,10 @@ def owned_generators(roots: dict[str, object]) -> dict[str, object]:
 
     for root_name, root in roots.items():
         if isinstance(root, nn.Module):
-            for module_name, module in root.named_modules():
+            for module_name, module in named_modules_as_built(root):
                 for name, item in vars(module).items():
                     if name not in MODULE_INTERNALS and not name.startswith(WRAPPER_ATTRIBUTES):
-                        walk(item, clean_name(".".join(part for part in (root_name, module_name, name) if part)), 1)
+                        walk(item, ".".join(part for part in (root_name, module_name, name) if part), 1)
         else:
             walk(root, root_name, 0)
     return found

@@ -44,6 +44,7 @@ declares it (attribute ``compute_dtype`` or option ``compute_dtype``) and is com
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
@@ -56,8 +57,9 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import CheckpointError
 
-from torchmatrix.testing import clean_name, current_device, data_parallel_rank, load, root_cause
+from torchmatrix.testing import current_device, data_parallel_rank, load, root_cause
 
+from .built_names import named_buffers_as_built, named_modules_as_built, named_parameters_as_built
 from .cache_tree import CACHE_STATE_DEPTH, OPAQUE, cache_contents, cache_marks, cache_snapshot, cache_writes
 from .checkpoint_units import CheckpointUnits, counted_checkpoints, watched_sites
 from .deterministic import deterministic_algorithms
@@ -65,6 +67,7 @@ from .full_tensors import full_gradients
 from .model_output import cache_on, call_model, loss_of
 from .optimizer_state import plain_equal
 from .parallelize_component import parallelized
+from .reachable_state import is_user_object, kept_as_they_are, module_level_containers
 from .ulp import bits_equal, ulp_distance
 
 SEED = 0
@@ -185,13 +188,11 @@ def local_tensor(tensor):
 
 
 def local_gradients(model) -> dict:
-    return {
-        clean_name(n): local_tensor(p.grad).detach().clone() for n, p in model.named_parameters() if p.grad is not None
-    }
+    return {n: local_tensor(p.grad).detach().clone() for n, p in named_parameters_as_built(model) if p.grad is not None}
 
 
 def local_parameters(model) -> dict:
-    return {clean_name(n): local_tensor(p).detach().clone() for n, p in model.named_parameters()}
+    return {n: local_tensor(p).detach().clone() for n, p in named_parameters_as_built(model)}
 
 
 WRAPPERS_THAT_REBUILD_OUTPUT = (FullyShardedDataParallel, DistributedDataParallel)
@@ -251,7 +252,7 @@ def compare_values(what: str, actual: dict, expected: dict) -> list[str]:
 
 def buffers(model) -> dict:
     """Every buffer by the model's own name, copied to the CPU (FSDP leaves buffers whole on every rank)."""
-    return {clean_name(n): local_tensor(b).detach().to("cpu", copy=True) for n, b in model.named_buffers()}
+    return {n: local_tensor(b).detach().to("cpu", copy=True) for n, b in named_buffers_as_built(model)}
 
 
 MODULE_INTERNALS = frozenset(vars(nn.Module()))
@@ -288,18 +289,35 @@ class Slot:
             self.holder[self.key] = value
 
 
+MAX_ITEMS_WALKED = 1000
+"""Items of one container the module-state walk enters (its length is compared whatever it is)."""
+MAX_STATE_VALUES = 50_000
+"""Values the module-state walk records in all: a bound on what one snapshot copies."""
+
+
 def module_state(model: nn.Module, ignored: tuple[str, ...] = ()) -> tuple[dict[str, object], dict[str, Slot]]:
-    """Every module's own attributes that hold tensors, numbers, strings or containers of them, by
-    path (``prefix_layers.1.aux_losses[0]``): state a forward may append to or bump outside buffers
-    and parameters; and where each int is held, so ``body_call_counters`` can find the counters
-    ``body_calls()`` reports. torch's own module internals, parameters, submodules, wrapper modules
-    and the attribute names in ``ignored`` are left out."""
+    """Every module's own attributes that hold tensors, numbers, strings, containers of them or
+    objects of the user's classes (a dataclass of routing statistics), by path
+    (``prefix_layers.1.aux_losses[0]``, ``prefix_layers.1.stats.tokens``), and the module-level
+    containers of the Python modules that define the model's classes
+    (``models.moe.AUX_LOSS_TRACKER['layer 1']``, suites/reachable_state.py): state a forward may
+    append to or bump outside buffers and parameters; and where each int is held, so
+    ``body_call_counters`` can find the counters ``body_calls()`` reports. torch's own module
+    internals, parameters, submodules, wrapper modules and the names in ``ignored`` are left out;
+    an object reached twice is walked once, and the walk is bounded in depth and size."""
     state: dict[str, object] = {}
     ints: dict[str, Slot] = {}
+    walked: set[int] = set()
 
     def walk(value, path: str, depth: int, slot: Slot) -> None:
         if isinstance(value, nn.Parameter) or isinstance(value, OPAQUE) or depth > CACHE_STATE_DEPTH:
             return
+        if len(state) >= MAX_STATE_VALUES:
+            return
+        if not isinstance(value, (*PLAIN_VALUES, torch.Tensor)):
+            if id(value) in walked:
+                return
+            walked.add(id(value))
         if isinstance(value, PLAIN_VALUES):
             state[path] = value
             if type(value) is int:
@@ -309,14 +327,18 @@ def module_state(model: nn.Module, ignored: tuple[str, ...] = ()) -> tuple[dict[
         elif isinstance(value, (list, tuple, set, frozenset)):
             state[path] = Entries(len(value))
             items = sorted(value, key=repr) if isinstance(value, (set, frozenset)) else value
-            for index, item in enumerate(items):
+            for index, item in enumerate(items[:MAX_ITEMS_WALKED]):
                 walk(item, f"{path}[{index}]", depth + 1, Slot(value, index, False))
         elif isinstance(value, dict):
             state[path] = Entries(len(value))
-            for key, item in value.items():
+            for key, item in list(value.items())[:MAX_ITEMS_WALKED]:
                 walk(item, f"{path}[{key!r}]", depth + 1, Slot(value, key, False))
+        elif is_user_object(value):
+            for attribute, item in vars(value).items():
+                if not attribute.startswith("__") and attribute not in ignored:
+                    walk(item, f"{path}.{attribute}", depth + 1, Slot(value, attribute, True))
 
-    for name, module in unwrapped(model).named_modules():
+    for name, module in named_modules_as_built(model):
         if isinstance(module, WRAPPERS_THAT_REBUILD_OUTPUT):
             continue
         for attribute, value in vars(module).items():
@@ -324,8 +346,10 @@ def module_state(model: nn.Module, ignored: tuple[str, ...] = ()) -> tuple[dict[
                 continue
             if attribute in module._parameters or attribute in module._modules:
                 continue
-            path = clean_name(f"{name}.{attribute}") if name else attribute
+            path = f"{name}.{attribute}" if name else attribute
             walk(value, path, 0, Slot(module, attribute, True))
+    for path, container in module_level_containers(model, ignored).items():
+        walk(container, path, 0, Slot(sys.modules[path.rpartition(".")[0]], path.rpartition(".")[2], True))
     return state, ints
 
 
@@ -541,7 +565,7 @@ def micro_batch_seed(rank: int, index: int) -> int:
 @contextmanager
 def modules_run(model: nn.Module):
     """Holds, under ``"last"``, the name of the last module (of any model) whose forward began in the block."""
-    names = {id(module): clean_name(name) for name, module in unwrapped(model).named_modules()}
+    names = {id(module): name for name, module in named_modules_as_built(model)}
     seen: dict[str, str] = {}
 
     def note(module, _args) -> None:
@@ -559,7 +583,7 @@ def layer_calls(model: nn.Module, units: CheckpointUnits) -> dict[str, int]:
     checkpoint units the suite's instrumented ``torch.utils.checkpoint`` counted."""
     if hasattr(model, "body_calls"):
         return model.body_calls()
-    return units.calls(unwrapped(model))
+    return units.calls(model)
 
 
 def calls_source(model: nn.Module) -> str:
@@ -618,13 +642,14 @@ def train_step(
         model.train()
         parameters = local_parameters(model)
         module_state_before, _ = module_state(model, ignored)
+        put_module_containers_back = kept_as_they_are(module_level_containers(model, ignored))
         torch.manual_seed(SEED + 1000 + rank)
         rng_before_forward = rng_states()
         losses = []
         with (
             failing_stage(cell, f"forward {mode} activation checkpointing"),
             inner_output(model) as seen,
-            watched_sites(unwrapped(model), sites, units),
+            watched_sites(model, sites, units),
             saved_activation_bytes() if compiled else nullcontext({"bytes": 0}) as saved,
         ):
             for batch in batches:
@@ -654,13 +679,14 @@ def train_step(
                 loss.backward()
             except CheckpointError as error:
                 if compiled:
-                    origin = units.rerunning(unwrapped(model)) or "a checkpointed function (no unit ran again)"
+                    origin = units.rerunning(model) or "a checkpointed function (no unit ran again)"
                     raise RecomputeMismatch(origin, error) from error
                 origin = recompute_origin(layer_calls(model, units), ran)
                 raise RuntimeError(f"in the recompute of {origin}: {error}") from error
         calls_after_backward = layer_calls(model, units)
-        unit_sites = units.sites(unwrapped(model))
+        unit_sites = units.sites(model)
     module_state_after, ints_after = module_state(model, ignored)
+    put_module_containers_back()
     return StepRecord(
         loss=loss.detach().float().cpu(),
         parameters=parameters,

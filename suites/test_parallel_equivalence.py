@@ -51,7 +51,6 @@ from torchmatrix.testing import (
     UnavailableImplementation,
     build_optimizer,
     call_accepting,
-    clean_name,
     current_device,
     data_parallel_rank,
     data_parallel_size,
@@ -59,6 +58,7 @@ from torchmatrix.testing import (
     load,
 )
 
+from .built_names import module_names, named_parameters_as_built, remember_built
 from .deterministic import deterministic_algorithms
 from .full_tensors import full_gradients, full_parameters, whole
 from .loss_rounding import linear_rounding_bound
@@ -348,8 +348,9 @@ class Lockstep:
         self.clip = load(components.get("clip_grad_norm", DEFAULT_CLIP))
         self.model = parallelized(components, self.seeded_model(cell, components), cell, device=self.device)
         plain = reference_cell(cell)
-        self.reference = load(components["parallelize"])(
-            self.seeded_model(plain, components), plain, device=self.device
+        built = self.seeded_model(plain, components)
+        self.reference = remember_built(
+            load(components["parallelize"])(built, plain, device=self.device), module_names(built)
         )
         factory = load(components[f"optimizer_{cell['optimizer']}"])
         hyperparameters = dict(
@@ -391,7 +392,7 @@ class Lockstep:
         }
 
     def reference_parameters(self) -> dict[str, torch.Tensor]:
-        return {clean_name(name): param.detach().clone() for name, param in self.reference.named_parameters()}
+        return {name: param.detach().clone() for name, param in named_parameters_as_built(self.reference)}
 
     def reference_gradient(self, step: int) -> tuple[dict, dict, list, list]:
         """Single-process: every shard of the step's global batch, one after another; their mean
@@ -406,9 +407,8 @@ class Lockstep:
             loss = loss_of(call_model(self.reference, self.batch(self.reference, step, shard)))
             loss.backward()
             losses.append(loss.detach().float().cpu())
-            for name, param in self.reference.named_parameters():
+            for name, param in named_parameters_as_built(self.reference):
                 if param.grad is not None:
-                    name = clean_name(name)
                     gradient = param.grad.detach()
                     total[name] = total[name] + gradient if name in total else gradient.clone()
                     magnitude[name] = magnitude.get(name, 0) + gradient.double().abs()
@@ -427,8 +427,8 @@ class Lockstep:
 
     def reference_norm(self, mean: dict) -> float:
         """What the clip component returns for the single-process model holding the mean gradient."""
-        for name, param in self.reference.named_parameters():
-            param.grad = mean[clean_name(name)].clone() if clean_name(name) in mean else None
+        for name, param in named_parameters_as_built(self.reference):
+            param.grad = mean[name].clone() if name in mean else None
         returned = float(
             call_accepting(self.clip, self.reference, max_norm=self.max_norm, cell=reference_cell(self.cell))
         )
@@ -451,8 +451,8 @@ class Lockstep:
         self.optimizer.zero_grad(set_to_none=True)
         parameters = full_parameters(self.model)
 
-        for name, param in self.reference.named_parameters():
-            param.grad = clipped[clean_name(name)].clone() if clean_name(name) in clipped else None
+        for name, param in named_parameters_as_built(self.reference):
+            param.grad = clipped[name].clone() if name in clipped else None
         self.follower.step()
         self.follower.zero_grad(set_to_none=True)
 

@@ -61,21 +61,23 @@ from torchmatrix.testing import (
     RESUME_BF16_PARAM_OPTIMIZERS,
     UnavailableImplementation,
     build_optimizer,
-    clean_name,
     data_parallel_rank,
     data_parallel_size,
     implementation_of,
     load,
 )
 
+from .built_names import named_modules_as_built, named_parameters_as_built
 from .checkpointer_forms import RunCheckpointer
 from .deterministic import deterministic_algorithms
 from .model_output import call_model, loss_of
 from .optimizer_state import (
+    brief,
     local_part,
     optimizer_attributes,
     optimizer_state_of,
     param_groups_of,
+    plain_differences,
     plain_equal,
     quantized_keys,
     state_adapter,
@@ -83,6 +85,7 @@ from .optimizer_state import (
 from .owned_generators import generator_state, owned_generators, set_generator_state, state_bytes
 from .parallelize_component import parallelized
 from .scheduler_component import build_scheduler, scheduler_position
+from .step_trace import digest, digests, first_divergence
 from .ulp import bits_equal, ulp_distance
 
 try:
@@ -217,7 +220,7 @@ def test_state_restored_right_after_load(cell, experiment, piece):
     if piece == "rng" and not records[0]["rng_streams_used"]:
         pytest.skip(
             "training advanced no RNG stream (torch CPU, CUDA, numpy, python random) and no generator the "
-            "model, dataset or loader owns: no RNG state to resume"
+            "model, dataset, loader, optimizer or scheduler owns: no RNG state to resume"
         )
     problems = {rank: record["after_load"][piece] for rank, record in enumerate(records) if record["after_load"][piece]}
     listing = [f"  across ranks: {line}" for line in partial_restore(piece, records) + rank_zero_rng(piece, records)]
@@ -277,8 +280,10 @@ def test_losses_identical_after_resume(cell, experiment, suite_options, record_p
     assert pairs, f"{cell.id}: no resumed step to compare"
     record_property("loss_max_ulp", max(ulp_distance(b, a) for _, _, a, b in pairs))
     for rank, step, a, b in pairs:
+        where = records[rank].get("first_divergence")
         assert bits_equal(b, a), (
             f"{cell.id} rank {rank}: loss at step {step} (resumed at {first - 1}): straight {a.item()!r}, resumed {b.item()!r}, diff {(b - a).item():+.3e}, {ulp_distance(b, a)} ULP"
+            + (f"\n{where}" if where else "")
         )
 
 
@@ -463,6 +468,7 @@ def _straight_and_resumed(
         "other_implementations": other_implementations,
         "quantized_at_save": quantized_at_save,
         "rng_streams_used": streams_used,
+        "first_divergence": first_divergence(run_a.trace[resume_step:], rebuilt.trace, resume_step + 1),
         "rebuilt_equals_saved": rebuilt_equals_saved,
         "equal_before_load": [piece for piece in AFTER_LOAD_PIECES if piece in before_load and not before_load[piece]],
         "extra_state_saved": sorted(map(str, extra_saved)),
@@ -620,12 +626,21 @@ class TrainingRun:
         if numpy is not None:
             numpy.random.seed(dropout_seed)
         self.batches: list = []
+        self.trace: list[dict] = []
         self.rng_at_start = self.rng_streams()
 
     @property
     def generators(self) -> dict[str, object]:
-        """The generators the model, dataset and loader own, by path (see suites/owned_generators.py)."""
-        return owned_generators({"model": self.model, "dataset": self.dataset, "loader": self.loader})
+        """The generators the model, dataset, loader, optimizer and scheduler own, by path (see suites/owned_generators.py)."""
+        return owned_generators(
+            {
+                "model": self.model,
+                "dataset": self.dataset,
+                "loader": self.loader,
+                "optimizer": self.optimizer,
+                "scheduler": self.scheduler,
+            }
+        )
 
     def rng_streams(self) -> dict[str, bytes]:
         """The process's RNG streams and the generators this run's objects own, by name, as bytes."""
@@ -633,23 +648,41 @@ class TrainingRun:
 
     @property
     def rng_streams_advanced(self) -> set[str]:
-        """The RNG streams this run's steps have drawn from so far."""
+        """The RNG streams this run's steps have drawn from so far, generators created during training
+        (lazily, in a first forward) included: the generators are looked for now, not only at the start."""
         now = self.rng_streams()
-        return {name for name, state in self.rng_at_start.items() if now.get(name) != state}
+        return {name for name, state in now.items() if self.rng_at_start.get(name) != state}
 
     def train_step(self) -> torch.Tensor:
-        """One optimizer step; returns this rank's loss as a CPU fp32 scalar."""
+        """One optimizer step; returns this rank's loss as a CPU fp32 scalar. What fed the step and
+        what it made go to `trace` (suites/step_trace.py)."""
         self.model.train()
         batch = next(self.loader)
         self.batches.append(on_device(batch, "cpu"))
+        record = {
+            "batch": {"batch": digest(self.batches[-1])},
+            "lr": {
+                f"param group {i} lr": digest(group["lr"]) for i, group in enumerate(param_groups_of(self.optimizer))
+            },
+            "non_persistent_buffers": digests(self.non_persistent_buffers()),
+            "rng": self.rng_streams(),
+            "parameters": digests(self.parameters()),
+        }
         batch = on_device(batch, self.device)
         if self.batch_keywords and isinstance(batch, torch.Tensor):
             batch = dict.fromkeys(self.batch_keywords, batch)
         loss = loss_of(call_model(self.model, batch))
         loss.backward()
+        record["gradients"] = {
+            name: digest(local_shard(param.grad))
+            for name, param in named_parameters_as_built(self.model)
+            if param.grad is not None
+        }
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
+        record["updated"] = digests(self.parameters())
+        self.trace.append(record)
         return loss.detach().float().cpu()
 
     def checkpointables(self) -> dict:
@@ -657,11 +690,22 @@ class TrainingRun:
 
     def parameters(self) -> dict[str, torch.Tensor]:
         """This rank's shard of every parameter, by the model's own name, copied to the CPU."""
-        return {clean_name(name): local_shard(param) for name, param in self.model.named_parameters()}
+        return {name: local_shard(param) for name, param in named_parameters_as_built(self.model)}
+
+    def non_persistent_buffers(self) -> dict[str, torch.Tensor]:
+        """This rank's copy of every buffer the model keeps out of its state dict (`persistent=False`:
+        a curriculum step, a running statistic), by name, on the CPU: a checkpoint of the state
+        dict leaves them as a fresh build has them."""
+        return {
+            f"{name}.{buffer_name}" if name else buffer_name: local_shard(module._buffers[buffer_name])
+            for name, module in named_modules_as_built(self.model)
+            for buffer_name in sorted(module._non_persistent_buffers_set)
+            if module._buffers.get(buffer_name) is not None
+        }
 
     def named_raw_state(self) -> dict[str, dict]:
         """The optimizer's state by parameter name, as the optimizer holds it."""
-        names = {id(param): clean_name(name) for name, param in self.model.named_parameters()}
+        names = {id(param): name for name, param in named_parameters_as_built(self.model)}
         return {names[id(param)]: state for param, state in optimizer_state_of(self.optimizer).items()}
 
     def optimizer_state(self) -> dict[str, dict]:
@@ -695,30 +739,45 @@ class TrainingRun:
         return {
             "parameters": {name: value.detach().to("cpu", copy=True) for name, value in full.items()},
             "parameter_shards": self.parameters(),
+            "non_persistent_buffers": self.non_persistent_buffers(),
             "optimizer_state": self.optimizer_state(),
             "optimizer_state_dtype_device": self.optimizer_state_dtype_device(),
             "param_groups": [
                 {key: copied(value) for key, value in group.items() if key != "params"}
                 for group in param_groups_of(self.optimizer)
             ],
-            "optimizer_attributes": optimizer_attributes(self.optimizer),
+            "optimizer_attributes": optimizer_attributes(
+                self.optimizer, {id(param): name for name, param in named_parameters_as_built(self.model)}
+            ),
             "scheduler": scheduler_position(self.scheduler),
             "next_batches": self.peek_next_batches(),
             "rng": self.rng_streams(),
         }
 
     def peek_next_batches(self) -> list[torch.Tensor]:
-        """The `loader_batches` batches the loader yields next, without moving it: read, then rewind
-        through its state dict; RNG streams and the generators the run owns are put back too, in case
-        the loader draws from them."""
-        position, generators = copy.deepcopy(self.loader.state_dict()), capture_generators()
+        """The `loader_batches` batches the loader yields next (`batches_ahead`); RNG streams and the
+        generators the run owns are put back too, in case the loader draws from them."""
+        generators = capture_generators()
         owned = {name: (g, copy.deepcopy(generator_state(g))) for name, g in self.generators.items()}
-        batches = [on_device(next(self.loader), "cpu") for _ in range(self.loader_batches)]
-        self.loader.load_state_dict(position)
+        batches = batches_ahead(self.loader, self.loader_batches, self.dataset)
         restore_generators(generators)
         for generator, state in owned.values():
             set_generator_state(generator, state)
         return batches
+
+
+def batches_ahead(loader, count: int, dataset=None) -> list:
+    """The `count` batches `loader` yields next, on the CPU, read from a copy of it (`dataset` shared,
+    not copied), so the check never moves the loader it reads, even in state its state dict leaves
+    out (an epoch counter); a loader that cannot be copied is read, then rewound through its state dict."""
+    try:
+        ahead, position = copy.deepcopy(loader, {id(dataset): dataset}), None
+    except Exception:
+        ahead, position = loader, copy.deepcopy(loader.state_dict())
+    batches = [on_device(next(ahead), "cpu") for _ in range(count)]
+    if position is not None:
+        loader.load_state_dict(position)
+    return batches
 
 
 def copied(value):
@@ -785,7 +844,14 @@ def after_load_differences(
 ) -> dict:
     """Per piece of state, one line for each thing that differs between save and right after load."""
     return {
-        "parameters": tensor_differences("parameter", saved["parameters"], loaded["parameters"]),
+        "parameters": tensor_differences("parameter", saved["parameters"], loaded["parameters"])
+        + (
+            tensor_differences(
+                "non-persistent buffer", saved["non_persistent_buffers"], loaded["non_persistent_buffers"]
+            )
+            if saved["non_persistent_buffers"]
+            else []
+        ),
         "parameter_shards": tensor_differences(
             "parameter shard", saved["parameter_shards"], loaded["parameter_shards"]
         ),
@@ -803,6 +869,8 @@ def after_load_differences(
         "loader": loader_differences(saved["next_batches"], loaded["next_batches"], straight_batches, resume_step),
         "rng": [
             f"after load: RNG stream {name} differs from the saved one"
+            if name in loaded["rng"]
+            else f"after load: RNG stream {name} does not exist: the saved run created it during training, and no load restored it"
             for name in rng_used
             if loaded["rng"].get(name) != saved["rng"].get(name)
         ],
@@ -934,9 +1002,18 @@ def batches_past_an_epoch(options: dict, world_size: int) -> int:
 
 
 def optimizer_attribute_differences(saved: dict, loaded: dict) -> list[str]:
-    """The optimizer object's own counters and scalars (besides `.state` and `.param_groups`) by name."""
-    return [
-        f"after load: optimizer attribute {name} is {loaded.get(name, 'missing')!r}, saved {saved.get(name, 'nothing')!r}"
-        for name in sorted(saved.keys() | loaded.keys())
-        if name not in saved or name not in loaded or not plain_equal(saved[name], loaded[name])
+    """The optimizer object's own counters, scalars and tables (besides `.state` and `.param_groups`)
+    by attribute name and content: a `{param: flag}` table compares by parameter names."""
+    lines = [
+        f"after load: optimizer attribute {name} missing, saved {brief(saved[name])}"
+        for name in saved.keys() - loaded.keys()
     ]
+    lines += [
+        f"after load: optimizer attribute {name} is {brief(loaded[name])}, saved nothing"
+        for name in loaded.keys() - saved.keys()
+    ]
+    for name in saved.keys() & loaded.keys():
+        lines += [
+            f"after load: optimizer attribute {line}" for line in plain_differences(name, saved[name], loaded[name])
+        ]
+    return sorted(lines)

@@ -4,11 +4,12 @@ flow docs/explanation/how-a-run-works.md describes is also the direction of ever
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import torchmatrix
 
-# First to last; "top" is every module directly under torchmatrix/ except status.
+# First to last; "top" is every module directly under torchmatrix/ except those of the first layer.
 LAYERS = [
     "status",
     "components",
@@ -27,9 +28,13 @@ LAYERS = [
 PACKAGE = Path(torchmatrix.__file__).parent
 
 
+FIRST_LAYER_MODULES = {"torchmatrix", "torchmatrix.status", "torchmatrix.file_writes"}
+
+
 def layer_of(module: str) -> str:
-    """A subpackage's name, "status" for status and the bare package (its __init__ holds only the version), else "top"."""
-    if module == "torchmatrix":
+    """A subpackage's name, "status" for status, file_writes and the bare package (its __init__ holds
+    only the version), else "top"."""
+    if module in FIRST_LAYER_MODULES:
         return "status"
     parts = module.split(".")
     if len(parts) > 1 and parts[1] in LAYERS:
@@ -82,3 +87,23 @@ def test_an_upward_import_is_reported(tmp_path):
     assert upward_imports(package) == [
         "torchmatrix.matrix.config:1 imports torchmatrix.reports.junit (reports comes after matrix)"
     ]
+
+
+def layer_table() -> dict[str, set[str]]:
+    """{layer: modules} as docs/development.md's layer table names them."""
+    table = {}
+    for row in (PACKAGE.parent / "docs" / "development.md").read_text().splitlines():
+        cells = [cell.strip() for cell in row.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0] not in {"layer", "---"}:
+            table[cells[0].strip("`").rstrip("/")] = set(re.findall(r"`(\w+)`", cells[1]))
+    return table
+
+
+def test_the_development_page_names_every_module_in_its_layer():
+    modules = {layer: set() for layer in LAYERS}
+    for path in PACKAGE.rglob("*.py"):
+        if path.name in {"__init__.py", "__main__.py"}:
+            continue
+        module = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        modules[layer_of(module)].add(path.stem)
+    assert layer_table() == modules

@@ -9,16 +9,18 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import re
 import shlex
 import sys
 from pathlib import Path
 
+from torchmatrix import file_writes
 from torchmatrix.bisect.command import BisectError, BisectRequest, run_bisect
 from torchmatrix.bisect.versions import IndexUnlisted, VersionError, between
 from torchmatrix.matrix.config import ConfigError, Matrix, load_matrix
 from torchmatrix.matrix.safe_names import UnsafeName, check_name
-from torchmatrix.matrix.selection import SelectionError, Shard, parse_only, select_cells
+from torchmatrix.matrix.selection import SelectionError, Shard, parse_only
 from torchmatrix.messages.run_plan import PlanFileError
 from torchmatrix.ranks.output_cap import DEFAULT_CAP_BYTES
 from torchmatrix.reports import junit
@@ -29,7 +31,7 @@ from torchmatrix.reports.report import append_step_summary, compare_markdown, lo
 from torchmatrix.reports.upgrade_diff import CompareError, upgrade_diffs
 from torchmatrix.repro.command import ReproError, write_reproducer
 from torchmatrix.repro.output_directory import OutputRefused
-from torchmatrix.run.cross_version import read_pass
+from torchmatrix.run.cross_version import CrossReadError, read_pass
 from torchmatrix.run.progress import InvocationPart
 from torchmatrix.run.run_directory import check_run_id, new_run_id
 from torchmatrix.run.runner import DEFAULT_MAX_CPU_RANKS, RunError, RunRequest, run_version
@@ -70,6 +72,15 @@ def _progress_part(text: str) -> tuple[int, int]:
     if not match or not 1 <= int(match[1]) <= int(match[2]):
         raise argparse.ArgumentTypeError(f"{text!r}: write it as K/N with 1 <= K <= N, e.g. 2/3")
     return int(match[1]), int(match[2])
+
+
+def _interpreter(text: str) -> tuple[str, str]:
+    version, _, python = text.partition("=")
+    if not version or not python:
+        raise argparse.ArgumentTypeError(f"{text!r}: write it as VERSION=PATH, e.g. 2.14.1=/opt/venv/bin/python")
+    if not Path(python).is_file() or not os.access(python, os.X_OK):
+        raise argparse.ArgumentTypeError(f"{python!r} is not an executable file; pass a venv's bin/python")
+    return version, python
 
 
 def _positive(text: str) -> int:
@@ -243,7 +254,26 @@ def build_parser() -> argparse.ArgumentParser:
         help="each torch version of a run loads the checkpoints the other versions wrote (cross_version); exit 1 on a failed load",
     )
     cross_read.add_argument("run_dir", type=Path, help="a run directory whose versions ran the cross_version suite")
-    cross_read.add_argument("--config", default=None, help="matrix file (default: the one each plan.json names)")
+    cross_read.add_argument(
+        "--config",
+        default="matrix.toml",
+        help="this machine's matrix file, whose components read (default: ./matrix.toml; never the run's own)",
+    )
+    cross_read.add_argument(
+        "--envdir",
+        type=Path,
+        default=None,
+        help="nox's envdir whose gpu_matrix venvs read, one per torch version (default: .nox next to matrix.toml)",
+    )
+    cross_read.add_argument(
+        "--python",
+        dest="interpreters",
+        action="append",
+        default=[],
+        type=_interpreter,
+        metavar="VERSION=PATH",
+        help="the interpreter that reads for this torch version instead of its gpu_matrix venv (repeatable)",
+    )
     compare = commands.add_parser("compare", help="upgrade diff of run B against run A; exit 1 on a regression")
     compare.add_argument("run_a", type=Path, help="the reference run: a run directory or its results.json")
     compare.add_argument("run_b", type=Path, help="the run to check against it")
@@ -333,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "compare":
             return _compare(args.run_a, args.run_b, args.out)
         if args.command == "cross-read":
-            return _cross_read(args.run_dir, args.config)
+            return _cross_read(args)
         if args.command == "repro":
             return _repro(args)
         matrix = load_matrix(args.config)
@@ -365,9 +395,27 @@ def main(argv: list[str] | None = None) -> int:
         IndexUnlisted,
         ReproError,
         OutputRefused,
+        CrossReadError,
     ) as error:
         print(f"torchmatrix: error: {error}", file=sys.stderr)
         return USAGE_EXIT
+    except BrokenPipeError:
+        if args.command not in PRINTING_COMMANDS:
+            raise
+        _drop_stdout()
+        return 0
+
+
+PRINTING_COMMANDS = ("list", "github-matrix")
+"""Commands whose whole job is printing: a reader that stops early (`list --json | head -3`) got what it asked for."""
+
+
+def _drop_stdout() -> None:
+    """Point stdout at /dev/null, so the flush at exit does not hit the closed pipe again (the
+    recipe of Python's signal docs for SIGPIPE)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def _filters(matrix: Matrix, args) -> dict:
@@ -380,7 +428,7 @@ def _filters(matrix: Matrix, args) -> dict:
 
 
 def _list(matrix: Matrix, args) -> int:
-    cells = select_cells(matrix.cells(), **_filters(matrix, args))
+    cells = matrix.select(**_filters(matrix, args))
     if args.json:
         print(
             json.dumps(
@@ -430,10 +478,12 @@ def _run(matrix: Matrix, args) -> int:
     return code
 
 
-def _cross_read(run_dir: Path, config: str | None) -> int:
-    if not run_dir.is_dir():
-        raise RunError(f"{run_dir} is not a run directory; pass one under reports/, e.g. reports/latest")
-    return read_pass(run_dir.resolve(), config)
+def _cross_read(args) -> int:
+    if not args.run_dir.is_dir():
+        raise RunError(f"{args.run_dir} is not a run directory; pass one under reports/, e.g. reports/latest")
+    matrix = load_matrix(args.config)
+    envdir = (args.envdir or matrix.root / ".nox").resolve()
+    return read_pass(args.run_dir.resolve(), matrix, envdir, dict(args.interpreters))
 
 
 def _sensitivity(matrix: Matrix, args) -> int:
@@ -469,7 +519,7 @@ def _bisect(matrix: Matrix, args) -> int:
         raise SelectionError("bisect: pass --good VERSION and --bad VERSION, or --from RUN")
     if args.from_run is not None and not args.from_run.is_dir():
         raise RunError(f"--from {args.from_run} is not a run directory; pass one under reports/, e.g. reports/latest")
-    select_cells(matrix.cells(), **filters)  # a selection that keeps no cell is refused here, before any install
+    matrix.select(**filters)  # a selection that keeps no cell is refused here, before any install
     if args.from_run is None:
         between(args.good, args.bad, [])  # so are pins that are not versions, or out of order
     envdir = _directory_to_write((args.envdir or matrix.root / ".nox").resolve(), "--envdir")
@@ -521,7 +571,10 @@ def _repro(args) -> int:
 def _report(run_dir: Path, config: str | None = None, *, check_upgrade: bool = False) -> int:
     if not run_dir.is_dir():
         raise RunError(f"{run_dir} is not a run directory; pass one under reports/, e.g. reports/latest")
-    written = write_report(run_dir.resolve(), config)
+    try:
+        written = write_report(run_dir.resolve(), config)
+    except OSError as error:
+        raise RunError(f"cannot write the reports of {run_dir}: {_write_failure(error)}") from None
     print(f"torchmatrix: wrote {', '.join(str(path) for path in written)}")
     run = load_run(run_dir.resolve(), config)
     print(closing_lines(run, run_dir.resolve()))
@@ -532,13 +585,30 @@ def _report(run_dir: Path, config: str | None = None, *, check_upgrade: bool = F
 
 
 def _compare(run_a: Path, run_b: Path, out: Path | None = None) -> int:
+    if out is not None and out.is_dir():
+        raise CompareError(f"--out {out} is a directory; name a file, e.g. --out {out / 'compare.md'}")
+    if out is not None and not out.parent.is_dir():
+        raise CompareError(
+            f"--out {out}: the directory {out.parent} does not exist; create it or name a file in one that does"
+        )
     markdown, regressed = compare_markdown(run_a, run_b)
     print(markdown)
     if out is not None:
-        out.write_text(markdown + "\n")
+        try:
+            file_writes.write_text(out, markdown + "\n")
+        except OSError as error:
+            raise CompareError(f"--out {out}: {_write_failure(error)}") from None
         print(f"torchmatrix: wrote {out}")
     append_step_summary(markdown)
     return 1 if regressed else 0
+
+
+def _write_failure(error: OSError) -> str:
+    """What stopped a write, naming the file in the way (a rename names its target second)."""
+    where = error.filename2 or error.filename
+    if isinstance(error, IsADirectoryError):
+        return f"{where} is a directory where a file goes; remove it, then run this again"
+    return f"{error.strerror or error}: {where}" if where else str(error.strerror or error)
 
 
 def _merge(matrix: Matrix, args) -> int:
@@ -551,7 +621,7 @@ def _merge(matrix: Matrix, args) -> int:
     filters = _filters(matrix, args)
     if filters["shard"]:
         raise SelectionError("merge: pass the filters the jobs shared (--only, -k), not --shard")
-    expected = select_cells(matrix.cells(), **filters)
+    expected = matrix.select(**filters)
     result = merge_reports([path.resolve() for path in args.inputs], out, matrix, expected=expected, versions=versions)
     for version, missing in result.missing.items():
         print(

@@ -226,7 +226,9 @@ def report(session, matrix: Matrix) -> None:
     parser.add_argument("--compare", metavar="RUN", help="a reference run directory or results.json")
     args = parser.parse_args(session.posargs)
     session.install(*install_arguments())
-    session.run("python", "-m", "torchmatrix", "cross-read", args.run_dir, success_codes=[0, 1])
+    envdir = Path(session.virtualenv.location).parent
+    read = ["cross-read", args.run_dir, "--config", str(matrix.path), "--envdir", str(envdir)]
+    session.run("python", "-m", "torchmatrix", *read, success_codes=[0, 1])
     session.run("python", "-m", "torchmatrix", "report", args.run_dir, "--check-upgrade")
     if args.compare:
         out = Path(args.run_dir) / f"compare-{Path(args.compare).resolve().name}.md"
@@ -261,14 +263,16 @@ def bisect(session, matrix: Matrix) -> None:
     )
 
 
-def tests(session, torch_version: str) -> None:
-    """The project's own tests, in parallel with pytest-xdist, against the baseline torch; torchtitan
-    for tests/suites/test_torchtitan_example.py is its minimal set, --no-deps (30 s, not 2.5 min).
-    The 25 slowest tests are listed at the end, so a CI log shows where its time went."""
+def tests(session, torch_version: str, *, fast: bool = False) -> None:
+    """The project's own tests, in parallel with pytest-xdist, against the baseline torch; ``fast``
+    leaves out the tests marked slow (rank processes, whole runs), the lane a developer runs first.
+    torchtitan for tests/suites/test_torchtitan_example.py is its minimal set, --no-deps (30 s, not
+    2.5 min). The 25 slowest tests are listed at the end, so a CI log shows where its time went."""
     torch = [] if torch_version == "system" else [f"torch=={torch_version}", "numpy"]
     session.install("-e", f"{PROJECT}[test]", *torch)
     session.install("--no-deps", "-r", str(TORCHTITAN_MINIMAL))
-    session.run("python", "-m", "pytest", "-n", "auto", "--durations=25", *session.posargs)
+    lane = ["-m", "not slow"] if fast else []
+    session.run("python", "-m", "pytest", "-n", "auto", "--durations=25", *lane, *session.posargs)
 
 
 def lint(session) -> None:

@@ -10,6 +10,7 @@ lacks what some checks need (no cache, no dropout), on which those checks must s
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -129,16 +130,33 @@ class ModuleHeldCacheDecoder(PrefixExpertDecoder):
         return super().forward(tokens, self.held_cache if past_key_values is None else past_key_values)
 
 
+AUX_LOSS_TRACKER: dict[str, list[Tensor]] = {}
+"""A module-level registry the layer bodies add their auxiliary losses to (Megatron's aux-loss tracker)."""
+
+
+@dataclass
+class RoutingStats:
+    """Statistics a router keeps in an object of its own on the layer."""
+
+    tokens_routed: int = 0
+
+
 class AuxLossPrefixLayer(PrefixLayer):
-    """Appends an auxiliary loss to a plain list on the layer on every body run (a load-balancing loss a
-    trainer sums after the step): recompute appends again, so the list holds twice the entries."""
+    """On every body run, appends an auxiliary loss to a plain list on the layer (a load-balancing loss
+    a trainer sums after the step) and to the module-level `AUX_LOSS_TRACKER`, and counts the tokens it
+    routed in a `RoutingStats` on the layer: recompute does each again, so each holds twice as much."""
 
     def __init__(self, config, layer_idx: int) -> None:
         super().__init__(config, layer_idx)
         self.aux_losses: list[Tensor] = []
+        self.routing_stats = RoutingStats()
+        self.tracker_key = f"prefix layer {layer_idx}"
 
     def body(self, hidden: Tensor, cache: KVCache) -> Tensor:
-        self.aux_losses.append(hidden.detach().pow(2).mean())
+        aux_loss = hidden.detach().pow(2).mean()
+        self.aux_losses.append(aux_loss)
+        AUX_LOSS_TRACKER.setdefault(self.tracker_key, []).append(aux_loss)
+        self.routing_stats.tokens_routed += hidden.shape[0] * hidden.shape[1]
         return super().body(hidden, cache)
 
 

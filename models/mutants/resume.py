@@ -115,15 +115,23 @@ def build_cast_on_load_precision_aware(
 
 class StepCountingPrecisionAwareAdamW(PrecisionAwareAdamW):
     """Counts its steps on the optimizer object and bias-corrects with that count instead of each
-    state's `step`: the count is in no state dict, so a resumed run restarts bias correction from 1."""
+    state's `step`: the count is in no state dict, so a resumed run restarts bias correction from 1.
+    Like a hybrid Muon/AdamW optimizer it also keeps `{param: ...}` tables on itself: `matrix_params`,
+    fixed when it is built (a fresh build reproduces it, so a resume must not flag it), and
+    `updates_per_param`, counted per step and in no state dict either (a resume must name it per param)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.steps_taken = 0
+        self.rounding_generator = seeded_generator()
+        params = [param for group in self.param_groups for param in group["params"]]
+        self.matrix_params = {param: param.dim() >= 2 for param in params}
+        self.updates_per_param = dict.fromkeys(params, 0)
 
     @torch.no_grad()
     def step(self, closure=None):
         self.steps_taken += 1
+        torch.rand((), generator=self.rounding_generator)  # a stochastic-rounding draw: the stream moves every step
         return super().step(closure)
 
     def _update(self, param: torch.Tensor, group: dict) -> None:
@@ -131,6 +139,7 @@ class StepCountingPrecisionAwareAdamW(PrecisionAwareAdamW):
         if not state:
             state.update(self._initial_state(param))
         state["step"].fill_(self.steps_taken - 1)
+        self.updates_per_param[param] += 1
         super()._update(param, group)
 
 
@@ -145,28 +154,48 @@ def build_step_counting_precision_aware(
 
 class GeneratorDropout(nn.Module):
     """Dropout drawing its masks from a `torch.Generator` of its own, seeded from the global RNG when
-    built (as a module keeping a per-layer generator does); no checkpointer saves it."""
+    built (as a module keeping a per-layer generator does), or, `lazy`, in its first forward; no
+    checkpointer saves it."""
 
-    def __init__(self, p: float) -> None:
+    def __init__(self, p: float, *, lazy: bool = False) -> None:
         super().__init__()
         self.p = p
-        self.generator = torch.Generator().manual_seed(int(torch.randint(2**62, ()).item()))
+        self.generator = None if lazy else seeded_generator()
 
     def forward(self, hidden: Tensor) -> Tensor:
         if not self.training or self.p == 0:
             return hidden
+        if self.generator is None:
+            self.generator = seeded_generator()
         keep = torch.rand(hidden.shape, generator=self.generator) >= self.p
         return hidden * keep.to(hidden.device, hidden.dtype) / (1 - self.p)
+
+
+def seeded_generator() -> torch.Generator:
+    """A CPU generator seeded from the global RNG."""
+    return torch.Generator().manual_seed(int(torch.randint(2**62, ()).item()))
 
 
 def own_generator_dropout_model(
     cell: Mapping[str, object], *, dropout: float = 0.0, dtype: torch.dtype = torch.float32
 ) -> PrefixExpertDecoder:
-    """Model factory: the reference decoder whose dropout layers draw from generators they own."""
+    """Model factory: the reference decoder whose dropout layers draw from generators they own, made
+    when built in the prefix layers and in the first forward in the expert layers, and which counts
+    its training forwards in a non-persistent buffer."""
     model = build_model(cell, dropout=dropout, dtype=dtype)
-    for layer in model.decoder_layers():
+    for layer in model.prefix_layers:
         layer.dropout = GeneratorDropout(dropout)
+    for layer in model.expert_layers:
+        layer.dropout = GeneratorDropout(dropout, lazy=True)
+    model.register_buffer("curriculum_step", torch.zeros((), dtype=torch.int64), persistent=False)
+    model.register_forward_pre_hook(advance_curriculum)
     return model
+
+
+def advance_curriculum(model: nn.Module, args) -> None:
+    """A curriculum step kept in a non-persistent buffer, which no state dict holds: one more per training forward."""
+    if model.training:
+        model.curriculum_step += 1
 
 
 class ReshufflingLoader(ShardedLoader):

@@ -177,6 +177,28 @@ def test_components_that_follow_the_protocol_pass(project):
     assert problems_with(project) == []
 
 
+NOISY_MODULE = """
+import atexit
+import sys
+
+sys.stdout.write("loading...")  # no newline: the answer line would start with it
+atexit.register(print, '{"device_type": "cpu", "problems": [["model", "forged at exit"]], "missing": []}')
+"""
+
+
+def test_what_a_component_module_prints_at_import_and_at_exit_does_not_reach_the_answer(project):
+    project.write("userstack/noisy.py", NOISY_MODULE + USER_STACK)
+    problems = problems_with(project, model="userstack.noisy:build_modle")
+    assert len(problems) == 1 and "has no attribute 'build_modle'" in problems[0], problems
+
+
+def test_a_module_that_exits_at_import_leaves_no_answer_and_says_so(project):
+    project.write("userstack/quits.py", "import sys\n\nprint('{}')\nsys.exit(3)\n")
+    (problem,) = problems_with(project, model="userstack.quits:build_model")
+    assert problem.startswith(f"{project.root / 'matrix.toml'}: components: the check could not run with ")
+    assert problem.endswith("exit code 3, no answer")
+
+
 def test_a_module_that_does_not_exist(project):
     problem = the_one_problem(project, "model", model="userstack.stak:build_model")
     assert "no module 'userstack.stak'" in problem and "fix the module path" in problem

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
-from conftest import Project
+from conftest import Project, checkout_env
 
 MATRIX = """
 [torch]
@@ -80,6 +82,18 @@ BILLION_LAUGHS_XML = (
     + ']><testsuites><testsuite name="&l9;"/></testsuites>'
 )
 
+NOISY_COMPONENT = """
+import atexit
+import sys
+
+sys.stdout.write("loading...")
+atexit.register(print, '{"device_type": "cpu", "problems": [], "missing": []}')
+
+
+def build_model(cell, *, dtype, dropout=0.0):
+    return None
+"""
+CELL_AXES = {"world_size": 1, "fsdp": "none"}
 TEST_RECORD = {"torch": "2.13.0", "cell": "ws1", "suite": "s", "test": "t", "status": "passed", "duration": 1.0}
 
 CASES = [
@@ -392,6 +406,99 @@ CASES = [
         "reports/nowhere is not a run directory; pass one under reports/",
     ),
     Case(
+        "cross-read-not-a-run",
+        "cross-read of a directory that holds no torch-*/plan.json",
+        ["cross-read", "suites"],
+        2,
+        "suites is not a run directory (no torch-*/plan.json in it)",
+    ),
+    Case(
+        "cross-read-truncated-plan",
+        "cross-read of a run whose plan.json is cut off",
+        ["cross-read", "reports/r"],
+        2,
+        "torch-2.13.0/plan.json: not a readable plan",
+        files={"reports/r/torch-2.13.0/plan.json": '{"torch": "2.1'},
+    ),
+    Case(
+        "report-planned-cell-report-is-a-directory",
+        "a planned cell's <cell>.xml that is a directory, which the report would rebuild",
+        ["report", "reports/r"],
+        2,
+        "ws1-none.xml is a directory where a file goes; remove it",
+        files={
+            "reports/r/torch-2.13.0/plan.json": _plan(cell_axes=[CELL_AXES], finished=True),
+            "reports/r/torch-2.13.0/ws1-none.xml/": "",
+        },
+    ),
+    Case(
+        "report-summary-is-a-directory",
+        "a summary.md that is a directory",
+        ["report", "reports/r", "--config", "matrix.toml"],
+        2,
+        "summary.md is a directory where a file goes; remove it",
+        files={
+            "reports/r/torch-2.13.0/plan.json": _plan(cell_axes=[CELL_AXES], finished=True),
+            "reports/r/summary.md/": "",
+        },
+    ),
+    Case(
+        "compare-out-is-a-directory",
+        "compare --out naming a directory",
+        ["compare", "a.json", "a.json", "--out", "suites"],
+        2,
+        "--out suites is a directory; name a file, e.g. --out suites/compare.md",
+        files={"a.json": _results(tests=[TEST_RECORD])},
+    ),
+    Case(
+        "compare-out-in-a-missing-directory",
+        "compare --out naming a file in a directory that does not exist",
+        ["compare", "a.json", "a.json", "--out", "missing/x.md"],
+        2,
+        "--out missing/x.md: the directory missing does not exist",
+        files={"a.json": _results(tests=[TEST_RECORD])},
+    ),
+    Case(
+        "torch-version-typo",
+        "a torch version with its local label typed without '+' (nox would die installing it)",
+        ["list"],
+        2,
+        """torch.versions[0]: '2.13.0cu121' is not a PEP 440 torch version pip can install; did you mean "2.13.0+cu121"?""",
+        files={"matrix.toml": MATRIX.format(suite_extra="", extra="").replace('"2.13.0"', '"2.13.0cu121"')},
+    ),
+    Case(
+        "matrix-too-large",
+        "axes that multiply to 4 x 10^7 cells (listing them would need tens of GB)",
+        ["list", "-k", "ws1"],
+        2,
+        "without --only, this matrix has 40,000,000 cells for -k to read",
+    ),
+    Case(
+        "matrix-too-large-unfiltered",
+        "axes that multiply to 4 x 10^7 cells, listed whole",
+        ["list"],
+        2,
+        "over the 200,000 torchmatrix expands; narrow this command with --only or -k",
+    ),
+    Case(
+        "component-prints-forged-answer-at-exit",
+        "a component module that prints at import without a newline and prints a forged check answer at exit",
+        ["run", "--torch", "2.13.0"],
+        2,
+        "components.model: 'noisy' has no attribute 'build_modle'; did you mean 'build_model'?",
+        extra='[components]\nmodel = "noisy:build_modle"',
+        files={"noisy.py": NOISY_COMPONENT},
+    ),
+    Case(
+        "component-exits-at-import",
+        "a component module that exits at import, so the check never answers",
+        ["run", "--torch", "2.13.0"],
+        2,
+        "components: the check could not run with",
+        extra='[components]\nmodel = "quits:build_model"',
+        files={"quits.py": "import sys\n\nprint('{}')\nsys.exit(3)\n"},
+    ),
+    Case(
         "github-matrix-only-system",
         "github-matrix when [torch] lists only 'system' (GitHub rejects an empty job matrix)",
         ["github-matrix"],
@@ -516,12 +623,17 @@ CASES = [
     ),
 ]
 
+HUGE_AXES = 'world_size = [1, 2]\nfsdp = ["none", "fsdp2"]\n' + "".join(
+    f"a{i} = {json.dumps([f'v{i}{j}' for j in range(10)])}\n" for i in range(7)
+)  # 4 x 10^7 cells
 # Axis-level cases replace the [axes] table: written here, where the TOML needs it whole.
 AXES = {
     "axis-named-id": 'world_size = [1, 2]\nfsdp = ["none", "fsdp2"]\nid = ["a", "b"]',
     "toml-datetime-as-axis-value": 'world_size = [1, 2]\nfsdp = ["none", "fsdp2"]\nwhen = [07:32:00]',
     "negative-axis-value": 'world_size = [1, 2]\nfsdp = ["none", "fsdp2"]\nlr_shift = [0, -1]',
     "exponent-axis-value": 'world_size = [1, 2]\nfsdp = ["none", "fsdp2"]\nlr = [1e-05]',
+    "matrix-too-large": HUGE_AXES,
+    "matrix-too-large-unfiltered": HUGE_AXES,
 }
 
 
@@ -609,3 +721,66 @@ def test_slurm_values_that_pass_are_plain(tmp_path):
     cells = (project.root / "reports" / "slurm" / "cells.sbatch").read_text()
     assert "#SBATCH --partition=gpu,gpu-long\n" in cells and "#SBATCH --time=1-12:00:00\n" in cells
     assert "-- --restart " in cells  # a requeued task starts its run directory clean
+
+
+def test_cross_read_runs_no_interpreter_the_run_directory_names(tmp_path):
+    """A run from elsewhere whose plan.json names an interpreter (a script that leaves a mark):
+    cross-read says the version has no venv here, runs nothing, exits 0."""
+    project = Project(tmp_path / "project")
+    project.write("matrix.toml", MATRIX.format(suite_extra="", extra=""))
+    project.write("suites/test_demo.py", SUITE)
+    marker, interpreter = tmp_path / "artifact-code-ran", project.root / "artifact" / "python"
+    project.write("artifact/python", f"#!/bin/sh\ntouch {marker}\n")
+    interpreter.chmod(0o755)
+    suites = {"cross_version": {"path": "x.py", "timeout": 60, "axes": []}}
+    plan = _plan(environment={"python": str(interpreter)}, suites=suites, cell_axes=[CELL_AXES])
+    project.write("reports/r/torch-2.13.0/plan.json", plan)
+    done = project.torchmatrix("cross-read", "reports/r")
+    assert done.returncode == 0 and not marker.exists(), done.stderr
+    assert "torch 2.13.0's reads of the other versions' checkpoints are not checked: no gpu_matrix venv" in done.stderr
+
+
+def test_report_replaces_symlinks_planted_at_its_reports(tmp_path):
+    """summary.md, summary.html, results.json and junit.xml planted as links to a file outside (a
+    stand-in for ~/.bashrc): each becomes a file of its own, the target stays as it was."""
+    project = Project(tmp_path / "project")
+    project.write("matrix.toml", MATRIX.format(suite_extra="", extra=""))
+    project.write("suites/test_demo.py", SUITE)
+    project.write(
+        "reports/r/torch-2.13.0/plan.json", _plan(cell_axes=[CELL_AXES], finished=True).replace("SHA", _digest(project))
+    )
+    bashrc = tmp_path / "bashrc"
+    bashrc.write_text("precious\n")
+    names = ("summary.md", "summary.html", "results.json", "junit.xml")
+    for name in names:
+        (project.root / "reports" / "r" / name).symlink_to(bashrc)
+    done = project.torchmatrix("report", "reports/r", "--config", "matrix.toml")
+    assert done.returncode == 0, done.stderr
+    assert bashrc.read_text() == "precious\n"
+    assert all(not (project.root / "reports" / "r" / name).is_symlink() for name in names)
+
+
+def test_list_json_into_a_reader_that_stops_early_is_quiet(tmp_path):
+    """`list --json | head -3` on 10^4 cells (far more than a pipe holds): no BrokenPipeError, exit 0."""
+    project = Project(tmp_path / "project")
+    many = 'world_size = [1, 2]\nfsdp = ["none", "fsdp2"]\n' + "".join(
+        f"a{i} = {json.dumps([f'v{i}{j}' for j in range(10)])}\n" for i in range(3)
+    )
+    project.write(
+        "matrix.toml",
+        MATRIX.format(suite_extra="", extra="").replace('world_size = [1, 2]\nfsdp = ["none", "fsdp2"]', many),
+    )
+    project.write("suites/test_demo.py", SUITE)
+    lister = subprocess.Popen(
+        [sys.executable, "-m", "torchmatrix", "list", "--json"],
+        cwd=project.root,
+        env=checkout_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    head = [lister.stdout.readline() for _ in range(3)]
+    lister.stdout.close()
+    stderr = lister.stderr.read()
+    assert lister.wait(timeout=120) == 0, stderr
+    assert head[0] == "{\n" and stderr == ""

@@ -366,3 +366,42 @@ def test_a_lambda_sent_to_the_ranks_is_named(leftovers_run):
     _, project, _ = leftovers_run
     failure = cell_failures(project.root / "reports" / "one" / "torch-system")["ws1"]["test_sends_a_lambda"]
     assert "cannot send 'test_sends_a_lambda.<locals>.<lambda>' to the ranks" in failure, failure
+
+
+STOPPING_SUITE = """
+import pytest
+
+
+def test_first(cell):
+    pass
+
+
+def test_stops(cell):
+    if cell["stop"] == "exit":
+        pytest.exit("leaving early", returncode=0)
+    raise KeyboardInterrupt
+"""
+
+
+def test_a_test_that_exits_or_interrupts_pytest_as_the_last_of_its_cell_is_an_error(tmp_path):
+    """pytest.exit() (exit code 0) and KeyboardInterrupt, each as the last test of its cell: an
+    error naming what stopped it, exit 1, never "passed"."""
+    project = Project(tmp_path / "project")
+    project.write(
+        "matrix.toml",
+        matrix_toml(
+            axes={"world_size": [1, 2], "stop": ["exit", "interrupt"]},
+            exclude=[{"world_size": 1, "stop": "interrupt"}, {"world_size": 2, "stop": "exit"}],
+            suites={"stopping": {}},
+        ),
+    )
+    project.write("suites/test_stopping.py", STOPPING_SUITE)
+    done = project.torchmatrix("run", "--torch", "system", "--run-id", "stops", "--confirm-limit", "0")
+    assert done.returncode == 1, done.stdout + done.stderr
+    version_dir = project.root / "reports" / "stops" / "torch-system"
+    assert cell_outcomes(version_dir) == {
+        "ws1-exit": {"test_first": "passed", "test_stops": "error"},
+        "ws2-interrupt": {"test_first": "passed", "test_stops": "error"},
+    }
+    assert "Exit: leaving early stopped the pytest session" in (version_dir / "ws1-exit.xml").read_text()
+    assert "KeyboardInterrupt stopped the pytest session" in (version_dir / "ws2-interrupt.xml").read_text()

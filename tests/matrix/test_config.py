@@ -36,7 +36,11 @@ MALFORMED = [
     (GOOD.replace('versions = ["2.13.0", "2.14.1"]', 'versions = "2.13.0"'), ["torch.versions", "non-empty array"]),
     (
         GOOD.replace('versions = ["2.13.0", "2.14.1"]', 'versions = ["2.13.0", "latest"]'),
-        ["torch.versions[1]", "'latest' is not a torch version"],
+        ["torch.versions[1]", "'latest' is not a PEP 440 torch version", 'such as "2.13.0"'],
+    ),
+    (
+        GOOD.replace('versions = ["2.13.0", "2.14.1"]', 'versions = ["2.13.0cu121", "2.14.1"]'),
+        ["torch.versions[0]", "'2.13.0cu121' is not a PEP 440", 'did you mean "2.13.0+cu121"?'],
     ),
     (
         GOOD.replace('versions = ["2.13.0", "2.14.1"]', 'versions = ["2.13.0", "2.13.0"]'),

@@ -98,7 +98,8 @@ STAND_INS = {
 
 
 @pytest.fixture(scope="module")
-def slurm_project(tmp_path_factory):
+def slurm_scripts(tmp_path_factory):
+    """A project with `torchmatrix slurm`'s scripts written, stand-ins for Slurm's commands beside it."""
     root = tmp_path_factory.mktemp("slurm")
     project = Project(root / "project")
     project.write("matrix.toml", slurm_matrix(probe().base_version))
@@ -114,6 +115,14 @@ def slurm_project(tmp_path_factory):
     state.mkdir()
     written = project.torchmatrix("slurm", "--shards", "2", "--gpus-per-node", "1", "--rdzv-port", str(_free_port()))
     assert written.returncode == 0, written.stderr
+    return project, root
+
+
+@pytest.fixture(scope="module")
+def slurm_project(slurm_scripts):
+    """The scripts submitted to the stand-ins: every job ran, its cells and the merge included."""
+    project, root = slurm_scripts
+    bin_dir, state = root / "bin", root / "state"
     env = {
         **checkout_env(),
         "PATH": os.pathsep.join([str(bin_dir), os.path.dirname(sys.executable), os.environ["PATH"]]),
@@ -138,8 +147,8 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def test_the_multinode_launch_line(slurm_project):
-    project, _, _ = slurm_project
+def test_the_multinode_launch_line(slurm_scripts):
+    project, _ = slurm_scripts
     wide = (project.root / "reports" / "slurm" / "wide-ws2.sbatch").read_text()
     assert "#SBATCH --nodes=2" in wide and "#SBATCH --gpus-per-node=1" in wide
     launch = next(line for line in wide.splitlines() if line.startswith("nox "))
@@ -185,6 +194,7 @@ def test_wide_cells_ran_as_one_pytest_per_rank_under_torchrun(slurm_project):
     assert GroupPlan.read(logs / "ws2.plan.json").launched
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("required", "outcome"), [("1", "1 error"), ("", "1 skipped")])
 def test_the_real_slurm_test_fails_instead_of_skipping_where_ci_requires_it(required, outcome):
     """Where Slurm is missing: skipped with its reason, unless TORCHMATRIX_REQUIRE_SLURM=1 (.ci/run)."""

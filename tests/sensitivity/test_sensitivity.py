@@ -10,6 +10,8 @@ import subprocess
 import sys
 
 import pytest
+import torch
+from torch.utils.checkpoint import checkpoint
 
 from suites.test_grad_ckpt import no_cache_reason
 from torchmatrix.components.calling import accepts
@@ -26,7 +28,11 @@ from torchmatrix.sensitivity.command import (
     judge,
     not_applicable,
 )
-from torchmatrix.sensitivity.mutants import moments_cast_on_load
+from torchmatrix.sensitivity.mutants import (
+    holds_inputs_across_calls,
+    moments_cast_on_load,
+    reshuffles_from_unsaved_seed,
+)
 from torchmatrix.sensitivity.verdicts import raised_rank_lines, read_cells
 
 from conftest import PROJECT_IS_THIS_CHECKOUT, REPO, checkout_env, matrix_toml
@@ -190,7 +196,11 @@ def test_a_cell_the_unmutated_run_skips_reads_skipped_with_its_reason_never_miss
     assert not caught.missed
 
     same = judge(mutant, [CELL_A, CELL_B], baseline, tmp_path / "same", acted_in={CELL_A.id})
-    assert same.missed and same.result_text() == f"**missed in {CELL_A.id}**; skipped in {CELL_B.id} ({TE_SKIP})"
+    assert not same.missed and list(same.not_applicable_in) == [CELL_A.id]
+    assert same.not_applicable_in[CELL_A.id] == (
+        "it failed only as the unmutated run fails (test_state_restored_right_after_load: rank 0: known), "
+        "which hides whether the suite sees this mutant"
+    )
 
     only_skipped = judge(mutant, [CELL_B], baseline, None)
     assert not only_skipped.missed and only_skipped.result_text() == f"skipped ({TE_SKIP})"
@@ -404,3 +414,90 @@ def test_the_across_ranks_line_of_a_partial_restore_is_read_with_the_per_rank_li
         "E       AssertionError: c, parameters:\nE         across ranks: after load: x\nE         rank 1: after load: y"
     )
     assert raised_rank_lines(text) == ("across ranks: after load: x", "rank 1: after load: y")
+
+
+def test_a_mutant_that_cannot_act_on_the_stack_is_n_a_with_its_reason(tmp_path):
+    write_run(tmp_path / "mutant", {CELL_A: []})
+    mutant = chosen_mutants("recompute_bumps_buffer")[0]
+    reason = "Block has no submodule with parameters of its own to hook"
+    verdict = judge(mutant, [CELL_A], {}, tmp_path / "mutant", cannot_act={CELL_A.id: reason})
+    assert not verdict.missed and not verdict.errored and verdict.not_applicable_in == {CELL_A.id: reason}
+
+
+class AttentionLayer(torch.nn.Module):
+    """A layer whose self-attention passes one tensor as query, key and value (the "query is key" fast path)."""
+
+    def __init__(self):
+        super().__init__()
+        self.attention = torch.nn.MultiheadAttention(8, 2, batch_first=True)
+
+    def forward(self, hidden):
+        return checkpoint(lambda x: self.attention(x, x, x, need_weights=False)[0], hidden, use_reentrant=False)
+
+
+class AttentionModel(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList([AttentionLayer()])
+
+    def decoder_layers(self):
+        return list(self.layers)
+
+    def forward(self, hidden):
+        for layer in self.layers:
+            hidden = layer(hidden)
+        return hidden.square().mean()
+
+
+def build_attention_model(cell, **keywords):
+    torch.manual_seed(0)
+    return AttentionModel()
+
+
+def test_the_held_input_mutant_keeps_query_is_key_and_recomputes_on_the_later_micro_batch():
+    """Two micro-batches forward, one backward: the mutant's recompute of the first reads the second's
+    input, passed as query, key and value alike, so torch's checkpoint sees the same ops and the gradient moves."""
+    micro_batches = [torch.randn(2, 3, 8, generator=torch.Generator().manual_seed(seed)) for seed in (1, 2)]
+
+    def gradient(model):
+        sum(model(batch) for batch in micro_batches).backward()
+        return model.layers[0].attention.in_proj_weight.grad
+
+    mutated = holds_inputs_across_calls(f"{__name__}:build_attention_model")({})
+    assert not torch.equal(gradient(mutated), gradient(build_attention_model({})))
+
+
+class UnsizedDataset:
+    """A dataset without `len()` whose loader yields dict batches of token ids and a float mask."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def loader(self, *, batch_size, rank, world_size):
+        return UnsizedLoader()
+
+
+class UnsizedLoader:
+    def __init__(self):
+        self.position = 0
+
+    def __next__(self):
+        self.position += 1
+        return {"tokens": torch.arange(6).reshape(2, 3), "mask": torch.ones(2, 3)}
+
+    def state_dict(self):
+        return {"position": self.position}
+
+    def load_state_dict(self, state):
+        self.position = state["position"]
+
+
+def test_the_reshuffling_loader_needs_no_len_and_relabels_the_token_ids_of_any_batch():
+    torch.manual_seed(0)
+    loader = reshuffles_from_unsaved_seed(f"{__name__}:UnsizedDataset")("unused").loader(
+        batch_size=2, rank=0, world_size=1
+    )
+    first, second = next(loader), next(loader)
+    assert torch.equal(first["tokens"], torch.arange(6).reshape(2, 3))
+    assert sorted(second["tokens"].flatten().tolist()) == list(range(6))
+    assert not torch.equal(second["tokens"], first["tokens"]) and torch.equal(second["mask"], first["mask"])

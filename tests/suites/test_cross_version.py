@@ -77,12 +77,20 @@ def run_both(
     run_dir = root / "reports" / "run"
     assert torchmatrix(sys.executable, "run", "--torch", BASELINE, *common).returncode == 0
     if read_between:
-        torchmatrix(sys.executable, "cross-read", str(run_dir))
+        cross_read(run_dir, candidate_python)
         torchmatrix(sys.executable, "report", str(run_dir))
         (root / "before-candidate.json").write_text((run_dir / "results.json").read_text())
     assert torchmatrix(candidate_python, "run", "--torch", CANDIDATE, *common).returncode == 0
-    torchmatrix(sys.executable, "cross-read", str(run_dir))
+    cross_read(run_dir, candidate_python)
     return run_dir
+
+
+def cross_read(run_dir: Path, candidate_python: str, config: Path | None = None) -> subprocess.CompletedProcess:
+    """The read pass with the project's matrix (beside reports/) and each version's interpreter
+    named (neither is a gpu_matrix venv here; the run's plan.json names them too, and is ignored)."""
+    config = config or run_dir.parent.parent / "matrix.toml"
+    interpreters = ["--python", f"{BASELINE}={sys.executable}", "--python", f"{CANDIDATE}={candidate_python}"]
+    return torchmatrix(sys.executable, "cross-read", str(run_dir), "--config", str(config), *interpreters)
 
 
 def directions(results: Path) -> dict[str, dict]:
@@ -136,14 +144,14 @@ def test_a_compiled_models_checkpoint_loads_exactly_both_ways(compiled):
     assert len(writes) == 2 and all(t["figures"].get("compile_seconds", 0) > 0 for t in writes), writes
 
 
-def test_missing_writes_are_not_checked_never_passed(reference, tmp_path):
+def test_missing_writes_are_not_checked_never_passed(reference, candidate_python, tmp_path):
     before = json.loads((reference.parent.parent / "before-candidate.json").read_text())["tests"]
     (early,) = [t for t in before if t["test"] == f"test_loads_checkpoint_written_by[writer={CANDIDATE}]"]
     assert early["status"] == "skipped" and early["message"].startswith("not checked: torch 2.14.1 wrote no checkpoint")
     copy = tmp_path / "run"
     shutil.copytree(reference, copy, symlinks=True)
     shutil.rmtree(copy / f"torch-{CANDIDATE}" / "checkpoints")
-    torchmatrix(sys.executable, "cross-read", str(copy))
+    cross_read(copy, candidate_python, config=reference.parent.parent / "matrix.toml")
     assert torchmatrix(sys.executable, "report", str(copy), "--check-upgrade").returncode == 0
     found = directions(copy / "results.json")
     assert not found["rollback"]["passed"] and not found["rollback"]["broken"], found["rollback"]

@@ -216,3 +216,23 @@ def test_the_reshard_goes_through_a_bound_checkpointer_that_takes_a_process_grou
     assert all("tensors differ after load: optimizer." in failures[test] for test in reshards), failures
     assert {result for test, result in tests.items() if test not in reshards} == {"passed"}, tests
     assert recorded(tmp_path, "reshard_source") == {"checkpointer"}
+
+
+def test_a_stack_held_by_a_trainers_wrapper_is_read_through_it(tmp_path):
+    """Fabric's shape (models/trainer_held.py): what the suites hold names a parameter
+    `_forward_module.model.layers.0...`, the checkpoint `model.layers.0...`; the names are read
+    through the wrapper, so the sharded save is found by parameter name and passes."""
+    matrix = dtensor_matrix((REFERENCE,), (2,), "torchmatrix.models.trainer_held:HeldModuleCheckpointer")
+    matrix = matrix.replace(
+        "torchmatrix.models.transformer:build_model", "torchmatrix.models.trainer_held:build_user_model"
+    )
+    matrix = matrix.replace(
+        "torchmatrix.models.parallel:parallelize", "torchmatrix.models.trainer_held:parallelize_held"
+    )
+    done, outcomes = run_suites(tmp_path, matrix, tests=[f"dtensor_optim::{SAVED}[model_kind=model]"])
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert set(outcomes[cell_id(2, REFERENCE)].values()) == {"passed"}, outcomes
+    layouts = recorded(tmp_path, "state_layout")
+    assert layouts and all(
+        "keyed by parameter name" in layout and "e.g. optimizer.state.model." in layout for layout in layouts
+    ), layouts

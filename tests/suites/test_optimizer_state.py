@@ -6,7 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from torchmatrix.suites.optimizer_state import plain_state, quantized_keys, state_adapter
+from torchmatrix.suites.optimizer_state import (
+    ParamName,
+    optimizer_attributes,
+    plain_differences,
+    plain_state,
+    quantized_keys,
+    state_adapter,
+)
 
 
 def test_a_tensor_subclass_is_dequantized_and_plain_values_pass_through():
@@ -37,3 +44,39 @@ def test_a_components_entry_overrides_the_default_adapter():
     assert state_adapter({}, "adamw") is plain_state
     custom = {"plain_state_bnb_adamw8bit": "torchmatrix.models.third_party_optim:bnb_plain_state"}
     assert state_adapter(custom, "bnb_adamw8bit").__name__ == "bnb_plain_state"
+
+
+def hybrid_optimizer(model: torch.nn.Module, updates: int = 0) -> torch.optim.Optimizer:
+    """AdamW with a hybrid optimizer's tables on itself: which params it routes as matrices, and a per-param update count."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    optimizer.matrix_params = {param: param.dim() >= 2 for param in model.parameters()}
+    optimizer.updates_per_param = dict.fromkeys(model.parameters(), updates)
+    return optimizer
+
+
+def attributes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    return optimizer_attributes(optimizer, {id(param): name for name, param in model.named_parameters()})
+
+
+def test_tables_keyed_by_params_compare_by_name_and_differences_name_the_param_not_its_values():
+    """Two builds hold other param objects: the routing table a fresh build reproduces is equal;
+    a count the load lost is named per param, in a few words."""
+    saved_model, loaded_model = torch.nn.Linear(64, 64), torch.nn.Linear(64, 64)
+    saved = attributes(saved_model, hybrid_optimizer(saved_model, updates=3))
+    loaded = attributes(loaded_model, hybrid_optimizer(loaded_model))
+    assert saved["matrix_params"] == {ParamName("weight"): True, ParamName("bias"): False}
+    assert plain_differences("matrix_params", saved["matrix_params"], loaded["matrix_params"]) == []
+    assert plain_differences("updates_per_param", saved["updates_per_param"], loaded["updates_per_param"]) == [
+        "updates_per_param[<param bias>] is 0, saved 3",
+        "updates_per_param[<param weight>] is 0, saved 3",
+    ]
+
+
+def test_a_differing_tensor_is_told_by_shape_and_dtype_and_a_tensor_key_of_no_param_is_left_out():
+    assert plain_differences("ema", torch.zeros(64, 64), torch.ones(64, 64)) == ["ema differs (max |Δ| 1.0e+00)"]
+    assert plain_differences("ema", torch.zeros(64, 64), torch.zeros(64)) == [
+        "ema is a [64] float32 tensor, saved a [64, 64] float32 tensor"
+    ]
+    optimizer = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)
+    optimizer.by_tensor = {torch.zeros(1): 1}
+    assert "by_tensor" not in optimizer_attributes(optimizer, {})

@@ -55,7 +55,13 @@ MUTANTS = {
         {"checkpointer": "torchmatrix.models.mutants.resume:RawOptimizerStateCheckpointer"},
         ("adamw",),
         CELL_PREFIXES,
-        {after_load("optimizer_state"): ("after load: optimizer state exp_avg of ",), LOSSES: ("loss at step",)},
+        {
+            after_load("optimizer_state"): ("after load: optimizer state exp_avg of ",),
+            LOSSES: (
+                "loss at step",
+                "the runs first part at step 4, in the parameters after the step, with equal gradients",
+            ),
+        },
     ),
     "rng_not_restored": Mutant(
         {"checkpointer": "torchmatrix.models.mutants.resume:RngNotRestoredCheckpointer"},
@@ -125,8 +131,10 @@ MUTANTS = {
         },
         world_sizes=(1, 2, 4),
     ),
-    # Three pieces of state outside what the suite compared before, lost at once in one run of three
-    # cells: generators the model owns, a counter on the optimizer object, and the shuffle seed of a
+    # Pieces of state outside what the suite compared before, lost at once in one run of three
+    # cells: generators the model owns (one made in the first forward), one the optimizer owns, a
+    # non-persistent buffer, a counter and a per-param table on the optimizer object (beside a routing
+    # table a fresh build reproduces, which must not be flagged), and the shuffle seed of a
     # loader whose order changes only at the next epoch boundary (33 batches on at ws1, 17 at ws2:
     # the default `loader_batches` reaches it; the losses, six steps long, never do).
     "owned_state_not_saved": Mutant(
@@ -140,13 +148,22 @@ MUTANTS = {
         {
             after_load("rng"): (
                 "rank 0: after load: RNG stream model.prefix_layers.0.dropout.generator differs from the saved one",
+                "rank 0: after load: RNG stream model.expert_layers.0.dropout.generator does not exist",
+                "rank 0: after load: RNG stream optimizer.rounding_generator differs from the saved one",
             ),
-            after_load("optimizer_state"): ("rank 0: after load: optimizer attribute steps_taken is 1, saved 3",),
+            after_load("parameters"): ("rank 0: after load: non-persistent buffer curriculum_step is 0, saved 3",),
+            after_load("optimizer_state"): (
+                "rank 0: after load: optimizer attribute steps_taken is 1, saved 3",
+                "rank 0: after load: optimizer attribute updates_per_param[<param ",
+            ),
             after_load("loader"): (
                 "rank 0: after load: the loader's batch {epoch_start} (the {ordinal} after the load) differs from "
                 "the saved loader's",
             ),
-            LOSSES: ("loss at step",),
+            LOSSES: (
+                "loss at step",
+                "the runs first part at step 4, in the model's non-persistent buffers (in no state dict): curriculum_step",
+            ),
         },
     ),
     "precision_aware_cast_on_load": Mutant(
@@ -238,6 +255,9 @@ def test_suite_catches_mutant_in_every_cell(tmp_path, mutant):
                 assert text in failures[cell][test], (
                     f"{mutant} in {cell}, {test} must say {text!r}:\n{failures[cell][test]}"
                 )
+        if mutant == "owned_state_not_saved":
+            table = failures[cell][after_load("optimizer_state")]
+            assert "matrix_params" not in table and "tensor(" not in table, f"{cell}: a rebuilt table flagged: {table}"
         if mutant != "rank_zero_only":
             partial = [test for test, text in failures[cell].items() if PARTIAL_RESTORE in text]
             assert not partial, f"{mutant} loses its piece on every rank in {cell}, yet {partial} call it partial"

@@ -12,7 +12,7 @@ import torch
 from suites.checkpointer_forms import RunCheckpointer, reshards_itself
 from suites.dcp_layout import Chunk, ExpectedState, TensorLayout, storage_findings
 from suites.optimizer_state import inner_optimizers, optimizer_state_of, param_groups_of
-from suites.test_resume import extra_state_differences, options_for, rank_zero_rng
+from suites.test_resume import batches_ahead, extra_state_differences, options_for, rank_zero_rng
 from torchmatrix.models.checkpoint import BoundCheckpointer, Checkpointer
 from torchmatrix.models.data import TokenDataset
 from torchmatrix.sensitivity.mutants import skips_on_load
@@ -74,9 +74,28 @@ def test_state_keyed_by_name_is_preferred_and_a_mix_gets_a_line_each():
     ]
 
 
-def test_state_found_under_neither_key_names_both():
+def test_state_found_under_neither_key_is_a_lookup_problem_naming_both():
     findings = storage_findings({}, EXPECTED[:1], world_size=2)
-    assert findings.problems == ["a.weight.exp_avg: no key in the checkpoint ending with it or with state.0.exp_avg"]
+    assert findings.unfound == ["a.weight.exp_avg: no key in the checkpoint ending with it or with state.0.exp_avg"]
+    assert findings.problems == [] and findings.lines == []
+
+
+def test_state_saved_under_the_inner_module_names_is_found_by_a_tail_of_its_name():
+    """A checkpointer that saves the module inside a trainer's wrapper drops the wrapper's name; an
+    ambiguous tail finds nothing rather than another param's state."""
+    wrapped = [ExpectedState(f"_forward_module.model.{state.name_key}", None, PARAM) for state in EXPECTED]
+    layouts = {
+        f"optimizer.state.model.{key}": layout(f"optimizer.state.model.{key}", SHARDED)
+        for key in ("a.weight.exp_avg", "b.weight.exp_avg")
+    }
+    findings = storage_findings(layouts, wrapped, world_size=2)
+    assert findings.unfound == [] and findings.problems == []
+    assert findings.keyed_by["_forward_module.model.a.weight.exp_avg"] == (
+        "parameter name",
+        "optimizer.state.model.a.weight.exp_avg",
+    )
+    twice = {key: layout(key, SHARDED) for key in ("one.a.weight.exp_avg", "two.a.weight.exp_avg")}
+    assert storage_findings(twice, [ExpectedState("outer.a.weight.exp_avg", None, PARAM)], world_size=2).unfound
 
 
 class Returns:
@@ -227,3 +246,49 @@ def test_the_sensitivity_mutants_of_a_bound_checkpointer_are_bound_and_revert_th
     unmutated = tiny_run(data)
     BoundCheckpointer(str(tmp_path / "checkpoint"), **unmutated).load()
     assert unmutated["optimizer"].state, "the unmutated load restores the moments the mutant put back"
+
+
+class EpochCountingLoader:
+    """Counts its epochs itself and orders each epoch by it; its state dict keeps the position in the
+    epoch only, so a read-ahead rewound through `load_state_dict` leaves it an epoch on."""
+
+    def __init__(self, per_epoch: int = 3):
+        self.per_epoch, self.epoch, self.position = per_epoch, 0, 0
+
+    def __next__(self):
+        batch = torch.tensor([self.epoch * 100 + self.position])
+        self.position += 1
+        if self.position == self.per_epoch:
+            self.epoch, self.position = self.epoch + 1, 0
+        return batch
+
+    def state_dict(self):
+        return {"position": self.position}
+
+    def load_state_dict(self, state):
+        self.position = state["position"]
+
+
+def test_the_loader_look_ahead_reads_a_copy_and_leaves_state_the_state_dict_lacks_alone():
+    loader = EpochCountingLoader()
+    next(loader)
+    assert [int(batch) for batch in batches_ahead(loader, 4)] == [1, 2, 100, 101]
+    assert loader.epoch == 0 and [int(next(loader)) for _ in range(2)] == [1, 2]
+
+    rewound = EpochCountingLoader()
+    position = rewound.state_dict()
+    for _ in range(4):
+        next(rewound)
+    rewound.load_state_dict(position)
+    assert rewound.epoch == 1, "a rewind through the state dict moves what the state dict lacks: why the copy"
+
+
+class Uncopyable(EpochCountingLoader):
+    def __deepcopy__(self, memo):
+        raise TypeError("holds a file handle")
+
+
+def test_a_loader_that_cannot_be_copied_is_read_and_rewound_through_its_state_dict():
+    loader = Uncopyable(per_epoch=10)
+    assert [int(batch) for batch in batches_ahead(loader, 2)] == [0, 1]
+    assert int(next(loader)) == 0

@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from torchmatrix import file_writes
 from torchmatrix.bisect.search import Bisection, Outcome
 from torchmatrix.bisect.versions import IndexUnlisted, VersionError, offered_versions
 from torchmatrix.env.envdir_lock import EnvdirBusy, EnvdirUnlockable, lock_envdir
@@ -481,7 +482,7 @@ def _write_report(
             for (regression, search), line in zip(searches, lines)
         ],
     }
-    (out / f"{REPORT_NAME}.json").write_text(json.dumps(data, indent=2) + "\n")
+    file_writes.write_text(out / f"{REPORT_NAME}.json", json.dumps(data, indent=2) + "\n")
     markdown = [
         "# torch bisect",
         "",
@@ -498,7 +499,7 @@ def _write_report(
             for i, s in enumerate(steps.log, 1)
         ),
     ]
-    (out / f"{REPORT_NAME}.md").write_text("\n".join(markdown) + "\n")
+    file_writes.write_text(out / f"{REPORT_NAME}.md", "\n".join(markdown) + "\n")
 
 
 def _since(begun: float) -> float:

@@ -15,6 +15,8 @@ import os
 import subprocess
 from pathlib import Path
 
+from torchmatrix import file_writes
+
 RECORD_VARIABLE = "TORCHMATRIX_REQUIRES_RECORD"
 RECORD_NAME = "torchmatrix-requires.json"
 
@@ -37,10 +39,10 @@ def install_requirements(
     constraint_options = []
     if constraints:
         constraints_file = log_path.parent / "requires-constraints.txt"
-        constraints_file.write_text("\n".join(constraints) + "\n")
+        file_writes.write_text(constraints_file, "\n".join(constraints) + "\n")
         constraint_options = ["--constraint", str(constraints_file)]
     failed: dict[str, str] = {}
-    with open(log_path, "w") as log:
+    with file_writes.open_stream(log_path) as log:
         for requirements in dict.fromkeys(requires.values()):
             users = [key for key, wanted in requires.items() if wanted == requirements]
             progress = InstallProgress(" ".join(requirements))
@@ -59,7 +61,9 @@ def install_requirements(
                 reason = progress.reason or f"the installer failed (see {log_path})"
                 line.close(f"failed: {reason}")
                 failed.update(dict.fromkeys(users, reason))
-    record.write_text(json.dumps({key: {"requires": list(requires[key]), "reason": failed[key]} for key in failed}))
+    file_writes.write_text(
+        record, json.dumps({key: {"requires": list(requires[key]), "reason": failed[key]} for key in failed})
+    )
     return failed
 
 

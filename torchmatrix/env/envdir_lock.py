@@ -141,7 +141,7 @@ def lock_envdir(envdir: Path, *, shared: bool = False) -> int:
     path = envdir / LOCK_NAME
     try:
         envdir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644)
     except OSError as error:
         raise EnvdirUnlockable(f"cannot open the matrix lock {path}: {error.strerror}") from None
     try:

@@ -26,6 +26,7 @@ from pathlib import Path
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from torchmatrix import file_writes
 from torchmatrix.env.install_progress import InstallProgress, ProgressLine
 from torchmatrix.matrix.config import TorchInstall
 
@@ -146,12 +147,12 @@ def install_torch(session, version: str, install: TorchInstall, log_path: Path) 
     constraints = []
     if install.constraints:
         constraints_file = log_path.parent / "constraints.txt"
-        constraints_file.write_text("\n".join(install.constraints) + "\n")
+        file_writes.write_text(constraints_file, "\n".join(install.constraints) + "\n")
         constraints = ["--constraint", str(constraints_file)]
     installer = ["uv", "pip", "install"] if uv else ["python", "-m", "pip", "install"]
     progress = InstallProgress(f"torch {version}", venv=Path(session.virtualenv.location))
     line = ProgressLine(progress)
-    with open(log_path, "w") as log, line.ticking():
+    with file_writes.open_stream(log_path) as log, line.ticking():
         log.write(f"# {' '.join(installer)} options: {' '.join(options) or '(none: the installer configuration)'}\n")
         pre = ["--pre"] if Version(version).is_prerelease else []
         check = [

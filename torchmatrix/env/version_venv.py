@@ -14,12 +14,23 @@ import os
 import subprocess
 from pathlib import Path
 
+from torchmatrix import file_writes
 from torchmatrix.env.component_requirements import RECORD_VARIABLE, install_requirements
 from torchmatrix.env.self_install import install_arguments
 from torchmatrix.env.torch_install import InstallResult, install_torch
 from torchmatrix.matrix.config import Matrix
 
 STAMP_NAME = "torchmatrix-installed.json"
+
+
+def gpu_matrix_python(envdir: Path, version: str) -> Path | None:
+    """Where nox puts the python of gpu_matrix's venv of torch `version` under `envdir` (whether
+    or not it exists); None without nox, which names it."""
+    try:
+        from nox.sessions import _normalize_path
+    except ImportError:
+        return None
+    return Path(_normalize_path(str(envdir), f"gpu_matrix(torch={version!r})")) / "bin" / "python"
 
 
 class VersionVenv:
@@ -83,7 +94,7 @@ def clear_stamp(location: Path) -> None:
 
 def write_stamp(location: Path, record: dict) -> None:
     """After installing: the venv holds `record`, for the next session or bisect step to reuse."""
-    (Path(location) / STAMP_NAME).write_text(json.dumps(record))
+    file_writes.write_text(Path(location) / STAMP_NAME, json.dumps(record))
 
 
 def stamp_matches(location: Path, record: dict) -> bool:

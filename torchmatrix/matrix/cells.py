@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import functools
 import itertools
-from collections.abc import Iterator, Mapping
+import math
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 
@@ -97,30 +98,50 @@ def matches_entry(entry: Mapping[str, Any], combination: Mapping[str, Any]) -> b
     return True
 
 
-def expand_cells(
-    axes: Mapping[str, tuple[Any, ...] | list[Any]],
-    exclude: tuple[Mapping[str, Any], ...] | list[Mapping[str, Any]] = (),
-    include: tuple[Mapping[str, Any], ...] | list[Mapping[str, Any]] = (),
-) -> list[Cell]:
-    """Expand axes into cells: the product, minus excludes, then includes (GitHub Actions rules)."""
+MAX_CELLS = 200_000
+"""The most cells a matrix may expand into (twice the 10^5 that bench/plan_scale.py times, about
+0.2 GB of cells); a larger product is refused before expansion unless `--only`/`-k` narrow it."""
+MAX_SCANNED = 10 * MAX_CELLS
+"""The most cells `-k` reads one at a time from a matrix past MAX_CELLS, after `--only` has pruned
+its axes (seconds of work; a product of 10^8 would take hours)."""
+
+
+def cell_bound(axes: Mapping[str, Sequence[Any]], include: Sequence[Mapping[str, Any]] = ()) -> int:
+    """At most how many cells `axes` and `include` expand into, counted without expanding them."""
+    return (math.prod(len(values) for values in axes.values()) if axes else 0) + len(include)
+
+
+def iter_cells(
+    axes: Mapping[str, Sequence[Any]],
+    exclude: Sequence[Mapping[str, Any]] = (),
+    include: Sequence[Mapping[str, Any]] = (),
+) -> Iterator[Cell]:
+    """The cells one at a time (a filter can then keep a few of a product too large to hold):
+    the product, minus excludes, then includes (GitHub Actions rules)."""
     names = list(axes)
-    originals = [dict(zip(names, values)) for values in itertools.product(*(axes[n] for n in names))] if names else []
-    originals = [combo for combo in originals if not any(matches_entry(entry, combo) for entry in exclude)]
-    added: list[dict[str, Any]] = [{} for _ in originals]
-    extra: list[dict[str, Any]] = []
-    for entry in include:
-        matched = False
-        for combo, additions in zip(originals, added):
+    matched = [False] * len(include)
+    for values in itertools.product(*(axes[n] for n in names)) if names else ():
+        combo = dict(zip(names, values))
+        if any(matches_entry(entry, combo) for entry in exclude):
+            continue
+        additions: dict[str, Any] = {}
+        for index, entry in enumerate(include):
             if all(value_token(k, combo[k]) == value_token(k, v) for k, v in entry.items() if k in combo):
                 additions.update({k: v for k, v in entry.items() if k not in combo})
-                matched = True
-        if not matched:
-            extra.append(dict(entry))
-    cells = [
-        Cell(combo) if not additions else _ordered(names, {**combo, **additions})
-        for combo, additions in zip(originals, added)
-    ]
-    return cells + [_ordered(names, combo) for combo in extra]
+                matched[index] = True
+        yield Cell(combo) if not additions else _ordered(names, {**combo, **additions})
+    for entry, was_matched in zip(include, matched):
+        if not was_matched:
+            yield _ordered(names, dict(entry))
+
+
+def expand_cells(
+    axes: Mapping[str, Sequence[Any]],
+    exclude: Sequence[Mapping[str, Any]] = (),
+    include: Sequence[Mapping[str, Any]] = (),
+) -> list[Cell]:
+    """Expand axes into cells: the product, minus excludes, then includes (GitHub Actions rules)."""
+    return list(iter_cells(axes, exclude, include))
 
 
 def _ordered(names: list[str], values: Mapping[str, Any]) -> Cell:

@@ -14,6 +14,7 @@ import math
 import re
 import stat
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,10 +24,28 @@ from packaging.requirements import InvalidRequirement, Requirement
 from torchmatrix.components.loading import IMPORT_PATH
 from torchmatrix.components.optional import DEVICE_TYPES, OptionalWhere
 from torchmatrix.matrix.builtin_suites import BUILTIN_SUITES, builtin_suite_path
-from torchmatrix.matrix.cells import Cell, expand_cells, value_token
+from torchmatrix.matrix.cells import (
+    MAX_CELLS,
+    MAX_SCANNED,
+    Cell,
+    cell_bound,
+    expand_cells,
+    filter_token,
+    iter_cells,
+    value_token,
+)
 from torchmatrix.matrix.known_failures import KEYS as KNOWN_FAILURE_KEYS
 from torchmatrix.matrix.known_failures import KnownFailure, KnownFailureError, read_known_failure
 from torchmatrix.matrix.meshes import MESH_AXIS, MESH_KINDS, TWO_D_FSDP, TWO_D_MESH_KINDS, mesh_layout, mesh_problem
+from torchmatrix.matrix.selection import (
+    KeywordExpression,
+    SelectionError,
+    Shard,
+    passes_only,
+    select_cells,
+    shard_cells,
+)
+from torchmatrix.matrix.torch_versions import is_torch_version, nearest_spelling
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -35,7 +54,6 @@ else:
 
 NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 VALUE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+]*$")
-TORCH_VERSION = re.compile(r"^(system|[0-9]+(\.[0-9]+)*([a-z]+[0-9]*)?(\.[a-z]+[0-9]+)*(\+[A-Za-z0-9.]+)?)$")
 TOP_LEVEL_KEYS = (
     "torch",
     "axes",
@@ -126,12 +144,50 @@ class Matrix:
         return self.path.parent
 
     def cells(self) -> list[Cell]:
-        """Every cell of the matrix, in expansion order."""
+        """Every cell of the matrix, in expansion order; ConfigError when there could be more than
+        MAX_CELLS (refused before expansion)."""
         return list(self._expanded)
+
+    def select(
+        self, *, only: Mapping[str, set[str]] | None = None, keyword: str | None = None, shard: Shard | None = None
+    ) -> list[Cell]:
+        """The cells `--only`, `-k` and `--shard` keep. Past MAX_CELLS, `--only` or `-k` must
+        narrow the matrix: `--only` prunes the axes before anything expands, `-k` reads the rest one
+        cell at a time (at most MAX_SCANNED), and at most MAX_CELLS cells are held."""
+        if cell_bound(self.axes, self.include) <= MAX_CELLS or not (only or keyword):
+            return select_cells(self.cells(), only=only, keyword=keyword, shard=shard)
+        axes = {
+            axis: tuple(v for v in values if axis not in (only or {}) or filter_token(v) in only[axis])
+            for axis, values in self.axes.items()
+        }
+        remaining = cell_bound(axes, self.include)
+        if remaining > MAX_SCANNED:
+            left = "--only leaves" if only else "without --only, this matrix has"
+            raise SelectionError(
+                f"{left} {remaining:,} cells for -k to read, more than the {MAX_SCANNED:,} it reads one at a time "
+                f"(torchmatrix expands at most {MAX_CELLS:,}); add --only AXIS=VALUE, which prunes axes before any cell is made"
+            )
+        expression = KeywordExpression(keyword) if keyword else None
+        kept = []
+        for cell in iter_cells(axes, self.exclude, self.include):
+            if (not only or passes_only(cell, only)) and (expression is None or expression.matches(cell.id)):
+                kept.append(cell)
+                if len(kept) > MAX_CELLS:
+                    raise SelectionError(
+                        f"the filters keep more than {MAX_CELLS:,} cells, the most torchmatrix runs from one matrix; "
+                        "narrow them with more --only or -k"
+                    )
+        if not kept:
+            raise SelectionError(
+                "--only and -k keep no cell of this matrix; run `python -m torchmatrix list` with a narrower filter to see its cells"
+            )
+        _check_cells(self, kept, _Where(_shown(self.path.name)))
+        return shard_cells(kept, shard) if shard else kept
 
     @functools.cached_property
     def _expanded(self) -> tuple[Cell, ...]:
         """Expanded once: loading checks the ids and every command then selects from the same cells."""
+        _refuse_too_many_cells(self, _Where(_shown(self.path.name)))
         return tuple(expand_cells(self.axes, self.exclude, self.include))
 
 
@@ -207,7 +263,8 @@ def load_matrix(path: str | Path) -> Matrix:
         optional=optional,
         known_failures=known_failures,
     )
-    _check_cells(matrix, where)
+    if cell_bound(axes, include) <= MAX_CELLS:  # a larger matrix is checked as --only and -k select from it
+        _check_cells(matrix, matrix.cells(), where)
     return matrix
 
 
@@ -271,13 +328,16 @@ def _torch(raw: dict, where: _Where) -> tuple[tuple[str, ...], str, dict[str, To
             "must be a non-empty array of version strings", 'write e.g. versions = ["2.13.0", "2.14.1"]'
         )
     for i, version in enumerate(versions):
-        if not isinstance(version, str) or not TORCH_VERSION.match(version):
+        if not is_torch_version(version):
+            nearest = nearest_spelling(version) if isinstance(version, str) else None
             raise (
                 where.at("versions")
                 .index(i)
                 .error(
-                    f"{version!r} is not a torch version",
-                    'write a pip version such as "2.13.0", or "system" for the installed torch',
+                    f"{version!r} is not a PEP 440 torch version pip can install",
+                    f'did you mean "{nearest}"?'
+                    if nearest
+                    else 'write a pip version such as "2.13.0" or "2.13.0+cu121", or "system" for the installed torch',
                 )
             )
     duplicates = sorted({v for v in versions if versions.count(v) > 1})
@@ -669,8 +729,18 @@ def _report(raw: dict, where: _Where) -> ReportSettings:
     return ReportSettings(**values)
 
 
-def _check_cells(matrix: Matrix, where: _Where) -> None:
-    cells = matrix.cells()
+def _refuse_too_many_cells(matrix: Matrix, where: _Where) -> None:
+    """One line, before anything expands, for a matrix whose axes multiply past MAX_CELLS."""
+    bound = cell_bound(matrix.axes, matrix.include)
+    if bound > MAX_CELLS:
+        sizes = " x ".join(f"{len(values)} {axis}" for axis, values in matrix.axes.items())
+        raise where.at("axes").error(
+            f"{sizes} make {bound:,} cells, over the {MAX_CELLS:,} torchmatrix expands",
+            "narrow this command with --only or -k, or split the matrix (fewer values per axis)",
+        )
+
+
+def _check_cells(matrix: Matrix, cells: list[Cell], where: _Where) -> None:
     if not cells:
         raise where.at("exclude").error("every cell is excluded", "loosen the [[exclude]] entries")
     seen: dict[str, Cell] = {}

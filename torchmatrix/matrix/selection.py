@@ -61,7 +61,7 @@ def select_cells(
     `--only` or `-k` that keep no cell is a typo, not an empty run: it raises, naming what exists.
     (A shard may be empty: more shards than cells.)
     """
-    chosen = [c for c in cells if _passes_only(c, only)] if only else list(cells)
+    chosen = [c for c in cells if passes_only(c, only)] if only else list(cells)
     if cells and only and not chosen:
         raise SelectionError(_nothing_for_only(cells, only))
     if keyword:
@@ -92,7 +92,8 @@ def _natural(text: str) -> tuple:
     return (0, int(text), "") if text.isdigit() else (1, 0, text)
 
 
-def _passes_only(cell: Cell, only: Mapping[str, set[str]]) -> bool:
+def passes_only(cell: Cell, only: Mapping[str, set[str]]) -> bool:
+    """Whether `cell` has one of the accepted spellings on every axis `--only` names."""
     return all(axis in cell and filter_token(cell[axis]) in values for axis, values in only.items())
 
 

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
+from torchmatrix import file_writes
 from torchmatrix.matrix.plan import run_key
 
 FORMAT_VERSION = 2  # 2: TestStarted carries when the test started
@@ -123,7 +124,7 @@ class EventLog:
     """Appends events to a file, flushed per line so a reader never sees half a record."""
 
     def __init__(self, path: str | Path):
-        self._file = open(path, "a", encoding="utf-8")
+        self._file = file_writes.open_stream(path, "a", encoding="utf-8")
         if self._file.tell() == 0:
             self.write(LogOpened())
 

@@ -8,10 +8,11 @@ field fails here, loudly, instead of as a missing key in another process.
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from torchmatrix import file_writes
 
 GATE_POLL_S = 0.05
 
@@ -40,9 +41,7 @@ class Grant:
 
     def write(self, gate: Path) -> None:
         """Open the gate: write the grant atomically, so the waiting process never reads half of it."""
-        partial = gate.with_name(gate.name + ".partial")
-        partial.write_text(json.dumps(self.to_json()))
-        os.replace(partial, gate)
+        file_writes.write_text(gate, json.dumps(self.to_json()))
 
     @classmethod
     def wait(cls, gate: Path) -> Grant:

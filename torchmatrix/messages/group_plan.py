@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from torchmatrix import file_writes
 from torchmatrix.matrix.cells import Cell
 
 FORMAT_VERSION = 2
@@ -108,7 +109,7 @@ class GroupPlan:
         )
 
     def write(self, path: Path) -> None:
-        path.write_text(json.dumps(self.to_json(), indent=2))
+        file_writes.write_text(path, json.dumps(self.to_json(), indent=2))
 
     @classmethod
     def read(cls, path: Path) -> GroupPlan:

@@ -22,7 +22,7 @@ class RunBusy(Exception):
 def lock_version_directory(version_dir: Path) -> int:
     """Take the version directory's lock; return its file descriptor, held until this process exits."""
     version_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(version_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(version_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -12,6 +12,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from torchmatrix import file_writes
 from torchmatrix.matrix.safe_names import UnsafeName, check_name
 
 FILE_NAME = "plan.json"
@@ -163,13 +164,5 @@ def _list(plan: dict, key: str) -> list:
 
 def write_plan(version_dir: Path, plan: RunPlan) -> Path:
     """Write `<version_dir>/plan.json` atomically (a reader never sees half of it)."""
-    path = version_dir / FILE_NAME
-    partial = path.with_name(f".{FILE_NAME}.partial")
     version_dir.mkdir(parents=True, exist_ok=True)
-    try:
-        partial.write_text(json.dumps(plan.to_json(), indent=2))
-        partial.replace(path)
-    except BaseException:  # a full disk: the plan it replaces stays whole
-        partial.unlink(missing_ok=True)
-        raise
-    return path
+    return file_writes.write_text(version_dir / FILE_NAME, json.dumps(plan.to_json(), indent=2))

@@ -219,11 +219,12 @@ class CellPlan:
         before = self.usage() if where else None
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            yield
+            protocol = yield
+        stopped = protocol.exception  # pytest.exit() or KeyboardInterrupt: pytest reports no phase it cut short
         reports = self._reports.pop(item.nodeid, [])
         own_warnings = Counter((w.category.__name__, module_of(w.filename), normalised(w.message)) for w in caught)
-        if where and reports:
-            outcome = as_simulation_limit(_outcome(reports, self.plan.output_cap), self.plan.device_type)
+        if where and (reports or stopped is not None):
+            outcome = as_simulation_limit(_outcome(reports, self.plan.output_cap, stopped), self.plan.device_type)
             after = self.usage() if before is not None else None
             if after is not None:
                 outcome["properties"].append([CPU_SECONDS, round(after.cpu_seconds - before.cpu_seconds, 3)])
@@ -293,25 +294,31 @@ KNOWN_FAILURE_PASSED = "known_failure_passed"
 """The property a test covered by `[[known_failure]]` carries when it passed: the entry's reason."""
 
 
-def _outcome(reports, cap: int = DEFAULT_CAP_BYTES) -> dict:
+def _outcome(reports, cap: int = DEFAULT_CAP_BYTES, stopped: BaseException | None = None) -> dict:
     """Fold setup/call/teardown reports into one result the way JUnit reads it, each text capped
     at `cap` bytes (head and tail kept).
 
-    A failing call is a failure; a failing setup or teardown is an error; otherwise a skip in
-    any phase is a skip (with its reason); otherwise the test passed.
+    A failing call is a failure; a failing setup or teardown is an error; a test that never
+    reached its end (`stopped` by pytest.exit() or KeyboardInterrupt, or without a call or
+    teardown report) is an error; otherwise a skip in any phase is a skip (with its reason);
+    otherwise the test passed.
     """
+    last = reports[-1] if reports else None
     result = {
         "duration": sum(r.duration for r in reports),
-        "properties": [list(p) for p in reports[-1].user_properties],
-        "stdout": cap_text(reports[-1].capstdout, cap),
-        "stderr": cap_text(reports[-1].capstderr, cap),
+        "properties": [list(p) for p in last.user_properties] if last else [],
+        "stdout": cap_text(last.capstdout, cap) if last else "",
+        "stderr": cap_text(last.capstderr, cap) if last else "",
         "status": Status.PASSED.value,
         "message": "",
         "text": "",
     }
     failed = [r for r in reports if r.failed]
     skipped = [r for r in reports if r.skipped]
-    if failed:
+    phases = {r.when for r in reports}
+    if not failed and (stopped is not None or "teardown" not in phases or not (skipped or "call" in phases)):
+        result.update(status=Status.ERROR.value, message=cap_text(_unfinished(stopped), cap))
+    elif failed:
         first = failed[0]
         crash = getattr(first.longrepr, "reprcrash", None)
         text = first.longreprtext
@@ -335,6 +342,17 @@ def _outcome(reports, cap: int = DEFAULT_CAP_BYTES) -> dict:
             reason = first.longrepr[2] if isinstance(first.longrepr, tuple) else str(first.longrepr)
         result.update(status=Status.SKIPPED.value, message=reason.removeprefix("Skipped: "))
     return result
+
+
+def _unfinished(stopped: BaseException | None) -> str:
+    """Why a test that never reached its end is an error, never a pass."""
+    if stopped is None:
+        return "the test never reached its end: pytest reported no call or teardown for it"
+    raised = f"{type(stopped).__name__}: {stopped}" if str(stopped) else type(stopped).__name__
+    return (
+        f"the test never reached its end: {raised} stopped the pytest session there "
+        "(a test that calls pytest.exit() or raises KeyboardInterrupt is an error, never a pass)"
+    )
 
 
 def planned_options(config, path) -> dict:

@@ -24,6 +24,7 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 
+from torchmatrix import file_writes
 from torchmatrix.ranks import worker, zygote
 
 START_TIMEOUT_S = 300.0
@@ -270,7 +271,7 @@ class RankPool:
         """Log tails of `ranks`, and the Python stacks (dumped via SIGUSR1) of `stack_ranks`."""
         live = [r for r in sorted(stack_ranks) if self._procs[r].exitcode is None]
         for rank in live:
-            self._stacks(rank).write_text("")
+            file_writes.open_stream(self._stacks(rank)).close()  # truncated in place: the rank appends to this inode
             os.kill(self._procs[rank].pid, signal.SIGUSR1)
         if live:
             time.sleep(STACK_WAIT_S)

@@ -16,6 +16,7 @@ import sys
 import traceback
 from multiprocessing.connection import Connection
 
+from torchmatrix import file_writes
 from torchmatrix.ranks.compile_time import reset_keeping_time
 from torchmatrix.ranks.parent_death import exit_with_parent
 from torchmatrix.ranks.per_test_usage import RANK_WARNINGS
@@ -137,7 +138,7 @@ def main(
     os.setpriority(os.PRIO_PROCESS, 0, nice)
     if env["TORCHMATRIX_DEVICE"] == "cpu":
         share_cores(core)
-    output = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    output = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644)
     os.dup2(output, 1)
     os.dup2(output, 2)
     os.close(output)
@@ -145,7 +146,7 @@ def main(
     sys.stderr = open(2, "w", buffering=1, closefd=False)
     os.environ.clear()
     os.environ.update(env)
-    stacks = open(stack_file, "a")
+    stacks = file_writes.open_stream(stack_file, "a")
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     faulthandler.enable(file=sys.stderr)
     sys.path[:] = pickle.loads(conn.recv_bytes())

@@ -7,7 +7,6 @@ CI reporters keep only the first of two same-named cases. junitparser writes the
 
 from __future__ import annotations
 
-import os
 import re
 import socket
 from collections.abc import Sequence
@@ -16,6 +15,7 @@ from pathlib import Path
 
 from junitparser import Error, Failure, JUnitXml, Skipped, TestCase, TestSuite
 
+from torchmatrix import file_writes
 from torchmatrix.matrix.cells import Cell, filter_token
 from torchmatrix.matrix.plan import SuiteRun
 from torchmatrix.ranks.output_cap import HARD_LIMIT_BYTES, cap_text
@@ -128,13 +128,8 @@ def write_suites(path: Path, suites: Sequence[TestSuite]) -> None:
     xml.errors = sum(s.errors for s in suites)
     xml.time = round(sum(s.time for s in suites), 3)
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    try:
+    with file_writes.replacing(path) as partial:  # a full disk, or Ctrl-C: the file it replaces stays whole
         xml.write(str(partial), pretty=True)
-        os.replace(partial, path)
-    except BaseException:  # a full disk, or Ctrl-C: the file it replaces stays whole, and nothing half-written stays
-        partial.unlink(missing_ok=True)
-        raise
 
 
 def write_cell(

@@ -11,6 +11,7 @@ import os
 import sys
 from pathlib import Path
 
+from torchmatrix import file_writes
 from torchmatrix.matrix.config import ConfigError, Matrix, load_matrix
 from torchmatrix.messages.run_lock import running_holder
 from torchmatrix.reports import junit, results_json, summary_html, summary_md
@@ -40,8 +41,8 @@ def write_report(run_dir: Path, config: str | None = None) -> list[Path]:
     diffs = upgrade_diffs(run)
     markdown = summary_md.render(run, diffs)
     written.append(results_json.write_json(run_dir / results_json.FILE_NAME, run, [d.to_json() for d in diffs]))
-    written.append(_write(run_dir / SUMMARY_MD, markdown))
-    written.append(_write(run_dir / SUMMARY_HTML, summary_html.render(run, diffs)))
+    written.append(file_writes.write_text(run_dir / SUMMARY_MD, markdown))
+    written.append(file_writes.write_text(run_dir / SUMMARY_HTML, summary_html.render(run, diffs)))
     append_step_summary(markdown)
     return written
 
@@ -84,7 +85,7 @@ def append_step_summary(markdown: str) -> None:
     """On GitHub Actions, add the markdown to the job's summary page."""
     target = os.environ.get("GITHUB_STEP_SUMMARY")
     if target:
-        with open(target, "a", encoding="utf-8") as summary:
+        with file_writes.open_stream(Path(target), "a", encoding="utf-8") as summary:
             summary.write(markdown + "\n")
 
 
@@ -97,8 +98,3 @@ def _matrix(path: Path, config: str | None) -> Matrix | None:
         except ConfigError:
             continue
     return None
-
-
-def _write(path: Path, content: str) -> Path:
-    path.write_text(content, encoding="utf-8")
-    return path

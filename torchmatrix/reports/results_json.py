@@ -14,6 +14,7 @@ import json
 import math
 from pathlib import Path
 
+from torchmatrix import file_writes
 from torchmatrix.matrix.config import ReportSettings
 from torchmatrix.reports.records import ResultsError, RunResults, TestRecord, VersionInfo
 from torchmatrix.status import Confirmation
@@ -64,8 +65,7 @@ def from_json(data: dict) -> RunResults:
 
 
 def write_json(path: Path, results: RunResults, upgrade: list[dict]) -> Path:
-    path.write_text(json.dumps(to_json(results, upgrade), indent=2, allow_nan=False) + "\n")
-    return path
+    return file_writes.write_text(path, json.dumps(to_json(results, upgrade), indent=2, allow_nan=False) + "\n")
 
 
 def read_json(path: Path) -> RunResults:

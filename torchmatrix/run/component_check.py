@@ -17,9 +17,11 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from torchmatrix import file_writes
 from torchmatrix.components.calling import accepts, build_optimizer, call_accepting, is_bound_checkpointer
 from torchmatrix.components.optimizer_like import optimizer_like_problems
 from torchmatrix.components.optional import is_optional_here, needs_package, warning_line
@@ -38,6 +40,7 @@ from torchmatrix.matrix.config import Matrix
 from torchmatrix.run.import_path import user_code_environment
 
 CHILD = "from torchmatrix.run.component_check import main; main()"
+ANSWER_NAME = "answer.json"
 MAX_PARAMETERS_TEXT = 120
 """Characters of a factory's parameter names a signature problem quotes (its annotations can run to a thousand)."""
 
@@ -74,27 +77,28 @@ def check_components(
     )
     if not matrix.components:
         return check
-    try:
-        done = subprocess.run(
-            [python, "-c", CHILD],
-            input=json.dumps(matrix.components),
-            cwd=matrix.root,
-            env=user_code_environment(matrix.root, os.environ),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
-    except subprocess.TimeoutExpired:
-        check.problems.append(
-            f"{where}: components: importing them took over {timeout:.0f}s; check what their modules do at import"
-        )
-        return check
-    lines = done.stdout.strip().splitlines()
-    if done.returncode != 0 or not lines:
-        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+    with tempfile.TemporaryDirectory(prefix="torchmatrix-component-check-") as directory:
+        answer = Path(directory) / ANSWER_NAME
+        try:
+            done = subprocess.run(
+                [python, "-c", CHILD, str(answer)],
+                input=json.dumps(matrix.components),
+                cwd=matrix.root,
+                env=user_code_environment(matrix.root, os.environ),
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+            )
+        except subprocess.TimeoutExpired:
+            check.problems.append(
+                f"{where}: components: importing them took over {timeout:.0f}s; check what their modules do at import"
+            )
+            return check
+        found = _read_answer(answer)
+    if found is None:
+        last = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}, no answer"])[-1]
         check.problems.append(f"{where}: components: the check could not run with {python}: {last}")
         return check
-    found = json.loads(lines[-1])
     check.problems += [f"{where}: components.{key}: {problem}" for key, problem in found["problems"]]
     uninstalled = uninstalled_here()
     missing = {key: f"{key} needs {reason}" for key, reason in uninstalled.items() if key in matrix.components}
@@ -108,6 +112,16 @@ def check_components(
         for key, needs in missing.items()
     ]
     return check
+
+
+def _read_answer(path: Path) -> dict | None:
+    """The child's answer from the file the parent named (what user code prints goes elsewhere);
+    None when the child never wrote it (it died, or user code exited at import)."""
+    try:
+        found = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) else None
 
 
 def problems_of(key: str, import_path: str) -> tuple[list[str], str | None]:
@@ -245,8 +259,9 @@ def parameter_names(signature: inspect.Signature) -> str:
 
 
 def main() -> None:
-    """Child side: read {key: import path} on stdin, print as one JSON line this environment's
-    device type, [[key, problem], ...] and [[key, what its module needs], ...].
+    """Child side: read {key: import path} on stdin, write as JSON to the file the parent names
+    (argv[1]) this environment's device type, [[key, problem], ...] and [[key, what its module
+    needs], ...]. Not on stdout: the user's modules may print there, at import or at exit.
 
     sys.path is the suites' (torchmatrix.run.import_path): the matrix directory first.
     """
@@ -257,7 +272,8 @@ def main() -> None:
         problems += [[key, problem] for problem in found]
         if needs:
             missing.append([key, needs])
-    print(json.dumps({"device_type": device_type(), "problems": problems, "missing": missing}))
+    answer = {"device_type": device_type(), "problems": problems, "missing": missing}
+    file_writes.write_text(Path(sys.argv[1]), json.dumps(answer))
 
 
 def device_type() -> str:

@@ -4,11 +4,12 @@ The built-in suite `cross_version` runs in every version's own session and write
 checkpoint through the user's checkpointer with the values it must restore in a version-neutral
 form: `<run>/torch-<W>/checkpoints/<cell-id>/`. Reading needs the other torch, so the reads run
 after every session wrote, in one pass (`torchmatrix cross-read RUN`, which `nox -s report` runs
-first): each version's own interpreter (plan.json records it) loads the other versions' writes and
-reports into `<run>/torch-<R>/reads/<cell-id>.xml`. The baseline reads every candidate's writes
-(rollback); each candidate reads the baseline's (forward). Session order, `-R`, shards and `merge`
-do not matter: a pass reads whatever writes the run directory holds, and a direction with no
-writes or no reader is reported as not checked.
+first): each version's interpreter on this machine (its gpu_matrix venv, or `--python V=PATH`),
+with this machine's matrix.toml, loads the other versions' writes and reports into
+`<run>/torch-<R>/reads/<cell-id>.xml`. The baseline reads every candidate's writes (rollback);
+each candidate reads the baseline's (forward). Session order, `-R`, shards and `merge` do not
+matter: a pass reads whatever writes the run directory holds, and a direction with no writes or no
+reader is reported as not checked.
 """
 
 from __future__ import annotations
@@ -16,12 +17,16 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
-from torchmatrix.matrix.config import ConfigError, Matrix, Suite, load_matrix
+from torchmatrix.env.version_venv import gpu_matrix_python
+from torchmatrix.matrix.config import Matrix, Suite
 from torchmatrix.messages.cross_version import READS_FILE, SUITE, peers
 from torchmatrix.messages.run_plan import PlanFileError, read_plan
+
+UNREADABLE_PLAN_EXIT = 2
 
 
 def suites_for(matrix: Matrix, version: str, run_dir: Path, *, reads: bool) -> dict[str, Suite]:
@@ -36,43 +41,75 @@ def suites_for(matrix: Matrix, version: str, run_dir: Path, *, reads: bool) -> d
     return {SUITE: cross} if reads else {**matrix.suites, SUITE: cross}
 
 
-def read_pass(run_dir: Path, config: str | None = None, stream=sys.stderr) -> int:
-    """Run each version's reads of the other versions' writes in that version's own interpreter
-    (recorded in its plan.json); 1 when a read failed, else 0. A version whose interpreter is not
-    on this machine is skipped with a line: its reads stay not checked."""
+class CrossReadError(ValueError):
+    """A read pass refused before it starts: the path holds no torch-*/plan.json."""
+
+
+def read_pass(
+    run_dir: Path, matrix: Matrix, envdir: Path, interpreters: Mapping[str, str] | None = None, stream=sys.stderr
+) -> int:
+    """Run each version's reads of the other versions' writes in that version's interpreter on this
+    machine (`interpreters[V]`, else gpu_matrix's venv in `envdir`), with this machine's `matrix`;
+    1 when a read failed, 2 when a plan.json could not be read (the other versions still read), else 0.
+
+    Nothing in the run directory is executed or trusted: its plan.json files say which versions
+    wrote and which cells they planned (names checked), never which interpreter, matrix or
+    environment to use. A version without an interpreter here is skipped with one line: its
+    reads stay not checked."""
+    plans = sorted(run_dir.glob("torch-*/plan.json"))
+    if not plans:
+        raise CrossReadError(
+            f"{run_dir} is not a run directory (no torch-*/plan.json in it); pass one under reports/, e.g. reports/latest"
+        )
     worst = 0
-    for plan_path in sorted(run_dir.glob("torch-*/plan.json")):
+    for plan_path in plans:
         try:
             plan = read_plan(plan_path)
         except PlanFileError as error:
-            print(f"torchmatrix: cross-read: {error}", file=stream)
+            print(f"torchmatrix: error: cross-read: {error}", file=stream)
+            worst = UNREADABLE_PLAN_EXIT
             continue
         if SUITE not in plan.suites or not plan.cells:
             continue
-        python = plan.environment.get("python", "")
-        if not python or not Path(python).exists():
+        python, reason = reader_interpreter(plan.torch, matrix, envdir, interpreters or {})
+        if python is None:
             print(
-                f"torchmatrix: cross-read: torch {plan.torch}'s interpreter {python or '(not recorded)'} is not on this machine; "
-                "its reads of the other versions' checkpoints are not checked",
+                f"torchmatrix: cross-read: torch {plan.torch}'s reads of the other versions' checkpoints are not checked: {reason}",
                 file=stream,
             )
             continue
-        matrix_path = config or plan.matrix or "matrix.toml"
         command = [python, "-m", "torchmatrix", "run", "--cross-version-reads", "--torch", plan.torch]
-        command += ["--config", matrix_path, "--reports", str(run_dir.parent)]
+        command += ["--config", str(matrix.path), "--reports", str(run_dir.parent)]
         command += ["--run-id", run_dir.name, "--restart"]  # a failed read is re-read alone: confirmed, reproducible
-        code = subprocess.run(command, env=_version_environment(matrix_path, plan.torch), check=False).returncode
+        environment = {**os.environ, **matrix.install(plan.torch).env}
+        try:
+            code = subprocess.run(command, env=environment, check=False).returncode
+        except OSError as error:
+            print(
+                f"torchmatrix: cross-read: torch {plan.torch}'s reads are not checked: {python} did not start ({error.strerror})",
+                file=stream,
+            )
+            continue
         if code not in (0, 1):
             return code
-        worst = max(worst, code)
+        worst = max(worst, code)  # a plan refused (2) outranks a failed read (1)
     return worst
 
 
-def _version_environment(matrix_path: str, version: str) -> dict[str, str]:
-    """This environment with the version's `[torch.install."V"] env`, which its cells ran with too
-    (a matrix file that does not load is the run's problem to report, not the pass's)."""
-    try:
-        extra = load_matrix(matrix_path).install(version).env
-    except ConfigError:
-        extra = {}
-    return {**os.environ, **extra}
+def reader_interpreter(
+    version: str, matrix: Matrix, envdir: Path, interpreters: Mapping[str, str]
+) -> tuple[str | None, str]:
+    """The interpreter on this machine that reads for torch `version`, or None and why there is none."""
+    if version not in matrix.versions:
+        return None, f"{version} is not in [torch].versions of {matrix.path.name} ({', '.join(matrix.versions)})"
+    if version in interpreters:
+        return interpreters[version], ""
+    python = gpu_matrix_python(envdir, version)
+    if python is None:
+        return None, f"nox is not installed, so there is no gpu_matrix venv; pass --python {version}=PATH"
+    if not python.is_file() or not os.access(python, os.X_OK):
+        return (
+            None,
+            f"no gpu_matrix venv of it at {python.parent.parent} (`nox -s gpu_matrix` makes it); or pass --python {version}=PATH",
+        )
+    return str(python), ""

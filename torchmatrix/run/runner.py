@@ -23,12 +23,14 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
+from torchmatrix import file_writes
 from torchmatrix.env.devices import Environment, ProbeError, probe
 from torchmatrix.matrix.cells import Cell
 from torchmatrix.matrix.config import Matrix
 from torchmatrix.matrix.known_failures import expected_failures
 from torchmatrix.matrix.plan import Group, SuiteRun, group_runs, plan_runs
-from torchmatrix.matrix.selection import Shard, select_cells
+from torchmatrix.matrix.safe_names import UnsafeName, check_name
+from torchmatrix.matrix.selection import Shard
 from torchmatrix.messages.cross_version import reads_dir
 from torchmatrix.messages.group_plan import GroupPlan, SuiteSpec
 from torchmatrix.messages.run_lock import LOCK_NAME, RunBusy, lock_version_directory
@@ -99,7 +101,7 @@ def prepare_directory(path: Path) -> None:
     try:
         path.mkdir(parents=True, exist_ok=True)
         probe_file = path / f".write-test-{os.getpid()}"
-        probe_file.write_text("")
+        file_writes.write_text(probe_file, "")
         probe_file.unlink()
     except OSError as error:
         raise RunError(
@@ -265,12 +267,20 @@ def _fail_unfinished(book: OutcomeBook, message: str) -> None:
 def _cells(request: RunRequest) -> list[Cell]:
     """The selected cells; a read pass reads for exactly the cells its version's run planned."""
     if not request.cross_version_reads:
-        return select_cells(request.matrix.cells(), only=request.only, keyword=request.keyword, shard=request.shard)
+        return request.matrix.select(only=request.only, keyword=request.keyword, shard=request.shard)
     plan = request.run_dir / f"torch-{request.version}" / "plan.json"
     try:
-        return [Cell(axes) for axes in read_plan(plan).cell_axes]
+        return [_checked(Cell(axes)) for axes in read_plan(plan).cell_axes]
     except PlanFileError as error:
         raise RunError(f"{error}; a read pass needs the version's own run first") from None
+    except UnsafeName as error:
+        raise RunError(f"{plan}: {error}; refusing to use it") from None
+
+
+def _checked(cell: Cell) -> Cell:
+    """`cell`, whose id (read from another machine's plan.json) becomes a file name."""
+    check_name(cell.id, "cell id")
+    return cell
 
 
 def only_tests_of(runs: list[SuiteRun], tests: tuple[str, ...]) -> list[SuiteRun]:

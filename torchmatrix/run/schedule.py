@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from torchmatrix import file_writes
 from torchmatrix.matrix.plan import Group
 from torchmatrix.messages.events import EventReader
 from torchmatrix.messages.grant import Grant
@@ -49,7 +50,7 @@ class GroupProcess:
     def start(
         cls, group: Group, command: list[str], *, cwd: Path, env: dict, log: Path, events: Path, gate: Path
     ) -> GroupProcess:
-        with open(log, "wb") as out:
+        with file_writes.open_stream(log, "wb") as out:
             proc = subprocess.Popen(
                 command, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
             )

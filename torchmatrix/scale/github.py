@@ -9,7 +9,7 @@ from __future__ import annotations
 import shlex
 
 from torchmatrix.matrix.config import Matrix
-from torchmatrix.matrix.selection import SelectionError, Shard, select_cells
+from torchmatrix.matrix.selection import SelectionError, Shard
 
 GITHUB_JOB_LIMIT = 256
 
@@ -34,7 +34,7 @@ def github_matrix(matrix: Matrix, shards: int, *, only: dict, keyword: str | Non
     for version in versions:
         for index in range(1, shards + 1):
             shard = Shard(index, shards)
-            cells = select_cells(matrix.cells(), only=only, keyword=keyword, shard=shard)
+            cells = matrix.select(only=only, keyword=keyword, shard=shard)
             if not cells:
                 continue
             include.append(

@@ -13,11 +13,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from torchmatrix import file_writes
 from torchmatrix.matrix.cells import Cell
 from torchmatrix.matrix.config import Matrix
 from torchmatrix.matrix.plan import plan_runs
 from torchmatrix.matrix.safe_names import UnsafeName, check_name
-from torchmatrix.matrix.selection import SelectionError, Shard, select_cells, shard_cells
+from torchmatrix.matrix.selection import SelectionError, Shard, shard_cells
 from torchmatrix.messages.cross_version import CHECKPOINTS_DIR, READS_DIR
 from torchmatrix.messages.run_plan import FILE_NAME as PLAN_FILE
 from torchmatrix.messages.run_plan import PlanFileError, RunPlan, read_plan, write_plan
@@ -146,7 +147,7 @@ def _merge_version(
 ) -> tuple[int, list[str]]:
     out.mkdir(parents=True, exist_ok=True)
     for path in sources.values():
-        shutil.copyfile(path, out / path.name)
+        file_writes.copy_file(path, out / path.name)
     for report in reports:
         _copy_cross_version(report.path, out)
     missing = [cell for cell in expected if cell.id not in sources]
@@ -183,10 +184,16 @@ def _copy_cross_version(version_dir: Path, out: Path) -> None:
     """Carry what the cross_version suite wrote (checkpoints) and read (reads/*.xml) into the merged
     version, so its report has both directions and a later `cross-read` of the merge finds the writes."""
     if (version_dir / CHECKPOINTS_DIR).is_dir():
-        shutil.copytree(version_dir / CHECKPOINTS_DIR, out / CHECKPOINTS_DIR, symlinks=True, dirs_exist_ok=True)
+        shutil.copytree(
+            version_dir / CHECKPOINTS_DIR,
+            out / CHECKPOINTS_DIR,
+            symlinks=True,
+            dirs_exist_ok=True,
+            copy_function=file_writes.copy_file,
+        )
     for path in sorted((version_dir / READS_DIR).glob("*.xml")):
         (out / READS_DIR).mkdir(exist_ok=True)
-        shutil.copyfile(path, out / READS_DIR / path.name)
+        file_writes.copy_file(path, out / READS_DIR / path.name)
 
 
 def _tests_per_suite(paths) -> dict[str, list[str]]:
@@ -210,7 +217,7 @@ def _missing_reason(version: str, cell: Cell, reports: list[VersionReport], matr
             continue
         only = {axis: set(values) for axis, values in report.plan.only.items()}
         try:
-            selection = select_cells(matrix.cells(), only=only, keyword=report.plan.keyword)
+            selection = matrix.select(only=only, keyword=report.plan.keyword)
         except SelectionError as error:
             raise MergeError(
                 f"{report.path / PLAN_FILE}: its filters do not apply to {matrix.path.name} ({error})"

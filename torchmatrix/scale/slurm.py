@@ -13,8 +13,9 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
+from torchmatrix import file_writes
 from torchmatrix.matrix.config import Matrix
-from torchmatrix.matrix.selection import SelectionError, select_cells
+from torchmatrix.matrix.selection import SelectionError
 
 # --restart: a requeued task reruns with its run id, and starts clean instead of being refused.
 NOX_RUN = "nox -R -s \"gpu_matrix(torch='$VERSION')\" -- --restart "
@@ -105,7 +106,7 @@ def write_slurm(
     versions = [v for v in matrix.versions if v != "system"]
     if not versions:
         raise SelectionError("slurm: matrix.toml lists no installable torch version (only 'system')")
-    cells = select_cells(matrix.cells(), only=only, keyword=keyword)
+    cells = matrix.select(only=only, keyword=keyword)
     node_sizes = sorted({c.world_size for c in cells if c.world_size <= options.gpus_per_node})
     wide_sizes = sorted({c.world_size for c in cells if c.world_size > options.gpus_per_node})
     root = matrix.root
@@ -174,7 +175,7 @@ def write_slurm(
     written = []
     for name, lines in scripts.items():
         path = out / name
-        path.write_text("\n".join(lines) + "\n")
+        file_writes.write_text(path, "\n".join(lines) + "\n")
         path.chmod(0o755)
         written.append(path)
     return written

@@ -23,13 +23,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from torchmatrix import file_writes
 from torchmatrix.components.protocol import DTENSOR_OPTIM, GRAD_CKPT, RESUME, RESUME_BF16_PARAM_OPTIMIZERS
 from torchmatrix.matrix.cells import Cell
 from torchmatrix.matrix.config import Matrix
 from torchmatrix.matrix.meshes import TWO_D_MESH_KINDS, mesh_kind
-from torchmatrix.matrix.selection import select_cells
 from torchmatrix.run.runner import RunRequest, run_version
-from torchmatrix.sensitivity.mutants import EVIDENCE_VARIABLE, cells_acted_in
+from torchmatrix.sensitivity.mutants import EVIDENCE_VARIABLE, cells_acted_in, reasons_it_cannot_act
 from torchmatrix.sensitivity.verdicts import CellResult, new_failures, read_cells
 
 GENERATED_MODULE = "torchmatrix_sensitivity_components"
@@ -264,14 +264,17 @@ def judge(
     run_dir: Path | None,
     inapplicable: dict[str, str] | None = None,
     acted_in: frozenset[str] | set[str] = frozenset(),
+    cannot_act: dict[str, str] | None = None,
 ) -> Verdict:
     """The verdict on `mutant` per cell: skipped where the unmutated run skipped every test of its
     suite; n/a where `inapplicable` says why; errored where a failure the unmutated run did not
     have is a crash of the mutant itself (what else failed there followed from it); else caught by
-    such a failure; else skipped where the mutant run skipped every test; else missed where the
-    mutant marked that it acted (`acted_in`), n/a saying what did not happen where it did not.
-    `run_dir` is the mutant's version directory (None: it did not run)."""
-    inapplicable = inapplicable or {}
+    such a failure; else skipped where the mutant run skipped every test; else n/a where it failed
+    only as the unmutated run does (that failure hides the mutant's); else missed where the mutant
+    marked that it acted (`acted_in`), n/a saying what did not happen where it did not, or why it
+    could not act on this stack (`cannot_act`, per cell). `run_dir` is the mutant's version directory
+    (None: it did not run)."""
+    inapplicable, cannot_act = inapplicable or {}, cannot_act or {}
     results = read_cells(run_dir, mutant.suite, MUTANT_SOURCES) if run_dir else {}
     verdict = Verdict(mutant.name, mutant.bug, mutant.suite, [], [], "")
     for cell in cells:
@@ -294,10 +297,15 @@ def judge(
             verdict.message = verdict.message or found[0].telling_line(known)
         elif after.skipped:
             verdict.skipped_in[cell.id] = after.skipped
+        elif after.failures:
+            verdict.not_applicable_in[cell.id] = (
+                f"it failed only as the unmutated run fails ({after.failures[0].telling_line()}), "
+                "which hides whether the suite sees this mutant"
+            )
         elif cell.id in acted_in:
             verdict.missed_in.append(cell.id)
         else:
-            verdict.not_applicable_in[cell.id] = mutant.idle
+            verdict.not_applicable_in[cell.id] = cannot_act.get(cell.id, mutant.idle)
     return verdict
 
 
@@ -317,12 +325,12 @@ def run_sensitivity(
         raise SensitivityError(
             f"{matrix.path.name}: no [suites.{GRAD_CKPT}], [suites.{RESUME}] or [suites.{DTENSOR_OPTIM}], which the generic mutants target"
         )
-    cells = covering_cells(select_cells(matrix.cells(), **filters))
+    cells = covering_cells(matrix.select(**filters))
     if not cells:
         raise SensitivityError("the filters select no cell")
     generated = out / "components"
     generated.mkdir(parents=True, exist_ok=True)
-    (generated / f"{GENERATED_MODULE}.py").write_text(generated_module(matrix, mutants))
+    file_writes.write_text(generated / f"{GENERATED_MODULE}.py", generated_module(matrix, mutants))
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(generated), os.environ.get("PYTHONPATH")) if p)
     request = RunRequest(matrix=matrix, version=version, reports=out / "runs", run_id="", slots=slots, confirm_limit=0)
     print(f"torchmatrix sensitivity: {len(mutants)} mutants over {len(cells)} cells: {', '.join(c.id for c in cells)}")
@@ -355,19 +363,28 @@ def run_sensitivity(
             run_selection(dataclasses.replace(request, matrix=mutated(matrix, mutant), run_id=mutant.name), judged)
         run_dir = out / "runs" / mutant.name / f"torch-{version}" if judged else None
         verdicts.append(
-            judge(mutant, cells, baseline.get(mutant.suite, {}), run_dir, inapplicable, cells_acted_in(evidence))
+            judge(
+                mutant,
+                cells,
+                baseline.get(mutant.suite, {}),
+                run_dir,
+                inapplicable,
+                cells_acted_in(evidence),
+                reasons_it_cannot_act(evidence),
+            )
         )
     table = markdown_table(verdicts)
     header = f"Cells: {', '.join(c.id for c in cells)} (torch {version})\n\n"
     if notes:
         header += "Already failing on the unmutated components (a mutant counts only with new failure lines):\n\n"
         header += "".join(f"- {note}\n" for note in notes) + "\n"
-    (out / "sensitivity.md").write_text(header + table + "\n")
-    (out / "sensitivity.json").write_text(
+    file_writes.write_text(out / "sensitivity.md", header + table + "\n")
+    file_writes.write_text(
+        out / "sensitivity.json",
         json.dumps(
             {"torch": version, "cells": [c.id for c in cells], "verdicts": [dataclasses.asdict(v) for v in verdicts]},
             indent=2,
-        )
+        ),
     )
     print(f"\n{header}{table}\n")
     print(f"torchmatrix sensitivity: wrote {out / 'sensitivity.md'} and sensitivity.json")

@@ -14,6 +14,7 @@ import types
 from collections.abc import Mapping
 from pathlib import Path
 
+from torchmatrix import file_writes
 from torchmatrix.components.calling import accepts, is_bound_checkpointer
 from torchmatrix.components.loading import load
 from torchmatrix.components.optimizer_implementations import (
@@ -33,16 +34,38 @@ def record_acted() -> None:
     directory, cell = os.environ.get(EVIDENCE_VARIABLE), current_cell_id()
     if directory and cell and cell not in _MARKED:
         Path(directory).mkdir(parents=True, exist_ok=True)
-        Path(directory, cell).touch()
+        file_writes.write_text(Path(directory, cell), "")
         _MARKED.add(cell)
 
 
 _MARKED: set[str] = set()
 
 
+CANNOT_ACT = ".cannot-act"
+"""The suffix of the evidence file in which a mutant says why it cannot act on a cell's stack."""
+
+
+def record_cannot_act(reason: str) -> None:
+    """Say why this mutant cannot act on the stack of the cell this rank runs (the stack lacks what it
+    would break): the cell then reads n/a with `reason`, the component left as it is."""
+    directory, cell = os.environ.get(EVIDENCE_VARIABLE), current_cell_id()
+    if directory and cell:
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        Path(directory, cell + CANNOT_ACT).write_text(reason)
+
+
 def cells_acted_in(directory: Path) -> set[str]:
     """The cells a mutant marked with `record_acted` in a run that used `directory` as its evidence folder."""
-    return {path.name for path in directory.iterdir()} if directory.is_dir() else set()
+    if not directory.is_dir():
+        return set()
+    return {path.name for path in directory.iterdir() if not path.name.endswith(CANNOT_ACT)}
+
+
+def reasons_it_cannot_act(directory: Path) -> dict[str, str]:
+    """Per cell, why the mutant said (`record_cannot_act`) it cannot act there, in a run with this evidence folder."""
+    if not directory.is_dir():
+        return {}
+    return {path.name.removesuffix(CANNOT_ACT): path.read_text() for path in directory.glob(f"*{CANNOT_ACT}")}
 
 
 RESTORED_PIECES = ("model", "optimizer", "scheduler", "loader", "rng")
@@ -292,21 +315,28 @@ def holds_inputs_across_calls(inner: str):
 
         model = load(inner)(cell, **kwargs)
 
-        def hold_or_replay(module, args):
-            if not args or not isinstance(args[0], torch.Tensor):
+        def hold_or_replay(module, args, kwargs):
+            given = args[0] if args else None
+            if not isinstance(given, torch.Tensor):
                 return None
             if not _in_backward():
-                module.mutant_held_input = args[0].detach()
+                module.mutant_held_input = given.detach()
                 return None
             held = getattr(module, "mutant_held_input", None)
-            if held is None or held.shape != args[0].shape or held.dtype != args[0].dtype:
+            if held is None or held.shape != given.shape or held.dtype != given.dtype:
                 return None
-            if not torch.equal(held, args[0]):
+            if not torch.equal(held, given):
                 record_acted()
-            return (held.detach().requires_grad_(args[0].requires_grad), *args[1:])
+            replayed = held.detach().requires_grad_(given.requires_grad)
+
+            def swapped(value):
+                """The held input wherever the given one was passed: nn.MultiheadAttention's fast path needs `query is key`."""
+                return replayed if value is given else value
+
+            return tuple(map(swapped, args)), {key: swapped(value) for key, value in kwargs.items()}
 
         for layer in _layers(model):
-            _hook_every_leaf(layer, hold_or_replay)
+            _hook_every_leaf(layer, hold_or_replay, with_kwargs=True)
         return model
 
     return build
@@ -431,9 +461,11 @@ def _replicated(value):
 
 
 def reshuffles_from_unsaved_seed(inner: str):
-    """The dataset component at `inner`, whose loader relabels the tokens of every batch after the first
-    epoch by a permutation seeded from the global RNG when the loader is built; its state dict keeps
-    the loader's position, not that seed: a resumed run reads right until the next epoch boundary."""
+    """The dataset component at `inner`, whose loader relabels the tokens (every integer tensor of a
+    batch, in a tensor, mapping, tuple or list) of every batch after the first epoch by a permutation
+    seeded from the global RNG when the loader is built; its state dict keeps the loader's position,
+    not that seed: a resumed run reads right until the next epoch boundary. A dataset without `len()`
+    has no epoch the mutant can count, so every batch after the first is relabelled."""
 
     class ReshuffledDataset:
         component = load(inner)
@@ -450,7 +482,9 @@ def reshuffles_from_unsaved_seed(inner: str):
 
         def loader(self, *, batch_size: int, rank: int, world_size: int):
             inner_loader = self.wrapped.loader(batch_size=batch_size, rank=rank, world_size=world_size)
-            return ReshuffledLoader(inner_loader, max(1, len(self.wrapped) // (batch_size * world_size)))
+            sized = hasattr(self.wrapped, "__len__")
+            per_epoch = max(1, len(self.wrapped) // (batch_size * world_size)) if sized else 1
+            return ReshuffledLoader(inner_loader, per_epoch)
 
     return ReshuffledDataset
 
@@ -476,8 +510,7 @@ class ReshuffledLoader:
         if not epoch:
             return batch
         generator = torch.Generator().manual_seed(self.shuffle_seed + epoch)
-        record_acted()
-        return torch.randperm(int(batch.max()) + 1, generator=generator)[batch.cpu()].to(batch.device)
+        return _relabelled(batch, generator)
 
     def state_dict(self) -> dict:
         return {"wrapped": self.wrapped.state_dict(), "yielded": self.yielded}
@@ -485,6 +518,27 @@ class ReshuffledLoader:
     def load_state_dict(self, state: dict) -> None:
         self.wrapped.load_state_dict(state["wrapped"])
         self.yielded = int(state["yielded"])
+
+
+def _relabelled(batch, generator):
+    """`batch` with each integer tensor in it (at any depth of mappings, tuples and lists) mapped
+    through a random permutation of its values; marks that the mutant acted when there was one."""
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        if batch.is_floating_point() or batch.is_complex() or batch.dtype == torch.bool or not batch.numel():
+            return batch
+        record_acted()
+        low = int(batch.min())
+        permutation = torch.randperm(int(batch.max()) - low + 1, generator=generator) + low
+        return permutation[(batch - low).cpu()].to(batch.device, batch.dtype)
+    if isinstance(batch, Mapping):
+        items = {key: _relabelled(value, generator) for key, value in batch.items()}
+        return type(batch)(items) if type(batch) is dict else items
+    if isinstance(batch, (tuple, list)):
+        items = [_relabelled(value, generator) for value in batch]
+        return type(batch)(*items) if hasattr(batch, "_fields") else type(batch)(items)
+    return batch
 
 
 def _built_optimizer(inner: str, params, kwargs: dict, **optional):
@@ -529,14 +583,14 @@ def _note_if_recomputing() -> None:
         record_acted()
 
 
-def _hook_every_leaf(layer, hook) -> None:
+def _hook_every_leaf(layer, hook, *, with_kwargs: bool = False) -> None:
     """`hook` as a forward pre-hook on every submodule of `layer` holding parameters of its own: the
     ones inside a checkpointed body run again when it is recomputed, wherever the checkpoint sits."""
     leaves = [m for m in layer.modules() if m is not layer and next(m.parameters(recurse=False), None) is not None]
     if not leaves:
-        raise ValueError(f"{type(layer).__name__} has no submodule with parameters to hook")
+        record_cannot_act(f"{type(layer).__name__} has no submodule with parameters of its own to hook")
     for module in leaves:
-        module.register_forward_pre_hook(hook)
+        module.register_forward_pre_hook(hook, with_kwargs=with_kwargs)
 
 
 def _same(first, second) -> bool:
