@@ -237,7 +237,7 @@ def test_a_flaky_middle_release_stops_the_search(project, first_bad_search):
     assert "step 3: torch 2.95.0: reusing its venv" in result.stdout  # installed by the first search
 
 
-def test_releases_that_do_not_install_or_import_are_skipped_with_their_reasons(project, first_bad_search):
+def test_releases_that_do_not_install_or_import_are_skipped_with_their_reasons(project):
     result, report = bisect(project, "--good", "2.90.0", "--bad", "2.93.0", RELEASE_SWITCH_FIRST_BAD="2.93.0")
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"torch {UNINSTALLABLE} did not install: " in result.stdout
