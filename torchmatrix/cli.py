@@ -11,6 +11,7 @@ import importlib.util
 import json
 import os
 import re
+import shlex
 import sys
 from pathlib import Path
 
@@ -322,7 +323,12 @@ def build_parser() -> argparse.ArgumentParser:
     repro.add_argument(
         "--python",
         default=None,
-        help="the interpreter of that torch, for collect_env (default: its gpu_matrix venv in .nox, else this one)",
+        help="the interpreter of that torch, for collect_env and a cross_version read's reading side (default: its gpu_matrix venv in .nox, else this one)",
+    )
+    repro.add_argument(
+        "--writer-python",
+        default=None,
+        help="for a cross_version read: the interpreter of the torch that wrote the checkpoint (default: its gpu_matrix venv in .nox)",
     )
     repro.add_argument("--config", default=None, help="the run's matrix file (default: the one its plan.json names)")
     merge = commands.add_parser("merge", help="merge report directories of shards, jobs and versions into one run")
@@ -508,10 +514,14 @@ def _bisect(matrix: Matrix, args) -> int:
     matrix.select(**filters)  # a selection that keeps no cell is refused here, before any install
     if args.from_run is None:
         between(args.good, args.bad, [])  # so are pins that are not versions, or out of order
+    envdir = _directory_to_write((args.envdir or matrix.root / ".nox").resolve(), "--envdir")
+    reports = _directory_to_write(
+        Path(args.reports).resolve() if args.reports else matrix.root / "reports", "--reports"
+    )
     request = BisectRequest(
         matrix=matrix,
-        envdir=(args.envdir or matrix.root / ".nox").resolve(),
-        reports=Path(args.reports).resolve() if args.reports else matrix.root / "reports",
+        envdir=envdir,
+        reports=reports,
         good=args.good,
         bad=args.bad,
         from_run=args.from_run.resolve() if args.from_run else None,
@@ -525,20 +535,28 @@ def _bisect(matrix: Matrix, args) -> int:
         return ExitCode.INTERRUPTED
 
 
+def _directory_to_write(path: Path, flag: str) -> Path:
+    """`path` when it is a directory or can become one; a file there, or above it, is refused in one line."""
+    existing = next(parent for parent in [path, *path.parents] if parent.exists())
+    if not existing.is_dir():
+        raise RunError(f"{flag} {path}: {existing} is a file, not a directory; pass a directory")
+    return path
+
+
 def _repro(args) -> int:
     if not args.run_dir.is_dir():
         raise RunError(f"{args.run_dir} is not a run directory; pass one under reports/, e.g. reports/latest")
-    out = write_reproducer(
+    written = write_reproducer(
         args.run_dir.resolve(),
         args.test_id,
         out=args.out.resolve() if args.out else None,
         python=args.python,
         config=args.config,
+        writer_python=args.writer_python,
     )
+    out = written.out
     print(f"torchmatrix repro: wrote {out}: {', '.join(sorted(p.name for p in out.iterdir()))}")
-    print(
-        f"torchmatrix repro: run it where torch is installed (torchmatrix is not needed): cd {out} && python repro.py"
-    )
+    print(f"torchmatrix repro: it needs {written.needs}: cd {shlex.quote(str(out))} && {written.command}")
     return ExitCode.PASSED
 
 

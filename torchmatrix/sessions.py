@@ -30,6 +30,7 @@ from torchmatrix.env.envdir_lock import (
 )
 from torchmatrix.env.self_install import install_arguments
 from torchmatrix.env.torch_install import install_torch
+from torchmatrix.env.version_venv import clear_stamp, install_record, write_stamp
 from torchmatrix.exit_codes import ExitCode
 from torchmatrix.matrix.config import Matrix, load_matrix
 from torchmatrix.run.run_directory import check_run_id, new_run_id
@@ -117,10 +118,14 @@ def gpu_matrix(session, matrix: Matrix, torch_version: str, run_id: str) -> None
     created = first_missing(install_log.parent, stop=reports)
     install_log.parent.mkdir(parents=True, exist_ok=True)
     install_started = time.time()
+    venv = Path(session.virtualenv.location)
+    clear_stamp(venv)
     installed = install_torch(session, torch_version, install, install_log)
     session.install(*install_arguments())
     if installed.ok and matrix.requires:
         install_requirements(session, matrix.requires, install.constraints, install_log.with_name("requires.log"))
+    if installed.ok:
+        write_stamp(venv, install_record(matrix, torch_version))  # so bisect and later runs reuse this venv
     run += ["--progress-install", f"{time.time() - install_started:.0f}"]
     if not installed.ok:
         run_cells(session, [*run, "--install-log", str(install_log)], run_dir, created, success_codes=[0, 1])

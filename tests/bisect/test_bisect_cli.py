@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -9,10 +10,19 @@ import sys
 import pytest
 
 from torchmatrix import cli
+from torchmatrix.bisect.command import direction_breaks
+from torchmatrix.bisect.versions import IndexUnlisted, index_listing
 from torchmatrix.env.envdir_lock import lock_envdir
+from torchmatrix.reports.records import TestRecord
+from torchmatrix.reports.results_json import write_json
+from torchmatrix.reports.run_reader import load_results
+from torchmatrix.repro.output_directory import MARK, is_reproducer, publish
+from torchmatrix.status import Confirmation
 
 from conftest import checkout_env, write_demo_project
-from reports_fixture import write_fixture_run
+from reports_fixture import BASELINE, write_fixture_run
+
+FAILURE = "2.14.1/ws2-fsdp2/alpha::test_regress"
 
 
 def torchmatrix(cwd, *args: str) -> subprocess.CompletedProcess:
@@ -29,14 +39,28 @@ def torchmatrix(cwd, *args: str) -> subprocess.CompletedProcess:
         (["--from", "reports/none"], "is not a run directory"),
         (["--good", "2.15.0", "--bad", "2.13.0"], "not older than"),
         (["--good", "2.13.0", "--bad", "2.14.1", "--shard", "1/2"], "--shard does not apply"),
+        (["--good", "2.13.0", "--bad", "2.14.1", "--reports", "afile"], "afile is a file, not a directory"),
+        (["--good", "2.13.0", "--bad", "2.14.1", "--reports", "afile/deeper"], "afile is a file, not a directory"),
+        (["--good", "2.13.0", "--bad", "2.14.1", "--envdir", "afile"], "afile is a file, not a directory"),
     ],
 )
 def test_a_usage_error_is_one_line_and_exit_2(tmp_path, args, says):
     write_demo_project(tmp_path, axes={"world_size": [1]})
     (tmp_path / "reports" / "x").mkdir(parents=True)
+    (tmp_path / "afile").write_text("a file\n")
+    before = sorted(tmp_path.rglob("*"))
     done = torchmatrix(tmp_path, "bisect", "--envdir", str(tmp_path / ".nox"), *args)
     assert done.returncode == 2, done.stdout + done.stderr
     assert says in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert sorted(tmp_path.rglob("*")) == before  # no bisect-<id>/, no envdir
+
+
+def test_bisect_from_a_run_without_regressions_leaves_no_directory(tmp_path):
+    run_dir = write_fixture_run(tmp_path / "project", versions=(BASELINE,))
+    before = sorted(run_dir.rglob("*"))
+    done = torchmatrix(tmp_path / "project", "bisect", "--envdir", str(tmp_path / ".nox"), "--from", str(run_dir))
+    assert done.returncode == 2 and "no confirmed regression" in done.stderr, done.stdout + done.stderr
+    assert sorted(run_dir.rglob("*")) == before
 
 
 def test_a_matrix_run_holding_the_envdir_keeps_bisect_out(tmp_path):
@@ -79,3 +103,96 @@ def test_an_interrupted_bisect_exits_130_with_one_line(tmp_path, monkeypatch, ca
     code = cli.main(["bisect", "--envdir", str(tmp_path / ".nox"), "--good", "2.13.0", "--bad", "2.14.1"])
     assert code == 130
     assert capsys.readouterr().err.strip() == "torchmatrix bisect: interrupted"
+
+
+def repro(run_dir, *args: str) -> subprocess.CompletedProcess:
+    """`torchmatrix repro` of the fixture run's regression; collect_env's interpreter is one that prints nothing."""
+    return torchmatrix(run_dir.parent.parent, "repro", str(run_dir), FAILURE, "--python", "/bin/true", *args)
+
+
+def test_repro_out_refuses_a_file_or_a_directory_it_did_not_write(tmp_path):
+    run_dir = write_fixture_run(tmp_path / "project")
+    afile = tmp_path / "notes.txt"
+    afile.write_text("mine\n")
+    project_like = tmp_path / "checkout"
+    project_like.mkdir()
+    (project_like / "README.md").write_text("# my project\n")
+    for out, says in [
+        (afile, "is not a directory"),
+        (afile / "sub", "is not a directory"),
+        (project_like, "did not write"),
+    ]:
+        before = {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()}
+        done = repro(run_dir, "--out", str(out))
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert says in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+        assert {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()} == before
+
+
+def test_repro_replaces_its_own_directory_and_reads_past_a_truncated_bisect_json(tmp_path):
+    run_dir = write_fixture_run(tmp_path / "project")
+    (run_dir / "bisect-old").mkdir()
+    (run_dir / "bisect-old" / "bisect.json").write_text('{"regressions": [{"suite": "alpha", "te')
+    (run_dir / "bisect-older").mkdir()
+    (run_dir / "bisect-older" / "bisect.json").write_text('{"regressions": [["an", "old", "shape"]]}')
+    out = tmp_path / "repro"
+    for _ in range(2):  # the second replaces what the first wrote
+        done = repro(run_dir, "--out", str(out))
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert sorted(p.name for p in out.iterdir()) == [
+            "README.md",
+            "cell.json",
+            "collect_env.txt",
+            "command.txt",
+            "repro.py",
+        ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["project", "repro"]  # no staging directory left
+
+
+def test_a_crash_while_writing_leaves_neither_the_directory_nor_its_parents(tmp_path):
+    out = tmp_path / "new" / "repro"
+    with pytest.raises(OSError):
+        publish(out, {"repro.py": "#!/usr/bin/env python3\n", "missing-dir/README.md": "x"})
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_directory_is_a_reproducer_only_with_repro_pys_mark_and_nothing_else(tmp_path):
+    names = {"repro.py", "README.md"}
+    (tmp_path / "README.md").write_text("# theirs\n")
+    assert not is_reproducer(tmp_path, names)  # no repro.py
+    (tmp_path / "repro.py").write_text("#!/usr/bin/env python3\nprint('theirs')\n")
+    assert not is_reproducer(tmp_path, names)  # a repro.py without the mark
+    (tmp_path / "repro.py").write_text(f"#!/usr/bin/env python3\n{MARK}\n")
+    assert is_reproducer(tmp_path, names)
+    (tmp_path / "notes.md").write_text("theirs\n")
+    assert not is_reproducer(tmp_path, names)  # the mark, and a file repro does not write
+
+
+def test_an_index_pip_cannot_list_is_an_error_with_pips_reason(monkeypatch):
+    monkeypatch.delenv("PIP_FIND_LINKS", raising=False)
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("PIP_RETRIES", "0")
+    monkeypatch.setenv("PIP_TIMEOUT", "2")
+    with pytest.raises(IndexUnlisted, match="No matching distribution found for torch"):
+        index_listing("http://127.0.0.1:9/simple", prereleases=False)
+
+
+def test_bisect_from_a_run_whose_break_is_a_checkpoint_direction_says_it_cannot_and_how_to_reproduce(tmp_path):
+    """A step runs one torch, a direction needs two: the refusal names the direction and the reproducer."""
+    results = load_results(write_fixture_run(tmp_path / "project", versions=(BASELINE,)))
+    read = TestRecord(BASELINE, "ws1-none", "cross_version", "test_loads_checkpoint_written_by[writer=2.15.0]",
+                      "failed", 1.0, message="ValueError: too many values to unpack (expected 5)")  # fmt: skip
+    confirmed = dataclasses.replace(read, confirmation=Confirmation.FAILS_ALONE.value)
+    run = tmp_path / "project" / "reports" / "directions"
+    run.mkdir()
+    write_json(run / "results.json", dataclasses.replace(results, tests=[*results.tests, read]), [])
+    assert direction_breaks(load_results(run)) == []  # never re-read alone: not a confirmed direction
+    write_json(run / "results.json", dataclasses.replace(results, tests=[*results.tests, confirmed]), [])
+    done = torchmatrix(tmp_path / "project", "bisect", "--envdir", str(tmp_path / ".nox"), "--from", str(run))
+    assert done.returncode == 2, done.stdout + done.stderr
+    line = done.stderr.strip()
+    assert "1 broken checkpoint direction: bisect cannot search one, a step runs one torch" in line, line
+    assert (
+        "rollback in ws1-none: torch 2.13.0 cannot read torch 2.15.0's checkpoint; reproduce: torchmatrix repro" in line
+    )
+    assert sorted(p.name for p in run.iterdir()) == ["results.json"]  # no bisect-<id>/

@@ -4,7 +4,8 @@ A local wheel directory, added to pip's find-links, offers torch 2.90.0 ... 2.98
 wheel is a dist-info plus a .pth that puts a real torch (the site-packages of this test's own) on
 sys.path, so every "release" is the same torch under another version number. The component under
 test reads that number and drops a rank's value from 2.95.0 on (or from the release a test says);
-2.92.0 needs a package no index has, so it never installs. Venvs and wheels are shared by the
+2.92.0 needs a package no index has, so it never installs; 2.91.0 installs a torch package that
+cannot be imported (as a wheel built for a missing libcudart is). Venvs and wheels are shared by the
 module's tests, as the bisect shares them across runs.
 """
 
@@ -15,9 +16,11 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from pathlib import Path
 
@@ -31,6 +34,8 @@ pytestmark = pytest.mark.slow
 
 RELEASES = [f"2.{minor}.0" for minor in range(90, 99)]
 UNINSTALLABLE = "2.92.0"
+UNIMPORTABLE = "2.91.0"
+IMPORT_ERROR = "ImportError: libcudart.so.13: cannot open shared object file: No such file or directory"
 MISSING_REQUIREMENT = "torchmatrix-test-no-such-package==1"
 
 SUITE = '''\
@@ -53,9 +58,11 @@ def test_sum_over_ranks(cell, ranks, components):
 
 COMPONENT = '''\
 """A reducer that, from the torch release in RELEASE_SWITCH_FIRST_BAD on, counts its own rank's
-value twice; in RELEASE_SWITCH_FLAKY it does so on every other call (a state file remembers)."""
+value twice; in RELEASE_SWITCH_FLAKY it does so on every other call (a state file remembers). With
+RELEASE_SWITCH_HANG set, it writes its pid there and hangs (an interrupted step)."""
 
 import os
+import time
 from importlib import metadata
 from pathlib import Path
 
@@ -78,6 +85,9 @@ def _flaky_turn(release):
 
 
 def reduce_sum(value):
+    if os.environ.get("RELEASE_SWITCH_HANG"):
+        Path(os.environ["RELEASE_SWITCH_HANG"]).write_text(str(os.getpid()))
+        time.sleep(600)
     release = metadata.version("torch")
     dist.all_reduce(value)
     if _release(release) >= _release(os.environ["RELEASE_SWITCH_FIRST_BAD"]) or _flaky_turn(release):
@@ -91,10 +101,16 @@ def _record_line(name: str, data: bytes) -> str:
     return f"{name},sha256={digest},{len(data)}"
 
 
-def fake_torch_wheel(directory: Path, version: str, torch_site: Path, requires: tuple[str, ...] = ()) -> Path:
-    """A wheel named torch `version` whose only content is a .pth putting `torch_site` on sys.path."""
+def fake_torch_wheel(
+    directory: Path, version: str, torch_site: Path, requires: tuple[str, ...] = (), import_error: str = ""
+) -> Path:
+    """A wheel named torch `version` whose only content is a .pth putting `torch_site` on sys.path
+    (with `import_error`, also a torch package, found first, that raises it)."""
     info = f"torch-{version}.dist-info"
+    kind, _, message = import_error.partition(": ")
+    broken = {"torch/__init__.py": f"raise {kind}({message!r})\n".encode()} if import_error else {}
     files = {
+        **broken,
         "torch_release_shim.pth": f"{torch_site}\n".encode(),
         f"{info}/METADATA": (
             f"Metadata-Version: 2.1\nName: torch\nVersion: {version}\n"
@@ -145,7 +161,13 @@ def project(workdir, torch_site) -> dict:
     wheels = root / "fake-releases"
     wheels.mkdir(parents=True)
     for version in RELEASES:
-        fake_torch_wheel(wheels, version, torch_site, (MISSING_REQUIREMENT,) if version == UNINSTALLABLE else ())
+        fake_torch_wheel(
+            wheels,
+            version,
+            torch_site,
+            (MISSING_REQUIREMENT,) if version == UNINSTALLABLE else (),
+            IMPORT_ERROR if version == UNIMPORTABLE else "",
+        )
     (root / "suites").mkdir()
     (root / "suites" / "test_release_switch.py").write_text(SUITE)
     (root / "release_switch.py").write_text(COMPONENT)
@@ -211,15 +233,53 @@ def test_a_flaky_middle_release_stops_the_search(project, first_bad_search):
     assert "step 3: torch 2.95.0: reusing its venv" in result.stdout  # installed by the first search
 
 
-def test_an_uninstallable_release_is_skipped_with_pips_reason(project, first_bad_search):
-    result, report = bisect(project, "--good", "2.90.0", "--bad", "2.94.0", RELEASE_SWITCH_FIRST_BAD="2.94.0")
+def test_releases_that_do_not_install_or_import_are_skipped_with_their_reasons(project):
+    result, report = bisect(project, "--good", "2.90.0", "--bad", "2.93.0", RELEASE_SWITCH_FIRST_BAD="2.93.0")
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"torch {UNINSTALLABLE} did not install: " in result.stdout
     assert "torchmatrix-test-no-such-package" in result.stdout
-    assert "first bad: 2.94.0 (2.93.0 passed)" in result.stdout.splitlines()[-1]
+    assert f"torch {UNIMPORTABLE} installed but does not import: {IMPORT_ERROR}" in result.stdout
+    line = result.stdout.splitlines()[-1]
+    assert "first bad: one of 2.91.0, 2.92.0, 2.93.0 (2.90.0 passed; " in line, line
+    assert f"2.91.0 installed but does not import torch: {IMPORT_ERROR}" in line, line
     steps = report["steps"]
-    assert [step["version"] for step in steps] == ["2.94.0", "2.90.0", "2.92.0", "2.93.0"]
-    assert steps[2]["installed"] is False and "torchmatrix-test-no-such-package" in steps[2]["reason"]
+    assert [step["version"] for step in steps] == ["2.93.0", "2.90.0", "2.91.0", "2.92.0"]
+    assert steps[2]["imports"] is False and steps[2]["reason"] == IMPORT_ERROR
+    assert steps[3]["installed"] is False and "torchmatrix-test-no-such-package" in steps[3]["reason"]
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/status").read_text().split("State:")[1].split()[0] in ("Z", "X")
+    except (OSError, IndexError):
+        return True
+
+
+def test_sigterm_ends_the_steps_processes_and_exits_130_with_what_was_decided(project, first_bad_search, tmp_path):
+    hang = tmp_path / "rank.pid"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "torchmatrix", "bisect", "--envdir", str(project["root"] / ".nox"),
+         "--good", "2.93.0", "--bad", "2.98.0"],
+        cwd=project["root"], env={**project["env"], "RELEASE_SWITCH_HANG": str(hang)},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 300
+    while not hang.exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert hang.exists(), process.communicate()
+    process.send_signal(signal.SIGTERM)
+    stdout, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stdout + stderr
+    rank = int(hang.read_text())
+    deadline = time.monotonic() + 15
+    while not _gone(rank) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _gone(rank), "the step's rank outlived the bisect"
+    out = Path(next(line.split(" writing to ", 1)[1] for line in stdout.splitlines() if " writing to " in line))
+    report = json.loads((out / "bisect.json").read_text())
+    assert report["interrupted"] is True and report["steps"][0]["interrupted"] is True
+    assert "interrupted" in (out / "bisect.md").read_text()
+    assert stdout.splitlines()[-1] == "interrupted before a search began: no release was judged"
 
 
 @pytest.fixture(scope="module")

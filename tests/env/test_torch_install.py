@@ -16,7 +16,7 @@ import pytest
 from junitparser import JUnitXml
 
 from torchmatrix import sessions
-from torchmatrix.env import torch_install
+from torchmatrix.env import torch_install, version_venv
 from torchmatrix.env.install_progress import InstallProgress, ProgressLine
 from torchmatrix.env.torch_install import index_has, install_torch, pip_index_options
 from torchmatrix.matrix.config import TorchInstall, load_matrix
@@ -387,3 +387,29 @@ def test_a_second_venv_for_a_version_seen_before_downloads_nothing(tmp_path):
     assert downloaded_again == [], f"the warm install fetched files again: {downloaded_again}"
     assert f"File was already downloaded {wheels}" in warm
     assert "--no-index" in warm or "Looking in links" in warm
+
+
+def test_bisect_reuses_the_venv_the_matrix_session_installed(tmp_path, monkeypatch):
+    """gpu_matrix writes the reuse stamp bisect reads: a bisect step after `nox -s gpu_matrix` installs nothing."""
+    matrix = load_matrix(
+        write_demo_project(tmp_path / "project", torch=["2.13.0"], axes={"world_size": [1]}) / "matrix.toml"
+    )
+    monkeypatch.setenv("TORCHMATRIX_WHEELHOUSE", str(tmp_path / "wheels"))
+    envdir = tmp_path / "nox"
+    venv = version_venv.VersionVenv(envdir, "2.13.0", {})
+    venv.virtualenv.create()  # where nox puts gpu_matrix(torch='2.13.0')'s venv
+    session = FakeSession()
+    session.virtualenv = SimpleNamespace(location=str(venv.location))
+    sessions.gpu_matrix(session, matrix, "2.13.0", "run-1")
+    installs = []
+
+    def install_again(*args):
+        installs.append(args)
+        return torch_install.InstallResult(False, "installed again")
+
+    monkeypatch.setattr(version_venv, "install_torch", install_again)
+    _, installed, reused = version_venv.prepare_venv(matrix, envdir, "2.13.0", tmp_path / "logs")
+    assert reused and installed.ok and not installs
+    version_venv.clear_stamp(venv.location)  # a session that writes no stamp, as before: bisect installs again
+    _, installed, reused = version_venv.prepare_venv(matrix, envdir, "2.13.0", tmp_path / "logs")
+    assert not reused and installs

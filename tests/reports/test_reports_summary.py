@@ -56,7 +56,7 @@ def test_summary_md_matches_golden(run_dir, tmp_path):
 def test_summary_html_gives_the_repro_command_of_confirmed_failures_only(run_dir):
     write_report(run_dir)
     page = (run_dir / "summary.html").read_text()
-    command = "torchmatrix repro reports/run-fixture &#x27;2.14.1/ws2-fsdp2/alpha::test_regress&#x27;"
+    command = "torchmatrix repro reports/run-fixture 2.14.1/ws2-fsdp2/alpha::test_regress"
     assert f"reproduce: <code>{command}</code>" in page
     tests = load_results(run_dir).tests
     assert (

@@ -5,8 +5,8 @@ smallest cell, then `cross-read` has each load the other's writes.
 With the reference checkpointer both directions load exactly, also for a compiled cell (parameter
 names with `_orig_mod.`); before 2.14.1 has run, a read pass
 reports 2.14.1's writes as missing (not checked, never passed); with a checkpointer that refuses a
-checkpoint another torch wrote, the rollback section names its root cause and `compare` and
-`report --check-upgrade` exit 1.
+checkpoint another torch wrote, the rollback section names its root cause (the failed read confirmed
+alone, with its `reproduce:` command) and `compare` and `report --check-upgrade` exit 1.
 """
 
 from __future__ import annotations
@@ -14,12 +14,15 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from torchmatrix.status import Confirmation
 
 from conftest import PROJECT_IS_THIS_CHECKOUT, REFERENCE_COMPONENTS, REPO, checkout_env, matrix_toml, unconstrained_pip
 
@@ -174,6 +177,16 @@ def test_unreadable_rollback_is_reported_with_its_root_cause_and_fails_compare(m
         "❌ **rollback**: checkpoints written by 2.14.1 cannot be read by 2.13.0 — `RuntimeError: checkpoint format"
         in summary
     )
+    read = next(
+        t
+        for t in json.loads((mutant / "results.json").read_text())["tests"]
+        if t["torch"] == BASELINE
+        and t["status"] == "failed"
+        and t["test"].startswith("test_loads_checkpoint_written_by")
+    )
+    assert read["confirmation"] == Confirmation.FAILS_ALONE.value, read  # re-read alone by cross-read
+    failure = f"{BASELINE}/{read['cell']}/cross_version::{read['test']}"
+    assert f"reproduce: `{shlex.join(['torchmatrix', 'repro', 'reports/run', failure])}`" in summary
     compared = torchmatrix(sys.executable, "compare", str(reference), str(mutant))
     assert compared.returncode == 1, compared.stdout + compared.stderr
     assert "cannot be read by 2.13.0" in compared.stdout

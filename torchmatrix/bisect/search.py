@@ -1,7 +1,7 @@
 """Binary search for the first release where a test fails, over the versions between two pins.
 
 Each step asks for one version and is told what that version did. A version that did not
-install is skipped (its nearest neighbour is tried instead, as `git bisect skip` does); a flaky
+install, or installed without an importable torch, is skipped (its nearest neighbour is tried instead, as `git bisect skip` does); a flaky
 or order-dependent result ends the search with that verdict, since either answer could be wrong.
 """
 
@@ -19,6 +19,7 @@ class Outcome(str, Enum):
     FLAKY = "flaky"  # failed, then passed alone: order-dependent or flaky
     NO_VERDICT = "no verdict"  # skipped, not run, or failed without a re-run alone
     NOT_INSTALLED = "did not install"
+    NOT_IMPORTABLE = "installed but does not import torch"  # skipped as NOT_INSTALLED is
 
 
 @dataclass
@@ -68,5 +69,5 @@ class Bisection:
 
     @property
     def untested_between(self) -> list[str]:
-        """Versions between the last good and the first bad that could not be tried (did not install)."""
+        """Versions between the last good and the first bad that could not be tried (did not install or import)."""
         return self.candidates[self.low + 1 : self.high]

@@ -47,12 +47,27 @@ def between(good: str, bad: str, offered: list[str]) -> list[str]:
     return [str(v) for v in sorted(inside)]
 
 
+class IndexUnlisted(UserError):
+    """`pip index versions torch` could not list an index: a search would try nothing; the message
+    carries pip's reason."""
+
+
 def index_listing(index_url: str | None, prereleases: bool) -> str:
-    """`pip index versions torch` with this interpreter's pip (and `--index-url` for a version's own index)."""
+    """`pip index versions torch` with this interpreter's pip (and `--index-url` for a version's own
+    index); an index pip cannot list is an error, never an empty list."""
     command = [sys.executable, "-m", "pip", "index", "versions", "torch"]
     command += ["--pre"] if prereleases else []
     command += ["--index-url", index_url] if index_url else []
-    return subprocess.run(command, capture_output=True, text=True, check=False).stdout
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0 or not AVAILABLE_VERSIONS.search(done.stdout):
+        said = [line.strip() for line in (done.stderr + done.stdout).splitlines() if line.strip()]
+        reason = next((line for line in reversed(said) if line.startswith("ERROR")), said[-1] if said else "")
+        where = index_url or "pip's configured index"
+        raise IndexUnlisted(
+            f"cannot list torch's releases on {where} (pip index versions torch exited {done.returncode}: "
+            f"{reason or 'no output'}); fix the index or its network, then bisect again"
+        )
+    return done.stdout
 
 
 def offered_versions(matrix: Matrix, good: str, bad: str) -> list[str]:

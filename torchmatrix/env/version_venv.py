@@ -3,7 +3,8 @@
 `torchmatrix bisect` installs versions that matrix.toml does not list, one step at a time. Each
 goes to `<envdir>/gpu_matrix-torch-<V>` (nox's own name for gpu_matrix's venv of that version,
 made by nox's own virtualenv class), so a version the matrix installed is reused and one bisect
-installs is reused by the matrix, and both share the wheelhouse of torch_install.
+installs is reused by the matrix, and both share the wheelhouse of torch_install. Both write the
+same reuse stamp (install_record) once a venv is installed.
 """
 
 from __future__ import annotations
@@ -74,25 +75,45 @@ class VersionVenv:
         return self.run_install("python", "-m", "pip", "install", *args, **options)
 
 
-def prepare_venv(matrix: Matrix, envdir: Path, version: str, logs: Path) -> tuple[VersionVenv, InstallResult, bool]:
-    """Create or reuse torch `version`'s venv and install into it what gpu_matrix installs: torch as
-    `[torch.install."V"]` says, this torchmatrix, `[requires]`. A venv whose stamp says the same
-    was installed before is reused as it is (nothing is downloaded or installed twice); the last
-    value says whether it was."""
+def install_record(matrix: Matrix, version: str) -> dict:
+    """What gpu_matrix installs into torch `version`'s venv, as its reuse stamp records it: the same
+    record means nothing needs installing again."""
     install = matrix.install(version)
-    venv = VersionVenv(envdir, version, install.env)
-    venv.env[RECORD_VARIABLE] = str(venv.location / "torchmatrix-requires.json")
-    wanted = {
+    return {
         "torch": version,
         "install": [install.index_url, list(install.requirements), list(install.constraints)],
         "torchmatrix": install_arguments(),
         "requires": {key: list(value) for key, value in sorted(matrix.requires.items())},
     }
+
+
+def clear_stamp(location: Path) -> None:
+    """Before installing: a venv whose install is under way or failed is never reused."""
+    (Path(location) / STAMP_NAME).unlink(missing_ok=True)
+
+
+def write_stamp(location: Path, record: dict) -> None:
+    """After installing: the venv holds `record`, for the next session or bisect step to reuse."""
+    file_writes.write_text(Path(location) / STAMP_NAME, json.dumps(record))
+
+
+def stamp_matches(location: Path, record: dict) -> bool:
+    return _read_stamp(Path(location) / STAMP_NAME) == record
+
+
+def prepare_venv(matrix: Matrix, envdir: Path, version: str, logs: Path) -> tuple[VersionVenv, InstallResult, bool]:
+    """Create or reuse torch `version`'s venv and install into it what gpu_matrix installs: torch as
+    `[torch.install."V"]` says, this torchmatrix, `[requires]`. A venv whose stamp (written by the
+    gpu_matrix session or an earlier bisect) says the same was installed before is reused as it is
+    (nothing is downloaded or installed twice); the last value says whether it was."""
+    install = matrix.install(version)
+    venv = VersionVenv(envdir, version, install.env)
+    venv.env[RECORD_VARIABLE] = str(venv.location / "torchmatrix-requires.json")
+    wanted = install_record(matrix, version)
     created = venv.virtualenv.create()
-    stamp = venv.location / STAMP_NAME
-    if not created and _read_stamp(stamp) == wanted:
+    if not created and stamp_matches(venv.location, wanted):
         return venv, InstallResult(True), True
-    stamp.unlink(missing_ok=True)
+    clear_stamp(venv.location)
     logs.mkdir(parents=True, exist_ok=True)
     installed = install_torch(venv, version, install, logs / "install.log")
     if not installed.ok:
@@ -100,7 +121,7 @@ def prepare_venv(matrix: Matrix, envdir: Path, version: str, logs: Path) -> tupl
     venv.install(*install_arguments(), silent=True, stderr=subprocess.STDOUT)
     if matrix.requires:
         install_requirements(venv, matrix.requires, install.constraints, logs / "requires.log")
-    file_writes.write_text(stamp, json.dumps(wanted))
+    write_stamp(venv.location, wanted)
     return venv, installed, False
 
 

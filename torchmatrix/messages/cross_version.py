@@ -7,6 +7,7 @@ says how the pieces run).
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from torchmatrix.matrix.config import Matrix
@@ -17,6 +18,7 @@ CHECKPOINTS_DIR = "checkpoints"
 READS_DIR = "reads"
 EXPECTED_FILE = "expected.json"
 READ_TEST = "test_loads_checkpoint_written_by"
+_READ = re.compile(rf"^{READ_TEST}\[writer=([^\]]+)\]$")
 
 
 def peers(matrix: Matrix, version: str) -> list[str]:
@@ -34,3 +36,9 @@ def writes_dir(run_dir: Path, writer: str, cell_id: str) -> Path:
 def reads_dir(run_dir: Path, reader: str) -> Path:
     """Where torch `reader`'s read pass writes its per-cell JUnit files, plan and logs."""
     return run_dir / f"torch-{reader}" / READS_DIR
+
+
+def writer_of_read(suite: str, test: str) -> str | None:
+    """The version whose checkpoint a cross_version read test loads (`...[writer=W]`), or None for any other test."""
+    match = _READ.match(test) if suite == SUITE else None
+    return match[1] if match else None

@@ -4,6 +4,7 @@ apart, each CPU-simulation limit the run hit, with the hint that works around it
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 from torchmatrix.reports.records import ResultsError, RootCause, RunResults
@@ -66,8 +67,9 @@ def run_closing_lines(run_dir: Path, failed: bool, report_follows: bool = False)
     if report_follows:
         lines.append(f"torchmatrix: nox's report session writes the summaries of {run_dir} once every version has run")
     else:
+        quoted = shlex.quote(str(run_dir))
         lines.append(
-            f"torchmatrix: write summary.md and summary.html with `python -m torchmatrix report {run_dir}` "
-            f"(or `nox -s report -- {run_dir}`)"
+            f"torchmatrix: write summary.md and summary.html with `python -m torchmatrix report {quoted}` "
+            f"(or `nox -s report -- {quoted}`)"
         )
     return "\n".join(lines)

@@ -3,6 +3,8 @@ one: the summary pages print it for every confirmed failure, and `torchmatrix re
 
 from __future__ import annotations
 
+import shlex
+
 from torchmatrix.reports.records import TestRecord
 from torchmatrix.status import Confirmation
 
@@ -18,5 +20,6 @@ def is_reproducible(record: TestRecord) -> bool:
 
 
 def repro_command(run_id: str, record: TestRecord) -> str:
-    """The command that writes the reproducer of `record`, for a run under reports/."""
-    return f"torchmatrix repro reports/{run_id} '{failure_id(record)}'"
+    """The command that writes the reproducer of `record`, for a run under reports/, quoted for a
+    POSIX shell (an id holding `'` or `$(...)` pastes as the one argument it is)."""
+    return shlex.join(["torchmatrix", "repro", f"reports/{run_id}", failure_id(record)])

@@ -2,7 +2,8 @@
 
 It writes the inlined modules (SOURCES) to a temporary directory, starts the cell's ranks with
 torch.multiprocessing.spawn on gloo (nccl for CUDA tensors), and runs the one suite test under
-pytest with the fixtures torchmatrix's plugin would give it, then prints the root cause line.
+pytest with the fixtures torchmatrix's plugin would give it, then prints the root cause line: exit 1
+only when the test itself failed; an import, collection or fixture error is "did not run", exit 2.
 It imports nothing from an installed torchmatrix: the script runs where torchmatrix never was.
 """
 
@@ -175,5 +176,11 @@ def main():
             fixtures.pool.close()
         shutil.rmtree(root, ignore_errors=True)
     print(f"\n{CHECK['suite']}::{CHECK['test']} in cell {CHECK['cell_id']}: ", end="")
-    print(f"FAILED\nroot cause: {fixtures.root_cause}" if code else "passed")
-    sys.exit(1 if code else 0)
+    if code == 0:
+        print("passed")
+        sys.exit(0)
+    if fixtures.root_cause is not None:
+        print(f"FAILED\nroot cause: {fixtures.root_cause}")
+        sys.exit(1)
+    print(f"did not run (pytest exit {code}: an import, collection or fixture error above); this is not the failure")
+    sys.exit(2)

@@ -205,7 +205,7 @@ def _run_version(request: RunRequest, stream, interrupts: Interrupts) -> ExitCod
     except OSError as error:
         raise RunError(
             f"cannot write the reports of torch {request.version} to {request.version_dir} ({_os_error(error)}); "
-            f"the reports of finished cells are kept: make room, then rebuild the rest with `python -m torchmatrix report {request.run_dir}`"
+            f"the reports of finished cells are kept: make room, then rebuild the rest with `python -m torchmatrix report {shlex.quote(str(request.run_dir))}`"
         ) from None
     finally:
         if lock is not None:
