@@ -138,8 +138,8 @@ def test_compare_exits_1_on_a_broken_direction_and_on_a_slowdown_and_shows_the_l
     done = project.torchmatrix("compare", str(good), str(bad))
     assert done.returncode == 1, done.stdout + done.stderr
     assert (
-        f"❌ **rollback**: checkpoints written by 2.15.0 cannot be read by 2.13.0 — `{CHECKPOINT_EXCEPTION}` (0 cells exact, 1 cell failed)"
-        in done.stdout
+        "❌ **rollback**: checkpoints written by 2.15.0 cannot be read by 2.13.0, caused by 2.15.0's writer"
+        f" — `{CHECKPOINT_EXCEPTION}` (0 cells exact, 1 cell failed)" in done.stdout
     )
     load = {"mean": 15.0, "max": 16.1, "samples": 9, "cores": 2}
     slow_tests = [

@@ -35,8 +35,8 @@ def write_report(run_dir: Path, config: str | None = None) -> list[Path]:
                 f"{version_dir} is still being run ({holder}); write its report when that run has finished"
             )
     rebuild_missing_cells(run_dir)
-    written = [junit.merge_run(run_dir)] if junit.cell_report_files(run_dir) else []
     run = load_run(run_dir, config)
+    written = [junit.merge_run(run_dir, run.baseline)] if junit.cell_report_files(run_dir) else []
     diffs = upgrade_diffs(run)
     markdown = summary_md.render(run, diffs)
     written.append(results_json.write_json(run_dir / results_json.FILE_NAME, run, [d.to_json() for d in diffs]))

@@ -190,12 +190,23 @@ class UpgradeDiff:
         return sorted(worst.values(), key=lambda pair: _rank(pair[0]), reverse=True)
 
     @property
+    def broken_directions(self) -> list[Direction]:
+        """The checkpoint directions that broke: each a regression of the candidate (its writer or reader changed)."""
+        return [direction for direction in self.checkpoints if direction.broken]
+
+    @property
+    def regression_count(self) -> int:
+        """Regressions of the candidate: confirmed test regressions plus broken checkpoint directions."""
+        return len(self.regressions) + len(self.broken_directions)
+
+    @property
     def clean(self) -> bool:
         """Nothing regressed, and no unconfirmed change could hide a regression (one that was never
         re-run alone; a failure that passed alone is order-dependent and does not count)."""
         unknown = [c for c in self.unconfirmed if c.failing.confirmation != Confirmation.PASSED_ALONE]
-        broken = any(direction.broken for direction in self.checkpoints)
-        return not (self.regressions or unknown or self.drift or self.slowdowns or self.newly_skipped or broken)
+        return not (
+            self.regressions or unknown or self.drift or self.slowdowns or self.newly_skipped or self.broken_directions
+        )
 
     @property
     def fails(self) -> bool:
@@ -212,6 +223,7 @@ class UpgradeDiff:
             "compared": self.compared,
             "only_before": self.only_before,
             "only_after": self.only_after,
+            "regression_count": self.regression_count,
             "regressions": [c.to_json() for c in self.regressions],
             "fixes": [c.to_json() for c in self.fixes],
             "unconfirmed": [c.to_json() for c in self.unconfirmed],
@@ -252,11 +264,12 @@ def diff_records(
 
 
 def upgrade_diffs(results: RunResults) -> list[UpgradeDiff]:
-    """Every torch version of the run against the run's baseline."""
-    baseline = results.records(results.baseline)
+    """Every torch version of the run against the run's baseline: the tests each ran on its own,
+    and the checkpoint directions of the pair (reads of each other's checkpoints are those)."""
+    baseline = results.own_records(results.baseline)
     diffs = []
     for version in (v.torch for v in results.versions if v.torch != results.baseline):
-        diff = diff_records(baseline, results.records(version), results.settings, results.baseline, version)
+        diff = diff_records(baseline, results.own_records(version), results.settings, results.baseline, version)
         diff.checkpoints = checkpoint_directions(results, results.baseline, version)
         diff.load = (results.version(results.baseline).load_average, results.version(version).load_average)
         diffs.append(diff)
@@ -278,7 +291,11 @@ def compare_runs(old: RunResults, new: RunResults) -> list[UpgradeDiff]:
     diffs = []
     for a, b in pairs:
         diff = diff_records(
-            old.records(a), new.records(b), new.settings, f"{old.run_id} (torch {a})", f"{new.run_id} (torch {b})"
+            old.own_records(a),
+            new.own_records(b),
+            new.settings,
+            f"{old.run_id} (torch {a})",
+            f"{new.run_id} (torch {b})",
         )
         diff.load = (old.version(a).load_average, new.version(b).load_average)
         diffs.append(diff)
