@@ -13,15 +13,20 @@ from dataclasses import dataclass
 
 from torchmatrix.reports.summary_data import count
 from torchmatrix.reports.upgrade_diff import UpgradeDiff
+from torchmatrix.reports.warning_changes import COUNT_FACTOR
+
+BAD, WARN, GOOD = "bad", "warn", "good"
+MAX_WARNINGS_QUOTED = 3
 
 
 @dataclass(frozen=True)
 class VerdictLine:
-    """One statement of the verdict: its topic, whether it argues against the bump, its words, and
-    test-provided text it quotes whole (root causes), one entry each."""
+    """One statement of the verdict: its topic, its level (bad: argues against the bump; warn: read
+    it before bumping; good), its words, and test-provided text it quotes whole (root causes,
+    warning messages), one entry each."""
 
     topic: str
-    bad: bool
+    level: str
     says: str
     quoted: tuple[str, ...] = ()
 
@@ -55,7 +60,7 @@ def _regressions(diff: UpgradeDiff) -> VerdictLine:
         f"{count(diff.regression_count, 'regression')} of {diff.after}: {tests} that passed on {diff.before} "
         f"and {'fails' if len(diff.regressions) == 1 else 'fail'} alone on {diff.after}{broken}{unconfirmed}"
     )
-    return VerdictLine("regressions", bool(diff.regression_count), says)
+    return VerdictLine("regressions", BAD if diff.regression_count else GOOD, says)
 
 
 def _direction(direction) -> VerdictLine:
@@ -66,33 +71,45 @@ def _direction(direction) -> VerdictLine:
             f"{direction.name} broken, caused by {direction.candidate}'s {direction.changed}: "
             f"{direction.verdict} in {cells} of {count(checked, 'checked cell')}; {direction.consequence}"
         )
-        return VerdictLine(direction.name, True, says, tuple(direction.failed))
+        return VerdictLine(direction.name, BAD, says, tuple(direction.failed))
     not_checked = sum(map(len, direction.not_checked.values()))
     left = f" ({count(not_checked, 'cell')} not checked)" if not_checked and direction.passed else ""
-    return VerdictLine(direction.name, False, f"{direction.name}: {direction.verdict}{left}")
+    return VerdictLine(direction.name, WARN if not_checked else GOOD, f"{direction.name}: {direction.verdict}{left}")
 
 
 def _slowdowns(diff: UpgradeDiff) -> VerdictLine:
     ratio = f"{diff.settings.slowdown_ratio:g}×"
     if not diff.slowdowns:
-        return VerdictLine("slowdowns", False, f"no suite slower than {ratio}")
+        return VerdictLine("slowdowns", GOOD, f"no suite slower than {ratio}")
     suites = ", ".join(
         f"{s.suite} {s.after / s.before if s.before else float('inf'):.1f}× ({s.measure} time)" for s in diff.slowdowns
     )
-    return VerdictLine("slowdowns", True, f"{count(len(diff.slowdowns), 'suite')} slower than {ratio}: {suites}")
+    return VerdictLine("slowdowns", BAD, f"{count(len(diff.slowdowns), 'suite')} slower than {ratio}: {suites}")
 
 
 def _warnings(diff: UpgradeDiff) -> VerdictLine:
+    """New, gone, and raised more or less often per test; the changed ones quoted, deprecations first."""
     new_deprecations = sum(group.deprecation for group in diff.new_warnings)
+    changed = diff.changed_warnings
     says = (
         f"warnings: {len(diff.new_warnings)} new ({count(new_deprecations, 'deprecation')}), "
-        f"{len(diff.gone_warnings)} gone"
+        f"{len(diff.gone_warnings)} gone, {len(changed)} raised more or less often than {COUNT_FACTOR:g}× per test"
+        + (
+            f" (the first {MAX_WARNINGS_QUOTED} here, all in the upgrade diff)"
+            if len(changed) > MAX_WARNINGS_QUOTED
+            else ""
+        )
     )
-    return VerdictLine("warnings", bool(new_deprecations), says)
+    quoted = tuple(
+        f"{c.after.category} {c.after.message}: {c.before.count:,} → {c.after.count:,} raises "
+        f"({c.per_test_before:,.2f} → {c.per_test_after:,.2f} per test, {c.ratio:.2f}×)"
+        for c in changed[:MAX_WARNINGS_QUOTED]
+    )
+    return VerdictLine("warnings", WARN if new_deprecations or changed else GOOD, says, quoted)
 
 
 def _drift(diff: UpgradeDiff) -> VerdictLine:
     ratio = f"{diff.settings.drift_ratio:g}×"
     if not diff.drift:
-        return VerdictLine("drift", False, f"no drift figure grown more than {ratio}")
-    return VerdictLine("drift", True, f"{count(len(diff.drift), 'drift figure')} grown more than {ratio}")
+        return VerdictLine("drift", GOOD, f"no drift figure grown more than {ratio}")
+    return VerdictLine("drift", BAD, f"{count(len(diff.drift), 'drift figure')} grown more than {ratio}")

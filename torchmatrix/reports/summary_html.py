@@ -30,6 +30,7 @@ from torchmatrix.reports.summary_data import (
 )
 from torchmatrix.reports.untrusted_text import one_line, visible
 from torchmatrix.reports.upgrade_diff import SLOWDOWN_RULE, Change, UpgradeDiff, grew
+from torchmatrix.reports.warning_changes import COUNT_FACTOR
 from torchmatrix.status import NOT_RUN, ORDER_DEPENDENT, PARTLY_SKIPPED, Confirmation, Mark, Status
 
 CHART_BAR = 14
@@ -141,7 +142,7 @@ def _header(summary: Summary) -> str:
 def _verdict(diff: UpgradeDiff) -> str:
     """The verdict of one bump, a line per statement, root causes whole."""
     items = "".join(
-        f'<li class="{"bad" if line.bad else "good"}" data-topic="{text(line.topic)}">{text(line.says)}'
+        f'<li class="{line.level}" data-topic="{text(line.topic)}">{text(line.says)}'
         + "".join(f"<br><code>{text(quoted)}</code>" for quoted in line.quoted)
         + "</li>"
         for line in bump_verdict(diff)
@@ -191,7 +192,8 @@ def _diff(diff: UpgradeDiff) -> str:
         f"{len(diff.unconfirmed)} unconfirmed, {len(diff.newly_skipped)} newly skipped, "
         f"{count(len(diff.drift), 'drift figure')} grown more than {diff.settings.drift_ratio:g}×, "
         f"{count(len(diff.slowdowns), 'suite')} slower than {diff.settings.slowdown_ratio:g}×, "
-        f"{count(len(diff.new_warnings), 'new warning')}, {len(diff.gone_warnings)} gone "
+        f"{count(len(diff.new_warnings), 'new warning')}, {len(diff.gone_warnings)} gone, "
+        f"{len(diff.changed_warnings)} raised more or less often than {COUNT_FACTOR:g}× per test "
         f"({diff.compared} tests compared{'; ' + text(diff.load_note) if diff.load_note else ''}).</p>"
     )
     parts = [f'<h2 class="upgrade">Upgrade diff <code>{before}</code> → <code>{after}</code></h2>', summary]
@@ -213,6 +215,18 @@ def _diff(diff: UpgradeDiff) -> str:
                 f"<h3>{title} ({count(len(groups), 'warning')}; deprecations first)</h3>\n<table><tr><th>category</th>"
                 f"<th>raised in</th><th>message</th><th>count</th><th>tests</th><th>cells</th></tr>{rows}</table>"
             )
+    if diff.changed_warnings:
+        rows = "".join(
+            f"<tr><td><code>{text(c.after.category)}</code></td><td><code>{text(c.after.module)}</code></td>"
+            f"<td><code>{text(c.after.message)}</code></td><td>{c.before.count:,} ({c.per_test_before:,.2f} per test)</td>"
+            f"<td>{c.after.count:,} ({c.per_test_after:,.2f} per test)</td><td>{c.ratio:.2f}×</td></tr>"
+            for c in diff.changed_warnings
+        )
+        parts.append(
+            f"<h3>Warnings raised more or less often than {COUNT_FACTOR:g}× per test on <code>{after}</code> "
+            f"({count(len(diff.changed_warnings), 'warning')}; deprecations first)</h3>\n<table><tr><th>category</th>"
+            f"<th>raised in</th><th>message</th><th>{before}</th><th>{after}</th><th>× per test</th></tr>{rows}</table>"
+        )
     for title, changes in (
         ("Regressions (fail alone)", diff.regressions),
         ("Fixes (the baseline's failure failed alone)", diff.fixes),

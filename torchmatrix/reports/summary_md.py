@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import re
 
-from torchmatrix.reports.bump_verdict import bump_verdict
+from torchmatrix.reports.bump_verdict import BAD, GOOD, WARN, bump_verdict
 from torchmatrix.reports.checkpoint_directions import Direction, relative_to_run
 from torchmatrix.reports.records import RootCause, RunResults, TestRecord
 from torchmatrix.reports.reproducible import is_reproducible, repro_command
@@ -28,6 +28,7 @@ from torchmatrix.reports.summary_data import (
 )
 from torchmatrix.reports.untrusted_text import one_line, visible
 from torchmatrix.reports.upgrade_diff import SLOWDOWN_RULE, UpgradeDiff
+from torchmatrix.reports.warning_changes import COUNT_FACTOR
 from torchmatrix.status import NOT_RUN, ORDER_DEPENDENT, PARTLY_SKIPPED, Confirmation, Status
 
 MAX_ROOT_CAUSES = 30
@@ -56,11 +57,14 @@ def render(results: RunResults, diffs: list[UpgradeDiff]) -> str:
     return "\n\n".join(section for section in sections if section) + "\n"
 
 
+VERDICT_MARKS = {BAD: "❌", WARN: "⚠️", GOOD: "✅"}
+
+
 def verdict_section(diff: UpgradeDiff) -> str:
     """The verdict of one bump, a line per statement, root causes whole in code spans."""
     lines = []
     for line in bump_verdict(diff):
-        mark = "❌" if line.bad else "✅"
+        mark = VERDICT_MARKS[line.level]
         quoted = "".join(f"\n  - {code(text, table=False)}" for text in line.quoted)
         lines.append(f"- {mark} {line.says}{quoted}")
     return f"### Verdict {code(diff.before)} → {code(diff.after)}\n\n" + "\n".join(lines)
@@ -76,7 +80,8 @@ def diff_section(diff: UpgradeDiff) -> str:
         f"the failure fails alone), {len(diff.unconfirmed)} unconfirmed, {len(diff.newly_skipped)} newly skipped, "
         f"{count(len(diff.drift), 'drift figure')} grown more than {diff.settings.drift_ratio:g}×, "
         f"{count(len(diff.slowdowns), 'suite')} slower than {diff.settings.slowdown_ratio:g}×, "
-        f"{count(len(diff.new_warnings), 'new warning')}, {len(diff.gone_warnings)} gone "
+        f"{count(len(diff.new_warnings), 'new warning')}, {len(diff.gone_warnings)} gone, "
+        f"{len(diff.changed_warnings)} raised more or less often than {COUNT_FACTOR:g}× per test "
         f"({diff.compared} tests compared"
         + (f"; {diff.only_before} only in {before}" if diff.only_before else "")
         + (f"; {diff.only_after} only in {after}" if diff.only_after else "")
@@ -99,6 +104,16 @@ def diff_section(diff: UpgradeDiff) -> str:
                 f"#### {title} ({count(len(groups), 'warning')}; deprecations first)\n\n"
                 + _table(["category", "raised in", "message", "count", "tests", "cells"], rows, MAX_DIFF_ROWS)
             )
+    if diff.changed_warnings:
+        rows = [
+            [code(c.after.category), code(c.after.module), code(one_line(c.after.message)), f"{c.before.count:,} ({c.per_test_before:,.2f} per test)", f"{c.after.count:,} ({c.per_test_after:,.2f} per test)", _ratio(c.ratio)]
+            for c in diff.changed_warnings
+        ]  # fmt: skip
+        parts.append(
+            f"#### Warnings raised more or less often than {COUNT_FACTOR:g}× per test on {after} "
+            f"({count(len(rows), 'warning')}; deprecations first)\n\n"
+            + _table(["category", "raised in", "message", before, after, "× per test"], rows, MAX_DIFF_ROWS)
+        )
     for title, changes in (
         ("Regressions (passed → failed or error, fails alone)", diff.regressions),
         ("Fixes (failed or error, and failed alone → passed)", diff.fixes),

@@ -27,7 +27,7 @@ from torchmatrix.matrix.config import ReportSettings
 from torchmatrix.ranks.per_test_usage import CPU_SECONDS
 from torchmatrix.reports.checkpoint_directions import Direction, checkpoint_directions
 from torchmatrix.reports.records import RunResults, TestRecord, drift_measure, is_drift_figure
-from torchmatrix.reports.warning_changes import WarningGroup, new_and_gone
+from torchmatrix.reports.warning_changes import CountChange, WarningGroup, count_changes, new_and_gone
 from torchmatrix.status import Confirmation, Status
 
 MIN_SLOWDOWN_SECONDS = 5.0
@@ -163,6 +163,7 @@ class UpgradeDiff:
     load: tuple[dict, dict] = ({}, {})
     new_warnings: list[WarningGroup] = field(default_factory=list)
     gone_warnings: list[WarningGroup] = field(default_factory=list)
+    changed_warnings: list[CountChange] = field(default_factory=list)
 
     @property
     def load_note(self) -> str:
@@ -234,6 +235,7 @@ class UpgradeDiff:
             "load_average": {"before": self.load[0], "after": self.load[1]},
             "new_warnings": [w.to_json() for w in self.new_warnings],
             "gone_warnings": [w.to_json() for w in self.gone_warnings],
+            "changed_warnings": [w.to_json() for w in self.changed_warnings],
         }
 
 
@@ -260,6 +262,7 @@ def diff_records(
     diff.drift.sort(key=_rank, reverse=True)
     diff.slowdowns = _slowdowns(old, new, settings.slowdown_ratio)
     diff.new_warnings, diff.gone_warnings = new_and_gone(before, after)
+    diff.changed_warnings = count_changes(before, after)
     return diff
 
 
