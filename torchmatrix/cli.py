@@ -506,18 +506,22 @@ def _report(run_dir: Path, config: str | None = None, *, check_upgrade: bool = F
     print(closing_lines(run, run_dir.resolve()))
     unclean = [diff for diff in upgrade_diffs(run) if diff.fails]
     for diff in unclean if check_upgrade else []:
-        print(f"torchmatrix: upgrade diff {diff.before} → {diff.after} is not clean; see the summary", file=sys.stderr)
+        causes = ", ".join(cause.name for cause in diff.fail_causes)
+        print(
+            f"torchmatrix: upgrade diff {diff.before} → {diff.after} is not clean ({causes}); see the summary",
+            file=sys.stderr,
+        )
     return 1 if check_upgrade and unclean else 0
 
 
 def _compare(run_a: Path, run_b: Path, out: Path | None = None) -> int:
-    markdown, regressed = compare_markdown(run_a, run_b)
+    markdown, causes = compare_markdown(run_a, run_b)
     print(markdown)
     if out is not None:
         out.write_text(markdown + "\n")
         print(f"torchmatrix: wrote {out}")
     append_step_summary(markdown)
-    return 1 if regressed else 0
+    return 1 if causes else 0
 
 
 def _merge(matrix: Matrix, args) -> int:

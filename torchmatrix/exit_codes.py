@@ -6,6 +6,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from torchmatrix.reports.upgrade_diff import (
+    BROKEN_DIRECTION,
+    FAIL_CAUSES,
+    GROWN_DRIFT,
+    REGRESSION,
+    SLOWDOWN,
+    UNCONFIRMED,
+)
 from torchmatrix.run.runner import INTERRUPTED_EXIT
 
 PASSED = 0
@@ -27,6 +35,14 @@ class ExitCode:
 CORPUS = "tests/hostile/test_corpus.py::test_hostile_input_is_refused_with_one_line"
 VERDICTS = "tests/hostile/test_verdicts.py::test_the_exit_code_is_the_verdict"
 RUNS = "tests/hostile/test_run_exits.py"
+# The test that provokes each of FAIL_CAUSES: every exit 1 of compare is its own row.
+COMPARE_FAILURES = {
+    REGRESSION.name: (f"{VERDICTS}[compare-confirmed-regression]",),
+    GROWN_DRIFT.name: (f"{VERDICTS}[compare-drift-grew]",),
+    SLOWDOWN.name: (f"{VERDICTS}[compare-suite-slower]",),
+    UNCONFIRMED.name: (f"{VERDICTS}[compare-failure-never-rerun]",),
+    BROKEN_DIRECTION.name: (f"{VERDICTS}[compare-broken-rollback]",),
+}
 
 EXIT_CODES = (
     ExitCode("every command", USAGE, "a usage error argparse reports (an unknown option, `--slots 0`): its usage, then one line", (f"{CORPUS}[slots-zero]",)),
@@ -42,12 +58,12 @@ EXIT_CODES = (
     ExitCode("sensitivity", INTERRUPTED, "Ctrl-C or SIGTERM; the finished runs are kept (each is a `run`, as above)", (f"{RUNS}::test_two_quick_interrupts_keep_every_test_of_the_cell",)),
     ExitCode("report", PASSED, "the reports are written, whatever the tests did", ("tests/hostile/test_runs.py::test_a_sigkilled_runner_leaves_no_process_and_report_rebuilds_every_cell",)),
     ExitCode("report", USAGE, "not a run directory, an unreadable or hostile file in it (truncated XML, an entity bomb, a directory or pipe for a cell report), or a run still running", (f"{CORPUS}[report-billion-laughs]", f"{RUNS}::test_a_second_runner_and_a_report_during_the_run_are_refused")),
-    ExitCode("report", FAILED, "with `--check-upgrade` (as `nox -s report` passes it): an upgrade diff of the run is not clean, as compare would exit 1, or a checkpoint direction between its versions is broken", ("tests/suites/test_cross_version.py::test_unreadable_rollback_is_reported_with_its_root_cause_and_fails_compare",)),
+    ExitCode("report", FAILED, "with `--check-upgrade` (as `nox -s report` passes it): an upgrade diff of the run holds any cause `compare` exits 1 on (below), a broken checkpoint direction between its versions included; stderr names the causes", ("tests/suites/test_cross_version.py::test_unreadable_rollback_is_reported_with_its_root_cause_and_fails_compare",)),
     ExitCode("cross-read", PASSED, "every version read the other versions' cross_version checkpoints exactly, or had none to read (those reads stay not checked)", ("tests/suites/test_cross_version.py::test_reference_checkpoints_load_exactly_both_ways",)),
     ExitCode("cross-read", FAILED, "a version could not load, or loaded different values from, a checkpoint another version wrote", ("tests/suites/test_cross_version.py::test_unreadable_rollback_is_reported_with_its_root_cause_and_fails_compare",)),
     ExitCode("cross-read", USAGE, "not a run directory, or a version's read pass was refused (its run's plan.json is missing or malformed)", (f"{CORPUS}[cross-read-not-a-run-directory]",)),
     ExitCode("compare", PASSED, "no regression, no grown drift, no slower suite, no change left unconfirmed (newly skipped tests, and a change whose failure passed alone, are listed but do not count)", (f"{VERDICTS}[compare-failure-passed-alone]",)),
-    ExitCode("compare", FAILED, "a confirmed regression, grown drift, a slower suite, or a status change whose failing side was never re-run alone (`--confirm-limit 0`, or past the limit)", (f"{VERDICTS}[compare-drift-grew]", f"{VERDICTS}[compare-failure-never-rerun]")),
+    *(ExitCode("compare", FAILED, cause.meaning, COMPARE_FAILURES[cause.name]) for cause in FAIL_CAUSES),
     ExitCode("compare", USAGE, "an unreadable or malformed run, runs without a torch version in common, or runs that share no test", (f"{VERDICTS}[compare-no-shared-test]", f"{CORPUS}[compare-results-truncated]")),
     ExitCode("bisect", PASSED, "every regression it searched got an answer: a `first bad:` line (a release, or a range where releases around it did not install)", ("tests/bisect/test_bisect_e2e.py::test_first_bad_found_with_the_fewest_installs", "tests/bisect/test_bisect_e2e.py::test_an_uninstallable_release_is_skipped_with_pips_reason")),
     ExitCode("bisect", FAILED, "a search stopped without an answer: a flaky or order-dependent verdict, or no release between the pins could be judged", ("tests/bisect/test_bisect_e2e.py::test_a_flaky_middle_release_stops_the_search",)),

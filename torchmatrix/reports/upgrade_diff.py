@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from statistics import median
 
 from torchmatrix.matrix.config import ReportSettings
@@ -44,6 +44,29 @@ SLOWDOWN_RULE = (
 
 class CompareError(Exception):
     """Two runs with nothing to compare; the message says which versions each has."""
+
+
+@dataclass(frozen=True)
+class FailCause:
+    """One thing `compare` and `report --check-upgrade` exit 1 on (docs/reference/exit-codes.md lists each)."""
+
+    name: str
+    meaning: str
+
+
+REGRESSION = FailCause("regression", "a confirmed regression: a test that passed on run A fails alone on run B")
+GROWN_DRIFT = FailCause("drift", "a drift figure grown more than `[report] drift_ratio`, left exactly 0, or became NaN")
+SLOWDOWN = FailCause("slowdown", "a suite slower than `[report] slowdown_ratio` beyond noise")
+UNCONFIRMED = FailCause(
+    "unconfirmed",
+    "a status change whose failing side was never re-run alone (`--confirm-limit 0`, or past the limit): it cannot tell",
+)
+BROKEN_DIRECTION = FailCause(
+    "checkpoint direction",
+    "a broken checkpoint direction of run B: its baseline cannot read a candidate's checkpoint (rollback) "
+    "or a candidate cannot read the baseline's (forward)",
+)
+FAIL_CAUSES = (REGRESSION, GROWN_DRIFT, SLOWDOWN, UNCONFIRMED, BROKEN_DIRECTION)
 
 
 @dataclass(frozen=True)
@@ -201,19 +224,30 @@ class UpgradeDiff:
         return len(self.regressions) + len(self.broken_directions)
 
     @property
-    def clean(self) -> bool:
-        """Nothing regressed, and no unconfirmed change could hide a regression (one that was never
-        re-run alone; a failure that passed alone is order-dependent and does not count)."""
+    def fail_causes(self) -> list[FailCause]:
+        """What of FAIL_CAUSES this diff holds: a regression, grown drift, a slowdown, an unconfirmed
+        change that could hide a regression (one never re-run alone; a failure that passed alone is
+        order-dependent and does not count), a broken checkpoint direction."""
         unknown = [c for c in self.unconfirmed if c.failing.confirmation != Confirmation.PASSED_ALONE]
-        return not (
-            self.regressions or unknown or self.drift or self.slowdowns or self.newly_skipped or self.broken_directions
-        )
+        found = {
+            REGRESSION: self.regressions,
+            GROWN_DRIFT: self.drift,
+            SLOWDOWN: self.slowdowns,
+            UNCONFIRMED: unknown,
+            BROKEN_DIRECTION: self.broken_directions,
+        }
+        return [cause for cause in FAIL_CAUSES if found[cause]]
 
     @property
     def fails(self) -> bool:
-        """What `compare` and `report --check-upgrade` exit 1 on: anything that is not clean but newly
-        skipped tests, which are listed (a CPU-simulation limit is one) but are no regression."""
-        return not replace(self, newly_skipped=[]).clean
+        """What `compare` and `report --check-upgrade` exit 1 on: any of FAIL_CAUSES; newly skipped
+        tests are listed (a CPU-simulation limit is one) but are no regression."""
+        return bool(self.fail_causes)
+
+    @property
+    def clean(self) -> bool:
+        """Nothing that fails it, and no newly skipped test either."""
+        return not (self.fails or self.newly_skipped)
 
     def to_json(self) -> dict:
         return {
