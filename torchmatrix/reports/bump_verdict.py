@@ -3,8 +3,9 @@
 In the order a release engineer decides on them: regressions of the candidate (confirmed test
 regressions and broken checkpoint directions), each checkpoint direction (attributed to the
 candidate's writer or reader, its root cause whole), slowdowns, warnings that changed; then grown
-drift. Each line is plain words plus, apart, the test-provided text it quotes, so each page renders
-that text its own safe way.
+drift, and builds of different kinds (CPU against CUDA) with what that can explain. Each line is
+plain words plus, apart, the test-provided text it quotes, so each page renders that text its own
+safe way.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ def bump_verdict(diff: UpgradeDiff) -> list[VerdictLine]:
         _slowdowns(diff),
         _warnings(diff),
         _drift(diff),
+        *([VerdictLine("builds", WARN, diff.builds.note)] if diff.builds else []),
     ]
 
 

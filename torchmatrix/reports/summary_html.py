@@ -197,6 +197,8 @@ def _diff(diff: UpgradeDiff) -> str:
         f"({diff.compared} tests compared{'; ' + text(diff.load_note) if diff.load_note else ''}).</p>"
     )
     parts = [f'<h2 class="upgrade">Upgrade diff <code>{before}</code> → <code>{after}</code></h2>', summary]
+    if diff.builds:
+        parts.append(f'<p class="warn builds">{text(diff.builds.note)}</p>')
     if diff.checkpoints:
         parts.append(_checkpoints(diff.checkpoints))
     for title, groups in (

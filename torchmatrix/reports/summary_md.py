@@ -89,6 +89,8 @@ def diff_section(diff: UpgradeDiff) -> str:
         + ")"
     )
     parts = [f"### Upgrade diff {before} → {after}", ("**" + counts + "**") if diff.regression_count else counts]
+    if diff.builds:
+        parts.append(f"⚠️ {diff.builds.note}")
     if diff.checkpoints:
         parts.append(checkpoints_section(diff.checkpoints))
     for title, groups in (

@@ -25,6 +25,7 @@ from statistics import median
 
 from torchmatrix.matrix.config import ReportSettings
 from torchmatrix.ranks.per_test_usage import CPU_SECONDS
+from torchmatrix.reports.build_kinds import BuildMismatch, build_mismatch
 from torchmatrix.reports.checkpoint_directions import Direction, checkpoint_directions
 from torchmatrix.reports.records import RunResults, TestRecord, drift_measure, is_drift_figure
 from torchmatrix.reports.warning_changes import CountChange, WarningGroup, count_changes, new_and_gone
@@ -168,7 +169,8 @@ class Slowdown:
 @dataclass
 class UpgradeDiff:
     """Baseline vs candidate: regressions, fixes, newly skipped tests (CPU-simulation limits among them), grown
-    drift, slowdowns, and within one run whether checkpoints cross the bump in each direction."""
+    drift, slowdowns, warnings new, gone and changed, builds of different kinds, and within one run
+    whether checkpoints cross the bump in each direction."""
 
     before: str
     after: str
@@ -187,6 +189,7 @@ class UpgradeDiff:
     new_warnings: list[WarningGroup] = field(default_factory=list)
     gone_warnings: list[WarningGroup] = field(default_factory=list)
     changed_warnings: list[CountChange] = field(default_factory=list)
+    builds: BuildMismatch | None = None
 
     @property
     def load_note(self) -> str:
@@ -270,6 +273,7 @@ class UpgradeDiff:
             "new_warnings": [w.to_json() for w in self.new_warnings],
             "gone_warnings": [w.to_json() for w in self.gone_warnings],
             "changed_warnings": [w.to_json() for w in self.changed_warnings],
+            "builds": self.builds.to_json() if self.builds else None,
         }
 
 
@@ -309,6 +313,7 @@ def upgrade_diffs(results: RunResults) -> list[UpgradeDiff]:
         diff = diff_records(baseline, results.own_records(version), results.settings, results.baseline, version)
         diff.checkpoints = checkpoint_directions(results, results.baseline, version)
         diff.load = (results.version(results.baseline).load_average, results.version(version).load_average)
+        diff.builds = build_mismatch(results.version(results.baseline), results.version(version))
         diffs.append(diff)
     return diffs
 
@@ -335,6 +340,7 @@ def compare_runs(old: RunResults, new: RunResults) -> list[UpgradeDiff]:
             f"{new.run_id} (torch {b})",
         )
         diff.load = (old.version(a).load_average, new.version(b).load_average)
+        diff.builds = build_mismatch(old.version(a), new.version(b))
         diffs.append(diff)
     return diffs
 
