@@ -143,7 +143,11 @@ def _verdict(diff: UpgradeDiff) -> str:
     """The verdict of one bump, a line per statement, root causes whole."""
     items = "".join(
         f'<li class="{line.level}" data-topic="{text(line.topic)}">{text(line.says)}'
-        + "".join(f"<br><code>{text(quoted)}</code>" for quoted in line.quoted)
+        + (
+            "<ul>" + "".join(f"<li><code>{text(quoted)}</code></li>" for quoted in line.quoted) + "</ul>"
+            if line.quoted
+            else ""
+        )
         + "</li>"
         for line in bump_verdict(diff)
     )
@@ -448,10 +452,13 @@ def _causes(causes: list[RootCause], anchors: dict, confirmed: bool, run_id: str
                 f'<ul class="where">{lines}</ul>\n<details class="failure" id="{anchor}"><summary>{same}</summary>\n'
                 f"<pre>{text(relative_to_run(first.text or first.message, run_id))}</pre></details>"
             )
-        versions = ", ".join(f"<code>{text(v)}</code>" for v in cause.versions)
+        versions = "torch " + ", ".join(f"<code>{text(v)}</code>" for v in cause.versions)
+        if any(record.reads_writer for record, _ in cause.failures):
+            labels = (read_label(record, baseline) or f"torch {record.torch}" for record, _ in cause.failures)
+            versions = ", ".join(f"<code>{text(label)}</code>" for label in dict.fromkeys(labels))
         sections.append(
             f'<section class="root-cause"><h3><code>{text(relative_to_run(cause.line, run_id))}</code></h3>\n'
-            f"<p>{count(cause.tests, 'test')} in {count(len(cause.cells), 'cell')}, torch {versions}</p>\n"
+            f"<p>{count(cause.tests, 'test')} in {count(len(cause.cells), 'cell')}, {versions}</p>\n"
             + "\n".join(items)
             + "</section>"
         )

@@ -300,7 +300,9 @@ def _causes(causes: list[RootCause], confirmed: bool, run_id: str = "", baseline
     for a confirmed one the command that writes its standalone reproducer) and its distinct texts."""
     sections = []
     for index, cause in enumerate(causes[:MAX_ROOT_CAUSES], 1):
-        versions = ", ".join(code(v, False) for v in cause.versions)
+        versions = "torch " + ", ".join(code(v, False) for v in cause.versions)
+        if any(record.reads_writer for record, _ in cause.failures):
+            versions = ", ".join(dict.fromkeys(_ran_by(record, baseline) for record, _ in cause.failures))
         items = []
         for record, cells in cause.failures[:MAX_FAILURES_PER_CAUSE]:
             others = other_cells(record.run_cell, cells)
@@ -325,7 +327,7 @@ def _causes(causes: list[RootCause], confirmed: bool, run_id: str = "", baseline
         )
         sections.append(
             f"#### {index}. {code(one_line(relative_to_run(cause.line, run_id), ROOT_CAUSE_CHARS), False)}\n\n"
-            f"{count(cause.tests, 'test')} in {count(len(cause.cells), 'cell')}, torch {versions}\n\n"
+            f"{count(cause.tests, 'test')} in {count(len(cause.cells), 'cell')}, {versions}\n\n"
             + "\n".join(items)
             + "".join(f"\n\n{_text_once(where, run_id)}" for where in texts[:MAX_TEXTS_PER_CAUSE])
             + more_texts
