@@ -13,6 +13,7 @@ from lxml import etree
 from torchmatrix.matrix.config import Suite
 from torchmatrix.matrix.plan import SuiteRun
 from torchmatrix.reports import junit
+from torchmatrix.reports.closing import closing_lines
 from torchmatrix.reports.outcomes import TestOutcome as Outcome
 from torchmatrix.reports.report import load_run, write_report
 from torchmatrix.reports.upgrade_diff import upgrade_diffs
@@ -105,3 +106,13 @@ def test_junit_has_one_testsuite_per_direction_and_cell_and_validates(tmp_path):
     assert (forward.failures, forward.tests) == (0, 1)
     assert next(s for s in merged if s.name == f"torch-{BASELINE}/{cell}").failures == 0
     SCHEMA.assertValid(etree.parse(str(run_dir / "junit.xml")))
+
+
+def test_the_terminal_names_the_direction_and_the_path_relative(tmp_path):
+    run_dir = write_broken_rollback(tmp_path / "project")
+    lines = closing_lines(load_run(run_dir), run_dir).splitlines()
+    cause = lines[lines.index("torchmatrix: failures by root cause (1):") + 1]
+    assert cause.startswith(
+        f"  4 tests in 4 cells, rollback {CANDIDATE}→{BASELINE}: CheckpointException: global metadata read failed at "
+        f"torch-{CANDIDATE}/checkpoints/"
+    ), cause
