@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from torchmatrix.reports.checkpoint_directions import Direction
 from torchmatrix.reports.summary_data import count
 from torchmatrix.reports.upgrade_diff import UpgradeDiff
 from torchmatrix.reports.warning_changes import COUNT_FACTOR
@@ -65,7 +66,7 @@ def _regressions(diff: UpgradeDiff) -> VerdictLine:
     return VerdictLine("regressions", BAD if diff.regression_count else GOOD, says)
 
 
-def _direction(direction) -> VerdictLine:
+def _direction(direction: Direction) -> VerdictLine:
     cells = sum(map(len, direction.failed.values()))
     checked = len(direction.passed) + cells
     if direction.broken:
