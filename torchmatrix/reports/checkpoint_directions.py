@@ -137,7 +137,8 @@ def _direction(name: str, writer: str, reader: str, records: list[TestRecord], r
         if read is not None and read.status is Status.PASSED:
             passed.append(cell)
         elif read is not None and read.status.is_failing:
-            cause = relative_to_run(read.message, run_id).replace(cell, "<cell>")
+            # the checkpoint's path names the cell that ran the read (a representative of others)
+            cause = relative_to_run(read.message, run_id).replace(read.run_cell, "<cell>").replace(cell, "<cell>")
             failed[causes.setdefault(group_key(cause), cause)].append(cell)
         elif write is None or write.status is not Status.PASSED:
             why = "it did not run this cell" if write is None else f"its write {write.status.value}: {write.message}"
