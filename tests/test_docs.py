@@ -273,6 +273,7 @@ def rendered(relative: str) -> str:
         ("reference/results-json.md", "torchmatrix.reports.format_reference:results_json_keys"),
         ("reference/junit.md", "torchmatrix.reports.format_reference:junit_properties"),
         ("getting-started/reading-the-report.md", "torchmatrix.status:legend_markdown"),
+        ("reference/junit.md", "torchmatrix.reports.format_reference:junit_direction_properties"),
     ],
 )
 def test_each_reference_table_is_on_its_page_as_the_code_renders_it(page, table):

@@ -7,7 +7,8 @@ import subprocess
 import sys
 
 from torchmatrix.cli import build_parser
-from torchmatrix.exit_codes import EXIT_CODES, render_markdown
+from torchmatrix.exit_code_table import EXIT_CODES, render_markdown
+from torchmatrix.reports.upgrade_diff import BROKEN_DIRECTION, FAIL_CAUSES
 
 from conftest import REPO, checkout_env
 
@@ -15,7 +16,7 @@ PAGE = REPO / "docs" / "reference" / "exit-codes.md"
 
 
 def test_the_page_is_what_the_table_renders():
-    assert PAGE.read_text() == render_markdown(), "regenerate: python -c 'from torchmatrix.exit_codes import ...'"
+    assert PAGE.read_text() == render_markdown(), "regenerate: python -c 'from torchmatrix.exit_code_table import ...'"
 
 
 def test_every_command_has_its_success_and_usage_rows():
@@ -49,3 +50,19 @@ def test_every_row_names_tests_that_exist():
 def test_a_row_naming_a_test_that_does_not_exist_fails_the_check():
     done = _collected(["tests/hostile/test_corpus.py::test_hostile_input_is_refused_with_one_line[no-such-case]"])
     assert done.returncode != 0
+
+
+def causes_without_a_row(rows) -> list[str]:
+    """The causes compare exits 1 on that no `compare` exit-1 row states, each with a test."""
+    stated = {row.meaning for row in rows if row.command == "compare" and row.code == 1 and row.provoked_by}
+    return [cause.name for cause in FAIL_CAUSES if cause.meaning not in stated]
+
+
+def test_every_cause_compare_exits_1_on_is_a_row_of_its_own():
+    assert causes_without_a_row(EXIT_CODES) == []
+    assert sum(row.command == "compare" and row.code == 1 for row in EXIT_CODES) == len(FAIL_CAUSES)
+
+
+def test_a_cause_left_out_of_the_table_is_caught():
+    rows = [row for row in EXIT_CODES if row.meaning != BROKEN_DIRECTION.meaning]
+    assert causes_without_a_row(rows) == [BROKEN_DIRECTION.name]

@@ -572,7 +572,11 @@ def _report(run_dir: Path, config: str | None = None, *, check_upgrade: bool = F
     print(closing_lines(run, run_dir.resolve()))
     unclean = [diff for diff in upgrade_diffs(run) if diff.fails]
     for diff in unclean if check_upgrade else []:
-        print(f"torchmatrix: upgrade diff {diff.before} → {diff.after} is not clean; see the summary", file=sys.stderr)
+        causes = ", ".join(cause.name for cause in diff.fail_causes)
+        print(
+            f"torchmatrix: upgrade diff {diff.before} → {diff.after} is not clean ({causes}); see the summary",
+            file=sys.stderr,
+        )
     return ExitCode.FAILED if check_upgrade and unclean else ExitCode.PASSED
 
 
@@ -583,7 +587,7 @@ def _compare(run_a: Path, run_b: Path, out: Path | None = None) -> int:
         raise CompareError(
             f"--out {out}: the directory {out.parent} does not exist; create it or name a file in one that does"
         )
-    markdown, regressed = compare_markdown(run_a, run_b)
+    markdown, causes = compare_markdown(run_a, run_b)
     print(markdown)
     if out is not None:
         try:
@@ -592,7 +596,7 @@ def _compare(run_a: Path, run_b: Path, out: Path | None = None) -> int:
             raise CompareError(f"--out {out}: {_write_failure(error)}") from None
         print(f"torchmatrix: wrote {out}")
     append_step_summary(markdown)
-    return ExitCode.FAILED if regressed else ExitCode.PASSED
+    return ExitCode.FAILED if causes else ExitCode.PASSED
 
 
 def _write_failure(error: OSError) -> str:

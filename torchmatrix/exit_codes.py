@@ -1,10 +1,8 @@
-"""Every exit code each command can return, with its meaning: `ExitCode`, which every module
-returns, and the table CI authors read (docs/reference/exit-codes.md is rendered from it; a test
-ties each row to a test that provokes it)."""
+"""The exit codes every command returns (`ExitCode`); what each means per command is the table in
+torchmatrix/exit_code_table.py, which docs/reference/exit-codes.md is rendered from."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import IntEnum
 
 
@@ -15,82 +13,3 @@ class ExitCode(IntEnum):
     FAILED = 1  # a test failed, or a diff is not clean
     USAGE = 2  # a usage or input error, said in one line
     INTERRUPTED = 130  # Ctrl-C or SIGTERM (128 + SIGINT)
-
-
-@dataclass(frozen=True)
-class ExitCodeRow:
-    """One code one command returns: what it means, and the tests that provoke it (pytest node ids)."""
-
-    command: str
-    code: ExitCode
-    meaning: str
-    provoked_by: tuple[str, ...]
-
-
-CORPUS = "tests/hostile/test_corpus.py::test_hostile_input_is_refused_with_one_line"
-VERDICTS = "tests/hostile/test_verdicts.py::test_the_exit_code_is_the_verdict"
-RUNS = "tests/hostile/test_run_exits.py"
-
-EXIT_CODES = (
-    ExitCodeRow("every command", ExitCode.USAGE, "a usage error argparse reports (an unknown option, `--slots 0`): its usage, then one line", (f"{CORPUS}[slots-zero]",)),
-    ExitCodeRow("list", ExitCode.PASSED, "the selected cells are printed (also of a matrix past 200,000 cells that --only and -k narrow; also when the reader stops early, as `head -3` reading `list --json` does)", ("tests/hostile/test_corpus.py::test_a_suite_symlink_into_the_named_project_root_is_accepted", "tests/hostile/test_corpus.py::test_list_json_into_a_reader_that_stops_early_is_quiet", "tests/matrix/test_large_matrices.py::test_list_of_one_cell_of_a_huge_matrix_fits_in_a_memory_limit")),
-    ExitCodeRow("list", ExitCode.USAGE, "matrix.toml or a filter cannot apply (one line naming the file, the key and the fix); also a --config that is not a regular file or over 4 MiB, a torch version that is not PEP 440 (the line shows the nearest valid spelling), axes past 200,000 cells without --only or -k, or more than 2,000,000 cells left for -k to read", (f"{CORPUS}[keyword-matches-nothing]", f"{CORPUS}[config-dev-zero]", f"{CORPUS}[torch-version-typo]", f"{CORPUS}[matrix-too-large]", f"{CORPUS}[matrix-too-large-unfiltered]")),
-    ExitCodeRow("run", ExitCode.PASSED, "every test passed, was skipped or hit a CPU-simulation limit", ("tests/hostile/test_runs.py::test_a_reused_run_id_is_refused_and_restart_starts_clean",)),
-    ExitCodeRow("run", ExitCode.FAILED, "a test failed or errored, including a suite that collected no test, a cell the runner could not finish, and a test that never reached its end (it called pytest.exit() or raised KeyboardInterrupt)", (f"{RUNS}::test_a_suite_that_collects_nothing_errors_naming_the_prefix", f"{RUNS}::test_a_test_that_removes_the_reports_directory_leaves_a_full_report", f"{RUNS}::test_a_test_that_exits_or_interrupts_pytest_as_the_last_of_its_cell_is_an_error")),
-    ExitCodeRow("run", ExitCode.USAGE, "stopped before any cell: matrix.toml, a filter, a component (whatever its module prints, at import or at exit; a module that exits at import), the run id, or another run writing the same torch version; or the reports could not be written (the disk is full: the finished cells' reports are kept)", ("tests/hostile/test_runs.py::test_a_reused_run_id_is_refused_and_restart_starts_clean", f"{RUNS}::test_a_second_runner_and_a_report_during_the_run_are_refused", f"{RUNS}::test_a_full_disk_keeps_the_finished_cells_and_names_the_full_disk", f"{CORPUS}[component-prints-forged-answer-at-exit]", f"{CORPUS}[component-exits-at-import]")),
-    ExitCodeRow("run", ExitCode.INTERRUPTED, "Ctrl-C or SIGTERM, from the component check on: every planned cell is in the reports, unfinished ones as errors saying so; a second signal does not cut the reports short", (f"{RUNS}::test_two_quick_interrupts_keep_every_test_of_the_cell", f"{RUNS}::test_a_signal_during_the_component_check_exits_130_with_every_cell_reported")),
-    ExitCodeRow("sensitivity", ExitCode.PASSED, "every chosen mutant was caught wherever it applies", ("tests/sensitivity/test_sensitivity.py::test_every_chosen_mutant_caught_exits_zero_with_the_table",)),
-    ExitCodeRow("sensitivity", ExitCode.FAILED, "a mutant was missed or errored in a cell where it ran", ("tests/sensitivity/test_sensitivity.py::test_a_mutant_that_acted_unseen_is_missed_and_one_that_could_not_be_seen_is_n_a",)),
-    ExitCodeRow("sensitivity", ExitCode.USAGE, "matrix.toml, a filter or --mutants cannot apply", (f"{CORPUS}[sensitivity-shard]",)),
-    ExitCodeRow("sensitivity", ExitCode.INTERRUPTED, "Ctrl-C or SIGTERM; the finished runs are kept (each is a `run`, as above)", (f"{RUNS}::test_two_quick_interrupts_keep_every_test_of_the_cell",)),
-    ExitCodeRow("report", ExitCode.PASSED, "the reports are written, whatever the tests did (a symlink planted at a report's name is replaced, never written through)", ("tests/hostile/test_runs.py::test_a_sigkilled_runner_leaves_no_process_and_report_rebuilds_every_cell", "tests/hostile/test_corpus.py::test_report_replaces_symlinks_planted_at_its_reports")),
-    ExitCodeRow("report", ExitCode.USAGE, "not a run directory, an unreadable or hostile file in it (truncated XML, an entity bomb, a directory or pipe for a cell report), a directory where a report goes (a cell report it would rebuild, summary.md, results.json, junit.xml), or a run still running", (f"{CORPUS}[report-billion-laughs]", f"{RUNS}::test_a_second_runner_and_a_report_during_the_run_are_refused", f"{CORPUS}[report-cell-report-is-a-directory]", f"{CORPUS}[report-planned-cell-report-is-a-directory]", f"{CORPUS}[report-summary-is-a-directory]")),
-    ExitCodeRow("report", ExitCode.FAILED, "with `--check-upgrade` (as `nox -s report` passes it): an upgrade diff of the run is not clean, as compare would exit 1, or a checkpoint direction between its versions is broken", ("tests/suites/test_cross_version.py::test_unreadable_rollback_is_reported_with_its_root_cause_and_fails_compare",)),
-    ExitCodeRow("cross-read", ExitCode.PASSED, "every version read the other versions' cross_version checkpoints exactly, or had none to read, or has no interpreter on this machine (its gpu_matrix venv, or --python) or is not in this matrix.toml: one line each, those reads stay not checked; nothing the run directory names is run", ("tests/suites/test_cross_version.py::test_reference_checkpoints_load_exactly_both_ways", "tests/hostile/test_corpus.py::test_cross_read_runs_no_interpreter_the_run_directory_names")),
-    ExitCodeRow("cross-read", ExitCode.FAILED, "a version could not load, or loaded different values from, a checkpoint another version wrote", ("tests/suites/test_cross_version.py::test_unreadable_rollback_is_reported_with_its_root_cause_and_fails_compare",)),
-    ExitCodeRow("cross-read", ExitCode.USAGE, "not a run directory (no torch-*/plan.json), a plan.json that cannot be read (the other versions still read), a --python that is not an executable, or a version's read pass was refused (its run's plan.json is missing or malformed)", (f"{CORPUS}[cross-read-not-a-run-directory]", f"{CORPUS}[cross-read-not-a-run]", f"{CORPUS}[cross-read-truncated-plan]")),
-    ExitCodeRow("compare", ExitCode.PASSED, "no regression, no grown drift, no slower suite, no change left unconfirmed (newly skipped tests, and a change whose failure passed alone, are listed but do not count)", (f"{VERDICTS}[compare-failure-passed-alone]",)),
-    ExitCodeRow("compare", ExitCode.FAILED, "a confirmed regression, grown drift, a slower suite, or a status change whose failing side was never re-run alone (`--confirm-limit 0`, or past the limit)", (f"{VERDICTS}[compare-drift-grew]", f"{VERDICTS}[compare-failure-never-rerun]")),
-    ExitCodeRow("compare", ExitCode.USAGE, "an unreadable or malformed run, runs without a torch version in common, runs that share no test, or an --out that is a directory or in one that does not exist", (f"{VERDICTS}[compare-no-shared-test]", f"{CORPUS}[compare-results-truncated]", f"{CORPUS}[compare-out-is-a-directory]", f"{CORPUS}[compare-out-in-a-missing-directory]")),
-    ExitCodeRow("bisect", ExitCode.PASSED, "every regression it searched got an answer: a `first bad:` line (a release, or a range where releases around it did not install or did not import torch)", ("tests/bisect/test_bisect_e2e.py::test_first_bad_found_with_the_fewest_installs", "tests/bisect/test_bisect_e2e.py::test_releases_that_do_not_install_or_import_are_skipped_with_their_reasons")),
-    ExitCodeRow("bisect", ExitCode.FAILED, "a search stopped without an answer: a flaky or order-dependent verdict, or no release between the pins could be judged", ("tests/bisect/test_bisect_e2e.py::test_a_flaky_middle_release_stops_the_search",)),
-    ExitCodeRow("bisect", ExitCode.USAGE, "pins missing, out of order or not versions; --from without a confirmed regression it can search (a broken checkpoint direction is named, with its reproduce command); --shard; a selection that keeps no cell; the envdir held by a matrix run; --reports or --envdir naming a file; an index pip cannot list (pip's reason); no bisect-<id>/ is left behind", ("tests/bisect/test_bisect_cli.py::test_a_usage_error_is_one_line_and_exit_2", "tests/bisect/test_bisect_cli.py::test_a_matrix_run_holding_the_envdir_keeps_bisect_out", "tests/bisect/test_bisect_cli.py::test_bisect_from_a_run_without_regressions_leaves_no_directory", "tests/bisect/test_bisect_cli.py::test_an_index_pip_cannot_list_is_an_error_with_pips_reason", "tests/bisect/test_bisect_cli.py::test_bisect_from_a_run_whose_break_is_a_checkpoint_direction_says_it_cannot_and_how_to_reproduce")),
-    ExitCodeRow("bisect", ExitCode.INTERRUPTED, "Ctrl-C or SIGTERM: the step's processes are ended (process group), bisect.md and bisect.json hold what was decided; the steps already run keep their run directories", ("tests/bisect/test_bisect_cli.py::test_an_interrupted_bisect_exits_130_with_one_line", "tests/bisect/test_bisect_e2e.py::test_sigterm_ends_the_steps_processes_and_exits_130_with_what_was_decided")),
-    ExitCodeRow("repro", ExitCode.PASSED, "the reproducer directory is written whole (repro.py, command.txt, cell.json, collect_env.txt, README.md); for a cross_version read, a torch-only repro.py run with the writer's and the reader's Python", ("tests/bisect/test_bisect_e2e.py::test_the_reproducer_fails_without_torchmatrix_as_the_run_did_and_passes_on_the_good_release", "tests/bisect/test_bisect_cli.py::test_repro_replaces_its_own_directory_and_reads_past_a_truncated_bisect_json", "tests/bisect/test_cross_version_repro.py::test_the_reproducer_is_torch_only_and_holds_the_failure_as_data")),
-    ExitCodeRow("repro", ExitCode.USAGE, "not a run directory; the test id is not a confirmed failure of the run (the line lists those that are); --out naming a file or a directory holding files repro did not write (nothing is written)", ("tests/bisect/test_bisect_cli.py::test_repro_names_the_confirmed_failures_when_the_id_is_not_one", "tests/bisect/test_bisect_cli.py::test_repro_out_refuses_a_file_or_a_directory_it_did_not_write")),
-    ExitCodeRow("merge", ExitCode.PASSED, "merged, and every test passed or was skipped", ("tests/hostile/test_verdicts.py::test_a_refused_merge_leaves_out_as_it_was_and_the_corrected_one_passes",)),
-    ExitCodeRow("merge", ExitCode.FAILED, "merged, and a test failed or errored, or a planned cell had no report (it errors saying which shard)", ("tests/scale/test_scale_out.py::test_a_missing_shard_becomes_errored_cells_that_say_so",)),
-    ExitCodeRow("merge", ExitCode.USAGE, "refused before writing anything: a cell reported twice, a report of another matrix.toml, an unsafe name, an unreadable file", (f"{CORPUS}[merge-truncated-cell-xml]", "tests/scale/test_scale_out.py::test_duplicate_reports_are_refused")),
-    ExitCodeRow("github-matrix", ExitCode.PASSED, "the job matrix is printed (never empty)", ("tests/scale/test_scale_out.py::test_github_matrix_has_one_job_per_version_and_shard",)),
-    ExitCodeRow("github-matrix", ExitCode.USAGE, "matrix.toml or a filter cannot apply, only `system` is listed, or over 256 jobs", (f"{CORPUS}[github-matrix-only-system]",)),
-    ExitCodeRow("slurm", ExitCode.PASSED, "the sbatch scripts are written", ("tests/hostile/test_corpus.py::test_slurm_values_that_pass_are_plain",)),
-    ExitCodeRow("slurm", ExitCode.USAGE, "matrix.toml, a filter, --partition or --time cannot apply", (f"{CORPUS}[slurm-partition-newline]",)),
-)  # fmt: skip
-
-
-def render_markdown() -> str:
-    """docs/reference/exit-codes.md."""
-    lines = [
-        "# Exit codes",
-        "",
-        "What each `python -m torchmatrix` command can exit with (nox passes the code through). Exit 2 ends with",
-        "one line, `torchmatrix: error: ...` (or argparse's), that says what to change, never a traceback. Generated",
-        "from `torchmatrix/exit_codes.py`; `tests/test_exit_codes.py` checks that this page matches it and that the",
-        "tests each row names (under `tests/`) exist; each of them provokes that exit.",
-        "",
-        "| command | exit | meaning | provoked by |",
-        "|---|---|---|---|",
-    ]
-    lines += [
-        f"| {_command(row.command)} | {int(row.code)} | {row.meaning} | {_tests(row.provoked_by)} |"
-        for row in EXIT_CODES
-    ]
-    return "\n".join(lines) + "\n"
-
-
-def _tests(node_ids: tuple[str, ...]) -> str:
-    return "<br>".join(f"`{node.removeprefix('tests/')}`" for node in node_ids)
-
-
-def _command(name: str) -> str:
-    return name if " " in name else f"`{name}`"

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from torchmatrix.reports.upgrade_diff import BROKEN_DIRECTION, GROWN_DRIFT, REGRESSION, SLOWDOWN, UNCONFIRMED
+
 from conftest import Project
 
 VERSION = {"torch": "2.13.0", "planned_cells": ["ws1"], "missing_cells": []}
@@ -19,8 +21,8 @@ def _record(cell: str = "ws1", status: str = "passed", **extra) -> dict:
     return {"torch": "2.13.0", "cell": cell, "suite": "s", "test": "t", "status": status, "duration": 1.0, **extra}
 
 
-def _run(run_id: str, *tests: dict) -> str:
-    """A results.json of one torch version holding `tests`."""
+def _run(run_id: str, *tests: dict, versions: tuple[str, ...] = ("2.13.0",)) -> str:
+    """A results.json of these torch versions (one by default) holding `tests`."""
     return json.dumps(
         {
             "schema": "torchmatrix.results",
@@ -33,7 +35,7 @@ def _run(run_id: str, *tests: dict) -> str:
                 "baseline": "2.13.0",
                 "thresholds": {"drift_ratio": 10.0, "slowdown_ratio": 1.5},
             },
-            "versions": [VERSION],
+            "versions": [{**VERSION, "torch": version} for version in versions],
             "cells": [],
             "tests": list(tests),
         }
@@ -52,13 +54,57 @@ class Verdict:
     files: dict[str, str] = field(default_factory=dict)
 
 
+def _cross(torch: str, test: str, status: str = "passed", **extra) -> dict:
+    return {**_record(status=status, **extra), "torch": torch, "suite": "cross_version", "test": test}
+
+
+def _rollback(run_id: str, read_status: str) -> str:
+    """Both versions wrote and read each other's checkpoint; the baseline's read of 2.15.0's ended `read_status`."""
+    writes = [_cross(v, "test_writes_checkpoint_for_other_versions") for v in ("2.13.0", "2.15.0")]
+    reads = [
+        _cross("2.13.0", "test_loads_checkpoint_written_by[writer=2.15.0]", read_status, message="too many values"),
+        _cross("2.15.0", "test_loads_checkpoint_written_by[writer=2.13.0]"),
+    ]
+    return _run(run_id, *writes, *reads, versions=("2.13.0", "2.15.0"))
+
+
 CASES = [
+    Verdict(
+        "compare-confirmed-regression",
+        "passed -> failed, and the failure fails alone: a regression",
+        ["compare", "a.json", "b.json"],
+        1,
+        f"**compare exits 1 on**: {REGRESSION.meaning}.",
+        files={
+            "a.json": _run("a", _record()),
+            "b.json": _run("b", _record(status="failed", message="AssertionError: boom", confirmation="fails alone")),
+        },
+    ),
+    Verdict(
+        "compare-suite-slower",
+        "four tests of one suite took 3x as long (wall time: no CPU time recorded)",
+        ["compare", "a.json", "b.json"],
+        1,
+        f"**compare exits 1 on**: {SLOWDOWN.meaning}.",
+        files={
+            "a.json": _run("a", *(_record(duration=2.0) | {"test": f"t{i}"} for i in range(4))),
+            "b.json": _run("b", *(_record(duration=6.0) | {"test": f"t{i}"} for i in range(4))),
+        },
+    ),
+    Verdict(
+        "compare-broken-rollback",
+        "run B's baseline cannot read its candidate's checkpoint; every test that both runs ran passed",
+        ["compare", "a.json", "b.json"],
+        1,
+        f"**compare exits 1 on**: {BROKEN_DIRECTION.meaning}.",
+        files={"a.json": _rollback("a", "passed"), "b.json": _rollback("b", "failed")},
+    ),
     Verdict(
         "compare-drift-grew",
         "a drift figure grew 10^7 times (README: exit 1 on drift)",
         ["compare", "a.json", "b.json"],
         1,
-        "grad_max_abs/w",
+        f"**compare exits 1 on**: {GROWN_DRIFT.meaning}.",
         files={
             "a.json": _run("a", _record(figures={"grad_max_abs/w": 1e-9})),
             "b.json": _run("b", _record(figures={"grad_max_abs/w": 1e-2})),
@@ -69,7 +115,7 @@ CASES = [
         "passed -> failed, never re-run alone (--confirm-limit 0): it cannot tell, so it is not clean",
         ["compare", "a.json", "b.json"],
         1,
-        "Unconfirmed changes",
+        f"**compare exits 1 on**: {UNCONFIRMED.meaning}.",
         files={
             "a.json": _run("a", _record()),
             "b.json": _run("b", _record(status="failed", message="AssertionError: boom")),

@@ -138,8 +138,8 @@ def test_compare_exits_1_on_a_broken_direction_and_on_a_slowdown_and_shows_the_l
     done = project.torchmatrix("compare", str(good), str(bad))
     assert done.returncode == 1, done.stdout + done.stderr
     assert (
-        f"❌ **rollback**: checkpoints written by 2.15.0 cannot be read by 2.13.0 — `{CHECKPOINT_EXCEPTION}` (0 cells exact, 1 cell failed)"
-        in done.stdout
+        "❌ **rollback**: checkpoints written by 2.15.0 cannot be read by 2.13.0, caused by 2.15.0's writer"
+        f" — `{CHECKPOINT_EXCEPTION}` (0 cells exact, 1 cell failed)" in done.stdout
     )
     load = {"mean": 15.0, "max": 16.1, "samples": 9, "cores": 2}
     slow_tests = [
@@ -171,3 +171,30 @@ def test_a_malformed_warning_entry_is_refused_with_one_line(tmp_path):
     path = write_results(tmp_path / "r", [record])
     with pytest.raises(results_json.ResultsError, match="warnings entry .* is not a table with an integer count"):
         results_json.read_json(path)
+
+
+def test_reads_a_representative_cell_ran_group_as_one_root_cause_whatever_cell_the_path_names():
+    """cross_version's result depends on fewer axes than a cell has: ws1-b's read ran in ws1-a, and the
+    message names ws1-a's checkpoint; every cell's failure is still one root cause, paths relative."""
+    message = "FileNotFoundError: '/home/me/reports/run/torch-2.15.0/checkpoints/{}/__0.metadata'"
+    tests = [cross(v, c, WRITE_TEST) for v in (BASELINE, CANDIDATE) for c in ("ws1-a", "ws2")]
+    tests += [
+        TestRecord(BASELINE, "ws1-a", "cross_version", READ.format(CANDIDATE), "failed", 1.0, message.format("ws1-a")),
+        TestRecord(
+            BASELINE,
+            "ws1-b",
+            "cross_version",
+            READ.format(CANDIDATE),
+            "failed",
+            1.0,
+            message.format("ws1-a"),
+            ran_in="ws1-a",
+        ),
+        TestRecord(BASELINE, "ws2", "cross_version", READ.format(CANDIDATE), "failed", 1.0, message.format("ws2")),
+    ]
+    rollback, _ = checkpoint_directions(run_results(tests), BASELINE, CANDIDATE)
+    ((cause, cells),) = rollback.failed.items()
+    assert (cause, sorted(cells)) == (
+        "FileNotFoundError: 'torch-2.15.0/checkpoints/<cell>/__0.metadata'",
+        ["ws1-a", "ws1-b", "ws2"],
+    )

@@ -58,7 +58,7 @@ def write_run(tmp_path):
             tmp_path / "torch-2.13.0" / f"{cell.id}.xml",
             [junit.cell_report("2.13.0", ENVIRONMENT, cell, book.for_cell(cell))],
         )
-    return junit.merge_run(tmp_path)
+    return junit.merge_run(tmp_path, "2.13.0")
 
 
 def test_every_status_and_the_missing_test_appear(tmp_path):

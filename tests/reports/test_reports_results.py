@@ -66,7 +66,7 @@ def test_results_json_round_trips_and_reads_as_a_run(run_dir):
 
 
 def test_only_the_merged_junit_file_is_enough(run_dir, tmp_path):
-    junit.merge_run(run_dir)
+    junit.merge_run(run_dir, "2.13.0")
     copy = tmp_path / "artifact"
     copy.mkdir()
     shutil.copy(run_dir / "junit.xml", copy / "junit.xml")

@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from junitparser import JUnitXml
 
 from torchmatrix.status import Confirmation
 
@@ -174,8 +175,8 @@ def test_unreadable_rollback_is_reported_with_its_root_cause_and_fails_compare(m
     assert failure["root_cause"].endswith("is not readable by torch 2.13.0+cpu"), failure
     summary = (mutant / "summary.md").read_text()
     assert (
-        "❌ **rollback**: checkpoints written by 2.14.1 cannot be read by 2.13.0 — `RuntimeError: checkpoint format"
-        in summary
+        "❌ **rollback**: checkpoints written by 2.14.1 cannot be read by 2.13.0, caused by 2.14.1's writer"
+        " — `RuntimeError: checkpoint format" in summary
     )
     read = next(
         t
@@ -187,6 +188,9 @@ def test_unreadable_rollback_is_reported_with_its_root_cause_and_fails_compare(m
     assert read["confirmation"] == Confirmation.FAILS_ALONE.value, read  # re-read alone by cross-read
     failure = f"{BASELINE}/{read['cell']}/cross_version::{read['test']}"
     assert f"reproduce: `{shlex.join(['torchmatrix', 'repro', 'reports/run', failure])}`" in summary
+    suites = {suite.name: suite for suite in JUnitXml.fromfile(str(mutant / "junit.xml"))}
+    assert suites["rollback/2.14.1→2.13.0/ws1-none-sdpa-adamw"].failures == 1, list(suites)
+    assert suites["torch-2.13.0/ws1-none-sdpa-adamw"].failures == 0, "the baseline's own tests passed"
     compared = torchmatrix(sys.executable, "compare", str(reference), str(mutant))
     assert compared.returncode == 1, compared.stdout + compared.stderr
     assert "cannot be read by 2.13.0" in compared.stdout

@@ -3,12 +3,15 @@
 
 Read from the cross_version suite's records: the writing version's write test and the reading
 version's read test of each cell (torchmatrix/run/cross_version.py says where they run). A cell
-whose read failed carries the failure's root cause; one with no write or no read is not checked,
-with the reason, and never counts as passed.
+whose read failed carries the failure's root cause, whole, with the run directory's own paths made
+relative to it; one with no write or no read is not checked, with the reason, and never counts as
+passed. A direction belongs to the pair, and a break is the candidate's: its writer changed for a
+rollback, its reader for a forward break.
 """
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -22,6 +25,7 @@ NO_READ_PASS = (
     "not checked: torch {reader} never ran its read pass here (`python -m torchmatrix cross-read {run}` runs it)"
 )
 NO_WRITE = "not checked: torch {writer} wrote no checkpoint for this cell ({why})"
+ROLLBACK, FORWARD = "rollback", "forward"
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,38 @@ class Direction:
         return bool(self.failed)
 
     @property
+    def candidate(self) -> str:
+        """The version the direction's result is attributed to: the rollback's writer, the forward's reader."""
+        return self.writer if self.name == ROLLBACK else self.reader
+
+    @property
+    def changed(self) -> str:
+        """What of the candidate a break points at: `writer` or `reader`."""
+        return "writer" if self.name == ROLLBACK else "reader"
+
+    @property
+    def label(self) -> str:
+        """`rollback 2.15.0→2.13.0`: the column, row and totals name of the direction (writer → reader)."""
+        return f"{self.name} {self.writer}→{self.reader}"
+
+    @property
+    def consequence(self) -> str:
+        """What a break costs the release engineer, in one phrase."""
+        if self.name == ROLLBACK:
+            return f"rolling the pin back from {self.writer} to {self.reader} loses resume from {self.writer}'s checkpoints"
+        return f"bumping the pin to {self.reader} loses resume from the checkpoints {self.writer} wrote"
+
+    def status_of(self, cell: str) -> Status | None:
+        """The cell's mark in the direction's grid column: failed, passed, skipped when not checked, None when absent."""
+        if any(cell in cells for cells in self.failed.values()):
+            return Status.FAILED
+        if cell in self.passed:
+            return Status.PASSED
+        if any(cell in cells for cells in self.not_checked.values()):
+            return Status.SKIPPED
+        return None
+
+    @property
     def verdict(self) -> str:
         """The direction in one phrase: broken, exact, or not checked."""
         if self.failed:
@@ -57,6 +93,7 @@ class Direction:
             "writer": self.writer,
             "reader": self.reader,
             "broken": self.broken,
+            "attributed_to": self.candidate,
             "passed": list(self.passed),
             "failed": [{"root_cause": cause, "cells": list(cells)} for cause, cells in self.failed.items()],
             "not_checked": [{"reason": reason, "cells": list(cells)} for reason, cells in self.not_checked.items()],
@@ -69,9 +106,22 @@ def checkpoint_directions(results: RunResults, baseline: str, candidate: str) ->
     if not records:
         return []
     return [
-        _direction("rollback", candidate, baseline, records, results.run_id),
-        _direction("forward", baseline, candidate, records, results.run_id),
+        _direction(ROLLBACK, candidate, baseline, records, results.run_id),
+        _direction(FORWARD, baseline, candidate, records, results.run_id),
     ]
+
+
+def direction_name(reader: str, baseline: str) -> str:
+    """Which direction a read is: the baseline reading a candidate's checkpoint is the rollback."""
+    return ROLLBACK if reader == baseline else FORWARD
+
+
+def relative_to_run(text: str, run_id: str) -> str:
+    """`text` with every absolute path into the run directory written relative to it
+    (`/home/me/reports/<run>/torch-2.15.0/checkpoints/ws1` -> `torch-2.15.0/checkpoints/ws1`)."""
+    if not run_id:
+        return text
+    return re.sub(r"(?:[A-Za-z]:)?(?:[/\\][^\s'\"/\\]+)*?[/\\]" + re.escape(run_id) + r"[/\\]", "", text)
 
 
 def _direction(name: str, writer: str, reader: str, records: list[TestRecord], run_id: str) -> Direction:
@@ -79,6 +129,7 @@ def _direction(name: str, writer: str, reader: str, records: list[TestRecord], r
     reads = {r.cell: r for r in records if r.torch == reader and r.test == f"{READ_TEST}[writer={writer}]"}
     cells = list(dict.fromkeys([*writes, *reads]))
     passed: list[str] = []
+    causes: dict[str, str] = {}  # group key -> the first cause as shown
     failed: dict[str, list[str]] = defaultdict(list)
     not_checked: dict[str, list[str]] = defaultdict(list)
     for cell in cells:
@@ -86,7 +137,9 @@ def _direction(name: str, writer: str, reader: str, records: list[TestRecord], r
         if read is not None and read.status is Status.PASSED:
             passed.append(cell)
         elif read is not None and read.status.is_failing:
-            failed[group_key(read.message)].append(cell)
+            # the checkpoint's path names the cell that ran the read (a representative of others)
+            cause = relative_to_run(read.message, run_id).replace(read.run_cell, "<cell>").replace(cell, "<cell>")
+            failed[causes.setdefault(group_key(cause), cause)].append(cell)
         elif write is None or write.status is not Status.PASSED:
             why = "it did not run this cell" if write is None else f"its write {write.status.value}: {write.message}"
             not_checked[NO_WRITE.format(writer=writer, why=why)].append(cell)

@@ -7,9 +7,10 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
+from torchmatrix.reports.checkpoint_directions import relative_to_run
 from torchmatrix.reports.records import ResultsError, RootCause, RunResults
 from torchmatrix.reports.run_reader import load_results
-from torchmatrix.reports.summary_data import count
+from torchmatrix.reports.summary_data import count, read_label
 from torchmatrix.reports.untrusted_text import one_line
 from torchmatrix.status import tally
 
@@ -30,7 +31,7 @@ def root_cause_lines(run: RunResults) -> list[str]:
     causes = run.root_causes()
     if not causes:
         return []
-    return [f"torchmatrix: failures by root cause ({len(causes)}):", *_reach(causes, ROOT_CAUSE_CHARS)]
+    return [f"torchmatrix: failures by root cause ({len(causes)}):", *_reach(causes, ROOT_CAUSE_CHARS, run)]
 
 
 def simulation_limit_lines(run: RunResults) -> list[str]:
@@ -41,18 +42,26 @@ def simulation_limit_lines(run: RunResults) -> list[str]:
         return []
     return [
         f"torchmatrix: CPU-simulation limits, not failures of the stack ({len(limits)}):",
-        *_reach(limits, LIMIT_CHARS),
+        *_reach(limits, LIMIT_CHARS, run),
     ]
 
 
-def _reach(causes: list[RootCause], chars: int) -> list[str]:
+def _reach(causes: list[RootCause], chars: int, run: RunResults) -> list[str]:
     lines = [
-        f"  {count(cause.tests, 'test')} in {count(len(cause.cells), 'cell')}, torch {', '.join(cause.versions)}: {one_line(cause.line, chars)}"
+        f"  {count(cause.tests, 'test')} in {count(len(cause.cells), 'cell')}, {_where(cause, run.baseline)}: "
+        + one_line(relative_to_run(cause.line, run.run_id), chars)
         for cause in causes[:CLOSING_ROOT_CAUSES]
     ]
     if len(causes) > CLOSING_ROOT_CAUSES:
         lines.append(f"  … and {len(causes) - CLOSING_ROOT_CAUSES} more in the summary")
     return lines
+
+
+def _where(cause: RootCause, baseline: str) -> str:
+    """`torch 2.13.0, 2.14.1`, or where reads of another version's checkpoints failed, their directions."""
+    if not any(record.reads_writer for record, _ in cause.failures):
+        return f"torch {', '.join(cause.versions)}"
+    return ", ".join(dict.fromkeys(read_label(r, baseline) or f"torch {r.torch}" for r, _ in cause.failures))
 
 
 def run_closing_lines(run_dir: Path, failed: bool, report_follows: bool = False) -> str:

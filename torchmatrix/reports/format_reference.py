@@ -8,7 +8,7 @@ import json
 from torchmatrix.matrix.cells import Cell
 from torchmatrix.matrix.config import ReportSettings, Suite
 from torchmatrix.matrix.plan import SuiteRun
-from torchmatrix.reports.junit import cell_report
+from torchmatrix.reports.junit import cell_report, direction_suites
 from torchmatrix.reports.outcomes import TestOutcome
 from torchmatrix.reports.records import RunResults, TestRecord, VersionInfo
 from torchmatrix.reports.results_json import to_json
@@ -41,6 +41,27 @@ def junit_properties() -> str:
     rows += [f"| `<property>` | `{p.name}` | `{p.value}` |" for p in suite.properties()]
     rows.append(f"| `<testcase name>` | | `{case.name}` |")
     rows.append(f"| `<testcase classname>` | | `{case.classname}` |")
+    return "\n".join(rows)
+
+
+def junit_direction_properties() -> str:
+    """The testsuite a read of another version's checkpoint lands in: the example cell's rollback
+    testsuite (torch 2.13.0, the baseline, reading what 2.15.0 wrote), as merge_run writes it."""
+    run = SuiteRun(Suite("cross_version", "", 120, ("world_size", "fsdp")), CELL, (CELL,))
+    outcome = TestOutcome(
+        "cross_version",
+        "test_loads_checkpoint_written_by[writer=2.15.0]",
+        Status.FAILED,
+        message="CheckpointException: global metadata read failed: too many values to unpack (expected 5)",
+    )
+    (suite,) = direction_suites(cell_report(VERSION, ENVIRONMENT, CELL, [(run, outcome)], started=0), VERSION)
+    case = next(iter(suite))
+    rows = ["| where | name | example value |", "|---|---|---|"]
+    rows.append(f"| `<testsuite name>` | | `{suite.name}` |")
+    rows += [
+        f"| `<property>` | `{p.name}` | `{p.value}` |" for p in suite.properties() if not p.name.startswith("axis.")
+    ]
+    rows.append(f"| `<testcase name>` | | `{case.name}` |")
     return "\n".join(rows)
 
 

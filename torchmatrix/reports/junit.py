@@ -1,8 +1,11 @@
 """JUnit XML: one file per (torch version, cell), and the merged file CI tools read.
 
 Each cell's file is self-describing (torch build, device and axis values as properties), so
-merging is concatenation. Testcase names carry the torch version and cell id, because several
-CI reporters keep only the first of two same-named cases. junitparser writes the XML.
+merging is mostly concatenation: a version's reads of another version's cross_version checkpoints
+belong to the pair, so the merged file holds them as a testsuite per direction and cell
+(`rollback/2.15.0→2.13.0/<cell-id>`), never as a second `torch-V/<cell-id>`. Testcase names carry
+the torch version and cell id, because several CI reporters keep only the first of two same-named
+cases. junitparser writes the XML.
 """
 
 from __future__ import annotations
@@ -18,7 +21,9 @@ from junitparser import Error, Failure, JUnitXml, Skipped, TestCase, TestSuite
 from torchmatrix import file_writes
 from torchmatrix.matrix.cells import Cell, filter_token
 from torchmatrix.matrix.plan import SuiteRun
+from torchmatrix.messages.cross_version import READ_TEST, READS_DIR
 from torchmatrix.ranks.output_cap import HARD_LIMIT_BYTES, cap_text
+from torchmatrix.reports.checkpoint_directions import ROLLBACK, direction_name
 from torchmatrix.reports.outcomes import TestOutcome
 from torchmatrix.reports.records import ResultsError
 from torchmatrix.reports.untrusted_text import one_line, visible
@@ -162,12 +167,48 @@ def cell_report_files(run_dir: Path) -> list[Path]:
     return sorted([*run_dir.glob("torch-*/*.xml"), *run_dir.glob("torch-*/reads/*.xml")])
 
 
-def merge_run(run_dir: Path) -> Path:
-    """Merge the per-cell files of a run directory into <run_dir>/junit.xml."""
-    suites = [suite for path in cell_report_files(run_dir) for suite in read_suites(path)]
+def merge_run(run_dir: Path, baseline: str) -> Path:
+    """Merge the per-cell files of a run directory into <run_dir>/junit.xml, each version's reads
+    of the other versions' checkpoints as rollback and forward testsuites (`baseline` says which)."""
+    suites = []
+    for path in cell_report_files(run_dir):
+        for suite in read_suites(path):
+            suites += direction_suites(suite, baseline) if path.parent.name == READS_DIR else [suite]
     merged = run_dir / MERGED_NAME
     write_suites(merged, suites)
     return merged
+
+
+def direction_suites(suite: TestSuite, baseline: str) -> list[TestSuite]:
+    """A read pass's cell testsuite split into one testsuite per checkpoint direction, named
+    `rollback/<writer>→<reader>/<cell-id>`, with the direction, writer, reader and the version the
+    result is attributed to (the candidate) as properties; a case that names no writer stays in
+    `torch-<reader>/reads/<cell-id>`."""
+    properties = [(p.name, p.value) for p in suite.properties()]
+    reader, cell = dict(properties).get("torch", ""), dict(properties).get("cell", "")
+    prefix = f"{READ_TEST}[writer="
+    split: dict[str, list[TestCase]] = {}
+    for case in suite:
+        test = test_of_testcase(case.name)
+        writer = test[len(prefix) : -1] if test.startswith(prefix) and test.endswith("]") else ""
+        split.setdefault(writer, []).append(case)
+    suites = []
+    for writer, cases in split.items():
+        direction = direction_name(reader, baseline)
+        name = f"{direction}/{writer}→{reader}/{cell}" if writer else f"{suite_name(reader, cell)}/{READS_DIR}"
+        part = TestSuite(xml_text(name))
+        for key, value in properties:
+            part.add_property(key, value)
+        if writer:
+            part.add_property("checkpoint.direction", direction)
+            part.add_property("checkpoint.writer", xml_text(writer))
+            part.add_property("checkpoint.reader", xml_text(reader))
+            part.add_property("checkpoint.attributed_to", xml_text(writer if direction == ROLLBACK else reader))
+        for case in cases:
+            part.add_testcase(case)
+        part.hostname, part.timestamp = suite.hostname, suite.timestamp
+        suites.append(part)
+    return suites
 
 
 def has_problems(path: Path) -> bool:

@@ -8,6 +8,8 @@ import re
 from dataclasses import dataclass, field
 
 from torchmatrix.matrix.config import ReportSettings
+from torchmatrix.messages.cross_version import READ_TEST
+from torchmatrix.messages.cross_version import SUITE as CROSS_VERSION
 from torchmatrix.ranks.root_cause import group_key
 from torchmatrix.status import Confirmation, Status
 from torchmatrix.user_error import UserError
@@ -46,6 +48,15 @@ class TestRecord:
     def run_cell(self) -> str:
         """The cell that actually ran the test (a representative cell shares its result with others)."""
         return self.ran_in or self.cell
+
+    @property
+    def reads_writer(self) -> str | None:
+        """The torch version whose checkpoint this test read (a cross_version read), else None: such
+        a result belongs to the pair of versions, not to the one that ran it."""
+        prefix = f"{READ_TEST}[writer="
+        if self.suite != CROSS_VERSION or not self.test.startswith(prefix) or not self.test.endswith("]"):
+            return None
+        return self.test[len(prefix) : -1]
 
     def to_json(self) -> dict:
         return {
@@ -178,6 +189,11 @@ class RunResults:
     def records(self, torch: str) -> list[TestRecord]:
         return [record for record in self.tests if record.torch == torch]
 
+    def own_records(self, torch: str | None = None) -> list[TestRecord]:
+        """The tests a version ran on its own (every version's when None): its reads of another
+        version's checkpoints left out, since a pair of versions owns those."""
+        return [r for r in self.tests if r.reads_writer is None and (torch is None or r.torch == torch)]
+
     def totals(self, torch: str | None = None) -> dict[Status, int]:
         """Testcases per status, worst first, as the merged JUnit file counts them."""
         counts = dict.fromkeys(Status.worst_first(), 0)
@@ -187,9 +203,10 @@ class RunResults:
         return counts
 
     def statuses(self) -> dict[tuple[str, str, str], Status]:
-        """(torch, cell, suite) -> the suite's status in that cell: error, else failed, else passed, else skipped."""
+        """(torch, cell, suite) -> the suite's status in that cell: error, else failed, else passed, else
+        skipped; reads of another version's checkpoints are the pair's (checkpoint_directions), not here."""
         found: dict[tuple[str, str, str], set[Status]] = {}
-        for record in self.tests:
+        for record in self.own_records():
             found.setdefault((record.torch, record.cell, record.suite), set()).add(record.status)
         return {key: Status.worst(seen) for key, seen in found.items()}
 
@@ -219,7 +236,7 @@ class RunResults:
         """(torch, cell, suite) that passed with some tests skipped -> (skipped, tests): a green mark
         that checked less than the suite has."""
         counts: dict[tuple[str, str, str], list[int]] = {}
-        for record in self.tests:
+        for record in self.own_records():
             tally = counts.setdefault((record.torch, record.cell, record.suite), [0, 0])
             tally[0] += record.status is Status.SKIPPED
             tally[1] += 1
@@ -242,7 +259,7 @@ class RunResults:
     def order_dependent(self) -> set[tuple[str, str, str]]:
         """(torch, cell, suite) whose failures all passed when re-run alone: order-dependent or flaky."""
         confirmations: dict[tuple[str, str, str], set[str]] = {}
-        for record in self.tests:
+        for record in self.own_records():
             if record.status.is_failing:
                 confirmations.setdefault((record.torch, record.cell, record.suite), set()).add(record.confirmation)
         return {key for key, seen in confirmations.items() if seen == {Confirmation.PASSED_ALONE.value}}

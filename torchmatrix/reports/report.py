@@ -19,7 +19,14 @@ from torchmatrix.reports.checkpoint_directions import checkpoint_directions
 from torchmatrix.reports.records import ResultsError, RunResults
 from torchmatrix.reports.recovery import rebuild_missing_cells
 from torchmatrix.reports.run_reader import load_results, matrix_paths
-from torchmatrix.reports.upgrade_diff import CompareError, compare_runs, upgrade_diffs
+from torchmatrix.reports.upgrade_diff import (
+    BROKEN_DIRECTION,
+    FAIL_CAUSES,
+    CompareError,
+    FailCause,
+    compare_runs,
+    upgrade_diffs,
+)
 
 SUMMARY_MD = "summary.md"
 SUMMARY_HTML = "summary.html"
@@ -36,8 +43,8 @@ def write_report(run_dir: Path, config: str | None = None) -> list[Path]:
                 f"{version_dir} is still being run ({holder}); write its report when that run has finished"
             )
     rebuild_missing_cells(run_dir)
-    written = [junit.merge_run(run_dir)] if junit.cell_report_files(run_dir) else []
     run = load_run(run_dir, config)
+    written = [junit.merge_run(run_dir, run.baseline)] if junit.cell_report_files(run_dir) else []
     diffs = upgrade_diffs(run)
     markdown = summary_md.render(run, diffs)
     written.append(results_json.write_json(run_dir / results_json.FILE_NAME, run, [d.to_json() for d in diffs]))
@@ -47,10 +54,10 @@ def write_report(run_dir: Path, config: str | None = None) -> list[Path]:
     return written
 
 
-def compare_markdown(run_a: Path, run_b: Path) -> tuple[str, bool]:
+def compare_markdown(run_a: Path, run_b: Path) -> tuple[str, list[FailCause]]:
     """The upgrade diff of run B against run A as markdown (with run B's checkpoints across its own
-    versions), and whether it fails: a regression, grown drift, a slowdown, a change never re-run
-    alone, or a broken checkpoint direction."""
+    versions), and what of FAIL_CAUSES it holds (compare exits 1 on any): a regression, grown
+    drift, a slowdown, a change never re-run alone, a broken checkpoint direction."""
     old, new = load_run(run_a), load_run(run_b)
     diffs = compare_runs(old, new)
     if not any(diff.compared for diff in diffs):
@@ -62,8 +69,12 @@ def compare_markdown(run_a: Path, run_b: Path) -> tuple[str, bool]:
     markdown = f"## torchmatrix compare {summary_md.code(old.run_id)} → {summary_md.code(new.run_id)}\n\n"
     markdown += "\n\n".join(summary_md.diff_section(diff) for diff in diffs) + "\n"
     markdown += "".join(f"\n{summary_md.checkpoints_section(pair)}\n" for pair in directions if pair)
-    broken = any(direction.broken for pair in directions for direction in pair)
-    return markdown, broken or any(diff.fails for diff in diffs)
+    broken = [BROKEN_DIRECTION] if any(direction.broken for pair in directions for direction in pair) else []
+    found = {cause for diff in diffs for cause in diff.fail_causes}.union(broken)
+    causes = [cause for cause in FAIL_CAUSES if cause in found]
+    if causes:
+        markdown += f"\n**compare exits 1 on**: {'; '.join(cause.meaning for cause in causes)}.\n"
+    return markdown, causes
 
 
 def load_run(path: Path, config: str | None = None) -> RunResults:

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from torchmatrix.ranks.compile_time import COMPILE_SECONDS
+from torchmatrix.reports.checkpoint_directions import direction_name
 from torchmatrix.reports.confirmation import why_not_rerun
 from torchmatrix.reports.records import RootCause, RunResults, SkipReason, TestRecord
 from torchmatrix.status import Confirmation, Status
@@ -20,6 +21,12 @@ LIMITS_NOTE = (
     "These failed only because ranks are simulated as CPU processes on gloo: each names the known limit "
     "and what works around it (docs: The CPU simulation and its limits). They are neither failures of "
     "the stack nor passes, are not re-run alone, and do not fail the run; on GPUs the same text is a failure."
+)
+
+DIRECTIONS_NOTE = (
+    "A rollback W→R or forward W→R column has one mark per cell: whether torch R loaded exactly the "
+    "checkpoint torch W wrote; a break there is the candidate's (its writer for a rollback, its reader "
+    "for a forward), whichever version ran the read."
 )
 
 
@@ -125,6 +132,7 @@ class Summary:
     matrix_path: str
     matrix_sha256: str
     versions: list[VersionRow]
+    directions: list[VersionRow]
     cells: int
     totals: dict[Status, int]
     confirmations: Confirmations
@@ -190,16 +198,17 @@ def summarize(results: RunResults) -> Summary:
                 torch=v.torch,
                 build=v.build,
                 device=v.device,
-                cells=len({record.cell for record in results.records(v.torch)}),
+                cells=len({record.cell for record in results.own_records(v.torch)}),
                 missing=len(v.missing_cells),
-                counts=results.totals(v.torch),
-                confirmations=Confirmations.of(results.records(v.torch)),
+                counts=status_counts(results.own_records(v.torch)),
+                confirmations=Confirmations.of(results.own_records(v.torch)),
                 filters=describe_filters(v.filters),
-                test_seconds=sum(record.duration for record in results.records(v.torch)),
-                compile_seconds=sum(record.figures.get(COMPILE_SECONDS, 0) for record in results.records(v.torch)),
+                test_seconds=sum(record.duration for record in results.own_records(v.torch)),
+                compile_seconds=sum(record.figures.get(COMPILE_SECONDS, 0) for record in results.own_records(v.torch)),
             )
             for v in results.versions
         ],
+        directions=_direction_rows(results),
         cells=len(results.cells),
         totals=results.totals(),
         confirmations=Confirmations.of(results.tests),
@@ -207,6 +216,46 @@ def summarize(results: RunResults) -> Summary:
         simulation_limits=results.simulation_limits(),
         skip_reasons=results.skip_reasons(),
     )
+
+
+def status_counts(records: Iterable[TestRecord]) -> dict[Status, int]:
+    """Testcases per status, worst first."""
+    counts = dict.fromkeys(Status.worst_first(), 0)
+    for record in records:
+        counts[record.status] += 1
+    return counts
+
+
+def _direction_rows(results: RunResults) -> list[VersionRow]:
+    """One totals row per checkpoint direction of the run (`rollback 2.15.0→2.13.0`): its reads,
+    which the pair owns, counted apart from either version's own tests."""
+    reads: dict[tuple[str, str], list[TestRecord]] = {}
+    for record in results.tests:
+        if record.reads_writer is not None:
+            reads.setdefault((record.reads_writer, record.torch), []).append(record)
+    rows = []
+    for (_, reader), records in reads.items():
+        version = next((v for v in results.versions if v.torch == reader), None)
+        rows.append(
+            VersionRow(
+                torch=read_label(records[0], results.baseline),
+                build=version.build if version else "",
+                device=version.device if version else "",
+                cells=len({record.cell for record in records}),
+                missing=0,
+                counts=status_counts(records),
+                confirmations=Confirmations.of(records),
+                filters="",
+                test_seconds=sum(record.duration for record in records),
+            )
+        )
+    return rows
+
+
+def read_label(record: TestRecord, baseline: str) -> str:
+    """`rollback 2.15.0→2.13.0` for a read of another version's checkpoint (the pair owns it), else ""."""
+    writer = record.reads_writer
+    return f"{direction_name(record.torch, baseline)} {writer}→{record.torch}" if writer is not None else ""
 
 
 def describe_filters(filters: dict) -> str:

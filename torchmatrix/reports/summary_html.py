@@ -14,12 +14,23 @@ import html
 import math
 from collections import defaultdict
 
-from torchmatrix.reports.checkpoint_directions import Direction
+from torchmatrix.reports.bump_verdict import bump_verdict
+from torchmatrix.reports.checkpoint_directions import Direction, relative_to_run
 from torchmatrix.reports.records import RootCause, RunResults, TestRecord, drift_measure, is_drift_figure
 from torchmatrix.reports.reproducible import is_reproducible, repro_command
-from torchmatrix.reports.summary_data import LIMITS_NOTE, Summary, count, distinct_texts, other_cells, summarize
+from torchmatrix.reports.summary_data import (
+    DIRECTIONS_NOTE,
+    LIMITS_NOTE,
+    Summary,
+    count,
+    distinct_texts,
+    other_cells,
+    read_label,
+    summarize,
+)
 from torchmatrix.reports.untrusted_text import one_line, visible
 from torchmatrix.reports.upgrade_diff import SLOWDOWN_RULE, Change, UpgradeDiff, grew
+from torchmatrix.reports.warning_changes import COUNT_FACTOR
 from torchmatrix.status import NOT_RUN, ORDER_DEPENDENT, PARTLY_SKIPPED, Confirmation, Mark, Status
 
 CHART_BAR = 14
@@ -85,9 +96,10 @@ def render(results: RunResults, diffs: list[UpgradeDiff]) -> str:
     body = "\n".join(
         [
             _header(summary),
+            *(_verdict(diff) for diff in diffs),
             _totals(summary),
             *(_diff(diff) for diff in diffs),
-            _grid(results, summary, anchors),
+            _grid(results, summary, anchors, [d for diff in diffs for d in diff.checkpoints]),
             _failures(summary, anchors),
             _limits(summary, anchors),
             _skips(summary),
@@ -127,11 +139,29 @@ def _header(summary: Summary) -> str:
     )
 
 
+def _verdict(diff: UpgradeDiff) -> str:
+    """The verdict of one bump, a line per statement, root causes whole."""
+    items = "".join(
+        f'<li class="{line.level}" data-topic="{text(line.topic)}">{text(line.says)}'
+        + (
+            "<ul>" + "".join(f"<li><code>{text(quoted)}</code></li>" for quoted in line.quoted) + "</ul>"
+            if line.quoted
+            else ""
+        )
+        + "</li>"
+        for line in bump_verdict(diff)
+    )
+    return (
+        f'<h2 class="verdict">Verdict <code>{text(diff.before)}</code> → <code>{text(diff.after)}</code></h2>\n'
+        f'<ul class="verdict">{items}</ul>'
+    )
+
+
 def _totals(summary: Summary) -> str:
     """Tests per status, then what re-running the failing ones alone showed: only a failure that
     fails alone, or that nobody confirmed, is red; one that passed alone is order-dependent."""
     rows = []
-    for v in summary.versions:
+    for v in [*summary.versions, *summary.directions]:
         missing = f' <span class="bad">{v.missing} missing</span>' if v.missing else ""
         rows.append(
             f"<tr><th><code>{text(v.torch)}</code></th><td>{v.cells}{missing}</td>"
@@ -159,15 +189,20 @@ def _confirmed_count(column: str, n: int) -> str:
 def _diff(diff: UpgradeDiff) -> str:
     before, after = text(diff.before), text(diff.after)
     summary = (
-        f'<p><span class="{"bad" if diff.regressions else "good"}">{count(len(diff.regressions), "regression")}</span>, '
+        f'<p><span class="{"bad" if diff.regression_count else "good"}">{count(diff.regression_count, "regression")}'
+        + (f" ({count(len(diff.broken_directions), 'checkpoint direction')})" if diff.broken_directions else "")
+        + "</span>, "
         f"{count(len(diff.fixes), 'fix', 'fixes')} (confirmed: the failure fails alone), "
         f"{len(diff.unconfirmed)} unconfirmed, {len(diff.newly_skipped)} newly skipped, "
         f"{count(len(diff.drift), 'drift figure')} grown more than {diff.settings.drift_ratio:g}×, "
         f"{count(len(diff.slowdowns), 'suite')} slower than {diff.settings.slowdown_ratio:g}×, "
-        f"{count(len(diff.new_warnings), 'new warning')}, {len(diff.gone_warnings)} gone "
+        f"{count(len(diff.new_warnings), 'new warning')}, {len(diff.gone_warnings)} gone, "
+        f"{len(diff.changed_warnings)} raised more or less often than {COUNT_FACTOR:g}× per test "
         f"({diff.compared} tests compared{'; ' + text(diff.load_note) if diff.load_note else ''}).</p>"
     )
     parts = [f'<h2 class="upgrade">Upgrade diff <code>{before}</code> → <code>{after}</code></h2>', summary]
+    if diff.builds:
+        parts.append(f'<p class="warn builds">{text(diff.builds.note)}</p>')
     if diff.checkpoints:
         parts.append(_checkpoints(diff.checkpoints))
     for title, groups in (
@@ -186,6 +221,18 @@ def _diff(diff: UpgradeDiff) -> str:
                 f"<h3>{title} ({count(len(groups), 'warning')}; deprecations first)</h3>\n<table><tr><th>category</th>"
                 f"<th>raised in</th><th>message</th><th>count</th><th>tests</th><th>cells</th></tr>{rows}</table>"
             )
+    if diff.changed_warnings:
+        rows = "".join(
+            f"<tr><td><code>{text(c.after.category)}</code></td><td><code>{text(c.after.module)}</code></td>"
+            f"<td><code>{text(c.after.message)}</code></td><td>{c.before.count:,} ({c.per_test_before:,.2f} per test)</td>"
+            f"<td>{c.after.count:,} ({c.per_test_after:,.2f} per test)</td><td>{c.ratio:.2f}×</td></tr>"
+            for c in diff.changed_warnings
+        )
+        parts.append(
+            f"<h3>Warnings raised more or less often than {COUNT_FACTOR:g}× per test on <code>{after}</code> "
+            f"({count(len(diff.changed_warnings), 'warning')}; deprecations first)</h3>\n<table><tr><th>category</th>"
+            f"<th>raised in</th><th>message</th><th>{before}</th><th>{after}</th><th>× per test</th></tr>{rows}</table>"
+        )
     for title, changes in (
         ("Regressions (fail alone)", diff.regressions),
         ("Fixes (the baseline's failure failed alone)", diff.fixes),
@@ -227,8 +274,9 @@ def _checkpoints(directions: list[Direction]) -> str:
     items, rows = [], []
     for d in directions:
         style = "bad" if d.broken else ("good" if d.passed and not d.not_checked else "")
+        caused = f", caused by {d.candidate}'s {d.changed}" if d.broken else ""
         items.append(
-            f'<li><span class="{style}"><b>{text(d.name)}</b>: {text(d.verdict)}</span> ({len(d.passed)} cells exact)</li>'
+            f'<li><span class="{style}"><b>{text(d.name)}</b>: {text(d.verdict + caused)}</span> ({len(d.passed)} cells exact)</li>'
         )
         for result, groups in (("failed", d.failed), ("not checked", d.not_checked)):
             rows += [
@@ -286,7 +334,7 @@ def _cell_names(cells: list[str] | tuple[str, ...]) -> str:
     return ", ".join(f"<code>{text(cell)}</code>" for cell in cells)
 
 
-def _grid(results: RunResults, summary: Summary, anchors: dict) -> str:
+def _grid(results: RunResults, summary: Summary, anchors: dict, directions: list[Direction]) -> str:
     axes = results.axes
     value_index = {axis: {value: i for i, value in enumerate(values)} for axis, values in axes.items()}
     filters = "".join(
@@ -301,6 +349,7 @@ def _grid(results: RunResults, summary: Summary, anchors: dict) -> str:
     first_failure = _first_failure_per_suite(results.tests)
     suites = results.suites
     head = "".join(f"<th><code>{text(v.torch)}</code></th>" for v in results.versions)
+    head += "".join(f"<th><code>{text(d.label)}</code></th>" for d in directions)
     rows = []
     for cell, values in results.cells.items():
         indices = " ".join(str(value_index[axis].get(values.get(axis), -1)) for axis in axes)
@@ -328,6 +377,13 @@ def _grid(results: RunResults, summary: Summary, anchors: dict) -> str:
 
                 cell_marks.append(f'<a class="mark {mark.css}" title="{title}"{href}>{mark.symbol}</a>')
             marks.append(f"<td>{''.join(cell_marks)}</td>")
+        for direction in directions:
+            status = direction.status_of(cell)
+            mark = status.mark if status is not None else NOT_RUN
+            title = text(f"{direction.label}: {status or 'not run'}")
+            marks.append(
+                f'<td class="direction"><span class="mark {mark.css}" title="{title}">{mark.symbol}</span></td>'
+            )
         rows.append(
             f'<tr class="cell-row" data-values="{indices}"><th><code>{text(cell)}</code></th>{"".join(marks)}</tr>'
         )
@@ -337,7 +393,9 @@ def _grid(results: RunResults, summary: Summary, anchors: dict) -> str:
     return (
         f"<h2>{summary.grid_title}</h2>\n"
         f"<p>One mark per suite, in this order: {', '.join(f'<code>{text(s)}</code>' for s in suites)}. {legend}. "
-        "A red or purple mark links to its failure, a teal one to its CPU-simulation limit.</p>\n"
+        "A red or purple mark links to its failure, a teal one to its CPU-simulation limit."
+        + (f" {text(DIRECTIONS_NOTE)}" if directions else "")
+        + "</p>\n"
         f'<form id="filters">{filters}<span id="shown"></span></form>\n'
         f'<table id="grid"><thead><tr><th>cell</th>{head}</tr></thead><tbody>\n'
         + "\n".join(rows)
@@ -362,7 +420,7 @@ def _failures(summary: Summary, anchors: dict) -> str:
     return (
         f"<h2>{summary.failures_title}</h2>\n"
         f"<p>Each root cause is the innermost exception of the first failing rank. {text(summary.confirmations.note)}</p>\n"
-        + _causes(summary.root_causes, anchors, confirmed=True, run_id=summary.run_id)
+        + _causes(summary.root_causes, anchors, confirmed=True, run_id=summary.run_id, baseline=summary.baseline)
     )
 
 
@@ -372,11 +430,11 @@ def _limits(summary: Summary, anchors: dict) -> str:
     if not summary.simulation_limits:
         return ""
     return f'<h2 id="simulation-limits">{summary.limits_title}</h2>\n<p>{text(LIMITS_NOTE)}</p>\n' + _causes(
-        summary.simulation_limits, anchors, confirmed=False
+        summary.simulation_limits, anchors, confirmed=False, run_id=summary.run_id
     )
 
 
-def _causes(causes: list[RootCause], anchors: dict, confirmed: bool, run_id: str = "") -> str:
+def _causes(causes: list[RootCause], anchors: dict, confirmed: bool, run_id: str = "", baseline: str = "") -> str:
     cells_of = {(r.torch, r.suite, r.test, r.run_cell): cells for cause in causes for r, cells in cause.failures}
     sections = []
     for cause in causes:
@@ -385,26 +443,29 @@ def _causes(causes: list[RootCause], anchors: dict, confirmed: bool, run_id: str
             first = records[0]
             anchor = anchors[(first.torch, first.suite, first.test, first.run_cell)]
             lines = "".join(
-                f"<li>{_failure_line(r, cells_of[(r.torch, r.suite, r.test, r.run_cell)], confirmed, run_id)}</li>"
+                f"<li>{_failure_line(r, cells_of[(r.torch, r.suite, r.test, r.run_cell)], confirmed, run_id, baseline)}</li>"
                 for r in records
             )
             noun = "failing test" if confirmed else "test"
             same = f"the same text in {count(len(records), noun)}" if len(records) > 1 else "the text"
             items.append(
                 f'<ul class="where">{lines}</ul>\n<details class="failure" id="{anchor}"><summary>{same}</summary>\n'
-                f"<pre>{text(first.text or first.message)}</pre></details>"
+                f"<pre>{text(relative_to_run(first.text or first.message, run_id))}</pre></details>"
             )
-        versions = ", ".join(f"<code>{text(v)}</code>" for v in cause.versions)
+        versions = "torch " + ", ".join(f"<code>{text(v)}</code>" for v in cause.versions)
+        if any(record.reads_writer for record, _ in cause.failures):
+            labels = (read_label(record, baseline) or f"torch {record.torch}" for record, _ in cause.failures)
+            versions = ", ".join(f"<code>{text(label)}</code>" for label in dict.fromkeys(labels))
         sections.append(
-            f'<section class="root-cause"><h3><code>{text(cause.line)}</code></h3>\n'
-            f"<p>{count(cause.tests, 'test')} in {count(len(cause.cells), 'cell')}, torch {versions}</p>\n"
+            f'<section class="root-cause"><h3><code>{text(relative_to_run(cause.line, run_id))}</code></h3>\n'
+            f"<p>{count(cause.tests, 'test')} in {count(len(cause.cells), 'cell')}, {versions}</p>\n"
             + "\n".join(items)
             + "</section>"
         )
     return "\n".join(sections)
 
 
-def _failure_line(record: TestRecord, cells: list[str], confirmed: bool, run_id: str = "") -> str:
+def _failure_line(record: TestRecord, cells: list[str], confirmed: bool, run_id: str = "", baseline: str = "") -> str:
     """One failing test: status, torch, suite, test, the cell that ran it (and those it stands for),
     and for a failure what re-running it alone showed (for a confirmed one, the command that writes
     its standalone reproducer)."""
@@ -412,8 +473,10 @@ def _failure_line(record: TestRecord, cells: list[str], confirmed: bool, run_id:
     alone = f" · <span{flag}>{text(Confirmation.describe(record.confirmation))}</span>" if confirmed else ""
     if confirmed and is_reproducible(record):
         alone += f" · reproduce: <code>{text(repro_command(run_id, record))}</code>"
+    direction = read_label(record, baseline)
+    ran_by = f"<code>{text(direction)}</code>" if direction else f"torch <code>{text(record.torch)}</code>"
     return (
-        f"{_mark(record.status.mark)} torch <code>{text(record.torch)}</code> · "
+        f"{_mark(record.status.mark)} {ran_by} · "
         f"<code>{text(record.suite)}</code> <code>{text(record.test)}</code> in <code>{text(record.run_cell)}</code>"
         f"{_more_cells(other_cells(record.run_cell, cells))}{alone}"
     )

@@ -1,7 +1,9 @@
 """summary.md: the GitHub-flavoured markdown page a person pastes into the PR that bumps torch.
 
-Totals per torch version, the grid of cells x versions (one mark per suite), the failures with
-their first lines, then the upgrade diff. Test-provided text only ever appears inside code spans
+The verdict of each bump first (regressions, checkpoint directions, slowdowns, warnings that
+changed), then totals per torch version and per checkpoint direction, the grid of cells x versions
+(one mark per suite) and directions (one mark per cell), the failures with their first lines, then
+the upgrade diff. Test-provided text only ever appears inside code spans
 or fenced blocks sized to the text, so no name or message can turn into markup or HTML.
 """
 
@@ -10,12 +12,23 @@ from __future__ import annotations
 import math
 import re
 
-from torchmatrix.reports.checkpoint_directions import Direction
+from torchmatrix.reports.bump_verdict import BAD, GOOD, WARN, bump_verdict
+from torchmatrix.reports.checkpoint_directions import Direction, relative_to_run
 from torchmatrix.reports.records import RootCause, RunResults, TestRecord
 from torchmatrix.reports.reproducible import is_reproducible, repro_command
-from torchmatrix.reports.summary_data import LIMITS_NOTE, Summary, count, distinct_texts, other_cells, summarize
+from torchmatrix.reports.summary_data import (
+    DIRECTIONS_NOTE,
+    LIMITS_NOTE,
+    Summary,
+    count,
+    distinct_texts,
+    other_cells,
+    read_label,
+    summarize,
+)
 from torchmatrix.reports.untrusted_text import one_line, visible
 from torchmatrix.reports.upgrade_diff import SLOWDOWN_RULE, UpgradeDiff
+from torchmatrix.reports.warning_changes import COUNT_FACTOR
 from torchmatrix.status import NOT_RUN, ORDER_DEPENDENT, PARTLY_SKIPPED, Confirmation, Status
 
 MAX_ROOT_CAUSES = 30
@@ -33,8 +46,9 @@ def render(results: RunResults, diffs: list[UpgradeDiff]) -> str:
     summary = summarize(results)
     sections = [
         _header(summary),
+        *(verdict_section(diff) for diff in diffs),
         _totals(summary),
-        _grid(results, summary),
+        _grid(results, summary, [d for diff in diffs for d in diff.checkpoints]),
         _failures(summary),
         _limits(summary),
         _skips(summary),
@@ -43,22 +57,40 @@ def render(results: RunResults, diffs: list[UpgradeDiff]) -> str:
     return "\n\n".join(section for section in sections if section) + "\n"
 
 
+VERDICT_MARKS = {BAD: "❌", WARN: "⚠️", GOOD: "✅"}
+
+
+def verdict_section(diff: UpgradeDiff) -> str:
+    """The verdict of one bump, a line per statement, root causes whole in code spans."""
+    lines = []
+    for line in bump_verdict(diff):
+        mark = VERDICT_MARKS[line.level]
+        quoted = "".join(f"\n  - {code(text, table=False)}" for text in line.quoted)
+        lines.append(f"- {mark} {line.says}{quoted}")
+    return f"### Verdict {code(diff.before)} → {code(diff.after)}\n\n" + "\n".join(lines)
+
+
 def diff_section(diff: UpgradeDiff) -> str:
     """The upgrade diff of one baseline/candidate pair, as a markdown section of its own."""
     before, after = code(diff.before), code(diff.after)
     counts = (
-        f"{count(len(diff.regressions), 'regression')}, {count(len(diff.fixes), 'fix', 'fixes')} (confirmed: "
+        f"{count(diff.regression_count, 'regression')}"
+        + (f" ({count(len(diff.broken_directions), 'checkpoint direction')})" if diff.broken_directions else "")
+        + f", {count(len(diff.fixes), 'fix', 'fixes')} (confirmed: "
         f"the failure fails alone), {len(diff.unconfirmed)} unconfirmed, {len(diff.newly_skipped)} newly skipped, "
         f"{count(len(diff.drift), 'drift figure')} grown more than {diff.settings.drift_ratio:g}×, "
         f"{count(len(diff.slowdowns), 'suite')} slower than {diff.settings.slowdown_ratio:g}×, "
-        f"{count(len(diff.new_warnings), 'new warning')}, {len(diff.gone_warnings)} gone "
+        f"{count(len(diff.new_warnings), 'new warning')}, {len(diff.gone_warnings)} gone, "
+        f"{len(diff.changed_warnings)} raised more or less often than {COUNT_FACTOR:g}× per test "
         f"({diff.compared} tests compared"
         + (f"; {diff.only_before} only in {before}" if diff.only_before else "")
         + (f"; {diff.only_after} only in {after}" if diff.only_after else "")
         + (f"; {diff.load_note}" if diff.load_note else "")
         + ")"
     )
-    parts = [f"### Upgrade diff {before} → {after}", ("**" + counts + "**") if diff.regressions else counts]
+    parts = [f"### Upgrade diff {before} → {after}", ("**" + counts + "**") if diff.regression_count else counts]
+    if diff.builds:
+        parts.append(f"⚠️ {diff.builds.note}")
     if diff.checkpoints:
         parts.append(checkpoints_section(diff.checkpoints))
     for title, groups in (
@@ -74,6 +106,16 @@ def diff_section(diff: UpgradeDiff) -> str:
                 f"#### {title} ({count(len(groups), 'warning')}; deprecations first)\n\n"
                 + _table(["category", "raised in", "message", "count", "tests", "cells"], rows, MAX_DIFF_ROWS)
             )
+    if diff.changed_warnings:
+        rows = [
+            [code(c.after.category), code(c.after.module), code(one_line(c.after.message)), f"{c.before.count:,} ({c.per_test_before:,.2f} per test)", f"{c.after.count:,} ({c.per_test_after:,.2f} per test)", _ratio(c.ratio)]
+            for c in diff.changed_warnings
+        ]  # fmt: skip
+        parts.append(
+            f"#### Warnings raised more or less often than {COUNT_FACTOR:g}× per test on {after} "
+            f"({count(len(rows), 'warning')}; deprecations first)\n\n"
+            + _table(["category", "raised in", "message", before, after, "× per test"], rows, MAX_DIFF_ROWS)
+        )
     for title, changes in (
         ("Regressions (passed → failed or error, fails alone)", diff.regressions),
         ("Fixes (failed or error, and failed alone → passed)", diff.fixes),
@@ -128,12 +170,11 @@ def checkpoints_section(directions: list[Direction]) -> str:
             f", {count(sum(map(len, d.failed.values())), 'cell')} failed" if d.failed else ""
         )
         counted += f", {count(sum(map(len, d.not_checked.values())), 'cell')} not checked" if d.not_checked else ""
-        first = f" — {code(one_line(next(iter(d.failed))), table=False)}" if d.failed else ""
-        lines.append(f"- {mark} **{d.name}**: {d.verdict}{first} ({counted})")
-        rows += [[d.name, "failed", code(one_line(cause)), cell_list(list(cells))] for cause, cells in d.failed.items()]
-        rows += [
-            [d.name, "not checked", code(one_line(why)), cell_list(list(cells))] for why, cells in d.not_checked.items()
-        ]
+        first = f" — {code(next(iter(d.failed)), table=False)}" if d.failed else ""
+        caused = f", caused by {d.candidate}'s {d.changed}" if d.broken else ""
+        lines.append(f"- {mark} **{d.name}**: {d.verdict}{caused}{first} ({counted})")
+        rows += [[d.name, "failed", code(cause), cell_list(list(cells))] for cause, cells in d.failed.items()]
+        rows += [[d.name, "not checked", code(why), cell_list(list(cells))] for why, cells in d.not_checked.items()]
     table = (
         "\n\n" + _table(["direction", "result", "root cause or reason", "cells"], rows, MAX_DIFF_ROWS) if rows else ""
     )
@@ -173,7 +214,7 @@ def _header(summary: Summary) -> str:
 
 def _totals(summary: Summary) -> str:
     rows = []
-    for v in summary.versions:
+    for v in [*summary.versions, *summary.directions]:
         missing = f" ({v.missing} missing)" if v.missing else ""
         rows.append(
             [code(v.torch), code(v.build), code(v.device), f"{v.cells}{missing}"]
@@ -191,7 +232,7 @@ def _totals(summary: Summary) -> str:
     return f"{table}\n\nCompile time: {times} ({summary.compile_note})."
 
 
-def _grid(results: RunResults, summary: Summary) -> str:
+def _grid(results: RunResults, summary: Summary, directions: list[Direction]) -> str:
     suites = results.suites
     statuses = results.statuses()
     order_dependent = results.order_dependent()
@@ -212,14 +253,23 @@ def _grid(results: RunResults, summary: Summary) -> str:
     marks.append(f"{ORDER_DEPENDENT.emoji} failed in the run but passed alone (order-dependent or flaky)")
     legend = ", ".join(marks)
     rows = [
-        [code(cell)] + ["".join(mark((v.torch, cell, s)) for s in suites) for v in results.versions]
+        [code(cell)]
+        + ["".join(mark((v.torch, cell, s)) for s in suites) for v in results.versions]
+        + [_direction_mark(d, cell) for d in directions]
         for cell in results.cells
     ]
+    columns = f" {DIRECTIONS_NOTE}" if directions else ""
     return (
         f"### {summary.grid_title}\n\n"
         f"One mark per suite, in this order: {', '.join(code(s, table=False) for s in suites)}. "
-        f"{legend}, {NOT_RUN.emoji} not run.\n\n" + _table(["cell", *(code(v.torch) for v in results.versions)], rows)
+        f"{legend}, {NOT_RUN.emoji} not run.{columns}\n\n"
+        + _table(["cell", *(code(v.torch) for v in results.versions), *(code(d.label) for d in directions)], rows)
     )
+
+
+def _direction_mark(direction: Direction, cell: str) -> str:
+    status = direction.status_of(cell)
+    return status.mark.emoji if status is not None else NOT_RUN.emoji
 
 
 def _failures(summary: Summary) -> str:
@@ -231,7 +281,7 @@ def _failures(summary: Summary) -> str:
     return (
         f"### {summary.failures_title}\n\n"
         f"Each root cause is the innermost exception of the first failing rank. {summary.confirmations.note}\n\n"
-        + _causes(summary.root_causes, confirmed=True, run_id=summary.run_id)
+        + _causes(summary.root_causes, confirmed=True, run_id=summary.run_id, baseline=summary.baseline)
     )
 
 
@@ -240,15 +290,19 @@ def _limits(summary: Summary) -> str:
     root cause and the hint that works around it."""
     if not summary.simulation_limits:
         return ""
-    return f"### {summary.limits_title}\n\n{LIMITS_NOTE}\n\n" + _causes(summary.simulation_limits, confirmed=False)
+    return f"### {summary.limits_title}\n\n{LIMITS_NOTE}\n\n" + _causes(
+        summary.simulation_limits, confirmed=False, run_id=summary.run_id
+    )
 
 
-def _causes(causes: list[RootCause], confirmed: bool, run_id: str = "") -> str:
+def _causes(causes: list[RootCause], confirmed: bool, run_id: str = "", baseline: str = "") -> str:
     """Each cause's line, its reach, its tests (failures with what re-running them alone showed, and
     for a confirmed one the command that writes its standalone reproducer) and its distinct texts."""
     sections = []
     for index, cause in enumerate(causes[:MAX_ROOT_CAUSES], 1):
-        versions = ", ".join(code(v, False) for v in cause.versions)
+        versions = "torch " + ", ".join(code(v, False) for v in cause.versions)
+        if any(record.reads_writer for record, _ in cause.failures):
+            versions = ", ".join(dict.fromkeys(_ran_by(record, baseline) for record, _ in cause.failures))
         items = []
         for record, cells in cause.failures[:MAX_FAILURES_PER_CAUSE]:
             others = other_cells(record.run_cell, cells)
@@ -260,7 +314,7 @@ def _causes(causes: list[RootCause], confirmed: bool, run_id: str = "") -> str:
                 else ""
             )
             items.append(
-                f"- {record.status} · torch {code(record.torch, False)} · {code(record.suite, False)} "
+                f"- {record.status} · {_ran_by(record, baseline)} · {code(record.suite, False)} "
                 f"{code(record.test, False)} in {code(record.run_cell, False)}{shared}{alone}{repro}"
             )
         more = len(cause.failures) - MAX_FAILURES_PER_CAUSE
@@ -272,10 +326,10 @@ def _causes(causes: list[RootCause], confirmed: bool, run_id: str = "") -> str:
             f"\n\n… and {count(left_out, 'more distinct text')} of this cause in summary.html." if left_out > 0 else ""
         )
         sections.append(
-            f"#### {index}. {code(one_line(cause.line, ROOT_CAUSE_CHARS), False)}\n\n"
-            f"{count(cause.tests, 'test')} in {count(len(cause.cells), 'cell')}, torch {versions}\n\n"
+            f"#### {index}. {code(one_line(relative_to_run(cause.line, run_id), ROOT_CAUSE_CHARS), False)}\n\n"
+            f"{count(cause.tests, 'test')} in {count(len(cause.cells), 'cell')}, {versions}\n\n"
             + "\n".join(items)
-            + "".join(f"\n\n{_text_once(where)}" for where in texts[:MAX_TEXTS_PER_CAUSE])
+            + "".join(f"\n\n{_text_once(where, run_id)}" for where in texts[:MAX_TEXTS_PER_CAUSE])
             + more_texts
         )
     more = len(causes) - MAX_ROOT_CAUSES
@@ -283,11 +337,17 @@ def _causes(causes: list[RootCause], confirmed: bool, run_id: str = "") -> str:
     return "\n\n".join(sections) + tail
 
 
+def _ran_by(record: TestRecord, baseline: str) -> str:
+    """`torch 2.13.0`, or for a read of another version's checkpoint the direction it belongs to."""
+    label = read_label(record, baseline)
+    return code(label, False) if label else f"torch {code(record.torch, False)}"
+
+
 def where(record: TestRecord) -> str:
     return f"{code(record.test, False)} in {code(record.run_cell, False)} (torch {code(record.torch, False)})"
 
 
-def _text_once(records: list[TestRecord]) -> str:
+def _text_once(records: list[TestRecord], run_id: str) -> str:
     """One failure text, a click away, with every failure that printed exactly it."""
     first = records[0]
     places = "; ".join(where(record) for record in records[:MAX_CELLS_NAMED])
@@ -295,7 +355,7 @@ def _text_once(records: list[TestRecord]) -> str:
     label = f"Text of {places}{more}:" if len(records) == 1 else f"The same text in {len(records)}: {places}{more}:"
     return (
         f"{label}\n\n<details><summary>show the text</summary>\n\n"
-        f"{fenced(excerpt(first.text or first.message))}\n\n</details>"
+        f"{fenced(excerpt(relative_to_run(first.text or first.message, run_id)))}\n\n</details>"
     )
 
 

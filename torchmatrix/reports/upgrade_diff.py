@@ -20,14 +20,15 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from statistics import median
 
 from torchmatrix.matrix.config import ReportSettings
 from torchmatrix.ranks.per_test_usage import CPU_SECONDS
+from torchmatrix.reports.build_kinds import BuildMismatch, build_mismatch
 from torchmatrix.reports.checkpoint_directions import Direction, checkpoint_directions
 from torchmatrix.reports.records import RunResults, TestRecord, drift_measure, is_drift_figure
-from torchmatrix.reports.warning_changes import WarningGroup, new_and_gone
+from torchmatrix.reports.warning_changes import CountChange, WarningGroup, count_changes, new_and_gone
 from torchmatrix.status import Confirmation, Status
 from torchmatrix.user_error import UserError
 
@@ -45,6 +46,29 @@ SLOWDOWN_RULE = (
 
 class CompareError(UserError):
     """Two runs with nothing to compare; the message says which versions each has."""
+
+
+@dataclass(frozen=True)
+class FailCause:
+    """One thing `compare` and `report --check-upgrade` exit 1 on (docs/reference/exit-codes.md lists each)."""
+
+    name: str
+    meaning: str
+
+
+REGRESSION = FailCause("regression", "a confirmed regression: a test that passed on run A fails alone on run B")
+GROWN_DRIFT = FailCause("drift", "a drift figure grown more than `[report] drift_ratio`, left exactly 0, or became NaN")
+SLOWDOWN = FailCause("slowdown", "a suite slower than `[report] slowdown_ratio` beyond noise")
+UNCONFIRMED = FailCause(
+    "unconfirmed",
+    "a status change whose failing side was never re-run alone (`--confirm-limit 0`, or past the limit): it cannot tell",
+)
+BROKEN_DIRECTION = FailCause(
+    "checkpoint direction",
+    "a broken checkpoint direction of run B: its baseline cannot read a candidate's checkpoint (rollback) "
+    "or a candidate cannot read the baseline's (forward)",
+)
+FAIL_CAUSES = (REGRESSION, GROWN_DRIFT, SLOWDOWN, UNCONFIRMED, BROKEN_DIRECTION)
 
 
 @dataclass(frozen=True)
@@ -146,7 +170,8 @@ class Slowdown:
 @dataclass
 class UpgradeDiff:
     """Baseline vs candidate: regressions, fixes, newly skipped tests (CPU-simulation limits among them), grown
-    drift, slowdowns, and within one run whether checkpoints cross the bump in each direction."""
+    drift, slowdowns, warnings new, gone and changed, builds of different kinds, and within one run
+    whether checkpoints cross the bump in each direction."""
 
     before: str
     after: str
@@ -164,6 +189,8 @@ class UpgradeDiff:
     load: tuple[dict, dict] = ({}, {})
     new_warnings: list[WarningGroup] = field(default_factory=list)
     gone_warnings: list[WarningGroup] = field(default_factory=list)
+    changed_warnings: list[CountChange] = field(default_factory=list)
+    builds: BuildMismatch | None = None
 
     @property
     def load_note(self) -> str:
@@ -191,18 +218,40 @@ class UpgradeDiff:
         return sorted(worst.values(), key=lambda pair: _rank(pair[0]), reverse=True)
 
     @property
-    def clean(self) -> bool:
-        """Nothing regressed, and no unconfirmed change could hide a regression (one that was never
-        re-run alone; a failure that passed alone is order-dependent and does not count)."""
+    def broken_directions(self) -> list[Direction]:
+        """The checkpoint directions that broke: each a regression of the candidate (its writer or reader changed)."""
+        return [direction for direction in self.checkpoints if direction.broken]
+
+    @property
+    def regression_count(self) -> int:
+        """Regressions of the candidate: confirmed test regressions plus broken checkpoint directions."""
+        return len(self.regressions) + len(self.broken_directions)
+
+    @property
+    def fail_causes(self) -> list[FailCause]:
+        """What of FAIL_CAUSES this diff holds: a regression, grown drift, a slowdown, an unconfirmed
+        change that could hide a regression (one never re-run alone; a failure that passed alone is
+        order-dependent and does not count), a broken checkpoint direction."""
         unknown = [c for c in self.unconfirmed if c.failing.confirmation != Confirmation.PASSED_ALONE]
-        broken = any(direction.broken for direction in self.checkpoints)
-        return not (self.regressions or unknown or self.drift or self.slowdowns or self.newly_skipped or broken)
+        found = {
+            REGRESSION: self.regressions,
+            GROWN_DRIFT: self.drift,
+            SLOWDOWN: self.slowdowns,
+            UNCONFIRMED: unknown,
+            BROKEN_DIRECTION: self.broken_directions,
+        }
+        return [cause for cause in FAIL_CAUSES if found[cause]]
 
     @property
     def fails(self) -> bool:
-        """What `compare` and `report --check-upgrade` exit 1 on: anything that is not clean but newly
-        skipped tests, which are listed (a CPU-simulation limit is one) but are no regression."""
-        return not replace(self, newly_skipped=[]).clean
+        """What `compare` and `report --check-upgrade` exit 1 on: any of FAIL_CAUSES; newly skipped
+        tests are listed (a CPU-simulation limit is one) but are no regression."""
+        return bool(self.fail_causes)
+
+    @property
+    def clean(self) -> bool:
+        """Nothing that fails it, and no newly skipped test either."""
+        return not (self.fails or self.newly_skipped)
 
     def to_json(self) -> dict:
         return {
@@ -213,6 +262,7 @@ class UpgradeDiff:
             "compared": self.compared,
             "only_before": self.only_before,
             "only_after": self.only_after,
+            "regression_count": self.regression_count,
             "regressions": [c.to_json() for c in self.regressions],
             "fixes": [c.to_json() for c in self.fixes],
             "unconfirmed": [c.to_json() for c in self.unconfirmed],
@@ -223,6 +273,8 @@ class UpgradeDiff:
             "load_average": {"before": self.load[0], "after": self.load[1]},
             "new_warnings": [w.to_json() for w in self.new_warnings],
             "gone_warnings": [w.to_json() for w in self.gone_warnings],
+            "changed_warnings": [w.to_json() for w in self.changed_warnings],
+            "builds": self.builds.to_json() if self.builds else None,
         }
 
 
@@ -249,17 +301,20 @@ def diff_records(
     diff.drift.sort(key=_rank, reverse=True)
     diff.slowdowns = _slowdowns(old, new, settings.slowdown_ratio)
     diff.new_warnings, diff.gone_warnings = new_and_gone(before, after)
+    diff.changed_warnings = count_changes(before, after)
     return diff
 
 
 def upgrade_diffs(results: RunResults) -> list[UpgradeDiff]:
-    """Every torch version of the run against the run's baseline."""
-    baseline = results.records(results.baseline)
+    """Every torch version of the run against the run's baseline: the tests each ran on its own,
+    and the checkpoint directions of the pair (reads of each other's checkpoints are those)."""
+    baseline = results.own_records(results.baseline)
     diffs = []
     for version in (v.torch for v in results.versions if v.torch != results.baseline):
-        diff = diff_records(baseline, results.records(version), results.settings, results.baseline, version)
+        diff = diff_records(baseline, results.own_records(version), results.settings, results.baseline, version)
         diff.checkpoints = checkpoint_directions(results, results.baseline, version)
         diff.load = (results.version(results.baseline).load_average, results.version(version).load_average)
+        diff.builds = build_mismatch(results.version(results.baseline), results.version(version))
         diffs.append(diff)
     return diffs
 
@@ -279,9 +334,14 @@ def compare_runs(old: RunResults, new: RunResults) -> list[UpgradeDiff]:
     diffs = []
     for a, b in pairs:
         diff = diff_records(
-            old.records(a), new.records(b), new.settings, f"{old.run_id} (torch {a})", f"{new.run_id} (torch {b})"
+            old.own_records(a),
+            new.own_records(b),
+            new.settings,
+            f"{old.run_id} (torch {a})",
+            f"{new.run_id} (torch {b})",
         )
         diff.load = (old.version(a).load_average, new.version(b).load_average)
+        diff.builds = build_mismatch(old.version(a), new.version(b))
         diffs.append(diff)
     return diffs
 

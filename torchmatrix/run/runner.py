@@ -551,7 +551,7 @@ def _write_reports(
             request.version_dir, request.version, environment, cell, book.for_cell(cell), book.cell_started(cell)
         )
     _write_plan(request, cells, book, environment, started, finished=True, load_average=load_average)
-    junit.merge_run(request.run_dir)
+    junit.merge_run(request.run_dir, request.matrix.baseline)
     if request.cross_version_reads:
         return
     if not point_latest(request.reports, request.run_id):

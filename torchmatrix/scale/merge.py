@@ -112,7 +112,7 @@ def merge_reports(
         result.cells[version] = cells_written
         if missing:
             result.missing[version] = missing
-    junit.merge_run(out)
+    junit.merge_run(out, matrix.baseline)
     return result
 
 
