@@ -26,6 +26,7 @@ from torchmatrix.bisect.search import Bisection, Outcome
 from torchmatrix.bisect.versions import IndexUnlisted, VersionError, offered_versions
 from torchmatrix.env.envdir_lock import EnvdirBusy, EnvdirUnlockable, lock_envdir
 from torchmatrix.env.version_venv import prepare_venv
+from torchmatrix.exit_codes import ExitCode
 from torchmatrix.matrix.config import Matrix
 from torchmatrix.messages.cross_version import SUITE, writer_of_read
 from torchmatrix.reports.records import RunResults, TestRecord
@@ -42,7 +43,6 @@ from torchmatrix.user_error import UserError
 REPORT_NAME = "bisect"
 IMPORT_SECONDS = 300
 STEP_GRACE_SECONDS = 30
-INTERRUPTED_EXIT = 130
 
 
 class BisectError(UserError):
@@ -253,8 +253,8 @@ def _bisect(request: BisectRequest, interrupts: Interrupts) -> int:
     for line in lines:
         print(line)
     if interrupted:
-        return INTERRUPTED_EXIT
-    return 1 if any(search.stopped is not None for _, search in searches) else 0
+        return ExitCode.INTERRUPTED
+    return ExitCode.FAILED if any(search.stopped is not None for _, search in searches) else ExitCode.PASSED
 
 
 def _searches(request: BisectRequest, regressions: list[Regression]) -> list[tuple[Regression, Bisection]]:
