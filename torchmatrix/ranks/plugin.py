@@ -12,6 +12,7 @@ import functools
 import importlib
 import json
 import os
+import shutil
 import time
 import warnings
 from collections import Counter
@@ -424,11 +425,19 @@ class Ranks:
             )
         except RankFailure as failure:
             if failure.timed_out:
+                discard_compile_cache(self.compile_cache)
                 exceeded = f"deadline of {self.timeout:.0f}s per test exceeded"
                 raise RankFailure(
                     f"{exceeded} in cell {self.cell.id}: {failure}", f"{exceeded}: {failure.root_cause}"
                 ) from None
             raise RankFailure(f"cell {self.cell.id}: {failure}", failure.root_cause) from None
+
+
+def discard_compile_cache(directory: str) -> None:
+    """Remove a cell's compile cache after its ranks were killed at the deadline: a rank killed while
+    Inductor linked a kernel leaves a truncated .so there ("file too short"), which would fail every
+    later test of the cell that compiles the same graph; the next compile starts cold instead."""
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 @pytest.fixture

@@ -1,0 +1,51 @@
+"""A deadline that kills a cell's ranks discards the cell's compile cache: a rank killed while Inductor
+linked a kernel leaves a truncated .so behind ("file too short", seen on 2.15.0 in the modern-stack
+cell), which would fail every later test of the cell; a failure the ranks survived keeps the cache."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from torchmatrix.ranks.plugin import Ranks
+from torchmatrix.ranks.pool import RankFailure
+
+
+class FailingPool:
+    """A rank group whose every run fails as `failure` says."""
+
+    world_size = 4
+
+    def __init__(self, failure: RankFailure):
+        self.failure = failure
+
+    def run(self, fn, args, *, deadline, name):
+        raise self.failure
+
+
+def cache_with_a_truncated_kernel(tmp_path):
+    kernel = tmp_path / "cell" / "rank2" / "53" / "kernel.main.so"
+    kernel.parent.mkdir(parents=True)
+    kernel.write_bytes(b"\x7fELF")
+    return tmp_path / "cell"
+
+
+def test_ranks_killed_at_the_deadline_leave_no_compile_cache(tmp_path):
+    cache = cache_with_a_truncated_kernel(tmp_path)
+    ranks = Ranks(
+        FailingPool(RankFailure("rank 2 killed", "", timed_out=True)), SimpleNamespace(id="ws4"), 600, str(cache)
+    )
+    with pytest.raises(RankFailure, match="deadline of 600s per test exceeded in cell ws4"):
+        ranks.run(print)
+    assert not cache.exists()
+
+
+def test_a_failure_the_ranks_survived_keeps_the_compile_cache(tmp_path):
+    cache = cache_with_a_truncated_kernel(tmp_path)
+    ranks = Ranks(
+        FailingPool(RankFailure("ValueError: no", "ValueError: no")), SimpleNamespace(id="ws4"), 600, str(cache)
+    )
+    with pytest.raises(RankFailure, match="cell ws4: ValueError"):
+        ranks.run(print)
+    assert (cache / "rank2" / "53" / "kernel.main.so").exists()
