@@ -38,14 +38,6 @@ COMPARE_FAILURES = {
     UNCONFIRMED.name: (f"{VERDICTS}[compare-failure-never-rerun]",),
     BROKEN_DIRECTION.name: (f"{VERDICTS}[compare-broken-rollback]",),
 }
-# The test that provokes each of FAIL_CAUSES: every exit 1 of compare is its own row.
-COMPARE_FAILURES = {
-    REGRESSION.name: (f"{VERDICTS}[compare-confirmed-regression]",),
-    GROWN_DRIFT.name: (f"{VERDICTS}[compare-drift-grew]",),
-    SLOWDOWN.name: (f"{VERDICTS}[compare-suite-slower]",),
-    UNCONFIRMED.name: (f"{VERDICTS}[compare-failure-never-rerun]",),
-    BROKEN_DIRECTION.name: (f"{VERDICTS}[compare-broken-rollback]",),
-}
 
 EXIT_CODES = (
     ExitCodeRow("every command", ExitCode.USAGE, "a usage error argparse reports (an unknown option, `--slots 0`): its usage, then one line", (f"{CORPUS}[slots-zero]",)),
