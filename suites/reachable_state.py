@@ -32,6 +32,17 @@ def is_user_object(value) -> bool:
     )
 
 
+def stored_as_read(value: object) -> bool:
+    """A dict, list or set whose items read back as they are stored: a subclass that computes its items
+    on access (transformers' `ACT2FN` builds a module per lookup) is a factory, not state, and copying
+    or comparing it would call that code."""
+    if isinstance(value, dict):
+        return type(value).__getitem__ is dict.__getitem__
+    if isinstance(value, list):
+        return type(value).__getitem__ is list.__getitem__
+    return isinstance(value, MUTABLE_CONTAINERS)
+
+
 def module_level_containers(model: nn.Module, ignored: tuple[str, ...] = ()) -> dict[str, object]:
     """Per path `<python module>.<global name>`, the mutable containers (dicts, lists, sets) and user
     objects kept at module level by the Python modules that define the classes of `model`'s modules
@@ -46,7 +57,7 @@ def module_level_containers(model: nn.Module, ignored: tuple[str, ...] = ()) -> 
         for name, value in vars(python_module).items():
             if name.startswith("__") or name in ignored:
                 continue
-            if isinstance(value, MUTABLE_CONTAINERS) or is_user_object(value):
+            if stored_as_read(value) if isinstance(value, MUTABLE_CONTAINERS) else is_user_object(value):
                 found[f"{source}.{name}"] = value
     return found
 

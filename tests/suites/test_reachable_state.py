@@ -59,3 +59,29 @@ def test_a_registry_is_found_through_a_class_a_wrapper_made_from_the_models():
         layer.__class__ = type(f"FSDP{kind.__name__}", (kind,), {"__module__": "torch.distributed.fsdp"})
     assert all(type(module).__module__ != grad_ckpt.__name__ for module in model.modules())
     assert "torchmatrix.models.mutants.grad_ckpt.AUX_LOSS_TRACKER" in module_level_containers(model)
+
+
+class Instantiating(dict):
+    """transformers' ACT2FN: a lookup builds an instance of the class stored under the key."""
+
+    def __getitem__(self, key):
+        return super().__getitem__(key)()
+
+
+FACTORIES = Instantiating(silu=nn.SiLU)
+KERNELS = {"silu": nn.SiLU}
+
+
+class UsesFactories(nn.Module):
+    """A module whose Python module keeps a factory dict and a plain dict at module level."""
+
+    def __init__(self):
+        super().__init__()
+        self.act = FACTORIES["silu"]
+
+
+def test_a_dict_that_computes_its_items_is_no_state_and_stays_as_it_is():
+    found = module_level_containers(UsesFactories())
+    assert f"{__name__}.KERNELS" in found and f"{__name__}.FACTORIES" not in found
+    kept_as_they_are(found)()
+    assert dict.__getitem__(FACTORIES, "silu") is nn.SiLU and KERNELS == {"silu": nn.SiLU}
