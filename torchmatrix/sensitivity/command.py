@@ -1,16 +1,12 @@
 """`python -m torchmatrix sensitivity`: would the suites catch these bugs on *this* stack?
 
-It wraps the configured `[components]` in the generic mutants of torchmatrix.sensitivity.mutants,
-runs the suites each mutant targets over a small selection of cells (every axis value in at
-least one cell), and reports per mutant and suite whether the suite failed (caught, with the
-failure message), passed (missed) or crashed in the mutant's own code (errored, which is no
-catch). The unmutated components run first: only failures they did not have count, so a test
-that already fails there catches a mutant only by a new line, and a cell where they skip every
-test (a component's package not installed) is skipped, with that reason, for every mutant. A
-cell where a mutant cannot differ from the unmutated component (rank 0 only at one rank) is not
-run for it and reads n/a, with the reason. A pass reads "missed" only where the mutant marked
-that it acted (torchmatrix.sensitivity.mutants.record_acted: its hook ran during a recompute, its
-load skip undid what the real load restored); elsewhere it reads n/a, saying what did not happen.
+- Wraps the configured `[components]` in the generic mutants (registry.py) and runs each mutant's
+  suite over a few cells that show every axis value at least once.
+- The unmutated components run first: only failures they did not have count (a new test or a new
+  per-rank line), and a cell where they skip every test is skipped, with that reason, for every mutant.
+- Per mutant and cell: caught (a new failure), missed (passed where the mutant marked that it acted,
+  mutants.record_acted), errored (the mutant's own code crashed: no catch), n/a (it cannot differ
+  there, or did not act: the reason says what did not happen), skipped (docs/how-to/sensitivity.md).
 """
 
 from __future__ import annotations
