@@ -37,7 +37,8 @@ from torchmatrix.sensitivity.mutants import (
 from torchmatrix.sensitivity.registry import GENERIC_MUTANTS, INNER_COMPONENTS_VARIABLE
 from torchmatrix.sensitivity.verdicts import raised_rank_lines, read_cells
 
-from conftest import PROJECT_IS_THIS_CHECKOUT, REPO, checkout_env, matrix_toml
+from helpers.checkout import PROJECT_IS_THIS_CHECKOUT, REPO, checkout_env
+from helpers.matrix_files import matrix_toml
 
 
 def test_covering_cells_show_every_axis_value_once_at_least():
