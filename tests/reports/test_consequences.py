@@ -5,6 +5,7 @@ the chain loops."""
 from __future__ import annotations
 
 from torchmatrix.messages.consequences import CONSEQUENCE_OF, consequence_of
+from torchmatrix.reports.closing import root_cause_lines
 from torchmatrix.reports.records import RunResults, TestRecord
 from torchmatrix.status import Status
 
@@ -70,3 +71,26 @@ def test_chains_attach_to_the_first_cause_and_a_cycle_loses_nothing():
     )
     assert sum(cause.tests for cause in cycle) == 2
     assert sorted(r.test for cause in cycle for r, _ in cause.failures + cause.consequences) == [FINAL, LOSSES]
+
+
+def test_the_closing_lines_count_the_consequences_under_their_cause(tmp_path):
+    run = RunResults(
+        "r",
+        "",
+        [],
+        "",
+        "",
+        "2.13.0",
+        None,
+        [],
+        {},
+        [
+            record(SCHEDULER, "scheduler last_epoch is 0, saved 4"),
+            record(LOSSES, "loss at step 5 differs", follows=[SCHEDULER]),
+            record(FINAL, "final parameters differ", follows=[SCHEDULER]),
+        ],
+    )
+    assert root_cause_lines(run) == [
+        "torchmatrix: failures by root cause (1):",
+        "  3 tests (2 following from it) in 1 cell, torch 2.13.0: scheduler last_epoch is 0, saved 4",
+    ]

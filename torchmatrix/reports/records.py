@@ -103,11 +103,16 @@ class RootCause:
 
     @property
     def cells(self) -> list[str]:
-        return list(dict.fromkeys(cell for _, cells in self.failures for cell in cells))
+        return list(dict.fromkeys(cell for _, cells in self.failures + self.consequences for cell in cells))
 
     @property
     def versions(self) -> list[str]:
-        return list(dict.fromkeys(record.torch for record, _ in self.failures))
+        return list(dict.fromkeys(record.torch for record, _ in self.failures + self.consequences))
+
+    @property
+    def consequence_tests(self) -> int:
+        """Testcases that follow from this cause, counted as `tests` counts them."""
+        return sum(len(cells) for _, cells in self.consequences)
 
 
 @dataclass
