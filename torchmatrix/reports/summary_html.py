@@ -20,14 +20,15 @@ from importlib import resources
 from markupsafe import Markup
 
 from torchmatrix.reports.bump_verdict import bump_verdict
-from torchmatrix.reports.checkpoint_directions import Direction
 from torchmatrix.reports.records import RootCause, RunResults, drift_measure, is_drift_figure
 from torchmatrix.reports.reproducible import is_reproducible, repro_command
 from torchmatrix.reports.summary_data import (
     DIRECTIONS_NOTE,
     LIMITS_NOTE,
+    direction_rows,
     distinct_texts,
     other_cells,
+    reached_by,
     read_label,
     summarize,
 )
@@ -79,33 +80,18 @@ def render(results: RunResults, diffs: list[UpgradeDiff]) -> str:
         distinct_texts=distinct_texts,
         other_cells=other_cells,
         read_label=read_label,
-        read_labels=_read_labels,
+        reached_by=reached_by,
         cells_of=_cells_of,
-        direction_rows=_direction_rows,
+        direction_rows=direction_rows,
         reproducible=is_reproducible,
         repro_command=repro_command,
         key=record_key,
     )
 
 
-def _read_labels(cause: RootCause, baseline: str) -> list[str]:
-    """The directions (or torch versions) a cause that reads another version's checkpoint reached, once each."""
-    return list(dict.fromkeys(read_label(record, baseline) or f"torch {record.torch}" for record, _ in cause.failures))
-
-
 def _cells_of(causes: list[RootCause]) -> dict[RecordKey, tuple[str, ...]]:
     """Per failing test, the cells its result stands for."""
     return {record_key(r): cells for cause in causes for r, cells in cause.failures}
-
-
-def _direction_rows(directions: list[Direction]) -> list[tuple[str, str, str, tuple[str, ...]]]:
-    """Per direction, a row per root cause it failed on and per reason it was not checked, with the cells."""
-    return [
-        (d.name, result, why, cells)
-        for d in directions
-        for result, groups in (("failed", d.failed), ("not checked", d.not_checked))
-        for why, cells in groups.items()
-    ]
 
 
 @dataclass(frozen=True)
