@@ -206,7 +206,9 @@ def write_hostile_run(root, text: str = HOSTILE):
     run_dir = root / "reports" / "hostile"
     cell = Cell({"world_size": 1, "fsdp": text})
     run = SuiteRun(Suite(text, "suites/test_alpha.py", 60.0, ("fsdp",)), cell, (cell,))
-    outcome = TestOutcome(text, f"test_{text}", "failed", 1.0, text, text + "\n" + text, [[f"grad_max_abs/{text}", 0.5]])
+    outcome = TestOutcome(
+        text, f"test_{text}", "failed", 1.0, text, text + "\n" + text, [[f"grad_max_abs/{text}", 0.5]]
+    )
     suite = junit.cell_report(BASELINE, ENVIRONMENTS[BASELINE], cell, [(run, outcome)])
     junit.write_suites(run_dir / f"torch-{BASELINE}" / "hostile.xml", [suite])
     (run_dir / f"torch-{BASELINE}" / "plan.json").write_text(

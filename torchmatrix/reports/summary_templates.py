@@ -1,9 +1,10 @@
 """The jinja2 environments that render the summary pages from templates/, each escaping every value by default.
 
-- HTML: autoescape on; every value is first made visible (untrusted_text), then HTML-escaped.
-- Markdown: every value that is not already markdown (`Markup`, a number, a status) becomes a code
-  span with its pipes escaped for tables; `inline` is the same span outside a table.
-- Trusted words (counts, formatted numbers, notes the runner wrote) are marked with `count`, `fmt`
+- HTML: autoescape on; the finalize hook first makes every value visible (untrusted_text).
+- Markdown: the finalize hook makes every value that is not already markdown (`Markup`, a number,
+  a status) a code span with its pipes escaped for tables (`|inline`: the same span outside a
+  table). Autoescape is on here too, only so that macro output, already markdown, passes as it is.
+- Trusted words (counts, formatted numbers, notes the runner wrote) are marked with `count`, `|fmt`
   or `|safe`; nothing else reaches either page unescaped.
 """
 
@@ -86,7 +87,7 @@ def _environment(kind: str) -> Environment:
         keep_trailing_newline=True,
     )
     environment.globals.update(count=trusted_count)
-    environment.filters.update(fmt=fmt, one_line=one_line, relative=relative_to_run, visible=visible)
+    environment.filters.update(fmt=fmt, one_line=one_line, relative=relative_to_run)
     if kind == "md":
         environment.filters.update(inline=lambda text: Markup(code(text, table=False)), fenced=fenced)
     return environment
