@@ -54,7 +54,7 @@ def render(results: RunResults, diffs: list[UpgradeDiff]) -> str:
         for t, records in enumerate(distinct_texts(cause))
         for r in records
     }
-    script = "\n" + (TEMPLATES / "summary.js").read_text(encoding="utf-8")
+    script = "\n" + (TEMPLATES / "summary.js").read_text(encoding="utf-8")  # byte for byte what the CSP hashes
     script_hash = base64.b64encode(hashlib.sha256(script.encode()).digest()).decode()
     return render_html(
         "summary.html",
@@ -96,6 +96,8 @@ def _cells_of(causes: list[RootCause]) -> dict[RecordKey, tuple[str, ...]]:
 
 @dataclass(frozen=True)
 class Bar:
+    """One torch version's bar: its class (base, same, grown, zero), place, height and value."""
+
     kind: str
     x: int
     y: float
@@ -116,6 +118,8 @@ class Chart:
 
 @dataclass(frozen=True)
 class DriftCell:
+    """One cell's worst value per torch version, and its chart."""
+
     name: str
     values: dict[str, float]
     chart: Chart | None
@@ -135,6 +139,8 @@ class DriftBlock:
 
 @dataclass(frozen=True)
 class Drift:
+    """The drift table: its version columns, the ratio that colours a bar red, and its rows."""
+
     versions: list[str]
     ratio: float
     blocks: list[DriftBlock]
