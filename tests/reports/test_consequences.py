@@ -4,9 +4,11 @@ the chain loops."""
 
 from __future__ import annotations
 
+from torchmatrix.matrix.config import ReportSettings
 from torchmatrix.messages.consequences import CONSEQUENCE_OF, consequence_of
+from torchmatrix.reports import summary_html, summary_md
 from torchmatrix.reports.closing import root_cause_lines
-from torchmatrix.reports.records import RunResults, TestRecord
+from torchmatrix.reports.records import RunResults, TestRecord, VersionInfo
 from torchmatrix.status import Status
 
 RESUME = "resume"
@@ -94,3 +96,29 @@ def test_the_closing_lines_count_the_consequences_under_their_cause(tmp_path):
         "torchmatrix: failures by root cause (1):",
         "  3 tests (2 following from it) in 1 cell, torch 2.13.0: scheduler last_epoch is 0, saved 4",
     ]
+
+
+def test_both_summary_pages_list_the_consequences_under_their_cause():
+    run = RunResults(
+        "r",
+        "",
+        [],
+        "",
+        "",
+        "2.13.0",
+        ReportSettings(),
+        [VersionInfo("2.13.0", planned_cells=("ws2-fsdp2",))],
+        {"ws2-fsdp2": {"world_size": "2", "fsdp": "fsdp2"}},
+        [
+            record(SCHEDULER, "scheduler last_epoch is 0, saved 4"),
+            record(LOSSES, "loss at step 5 differs <b>", follows=[SCHEDULER]),
+        ],
+    )
+    markdown = summary_md.render(run, [])
+    assert (
+        "- following from it, not causes of their own: `test_losses_identical_after_resume` in `ws2-fsdp2`" in markdown
+    )
+    page = summary_html.render(run, [])
+    following = page[page.index("Following from it, not causes of their own:") :]
+    assert "<code>test_losses_identical_after_resume</code> in <code>ws2-fsdp2</code>" in following
+    assert "loss at step 5 differs &lt;b&gt;" in following

@@ -13,7 +13,7 @@ import pytest
 from torchmatrix.reports import summary_templates
 from torchmatrix.reports.summary_templates import code
 
-from reports_fixture import write_hostile_run
+from helpers.report_runs import write_hostile_run
 
 OWN_TAGS = re.compile(r"</?details>|</?summary>")
 TEMPLATE_SYNTAX = "id<script>alert(1)</script></td></tr>{{ 7*7 }}{% raw %}{# x #}``tick`` | end"
