@@ -21,7 +21,7 @@ from torchmatrix.bisect.versions import between
 from torchmatrix.exit_codes import ExitCode
 from torchmatrix.matrix.config import Matrix, load_matrix
 from torchmatrix.matrix.safe_names import check_name
-from torchmatrix.matrix.selection import SelectionError, Shard, parse_only
+from torchmatrix.matrix.selection import CellSelection, SelectionError
 from torchmatrix.matrix.suite_selection import EXAMPLE_SUITE, SuiteSelection, example_test, split_test
 from torchmatrix.ranks.output_cap import DEFAULT_CAP_BYTES
 from torchmatrix.reports import junit
@@ -410,17 +410,13 @@ def _drop_stdout() -> None:
     os.close(devnull)
 
 
-def _filters(matrix: Matrix, args) -> dict:
+def _filters(matrix: Matrix, args) -> CellSelection:
     """The selection flags, parsed and checked against the matrix."""
-    return {
-        "only": parse_only(args.only, matrix.axes),
-        "keyword": args.keyword,
-        "shard": Shard.parse(args.shard) if args.shard else None,
-    }
+    return CellSelection.parse(args.only, args.keyword, args.shard, matrix.axes)
 
 
 def _list(matrix: Matrix, args) -> int:
-    cells = matrix.select(**_filters(matrix, args))
+    cells = matrix.select(_filters(matrix, args))
     if args.json:
         print(
             json.dumps(
@@ -462,7 +458,7 @@ def _run(matrix: Matrix, args) -> int:
         part=InvocationPart(*args.progress_part, since=args.progress_since, install_seconds=args.progress_install),
         cross_version_reads=args.cross_version_reads,
         selection=SuiteSelection(tuple(args.suites), tuple(args.tests)),
-        **_filters(matrix, args),
+        cell_selection=_filters(matrix, args),
     )
     code = run_version(request)
     if not request.cross_version_reads:
@@ -484,7 +480,7 @@ def _sensitivity(matrix: Matrix, args) -> int:
             f"--torch {args.torch}: not in [torch].versions of {matrix.path.name}; pass one of them or system"
         )
     filters = _filters(matrix, args)
-    if filters["shard"]:
+    if filters.shard:
         raise SelectionError(
             "sensitivity: --shard does not apply; it picks its own few cells (narrow them with --only, -k)"
         )
@@ -492,7 +488,7 @@ def _sensitivity(matrix: Matrix, args) -> int:
     out = reports / f"sensitivity-{new_run_id()}"
     try:
         return run_sensitivity(
-            matrix, version=args.torch, out=out, filters=filters, mutant_names=args.mutants, slots=args.slots
+            matrix, version=args.torch, out=out, selection=filters, mutant_names=args.mutants, slots=args.slots
         )
     except KeyboardInterrupt:
         print(f"torchmatrix sensitivity: interrupted; the finished runs are under {out / 'runs'}", file=sys.stderr)
@@ -503,7 +499,7 @@ def _bisect(matrix: Matrix, args) -> int:
     if importlib.util.find_spec("nox") is None:
         raise RunError("bisect makes gpu_matrix's venvs with nox, which this environment lacks; pip install nox")
     filters = _filters(matrix, args)
-    if filters["shard"]:
+    if filters.shard:
         raise SelectionError("bisect: --shard does not apply; narrow the cells with --only and -k")
     if args.from_run is not None and (args.good or args.bad or args.only or args.keyword):
         raise SelectionError("bisect: --from RUN takes the run's regressions; drop --good, --bad, --only and -k")
@@ -511,7 +507,7 @@ def _bisect(matrix: Matrix, args) -> int:
         raise SelectionError("bisect: pass --good VERSION and --bad VERSION, or --from RUN")
     if args.from_run is not None and not args.from_run.is_dir():
         raise RunError(f"--from {args.from_run} is not a run directory; pass one under reports/, e.g. reports/latest")
-    matrix.select(**filters)  # a selection that keeps no cell is refused here, before any install
+    matrix.select(filters)  # a selection that keeps no cell is refused here, before any install
     if args.from_run is None:
         between(args.good, args.bad, [])  # so are pins that are not versions, or out of order
     envdir = _directory_to_write((args.envdir or matrix.root / ".nox").resolve(), "--envdir")
@@ -525,7 +521,7 @@ def _bisect(matrix: Matrix, args) -> int:
         good=args.good,
         bad=args.bad,
         from_run=args.from_run.resolve() if args.from_run else None,
-        filters=[f"--only={text}" for text in args.only] + (["-k", args.keyword] if args.keyword else []),
+        cell_selection=filters,
         slots=args.slots,
     )
     try:
@@ -615,9 +611,9 @@ def _merge(matrix: Matrix, args) -> int:
     )
     out = args.out.resolve()
     filters = _filters(matrix, args)
-    if filters["shard"]:
+    if filters.shard:
         raise SelectionError("merge: pass the filters the jobs shared (--only, -k), not --shard")
-    expected = matrix.select(**filters)
+    expected = matrix.select(filters)
     result = merge_reports([path.resolve() for path in args.inputs], out, matrix, expected=expected, versions=versions)
     for version, missing in result.missing.items():
         print(
@@ -630,28 +626,23 @@ def _merge(matrix: Matrix, args) -> int:
     return ExitCode.FAILED if junit.has_problems(out / junit.MERGED_NAME) else ExitCode.PASSED
 
 
-def _fan_out_filters(matrix: Matrix, args) -> tuple[dict, list[str]]:
-    """Filters of a fan-out command, parsed, and as the arguments each job passes on."""
+def _fan_out_filters(matrix: Matrix, args) -> CellSelection:
+    """Filters of a fan-out command, parsed."""
     filters = _filters(matrix, args)
-    if filters["shard"]:
+    if filters.shard:
         raise SelectionError(f"{args.command}: use --shards N, not --shard; every job gets its own --shard i/N")
-    return filters, [f"--only={text}" for text in args.only] + (["-k", args.keyword] if args.keyword else [])
+    return filters
 
 
 def _github_matrix(matrix: Matrix, args) -> int:
-    filters, filter_args = _fan_out_filters(matrix, args)
-    print(
-        json.dumps(
-            github_matrix(matrix, args.shards, only=filters["only"], keyword=args.keyword, filter_args=filter_args)
-        )
-    )
+    print(json.dumps(github_matrix(matrix, args.shards, _fan_out_filters(matrix, args))))
     return ExitCode.PASSED
 
 
 def _slurm(matrix: Matrix, args) -> int:
-    filters, filter_args = _fan_out_filters(matrix, args)
+    selection = _fan_out_filters(matrix, args)
     options = SlurmOptions(args.shards, args.gpus_per_node, args.partition, args.time, args.rdzv_port)
     out = args.out if args.out.is_absolute() else matrix.root / args.out
-    scripts = write_slurm(matrix, options, out, only=filters["only"], keyword=args.keyword, filter_args=filter_args)
+    scripts = write_slurm(matrix, options, out, selection)
     print(f"torchmatrix: wrote {', '.join(p.name for p in scripts)} to {out}; submit with {out / 'submit.sh'}")
     return ExitCode.PASSED
