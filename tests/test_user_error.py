@@ -15,7 +15,7 @@ from torchmatrix.commands import list_cells
 from torchmatrix.exit_codes import ExitCode
 from torchmatrix.user_error import UserError
 
-from conftest import REPO
+from helpers.checkout import REPO
 
 # Exceptions that never reach the user as such, each with why.
 INTERNAL = {

@@ -12,7 +12,8 @@ from torchmatrix.exit_codes import ExitCode
 from torchmatrix.matrix.config import load_matrix
 from torchmatrix.run.run_directory import new_run_id
 from torchmatrix.run.runner import RunError
-from torchmatrix.sensitivity.command import GENERIC_MUTANTS, run_sensitivity
+from torchmatrix.sensitivity.command import run_sensitivity
+from torchmatrix.sensitivity.registry import GENERIC_MUTANTS
 
 NAME = "sensitivity"
 SHARD_REFUSAL = "sensitivity: --shard does not apply; it picks its own few cells (narrow them with --only, -k)"
