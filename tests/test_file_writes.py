@@ -14,6 +14,7 @@ import pytest
 import torchmatrix
 from torchmatrix import cli, file_writes
 from torchmatrix.matrix.config import load_matrix
+from torchmatrix.matrix.selection import EVERY_CELL
 from torchmatrix.messages.events import EventLog
 from torchmatrix.messages.grant import Grant
 from torchmatrix.messages.run_plan import RunPlan, write_plan
@@ -82,7 +83,7 @@ def test_slurm_scripts_replace_symlinks(tmp_path, plant):
     )
     out = tmp_path / "slurm"
     target = plant(out / "submit.sh")
-    write_slurm(load_matrix(root / "matrix.toml"), SlurmOptions(1, 2), out, only={}, keyword=None, filter_args=[])
+    write_slurm(load_matrix(root / "matrix.toml"), SlurmOptions(1, 2), out, EVERY_CELL)
     assert replaced(out / "submit.sh", target)
 
 

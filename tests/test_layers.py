@@ -23,6 +23,7 @@ LAYERS = [
     "sensitivity",
     "bisect",
     "repro",
+    "commands",
     "top",
 ]
 PACKAGE = Path(torchmatrix.__file__).parent

@@ -11,6 +11,7 @@ import pytest
 
 import torchmatrix
 from torchmatrix import cli, sessions
+from torchmatrix.commands import list_cells
 from torchmatrix.exit_codes import ExitCode
 from torchmatrix.user_error import UserError
 
@@ -26,7 +27,12 @@ INTERNAL = {
     "torchmatrix.ranks.pool.RankFailure": "a rank's failure, reported as the test's",
     "torchmatrix.repro.harness.RankFailure": "inside a reproducer, which runs without torchmatrix",
 }
-NO_LITERAL_EXIT_CODES = ["torchmatrix/cli.py", "torchmatrix/sessions.py", "torchmatrix/run/runner.py", "torchmatrix/sensitivity/command.py"]  # fmt: skip
+NO_LITERAL_EXIT_CODES = [
+    "torchmatrix/cli.py",
+    "torchmatrix/sessions.py",
+    "torchmatrix/run/runner.py",
+    "torchmatrix/sensitivity/command.py",
+] + sorted(str(path.relative_to(REPO)) for path in (REPO / "torchmatrix" / "commands").glob("*.py"))
 
 
 def exception_classes() -> dict[str, type]:
@@ -57,7 +63,7 @@ def test_a_new_user_error_reaches_the_user_as_one_line_and_exit_2(monkeypatch, c
     def refuse(path):
         raise NewRefusal("matrix.toml: [axes] x: what to change")
 
-    monkeypatch.setattr(cli, "load_matrix", refuse)
+    monkeypatch.setattr(list_cells, "load_matrix", refuse)
     assert cli.main(["list"]) == ExitCode.USAGE
     assert capsys.readouterr().err == "torchmatrix: error: matrix.toml: [axes] x: what to change\n"
 
@@ -66,7 +72,7 @@ def test_an_error_outside_the_base_is_not_swallowed(monkeypatch):
     def crash(path):
         raise LookupError("a bug, not the user's")
 
-    monkeypatch.setattr(cli, "load_matrix", crash)
+    monkeypatch.setattr(list_cells, "load_matrix", crash)
     with pytest.raises(LookupError):
         cli.main(["list"])
 

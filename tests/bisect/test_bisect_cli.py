@@ -12,6 +12,7 @@ import pytest
 from torchmatrix import cli
 from torchmatrix.bisect.command import direction_breaks
 from torchmatrix.bisect.versions import IndexUnlisted, index_listing
+from torchmatrix.commands import bisect as bisect_command
 from torchmatrix.env.envdir_lock import lock_envdir
 from torchmatrix.reports.records import TestRecord
 from torchmatrix.reports.results_json import write_json
@@ -99,7 +100,7 @@ def test_an_interrupted_bisect_exits_130_with_one_line(tmp_path, monkeypatch, ca
     def interrupted(request):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "run_bisect", interrupted)
+    monkeypatch.setattr(bisect_command, "run_bisect", interrupted)
     monkeypatch.chdir(tmp_path)
     code = cli.main(["bisect", "--envdir", str(tmp_path / ".nox"), "--good", "2.13.0", "--bad", "2.14.1"])
     assert code == 130

@@ -12,7 +12,7 @@ import pytest
 
 from torchmatrix.matrix.cells import MAX_CELLS, cell_bound, expand_cells, iter_cells
 from torchmatrix.matrix.config import ConfigError, load_matrix
-from torchmatrix.matrix.selection import SelectionError
+from torchmatrix.matrix.selection import CellSelection, SelectionError
 
 from helpers.checkout import checkout_env
 from helpers.matrix_files import write_demo_project
@@ -55,11 +55,11 @@ def test_a_matrix_past_the_cap_is_refused_in_one_line_without_expanding(huge):
 
 def test_k_alone_is_refused_past_what_it_may_read(huge):
     with pytest.raises(SelectionError, match="without --only, this matrix has 40,000,000 cells for -k to read"):
-        huge.select(keyword="v35")
+        huge.select(CellSelection(keyword="v35"))
 
 
 def test_only_then_k_select_from_a_huge_matrix(huge):
-    kept = huge.select(only=NARROW, keyword="ws2 and v45 and v57")
+    kept = huge.select(CellSelection(NARROW, "ws2 and v45 and v57"))
     assert len(kept) == 2 * 10  # fsdp x a6
     assert all(c["world_size"] == 2 and c["a4"] == "v45" and c["a5"] == "v57" and c["a0"] == "v00" for c in kept)
 

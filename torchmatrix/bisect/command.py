@@ -18,7 +18,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from torchmatrix import file_writes
@@ -28,6 +28,7 @@ from torchmatrix.env.envdir_lock import EnvdirBusy, EnvdirUnlockable, lock_envdi
 from torchmatrix.env.version_venv import prepare_venv
 from torchmatrix.exit_codes import ExitCode
 from torchmatrix.matrix.config import Matrix
+from torchmatrix.matrix.selection import EVERY_CELL, CellSelection
 from torchmatrix.messages.cross_version import SUITE, writer_of_read
 from torchmatrix.reports.records import RunResults, TestRecord
 from torchmatrix.reports.reproducible import is_reproducible, repro_command
@@ -76,7 +77,7 @@ class BisectRequest:
     good: str | None = None
     bad: str | None = None
     from_run: Path | None = None
-    filters: list[str] = field(default_factory=list)  # the selection, as `torchmatrix run` arguments
+    cell_selection: CellSelection = EVERY_CELL
     slots: int | None = None
 
 
@@ -329,7 +330,8 @@ def direction_breaks(results: RunResults) -> list[str]:
 
 def _regressions_of_pins(request: BisectRequest, steps: Steps) -> list[Regression]:
     """Run the selection on the bad pin, then its confirmed failures on the good pin: those that pass there."""
-    bad_results, skipped, reason = steps.run(request.bad, request.filters)
+    filters = request.cell_selection.arguments()
+    bad_results, skipped, reason = steps.run(request.bad, filters)
     if bad_results is None:
         raise BisectError(f"--bad {request.bad} {skipped.value}: {reason}")
     failing = [
@@ -339,7 +341,7 @@ def _regressions_of_pins(request: BisectRequest, steps: Steps) -> list[Regressio
     ]
     if not failing:
         raise BisectError(
-            f"nothing fails alone on --bad {request.bad} in the selection ({shlex.join(request.filters) or 'every cell'}); "
+            f"nothing fails alone on --bad {request.bad} in the selection ({shlex.join(filters) or 'every cell'}); "
             "widen it, or pick the release the upgrade diff flagged"
             + (
                 " (a broken checkpoint direction never shows here: a step runs one torch, where cross_version's write "
@@ -349,7 +351,7 @@ def _regressions_of_pins(request: BisectRequest, steps: Steps) -> list[Regressio
             )
         )
     tests = sorted({f"--test={record.suite}::{record.test}" for record in failing})
-    good_results, skipped, reason = steps.run(request.good, [*request.filters, *tests])
+    good_results, skipped, reason = steps.run(request.good, [*filters, *tests])
     if good_results is None:
         raise BisectError(f"--good {request.good} {skipped.value}: {reason}")
     regressions = []

@@ -14,7 +14,6 @@ import math
 import re
 import stat
 import sys
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,9 +37,10 @@ from torchmatrix.matrix.known_failures import KEYS as KNOWN_FAILURE_KEYS
 from torchmatrix.matrix.known_failures import KnownFailure, KnownFailureError, read_known_failure
 from torchmatrix.matrix.meshes import MESH_AXIS, MESH_KINDS, TWO_D_FSDP, TWO_D_MESH_KINDS, mesh_layout, mesh_problem
 from torchmatrix.matrix.selection import (
+    EVERY_CELL,
+    CellSelection,
     KeywordExpression,
     SelectionError,
-    Shard,
     passes_only,
     select_cells,
     shard_cells,
@@ -150,13 +150,12 @@ class Matrix:
         MAX_CELLS (refused before expansion)."""
         return list(self._expanded)
 
-    def select(
-        self, *, only: Mapping[str, set[str]] | None = None, keyword: str | None = None, shard: Shard | None = None
-    ) -> list[Cell]:
-        """The cells `--only`, `-k` and `--shard` keep. Past MAX_CELLS, `--only` or `-k` must
-        narrow the matrix: `--only` prunes the axes before anything expands, `-k` reads the rest one
-        cell at a time (at most MAX_SCANNED), and at most MAX_CELLS cells are held."""
-        if cell_bound(self.axes, self.include) <= MAX_CELLS or not (only or keyword):
+    def select(self, selection: CellSelection = EVERY_CELL) -> list[Cell]:
+        """The cells `selection` keeps. Past MAX_CELLS, `--only` or `-k` must narrow the matrix:
+        `--only` prunes the axes before anything expands, `-k` reads the rest one cell at a time
+        (at most MAX_SCANNED), and at most MAX_CELLS cells are held."""
+        only, keyword, shard = selection.only, selection.keyword, selection.shard
+        if cell_bound(self.axes, self.include) <= MAX_CELLS or not selection.narrows:
             return select_cells(self.cells(), only=only, keyword=keyword, shard=shard)
         axes = {
             axis: tuple(v for v in values if axis not in (only or {}) or filter_token(v) in only[axis])

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from torchmatrix.matrix.cells import Cell, filter_token
 from torchmatrix.user_error import UserError
@@ -33,6 +35,54 @@ class Shard:
 
     def __str__(self) -> str:
         return f"{self.index}/{self.count}"
+
+
+@dataclass(frozen=True)
+class CellSelection:
+    """The cells a command covers (`--only`, `-k`, `--shard`), parsed once from the command line and
+    passed down whole; the fan-out jobs and `torchmatrix run` steps get it back as arguments."""
+
+    only: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    """axis -> the accepted spellings (AND across axes); read-only."""
+    keyword: str | None = None
+    """a `-k` expression over cell ids."""
+    shard: Shard | None = None
+    """the slice of what `only` and `keyword` keep."""
+
+    def __post_init__(self) -> None:
+        frozen = MappingProxyType({axis: frozenset(values) for axis, values in self.only.items()})
+        object.__setattr__(self, "only", frozen)
+
+    @classmethod
+    def parse(
+        cls, only: Sequence[str], keyword: str | None, shard: str | None, axes: Mapping[str, Sequence]
+    ) -> CellSelection:
+        """The selection the flags spell, checked against the matrix's axes."""
+        return cls(parse_only(only, axes), keyword, Shard.parse(shard) if shard else None)
+
+    @classmethod
+    def exactly(cls, cells: Iterable[Cell]) -> CellSelection:
+        """The selection of these cells: a `-k` of their ids."""
+        return cls(keyword=" or ".join(cell.id for cell in cells))
+
+    @property
+    def narrows(self) -> bool:
+        """Whether `--only` or `-k` is given (a shard slices, it does not narrow)."""
+        return bool(self.only or self.keyword)
+
+    def sharded(self, shard: Shard | None) -> CellSelection:
+        """The same filters, taking `shard` of what they keep."""
+        return dataclasses.replace(self, shard=shard)
+
+    def arguments(self) -> list[str]:
+        """The flags that select the same cells, for a job or step to pass on to `torchmatrix run`."""
+        only = [f"--only={axis}={','.join(sorted(values, key=_natural))}" for axis, values in self.only.items()]
+        keyword = ["-k", self.keyword] if self.keyword else []
+        return [*only, *keyword, *(["--shard", str(self.shard)] if self.shard else [])]
+
+
+EVERY_CELL = CellSelection()
+"""No filter: every cell of the matrix."""
 
 
 def parse_only(filters: Sequence[str], axes: Mapping[str, Sequence]) -> dict[str, set[str]]:

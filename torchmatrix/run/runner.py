@@ -19,7 +19,7 @@ import shlex
 import shutil
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -31,7 +31,7 @@ from torchmatrix.matrix.config import Matrix
 from torchmatrix.matrix.known_failures import expected_failures
 from torchmatrix.matrix.plan import Group, SuiteRun, group_runs, plan_runs
 from torchmatrix.matrix.safe_names import UnsafeName, check_name
-from torchmatrix.matrix.selection import Shard
+from torchmatrix.matrix.selection import EVERY_CELL, CellSelection
 from torchmatrix.matrix.suite_selection import SuiteSelection
 from torchmatrix.messages.cross_version import reads_dir
 from torchmatrix.messages.group_plan import GroupPlan, SuiteSpec
@@ -71,9 +71,7 @@ class RunRequest:
     version: str
     reports: Path
     run_id: str
-    only: dict = field(default_factory=dict)
-    keyword: str | None = None
-    shard: Shard | None = None
+    cell_selection: CellSelection = EVERY_CELL
     selection: SuiteSelection = SuiteSelection()
     install_log: Path | None = None
     gpus_per_node: int | None = None
@@ -268,7 +266,7 @@ def _fail_unfinished(book: OutcomeBook, message: str) -> None:
 def _cells(request: RunRequest) -> list[Cell]:
     """The selected cells; a read pass reads for exactly the cells its version's run planned."""
     if not request.cross_version_reads:
-        return request.matrix.select(only=request.only, keyword=request.keyword, shard=request.shard)
+        return request.matrix.select(request.cell_selection)
     plan = request.run_dir / f"torch-{request.version}" / "plan.json"
     try:
         return [_checked(Cell(axes)) for axes in read_plan(plan).cell_axes]
@@ -582,9 +580,9 @@ def _write_plan(
             started=started,
             matrix=str(request.matrix.path),
             matrix_sha256=request.matrix.digest,
-            only={axis: sorted(values) for axis, values in request.only.items()},
-            keyword=request.keyword,
-            shard=str(request.shard) if request.shard else None,
+            only={axis: sorted(values) for axis, values in request.cell_selection.only.items()},
+            keyword=request.cell_selection.keyword,
+            shard=str(request.cell_selection.shard) if request.cell_selection.shard else None,
             environment=environment,
             cells=tuple(cell.id for cell in cells),
             cell_axes=tuple(cell.to_json() for cell in cells),

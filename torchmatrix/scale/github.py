@@ -9,12 +9,12 @@ from __future__ import annotations
 import shlex
 
 from torchmatrix.matrix.config import Matrix
-from torchmatrix.matrix.selection import SelectionError, Shard
+from torchmatrix.matrix.selection import CellSelection, SelectionError, Shard
 
 GITHUB_JOB_LIMIT = 256
 
 
-def github_matrix(matrix: Matrix, shards: int, *, only: dict, keyword: str | None, filter_args: list[str]) -> dict:
+def github_matrix(matrix: Matrix, shards: int, selection: CellSelection) -> dict:
     """`{"include": [...]}` with one entry per non-empty (version, shard); never empty, which GitHub refuses."""
     if shards < 1:
         raise SelectionError(f"--shards {shards}: use a positive number of shards per torch version")
@@ -34,7 +34,8 @@ def github_matrix(matrix: Matrix, shards: int, *, only: dict, keyword: str | Non
     for version in versions:
         for index in range(1, shards + 1):
             shard = Shard(index, shards)
-            cells = matrix.select(only=only, keyword=keyword, shard=shard)
+            job = selection.sharded(shard)
+            cells = matrix.select(job)
             if not cells:
                 continue
             include.append(
@@ -43,7 +44,7 @@ def github_matrix(matrix: Matrix, shards: int, *, only: dict, keyword: str | Non
                     "torch": version,
                     "session": f"gpu_matrix(torch='{version}')",
                     "shard": str(shard),
-                    "args": shlex.join([*filter_args, "--shard", str(shard)]),
+                    "args": shlex.join(job.arguments()),
                     "gpus": max(cell.world_size for cell in cells),
                     "cells": len(cells),
                 }

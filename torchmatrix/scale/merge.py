@@ -18,7 +18,7 @@ from torchmatrix.matrix.cells import Cell
 from torchmatrix.matrix.config import Matrix
 from torchmatrix.matrix.plan import plan_runs
 from torchmatrix.matrix.safe_names import UnsafeName, check_name
-from torchmatrix.matrix.selection import SelectionError, Shard, shard_cells
+from torchmatrix.matrix.selection import CellSelection, SelectionError, Shard, shard_cells
 from torchmatrix.messages.cross_version import CHECKPOINTS_DIR, READS_DIR
 from torchmatrix.messages.run_plan import FILE_NAME as PLAN_FILE
 from torchmatrix.messages.run_plan import PlanFileError, RunPlan, read_plan, write_plan
@@ -216,9 +216,8 @@ def _missing_reason(version: str, cell: Cell, reports: list[VersionReport], matr
     for report in reports:
         if not report.shard:
             continue
-        only = {axis: set(values) for axis, values in report.plan.only.items()}
         try:
-            selection = matrix.select(only=only, keyword=report.plan.keyword)
+            selection = matrix.select(CellSelection(report.plan.only, report.plan.keyword))
         except SelectionError as error:
             raise MergeError(
                 f"{report.path / PLAN_FILE}: its filters do not apply to {matrix.path.name} ({error})"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from torchmatrix import file_writes
 from torchmatrix.matrix.config import Matrix
-from torchmatrix.matrix.selection import SelectionError
+from torchmatrix.matrix.selection import CellSelection, SelectionError
 
 # --restart: a requeued task reruns with its run id, and starts clean instead of being refused.
 NOX_RUN = "nox -R -s \"gpu_matrix(torch='$VERSION')\" -- --restart "
@@ -94,9 +94,7 @@ def _versions_array(versions: list[str]) -> str:
     return "VERSIONS=(" + " ".join(shlex.quote(v) for v in versions) + ")"
 
 
-def write_slurm(
-    matrix: Matrix, options: SlurmOptions, out: Path, *, only: dict, keyword: str | None, filter_args: list[str]
-) -> list[Path]:
+def write_slurm(matrix: Matrix, options: SlurmOptions, out: Path, selection: CellSelection) -> list[Path]:
     """Write the scripts into `out` and return them; `out/submit.sh` submits the whole chain."""
     options.check()
     if CONTROL.search(str(matrix.root)):
@@ -106,11 +104,11 @@ def write_slurm(
     versions = [v for v in matrix.versions if v != "system"]
     if not versions:
         raise SelectionError("slurm: matrix.toml lists no installable torch version (only 'system')")
-    cells = matrix.select(only=only, keyword=keyword)
+    cells = matrix.select(selection)
     node_sizes = sorted({c.world_size for c in cells if c.world_size <= options.gpus_per_node})
     wide_sizes = sorted({c.world_size for c in cells if c.world_size > options.gpus_per_node})
     root = matrix.root
-    filters = shlex.join(filter_args)
+    filters = shlex.join(selection.arguments())
     run_id = '"$TORCHMATRIX_SUBMISSION/$SLURM_JOB_NAME-${SLURM_ARRAY_TASK_ID:-0}"'
     out.mkdir(parents=True, exist_ok=True)
     scripts = {}

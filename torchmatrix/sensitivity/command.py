@@ -23,6 +23,7 @@ from torchmatrix.components.protocol import DTENSOR_OPTIM, GRAD_CKPT, RESUME
 from torchmatrix.exit_codes import ExitCode
 from torchmatrix.matrix.cells import Cell
 from torchmatrix.matrix.config import Matrix
+from torchmatrix.matrix.selection import CellSelection
 from torchmatrix.run.runner import RunRequest, run_version
 from torchmatrix.sensitivity.mutants import EVIDENCE_VARIABLE, cells_acted_in, reasons_it_cannot_act
 from torchmatrix.sensitivity.registry import GENERIC_MUTANTS, INNER_COMPONENTS_VARIABLE, GenericMutant, component_path
@@ -119,10 +120,7 @@ def mutated(matrix: Matrix, mutant: GenericMutant) -> Matrix:
 
 def run_selection(request: RunRequest, cells: list[Cell]) -> None:
     """run_version over exactly `cells` (a keyword of their ids); an interrupted run ends the command."""
-    if (
-        run_version(dataclasses.replace(request, keyword=" or ".join(cell.id for cell in cells)))
-        == ExitCode.INTERRUPTED
-    ):
+    if run_version(dataclasses.replace(request, cell_selection=CellSelection.exactly(cells))) == ExitCode.INTERRUPTED:
         raise KeyboardInterrupt
 
 
@@ -192,7 +190,7 @@ def judge(
 
 
 def run_sensitivity(
-    matrix: Matrix, *, version: str, out: Path, filters: dict, mutant_names: str | None, slots: int | None
+    matrix: Matrix, *, version: str, out: Path, selection: CellSelection, mutant_names: str | None, slots: int | None
 ) -> ExitCode:
     """Unmutated run, then every mutant; print and write the table; 1 when a mutant is missed or
     errored in any cell where it applies.
@@ -207,7 +205,7 @@ def run_sensitivity(
         raise SensitivityError(
             f"{matrix.path.name}: no [suites.{GRAD_CKPT}], [suites.{RESUME}] or [suites.{DTENSOR_OPTIM}], which the generic mutants target"
         )
-    cells = covering_cells(matrix.select(**filters))
+    cells = covering_cells(matrix.select(selection))
     if not cells:
         raise SensitivityError("the filters select no cell")
     os.environ[INNER_COMPONENTS_VARIABLE] = json.dumps(matrix.components)

@@ -1,0 +1,55 @@
+"""Argument types the commands share: argparse calls each on the text and prints its error as usage."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from pathlib import Path
+
+from torchmatrix.matrix.selection import SelectionError
+from torchmatrix.matrix.suite_selection import split_test
+
+
+def non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is negative; pass 0 to switch it off")
+    return value
+
+
+def positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not positive; pass 1 or more")
+    return value
+
+
+def progress_part(text: str) -> tuple[int, int]:
+    """`K/N`: this torch version is the K-th of the N one invocation runs."""
+    match = re.fullmatch(r"(\d+)/(\d+)", text.strip())
+    if not match or not 1 <= int(match[1]) <= int(match[2]):
+        raise argparse.ArgumentTypeError(f"{text!r}: write it as K/N with 1 <= K <= N, e.g. 2/3")
+    return int(match[1]), int(match[2])
+
+
+def interpreter(text: str) -> tuple[str, str]:
+    """`VERSION=PATH`: the Python that stands for a torch version, an executable file."""
+    version, _, python = text.partition("=")
+    if not version or not python:
+        raise argparse.ArgumentTypeError(f"{text!r}: write it as VERSION=PATH, e.g. 2.14.1=/opt/venv/bin/python")
+    if not Path(python).is_file() or not os.access(python, os.X_OK):
+        raise argparse.ArgumentTypeError(f"{python!r} is not an executable file; pass a venv's bin/python")
+    return version, python
+
+
+def suite_test(text: str) -> str:
+    """`SUITE::TEST`, checked for its shape (the suite files check the names later)."""
+    try:
+        split_test(text)
+    except SelectionError as error:
+        raise argparse.ArgumentTypeError(str(error).removeprefix(f"--test {text!r}: ")) from None
+    return text

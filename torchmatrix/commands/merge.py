@@ -1,0 +1,52 @@
+"""`torchmatrix merge`: report directories of shards, jobs and versions merged into one run."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from torchmatrix.commands.report import report_run
+from torchmatrix.commands.selection_flags import add_selection_flags, cell_selection
+from torchmatrix.exit_codes import ExitCode
+from torchmatrix.matrix.config import load_matrix
+from torchmatrix.matrix.safe_names import check_name
+from torchmatrix.reports import junit
+from torchmatrix.scale.merge import merge_reports
+
+NAME = "merge"
+SHARD_REFUSAL = "merge: pass the filters the jobs shared (--only, -k), not --shard"
+
+
+def add_parser(commands) -> argparse.ArgumentParser:
+    parser = commands.add_parser(NAME, help="merge report directories of shards, jobs and versions into one run")
+    add_selection_flags(parser)
+    parser.add_argument(
+        "inputs", nargs="+", type=Path, metavar="DIR", help="report directories (e.g. downloaded artifacts)"
+    )
+    parser.add_argument("--out", required=True, type=Path, help="the merged run directory to write")
+    parser.add_argument(
+        "--versions", default=None, metavar="V1,V2", help="torch versions to expect (default: all in matrix.toml)"
+    )
+    return parser
+
+
+def run(args: argparse.Namespace) -> ExitCode:
+    matrix = load_matrix(args.config)
+    versions = (
+        [check_name(v.strip(), "--versions entry") for v in args.versions.split(",") if v.strip()]
+        if args.versions
+        else None
+    )
+    out = args.out.resolve()
+    expected = matrix.select(cell_selection(args, matrix, shard_refusal=SHARD_REFUSAL))
+    result = merge_reports([path.resolve() for path in args.inputs], out, matrix, expected=expected, versions=versions)
+    for version, missing in result.missing.items():
+        print(
+            f"torchmatrix: torch {version}: {len(missing)} planned cells had no report: {', '.join(missing)}",
+            file=sys.stderr,
+        )
+    cells = ", ".join(f"torch {v}: {n} cells" for v, n in result.cells.items())
+    print(f"torchmatrix: merged {result.inputs} report directories into {out} ({cells})")
+    report_run(out)
+    return ExitCode.FAILED if junit.has_problems(out / junit.MERGED_NAME) else ExitCode.PASSED

@@ -1,0 +1,166 @@
+"""`torchmatrix run`: the selected cells of one torch version, in this environment."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from torchmatrix.commands.argument_types import non_negative, positive, progress_part, suite_test
+from torchmatrix.commands.paths import reports_directory
+from torchmatrix.commands.selection_flags import add_selection_flags, cell_selection
+from torchmatrix.exit_codes import ExitCode
+from torchmatrix.matrix.config import load_matrix
+from torchmatrix.matrix.suite_selection import EXAMPLE_SUITE, SuiteSelection, example_test
+from torchmatrix.ranks.output_cap import DEFAULT_CAP_BYTES
+from torchmatrix.reports.closing import run_closing_lines
+from torchmatrix.reports.confirmation import DEFAULT_LIMIT as DEFAULT_CONFIRM_LIMIT
+from torchmatrix.run.progress import InvocationPart
+from torchmatrix.run.run_directory import check_run_id, new_run_id
+from torchmatrix.run.runner import DEFAULT_MAX_CPU_RANKS, RunError, RunRequest, run_version
+
+NAME = "run"
+
+
+def add_parser(commands) -> argparse.ArgumentParser:
+    parser = commands.add_parser(NAME, help="run the selected cells of one torch version in this environment")
+    add_selection_flags(parser)
+    parser.add_argument(
+        "--torch",
+        required=True,
+        metavar="VERSION",
+        help="a version from matrix.toml, or 'system' for the torch installed here",
+    )
+    parser.add_argument(
+        "--reports",
+        default=None,
+        metavar="DIR",
+        help="where run directories go (default: reports/ next to matrix.toml)",
+    )
+    parser.add_argument(
+        "--run-id", default=None, help="run directory name; nox passes one so all versions land together"
+    )
+    parser.add_argument(
+        "--restart",
+        action="store_true",
+        help="the run id was used before (a requeued job): delete what that attempt left for this torch version and start clean",
+    )
+    parser.add_argument(
+        "--suite",
+        dest="suites",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help=f"run only this suite of matrix.toml (repeatable), e.g. --suite {EXAMPLE_SUITE}",
+    )
+    parser.add_argument(
+        "--test",
+        dest="tests",
+        action="append",
+        default=[],
+        type=suite_test,
+        metavar="SUITE::TEST",
+        help=f"run only this test of the selected cells (repeatable), e.g. --test {example_test()}; "
+        "a function name runs every parametrization of it, TEST[name=value] one of them",
+    )
+    parser.add_argument("--install-log", type=Path, default=None, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--report-follows",
+        action="store_true",
+        help="a report step runs after this one (nox passes it): the closing lines say so instead of naming the command",
+    )
+    parser.add_argument(
+        "--cross-version-reads",
+        action="store_true",
+        help="load the other torch versions' cross_version checkpoints of this run (cross-read passes it)",
+    )
+    parser.add_argument(
+        "--progress-part",
+        type=progress_part,
+        default=(1, 1),
+        metavar="K/N",
+        help="this torch version is the K-th of N one invocation runs (nox passes it): the [k/N] count and the ETA continue across them",
+    )
+    parser.add_argument(
+        "--progress-since",
+        type=float,
+        default=None,
+        metavar="EPOCH",
+        help="when that invocation started, in seconds since the epoch (nox passes it): elapsed time and ETA count from it",
+    )
+    parser.add_argument(
+        "--progress-install",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="this torch version took SECONDS to install (nox passes it): the ETA expects each version still to come to take as long",
+    )
+    parser.add_argument(
+        "--slots",
+        type=positive,
+        default=None,
+        help="ranks that may run at once on a CPU-only machine (default: its cores); GPUs are the slots on CUDA",
+    )
+    parser.add_argument(
+        "--confirm-limit",
+        type=non_negative,
+        default=DEFAULT_CONFIRM_LIMIT,
+        metavar="N",
+        help=f"re-run at most N failed tests alone, each in a fresh process, to tell real failures from order-dependent ones (default {DEFAULT_CONFIRM_LIMIT}; 0: off)",
+    )
+    parser.add_argument(
+        "--max-cpu-ranks",
+        type=positive,
+        default=DEFAULT_MAX_CPU_RANKS,
+        metavar="N",
+        help=f"on a CPU-only machine, refuse cells wider than N simulated ranks (default {DEFAULT_MAX_CPU_RANKS}; each is a process)",
+    )
+    parser.add_argument(
+        "--output-cap",
+        type=positive,
+        default=DEFAULT_CAP_BYTES,
+        metavar="BYTES",
+        help=f"keep at most this much of each test's stdout, stderr and failure text (head and tail; default {DEFAULT_CAP_BYTES})",
+    )
+    parser.add_argument(
+        "--gpus-per-node",
+        type=positive,
+        default=None,
+        help="GPUs per node (default: the GPUs seen here; no limit on CPU)",
+    )
+    parser.add_argument(
+        "--multinode-launcher",
+        default=None,
+        metavar="CMD",
+        help="runs cells wider than a node, e.g. 'srun --nodes={nnodes} torchrun --nnodes={nnodes} --nproc-per-node={nproc_per_node} ...'",
+    )
+    return parser
+
+
+def run(args: argparse.Namespace) -> ExitCode:
+    matrix = load_matrix(args.config)
+    if args.torch not in matrix.versions and args.torch != "system":
+        raise RunError(
+            f"--torch {args.torch}: not in [torch].versions of {matrix.path.name} ({', '.join(matrix.versions)}); add it there or pass --torch system"
+        )
+    request = RunRequest(
+        matrix=matrix,
+        version=args.torch,
+        reports=reports_directory(args.reports, matrix),
+        run_id=check_run_id(args.run_id, "--run-id") if args.run_id else new_run_id(),
+        restart=args.restart,
+        max_cpu_ranks=args.max_cpu_ranks,
+        output_cap=args.output_cap,
+        install_log=args.install_log,
+        gpus_per_node=args.gpus_per_node,
+        multinode_launcher=args.multinode_launcher,
+        slots=args.slots,
+        confirm_limit=args.confirm_limit,
+        part=InvocationPart(*args.progress_part, since=args.progress_since, install_seconds=args.progress_install),
+        cross_version_reads=args.cross_version_reads,
+        selection=SuiteSelection(tuple(args.suites), tuple(args.tests)),
+        cell_selection=cell_selection(args, matrix),
+    )
+    code = run_version(request)
+    if not request.cross_version_reads:
+        print(run_closing_lines(request.run_dir, failed=code == ExitCode.FAILED, report_follows=args.report_follows))
+    return code
