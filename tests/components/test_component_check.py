@@ -136,6 +136,22 @@ class Dataset:
         return iter(())
 
 
+class ScaledBackwardStep:  # a training step that brings only its own backward, as a grad scaler does
+    def __init__(self, *, model, optimizer):
+        self.optimizer = optimizer
+
+    def backward(self, loss):
+        (loss * 2.0).backward()
+
+
+class BackwardWithoutTheLoss:
+    def __init__(self, *, model, optimizer):
+        pass
+
+    def backward(self):
+        pass
+
+
 NOT_A_FACTORY = 3
 """
 
@@ -230,6 +246,15 @@ def test_an_optimizer_factory_that_cannot_take_the_optimizer_call(project):
 def test_a_class_without_a_method_the_suites_call(project):
     problem = the_one_problem(project, "checkpointer", checkpointer="userstack.stack:CheckpointerWithoutLoad")
     assert "has no method 'load'; the suites call checkpointer().load(directory, *, model" in problem
+
+
+def test_a_training_step_may_leave_out_members_the_suites_have_defaults_for(project):
+    assert problems_with(project, training_step="userstack.stack:ScaledBackwardStep") == []
+
+
+def test_a_training_step_member_that_cannot_take_the_suites_call_is_refused(project):
+    problem = the_one_problem(project, "training_step", training_step="userstack.stack:BackwardWithoutTheLoss")
+    assert "make it accept training_step(*, model, optimizer, cell=...).backward(loss)" in problem, problem
 
 
 def test_something_that_is_not_callable(project):
