@@ -166,6 +166,16 @@ MUTANTS = {
             ),
         },
     ),
+    # The stack's own training step (the `training_step` component) runs in every step: a loss scaler
+    # it keeps and no checkpoint saves skips the first step again after the load. One cell: what it
+    # loses is the same at every world size.
+    "loss_scaler_not_saved": Mutant(
+        {"training_step": "torchmatrix.models.mutants.training_step:UncheckpointedLossScalerStep"},
+        ("adamw",),
+        ("ws1-none",),
+        {LOSSES: ("loss at step", "FIRST_DIVERGENCE")},
+        world_sizes=(1,),
+    ),
     "precision_aware_cast_on_load": Mutant(
         {"optimizer_precision_aware": "torchmatrix.models.mutants.resume:build_cast_on_load_precision_aware"},
         ("precision_aware",),
