@@ -2,11 +2,13 @@
 Fabric as a Fabric script sets them up (`fabric.setup_module`, `fabric.setup_optimizers`), with the
 strategy the cell names: none (one device), fsdp1 (`FSDPStrategy`, sharded checkpoints) or fsdp2
 (`ModelParallelStrategy` with `fully_shard`). The Fabric of each model is kept for the training step
-and the checkpointer, which call `fabric.backward`, `fabric.save` and `fabric.load`."""
+and the checkpointer, which call the model through Fabric's wrapper and `fabric.backward`,
+`fabric.save` and `fabric.load`."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import NamedTuple
 from weakref import WeakKeyDictionary
 
 import torch
@@ -18,14 +20,26 @@ from lightning.fabric.wrappers import _FabricModule
 from torch import nn
 from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
 
-FABRICS: WeakKeyDictionary[_FabricModule, Fabric] = WeakKeyDictionary()
 LAYERS = {nn.TransformerEncoderLayer, nn.TransformerDecoderLayer}
+
+
+class SetUp(NamedTuple):
+    """What a Fabric loop holds for one model: the Fabric and the `_FabricModule` it returned."""
+
+    fabric: Fabric
+    module: _FabricModule
+
+
+FABRICS: WeakKeyDictionary[nn.Module, SetUp] = WeakKeyDictionary()
+"""The module under each `_FabricModule` (FSDP's root, or the model itself) -> its set-up."""
 
 
 def parallelize(
     model: nn.Module, cell: Mapping[str, object], *, device: torch.device, activation_checkpointing: bool = False
-) -> _FabricModule:
-    """The model as `fabric.setup_module` returns it, under the cell's strategy."""
+) -> nn.Module:
+    """The model set up by `fabric.setup_module` under the cell's strategy. Only for the protocol:
+    the suites get the module under Fabric's wrapper, whose state (parameters, state dicts) they
+    read; forward and backward still go through the wrapper, in the training step (step.py)."""
     if activation_checkpointing:
         raise ValueError("the Lightning example runs no grad_ckpt: activation checkpointing is not set up here")
     fabric = Fabric(
@@ -36,14 +50,14 @@ def parallelize(
     )
     fabric.launch()
     wrapped = fabric.setup_module(model)
-    FABRICS[wrapped] = fabric
-    return wrapped
+    FABRICS[wrapped._forward_module] = SetUp(fabric, wrapped)
+    return wrapped._forward_module
 
 
 def build_adamw(params, *, lr: float, betas=(0.9, 0.95), eps: float = 1e-8, weight_decay: float = 0.1, model):
     """AdamW over the set-up model's parameters, set up by the model's Fabric."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
-    return FABRICS[model].setup_optimizers(optimizer)
+    return FABRICS[model].fabric.setup_optimizers(optimizer)
 
 
 def strategy(fsdp: str, device: torch.device):

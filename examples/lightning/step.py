@@ -9,13 +9,13 @@ from parallel import FABRICS
 
 
 class FabricStep:
-    """`nll_loss` of the demo Transformer's log-probabilities for the next tokens, back-propagated by
+    """`nll_loss` of the demo Transformer's log-probabilities for the next tokens, the model called
+    through Fabric's `_FabricModule` (its precision's autocast), back-propagated by
     the model's Fabric (its strategy and precision plugin; FSDPStrategy refuses a plain
     `loss.backward()`). The optimizer steps as set up: `optimizer.step()` through Fabric's wrapper."""
 
     def __init__(self, *, model, optimizer):
-        self.model = model
-        self.fabric = FABRICS[model]
+        self.fabric, self.model = FABRICS[model]
 
     def loss(self, tokens: torch.Tensor) -> torch.Tensor:
         inputs, target = tokens[:, :-1], tokens[:, 1:]
