@@ -38,6 +38,7 @@ from torchmatrix.user_error import UserError
 
 PROJECT = Path(__file__).resolve().parent.parent  # this checkout: its examples, tests and lint only
 TORCHTITAN_MINIMAL = PROJECT / "examples" / "torchtitan" / "requirements-minimal.txt"
+LIGHTNING = "lightning==2.6.6"  # examples/lightning's [requires], for its test in `nox -s tests` (about 15 s)
 DOCS_REQUIREMENTS = ("mkdocs==1.6.1", "mkdocs-material==9.8.1", "pymdown-extensions==13.1")
 INVOCATION_STARTED = time.time()  # the noxfile loads once per nox invocation
 _SESSIONS_STARTED: Counter[str] = Counter()
@@ -281,10 +282,11 @@ def tests(session, torch_version: str, *, fast: bool = False) -> None:
     """The project's own tests, in parallel with pytest-xdist, against the baseline torch; ``fast``
     leaves out the tests marked slow (rank processes, whole runs), the lane a developer runs first.
     torchtitan for tests/suites/test_torchtitan_example.py is its minimal set, --no-deps (30 s, not
-    2.5 min). The 25 slowest tests are listed at the end, so a CI log shows where its time went."""
+    2.5 min); lightning for tests/suites/test_lightning_example.py. The 25 slowest tests are listed at the end, so a CI log shows where its time went."""
     torch = [] if torch_version == "system" else [f"torch=={torch_version}", "numpy"]
     session.install("-e", f"{PROJECT}[test]", *torch)
     session.install("--no-deps", "-r", str(TORCHTITAN_MINIMAL))
+    session.install(LIGHTNING)
     lane = ["-m", "not slow"] if fast else []
     session.run("python", "-m", "pytest", "-n", "auto", "--durations=25", *lane, *session.posargs)
 
