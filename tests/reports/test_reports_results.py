@@ -12,7 +12,7 @@ from torchmatrix.reports import junit, records, results_json
 from torchmatrix.reports.report import load_run, write_report
 from torchmatrix.reports.run_reader import load_results
 
-from reports_fixture import BASELINE, CANDIDATE, check_golden, normalised, write_fixture_run
+from helpers.report_runs import BASELINE, CANDIDATE, check_golden, normalised, write_fixture_run
 
 
 @pytest.fixture

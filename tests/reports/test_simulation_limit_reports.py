@@ -20,8 +20,10 @@ from torchmatrix.reports.outcomes import TestOutcome as Outcome  # not collected
 from torchmatrix.reports.report import load_run, write_report
 from torchmatrix.status import Status, tally
 
-from conftest import REPO, Project, matrix_toml
-from reports_fixture import (
+from helpers.checkout import REPO
+from helpers.matrix_files import matrix_toml
+from helpers.projects import Project
+from helpers.report_runs import (
     BASELINE,
     CANDIDATE,
     PREMUL_SUM_LIMIT,
