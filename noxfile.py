@@ -8,6 +8,7 @@ nox -s list [-- --json]                    the cells; also: nox -s compare -- RU
 nox -s hf_matrix                           the suites on a tiny Hugging Face Llama (examples/hf_llama)
 nox -s optim_matrix                        torchao, torch-optimi, bitsandbytes optimizers (examples/optimizers)
 nox -s titan_matrix                        the suites on torchtitan's own stack (examples/torchtitan)
+nox -s lightning_matrix                    the suites on a Lightning Fabric stack (examples/lightning)
 nox -s sensitivity [-- --mutants A,B]      would the suites catch generic mutants of [components]?
 nox -s bisect -- --good 2.13.0 --bad 2.15.0 [-k EXPR]   first release where a test regressed (or -- --from RUN)
 nox -s tests_fast                          the fast lane (no rank processes, a few minutes); nox -s tests: all
@@ -53,6 +54,13 @@ def titan_matrix(session, torch):
 
 
 @nox.session
+@nox.parametrize("torch", [v for v in sessions.lightning_matrix().versions if v != "system"])
+def lightning_matrix(session, torch):
+    """The resume and dtensor_optim suites on Lightning Fabric: FSDPStrategy, ModelParallelStrategy, fabric.save/load (examples/lightning)."""
+    sessions.fabric_matrix(session, torch, RUN_ID)
+
+
+@nox.session
 def tests(session):
     """The runner's own tests (pytest-xdist), on the baseline torch: the full lane CI runs."""
     sessions.tests(session, MATRIX.baseline)
@@ -81,4 +89,5 @@ MATRIX_LOCK = lock_matrix_sessions(
     hf_matrix=sessions.hf_llama_matrix().versions,
     optim_matrix=sessions.optimizers_matrix().versions,
     titan_matrix=sessions.torchtitan_matrix().versions,
+    lightning_matrix=sessions.lightning_matrix().versions,
 )

@@ -57,10 +57,11 @@ from .built_names import named_parameters_as_built
 from .checkpointer_forms import RunCheckpointer, reshards_itself
 from .dcp_layout import ExpectedState, find_checkpoint, read_layouts, storage_findings
 from .mesh_placements import TensorParallelPlan, placement_problems
-from .model_output import loss_of
+from .model_output import call_model, loss_of
 from .optimizer_state import inner_optimizers, optimizer_state_of, param_groups_of, state_adapter
 from .parallelize_component import parallelized
 from .scheduler_component import build_scheduler
+from .training_step import build_training_step
 from .ulp import bits_difference, bits_equal
 
 OPTIONS = DtensorOptimOptions  # the dataclass `suite_options` arrives as
@@ -390,12 +391,15 @@ class Recipe(NamedTuple):
     def train_step(
         self, model: nn.Module, optimizer: torch.optim.Optimizer, seed: int, world: World | None = None
     ) -> None:
-        """One step on this rank's batch: one per data-parallel rank of `world` (the cell's when None)."""
+        """One step on this rank's batch: one per data-parallel rank of `world` (the cell's when None),
+        through the stack's `training_step` component; the probe model's loss is read from its output,
+        as the stack's loss function is written for the stack's model."""
         make_batch = load(self.components["batch"]) if self.model_kind == "model" else make_probe_batch
         rank = data_parallel_rank(self.cell if world is None else world.cell)
         batch = make_batch(model, seed=seed + rank, device=current_device())
-        loss_of(model(**batch)).backward()
-        optimizer.step()
+        step = build_training_step(self.components, model=model, optimizer=optimizer, cell=self.cell)
+        step.backward(step.loss(batch) if self.model_kind == "model" else loss_of(call_model(model, batch)))
+        step.optimizer_step()
         optimizer.zero_grad(set_to_none=True)
 
 

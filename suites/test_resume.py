@@ -51,7 +51,6 @@ from torchmatrix.testing import (
 from .built_names import named_modules_as_built, named_parameters_as_built
 from .checkpointer_forms import RunCheckpointer
 from .deterministic import deterministic_algorithms
-from .model_output import call_model, loss_of
 from .optimizer_state import (
     brief,
     local_part,
@@ -67,6 +66,7 @@ from .owned_generators import generator_state, owned_generators, set_generator_s
 from .parallelize_component import parallelized
 from .scheduler_component import build_scheduler, scheduler_position
 from .step_trace import digest, digests, first_divergence
+from .training_step import build_training_step
 from .ulp import bits_difference, bits_equal, ulp_distance
 
 OPTIONS = ResumeOptions  # the dataclass `suite_options` arrives as
@@ -595,6 +595,7 @@ class TrainingRun:
         self.scheduler = build_scheduler(
             components, self.optimizer, warmup_steps=options.warmup_steps, total_steps=options.steps, cell=cell
         )
+        self.training_step = build_training_step(components, model=self.model, optimizer=self.optimizer, cell=cell)
         self.batch_keywords = options.batch_keywords
         self.dataset = load(components["dataset"])(data_path)
         self.loader = self.dataset.loader(batch_size=options.batch_size, rank=rank, world_size=world_size)
@@ -650,14 +651,14 @@ class TrainingRun:
         batch = on_device(batch, self.device)
         if self.batch_keywords and isinstance(batch, torch.Tensor):
             batch = dict.fromkeys(self.batch_keywords, batch)
-        loss = loss_of(call_model(self.model, batch))
-        loss.backward()
+        loss = self.training_step.loss(batch)
+        self.training_step.backward(loss)
         record["gradients"] = {
             name: digest(local_shard(param.grad))
             for name, param in named_parameters_as_built(self.model)
             if param.grad is not None
         }
-        self.optimizer.step()
+        self.training_step.optimizer_step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         record["updated"] = digests(self.parameters())

@@ -38,6 +38,7 @@ from torchmatrix.user_error import UserError
 
 PROJECT = Path(__file__).resolve().parent.parent  # this checkout: its examples, tests and lint only
 TORCHTITAN_MINIMAL = PROJECT / "examples" / "torchtitan" / "requirements-minimal.txt"
+LIGHTNING = "lightning==2.6.6"  # examples/lightning's [requires], for its test in `nox -s tests` (about 15 s)
 DOCS_REQUIREMENTS = ("mkdocs==1.6.1", "mkdocs-material==9.8.1", "pymdown-extensions==13.1")
 INVOCATION_STARTED = time.time()  # the noxfile loads once per nox invocation
 _SESSIONS_STARTED: Counter[str] = Counter()
@@ -220,6 +221,17 @@ def titan_matrix(session, torch_version: str, run_id: str) -> None:
     gpu_matrix(session, torchtitan_matrix(), torch_version, run_id)
 
 
+def lightning_matrix() -> Matrix:
+    """examples/lightning/matrix.toml: the suites on a Lightning Fabric stack as a Fabric user writes it."""
+    return matrix_or_exit(str(PROJECT / "examples" / "lightning" / "matrix.toml"))
+
+
+def fabric_matrix(session, torch_version: str, run_id: str) -> None:
+    """gpu_matrix over the Lightning example (lightning installed from its `[requires]`; its adapters
+    import from its own directory)."""
+    gpu_matrix(session, lightning_matrix(), torch_version, run_id)
+
+
 def report(session, matrix: Matrix) -> None:
     """Each version's reads of the other versions' checkpoints (`cross-read`), then a run directory's
     reports (default: reports/latest beside matrix.toml); the session fails when the upgrade diff is not
@@ -270,14 +282,17 @@ def tests(session, torch_version: str, *, fast: bool = False) -> None:
     """The project's own tests, in parallel with pytest-xdist, against the baseline torch; ``fast``
     leaves out the tests marked slow (rank processes, whole runs), the lane a developer runs first.
     torchtitan for tests/suites/test_torchtitan_example.py is its minimal set, --no-deps (30 s, not
-    2.5 min). The full lane gives each test file whole to one worker (``--dist loadscope``), so a run
-    its tests share (a module-scoped fixture) is made once, not once per worker, in tests/conftest.py's
-    order (the longest files first); the fast lane spreads single tests (its shared fixtures are
-    cheap, and whole files would hold its longest file on one worker). The 25 slowest tests are
-    listed at the end, so a CI log shows where its time went."""
+    2.5 min); lightning for tests/suites/test_lightning_example.py (full lane only). The full lane gives
+    each test file whole to one worker (``--dist loadscope``), so a run its tests share (a module-scoped
+    fixture) is made once, not once per worker, in tests/conftest.py's order (the longest files first);
+    the fast lane spreads single tests (its shared fixtures are cheap, and whole files would hold its
+    longest file on one worker). The 25 slowest tests are listed at the end, so a CI log shows where
+    its time went."""
     torch = [] if torch_version == "system" else [f"torch=={torch_version}", "numpy"]
     session.install("-e", f"{PROJECT}[test]", *torch)
     session.install("--no-deps", "-r", str(TORCHTITAN_MINIMAL))
+    if not fast:
+        session.install(LIGHTNING, *torch)  # torch named again, so resolving lightning keeps the baseline
     lane = ["-m", "not slow"] if fast else ["--dist", "loadscope", "--no-loadscope-reorder"]
     session.run("python", "-m", "pytest", "-n", "auto", "--durations=25", *lane, *session.posargs)
 

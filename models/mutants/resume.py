@@ -227,3 +227,32 @@ class ReshufflingTokenDataset(TokenDataset):
 
     def loader(self, *, batch_size: int, rank: int, world_size: int) -> ReshufflingLoader:
         return ReshufflingLoader(self, batch_size=batch_size, rank=rank, world_size=world_size)
+
+
+def boost_recomputed_late_model(
+    cell: Mapping[str, object], *, dropout: float = 0.0, dtype: torch.dtype = torch.float32
+) -> PrefixExpertDecoder:
+    """Model factory: the reference decoder whose embedding output is scaled by 1 + a boost that
+    halves every training forward. The boost is a non-persistent buffer, recomputed after a load
+    from the persistent count of forwards, one forward late (as a cache rebuilt from a step counter
+    read off by one): the first resumed step runs with the boost of the step before."""
+    model = build_model(cell, dropout=dropout, dtype=dtype)
+    model.embed.register_buffer("forwards_done", torch.zeros((), dtype=torch.int64))
+    model.embed.register_buffer("boost", torch.ones(()), persistent=False)
+    model.embed.register_forward_hook(boost_embeddings)
+    model.embed.register_load_state_dict_post_hook(recompute_boost_one_forward_late)
+    return model
+
+
+def boost_embeddings(embed: nn.Module, args, output: Tensor) -> Tensor:
+    """Scale the embeddings by 1 + the boost, then, in training, count the forward and halve the boost."""
+    boosted = output * (1 + embed.boost.to(output.dtype))
+    if embed.training:
+        embed.forwards_done += 1
+        embed.boost.fill_(0.5 ** int(embed.forwards_done))
+    return boosted
+
+
+def recompute_boost_one_forward_late(embed: nn.Module, incompatible_keys) -> None:
+    """The bug: the boost as it was one forward before the loaded count (`0.5 ** (count - 1)`)."""
+    embed.boost.fill_(0.5 ** max(int(embed.forwards_done) - 1, 0))

@@ -100,6 +100,15 @@ def test_a_class_without_a_method_the_suites_call(project):
     assert "has no method 'load'; the suites call checkpointer().load(directory, *, model" in problem
 
 
+def test_a_training_step_may_leave_out_members_the_suites_have_defaults_for(project):
+    assert problems_with(project, training_step="userstack.stack:ScaledBackwardStep") == []
+
+
+def test_a_training_step_member_that_cannot_take_the_suites_call_is_refused(project):
+    problem = the_one_problem(project, "training_step", training_step="userstack.stack:BackwardWithoutTheLoss")
+    assert "make it accept training_step(*, model, optimizer, cell=...).backward(loss)" in problem, problem
+
+
 def test_something_that_is_not_callable(project):
     problem = the_one_problem(project, "dataset", dataset="userstack.stack:NOT_A_FACTORY")
     assert "int is not callable" in problem

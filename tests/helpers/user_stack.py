@@ -136,5 +136,21 @@ class Dataset:
         return iter(())
 
 
+class ScaledBackwardStep:  # a training step that brings only its own backward, as a grad scaler does
+    def __init__(self, *, model, optimizer):
+        self.optimizer = optimizer
+
+    def backward(self, loss):
+        (loss * 2.0).backward()
+
+
+class BackwardWithoutTheLoss:
+    def __init__(self, *, model, optimizer):
+        pass
+
+    def backward(self):
+        pass
+
+
 NOT_A_FACTORY = 3
 """

@@ -180,6 +180,30 @@ MUTANTS = {
             ),
         },
     ),
+    # The stack's own training step (the `training_step` component) runs in every step: a loss scaler
+    # it keeps and no checkpoint saves skips the first step again after the load. One cell: what it
+    # loses is the same at every world size.
+    "loss_scaler_not_saved": Mutant(
+        {"training_step": "torchmatrix.models.mutants.training_step:UncheckpointedLossScalerStep"},
+        ("adamw",),
+        ("ws1-none",),
+        {LOSSES: ("loss at step", "the runs first part at step 4, in the gradients (")},
+        world_sizes=(1,),
+    ),
+    # A non-persistent buffer the model recomputes after a load, wrongly: every after-load check
+    # passes (it is in no state dict), and the losses name the buffer where the runs part.
+    "non_persistent_buffer_recomputed_wrongly": Mutant(
+        {"model": "torchmatrix.models.mutants.resume:boost_recomputed_late_model"},
+        ("adamw",),
+        ("ws1-none",),
+        {
+            LOSSES: (
+                "loss at step 4 (resumed at 3)",
+                "the model's non-persistent buffers (in no state dict): embed.boost",
+            )
+        },
+        world_sizes=(1,),
+    ),
     "precision_aware_cast_on_load": Mutant(
         {"optimizer_precision_aware": "torchmatrix.models.mutants.resume:build_cast_on_load_precision_aware"},
         ("precision_aware",),

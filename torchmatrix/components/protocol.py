@@ -33,6 +33,7 @@ class Member:
     arguments: tuple[Argument, ...]
     returns: str
     on_instance: bool = True
+    optional: bool = False  # the suites call their own default where the object has no such method
 
     def call_text(self, owner: str) -> str:
         return f"{owner}.{self.name}({parameters_text(self.arguments)})"
@@ -305,6 +306,55 @@ COMPONENTS: tuple[Component, ...] = (
         ),
         suites=(RESUME, CROSS_VERSION, DTENSOR_OPTIM),
         default="torchmatrix.suites.scheduler_component:warmup_scheduler",
+    ),
+    Component(
+        name="training_step",
+        arguments=(
+            Argument("model", "the wrapped model, as `parallelize` returned it"),
+            Argument("optimizer", "the optimizer, as its factory returned it"),
+            Argument("cell", CELL.meaning, OPTIONAL),
+        ),
+        returns=(
+            "the stack's own training step, built once per training run (one component rather than three, as its "
+            "members share what the stack builds once: the Fabric that set up the model, a loss scaler whose scale "
+            "carries from backward to the step), with any of the three methods below: each one it leaves out is the "
+            "suites' own. Per step the suites call `loss`, then `backward`, then `optimizer_step`, then the scheduler's "
+            "`step` and the optimizer's `zero_grad` themselves. dtensor_optim calls its `loss` on the stack's model "
+            "only, not on its probe model. Optional: without an entry, `torchmatrix.suites.training_step:PlainStep`"
+        ),
+        suites=(RESUME, CROSS_VERSION, DTENSOR_OPTIM),
+        members=(
+            Member(
+                "loss",
+                (
+                    Argument(
+                        "batch",
+                        "the batch as the loader (resume) or the `batch` component (dtensor_optim) made it, "
+                        "on this rank's device",
+                        positional=True,
+                    ),
+                ),
+                "the loss tensor to back-propagate: the model called with the batch and the stack's loss function "
+                "applied to its output (default: the model called as `model(**batch)`, `model(*batch)` or "
+                "`model(batch)`, the loss read from its output as the `model` row says)",
+                optional=True,
+            ),
+            Member(
+                "backward",
+                (Argument("loss", "what `loss` returned", positional=True),),
+                "nothing; gradients in the parameters' `.grad`, as the stack's backward leaves them "
+                "(`fabric.backward(loss)`, a scaler's `scale(loss).backward()`; default: `loss.backward()`)",
+                optional=True,
+            ),
+            Member(
+                "optimizer_step",
+                (),
+                "nothing; the parameters updated as the stack steps its optimizer (a scaler's `step(optimizer)` and "
+                "`update()`; default: `optimizer.step()`)",
+                optional=True,
+            ),
+        ),
+        default="torchmatrix.suites.training_step:PlainStep",
     ),
     Component(
         name="dataset",

@@ -209,6 +209,8 @@ def signature_problems(component: Component, obj, key: str) -> list[str]:
             continue  # a factory function: what it returns is only known at run time
         call = member.call_text(component.owner_text(member))
         target = getattr(obj, member.name, None)
+        if target is None and member.optional:
+            continue
         if target is None:
             problems.append(f"{obj.__qualname__} has no method {member.name!r}; the suites call {call}")
             continue

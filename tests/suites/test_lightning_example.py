@@ -1,0 +1,58 @@
+"""One cell of examples/lightning (nox -s lightning_matrix) on CPU, through the real CLI: resume on
+Lightning Fabric's FSDPStrategy at world size 2, the loss and `fabric.backward` taken from the
+example's `training_step` component (a plain `loss.backward()` is refused under FSDPStrategy), and
+the real Lightning bug the suites found kept red: the sharded `Fabric.load` leaves the scheduler
+and the loader as built (examples/lightning/prove_load_bug.py shows it without torchmatrix).
+
+Needs lightning (`pip install lightning==2.6.6`, which `nox -s tests` installs); without it the
+test skips saying so. The whole matrix and what it finds: docs/how-to/lightning.md."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from torchmatrix.matrix.config import load_matrix
+
+from helpers.checkout import REPO
+from helpers.matrix_files import matrix_toml
+from helpers.run_results import cell_failures, run_suites
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        importlib.util.find_spec("lightning") is None,
+        reason="needs lightning: pip install lightning==2.6.6 (nox -s tests installs it)",
+    ),
+]
+
+EXAMPLE = REPO / "examples" / "lightning"
+LIGHTNING = load_matrix(EXAMPLE / "matrix.toml")
+CELL = "ws2-fsdp1-adamw"
+AFTER_LOAD = "test_state_restored_right_after_load[piece={}]"
+LOST = {
+    AFTER_LOAD.format("scheduler"): "rank 0: after load: scheduler last_epoch is 0, saved 4",
+    AFTER_LOAD.format("loader"): "rank 0: after load: loader would yield batch 0, saved at batch 4",
+    "test_losses_identical_after_resume": "loss at step 5 (resumed at 4)",
+    "test_final_parameters_identical": "final parameters, straight vs resumed",
+    "test_final_optimizer_state_identical": "final optimizer state, straight vs resumed",
+}
+
+
+def test_resume_names_what_the_sharded_fabric_load_leaves_as_built(tmp_path):
+    resume = LIGHTNING.suites["resume"]
+    matrix = matrix_toml(
+        axes={"world_size": [2], "fsdp": ["fsdp1"], "optimizer": ["adamw"]},
+        suites={"resume": {"timeout": 300, "axes": resume.axes, "options": resume.options}},
+        components=LIGHTNING.components,
+    )
+    done, outcomes = run_suites(tmp_path, matrix, EXAMPLE)
+    assert done.returncode == 1, done.stdout + done.stderr
+    failed = {test for test, outcome in outcomes[CELL].items() if outcome in ("failure", "error")}
+    assert failed == set(LOST), outcomes[CELL]
+    messages = cell_failures(tmp_path / "reports" / "latest" / "torch-system")[CELL]
+    for test, line in LOST.items():
+        assert line in messages[test], messages[test]
+    for piece in ("parameters", "optimizer_state", "param_groups"):
+        assert outcomes[CELL][AFTER_LOAD.format(piece)] == "passed", outcomes[CELL]
