@@ -26,9 +26,9 @@ from pathlib import Path
 from torchmatrix.matrix.cells import Cell
 from torchmatrix.matrix.config import Suite
 from torchmatrix.matrix.plan import SuiteRun, plan_runs
+from torchmatrix.messages.events import TestOutcome
 from torchmatrix.ranks.simulation_limits import LIMITS, limit_message
 from torchmatrix.reports import junit
-from torchmatrix.reports.outcomes import TestOutcome
 from torchmatrix.reports.report import write_report
 from torchmatrix.status import Confirmation
 
@@ -99,6 +99,7 @@ def outcomes(version: str, suite: str, cell: Cell) -> list[TestOutcome]:
                 "AssertionError: gradient of layer0.w differs",
                 TRACEBACK,
                 confirmation=ALONE,
+                confirmation_note="failed: AssertionError: gradient of layer0.w differs",
             )
             if regressed
             else TestOutcome("alpha", "test_regress", "passed", 0.5),
@@ -120,6 +121,7 @@ def outcomes(version: str, suite: str, cell: Cell) -> list[TestOutcome]:
                 0.5,
                 "RuntimeError: Connection closed by peer [127.0.0.1]:41234",
                 confirmation=Confirmation.PASSED_ALONE.value,
+                confirmation_note="passed",
             )
             if flaky
             else TestOutcome("alpha", "test_flaky", "passed", 0.5),

@@ -26,12 +26,13 @@ from torchmatrix.matrix.suite_selection import EXAMPLE_SUITE, SuiteSelection, ex
 from torchmatrix.ranks.output_cap import DEFAULT_CAP_BYTES
 from torchmatrix.reports import junit
 from torchmatrix.reports.closing import closing_lines, run_closing_lines
-from torchmatrix.reports.confirmation import DEFAULT_LIMIT as DEFAULT_CONFIRM_LIMIT
-from torchmatrix.reports.report import append_step_summary, compare_markdown, load_run, write_report
+from torchmatrix.reports.report import append_step_summary, compare_markdown, load_run
 from torchmatrix.reports.upgrade_diff import CompareError, upgrade_diffs
 from torchmatrix.repro.command import write_reproducer
+from torchmatrix.run.confirmation import DEFAULT_LIMIT as DEFAULT_CONFIRM_LIMIT
 from torchmatrix.run.cross_version import read_pass
 from torchmatrix.run.progress import InvocationPart
+from torchmatrix.run.recovery import rebuild_and_report
 from torchmatrix.run.run_directory import check_run_id, new_run_id
 from torchmatrix.run.runner import DEFAULT_MAX_CPU_RANKS, RunError, RunRequest, run_version
 from torchmatrix.scale.github import github_matrix
@@ -564,7 +565,7 @@ def _report(run_dir: Path, config: str | None = None, *, check_upgrade: bool = F
     if not run_dir.is_dir():
         raise RunError(f"{run_dir} is not a run directory; pass one under reports/, e.g. reports/latest")
     try:
-        written = write_report(run_dir.resolve(), config)
+        written = rebuild_and_report(run_dir.resolve(), config)
     except OSError as error:
         raise RunError(f"cannot write the reports of {run_dir}: {_write_failure(error)}") from None
     print(f"torchmatrix: wrote {', '.join(str(path) for path in written)}")

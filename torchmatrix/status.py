@@ -130,7 +130,7 @@ def tally(totals: Mapping[str, int]) -> str:
 
 
 class Confirmation(str, Enum):
-    """What re-running a failed test alone showed (torchmatrix.reports.confirmation); str-valued, as the
+    """What re-running a failed test alone showed (torchmatrix.run.confirmation); str-valued, as the
     reports write it."""
 
     FAILS_ALONE = "fails alone"

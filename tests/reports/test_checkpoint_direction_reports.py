@@ -12,9 +12,9 @@ from lxml import etree
 
 from torchmatrix.matrix.config import Suite
 from torchmatrix.matrix.plan import SuiteRun
+from torchmatrix.messages.events import TestOutcome as Outcome
 from torchmatrix.reports import junit
 from torchmatrix.reports.closing import closing_lines
-from torchmatrix.reports.outcomes import TestOutcome as Outcome
 from torchmatrix.reports.report import load_run, write_report
 from torchmatrix.reports.upgrade_diff import upgrade_diffs
 

@@ -10,7 +10,7 @@ from torchmatrix.matrix.config import Suite
 from torchmatrix.matrix.plan import plan_runs
 from torchmatrix.messages.events import Collected, TestFinished, TestStarted
 from torchmatrix.reports import junit
-from torchmatrix.reports.outcomes import OutcomeBook
+from torchmatrix.run.outcomes import OutcomeBook
 
 from conftest import REPO
 

@@ -8,8 +8,8 @@ import json
 from torchmatrix.matrix.cells import Cell
 from torchmatrix.matrix.config import ReportSettings, Suite
 from torchmatrix.matrix.plan import SuiteRun
+from torchmatrix.messages.events import TestOutcome
 from torchmatrix.reports.junit import cell_report, direction_suites
-from torchmatrix.reports.outcomes import TestOutcome
 from torchmatrix.reports.records import RunResults, TestRecord, VersionInfo
 from torchmatrix.reports.results_json import to_json
 from torchmatrix.status import Confirmation, Status

@@ -22,9 +22,9 @@ from torchmatrix import file_writes
 from torchmatrix.matrix.cells import Cell, filter_token
 from torchmatrix.matrix.plan import SuiteRun
 from torchmatrix.messages.cross_version import READ_TEST, READS_DIR
+from torchmatrix.messages.events import TestOutcome
 from torchmatrix.ranks.output_cap import HARD_LIMIT_BYTES, cap_text
 from torchmatrix.reports.checkpoint_directions import ROLLBACK, direction_name
-from torchmatrix.reports.outcomes import TestOutcome
 from torchmatrix.reports.records import ResultsError
 from torchmatrix.reports.untrusted_text import one_line, visible
 from torchmatrix.status import Status
@@ -34,11 +34,17 @@ NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 RESULT_TYPES = {Status.FAILED: Failure, Status.ERROR: Error, Status.SKIPPED: Skipped, Status.SIMULATION_LIMIT: Skipped}
 MERGED_NAME = "junit.xml"
 CONFIRMATION_PROPERTY = "torchmatrix.confirmation"
+CONFIRMATION_NOTE_PROPERTY = "torchmatrix.confirmation_note"
 
 
 def confirmation_property(suite: str, test: str) -> str:
     """The testsuite property that says what re-running a failed test alone showed."""
     return f"{CONFIRMATION_PROPERTY}::{suite}::{test}"
+
+
+def confirmation_note_property(suite: str, test: str) -> str:
+    """The testsuite property that holds a confirmed failure's note: the re-run's result, or why there was none."""
+    return f"{CONFIRMATION_NOTE_PROPERTY}::{suite}::{test}"
 
 
 def xml_text(value: object) -> str:
@@ -92,6 +98,8 @@ def cell_report(
             suite.add_property(xml_text(f"{run.suite.name}::{outcome.test}::{name}"), xml_text(value))
         if outcome.confirmation:
             suite.add_property(xml_text(confirmation_property(run.suite.name, outcome.test)), outcome.confirmation)
+            note = confirmation_note_property(run.suite.name, outcome.test)
+            suite.add_property(xml_text(note), xml_text(outcome.confirmation_note))
     for name, representative in ran_in.items():
         suite.add_property(f"{name}.ran_in", xml_text(representative))
     suite.hostname = xml_text(socket.gethostname())

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from torchmatrix.ranks.compile_time import COMPILE_SECONDS
 from torchmatrix.reports.checkpoint_directions import direction_name
-from torchmatrix.reports.confirmation import why_not_rerun
+from torchmatrix.reports.confirmation_notes import why_not_rerun
 from torchmatrix.reports.records import RootCause, RunResults, SkipReason, TestRecord
 from torchmatrix.status import Confirmation, Status
 
@@ -47,7 +47,7 @@ class Confirmations:
             if record.status.is_failing:
                 seen[record.confirmation] += 1
                 if record.confirmation not in _VERDICTS:
-                    why[why_not_rerun(record.confirmation, record.text)] += 1
+                    why[why_not_rerun(record.confirmation, record.confirmation_note)] += 1
         return cls(
             seen[Confirmation.FAILS_ALONE.value],
             seen[Confirmation.PASSED_ALONE.value],

@@ -39,16 +39,16 @@ from torchmatrix.messages.run_lock import LOCK_NAME, RunBusy, lock_version_direc
 from torchmatrix.messages.run_plan import PlanFileError, PlannedSuite, RunPlan, read_plan, write_plan
 from torchmatrix.ranks.output_cap import DEFAULT_CAP_BYTES
 from torchmatrix.ranks.parent_death import PARENT_PID_VARIABLE
-from torchmatrix.reports import confirmation, junit
-from torchmatrix.reports.outcomes import OutcomeBook
+from torchmatrix.reports import junit
 from torchmatrix.reports.summary_data import count
-from torchmatrix.run import cross_version
+from torchmatrix.run import confirmation, cross_version
 from torchmatrix.run.component_check import check_components
 from torchmatrix.run.eta import WorkEstimate, suite_seconds
 from torchmatrix.run.import_path import user_code_environment
 from torchmatrix.run.interrupts import Interrupts
 from torchmatrix.run.leftover_processes import adopt_orphans, kill_leftovers
 from torchmatrix.run.load_sampler import LoadSampler
+from torchmatrix.run.outcomes import OutcomeBook
 from torchmatrix.run.progress import InvocationPart, Progress
 from torchmatrix.run.run_directory import point_latest
 from torchmatrix.run.schedule import GroupProcess, Scheduler

@@ -23,7 +23,7 @@ from torchmatrix.messages.cross_version import CHECKPOINTS_DIR, READS_DIR
 from torchmatrix.messages.run_plan import FILE_NAME as PLAN_FILE
 from torchmatrix.messages.run_plan import PlanFileError, RunPlan, read_plan, write_plan
 from torchmatrix.reports import junit
-from torchmatrix.reports.outcomes import OutcomeBook
+from torchmatrix.run.outcomes import OutcomeBook
 from torchmatrix.status import Status
 from torchmatrix.user_error import UserError
 

@@ -8,20 +8,18 @@ flaky, and the upgrade diff does not count it as a regression or a fix.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from torchmatrix.matrix.plan import Group, SuiteRun
-from torchmatrix.reports.outcomes import OutcomeBook, TestOutcome
+from torchmatrix.messages.events import TestOutcome
+from torchmatrix.reports import confirmation_notes
+from torchmatrix.run.outcomes import OutcomeBook
 from torchmatrix.status import Confirmation, Status
 
 DEFAULT_LIMIT = 25
 GROUP_PREFIX = "confirm"
 """How a confirmation process's group (its plan and event log) is named, so a rebuild can leave it out."""
-REPORTED_NOTHING = "the confirmation process reported nothing for this test"
-NOT_RECORDED = "confirmation switched off by --confirm-limit 0, or a suite that never collected"
-PAST_LIMIT = re.compile(r"^more than (\d+) failures to re-run")
 
 
 @dataclass(frozen=True)
@@ -61,35 +59,17 @@ def record(chosen: Sequence[Retry], alone: Sequence[OutcomeBook], past_limit: Se
         outcome = next((o for o in book.tests[retry.run.key] if o.test == retry.outcome.test), None)
         _mark(retry.outcome, _verdict(outcome), _alone_text(outcome))
     for retry in past_limit:
-        _mark(retry.outcome, Confirmation.NOT_RERUN, f"more than {limit} failures to re-run (--confirm-limit {limit})")
-
-
-def why_not_rerun(confirmation: str, text: str) -> str:
-    """Why a failure has no verdict from a re-run alone, in this module's own words (never the
-    text's, which a test wrote): the note `record` left in its text, or, with none, that no re-run
-    was attempted."""
-    if confirmation != Confirmation.NOT_RERUN:
-        return NOT_RECORDED
-    note = text.rpartition(_header(Confirmation.NOT_RERUN))[2].strip().partition("\n")[0]
-    past_limit = PAST_LIMIT.match(note)
-    if past_limit:
-        return f"past --confirm-limit {int(past_limit.group(1))}"
-    return REPORTED_NOTHING if note == REPORTED_NOTHING else "no reason recorded"
+        _mark(retry.outcome, Confirmation.NOT_RERUN, confirmation_notes.past_limit(limit))
 
 
 def _mark(outcome: TestOutcome, verdict: Confirmation, note: str) -> None:
     outcome.confirmation = verdict.value
-    outcome.text = f"{outcome.text.rstrip()}\n\n{_header(verdict)}\n{note}".lstrip()
-
-
-def _header(verdict: Confirmation) -> str:
-    """The line that opens what `record` appends to a failure's text."""
-    return f"---- re-run alone: {verdict.description} ----"
+    outcome.confirmation_note = note
 
 
 def _alone_text(outcome: TestOutcome | None) -> str:
     if outcome is None:
-        return REPORTED_NOTHING
+        return confirmation_notes.REPORTED_NOTHING
     if outcome.status.is_failing:
         return f"{outcome.status}: {outcome.message}"
     return f"{outcome.status}" + (f": {outcome.message}" if outcome.message else "")

@@ -7,7 +7,7 @@ from torchmatrix.matrix.plan import Group, plan_runs
 from torchmatrix.messages.events import Collected, EventLog, TestFinished, TestStarted
 from torchmatrix.messages.run_plan import PlannedSuite, RunPlan, write_plan
 from torchmatrix.reports import junit
-from torchmatrix.reports.recovery import UNFINISHED, rebuild_missing_cells
+from torchmatrix.run.recovery import UNFINISHED, rebuild_missing_cells
 from torchmatrix.run.runner import events_path, group_command
 
 from conftest import write_matrix
