@@ -5,6 +5,7 @@ from __future__ import annotations
 from junitparser import JUnitXml
 from lxml import etree
 
+from torchmatrix.env.devices import Environment
 from torchmatrix.matrix.cells import Cell
 from torchmatrix.matrix.config import Suite
 from torchmatrix.matrix.plan import plan_runs
@@ -15,12 +16,7 @@ from torchmatrix.run.outcomes import OutcomeBook
 from conftest import REPO
 
 SCHEMA = etree.XMLSchema(etree.parse(str(REPO / "tests" / "data" / "junit-10.xsd")))
-ENVIRONMENT = {
-    "torch": "2.13.0+cpu",
-    "git_version": "abc",
-    "cuda_version": None,
-    "device": "cpu (ranks simulated as processes, gloo)",
-}
+ENVIRONMENT = Environment(torch="2.13.0+cpu", git_version="abc")
 HOSTILE = "bad <script>alert(\"x\")</script> & 'quotes' \x00\x07\x1b[31m ]]> end"
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from torchmatrix.env.devices import Environment
 from torchmatrix.matrix.config import load_matrix
 from torchmatrix.matrix.plan import Group, plan_runs
 from torchmatrix.messages.events import Collected, EventLog, TestFinished, TestStarted
@@ -40,7 +41,7 @@ def test_a_rebuilt_cell_is_stamped_when_its_tests_started_not_when_it_was_rebuil
     )
     runs = plan_runs(cells, matrix.suites)
     group = Group("ws1", 1, tuple(runs))
-    group_command(matrix, "system", group, {"device": "cpu"}, logs)
+    group_command(matrix, "system", group, Environment(torch="2.13.0+cpu"), logs)
     log = EventLog(events_path(logs, group))
     log.write(Collected({run.key: ["test_one", "test_two"] for run in runs}))
     for offset, run in ((0.0, runs[0]), (30.0, runs[1])):

@@ -15,6 +15,7 @@ from torch.utils.checkpoint import checkpoint
 
 from suites.test_grad_ckpt import no_cache_reason
 from torchmatrix.components.calling import accepts
+from torchmatrix.env.devices import Environment
 from torchmatrix.matrix.cells import Cell
 from torchmatrix.matrix.config import Suite, load_matrix
 from torchmatrix.matrix.plan import SuiteRun
@@ -128,6 +129,7 @@ def test_unknown_mutant_is_a_one_line_error():
 
 RESUME = Suite("resume", "suites/test_resume.py", 240, ("world_size",))
 CELL_A, CELL_B = Cell({"world_size": 1, "optimizer": "adamw"}), Cell({"world_size": 1, "optimizer": "te"})
+UNKNOWN_DEVICE = Environment.without_torch("unknown")
 TE_SKIP = "optimizer_te = torchmatrix.models.te_optim:build needs 'transformer_engine', which is not installed here"
 
 
@@ -157,7 +159,7 @@ def write_run(directory, outcomes_by_cell: dict) -> None:
     """The per-cell JUnit files a run writes, through the runner's own writer."""
     for cell, recorded in outcomes_by_cell.items():
         run = SuiteRun(RESUME, cell, (cell,))
-        junit.write_cell(directory, "system", {}, cell, [(run, outcome) for outcome in recorded])
+        junit.write_cell(directory, "system", UNKNOWN_DEVICE, cell, [(run, outcome) for outcome in recorded])
 
 
 def test_the_failure_names_what_differs_from_its_text_not_its_root_cause_headline(tmp_path):
@@ -366,7 +368,9 @@ def test_a_cell_where_the_only_test_that_sees_the_mutant_skipped_unmutated_is_n_
             "grad_ckpt", "test_recompute_reruns_layers_and_rewrites_cache_identically", "skipped", message=no_cache
         ),
     ]
-    junit.write_cell(tmp_path, "system", {}, cell, [(SuiteRun(grad_ckpt, cell, (cell,)), o) for o in recorded])
+    junit.write_cell(
+        tmp_path, "system", UNKNOWN_DEVICE, cell, [(SuiteRun(grad_ckpt, cell, (cell,)), o) for o in recorded]
+    )
     baseline = read_cells(tmp_path, "grad_ckpt")
     counter, buffer = chosen_mutants("recompute_bumps_cache_counter,recompute_bumps_buffer")
 

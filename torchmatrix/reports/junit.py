@@ -19,6 +19,7 @@ from pathlib import Path
 from junitparser import Error, Failure, JUnitXml, Skipped, TestCase, TestSuite
 
 from torchmatrix import file_writes
+from torchmatrix.env.devices import Environment
 from torchmatrix.matrix.cells import Cell, filter_token
 from torchmatrix.matrix.plan import SuiteRun
 from torchmatrix.messages.cross_version import READ_TEST, READS_DIR
@@ -69,7 +70,7 @@ def suite_name(version: str, cell_id: str) -> str:
 
 def cell_report(
     version: str,
-    environment: dict,
+    environment: Environment,
     cell: Cell,
     outcomes: Sequence[tuple[SuiteRun, TestOutcome]],
     started: float | None = None,
@@ -78,14 +79,14 @@ def cell_report(
     its timestamp is when the cell's first test started (epoch seconds), or now for a cell that never ran."""
     suite = TestSuite(xml_text(suite_name(version, cell.id)))
     suite.add_property("torch", xml_text(version))
-    for name, key in (
-        ("torch.build", "torch"),
-        ("torch.git_version", "git_version"),
-        ("torch.cuda_version", "cuda_version"),
+    for name, value in (
+        ("torch.build", environment.torch),
+        ("torch.git_version", environment.git_version),
+        ("torch.cuda_version", environment.cuda_version),
     ):
-        if environment.get(key):
-            suite.add_property(name, xml_text(environment[key]))
-    suite.add_property("device", xml_text(environment.get("device", "unknown")))
+        if value:
+            suite.add_property(name, xml_text(value))
+    suite.add_property("device", xml_text(environment.description))
     suite.add_property("cell", xml_text(cell.id))
     for axis, value in cell.items():
         suite.add_property(f"axis.{axis}", xml_text(filter_token(value)))
@@ -146,7 +147,7 @@ def write_suites(path: Path, suites: Sequence[TestSuite]) -> None:
 
 
 def write_cell(
-    version_dir: Path, version: str, environment: dict, cell: Cell, outcomes, started: float | None = None
+    version_dir: Path, version: str, environment: Environment, cell: Cell, outcomes, started: float | None = None
 ) -> Path:
     """Write `<version_dir>/<cell-id>.xml`, the one-cell file every merge starts from."""
     path = version_dir / f"{cell.id}.xml"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from torchmatrix.env.devices import Environment
 from torchmatrix.matrix.cells import Cell
 from torchmatrix.matrix.config import Suite
 from torchmatrix.matrix.plan import plan_runs
@@ -55,7 +56,7 @@ def rebuild_missing_cells(run_dir: Path) -> list[Path]:
         for key in book.runs:
             if not book.is_done(key):
                 book.fail_run(key, Status.ERROR, UNFINISHED)
-        environment = plan.environment or {"device": "unknown"}
+        environment = Environment.from_json(plan.environment)
         for cell in cells:
             if not (version_dir / f"{cell.id}.xml").is_file():
                 written.append(
