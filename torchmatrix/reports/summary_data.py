@@ -14,7 +14,7 @@ from torchmatrix.ranks.compile_time import COMPILE_SECONDS
 from torchmatrix.reports.checkpoint_directions import direction_name
 from torchmatrix.reports.confirmation_notes import why_not_rerun
 from torchmatrix.reports.records import RootCause, RunResults, SkipReason, TestRecord
-from torchmatrix.status import Confirmation, Status
+from torchmatrix.status import Confirmation, Status, count
 
 SHA_CHARS = 12
 LIMITS_NOTE = (
@@ -279,8 +279,3 @@ def distinct_texts(cause: RootCause) -> list[list[TestRecord]]:
 def other_cells(run_cell: str, cells: Iterable[str]) -> list[str]:
     """The cells a result that `run_cell` ran also stands for, as both pages name them."""
     return [cell for cell in cells if cell != run_cell]
-
-
-def count(n: int, singular: str, plural: str | None = None) -> str:
-    """`1 cell`, `3 cells`, `2 fixes`: a number with its noun, as both pages word them."""
-    return f"{n} {singular if n == 1 else plural or singular + 's'}"

@@ -22,7 +22,6 @@ from torchmatrix.reports.summary_data import (
     DIRECTIONS_NOTE,
     LIMITS_NOTE,
     Summary,
-    count,
     distinct_texts,
     other_cells,
     read_label,
@@ -31,7 +30,7 @@ from torchmatrix.reports.summary_data import (
 from torchmatrix.reports.untrusted_text import one_line, visible
 from torchmatrix.reports.upgrade_diff import SLOWDOWN_RULE, Change, UpgradeDiff, grew
 from torchmatrix.reports.warning_changes import COUNT_FACTOR
-from torchmatrix.status import NOT_RUN, ORDER_DEPENDENT, PARTLY_SKIPPED, Confirmation, Mark, Status
+from torchmatrix.status import NOT_RUN, ORDER_DEPENDENT, PARTLY_SKIPPED, Confirmation, Mark, Status, count
 
 CHART_BAR = 14
 CHART_HEIGHT = 28

@@ -20,7 +20,6 @@ from torchmatrix.reports.summary_data import (
     DIRECTIONS_NOTE,
     LIMITS_NOTE,
     Summary,
-    count,
     distinct_texts,
     other_cells,
     read_label,
@@ -29,7 +28,7 @@ from torchmatrix.reports.summary_data import (
 from torchmatrix.reports.untrusted_text import one_line, visible
 from torchmatrix.reports.upgrade_diff import SLOWDOWN_RULE, UpgradeDiff
 from torchmatrix.reports.warning_changes import COUNT_FACTOR
-from torchmatrix.status import NOT_RUN, ORDER_DEPENDENT, PARTLY_SKIPPED, Confirmation, Status
+from torchmatrix.status import NOT_RUN, ORDER_DEPENDENT, PARTLY_SKIPPED, Confirmation, Status, count
 
 MAX_ROOT_CAUSES = 30
 MAX_FAILURES_PER_CAUSE = 12

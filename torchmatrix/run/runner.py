@@ -40,7 +40,6 @@ from torchmatrix.messages.run_plan import PlanFileError, PlannedSuite, RunPlan, 
 from torchmatrix.ranks.output_cap import DEFAULT_CAP_BYTES
 from torchmatrix.ranks.parent_death import PARENT_PID_VARIABLE
 from torchmatrix.reports import junit
-from torchmatrix.reports.summary_data import count
 from torchmatrix.run import confirmation, cross_version
 from torchmatrix.run.component_check import check_components
 from torchmatrix.run.eta import WorkEstimate, suite_seconds
@@ -52,7 +51,7 @@ from torchmatrix.run.outcomes import OutcomeBook
 from torchmatrix.run.progress import InvocationPart, Progress
 from torchmatrix.run.run_directory import point_latest
 from torchmatrix.run.schedule import GroupProcess, Scheduler
-from torchmatrix.status import Confirmation, Status, tally
+from torchmatrix.status import Confirmation, Status, count, tally
 from torchmatrix.user_error import UserError
 
 INSTALL_LOG_TAIL_LINES = 40
