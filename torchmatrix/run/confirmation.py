@@ -10,12 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from torchmatrix.matrix.plan import Group, SuiteRun
 from torchmatrix.messages.events import TestOutcome
 from torchmatrix.reports import confirmation_notes
 from torchmatrix.run.outcomes import OutcomeBook
-from torchmatrix.status import Confirmation, Status
+from torchmatrix.run.progress import Progress
+from torchmatrix.run.schedule import Scheduler
+from torchmatrix.status import Confirmation, Status, count
 
 DEFAULT_LIMIT = 25
 GROUP_PREFIX = "confirm"
@@ -37,6 +40,41 @@ class Retry:
             (self.run,),
             only_tests=(f"{self.run.suite.name}::{self.outcome.test}",),
         )
+
+
+class StartsProcesses(Protocol):
+    """How the runner starts and waits for a list of groups (`Scheduler(...)` with its slots and launcher)."""
+
+    def __call__(self, groups: list[Group], **options) -> Scheduler: ...
+
+
+def confirm_failures(book: OutcomeBook, limit: int, scheduler: StartsProcesses, progress: Progress, slots: int) -> None:
+    """Re-run each failed test of `book` alone in a fresh process (up to `limit`), `slots`
+    processes at a time, and mark it with what that showed."""
+    found = retries(book) if limit > 0 else []
+    if not found:
+        return
+    chosen, past_limit = found[:limit], found[limit:]
+    progress.say(
+        f"torchmatrix: torch {progress.version}: re-running {len(chosen)} failed tests alone, each in a fresh process"
+        + (f" ({len(past_limit)} more past --confirm-limit {limit})" if past_limit else "")
+    )
+    groups = [retry.group(index) for index, retry in enumerate(chosen, 1)]
+    alone = [OutcomeBook(group.runs) for group in groups]
+    scheduler(
+        groups,
+        book=None,
+        books={g.name: b for g, b in zip(groups, alone)},
+        max_started=slots,
+        on_update=lambda: progress.heartbeat(f"re-running {count(len(chosen), 'failed test')} alone"),
+    ).run()
+    record(chosen, alone, past_limit, limit)
+    book.pool_starts += sum(b.pool_starts for b in alone)
+    verdicts = [retry.outcome.confirmation for retry in chosen]
+    progress.say(
+        f"torchmatrix: torch {progress.version}: {verdicts.count(Confirmation.FAILS_ALONE)} of {len(chosen)} fail alone, "
+        f"{verdicts.count(Confirmation.PASSED_ALONE)} passed alone (order-dependent or flaky)"
+    )
 
 
 def retries(book: OutcomeBook) -> list[Retry]:

@@ -51,7 +51,7 @@ from torchmatrix.run.outcomes import OutcomeBook
 from torchmatrix.run.progress import InvocationPart, Progress
 from torchmatrix.run.run_directory import point_latest
 from torchmatrix.run.schedule import GroupProcess, Scheduler
-from torchmatrix.status import Confirmation, Status, count, tally
+from torchmatrix.status import Status, count, tally
 from torchmatrix.user_error import UserError
 
 INSTALL_LOG_TAIL_LINES = 40
@@ -424,36 +424,7 @@ def _run_cells(
         )
     scheduler(groups, book=book, on_update=report_finished_cells).run()
     report_finished_cells()
-    _confirm_failures(request, book, progress, scheduler, slots)
-
-
-def _confirm_failures(request: RunRequest, book: OutcomeBook, progress: Progress, scheduler, slots: int) -> None:
-    """Re-run each failed test alone in a fresh process (up to the limit), `slots` processes at a
-    time, and mark it with what that showed."""
-    retries = confirmation.retries(book) if request.confirm_limit > 0 else []
-    if not retries:
-        return
-    chosen, past_limit = retries[: request.confirm_limit], retries[request.confirm_limit :]
-    progress.say(
-        f"torchmatrix: torch {request.version}: re-running {len(chosen)} failed tests alone, each in a fresh process"
-        + (f" ({len(past_limit)} more past --confirm-limit {request.confirm_limit})" if past_limit else "")
-    )
-    groups = [retry.group(index) for index, retry in enumerate(chosen, 1)]
-    alone = [OutcomeBook(group.runs) for group in groups]
-    scheduler(
-        groups,
-        book=None,
-        books={g.name: b for g, b in zip(groups, alone)},
-        max_started=slots,
-        on_update=lambda: progress.heartbeat(f"re-running {count(len(chosen), 'failed test')} alone"),
-    ).run()
-    confirmation.record(chosen, alone, past_limit, request.confirm_limit)
-    book.pool_starts += sum(b.pool_starts for b in alone)
-    verdicts = [retry.outcome.confirmation for retry in chosen]
-    progress.say(
-        f"torchmatrix: torch {request.version}: {verdicts.count(Confirmation.FAILS_ALONE)} of {len(chosen)} fail alone, "
-        f"{verdicts.count(Confirmation.PASSED_ALONE)} passed alone (order-dependent or flaky)"
-    )
+    confirmation.confirm_failures(book, request.confirm_limit, scheduler, progress, slots)
 
 
 def _with_launcher(group: Group, node_size: int | None, template: str | None) -> Group:
