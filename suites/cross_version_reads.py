@@ -22,6 +22,7 @@ from torchmatrix.testing import (
     writes_dir,
 )
 
+from .checkpoint_pickles import unsafe_globals
 from .checkpointer_forms import RunCheckpointer
 from .deterministic import deterministic_algorithms
 from .neutral_state import differences, neutral
@@ -45,6 +46,10 @@ def test_loads_checkpoint_written_by(cell, ranks, suite_options, components, tmp
     source = writes_dir(Path(suite_options.run_dir), writer, cell.id)
     if not (source / EXPECTED_FILE).is_file():
         pytest.skip(NOT_CHECKED.format(writer=writer, run_dir=suite_options.run_dir))
+    own_packages = frozenset(path.partition(":")[0].partition(".")[0] for path in components.values())
+    own_packages |= frozenset(options.checkpoint_classes_from)
+    if unsafe := unsafe_globals(source / "checkpoint", own_packages):
+        pytest.fail(not_loaded(cell.id, writer, unsafe), pytrace=False)
     expected = json.loads((source / EXPECTED_FILE).read_text())
     data_path = str(tmp_path / "tokens.pt")
     write_dataset(components, options, data_path)
@@ -66,6 +71,17 @@ def test_loads_checkpoint_written_by(cell, ranks, suite_options, components, tmp
             f"{cell.id}: checkpoint written by torch {writer}, loaded by torch {suite_options.torch}, differs from what was saved:\n"
             + "\n".join(problems)
         )
+
+
+def not_loaded(cell_id: str, writer: str, unsafe: dict[str, list[str]]) -> str:
+    """The one-line refusal to load a checkpoint whose pickles would import more than data."""
+    found = "; ".join(f"{where}: {', '.join(names)}" for where, names in unsafe.items())
+    return (
+        f"{cell_id}: not loaded: the checkpoint torch {writer} wrote would import code, not data, when unpickled "
+        f"({found}); a checkpoint from elsewhere can run anything on load: if this run directory is yours and "
+        "the globals are classes of a package you trust, name its top package in [suites.cross_version.options] "
+        "checkpoint_classes_from"
+    )
 
 
 def load_and_capture(cell: dict, options: dict, components: dict, data_path: str, checkpoint_dir: str) -> tuple:

@@ -1,44 +1,18 @@
-"""Parallel equivalence: every step of a cell's sharded training must be a step of the single-process
-training on the same global batch, up to what the order of its reductions may change, and that
-tolerance is derived, not guessed (suites/summation_bounds.py; docs/explanation/parallel-equivalence.md).
+"""Parallel equivalence: each step of a cell's sharded training is a step of single-process training.
 
-Per cell, the `model` component is built twice from one seed: once wrapped by `parallelize` for the
-cell (its `fsdp` and `mesh`), once by `parallelize` for the same cell without parallelism (`fsdp =
-"none"`, `mesh = "flat"`, world size 1): the single-process reference, built on every rank, so no
-cell depends on another and `--shard` and `merge` work as for any suite. Each step, every
-data-parallel rank trains on its shard of a global batch (the `batch` component, one seed per shard);
-the reference runs every shard of it, one after another, and takes their mean gradient. Then:
-
-- each rank's loss equals the reference's loss of the same shard, bit for bit: the forward runs the
-  same kernels on the same, gathered, parameters (under tensor parallelism: see below);
-- the gradient after the data-parallel reduction (gathered, before clipping) equals the reference's
-  mean gradient within the reduction bound of the declared reduce dtype (option `reduce_dtype`):
-  bit for bit at one or two shards without a cast, else gamma_k * sum_d |g_d| / shards per element;
-- it holds values the declared dtype's sums produce, not only values of a narrower dtype's grid (a
-  bf16 reduction under a declared fp32 policy, the pytorch#190626 class, is caught here even where
-  the reduction bound does not apply);
-- the norm the `clip_grad_norm` component returns, on every rank, is the 2-norm of the whole
-  gathered gradient within the worst-case bound of a norm of that many elements (a shard's partial
-  norm, the pytorch#170862 class, is off by about 1 - sqrt(1/shards));
-- clipping scaled the whole gradient by min(1, max_norm / (norm + 1e-6)) of that norm; max_norm is
-  option `clip_fraction` of the reference's first norm, so the first step clips and a wrong norm
-  changes the training;
-- the optimizer step applied to the gathered, clipped gradient by the same optimizer on the
-  reference model gives the parameters the cell holds after its step, bit for bit (before the first
-  step too). The reference follows the cell's gradient here rather than its own, so the comparison
-  never feeds two optimizers different gradients, where Adam's division by sqrt(v) amplifies a
-  rounding difference by up to lr / eps; and it keeps the reference's parameters equal to the cell's,
-  so each step's comparisons start from the same point without resetting either run.
-
-Under tensor parallelism (a mesh with a "tp" dim) the forward itself sums partial products in
-another order. The loss then lies within a first-order bound of every linear layer summing its dot
-products in another order (suites/loss_rounding.py); the gradients, where that difference passes
-through the backward of every later layer, have no bound that follows from the reduction order, so
-they are compared for the record only (`grad_max_abs`); the other checks hold as everywhere.
-
-Cells with fsdp = "none" skip: no wrapper, nothing parallel to compare with the single-process run.
-Components: `model`, `batch`, `parallelize`, `optimizer_<optimizer axis>`, and optionally
-`clip_grad_norm` (default: suites/gradient_clipping.py).
+- Reference: the `model` built again from the same seed and wrapped for the same cell without
+  parallelism (`fsdp = "none"`, `mesh = "flat"`), on every rank, so no cell depends on another and
+  `--shard`/`merge` work as for any suite; it runs every shard of the global batch and takes their mean.
+- Compared per step (table and derivations: docs/explanation/parallel-equivalence.md): each rank's
+  loss (bit for bit; under tensor parallelism within suites/loss_rounding.py's first-order bound);
+  the reduced gradient (the declared `reduce_dtype`'s reduction bound, suites/summation_bounds.py, and
+  values that dtype's sums produce: pytorch#190626); the `clip_grad_norm` norm of the whole gradient
+  (pytorch#170862) and the clipping it drives; the parameters after the same optimizer step fed the
+  cell's clipped gradient (bit for bit).
+- Under tensor parallelism the gradients have no bound that follows from the reduction order: they
+  are recorded (`grad_max_abs`), not compared.
+- Cells with fsdp = "none" skip. Components: `model`, `batch`, `parallelize`, `optimizer_<optimizer>`,
+  optionally `clip_grad_norm` (default: suites/gradient_clipping.py).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, checkout_env
+from helpers.checkout import REPO, checkout_env
 
 pytestmark = pytest.mark.slow
 

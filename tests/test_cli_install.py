@@ -11,10 +11,9 @@ import subprocess
 import venv
 
 import pytest
-from test_reports_upgrade_diff import write_single_version_run
 
-from conftest import REPO, unconstrained_pip
-from reports_fixture import BASELINE, CANDIDATE
+from helpers.checkout import REPO, unconstrained_pip
+from helpers.report_runs import BASELINE, CANDIDATE, write_single_version_run
 
 pytestmark = pytest.mark.slow
 

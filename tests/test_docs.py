@@ -29,7 +29,7 @@ from torchmatrix.matrix.config import ConfigError, load_matrix, tomllib
 from torchmatrix.matrix.selection import SelectionError
 from torchmatrix.matrix.suite_selection import SuiteSelection
 
-from conftest import REPO, checkout_env
+from helpers.checkout import REPO, checkout_env
 
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
 FENCE = re.compile(r"^```(?P<lang>[\w-]+)[^\n]*\n(?P<body>.*?)^```", re.MULTILINE | re.DOTALL)

@@ -10,7 +10,7 @@ from torchmatrix.cli import build_parser
 from torchmatrix.exit_code_table import EXIT_CODES, render_markdown
 from torchmatrix.reports.upgrade_diff import BROKEN_DIRECTION, FAIL_CAUSES
 
-from conftest import REPO, checkout_env
+from helpers.checkout import REPO, checkout_env
 
 PAGE = REPO / "docs" / "reference" / "exit-codes.md"
 

@@ -21,7 +21,7 @@ from torchmatrix.reports import junit
 from torchmatrix.reports.report import write_report
 from torchmatrix.scale.slurm import SlurmOptions, write_slurm
 
-from reports_fixture import write_fixture_run
+from helpers.report_runs import write_fixture_run
 
 PRECIOUS = "export PATH=/usr/bin  # the user's own\n"
 

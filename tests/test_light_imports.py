@@ -9,7 +9,7 @@ import sys
 
 import torchmatrix
 
-from conftest import REPO, checkout_env
+from helpers.checkout import REPO, checkout_env
 
 BLOCK = "import sys; sys.modules.update(dict.fromkeys({blocked!r})); "
 

@@ -15,7 +15,8 @@ import pytest
 from torchmatrix.matrix.config import load_matrix
 from torchmatrix.sessions import first_missing
 
-from conftest import REPO, checkout_env, write_demo_project
+from helpers.checkout import REPO, checkout_env
+from helpers.matrix_files import write_demo_project
 
 UV_NOISE = "uv binary not found."
 

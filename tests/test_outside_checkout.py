@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import copy_checkout, unconstrained_pip
+from helpers.checkout import copy_checkout, unconstrained_pip
 
 pytestmark = pytest.mark.slow
 

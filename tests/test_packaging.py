@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, copy_checkout
+from helpers.checkout import REPO, copy_checkout
 
 if sys.version_info >= (3, 11):
     import tomllib

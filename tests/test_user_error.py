@@ -14,7 +14,7 @@ from torchmatrix import cli, sessions
 from torchmatrix.exit_codes import ExitCode
 from torchmatrix.user_error import UserError
 
-from conftest import REPO
+from helpers.checkout import REPO
 
 # Exceptions that never reach the user as such, each with why.
 INTERNAL = {

@@ -38,7 +38,8 @@ from torchmatrix.run.runner import DEFAULT_MAX_CPU_RANKS, RunError, RunRequest, 
 from torchmatrix.scale.github import github_matrix
 from torchmatrix.scale.merge import merge_reports
 from torchmatrix.scale.slurm import SlurmOptions, write_slurm
-from torchmatrix.sensitivity.command import GENERIC_MUTANTS, run_sensitivity
+from torchmatrix.sensitivity.command import run_sensitivity
+from torchmatrix.sensitivity.registry import GENERIC_MUTANTS
 from torchmatrix.user_error import UserError
 
 

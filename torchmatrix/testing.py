@@ -1,29 +1,21 @@
 """What a suite may use from torchmatrix, and nothing else: the rest of the package may change shape.
 
-In a suite's test functions the plugin provides the fixtures `cell` (the cell's axis values),
-`ranks` (`ranks.run(fn, *args)` runs fn on every rank of the cell), `suite_options` (a built-in
-suite's as its dataclass: `ResumeOptions`, `GradCkptOptions`, ...),
-`components` (matrix.toml's import paths), `once_per_cell(name, compute)` and `tmp_path`. Inside
-the functions the ranks run, `current_device()` is this rank's device and `load(path)` turns a
-component's import path into the object it names; `build_optimizer(factory, model, ...)` calls an
-`optimizer_<value>` factory as the protocol says and `accepts(factory, keyword)` says whether a
-factory takes an optional keyword, `call_accepting(factory, ...)` passes only the keywords it
-takes, `is_bound_checkpointer(factory)` tells the checkpointer's two forms apart, `inner_optimizers(optimizer)`
-the optimizers an optimizer container holds (the optimizer itself otherwise); `clean_name` strips wrapper prefixes off a parameter's name.
-`cell_mesh(cell)` is the DeviceMesh the cell's `mesh` axis names (1-D `flat` by default; `hsdp` and
-`fsdp_tp` 2-D) and `cell_layout(cell)` its kind, dim names and shape, `mesh_group(mesh)` the process group over all its ranks, and `data_parallel_rank(cell)`
-/ `data_parallel_size(cell)` say which batch a rank trains on (the ranks of a tensor-parallel group share one).
-`implementation_of(cell)` is the cell's `optimizer_impl` (`IMPLEMENTATION_AXIS`; one of `IMPLEMENTATIONS`, `DEFAULT_IMPLEMENTATION`
-where the matrix has no such axis), which `build_optimizer(..., implementation=...)` hands to a factory naming
-`implementation`; a factory raises `UnavailableImplementation(reason)` for one it cannot build here, and the
-suites skip that cell's optimizer tests with the reason.
-`RESUME_BF16_PARAM_OPTIMIZERS` is the resume suite's default for which optimizers get bf16
-params (the sensitivity command reads it too). For checkpoints across versions, `writes_dir(run_dir,
-version, cell_id)` is where a version's cross_version checkpoint of a cell lives, with its
-`EXPECTED_FILE`, and `planned_options(config, suite)` gives a suite module's pytest_generate_tests
-the options the runner planned for it. `root_cause(error)` is an exception's root cause line, as
-the reports show it. `capture_rng_state()`, `restore_rng_state(state)` and `rng_streams()` are the
-process's RNG state (torch CPU, every CUDA device, python `random`, numpy) as one value.
+The plugin's fixtures in a suite's tests: `cell`, `ranks` (`ranks.run(fn, *args)` on every rank),
+`suite_options` (a built-in suite's dataclass, e.g. `ResumeOptions`), `components` (import paths),
+`once_per_cell(name, compute)`, `tmp_path` (docs/how-to/write-a-suite.md). Here, for the ranks:
+
+- components: `load(path)`; `build_optimizer`, `accepts`, `call_accepting` (optional keywords only
+  where a signature names them); `is_bound_checkpointer` (the checkpointer's two forms);
+  `inner_optimizers` (what a container holds); `clean_name` (a parameter name without wrapper prefixes).
+- the rank: `current_device()`; `cell_mesh(cell)`, `cell_layout(cell)`, `mesh_group(mesh)`,
+  `data_parallel_rank(cell)`, `data_parallel_size(cell)` (docs/explanation/2d-meshes.md).
+- optimizer implementations: `implementation_of(cell)`, `IMPLEMENTATION_AXIS`, `IMPLEMENTATIONS`,
+  `DEFAULT_IMPLEMENTATION`, `UnavailableImplementation(reason)` (the cell's optimizer tests skip).
+- options: the `*Options` dataclasses, `SuiteOptions`, `DTYPES`, `REDUCE_DTYPES`,
+  `RESUME_BF16_PARAM_OPTIMIZERS`, `planned_options(config, suite)`.
+- across versions: `writes_dir(run_dir, version, cell_id)` and its `EXPECTED_FILE`.
+- failures and RNG: `root_cause(error)` (the reports' root cause line); `capture_rng_state()`,
+  `restore_rng_state(state)`, `rng_streams()` (torch CPU, every CUDA device, `random`, numpy).
 """
 
 from torchmatrix.components.calling import accepts, build_optimizer, call_accepting, is_bound_checkpointer
@@ -58,25 +50,12 @@ from torchmatrix.ranks.worker import current_device
 
 __all__ = [
     "DEFAULT_IMPLEMENTATION",
+    "DTYPES",
     "EXPECTED_FILE",
     "IMPLEMENTATION_AXIS",
     "IMPLEMENTATIONS",
+    "REDUCE_DTYPES",
     "RESUME_BF16_PARAM_OPTIMIZERS",
-    "accepts",
-    "build_optimizer",
-    "call_accepting",
-    "cell_layout",
-    "cell_mesh",
-    "clean_name",
-    "current_device",
-    "implementation_of",
-    "inner_optimizers",
-    "is_bound_checkpointer",
-]
-__all__ += ["data_parallel_rank", "data_parallel_size", "load", "mesh_group", "planned_options", "writes_dir"]
-__all__ += ["UnavailableImplementation", "root_cause", "DTYPES", "REDUCE_DTYPES"]
-__all__ += ["capture_rng_state", "restore_rng_state", "rng_streams"]
-__all__ += [
     "CollectivesOptions",
     "CrossVersionOptions",
     "DtensorOptimOptions",
@@ -84,4 +63,25 @@ __all__ += [
     "ParallelEquivalenceOptions",
     "ResumeOptions",
     "SuiteOptions",
+    "UnavailableImplementation",
+    "accepts",
+    "build_optimizer",
+    "call_accepting",
+    "capture_rng_state",
+    "cell_layout",
+    "cell_mesh",
+    "clean_name",
+    "current_device",
+    "data_parallel_rank",
+    "data_parallel_size",
+    "implementation_of",
+    "inner_optimizers",
+    "is_bound_checkpointer",
+    "load",
+    "mesh_group",
+    "planned_options",
+    "restore_rng_state",
+    "rng_streams",
+    "root_cause",
+    "writes_dir",
 ]

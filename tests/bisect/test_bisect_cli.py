@@ -19,8 +19,9 @@ from torchmatrix.reports.run_reader import load_results
 from torchmatrix.repro.output_directory import MARK, is_reproducer, publish
 from torchmatrix.status import Confirmation
 
-from conftest import checkout_env, write_demo_project
-from reports_fixture import BASELINE, write_fixture_run
+from helpers.checkout import checkout_env
+from helpers.matrix_files import write_demo_project
+from helpers.report_runs import BASELINE, write_fixture_run
 
 FAILURE = "2.14.1/ws2-fsdp2/alpha::test_regress"
 

@@ -28,7 +28,8 @@ import pytest
 
 from torchmatrix.env.torch_install import pip_index_options
 
-from conftest import unconstrained_pip, write_matrix
+from helpers.checkout import unconstrained_pip
+from helpers.matrix_files import write_matrix
 
 pytestmark = pytest.mark.slow
 

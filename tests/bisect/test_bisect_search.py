@@ -19,7 +19,7 @@ from torchmatrix.bisect.search import Bisection, Outcome
 from torchmatrix.bisect.versions import VersionError, between, listed_versions
 from torchmatrix.reports.run_reader import load_results
 
-from reports_fixture import write_fixture_run
+from helpers.report_runs import write_fixture_run
 
 LISTING = """torch (2.15.0)
 Available versions: 2.15.0, 2.14.1, 2.14.0, 2.13.0+cpu, 2.13.0, 2.12.1, 2.12.0

@@ -24,8 +24,8 @@ from torchmatrix.reports.run_reader import load_results
 from torchmatrix.repro.command import script_text
 from torchmatrix.status import Confirmation
 
-from conftest import checkout_env
-from reports_fixture import BASELINE, CANDIDATE, write_fixture_run
+from helpers.checkout import checkout_env
+from helpers.report_runs import BASELINE, CANDIDATE, write_fixture_run
 
 HOSTILE = 'C:\\Users\\ci\\ckpt """ __import__("os").system("touch PWNED")'
 READ = f"test_loads_checkpoint_written_by[writer={CANDIDATE}]"

@@ -13,7 +13,8 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoi
 from torchmatrix.models.optim import build_adamw, build_adamw_no_decay_on_norms, build_precision_aware  # noqa: E402
 from torchmatrix.testing import UnavailableImplementation, accepts, build_optimizer  # noqa: E402
 
-from conftest import REFERENCE_COMPONENTS, matrix_toml, run_suites  # noqa: E402
+from helpers.matrix_files import REFERENCE_COMPONENTS, matrix_toml  # noqa: E402
+from helpers.run_results import run_suites  # noqa: E402
 
 
 class Block(torch.nn.Module):

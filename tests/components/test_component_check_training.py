@@ -5,10 +5,11 @@ naming the fix for each wrong one."""
 from __future__ import annotations
 
 import pytest
-from test_component_check import GOOD, USER_STACK, resume_matrix
 
 from torchmatrix.matrix.config import load_matrix
 from torchmatrix.run.component_check import check_components
+
+from helpers.user_stack import GOOD, USER_STACK, resume_matrix
 
 TRAINING_STACK = """
 import torch

@@ -13,7 +13,8 @@ import pytest
 
 from torchmatrix.env.component_requirements import RECORD_VARIABLE, install_requirements, read_record
 
-from conftest import REFERENCE_COMPONENTS, matrix_toml, run_suites
+from helpers.matrix_files import REFERENCE_COMPONENTS, matrix_toml
+from helpers.run_results import run_suites
 
 PIP_REASON = "ERROR: Could not find a version that satisfies the requirement torchao==99 (from versions: 0.18.0)"
 

@@ -6,7 +6,7 @@ import json
 
 from torchmatrix.env.self_install import arguments_for, install_arguments
 
-from conftest import REPO
+from helpers.checkout import REPO
 
 
 def test_a_checkout_installs_editable(tmp_path):

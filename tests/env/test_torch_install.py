@@ -21,7 +21,8 @@ from torchmatrix.env.install_progress import InstallProgress, ProgressLine
 from torchmatrix.env.torch_install import index_has, install_torch, pip_index_options
 from torchmatrix.matrix.config import TorchInstall, load_matrix
 
-from conftest import REPO, checkout_env, write_demo_project
+from helpers.checkout import REPO, checkout_env
+from helpers.matrix_files import write_demo_project
 
 PIP_TRANSCRIPT = """\
 Looking in indexes: https://pypi.org/simple

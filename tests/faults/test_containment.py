@@ -20,7 +20,9 @@ from pathlib import Path
 import pytest
 from junitparser import JUnitXml
 
-from conftest import Project, matrix_toml, processes_with
+from helpers.matrix_files import matrix_toml
+from helpers.processes import processes_with
+from helpers.projects import Project
 
 pytestmark = pytest.mark.slow
 

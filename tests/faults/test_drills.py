@@ -17,7 +17,9 @@ import pytest
 from junitparser import JUnitXml
 from lxml import etree
 
-from conftest import REPO, Project, checkout_env, matrix_toml
+from helpers.checkout import REPO, checkout_env
+from helpers.matrix_files import matrix_toml
+from helpers.projects import Project
 
 pytestmark = pytest.mark.slow
 

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Project, checkout_env
+from helpers.checkout import checkout_env
+from helpers.projects import Project
 
 MATRIX = """
 [torch]

@@ -22,7 +22,7 @@ from torchmatrix.env.envdir_lock import (
     runs_matrix_sessions,
 )
 
-from conftest import REPO, checkout_env
+from helpers.checkout import REPO, checkout_env
 
 HOLD = """
 import sys

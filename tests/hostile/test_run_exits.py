@@ -19,7 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Project, cell_failures, cell_outcomes, checkout_env, matrix_toml
+from helpers.checkout import checkout_env
+from helpers.matrix_files import matrix_toml
+from helpers.projects import Project
+from helpers.run_results import cell_failures, cell_outcomes
 
 pytestmark = pytest.mark.slow
 

@@ -19,7 +19,10 @@ import pytest
 from junitparser import JUnitXml
 from lxml import etree
 
-from conftest import Project, checkout_env, matrix_toml, processes_with
+from helpers.checkout import checkout_env
+from helpers.matrix_files import matrix_toml
+from helpers.processes import processes_with
+from helpers.projects import Project
 
 pytestmark = pytest.mark.slow
 

@@ -12,7 +12,7 @@ import pytest
 
 from torchmatrix.reports.upgrade_diff import BROKEN_DIRECTION, GROWN_DRIFT, REGRESSION, SLOWDOWN, UNCONFIRMED
 
-from conftest import Project
+from helpers.projects import Project
 
 VERSION = {"torch": "2.13.0", "planned_cells": ["ws1"], "missing_cells": []}
 

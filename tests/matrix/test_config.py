@@ -301,7 +301,7 @@ def test_exclude_list_means_any_of(tmp_path):
 
 
 def test_repository_matrix_is_valid():
-    from conftest import REPO
+    from helpers.checkout import REPO
 
     matrix = load_matrix(REPO / "matrix.toml")
     assert matrix.baseline in matrix.versions
@@ -327,7 +327,7 @@ def test_cli_prints_one_line_and_exits_2(project):
 
 def test_builtin_suites_resolve_from_a_checkout_that_is_not_installed():
     """nox's own environment imports torchmatrix from the checkout (the noxfile puts it on sys.path)."""
-    from conftest import REPO
+    from helpers.checkout import REPO
 
     code = f"import sys; sys.path.insert(0, {str(REPO)!r}); from torchmatrix.matrix.builtin_suites import builtin_suite_path; print(builtin_suite_path('resume'))"
     done = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True)

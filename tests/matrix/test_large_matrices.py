@@ -14,7 +14,8 @@ from torchmatrix.matrix.cells import MAX_CELLS, cell_bound, expand_cells, iter_c
 from torchmatrix.matrix.config import ConfigError, load_matrix
 from torchmatrix.matrix.selection import SelectionError
 
-from conftest import checkout_env, write_demo_project
+from helpers.checkout import checkout_env
+from helpers.matrix_files import write_demo_project
 
 # 4 x 10^7 = 40,000,000 cells
 HUGE_AXES = {

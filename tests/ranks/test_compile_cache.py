@@ -11,7 +11,7 @@ import json
 import pytest
 from junitparser import JUnitXml
 
-from conftest import matrix_toml
+from helpers.matrix_files import matrix_toml
 
 pytestmark = pytest.mark.slow
 

@@ -8,7 +8,8 @@ import re
 
 import pytest
 
-from conftest import cell_failures, matrix_toml
+from helpers.matrix_files import matrix_toml
+from helpers.run_results import cell_failures
 
 pytestmark = pytest.mark.slow
 

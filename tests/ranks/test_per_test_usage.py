@@ -12,7 +12,8 @@ from torchmatrix.ranks.per_test_usage import module_of, normalised
 from torchmatrix.reports.records import TestRecord
 from torchmatrix.reports.warning_changes import new_and_gone
 
-from conftest import Project, matrix_toml
+from helpers.matrix_files import matrix_toml
+from helpers.projects import Project
 
 SUITE = """
 import warnings

@@ -13,7 +13,7 @@ import pytest
 
 from torchmatrix.ranks.pool import RankFailure, RankPool, collective_timeout
 
-import rank_functions as rf
+from helpers import rank_functions as rf
 
 pytestmark = pytest.mark.slow
 

@@ -12,7 +12,7 @@ import pytest
 from torchmatrix.ranks.simulation_limits import LIMITS, as_simulation_limit, limit_of
 from torchmatrix.status import Status
 
-from conftest import checkout_env
+from helpers.checkout import checkout_env
 
 PREMUL_SUM, FLEX, CUDA, NCCL = (limit.name for limit in LIMITS)
 

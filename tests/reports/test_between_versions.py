@@ -15,7 +15,7 @@ from torchmatrix.reports.checkpoint_directions import WRITE_TEST, checkpoint_dir
 from torchmatrix.reports.records import RunResults, TestRecord, VersionInfo
 from torchmatrix.reports.upgrade_diff import diff_records
 
-from conftest import Project
+from helpers.projects import Project
 
 BASELINE, CANDIDATE = "2.13.0", "2.15.0"
 READ = "test_loads_checkpoint_written_by[writer={}]"

@@ -18,8 +18,8 @@ from torchmatrix.reports.closing import closing_lines
 from torchmatrix.reports.report import load_run, write_report
 from torchmatrix.reports.upgrade_diff import upgrade_diffs
 
-from conftest import REPO
-from reports_fixture import BASELINE, CANDIDATE, CELLS, ENVIRONMENTS, write_project
+from helpers.checkout import REPO
+from helpers.report_runs import BASELINE, CANDIDATE, CELLS, ENVIRONMENTS, write_project
 
 SCHEMA = etree.XMLSchema(etree.parse(str(REPO / "tests" / "data" / "junit-10.xsd")))
 SUITE = Suite("cross_version", "suites/test_cross_version.py", 60.0, ("world_size", "fsdp"))

@@ -13,7 +13,7 @@ from torchmatrix.messages.events import Collected, TestFinished, TestStarted
 from torchmatrix.reports import junit
 from torchmatrix.run.outcomes import OutcomeBook
 
-from conftest import REPO
+from helpers.checkout import REPO
 
 SCHEMA = etree.XMLSchema(etree.parse(str(REPO / "tests" / "data" / "junit-10.xsd")))
 ENVIRONMENT = Environment(torch="2.13.0+cpu", git_version="abc")

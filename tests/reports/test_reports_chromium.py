@@ -12,7 +12,7 @@ import pytest
 
 from torchmatrix.reports.report import write_report
 
-from reports_fixture import write_fixture_run, write_hostile_run
+from helpers.report_runs import write_fixture_run, write_hostile_run
 
 CHROMIUM = shutil.which("chromium")
 CHROMEDRIVER = shutil.which("chromedriver")

@@ -15,7 +15,7 @@ from torchmatrix.reports.report import load_run, write_report
 from torchmatrix.reports.run_reader import load_results
 from torchmatrix.status import Confirmation
 
-from reports_fixture import BASELINE, CANDIDATE, check_golden, normalised, write_fixture_run
+from helpers.report_runs import BASELINE, CANDIDATE, check_golden, normalised, write_fixture_run
 
 
 @pytest.fixture

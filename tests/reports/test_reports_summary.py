@@ -19,8 +19,9 @@ from torchmatrix.reports.run_reader import load_results
 from torchmatrix.reports.upgrade_diff import SLOWDOWN_RULE
 from torchmatrix.run import confirmation
 
-from conftest import REPO, Project
-from reports_fixture import (
+from helpers.checkout import REPO
+from helpers.projects import Project
+from helpers.report_runs import (
     BASELINE,
     CANDIDATE,
     HOSTILE,

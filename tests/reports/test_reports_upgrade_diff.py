@@ -11,15 +11,14 @@ from torchmatrix.reports.records import TestRecord
 from torchmatrix.reports.report import load_run
 from torchmatrix.reports.upgrade_diff import CompareError, compare_runs, diff_records, grew, upgrade_diffs
 
-from conftest import Project, write_matrix
-from reports_fixture import (
+from helpers.matrix_files import write_matrix
+from helpers.projects import Project
+from helpers.report_runs import (
     BASELINE,
     CANDIDATE,
     MATRIX,
-    outcomes,
     write_fixture_run,
-    write_project,
-    write_version,
+    write_single_version_run,
 )
 
 
@@ -138,13 +137,6 @@ def test_tests_on_one_side_only_are_counted_not_diffed():
     only_old = TestRecord("2.13.0", "ws1", "s", "gone", "passed", 1.0)
     diff = diff_records([record("passed"), only_old], [record("passed")], settings, "a", "b")
     assert (diff.compared, diff.only_before, diff.only_after, diff.clean) == (1, 1, 0, True)
-
-
-def write_single_version_run(root, version, run_id, outcome_for=outcomes):
-    matrix = write_project(root)
-    run_dir = root / "reports" / run_id
-    write_version(run_dir, version, matrix, outcome_for)
-    return run_dir
 
 
 def test_compare_matches_runs_by_torch_version(tmp_path):

@@ -21,8 +21,10 @@ from torchmatrix.run import confirmation
 from torchmatrix.run.outcomes import OutcomeBook
 from torchmatrix.status import Status, tally
 
-from conftest import REPO, Project, matrix_toml
-from reports_fixture import (
+from helpers.checkout import REPO
+from helpers.matrix_files import matrix_toml
+from helpers.projects import Project
+from helpers.report_runs import (
     BASELINE,
     CANDIDATE,
     PREMUL_SUM_LIMIT,

@@ -14,7 +14,8 @@ from junitparser import JUnitXml
 from torchmatrix.messages.events import EventReader
 from torchmatrix.ranks.per_test_usage import CPU_SECONDS, cpu_seconds_once
 
-from conftest import REPO, checkout_env, write_matrix
+from helpers.checkout import REPO, checkout_env
+from helpers.matrix_files import write_matrix
 
 pytestmark = pytest.mark.slow
 

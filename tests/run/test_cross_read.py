@@ -18,7 +18,7 @@ from torchmatrix.env.version_venv import VersionVenv, gpu_matrix_python
 from torchmatrix.matrix.config import load_matrix
 from torchmatrix.run.cross_version import CrossReadError, read_pass
 
-from conftest import write_demo_project
+from helpers.matrix_files import write_demo_project
 
 VERSION = "2.13.0"
 

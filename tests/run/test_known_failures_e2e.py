@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import cell_outcomes, matrix_toml
+from helpers.matrix_files import matrix_toml
+from helpers.run_results import cell_outcomes
 
 pytestmark = pytest.mark.slow
 

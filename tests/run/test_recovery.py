@@ -11,7 +11,7 @@ from torchmatrix.reports import junit
 from torchmatrix.run.recovery import UNFINISHED, rebuild_missing_cells
 from torchmatrix.run.runner import events_path, group_command
 
-from conftest import write_matrix
+from helpers.matrix_files import write_matrix
 
 STARTED = 1767323045.0  # 2026-01-02T03:04:05+00:00, long before any test runs this
 

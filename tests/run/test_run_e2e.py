@@ -8,7 +8,8 @@ import pytest
 from junitparser import JUnitXml
 from lxml import etree
 
-from conftest import REPO, matrix_toml
+from helpers.checkout import REPO
+from helpers.matrix_files import matrix_toml
 
 pytestmark = pytest.mark.slow
 
@@ -75,7 +76,7 @@ def test_crashes_the_process_for_spicy_ws2(cell):
 
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory):
-    from conftest import Project
+    from helpers.projects import Project
 
     project = Project(tmp_path_factory.mktemp("e2e") / "project")
     project.write("matrix.toml", MATRIX)

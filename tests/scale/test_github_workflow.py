@@ -13,7 +13,7 @@ import pytest
 import yaml
 from jsonschema import Draft7Validator
 
-from conftest import REPO, checkout_env
+from helpers.checkout import REPO, checkout_env
 
 WORKFLOW = REPO / ".github" / "workflows" / "gpu-matrix.yml"
 SCHEMA = json.loads((REPO / "tests" / "data" / "github-workflow.json").read_text())

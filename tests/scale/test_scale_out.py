@@ -11,7 +11,9 @@ from junitparser import JUnitXml
 
 from torchmatrix.cli import build_parser
 
-from conftest import REPO, Project, matrix_toml
+from helpers.checkout import REPO
+from helpers.matrix_files import matrix_toml
+from helpers.projects import Project
 
 
 def scale_out_matrix(torch=("system",), flavors=("a", "b", "c")) -> str:

@@ -20,9 +20,10 @@ from torchmatrix.env.devices import probe
 from torchmatrix.matrix.config import load_matrix
 from torchmatrix.matrix.selection import Shard, select_cells
 
-from conftest import Project, checkout_env
-from slurm_cluster import SlurmCluster, missing_reason
-from test_slurm import DEMO, STAND_INS, slurm_matrix
+from helpers.checkout import checkout_env
+from helpers.projects import Project
+from helpers.slurm_cluster import SlurmCluster, missing_reason
+from helpers.slurm_stand_ins import DEMO, STAND_INS, slurm_matrix
 
 # .ci/run sets it: there the cluster must start, and a machine that cannot start it fails the test.
 REQUIRED = os.environ.get("TORCHMATRIX_REQUIRE_SLURM") == "1"

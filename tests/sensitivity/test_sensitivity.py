@@ -1,10 +1,11 @@
-"""`python -m torchmatrix sensitivity`: the cell cover, the generated wrappers, the verdicts (caught,
+"""`python -m torchmatrix sensitivity`: the cell cover, the registry's wrappers, the verdicts (caught,
 missed, errored, n/a, skipped), and two real runs on one CPU cell: one where every chosen mutant
 is caught (exit 0), and one where a mutant acts unseen (missed, exit 1) next to one the suite cannot
 see because the run draws no random numbers (n/a, saying so)."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import subprocess
 import sys
@@ -21,13 +22,13 @@ from torchmatrix.matrix.config import Suite, load_matrix
 from torchmatrix.matrix.plan import SuiteRun
 from torchmatrix.messages.events import TestOutcome
 from torchmatrix.reports import junit
+from torchmatrix.sensitivity import mutants, mutated_components
 from torchmatrix.sensitivity.command import (
-    GENERIC_MUTANTS,
     SensitivityError,
     chosen_mutants,
     covering_cells,
-    generated_module,
     judge,
+    mutated,
     not_applicable,
 )
 from torchmatrix.sensitivity.mutants import (
@@ -35,9 +36,11 @@ from torchmatrix.sensitivity.mutants import (
     moments_cast_on_load,
     reshuffles_from_unsaved_seed,
 )
+from torchmatrix.sensitivity.registry import GENERIC_MUTANTS, INNER_COMPONENTS_VARIABLE
 from torchmatrix.sensitivity.verdicts import raised_rank_lines, read_cells
 
-from conftest import PROJECT_IS_THIS_CHECKOUT, REPO, checkout_env, matrix_toml
+from helpers.checkout import PROJECT_IS_THIS_CHECKOUT, REPO, checkout_env
+from helpers.matrix_files import matrix_toml
 
 
 def test_covering_cells_show_every_axis_value_once_at_least():
@@ -49,36 +52,59 @@ def test_covering_cells_show_every_axis_value_once_at_least():
     }
 
 
-def test_generated_module_wraps_each_configured_component_the_mutant_targets():
-    matrix = load_matrix(REPO / "matrix.toml")
-    source = generated_module(matrix, GENERIC_MUTANTS)
-    assert (
-        "skip_rng_on_load__checkpointer = skips_on_load('torchmatrix.models.checkpoint:Checkpointer', 'rng')" in source
-    )
-    assert "moments_cast_to_param_dtype__optimizer_precision_aware = moments_cast_on_load(" in source
-    assert (
-        "moments_cast_to_param_dtype__optimizer_adamw = moments_cast_on_load('torchmatrix.models.optim:build_adamw')"
-        in source
-    )
-    assert (
-        "recompute_bumps_buffer__model = counts_body_runs_in_buffer('torchmatrix.models.transformer:build_model')"
-        in source
-    )
-    compile(source, "generated", "exec")
+def mutated_component(matrix, mutant_name: str, key: str, monkeypatch):
+    """What a rank process imports for `key` of the matrix mutated by `mutant_name`."""
+    (mutant,) = [mutant for mutant in GENERIC_MUTANTS if mutant.name == mutant_name]
+    monkeypatch.setenv(INNER_COMPONENTS_VARIABLE, json.dumps(matrix.components))
+    module_path, _, attribute = mutated(matrix, mutant).components[key].partition(":")
+    return getattr(importlib.import_module(module_path), attribute)
 
 
-def test_the_2d_mesh_state_mutant_is_n_a_where_every_param_lies_on_a_1d_mesh():
+def test_every_registry_entry_names_a_wrapper_of_the_mutants_module():
+    torch_free = {name for name in vars(mutants) if not name.startswith("_")}
+    assert [mutant.name for mutant in GENERIC_MUTANTS if mutant.wrapper not in torch_free] == []
+    assert len({mutant.name for mutant in GENERIC_MUTANTS}) == len(GENERIC_MUTANTS)
+
+
+def test_a_mutated_component_wraps_the_configured_one_with_the_entrys_arguments(monkeypatch):
+    pytest.importorskip("torch")
     matrix = load_matrix(REPO / "matrix.toml")
-    (mutant,) = [mutant for mutant in GENERIC_MUTANTS if mutant.name == "state_replicated_on_2d_mesh"]
+    skips_rng = mutated_component(matrix, "skip_rng_on_load", "checkpointer", monkeypatch)
+    assert skips_rng.inner == "torchmatrix.models.checkpoint:Checkpointer"
+    assert skips_rng.reverted(0) == ("rng",) and skips_rng.__name__ == "SkipsRngOnLoad"
+    assert mutated_component(matrix, "skip_rng_on_load", "checkpointer", monkeypatch) is skips_rng
+    mutated_optimizers = mutated(matrix, mutants_named("moments_cast_to_param_dtype")).components
+    assert mutated_optimizers["optimizer_adamw"].endswith(":moments_cast_to_param_dtype__optimizer_adamw")
+    assert mutated_optimizers["model"] == matrix.components["model"]
+    built = mutated_component(matrix, "moments_cast_to_param_dtype", "optimizer_adamw", monkeypatch)
+    assert callable(built) and accepts(built, "named_parameters")
+
+
+def test_an_attribute_that_names_no_mutant_or_no_configured_component_is_an_attribute_error(monkeypatch):
+    monkeypatch.setenv(INNER_COMPONENTS_VARIABLE, json.dumps({"model": "torchmatrix.models.transformer:build_model"}))
+    for attribute, says in (
+        ("no_such_mutant__model", "expected <generic mutant>__<component key it wraps>"),
+        ("skip_rng_on_load__checkpointer", "names no component 'checkpointer'"),
+    ):
+        with pytest.raises(AttributeError, match=says):
+            getattr(mutated_components, attribute)
+
+
+def test_the_2d_mesh_state_mutant_is_n_a_where_every_param_lies_on_a_1d_mesh(monkeypatch):
+    pytest.importorskip("torch")
+    matrix = load_matrix(REPO / "matrix.toml")
+    mutant = mutants_named("state_replicated_on_2d_mesh")
     assert mutant.not_applicable(Cell({"world_size": 4, "fsdp": "fsdp2", "mesh": "hsdp"}), matrix) is None
     assert (
         mutant.not_applicable(Cell({"world_size": 4, "fsdp": "fsdp2"}), matrix)
         == "mesh=flat: every param's mesh is 1-D"
     )
-    source = generated_module(matrix, (mutant,))
-    wrapped = "state_replicated_on_2d_mesh__optimizer_adamw = replicates_state_on_2d_meshes("
-    assert f"{wrapped}'torchmatrix.models.optim:build_adamw')" in source
-    compile(source, "generated", "exec")
+    assert callable(mutated_component(matrix, mutant.name, "optimizer_adamw", monkeypatch))
+
+
+def mutants_named(name: str):
+    (mutant,) = [mutant for mutant in GENERIC_MUTANTS if mutant.name == name]
+    return mutant
 
 
 def test_the_optimizer_mutant_passes_parameter_names_on_only_to_a_factory_that_names_them():

@@ -7,10 +7,9 @@ exactly; both cells record compile seconds, so the model really was compiled."""
 from __future__ import annotations
 
 import pytest
-from test_grad_ckpt_compile import compile_seconds, run_compiled
-from test_grad_ckpt_mutants import failure_text
 
-from conftest import REFERENCE_COMPONENTS, matrix_toml
+from helpers.grad_ckpt_runs import compile_seconds, failure_text, run_suite
+from helpers.matrix_files import REFERENCE_COMPONENTS, matrix_toml
 
 pytestmark = pytest.mark.slow
 
@@ -37,7 +36,7 @@ def compiled_run(tmp_path_factory):
         },
         components={**REFERENCE_COMPONENTS, "batch": "torchmatrix.models.transformer:make_batch"},
     )
-    return run_compiled(tmp_path_factory.mktemp("training"), matrix)
+    return run_suite(tmp_path_factory.mktemp("training"), matrix)
 
 
 def test_a_compiled_model_resumes_bit_for_bit_and_keeps_its_state_layout(compiled_run):

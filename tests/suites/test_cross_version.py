@@ -25,7 +25,8 @@ from junitparser import JUnitXml
 
 from torchmatrix.status import Confirmation
 
-from conftest import PROJECT_IS_THIS_CHECKOUT, REFERENCE_COMPONENTS, REPO, checkout_env, matrix_toml, unconstrained_pip
+from helpers.checkout import PROJECT_IS_THIS_CHECKOUT, REPO, checkout_env, unconstrained_pip
+from helpers.matrix_files import REFERENCE_COMPONENTS, matrix_toml
 
 pytestmark = pytest.mark.slow
 

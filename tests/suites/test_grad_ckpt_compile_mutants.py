@@ -8,8 +8,8 @@ pass these cells in tests/suites/test_grad_ckpt_compile.py."""
 from __future__ import annotations
 
 import pytest
-from test_grad_ckpt_compile import compiled_matrix, run_compiled
-from test_grad_ckpt_mutants import GRADIENTS, MICRO_BATCHES, failure_text
+
+from helpers.grad_ckpt_runs import GRADIENTS, MICRO_BATCHES, compiled_matrix, failure_text, run_suite
 
 pytestmark = pytest.mark.slow
 
@@ -20,7 +20,7 @@ TESTS = [GRADIENTS.format(0.0), MICRO_BATCHES]
 
 @pytest.fixture(scope="module")
 def mutant_run(tmp_path_factory):
-    return run_compiled(
+    return run_suite(
         tmp_path_factory.mktemp("mutant"),
         compiled_matrix(MUTANT, [INSIDE, OUTSIDE]),
         *(f"grad_ckpt::{t}" for t in TESTS),

@@ -7,8 +7,8 @@ reference parallelize passes the same cell in tests/suites/test_grad_ckpt_compil
 from __future__ import annotations
 
 import pytest
-from test_grad_ckpt_compile import REFERENCE, compiled_matrix, run_compiled
-from test_grad_ckpt_mutants import GRADIENTS, failure_text
+
+from helpers.grad_ckpt_runs import GRADIENTS, REFERENCE, compiled_matrix, failure_text, run_suite
 
 pytestmark = pytest.mark.slow
 
@@ -19,7 +19,7 @@ CELL = "ws1-none-sdpa-aot_eager-outside"
 @pytest.fixture(scope="module")
 def unapplied_run(tmp_path_factory):
     matrix = compiled_matrix(REFERENCE, [CELL]).replace("torchmatrix.models.parallel:parallelize", PARALLELIZE)
-    return run_compiled(tmp_path_factory.mktemp("unapplied"), matrix, f"grad_ckpt::{GRADIENTS.format(0.0)}")
+    return run_suite(tmp_path_factory.mktemp("unapplied"), matrix, f"grad_ckpt::{GRADIENTS.format(0.0)}")
 
 
 def test_compiled_blocks_never_checkpointed_fail_with_the_saved_bytes(unapplied_run):

@@ -11,7 +11,9 @@ from __future__ import annotations
 import pytest
 from junitparser import JUnitXml
 
-from conftest import REPO, Project, matrix_toml
+from helpers.checkout import REPO
+from helpers.matrix_files import matrix_toml
+from helpers.projects import Project
 
 pytestmark = pytest.mark.slow
 

@@ -6,10 +6,18 @@ and the compile seconds recorded."""
 from __future__ import annotations
 
 import pytest
-from test_grad_ckpt_compile import REFERENCE, compile_seconds, compiled_matrix, run_compiled
-from test_grad_ckpt_mutants import GRADIENTS, MICRO_BATCHES, failure_text
 
 from suites.test_grad_ckpt import REORDER_RTOL
+
+from helpers.grad_ckpt_runs import (
+    GRADIENTS,
+    MICRO_BATCHES,
+    REFERENCE,
+    compile_seconds,
+    compiled_matrix,
+    failure_text,
+    run_suite,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -19,7 +27,7 @@ TESTS = [GRADIENTS.format(0.0), MICRO_BATCHES]
 
 @pytest.fixture(scope="module")
 def inductor_run(tmp_path_factory):
-    return run_compiled(
+    return run_suite(
         tmp_path_factory.mktemp("inductor"),
         compiled_matrix(REFERENCE, [CELL]),
         *(f"grad_ckpt::{test}" for test in TESTS),

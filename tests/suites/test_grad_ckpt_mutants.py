@@ -9,9 +9,19 @@ reference model also runs in bfloat16 on two cells, where the derived tolerance 
 from __future__ import annotations
 
 import pytest
-from junitparser import JUnitXml
 
-from conftest import Project, matrix_toml
+from helpers.grad_ckpt_runs import (
+    ATTRIBUTES,
+    BUFFERS,
+    EVERY_TEST,
+    GRADIENTS,
+    MICRO_BATCHES,
+    RECOMPUTE,
+    REFERENCE,
+    failure_text,
+    run_suite,
+)
+from helpers.matrix_files import matrix_toml
 
 pytestmark = pytest.mark.slow
 
@@ -41,13 +51,7 @@ def grad_ckpt_matrix(
 
 
 CELLS = ["ws1-none-sdpa", "ws1-none-eager", "ws2-fsdp1-sdpa", "ws2-fsdp1-eager", "ws2-fsdp2-sdpa", "ws2-fsdp2-eager"]
-GRADIENTS = "test_checkpointing_leaves_loss_and_gradients_unchanged[dropout={}]"
-RECOMPUTE = "test_recompute_reruns_layers_and_rewrites_cache_identically"
-BUFFERS = "test_checkpointing_leaves_every_buffer_unchanged"
-ATTRIBUTES = "test_checkpointing_leaves_module_attributes_unchanged"
-MICRO_BATCHES = "test_micro_batches_before_one_backward_leave_gradients_unchanged"
-EVERY_TEST = sorted([GRADIENTS.format(0.0), GRADIENTS.format(0.1), RECOMPUTE, BUFFERS, ATTRIBUTES, MICRO_BATCHES])
-REFERENCE = "torchmatrix.models.transformer:build_model"
+
 
 # mutant factory -> (tests that must fail in every cell, text each failure must contain, or several: the
 # conclusion, the evidence, the fix)
@@ -96,26 +100,6 @@ MUTANTS = {
         "gradient of prefix_layers.0.o_proj.weight: 1/1024 elements differ, max ",
     ),
 }
-
-
-def run_suite(root, matrix: str) -> tuple[int, dict[str, dict[str, object]], str, dict[str, dict[str, str]]]:
-    """Exit code, {cell id: {test name: testcase}}, the CLI output and {cell id: {property: value}}
-    of one suite run over ``matrix``."""
-    project = Project(root)
-    project.write("matrix.toml", matrix)
-    # Mutants fail for a known reason; re-running each failure alone would only double the time.
-    done = project.torchmatrix("run", "--torch", "system", "--reports", "out", "--confirm-limit", "0", timeout=600)
-    cases: dict[str, dict[str, object]] = {}
-    properties: dict[str, dict[str, str]] = {}
-    for suite in JUnitXml.fromfile(str(root / "out" / "latest" / "junit.xml")):
-        cell = suite.name.split("/", 1)[1]
-        cases[cell] = {case.name.split("[torch=", 1)[0]: case for case in suite}
-        properties[cell] = {prop.name: prop.value for prop in suite.properties()}
-    return done.returncode, cases, done.stdout + done.stderr, properties
-
-
-def failure_text(case) -> str:
-    return "\n".join(f"{result.message or ''}\n{result.text or ''}" for result in case.result)
 
 
 def test_suite_passes_on_the_reference_model_in_every_cell(tmp_path):

@@ -16,7 +16,7 @@ import sys
 import pytest
 from junitparser import JUnitXml
 
-from conftest import REPO, checkout_env
+from helpers.checkout import REPO, checkout_env
 
 pytestmark = pytest.mark.slow
 

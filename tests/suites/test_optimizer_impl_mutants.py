@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 from junitparser import JUnitXml, Skipped
 
-from conftest import REFERENCE_COMPONENTS, cell_failures, matrix_toml, run_suites
+from helpers.matrix_files import REFERENCE_COMPONENTS, matrix_toml
+from helpers.run_results import cell_failures, run_suites
 
 pytestmark = pytest.mark.slow
 

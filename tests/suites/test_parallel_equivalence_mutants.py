@@ -12,7 +12,9 @@ from __future__ import annotations
 import pytest
 from junitparser import JUnitXml
 
-from conftest import REPO, cell_failures, matrix_toml, run_suites
+from helpers.checkout import REPO
+from helpers.matrix_files import matrix_toml
+from helpers.run_results import cell_failures, run_suites
 
 pytestmark = pytest.mark.slow
 

@@ -41,7 +41,7 @@ from suites.test_resume import (
 from suites.ulp import bits_difference
 from torchmatrix.testing import GradCkptOptions
 
-from conftest import REPO
+from helpers.checkout import REPO
 
 
 def test_grad_ckpt_precision_defaults_to_exact_float32_and_takes_bfloat16():

@@ -17,7 +17,9 @@ import pytest
 
 from torchmatrix.matrix.config import load_matrix
 
-from conftest import REPO, cell_failures, matrix_toml, run_suites
+from helpers.checkout import REPO
+from helpers.matrix_files import matrix_toml
+from helpers.run_results import cell_failures, run_suites
 
 pytestmark = pytest.mark.slow
 

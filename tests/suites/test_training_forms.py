@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 from junitparser import JUnitXml
 
-from conftest import cell_failures, matrix_toml, run_suites
+from helpers.matrix_files import matrix_toml
+from helpers.run_results import cell_failures, run_suites
 
 pytestmark = pytest.mark.slow
 

@@ -153,6 +153,9 @@ class CrossVersionOptions(ResumeOptions):
     """Set by the runner: this version's pin."""
     peers: tuple[str, ...] = ()
     """Set by the runner: the versions that read these writes."""
+    checkpoint_classes_from: tuple[str, ...] = ()
+    """Top-level packages whose classes a checkpoint read from another version may carry in its pickles
+    (e.g. `torchao` for its optimizer state), besides those of `[components]` (suites/checkpoint_pickles.py)."""
 
 
 @dataclass(frozen=True)

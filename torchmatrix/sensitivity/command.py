@@ -1,16 +1,12 @@
 """`python -m torchmatrix sensitivity`: would the suites catch these bugs on *this* stack?
 
-It wraps the configured `[components]` in the generic mutants of torchmatrix.sensitivity.mutants,
-runs the suites each mutant targets over a small selection of cells (every axis value in at
-least one cell), and reports per mutant and suite whether the suite failed (caught, with the
-failure message), passed (missed) or crashed in the mutant's own code (errored, which is no
-catch). The unmutated components run first: only failures they did not have count, so a test
-that already fails there catches a mutant only by a new line, and a cell where they skip every
-test (a component's package not installed) is skipped, with that reason, for every mutant. A
-cell where a mutant cannot differ from the unmutated component (rank 0 only at one rank) is not
-run for it and reads n/a, with the reason. A pass reads "missed" only where the mutant marked
-that it acted (torchmatrix.sensitivity.mutants.record_acted: its hook ran during a recompute, its
-load skip undid what the real load restored); elsewhere it reads n/a, saying what did not happen.
+- Wraps the configured `[components]` in the generic mutants (registry.py) and runs each mutant's
+  suite over a few cells that show every axis value at least once.
+- The unmutated components run first: only failures they did not have count (a new test or a new
+  per-rank line), and a cell where they skip every test is skipped, with that reason, for every mutant.
+- Per mutant and cell: caught (a new failure), missed (passed where the mutant marked that it acted,
+  mutants.record_acted), errored (the mutant's own code crashed: no catch), n/a (it cannot differ
+  there, or did not act: the reason says what did not happen), skipped (docs/how-to/sensitivity.md).
 """
 
 from __future__ import annotations
@@ -19,7 +15,6 @@ import dataclasses
 import json
 import os
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,96 +23,13 @@ from torchmatrix.components.protocol import DTENSOR_OPTIM, GRAD_CKPT, RESUME
 from torchmatrix.exit_codes import ExitCode
 from torchmatrix.matrix.cells import Cell
 from torchmatrix.matrix.config import Matrix
-from torchmatrix.matrix.meshes import TWO_D_MESH_KINDS, mesh_kind
-from torchmatrix.matrix.suite_options import ResumeOptions
 from torchmatrix.run.runner import RunRequest, run_version
 from torchmatrix.sensitivity.mutants import EVIDENCE_VARIABLE, cells_acted_in, reasons_it_cannot_act
+from torchmatrix.sensitivity.registry import GENERIC_MUTANTS, INNER_COMPONENTS_VARIABLE, GenericMutant, component_path
 from torchmatrix.sensitivity.verdicts import CellResult, new_failures, read_cells
 from torchmatrix.user_error import UserError
 
-GENERATED_MODULE = "torchmatrix_sensitivity_components"
-MUTANT_SOURCES = ("torchmatrix/sensitivity/mutants.py", f"{GENERATED_MODULE}.py")
-
-
-def applies_everywhere(cell: Cell, matrix: Matrix) -> str | None:
-    return None
-
-
-def single_rank(cell: Cell, matrix: Matrix) -> str | None:
-    """Restoring on rank 0 only is restoring on every rank when rank 0 is the only one."""
-    return "one rank: rank 0 is every rank" if cell.world_size == 1 else None
-
-
-def fp32_params_in_resume(cell: Cell, matrix: Matrix) -> str | None:
-    """The resume suite builds fp32 params for every optimizer but its bf16 ones, so a cast of
-    fp32 state to the param dtype changes nothing there."""
-    options = ResumeOptions.from_table(matrix.suites[RESUME].options if RESUME in matrix.suites else {})
-    optimizer = cell.get("optimizer")
-    if optimizer in options.bf16_param_optimizers:
-        return None
-    return f"resume gives optimizer {optimizer} fp32 params: casting fp32 state to them changes nothing"
-
-
-def two_d_mesh(cell: Cell, matrix: Matrix) -> str | None:
-    """Only params on a 2-D mesh (mesh = hsdp | fsdp_tp) have a second dim to lose."""
-    kind = mesh_kind(cell)
-    return None if kind in TWO_D_MESH_KINDS else f"mesh={kind}: every param's mesh is 1-D"
-
-
-@dataclass(frozen=True)
-class GenericMutant:
-    """One bug class, as a wrapper around one kind of component, and the suite that must catch it."""
-
-    name: str
-    bug: str
-    suite: str
-    component: str
-    wrapper: str
-    idle: str
-    """What did not happen where the mutant marked no act: why a pass there proves nothing (n/a)."""
-    not_applicable: Callable[[Cell, Matrix], str | None] = applies_everywhere
-    watched_by: str | None = None
-    """The one test that can see this mutant, where only one can (its name, with its parameters when
-    it has some): n/a in a cell where it skipped on the unmutated components (the stack lacks what
-    the mutant would corrupt)."""
-
-    def unseen_in(self, before: CellResult) -> str | None:
-        """Why this mutant cannot be seen in a cell the unmutated run gave `before`, or None."""
-        if self.watched_by and self.watched_by in before.skipped_tests:
-            return f"{self.watched_by} skipped on the unmutated components: {before.skipped_tests[self.watched_by]}"
-        return None
-
-    def wraps(self, key: str) -> bool:
-        """Whether this mutant replaces the `[components]` entry `key` (`optimizer` stands for every optimizer_<value>)."""
-        return key == self.component or (self.component == "optimizer" and key.startswith("optimizer_"))
-
-
-NO_RECOMPUTE = "the hook never ran inside a checkpointed region (no module of a decoder layer ran during backward)"
-RIGHT_AFTER_LOAD = "test_state_restored_right_after_load"
-
-
-def removed_nothing(piece: str) -> str:
-    return f"its load skip removed nothing: the unmutated load left the {piece} as a fresh build has it"
-
-
-GENERIC_MUTANTS = (
-    GenericMutant("skip_model_on_load", "checkpointer leaves the model weights unloaded", RESUME, "checkpointer", "skips_on_load({inner!r}, 'model')", removed_nothing("model weights")),
-    GenericMutant("skip_optimizer_on_load", "checkpointer drops the optimizer state (the seed's lost moments)", RESUME, "checkpointer", "skips_on_load({inner!r}, 'optimizer')", removed_nothing("optimizer state")),
-    GenericMutant("skip_scheduler_on_load", "checkpointer leaves the LR scheduler at its start", RESUME, "checkpointer", "skips_on_load({inner!r}, 'scheduler')", removed_nothing("scheduler")),
-    GenericMutant("skip_loader_on_load", "checkpointer leaves the loader at its first batch", RESUME, "checkpointer", "skips_on_load({inner!r}, 'loader')", removed_nothing("loader position")),
-    GenericMutant("skip_rng_on_load", "checkpointer leaves the RNG streams unrestored", RESUME, "checkpointer", "skips_on_load({inner!r}, 'rng')", removed_nothing("RNG streams"), watched_by=f"{RIGHT_AFTER_LOAD}[piece=rng]"),
-    GenericMutant("restore_on_rank_zero_only", "checkpointer restores every piece on rank 0 only", RESUME, "checkpointer", "restores_on_rank_zero_only({inner!r})", "its load skip removed nothing: the unmutated load changed nothing on ranks 1.. that a fresh build did not hold", single_rank),
-    GenericMutant("moments_cast_to_param_dtype", "optimizer load casts its state (moments, master) to the param dtype", RESUME, "optimizer", "moments_cast_on_load({inner!r})", "the cast changed nothing: every loaded floating state already had its param's dtype", fp32_params_in_resume),
-    GenericMutant("recompute_bumps_buffer", "a layer bumps a buffer on every run of its modules, recompute included", GRAD_CKPT, "model", "counts_body_runs_in_buffer({inner!r})", NO_RECOMPUTE),
-    GenericMutant("recompute_bumps_cache_counter", "an int counter on the cache is bumped on every run of a layer's modules, recompute included", GRAD_CKPT, "model", "counts_body_runs_on_cache({inner!r})", NO_RECOMPUTE, watched_by="test_recompute_reruns_layers_and_rewrites_cache_identically"),
-    GenericMutant("recompute_appends_to_attribute", "a layer appends to a plain list attribute on every run of its modules, recompute included", GRAD_CKPT, "model", "appends_to_list_attribute({inner!r})", NO_RECOMPUTE),
-    GenericMutant("recompute_reads_a_later_micro_batch", "a layer's modules hold their last input across calls and recompute reads it (a cache held on the module)", GRAD_CKPT, "model", "holds_inputs_across_calls({inner!r})", "no module of a decoder layer was recomputed on another input than its own (no micro-batch forward ran between its forward and its recompute)"),
-    GenericMutant("generator_not_saved", "the model draws noise from a torch.Generator it owns, which no checkpointer saves", RESUME, "model", "draws_from_own_generator({inner!r})", "the model drew no noise: no decoder layer returned a floating tensor in training"),
-    GenericMutant("optimizer_counter_not_saved", "the optimizer counts steps on itself, outside its state dict, and warms up by that count", RESUME, "optimizer", "counts_steps_on_optimizer({inner!r})", "the optimizer never stepped"),
-    GenericMutant("loader_shuffle_seed_not_saved", "the loader reorders every epoch after the first from a seed its state dict lacks", RESUME, "dataset", "reshuffles_from_unsaved_seed({inner!r})", "no batch past the first epoch was read (not even by the loader check after the load)"),
-    GenericMutant("state_replicated_on_2d_mesh", "optimizer state of a param on a 2-D mesh kept Replicate on every dim (HSDP state flattened to one copy)", DTENSOR_OPTIM, "optimizer", "replicates_state_on_2d_meshes({inner!r})", "no param on a 2-D mesh had DTensor state after a step", two_d_mesh),
-    GenericMutant("step_dtype_changed_on_load", "optimizer load puts `step` in another dtype than the one saved (pytorch#173901)", RESUME, "optimizer", "recasts_step_on_load({inner!r})", "no optimizer state held a floating tensor `step` after the load"),
-)  # fmt: skip
+MUTANT_SOURCES = ("torchmatrix/sensitivity/mutants.py", "torchmatrix/sensitivity/mutated_components.py")
 
 
 class SensitivityError(UserError):
@@ -197,43 +109,10 @@ def chosen_mutants(names: str | None) -> tuple[GenericMutant, ...]:
     return tuple(known[name] for name in wanted)
 
 
-def generated_module(matrix: Matrix, mutants: tuple[GenericMutant, ...]) -> str:
-    """Python source binding each mutant's wrapper around the configured component, one attribute per pair."""
-    lines = [
-        '"""Written by `python -m torchmatrix sensitivity`: the configured components in generic mutants."""',
-        "",
-        "from torchmatrix.sensitivity.mutants import (",
-        "    appends_to_list_attribute,",
-        "    counts_body_runs_in_buffer,",
-        "    counts_body_runs_on_cache,",
-        "    counts_steps_on_optimizer,",
-        "    draws_from_own_generator,",
-        "    holds_inputs_across_calls,",
-        "    moments_cast_on_load,",
-        "    replicates_state_on_2d_meshes,",
-        "    recasts_step_on_load,",
-        "    reshuffles_from_unsaved_seed,",
-        "    restores_on_rank_zero_only,",
-        "    skips_on_load,",
-        ")",
-        "",
-    ]
-    for mutant in mutants:
-        for key, inner in matrix.components.items():
-            if mutant.wraps(key):
-                lines.append(f"{attribute(mutant, key)} = {mutant.wrapper.format(inner=inner)}")
-    return "\n".join(lines) + "\n"
-
-
-def attribute(mutant: GenericMutant, key: str) -> str:
-    return f"{mutant.name}__{key}"
-
-
 def mutated(matrix: Matrix, mutant: GenericMutant) -> Matrix:
     """The matrix with only the mutant's suite and its component replaced by the wrapped one."""
     components = {
-        key: f"{GENERATED_MODULE}:{attribute(mutant, key)}" if mutant.wraps(key) else path
-        for key, path in matrix.components.items()
+        key: component_path(mutant, key) if mutant.wraps(key) else path for key, path in matrix.components.items()
     }
     return dataclasses.replace(matrix, suites={mutant.suite: matrix.suites[mutant.suite]}, components=components)
 
@@ -331,10 +210,7 @@ def run_sensitivity(
     cells = covering_cells(matrix.select(**filters))
     if not cells:
         raise SensitivityError("the filters select no cell")
-    generated = out / "components"
-    generated.mkdir(parents=True, exist_ok=True)
-    file_writes.write_text(generated / f"{GENERATED_MODULE}.py", generated_module(matrix, mutants))
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(generated), os.environ.get("PYTHONPATH")) if p)
+    os.environ[INNER_COMPONENTS_VARIABLE] = json.dumps(matrix.components)
     request = RunRequest(matrix=matrix, version=version, reports=out / "runs", run_id="", slots=slots, confirm_limit=0)
     print(f"torchmatrix sensitivity: {len(mutants)} mutants over {len(cells)} cells: {', '.join(c.id for c in cells)}")
 

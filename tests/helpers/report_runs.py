@@ -34,13 +34,13 @@ from torchmatrix.reports import junit
 from torchmatrix.reports.report import write_report
 from torchmatrix.status import Confirmation
 
-from conftest import write_matrix
+from helpers.matrix_files import write_matrix
 
 BASELINE, CANDIDATE = "2.13.0", "2.14.1"
 HOST = "fixture-host"
 TIMESTAMP = "2026-01-02T03:04:05+00:00"
 RUN_ID = "run-fixture"
-GOLDEN = Path(__file__).resolve().parent / "data" / "golden"
+GOLDEN = Path(__file__).resolve().parents[1] / "data" / "golden"
 ALONE = Confirmation.FAILS_ALONE.value
 HOSTILE = (
     "x<script>alert(\"pwned\")</script>&amp; 'q' `tick` | pipe **bold** [link](http://e.invalid) \x9b31m\u202e\x07 end"
@@ -235,3 +235,11 @@ def check_golden(name: str, actual: str) -> None:
     assert actual == path.read_text(), (
         f"{name} differs from its golden file; rerun with TORCHMATRIX_UPDATE_GOLDEN=1 and review the diff"
     )
+
+
+def write_single_version_run(root: Path, version: str, run_id: str, outcome_for=outcomes) -> Path:
+    """A run directory of one torch version, `version`, with the fixture's outcomes for it."""
+    matrix = write_project(root)
+    run_dir = root / "reports" / run_id
+    write_version(run_dir, version, matrix, outcome_for)
+    return run_dir

@@ -1,0 +1,94 @@
+"""The grad_ckpt suite's test names and one run of it over a matrix, read back from its JUnit:
+what the grad_ckpt tests, eager and compiled, share."""
+
+from __future__ import annotations
+
+from junitparser import JUnitXml
+
+from helpers.matrix_files import matrix_toml
+from helpers.projects import Project
+
+REFERENCE = "torchmatrix.models.transformer:build_model"
+GRADIENTS = "test_checkpointing_leaves_loss_and_gradients_unchanged[dropout={}]"
+RECOMPUTE = "test_recompute_reruns_layers_and_rewrites_cache_identically"
+BUFFERS = "test_checkpointing_leaves_every_buffer_unchanged"
+ATTRIBUTES = "test_checkpointing_leaves_module_attributes_unchanged"
+MICRO_BATCHES = "test_micro_batches_before_one_backward_leave_gradients_unchanged"
+EVERY_TEST = sorted([GRADIENTS.format(0.0), GRADIENTS.format(0.1), RECOMPUTE, BUFFERS, ATTRIBUTES, MICRO_BATCHES])
+
+
+def run_suite(
+    root, matrix: str, *tests: str
+) -> tuple[int, dict[str, dict[str, object]], str, dict[str, dict[str, str]]]:
+    """Exit code, {cell id: {test name: testcase}}, the CLI output and {cell id: {property: value}} of
+    one run of ``matrix`` (only ``tests``, as SUITE::TEST, where given)."""
+    project = Project(root)
+    project.write("matrix.toml", matrix)
+    selected = [argument for test in tests for argument in ("--test", test)]
+    # Mutants fail for a known reason; re-running each failure alone would only double the time.
+    done = project.torchmatrix(
+        "run", "--torch", "system", "--reports", "out", "--confirm-limit", "0", *selected, timeout=1800
+    )
+    cases: dict[str, dict[str, object]] = {}
+    properties: dict[str, dict[str, str]] = {}
+    for suite in JUnitXml.fromfile(str(root / "out" / "latest" / "junit.xml")):
+        cell = suite.name.split("/", 1)[1]
+        cases[cell] = {case.name.split("[torch=", 1)[0]: case for case in suite}
+        properties[cell] = {prop.name: prop.value for prop in suite.properties()}
+    return done.returncode, cases, done.stdout + done.stderr, properties
+
+
+def failure_text(case) -> str:
+    """Every result's message and text of a JUnit testcase, one after the other."""
+    return "\n".join(f"{result.message or ''}\n{result.text or ''}" for result in case.result)
+
+
+def compiled_matrix(model: str, cells: list[str]) -> str:
+    """grad_ckpt on exactly ``cells`` (ids ws<N>-<fsdp>-sdpa-<backend>-<nesting>), as includes of an empty product."""
+    include = []
+    for cell in cells:
+        world_size, fsdp, attn, backend, nesting = cell.split("-")
+        include.append(
+            {
+                "world_size": int(world_size.removeprefix("ws")),
+                "fsdp": fsdp,
+                "attn": attn,
+                "compile": backend,
+                "compile_nesting": nesting,
+            }
+        )
+    matrix = matrix_toml(
+        torch=["2.13.0"],
+        axes={
+            "world_size": [1],
+            "fsdp": ["none"],
+            "attn": ["sdpa"],
+            "compile": ["none"],
+            "compile_nesting": ["outside"],
+        },
+        exclude=[{"compile": "none"}],
+        suites={
+            "grad_ckpt": {
+                "path": None,
+                "timeout": 1200,
+                "axes": ["world_size", "fsdp", "attn", "compile", "compile_nesting"],
+            }
+        },
+        components={
+            "model": model,
+            "parallelize": "torchmatrix.models.parallel:parallelize",
+            "batch": "torchmatrix.models.transformer:make_batch",
+        },
+    )
+    return matrix + "".join(include_table(entry) for entry in include)
+
+
+def include_table(entry: dict) -> str:
+    """One [[include]] table of matrix.toml with these values."""
+    values = "\n".join(f"{key} = {value!r}".replace("'", '"') for key, value in entry.items())
+    return f"\n\n[[include]]\n{values}\n"
+
+
+def compile_seconds(found: dict[str, str]) -> list[float]:
+    """The compile seconds each test of a cell recorded."""
+    return [float(value) for name, value in found.items() if name.endswith("::compile_seconds")]

@@ -1,0 +1,35 @@
+"""A throwaway project directory run through the real CLI."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from helpers.checkout import checkout_env
+
+
+class Project:
+    """A temporary project directory: matrix.toml plus suite files, run through the real CLI."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        (root / "suites").mkdir(parents=True, exist_ok=True)
+
+    def write(self, relative: str, text: str) -> Path:
+        path = self.root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+        return path
+
+    def torchmatrix(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+        """Run `python -m torchmatrix ARGS` in the project directory."""
+        return subprocess.run(
+            [sys.executable, "-m", "torchmatrix", *args],
+            cwd=self.root,
+            env=checkout_env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
