@@ -31,6 +31,7 @@ import torch
 from torch.distributed.checkpoint.api import CheckpointException
 
 from torchmatrix.testing import (
+    CONSEQUENCE_OF,
     DEFAULT_IMPLEMENTATION,
     IMPLEMENTATION_AXIS,
     IMPLEMENTATIONS,
@@ -38,6 +39,7 @@ from torchmatrix.testing import (
     UnavailableImplementation,
     build_optimizer,
     capture_rng_state,
+    consequence_of,
     data_parallel_rank,
     data_parallel_size,
     implementation_of,
@@ -201,8 +203,24 @@ def partial_restore(piece: str, records: list[RankRecord]) -> list[str]:
     return [f"after load: {what} restored on {where}: ranks {differing} differ in their own shards"]
 
 
+def pieces_left_behind(records: list[RankRecord]) -> list[str]:
+    """The after-load tests that fail in this cell: a straight-vs-resumed difference follows from them."""
+    return [
+        f"{test_state_restored_right_after_load.__name__}[piece={piece}]"
+        for piece in AFTER_LOAD_PIECES
+        if any(record.after_load[piece] for record in records)
+    ]
+
+
+def note_consequence(records: list[RankRecord], record_property) -> None:
+    """Record which after-load failures a failure of the calling test follows from, for the reports' grouping."""
+    if left := pieces_left_behind(records):
+        record_property(CONSEQUENCE_OF, consequence_of(left))
+
+
 def test_losses_identical_after_resume(cell, experiment, suite_options, record_property):
     """Bit for bit: the resumed steps run the same kernels on the same state as the straight ones."""
+    note_consequence(experiment, record_property)
     options = suite_options
     first = options.resume_step + 1
     records = experiment
@@ -221,7 +239,8 @@ def test_losses_identical_after_resume(cell, experiment, suite_options, record_p
         )
 
 
-def test_final_parameters_identical(cell, experiment):
+def test_final_parameters_identical(cell, experiment, record_property):
+    note_consequence(experiment, record_property)
     for rank, record in enumerate(experiment):
         problems = parameter_mismatches(record.straight.parameters, record.resumed.parameters)
         listing = "\n".join(problems)
@@ -229,9 +248,10 @@ def test_final_parameters_identical(cell, experiment):
             raise AssertionError(f"{cell.id} rank {rank}, final parameters, straight vs resumed:\n{listing}")
 
 
-def test_final_optimizer_state_identical(cell, experiment):
+def test_final_optimizer_state_identical(cell, experiment, record_property):
     """Every state value bit for bit, and the dtype and device the optimizer keeps it in: a step
     after the load that moves or casts `step` (pytorch#173901) shows here even where the values agree."""
+    note_consequence(experiment, record_property)
     for rank, record in enumerate(experiment):
         straight, resumed = record.straight, record.resumed
         problems = state_mismatches(straight.optimizer_state, resumed.optimizer_state)

@@ -49,7 +49,7 @@ NOT_RUN = {
     "pip install -e .": "installs this checkout; tests/test_cli_install.py does it in a fresh venv",
     "pip install -e '.[test]' torch==2.13.0 numpy": "the development set-up; `nox -s tests` installs the same",
     "pip install /path/to/torchmatrix": "installs from a path; tests/test_outside_checkout.py does it in a fresh venv",
-    "pytest -n auto": "the whole test suite (this test is part of it)",
+    "pytest -n auto --dist loadscope --no-loadscope-reorder": "the whole test suite (this test is part of it)",
     "pytest -n auto -m 'not slow'": "the fast lane of the test suite (this test is part of it)",
     "bash reports/slurm/submit.sh": "submits to a Slurm cluster; tests/scale/test_slurm_cluster.py runs the scripts",
 }

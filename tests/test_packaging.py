@@ -1,4 +1,4 @@
-"""The wheel carries the runner, the built-in suites and the reference components, under one name."""
+"""The wheel carries the runner (with its report templates), the built-in suites and the reference components, under one name."""
 
 from __future__ import annotations
 
@@ -51,6 +51,9 @@ def test_the_wheel_holds_the_suites_and_models(tmp_path):
         "torchmatrix/models/transformer.py",
         "torchmatrix/models/mutants/resume.py",
         "torchmatrix/nox_sessions.py",
+        "torchmatrix/reports/templates/summary.html",
+        "torchmatrix/reports/templates/summary.md",
+        "torchmatrix/reports/templates/summary.js",
     ):
         assert expected in names, expected
     assert not any(name.startswith(("suites/", "models/", "tests/")) for name in names), "no top-level suites or models"

@@ -270,16 +270,16 @@ def tests(session, torch_version: str, *, fast: bool = False) -> None:
     """The project's own tests, in parallel with pytest-xdist, against the baseline torch; ``fast``
     leaves out the tests marked slow (rank processes, whole runs), the lane a developer runs first.
     torchtitan for tests/suites/test_torchtitan_example.py is its minimal set, --no-deps (30 s, not
-    2.5 min). ``--dist loadscope`` gives each test file whole to one worker, so a run its tests share
-    (a module-scoped fixture) is made once, not once per worker, in tests/conftest.py's order (the
-    longest files first). The 25 slowest tests are listed at the end, so a CI log shows where its
-    time went."""
+    2.5 min). The full lane gives each test file whole to one worker (``--dist loadscope``), so a run
+    its tests share (a module-scoped fixture) is made once, not once per worker, in tests/conftest.py's
+    order (the longest files first); the fast lane spreads single tests (its shared fixtures are
+    cheap, and whole files would hold its longest file on one worker). The 25 slowest tests are
+    listed at the end, so a CI log shows where its time went."""
     torch = [] if torch_version == "system" else [f"torch=={torch_version}", "numpy"]
     session.install("-e", f"{PROJECT}[test]", *torch)
     session.install("--no-deps", "-r", str(TORCHTITAN_MINIMAL))
-    lane = ["-m", "not slow"] if fast else []
-    distribution = ["-n", "auto", "--dist", "loadscope", "--no-loadscope-reorder"]
-    session.run("python", "-m", "pytest", *distribution, "--durations=25", *lane, *session.posargs)
+    lane = ["-m", "not slow"] if fast else ["--dist", "loadscope", "--no-loadscope-reorder"]
+    session.run("python", "-m", "pytest", "-n", "auto", "--durations=25", *lane, *session.posargs)
 
 
 def lint(session) -> None:

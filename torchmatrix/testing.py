@@ -14,7 +14,9 @@ The plugin's fixtures in a suite's tests: `cell`, `ranks` (`ranks.run(fn, *args)
 - options: the `*Options` dataclasses, `SuiteOptions`, `DTYPES`, `REDUCE_DTYPES`,
   `RESUME_BF16_PARAM_OPTIMIZERS`, `planned_options(config, suite)`.
 - across versions: `writes_dir(run_dir, version, cell_id)` and its `EXPECTED_FILE`.
-- failures and RNG: `root_cause(error)` (the reports' root cause line); `capture_rng_state()`,
+- failures and RNG: `root_cause(error)` (the reports' root cause line); `CONSEQUENCE_OF` and
+  `consequence_of(tests)` (a test property: this failure follows from those tests', so the reports
+  list it under their cause); `capture_rng_state()`,
   `restore_rng_state(state)`, `rng_streams()` (torch CPU, every CUDA device, `random`, numpy).
 """
 
@@ -41,6 +43,7 @@ from torchmatrix.matrix.suite_options import (
     ResumeOptions,
     SuiteOptions,
 )
+from torchmatrix.messages.consequences import CONSEQUENCE_OF, consequence_of
 from torchmatrix.messages.cross_version import EXPECTED_FILE, writes_dir
 from torchmatrix.ranks.cell_mesh import cell_layout, cell_mesh, data_parallel_rank, data_parallel_size, mesh_group
 from torchmatrix.ranks.plugin import planned_options
@@ -49,6 +52,7 @@ from torchmatrix.ranks.root_cause import root_cause
 from torchmatrix.ranks.worker import current_device
 
 __all__ = [
+    "CONSEQUENCE_OF",
     "DEFAULT_IMPLEMENTATION",
     "DTYPES",
     "EXPECTED_FILE",
@@ -71,6 +75,7 @@ __all__ = [
     "cell_layout",
     "cell_mesh",
     "clean_name",
+    "consequence_of",
     "current_device",
     "data_parallel_rank",
     "data_parallel_size",

@@ -253,7 +253,8 @@ def test_a_silent_installer_still_gets_periodic_progress_lines(tmp_path, monkeyp
     lines = log.getvalue().splitlines()
     installing = [line for line in lines[:-1] if line.startswith("torch 2.13.0: installing 2 packages")]
     assert len(installing) >= 4, lines  # the phase change, then one every 0.3 s of silence
-    assert installing[-1].endswith("0:02 elapsed"), lines
+    minutes, seconds = installing[-1].removesuffix(" elapsed").rpartition("| ")[2].split(":")
+    assert int(minutes) * 60 + int(seconds) >= 2, lines  # the silence lasted 2.2 s; a loaded machine adds to it
     assert lines[-1].endswith("| done")
 
 

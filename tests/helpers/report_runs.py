@@ -202,14 +202,14 @@ def write_fixture_run(root: Path, versions=(BASELINE, CANDIDATE), run_id: str = 
     return run_dir
 
 
-def write_hostile_run(root):
-    """One cell whose axis value, suite, test, message, failure text and figure name are all hostile."""
+def write_hostile_run(root, text: str = HOSTILE):
+    """One cell whose axis value, suite, test, message, failure text and figure name are all `text`."""
     matrix = write_project(root)
     run_dir = root / "reports" / "hostile"
-    cell = Cell({"world_size": 1, "fsdp": HOSTILE})
-    run = SuiteRun(Suite(HOSTILE, "suites/test_alpha.py", 60.0, ("fsdp",)), cell, (cell,))
+    cell = Cell({"world_size": 1, "fsdp": text})
+    run = SuiteRun(Suite(text, "suites/test_alpha.py", 60.0, ("fsdp",)), cell, (cell,))
     outcome = TestOutcome(
-        HOSTILE, f"test_{HOSTILE}", "failed", 1.0, HOSTILE, HOSTILE + "\n" + HOSTILE, [[f"grad_max_abs/{HOSTILE}", 0.5]]
+        text, f"test_{text}", "failed", 1.0, text, text + "\n" + text, [[f"grad_max_abs/{text}", 0.5]]
     )
     suite = junit.cell_report(BASELINE, ENVIRONMENTS[BASELINE], cell, [(run, outcome)])
     junit.write_suites(run_dir / f"torch-{BASELINE}" / "hostile.xml", [suite])

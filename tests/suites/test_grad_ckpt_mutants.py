@@ -1,15 +1,18 @@
 """The grad-ckpt suite passes on the reference model and fails on each of its mutants.
 
-Each model factory gets one real `python -m torchmatrix run --torch system` over CPU cells at
-world sizes 1 and 2 (fsdp none / fsdp1 / fsdp2, sdpa and eager), in a throwaway project whose
-matrix.toml points the `model` component at it; the merged JUnit says which tests failed. The
-reference model also runs in bfloat16 on two cells, where the derived tolerance must hold.
+One real `python -m torchmatrix run --torch system`, shared by the tests here, over CPU cells at world
+sizes 1 and 2: axis `variant` picks the model per cell (tests/suites/grad_ckpt_variants.py), so one
+rank pool per world size serves the reference and every mutant. The reference runs in every cell
+(fsdp none / fsdp1 / fsdp2 by sdpa and eager); each mutant in one cell per fsdp kind, the kind that
+changes how the suite sees parameters, gradients and state, with both attentions among them. The
+reference also runs alone in bfloat16 on two cells, where the derived tolerance must hold.
 """
 
 from __future__ import annotations
 
 import pytest
 
+from helpers.checkout import REPO
 from helpers.grad_ckpt_runs import (
     ATTRIBUTES,
     BUFFERS,
@@ -19,11 +22,19 @@ from helpers.grad_ckpt_runs import (
     RECOMPUTE,
     REFERENCE,
     failure_text,
+    include_table,
     run_suite,
 )
 from helpers.matrix_files import matrix_toml
 
 pytestmark = pytest.mark.slow
+
+CELLS = ["ws1-none-sdpa", "ws1-none-eager", "ws2-fsdp1-sdpa", "ws2-fsdp1-eager", "ws2-fsdp2-sdpa", "ws2-fsdp2-eager"]
+# One cell per fsdp kind, both attentions among them: a mutant's cache, buffer, RNG or gradient change
+# does not depend on the attention kernel, and every cell kind still runs the reference.
+MUTANT_CELLS = ["ws1-none-sdpa", "ws2-fsdp1-eager", "ws2-fsdp2-sdpa"]
+SDPA_CELLS = ["ws1-none-sdpa", "ws2-fsdp1-sdpa", "ws2-fsdp2-sdpa"]
+TWO_CELLS = ["ws1-none-sdpa", "ws2-fsdp2-sdpa"]
 
 
 def grad_ckpt_matrix(
@@ -50,7 +61,31 @@ def grad_ckpt_matrix(
     )
 
 
-CELLS = ["ws1-none-sdpa", "ws1-none-eager", "ws2-fsdp1-sdpa", "ws2-fsdp1-eager", "ws2-fsdp2-sdpa", "ws2-fsdp2-eager"]
+def variants_matrix(cells: dict[str, list[str]]) -> str:
+    """grad_ckpt over exactly these cells: variant (a factory name of models/mutants/grad_ckpt.py, or
+    `reference`) -> its cell ids ws<N>-<fsdp>-<attn>, as includes of an empty product."""
+    matrix = matrix_toml(
+        torch=["2.13.0"],
+        axes={"world_size": [1], "fsdp": ["none"], "attn": ["sdpa"], "variant": ["reference"]},
+        exclude=[{"variant": "reference"}],
+        suites={"grad_ckpt": {"path": None, "timeout": 120, "axes": ["world_size", "fsdp", "attn", "variant"]}},
+        components={
+            "model": "grad_ckpt_variants:build_model",
+            "parallelize": "torchmatrix.models.parallel:parallelize",
+            "batch": "torchmatrix.models.transformer:make_batch",
+        },
+    )
+    for variant, ids in cells.items():
+        for cell in ids:
+            world_size, fsdp, attn = cell.split("-")
+            entry = {"world_size": int(world_size.removeprefix("ws")), "fsdp": fsdp, "attn": attn, "variant": variant}
+            matrix += include_table(entry)
+    return matrix
+
+
+def factory(path: str) -> str:
+    """A mutant's factory name, its `variant` value."""
+    return path.rsplit(":", 1)[1]
 
 
 # mutant factory -> (tests that must fail in every cell, text each failure must contain, or several: the
@@ -102,32 +137,8 @@ MUTANTS = {
 }
 
 
-def test_suite_passes_on_the_reference_model_in_every_cell(tmp_path):
-    returncode, cases, output, properties = run_suite(tmp_path / "reference", grad_ckpt_matrix(REFERENCE))
-    assert returncode == 0, output
-    assert sorted(cases) == sorted(CELLS), output
-    for cell, tests in cases.items():
-        assert sorted(tests) == EVERY_TEST, cell
-        assert all(case.is_passed for case in tests.values()), {cell: {n: failure_text(c) for n, c in tests.items()}}
-        ulps = {name: value for name, value in properties[cell].items() if name.endswith("::grad_max_ulp")}
-        assert sorted(ulps) == [f"grad_ckpt::{GRADIENTS.format(d)}::grad_max_ulp" for d in (0.0, 0.1)], properties[cell]
-        assert set(ulps.values()) == {"0"}, ulps
-
-
-@pytest.mark.parametrize("mutant", sorted(MUTANTS), ids=lambda path: path.rsplit(":", 1)[1])
-def test_suite_fails_on_each_mutant_in_every_cell(tmp_path, mutant):
-    must_fail, reason = MUTANTS[mutant]
-    returncode, cases, output, _ = run_suite(tmp_path / "mutant", grad_ckpt_matrix(mutant))
-    assert returncode == 1, output
-    assert sorted(cases) == sorted(CELLS), output
-    for cell in CELLS:
-        for test in must_fail:
-            case = cases[cell][test]
-            assert case.is_failure, f"{mutant} not caught by {test} in {cell}"
-            for text in (reason,) if isinstance(reason, str) else reason:
-                assert text in failure_text(case), failure_text(case)
-            assert f"cell {cell}" in failure_text(case), "the failure must name the cell"
-            assert "assert not" not in failure_text(case), "no pytest repr of the problems trails the message"
+LACKING = "no_cache_no_dropout_model"
+NEVER = "never_checkpointing_model"
 
 
 # State the single forward→backward comparison cannot see; one sdpa cell per fsdp value.
@@ -144,17 +155,76 @@ STATE_MUTANTS = {
         "rank 0: module attribute torchmatrix.models.mutants.grad_ckpt.AUX_LOSS_TRACKER['prefix layer 1']: 2 entries vs 1",
     ),
 }
-SDPA_CELLS = ["ws1-none-sdpa", "ws2-fsdp1-sdpa", "ws2-fsdp2-sdpa"]
+
+VARIANT_CELLS = {
+    "reference": CELLS,
+    **{factory(mutant): MUTANT_CELLS for mutant in MUTANTS},
+    **{factory(mutant): SDPA_CELLS for mutant in STATE_MUTANTS},
+    LACKING: TWO_CELLS,
+    NEVER: TWO_CELLS,
+}
 
 
-@pytest.mark.parametrize("mutant", sorted(STATE_MUTANTS), ids=lambda path: path.rsplit(":", 1)[1])
-def test_suite_fails_on_state_it_could_not_see_before_in_every_fsdp_value(tmp_path, mutant):
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """The one run: every variant in its cells; exit code, {variant: {cell: {test: testcase}}}, output."""
+    root = tmp_path_factory.mktemp("grad_ckpt_variants")
+    project_dir = root / "project"
+    project_dir.mkdir()
+    (project_dir / "grad_ckpt_variants.py").symlink_to(REPO / "tests" / "suites" / "grad_ckpt_variants.py")
+    returncode, cases, output, properties = run_suite(project_dir, variants_matrix(VARIANT_CELLS))
+    by_variant: dict[str, dict[str, dict[str, object]]] = {}
+    for cell_id, tests in cases.items():
+        cell, _, variant = cell_id.rpartition("-")
+        by_variant.setdefault(variant, {})[cell] = tests
+    return returncode, by_variant, output, properties
+
+
+def test_the_run_has_every_planned_cell_and_fails(run):
+    returncode, by_variant, output, _ = run
+    assert returncode == 1, output
+    assert {variant: sorted(cells) for variant, cells in by_variant.items()} == {
+        variant: sorted(cells) for variant, cells in VARIANT_CELLS.items()
+    }, output
+
+
+def test_suite_passes_on_the_reference_model_in_every_cell(run):
+    _, by_variant, output, properties = run
+    assert sorted(by_variant["reference"]) == sorted(CELLS), output
+    for cell, tests in by_variant["reference"].items():
+        assert sorted(tests) == EVERY_TEST, cell
+        assert all(case.is_passed for case in tests.values()), {cell: {n: failure_text(c) for n, c in tests.items()}}
+        ulps = {
+            name: value for name, value in properties[f"{cell}-reference"].items() if name.endswith("::grad_max_ulp")
+        }
+        assert sorted(ulps) == [f"grad_ckpt::{GRADIENTS.format(d)}::grad_max_ulp" for d in (0.0, 0.1)], ulps
+        assert set(ulps.values()) == {"0"}, ulps
+
+
+@pytest.mark.parametrize("mutant", sorted(MUTANTS), ids=factory)
+def test_suite_fails_on_each_mutant_in_one_cell_of_each_fsdp_kind(run, mutant):
+    must_fail, reason = MUTANTS[mutant]
+    _, by_variant, output, _ = run
+    cases = by_variant[factory(mutant)]
+    assert sorted(cases) == sorted(MUTANT_CELLS), output
+    for cell in MUTANT_CELLS:
+        for test in must_fail:
+            case = cases[cell][test]
+            assert case.is_failure, f"{mutant} not caught by {test} in {cell}"
+            for text in (reason,) if isinstance(reason, str) else reason:
+                assert text in failure_text(case), failure_text(case)
+            assert f"cell {cell}-{factory(mutant)}" in failure_text(case), "the failure must name the cell"
+            assert "assert not" not in failure_text(case), "no pytest repr of the problems trails the message"
+
+
+@pytest.mark.parametrize("mutant", sorted(STATE_MUTANTS), ids=factory)
+def test_suite_fails_on_state_it_could_not_see_before_in_every_fsdp_value(run, mutant):
     """A cache held on the module across calls (seen only with micro-batches) and a plain list attribute
     that recompute appends to (seen only by comparing module attributes): the one test that can see
     each fails, naming it; every other test passes, since the mutant is right for them."""
     must_fail, *reasons = STATE_MUTANTS[mutant]
-    returncode, cases, output, _ = run_suite(tmp_path / "mutant", grad_ckpt_matrix(mutant, attn=("sdpa",)))
-    assert returncode == 1, output
+    _, by_variant, output, _ = run
+    cases = by_variant[factory(mutant)]
     assert sorted(cases) == SDPA_CELLS, output
     for cell, tests in cases.items():
         assert tests[must_fail].is_failure, f"{mutant} not caught by {must_fail} in {cell}"
@@ -173,17 +243,12 @@ def test_reference_model_passes_in_bfloat16_within_the_derived_tolerance(tmp_pat
         assert all(case.is_passed for case in tests.values()), {cell: {n: failure_text(c) for n, c in tests.items()}}
 
 
-TWO_CELLS = {"fsdp": ("none", "fsdp2"), "attn": ("sdpa",)}
-
-
-def test_checks_a_model_lacks_skip_with_their_reason_and_never_pass(tmp_path):
+def test_checks_a_model_lacks_skip_with_their_reason_and_never_pass(run):
     """A model with no cache and no dropout (torchtitan's Llama is one): the cache checks and the
     dropout variant skip saying what is missing; the checks it can feed still run and pass."""
-    matrix = grad_ckpt_matrix("torchmatrix.models.mutants.grad_ckpt:no_cache_no_dropout_model", **TWO_CELLS)
-    returncode, cases, output, _ = run_suite(tmp_path / "lacking", matrix)
-    assert returncode == 0, output
-    assert sorted(cases) == ["ws1-none-sdpa", "ws2-fsdp2-sdpa"], output
-    for cell, tests in cases.items():
+    _, by_variant, output, _ = run
+    assert sorted(by_variant[LACKING]) == TWO_CELLS, output
+    for cell, tests in by_variant[LACKING].items():
         assert all(tests[test].is_passed for test in (GRADIENTS.format(0.0), BUFFERS, ATTRIBUTES, MICRO_BATCHES)), cell
         dropout, recompute = tests[GRADIENTS.format(0.1)], tests[RECOMPUTE]
         assert dropout.is_skipped and "dropout changed nothing: the model has none" in failure_text(dropout), cell
@@ -191,11 +256,10 @@ def test_checks_a_model_lacks_skip_with_their_reason_and_never_pass(tmp_path):
         assert "the model returned no cache (an empty past_key_values" in failure_text(recompute), cell
 
 
-def test_a_model_that_ignores_checkpointing_fails_instead_of_comparing_eager_with_eager(tmp_path):
-    matrix = grad_ckpt_matrix("torchmatrix.models.mutants.grad_ckpt:never_checkpointing_model", **TWO_CELLS)
-    returncode, cases, output, _ = run_suite(tmp_path / "never", matrix)
-    assert returncode == 1, output
-    for cell, tests in cases.items():
+def test_a_model_that_ignores_checkpointing_fails_instead_of_comparing_eager_with_eager(run):
+    _, by_variant, output, _ = run
+    assert sorted(by_variant[NEVER]) == TWO_CELLS, output
+    for cell, tests in by_variant[NEVER].items():
         for test in (GRADIENTS.format(0.0), GRADIENTS.format(0.1)):
             assert tests[test].is_failure, f"{cell} {test}: {failure_text(tests[test])}"
             assert "no layer body ran again in backward" in failure_text(tests[test]), failure_text(tests[test])

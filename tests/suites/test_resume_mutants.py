@@ -5,7 +5,8 @@ each mutant with its own named message from the right-after-load check of the pi
 and none errors out.
 
 Cells: world size 1 without FSDP and world size 2 with FSDP1 and FSDP2, adamw; the reference
-also with precision_aware, which the cast-on-load mutant needs. The rank-0-only mutant, the one
+also with precision_aware, which the cast-on-load mutant needs. The mutants that lose the RNG,
+the scheduler or the loader position skip FSDP1 (see PIECE_FSDP). The rank-0-only mutant, the one
 whose symptom depends on the world size, also runs at world size 4 (two more cells; the others
 would add two cells each to every run for little: what they lose is the same on every rank).
 """
@@ -24,6 +25,12 @@ pytestmark = pytest.mark.slow
 
 BOTH_OPTIMIZERS = ("adamw", "precision_aware")
 CELL_PREFIXES = ("ws1-none", "ws2-fsdp1", "ws2-fsdp2")
+# A checkpointer that loses the RNG, scheduler or loader position loses it in the base class's
+# restore, which never sees how the parameters are sharded: one cell at world size 1 and one FSDP
+# kind at world size 2 (the ranks' own loader positions and streams) prove it; the reference still
+# runs every cell, and the mutants of sharded state (optimizer state, param groups) keep FSDP1 too.
+PIECE_FSDP = ("fsdp2",)
+PIECE_CELL_PREFIXES = ("ws1-none", "ws2-fsdp2")
 LOSSES = "test_losses_identical_after_resume"
 PARAMETERS = "test_final_parameters_identical"
 STATE = "test_final_optimizer_state_identical"
@@ -42,13 +49,14 @@ def after_load(piece: str) -> str:
 class Mutant(NamedTuple):
     """Component overrides, the optimizers and world sizes to run, the cells (by prefix) where it
     must fail, and per test that must fail there the texts its failure says ({other_ranks}: the
-    cell's ranks but 0)."""
+    cell's ranks but 0); the fsdp values of its cells beyond world size 1."""
 
     overrides: dict[str, str]
     optimizers: tuple[str, ...]
     failing: tuple[str, ...]
     must_fail: dict[str, tuple[str, ...]]
     world_sizes: tuple[int, ...] = (1, 2)
+    wide_fsdp: tuple[str, ...] = ("fsdp1", "fsdp2")
 
 
 MUTANTS = {
@@ -67,22 +75,24 @@ MUTANTS = {
     "rng_not_restored": Mutant(
         {"checkpointer": "torchmatrix.models.mutants.resume:RngNotRestoredCheckpointer"},
         ("adamw",),
-        CELL_PREFIXES,
+        PIECE_CELL_PREFIXES,
         {
             after_load("rng"): ("after load: RNG stream torch CPU differs from the saved one",),
             LOSSES: ("loss at step",),
         },
+        wide_fsdp=PIECE_FSDP,
     ),
     "scheduler_not_restored": Mutant(
         {"checkpointer": "torchmatrix.models.mutants.resume:SchedulerNotRestoredCheckpointer"},
         ("adamw",),
-        CELL_PREFIXES,
+        PIECE_CELL_PREFIXES,
         {after_load("scheduler"): ("after load: scheduler last_epoch is 0, saved 3",), LOSSES: ("loss at step",)},
+        wide_fsdp=PIECE_FSDP,
     ),
     "scheduler_one_step_late": Mutant(
         {"checkpointer": "torchmatrix.models.mutants.resume:SchedulerOneStepLateCheckpointer"},
         ("adamw",),
-        CELL_PREFIXES,
+        PIECE_CELL_PREFIXES,
         {
             after_load("scheduler"): (
                 "after load: scheduler last_epoch is 4, saved 3",
@@ -91,6 +101,7 @@ MUTANTS = {
             after_load("param_groups"): ("after load: param group 0 lr is 0.00833",),
             LOSSES: ("loss at step",),
         },
+        wide_fsdp=PIECE_FSDP,
     ),
     "param_groups_not_restored": Mutant(
         {"checkpointer": "torchmatrix.models.mutants.resume:ParamGroupsNotRestoredCheckpointer"},
@@ -101,20 +112,22 @@ MUTANTS = {
     "data_position_not_restored": Mutant(
         {"checkpointer": "torchmatrix.models.mutants.resume:DataPositionNotRestoredCheckpointer"},
         ("adamw",),
-        CELL_PREFIXES,
+        PIECE_CELL_PREFIXES,
         {
             after_load("loader"): ("after load: loader would yield batch 0, saved at batch 3",),
             LOSSES: ("loss at step",),
         },
+        wide_fsdp=PIECE_FSDP,
     ),
     "loader_one_batch_late": Mutant(
         {"checkpointer": "torchmatrix.models.mutants.resume:LoaderOneBatchLateCheckpointer"},
         ("adamw",),
-        CELL_PREFIXES,
+        PIECE_CELL_PREFIXES,
         {
             after_load("loader"): ("after load: loader would yield batch 4, saved at batch 3",),
             LOSSES: ("loss at step",),
         },
+        wide_fsdp=PIECE_FSDP,
     ),
     "rank_zero_only": Mutant(
         {"checkpointer": "torchmatrix.models.mutants.resume:RankZeroOnlyCheckpointer"},
@@ -176,17 +189,22 @@ MUTANTS = {
 }
 
 
-def resume_matrix(components: dict[str, str], optimizers: tuple[str, ...], world_sizes: tuple[int, ...]) -> str:
-    """ws1 without FSDP and every wider world size with FSDP1 and FSDP2, for the given optimizers, with these components."""
+def resume_matrix(
+    components: dict[str, str],
+    optimizers: tuple[str, ...],
+    world_sizes: tuple[int, ...],
+    wide_fsdp: tuple[str, ...] = ("fsdp1", "fsdp2"),
+) -> str:
+    """ws1 without FSDP and every wider world size with each of `wide_fsdp`, for the given optimizers, with these components."""
     wider = [size for size in world_sizes if size > 1]
     return matrix_toml(
         axes={
             "world_size": list(world_sizes),
-            "fsdp": ["none", "fsdp1", "fsdp2"],
+            "fsdp": ["none", *wide_fsdp],
             "attn": ["sdpa"],
             "optimizer": list(optimizers),
         },
-        exclude=[{"fsdp": "none", "world_size": wider}, {"fsdp": ["fsdp1", "fsdp2"], "world_size": 1}],
+        exclude=[{"fsdp": "none", "world_size": wider}, {"fsdp": list(wide_fsdp), "world_size": 1}],
         suites={
             "resume": {
                 "timeout": 240,
@@ -198,8 +216,10 @@ def resume_matrix(components: dict[str, str], optimizers: tuple[str, ...], world
     )
 
 
-def expected_cells(world_sizes: tuple[int, ...], optimizers: tuple[str, ...]) -> set[str]:
-    prefixes = [f"ws{size}-{fsdp}" for size in world_sizes for fsdp in (("none",) if size == 1 else ("fsdp1", "fsdp2"))]
+def expected_cells(
+    world_sizes: tuple[int, ...], optimizers: tuple[str, ...], wide_fsdp: tuple[str, ...] = ("fsdp1", "fsdp2")
+) -> set[str]:
+    prefixes = [f"ws{size}-{fsdp}" for size in world_sizes for fsdp in (("none",) if size == 1 else wide_fsdp)]
     return {f"{prefix}-sdpa-{optimizer}" for prefix in prefixes for optimizer in optimizers}
 
 
@@ -235,12 +255,12 @@ def test_reference_components_pass_every_cell(tmp_path):
 
 @pytest.mark.parametrize("mutant", list(MUTANTS))
 def test_suite_catches_mutant_in_every_cell(tmp_path, mutant):
-    overrides, optimizers, failing, must_fail, world_sizes = MUTANTS[mutant]
-    matrix = resume_matrix({**REFERENCE_COMPONENTS, **overrides}, optimizers, world_sizes)
+    overrides, optimizers, failing, must_fail, world_sizes, wide_fsdp = MUTANTS[mutant]
+    matrix = resume_matrix({**REFERENCE_COMPONENTS, **overrides}, optimizers, world_sizes, wide_fsdp)
     done, outcomes = run_suites(tmp_path / mutant, matrix)
     failures = cell_failures(tmp_path / mutant / "reports" / "latest" / "torch-system")
     assert done.returncode == 1, f"{mutant}: expected the run to fail\n{done.stdout}{done.stderr}"
-    assert set(outcomes) == expected_cells(world_sizes, optimizers), done.stdout
+    assert set(outcomes) == expected_cells(world_sizes, optimizers, wide_fsdp), done.stdout
     for cell, tests in outcomes.items():
         assert "error" not in tests.values(), (
             f"{mutant} in {cell} crashed the suite instead of failing its checks: {tests}"

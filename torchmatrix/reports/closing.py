@@ -48,13 +48,18 @@ def simulation_limit_lines(run: RunResults) -> list[str]:
 
 def _reach(causes: list[RootCause], chars: int, run: RunResults) -> list[str]:
     lines = [
-        f"  {count(cause.tests, 'test')} in {count(len(cause.cells), 'cell')}, {_where(cause, run.baseline)}: "
+        f"  {count(cause.tests, 'test')}{_following(cause)} in {count(len(cause.cells), 'cell')}, {_where(cause, run.baseline)}: "
         + one_line(relative_to_run(cause.line, run.run_id), chars)
         for cause in causes[:CLOSING_ROOT_CAUSES]
     ]
     if len(causes) > CLOSING_ROOT_CAUSES:
         lines.append(f"  … and {len(causes) - CLOSING_ROOT_CAUSES} more in the summary")
     return lines
+
+
+def _following(cause: RootCause) -> str:
+    """` (2 following from it)`: the consequences counted in a cause's tests, where it has some."""
+    return f" ({cause.consequence_tests} following from it)" if cause.consequences else ""
 
 
 def _where(cause: RootCause, baseline: str) -> str:

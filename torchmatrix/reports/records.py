@@ -8,6 +8,7 @@ import re
 from dataclasses import dataclass, field
 
 from torchmatrix.matrix.config import ReportSettings
+from torchmatrix.messages.consequences import CONSEQUENCE_OF, causes_named
 from torchmatrix.messages.cross_version import READ_TEST
 from torchmatrix.messages.cross_version import SUITE as CROSS_VERSION
 from torchmatrix.ranks.root_cause import group_key
@@ -52,6 +53,11 @@ class TestRecord:
         return self.ran_in or self.cell
 
     @property
+    def follows_from(self) -> tuple[str, ...]:
+        """The tests of its suite and cell whose failure this test's failure follows from (CONSEQUENCE_OF)."""
+        return causes_named(self.figures.get(CONSEQUENCE_OF))
+
+    @property
     def reads_writer(self) -> str | None:
         """The torch version whose checkpoint this test read (a cross_version read), else None: such
         a result belongs to the pair of versions, not to the one that ran it."""
@@ -89,19 +95,27 @@ class RootCause:
 
     line: str
     failures: list[tuple[TestRecord, list[str]]] = field(default_factory=list)
+    consequences: list[tuple[TestRecord, list[str]]] = field(default_factory=list)
+    """Failures that follow from one of `failures` in the same cell (a resumed loss after a piece the load
+    left behind): listed under this cause, never as causes of their own."""
 
     @property
     def tests(self) -> int:
-        """Testcases, as the totals count them: once per cell a shared result stands for."""
-        return sum(len(cells) for _, cells in self.failures)
+        """Testcases, as the totals count them (consequences included): once per cell a shared result stands for."""
+        return sum(len(cells) for _, cells in self.failures + self.consequences)
 
     @property
     def cells(self) -> list[str]:
-        return list(dict.fromkeys(cell for _, cells in self.failures for cell in cells))
+        return list(dict.fromkeys(cell for _, cells in self.failures + self.consequences for cell in cells))
 
     @property
     def versions(self) -> list[str]:
-        return list(dict.fromkeys(record.torch for record, _ in self.failures))
+        return list(dict.fromkeys(record.torch for record, _ in self.failures + self.consequences))
+
+    @property
+    def consequence_tests(self) -> int:
+        """Testcases that follow from this cause, counted as `tests` counts them."""
+        return sum(len(cells) for _, cells in self.consequences)
 
 
 @dataclass
@@ -269,12 +283,49 @@ class RunResults:
 
 
 def _by_root_cause(failures: list[tuple[TestRecord, list[str]]]) -> list[RootCause]:
-    """Failures grouped by their message with what differs between runs of it blanked, most tests first."""
+    """Failures grouped by their message with what differs between runs of it blanked, most tests first;
+    a failure that follows from another failing test of its suite and cell joins that test's cause
+    (through chains; one whose causes are all consequences in a cycle stands as its own)."""
     causes: dict[str, RootCause] = {}
-    for record, cells in failures:
+    cause_of_test: dict[tuple[str, str, str, str], RootCause] = {}
+
+    def where(record: TestRecord, test: str) -> tuple[str, str, str, str]:
+        return (record.torch, record.run_cell, record.suite, test)
+
+    def stands_alone(record: TestRecord, cells: list[str]) -> None:
         line = record.message or "(no message)"
         blanked = line.replace(record.run_cell, "<cell>") if record.run_cell else line  # suites name their cell
-        causes.setdefault(group_key(blanked), RootCause(line)).failures.append((record, cells))
+        cause = causes.setdefault(group_key(blanked), RootCause(line))
+        cause.failures.append((record, cells))
+        cause_of_test[where(record, record.test)] = cause
+
+    failing = {where(record, record.test) for record, _ in failures}
+    pending = []
+    for record, cells in failures:
+        if any(where(record, test) in failing for test in record.follows_from if test != record.test):
+            pending.append((record, cells))
+        else:
+            stands_alone(record, cells)
+    while attached := [
+        (record, cells, cause)
+        for record, cells in pending
+        if (
+            cause := next(
+                (
+                    cause_of_test.get(where(record, test))
+                    for test in record.follows_from
+                    if cause_of_test.get(where(record, test))
+                ),
+                None,
+            )
+        )
+    ]:
+        for record, cells, cause in attached:
+            cause.consequences.append((record, cells))
+            cause_of_test[where(record, record.test)] = cause
+        pending = [(record, cells) for record, cells in pending if where(record, record.test) not in cause_of_test]
+    for record, cells in pending:
+        stands_alone(record, cells)
     return sorted(causes.values(), key=lambda cause: -cause.tests)
 
 

@@ -68,14 +68,10 @@ def compare_markdown(run_a: Path, run_b: Path) -> tuple[str, list[FailCause]]:
             "none of the same suite, test and cell): compare two runs of the same matrix and cells"
         )
     directions = [checkpoint_directions(new, new.baseline, v.torch) for v in new.versions if v.torch != new.baseline]
-    markdown = f"## torchmatrix compare {summary_md.code(old.run_id)} → {summary_md.code(new.run_id)}\n\n"
-    markdown += "\n\n".join(summary_md.diff_section(diff) for diff in diffs) + "\n"
-    markdown += "".join(f"\n{summary_md.checkpoints_section(pair)}\n" for pair in directions if pair)
     broken = [BROKEN_DIRECTION] if any(direction.broken for pair in directions for direction in pair) else []
     found = {cause for diff in diffs for cause in diff.fail_causes}.union(broken)
     causes = [cause for cause in FAIL_CAUSES if cause in found]
-    if causes:
-        markdown += f"\n**compare exits 1 on**: {'; '.join(cause.meaning for cause in causes)}.\n"
+    markdown = summary_md.compare(old.run_id, new.run_id, diffs, directions, causes)
     return markdown, causes
 
 

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from torchmatrix.ranks.compile_time import COMPILE_SECONDS
-from torchmatrix.reports.checkpoint_directions import direction_name
+from torchmatrix.reports.checkpoint_directions import Direction, direction_name
 from torchmatrix.reports.confirmation_notes import why_not_rerun
 from torchmatrix.reports.records import RootCause, RunResults, SkipReason, TestRecord
 from torchmatrix.status import Confirmation, Status, count
@@ -256,6 +256,25 @@ def read_label(record: TestRecord, baseline: str) -> str:
     """`rollback 2.15.0→2.13.0` for a read of another version's checkpoint (the pair owns it), else ""."""
     writer = record.reads_writer
     return f"{direction_name(record.torch, baseline)} {writer}→{record.torch}" if writer is not None else ""
+
+
+def reached_by(cause: RootCause, baseline: str) -> list[TestRecord]:
+    """The first failure per torch version the cause reached (per direction, for a read of another
+    version's checkpoint), in the order first seen: whom both pages name after a cause's counts."""
+    firsts: dict[str, TestRecord] = {}
+    for record, _ in cause.failures:
+        firsts.setdefault(read_label(record, baseline) or f"torch {record.torch}", record)
+    return list(firsts.values())
+
+
+def direction_rows(directions: list[Direction]) -> list[tuple[str, str, str, tuple[str, ...]]]:
+    """Per checkpoint direction, a row per root cause it failed on and per reason it was not checked, with the cells."""
+    return [
+        (d.name, result, why, cells)
+        for d in directions
+        for result, groups in (("failed", d.failed), ("not checked", d.not_checked))
+        for why, cells in groups.items()
+    ]
 
 
 def describe_filters(filters: dict) -> str:
