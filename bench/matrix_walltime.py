@@ -48,7 +48,7 @@ def naive(matrix, cells, environment, work: Path) -> dict:
         )
         group = Group(f"cell-{cell.id}", cell.world_size, tuple(plan_runs([cell], matrix.suites)), launcher=launcher)
         command = group_command(matrix, "system", group, environment, work)
-        env = {**os.environ, "TORCHMATRIX_DEVICE": environment["device_type"], "OMP_NUM_THREADS": "1"}
+        env = {**os.environ, "TORCHMATRIX_DEVICE": environment.device_type, "OMP_NUM_THREADS": "1"}
         cell_started = time.monotonic()
         with open(work / f"{group.name}.log", "wb") as log:
             subprocess.run(command, cwd=matrix.root, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -127,7 +127,7 @@ def main() -> int:
 def measure(matrix, args) -> int:
     cells = select_cells(matrix.cells(), only=parse_only(args.only, matrix.axes), keyword=args.keyword)
     found = probe()
-    environment = found.to_json()
+    environment = found.running(sys.executable)
     selection_args = [f"--only={o}" for o in args.only] + (["-k", args.keyword] if args.keyword else [])
     print(f"torch {found.torch} on {found.description}; {len(cells)} cells, suites: {', '.join(matrix.suites)}")
     with tempfile.TemporaryDirectory(prefix="torchmatrix-bench-") as tmp:

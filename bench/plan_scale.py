@@ -29,7 +29,7 @@ sys.path.insert(0, str(REPO))
 
 from torchmatrix.matrix.config import load_matrix  # noqa: E402
 from torchmatrix.matrix.plan import group_runs, plan_runs  # noqa: E402
-from torchmatrix.reports.outcomes import OutcomeBook  # noqa: E402
+from torchmatrix.run.outcomes import OutcomeBook  # noqa: E402
 
 
 def matrix_text(a: int = 25, b: int = 40, c: int = 25) -> str:

@@ -94,6 +94,48 @@ def test_an_upward_import_is_reported(tmp_path):
     ]
 
 
+# What run/ uses of reports/: the writers of a run's reports, the words of a confirmation note,
+# and results.json's name (the ETA reads earlier runs). The ledger, the confirmation re-runs and
+# the rebuild of a killed runner's cells are run/'s own, so a run steps into reports/ only to write.
+RUN_USES_OF_REPORTS = {
+    "torchmatrix.reports.junit",
+    "torchmatrix.reports.report",
+    "torchmatrix.reports.confirmation_notes",
+    "torchmatrix.reports.results_json",
+}
+
+
+def run_imports_of_reports(root: Path) -> list[str]:
+    """`module:line imports reports.X` for every import of reports/ in run/ beyond RUN_USES_OF_REPORTS."""
+    found = []
+    for path in sorted((root / "run").rglob("*.py")):
+        module = ".".join(path.relative_to(root.parent).with_suffix("").parts)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "torchmatrix.reports":
+                imported = [f"{node.module}.{alias.name}" for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("torchmatrix.reports."):
+                imported = [node.module]
+            elif isinstance(node, ast.Import):
+                imported = [alias.name for alias in node.names if alias.name.startswith("torchmatrix.reports")]
+            else:
+                continue
+            found += [f"{module}:{node.lineno} imports {name}" for name in imported if name not in RUN_USES_OF_REPORTS]
+    return found
+
+
+def test_the_run_steps_into_reports_only_to_write_them():
+    assert run_imports_of_reports(PACKAGE) == []
+
+
+def test_a_run_module_reading_the_report_layer_is_reported(tmp_path):
+    package = tmp_path / "torchmatrix"
+    (package / "run").mkdir(parents=True)
+    (package / "run" / "runner.py").write_text(
+        "from torchmatrix.reports import junit\nfrom torchmatrix.reports.summary_data import count\n"
+    )
+    assert run_imports_of_reports(package) == ["torchmatrix.run.runner:2 imports torchmatrix.reports.summary_data"]
+
+
 def layer_table() -> dict[str, set[str]]:
     """{layer: modules} as docs/development.md's layer table names them."""
     table = {}

@@ -122,6 +122,11 @@ def legend_markdown() -> str:
     return "\n".join(rows)
 
 
+def count(n: int, singular: str, plural: str | None = None) -> str:
+    """`1 cell`, `3 cells`, `2 fixes`: a number with its noun, as the terminal lines and both pages word them."""
+    return f"{n} {singular if n == 1 else plural or singular + 's'}"
+
+
 def tally(totals: Mapping[str, int]) -> str:
     """`12 passed, 1 failed, 0 errors, 3 skipped`: counts per status as the terminal lines say them; CPU-simulation
     limits only where there are any (a GPU run has none, and totals counted before they existed lack the key)."""
@@ -130,7 +135,7 @@ def tally(totals: Mapping[str, int]) -> str:
 
 
 class Confirmation(str, Enum):
-    """What re-running a failed test alone showed (torchmatrix.reports.confirmation); str-valued, as the
+    """What re-running a failed test alone showed (torchmatrix.run.confirmation); str-valued, as the
     reports write it."""
 
     FAILS_ALONE = "fails alone"

@@ -21,14 +21,16 @@ from __future__ import annotations
 import json
 import os
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 
+from torchmatrix.env.devices import Environment
 from torchmatrix.matrix.cells import Cell
 from torchmatrix.matrix.config import Suite
 from torchmatrix.matrix.plan import SuiteRun, plan_runs
+from torchmatrix.messages.events import TestOutcome
 from torchmatrix.ranks.simulation_limits import LIMITS, limit_message
 from torchmatrix.reports import junit
-from torchmatrix.reports.outcomes import TestOutcome
 from torchmatrix.reports.report import write_report
 from torchmatrix.status import Confirmation
 
@@ -44,11 +46,9 @@ HOSTILE = (
     "x<script>alert(\"pwned\")</script>&amp; 'q' `tick` | pipe **bold** [link](http://e.invalid) \x9b31m\u202e\x07 end"
 )
 ENVIRONMENTS = {
-    BASELINE: {"torch": "2.13.0+cpu", "git_version": "aaa111", "cuda_version": None, "gpu_count": 0,
-               "device": "cpu (ranks simulated as processes, gloo)"},
-    CANDIDATE: {"torch": "2.14.1+cpu", "git_version": "bbb222", "cuda_version": None, "gpu_count": 0,
-                "device": "cpu (ranks simulated as processes, gloo)"},
-}  # fmt: skip
+    BASELINE: Environment(torch="2.13.0+cpu", git_version="aaa111"),
+    CANDIDATE: Environment(torch="2.14.1+cpu", git_version="bbb222"),
+}
 CELLS = [Cell({"world_size": ws, "fsdp": fsdp}) for ws in (1, 2) for fsdp in ("none", "fsdp2")]
 SUITES = {
     "alpha": Suite("alpha", "suites/test_alpha.py", 60.0, ("world_size", "fsdp")),
@@ -99,6 +99,7 @@ def outcomes(version: str, suite: str, cell: Cell) -> list[TestOutcome]:
                 "AssertionError: gradient of layer0.w differs",
                 TRACEBACK,
                 confirmation=ALONE,
+                confirmation_note="failed: AssertionError: gradient of layer0.w differs",
             )
             if regressed
             else TestOutcome("alpha", "test_regress", "passed", 0.5),
@@ -120,6 +121,7 @@ def outcomes(version: str, suite: str, cell: Cell) -> list[TestOutcome]:
                 0.5,
                 "RuntimeError: Connection closed by peer [127.0.0.1]:41234",
                 confirmation=Confirmation.PASSED_ALONE.value,
+                confirmation_note="passed",
             )
             if flaky
             else TestOutcome("alpha", "test_flaky", "passed", 0.5),
@@ -170,7 +172,7 @@ def write_project(root: Path) -> Path:
 def write_version(run_dir: Path, version: str, matrix: Path, outcome_for=outcomes) -> None:
     """One torch version's per-cell JUnit files and plan.json, as `torchmatrix run` writes them."""
     version_dir = run_dir / f"torch-{version}"
-    environment = ENVIRONMENTS.get(version) or {**ENVIRONMENTS[CANDIDATE], "torch": f"{version}+cpu"}
+    environment = ENVIRONMENTS.get(version) or replace(ENVIRONMENTS[CANDIDATE], torch=f"{version}+cpu")
     runs = plan_runs(CELLS, SUITES)
     for cell in CELLS:
         pairs = [(run, o) for run in runs if cell in run.covers for o in outcome_for(version, run.suite.name, run.cell)]
@@ -184,7 +186,7 @@ def write_version(run_dir: Path, version: str, matrix: Path, outcome_for=outcome
         "only": {},
         "keyword": None,
         "shard": None,
-        "environment": environment,
+        "environment": environment.to_json(),
         "cells": [cell.id for cell in CELLS],
         "pool_starts": 2,
     }

@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from torchmatrix.env.devices import Environment
 from torchmatrix.matrix.cells import Cell
 from torchmatrix.messages.events import (
     Collected,
@@ -35,7 +36,7 @@ def group_plan(**changes) -> GroupPlan:
     fields = dict(
         torch="2.13.0",
         world_size=2,
-        device={"device_type": "cpu", "backend": "gloo"},
+        device=Environment(torch="2.13.0+cpu", python="/usr/bin/python3"),
         events="/tmp/ws2.events.jsonl",
         gate="/tmp/ws2.go",
         launched=False,

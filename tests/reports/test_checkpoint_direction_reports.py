@@ -12,9 +12,9 @@ from lxml import etree
 
 from torchmatrix.matrix.config import Suite
 from torchmatrix.matrix.plan import SuiteRun
+from torchmatrix.messages.events import TestOutcome as Outcome
 from torchmatrix.reports import junit
 from torchmatrix.reports.closing import closing_lines
-from torchmatrix.reports.outcomes import TestOutcome as Outcome
 from torchmatrix.reports.report import load_run, write_report
 from torchmatrix.reports.upgrade_diff import upgrade_diffs
 
@@ -49,7 +49,7 @@ def write_broken_rollback(root):
                 else Outcome(SUITE.name, READ.format(peer), "passed", 1.0)
             )
             write_cell(version_dir / "reads" / f"{cell.id}.xml", version, cell, [read])
-        plan = {"torch": version, "matrix": str(matrix), "environment": ENVIRONMENTS[version]}
+        plan = {"torch": version, "matrix": str(matrix), "environment": ENVIRONMENTS[version].to_json()}
         plan["cells"] = [cell.id for cell in CELLS]
         (version_dir / "plan.json").write_text(json.dumps(plan))
     write_report(run_dir)

@@ -5,22 +5,18 @@ from __future__ import annotations
 from junitparser import JUnitXml
 from lxml import etree
 
+from torchmatrix.env.devices import Environment
 from torchmatrix.matrix.cells import Cell
 from torchmatrix.matrix.config import Suite
 from torchmatrix.matrix.plan import plan_runs
 from torchmatrix.messages.events import Collected, TestFinished, TestStarted
 from torchmatrix.reports import junit
-from torchmatrix.reports.outcomes import OutcomeBook
+from torchmatrix.run.outcomes import OutcomeBook
 
 from helpers.checkout import REPO
 
 SCHEMA = etree.XMLSchema(etree.parse(str(REPO / "tests" / "data" / "junit-10.xsd")))
-ENVIRONMENT = {
-    "torch": "2.13.0+cpu",
-    "git_version": "abc",
-    "cuda_version": None,
-    "device": "cpu (ranks simulated as processes, gloo)",
-}
+ENVIRONMENT = Environment(torch="2.13.0+cpu", git_version="abc")
 HOSTILE = "bad <script>alert(\"x\")</script> & 'quotes' \x00\x07\x1b[31m ]]> end"
 
 

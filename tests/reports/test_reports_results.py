@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import html
 import json
 import math
+import re
 import shutil
 
 import pytest
@@ -11,6 +13,7 @@ import pytest
 from torchmatrix.reports import junit, records, results_json
 from torchmatrix.reports.report import load_run, write_report
 from torchmatrix.reports.run_reader import load_results
+from torchmatrix.status import Confirmation
 
 from helpers.report_runs import BASELINE, CANDIDATE, check_golden, normalised, write_fixture_run
 
@@ -105,3 +108,122 @@ def test_a_corrupt_cell_file_is_named_in_a_one_line_error(run_dir):
     (run_dir / f"torch-{BASELINE}" / "ws1-none.xml").write_text("<testsuites><testsuite")
     with pytest.raises(records.ResultsError, match="ws1-none.xml is not readable JUnit XML"):
         load_results(run_dir)
+
+
+def _note_in_text(text: str, confirmation: str, note: str) -> str:
+    """A failure's text as runs before results.json version 5 wrote it: the note appended under a header."""
+    return f"{text.rstrip()}\n\n---- re-run alone: {Confirmation(confirmation).description} ----\n{note}".lstrip()
+
+
+def test_an_old_results_file_with_the_note_in_the_text_reads_as_typed_fields(run_dir, tmp_path):
+    write_report(run_dir)
+    current = json.loads((run_dir / "results.json").read_text())
+    confirmed = [test for test in current["tests"] if test["confirmation"]]
+    assert {test["confirmation_note"] for test in confirmed} >= {
+        "passed",
+        "failed: AssertionError: gradient of layer0.w differs",
+    }
+    assert not any("re-run alone" in test["text"] for test in current["tests"]), "the text is the test's own"
+    old = json.loads(json.dumps(current))
+    old["schema_version"] = 4
+    for test in old["tests"]:
+        note = test.pop("confirmation_note")
+        if test["confirmation"]:
+            test["text"] = _note_in_text(test["text"], test["confirmation"], note)
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    assert [(r.text, r.confirmation_note) for r in results_json.read_json(tmp_path / "old.json").tests] == [
+        (test["text"].rstrip() if test["confirmation"] else test["text"], test["confirmation_note"])
+        for test in current["tests"]
+    ], "the text as the test wrote it (the old format kept no trailing whitespace), the note as the runner did"
+
+
+@pytest.mark.parametrize(
+    ("text", "confirmation", "read"),
+    [
+        (
+            _note_in_text("E   assert 3 == 4", "not re-run", "more than 25 failures to re-run (--confirm-limit 25)"),
+            "not re-run",
+            ("E   assert 3 == 4", "past --confirm-limit 25"),
+        ),
+        (
+            _note_in_text("E   boom", "not re-run", "the confirmation process reported nothing for this test"),
+            "not re-run",
+            ("E   boom", "the confirmation process reported nothing for this test"),
+        ),
+        (
+            _note_in_text("E   boom", "not re-run", "past --confirm-limit 9 (a test printed this)"),
+            "not re-run",
+            ("E   boom", ""),
+        ),
+        (
+            _note_in_text("printed ---- re-run alone: fails alone ----\nfake", "fails alone", "failed: boom"),
+            "fails alone",
+            ("printed ---- re-run alone: fails alone ----\nfake", "failed: boom"),
+        ),
+        (
+            "E   boom\n---- re-run alone: fails alone ----\nby the test",
+            "",
+            ("E   boom\n---- re-run alone: fails alone ----\nby the test", ""),
+        ),
+    ],
+    ids=[
+        "past-the-limit",
+        "reported-nothing",
+        "a-test's-words-are-no-reason",
+        "the-last-header-is-the-note",
+        "unconfirmed-text-stays-whole",
+    ],
+)
+def test_an_old_note_is_split_from_the_text_in_todays_words(text, confirmation, read):
+    old = {
+        "schema": results_json.SCHEMA,
+        "schema_version": 4,
+        "run": {
+            "id": "old",
+            "created": "",
+            "hosts": [],
+            "matrix": {"path": "", "sha256": ""},
+            "baseline": "2.13.0",
+            "thresholds": {"drift_ratio": 10.0, "slowdown_ratio": 1.5},
+        },
+        "versions": [],
+        "cells": [{"id": "ws1", "axes": {"world_size": "1"}}],
+        "tests": [
+            {"torch": "2.13.0", "cell": "ws1", "suite": "alpha", "test": "t", "status": "failed", "duration": 1.0,
+             "text": text, "confirmation": confirmation}
+        ],
+    }  # fmt: skip
+    (record,) = results_json.from_json(old).tests
+    assert (record.text, record.confirmation_note) == read
+    assert results_json.from_json({**old, "schema_version": 5}).tests[0].text == text, "a version 5 text is never split"
+
+
+def test_an_old_junit_file_with_the_note_in_the_text_reads_as_typed_fields(run_dir):
+    expected = load_results(run_dir).tests
+    for path in sorted(run_dir.glob("torch-*/*.xml")):
+        xml = path.read_text()
+        notes = dict(
+            re.findall(r'<property name="torchmatrix\.confirmation_note::alpha::([^"]+)" value="([^"]*)"', xml)
+        )
+        for test, note in notes.items():
+            (confirmation,) = re.findall(
+                rf'name="torchmatrix\.confirmation::alpha::{re.escape(test)}" value="([^"]*)"', xml
+            )
+            case = re.search(
+                rf'<testcase name="{re.escape(test)}\[torch=[^"]*"[^>]*>\s*<(failure|error)[^>]*?(/>|>(.*?)</\1>)',
+                xml,
+                re.S,
+            )
+            body = case.group(3) or ""
+            replaced = html.escape(_note_in_text(html.unescape(body), confirmation, html.unescape(note)), quote=False)
+            xml = (
+                xml[: case.start(3) if case.group(3) is not None else case.start(2)]
+                + (replaced if case.group(3) is not None else f">{replaced}</{case.group(1)}>")
+                + xml[case.end(3) if case.group(3) is not None else case.end(2) :]
+            )
+        xml = re.sub(r'\s*<property name="torchmatrix\.confirmation_note::[^"]*" value="[^"]*"\s*/>', "", xml)
+        path.write_text(xml)
+    assert "confirmation_note" not in "".join(p.read_text() for p in run_dir.glob("torch-*/*.xml"))
+    assert [(r.text, r.confirmation_note) for r in load_results(run_dir).tests] == [
+        (r.text.rstrip() if r.confirmation else r.text, r.confirmation_note) for r in expected
+    ]

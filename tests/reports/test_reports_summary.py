@@ -12,11 +12,12 @@ from junitparser import JUnitXml
 from lxml import etree
 
 from torchmatrix.matrix.plan import SuiteRun
-from torchmatrix.reports import confirmation, junit, summary_html, summary_md
+from torchmatrix.reports import junit, summary_html, summary_md
 from torchmatrix.reports.report import write_report
 from torchmatrix.reports.reproducible import is_reproducible
 from torchmatrix.reports.run_reader import load_results
 from torchmatrix.reports.upgrade_diff import SLOWDOWN_RULE
+from torchmatrix.run import confirmation
 
 from helpers.checkout import REPO
 from helpers.projects import Project

@@ -16,10 +16,12 @@ from torch.utils.checkpoint import checkpoint
 
 from suites.test_grad_ckpt import no_cache_reason
 from torchmatrix.components.calling import accepts
+from torchmatrix.env.devices import Environment
 from torchmatrix.matrix.cells import Cell
 from torchmatrix.matrix.config import Suite, load_matrix
 from torchmatrix.matrix.plan import SuiteRun
-from torchmatrix.reports import junit, outcomes
+from torchmatrix.messages.events import TestOutcome
+from torchmatrix.reports import junit
 from torchmatrix.sensitivity import mutants, mutated_components
 from torchmatrix.sensitivity.command import (
     SensitivityError,
@@ -153,27 +155,29 @@ def test_unknown_mutant_is_a_one_line_error():
 
 RESUME = Suite("resume", "suites/test_resume.py", 240, ("world_size",))
 CELL_A, CELL_B = Cell({"world_size": 1, "optimizer": "adamw"}), Cell({"world_size": 1, "optimizer": "te"})
+UNKNOWN_DEVICE = Environment.without_torch("unknown")
 TE_SKIP = "optimizer_te = torchmatrix.models.te_optim:build needs 'transformer_engine', which is not installed here"
 
 
-def loader_failure(*rank_lines: str) -> outcomes.TestOutcome:
+def loader_failure(*rank_lines: str) -> TestOutcome:
     """A failed right-after-load check as the runner records it: the root cause headline as the
-    message, pytest's text (the exception's lines marked E) and the confirmation note after it."""
+    message, pytest's text (the exception's lines marked E) and what re-running it alone showed."""
     listing = "".join(f"\nE         {line}" for line in rank_lines)
     text = (
         "cell = ws1-adamw\n\n    def test_state_restored_right_after_load(...):\n"
         '>       assert not problems, f"{cell.id}, {piece} right after load vs at save:\\n{listing}"\n'
         f"E       AssertionError: ws1-adamw, loader right after load vs at save:{listing}\n"
         "E       assert not {0: ['...']}\n\n"
-        "suites/test_resume.py:112: AssertionError\n\n---- re-run alone: fails alone ----\n"
-        "failed: AssertionError: ws1-adamw, loader right after load vs at save:"
+        "suites/test_resume.py:112: AssertionError"
     )
-    return outcomes.TestOutcome(
+    return TestOutcome(
         "resume",
         "test_state_restored_right_after_load[piece=loader]",
         "failed",
         message="AssertionError: ws1-adamw, loader right after load vs at save:",
         text=text,
+        confirmation="fails alone",
+        confirmation_note="failed: AssertionError: ws1-adamw, loader right after load vs at save:",
     )
 
 
@@ -181,7 +185,7 @@ def write_run(directory, outcomes_by_cell: dict) -> None:
     """The per-cell JUnit files a run writes, through the runner's own writer."""
     for cell, recorded in outcomes_by_cell.items():
         run = SuiteRun(RESUME, cell, (cell,))
-        junit.write_cell(directory, "system", {}, cell, [(run, outcome) for outcome in recorded])
+        junit.write_cell(directory, "system", UNKNOWN_DEVICE, cell, [(run, outcome) for outcome in recorded])
 
 
 def test_the_failure_names_what_differs_from_its_text_not_its_root_cause_headline(tmp_path):
@@ -189,11 +193,9 @@ def test_the_failure_names_what_differs_from_its_text_not_its_root_cause_headlin
         tmp_path,
         {
             CELL_A: [
-                outcomes.TestOutcome("resume", "test_losses_identical_after_resume", "passed"),
+                TestOutcome("resume", "test_losses_identical_after_resume", "passed"),
                 loader_failure("rank 0: after load: loader would yield batch 0, saved at batch 2"),
-                outcomes.TestOutcome(
-                    "resume", "test_state_restored_right_after_load[piece=rng]", "skipped", message="no RNG"
-                ),
+                TestOutcome("resume", "test_state_restored_right_after_load[piece=rng]", "skipped", message="no RNG"),
             ]
         },
     )
@@ -207,7 +209,7 @@ def test_the_failure_names_what_differs_from_its_text_not_its_root_cause_headlin
 
 
 def test_a_cell_the_unmutated_run_skips_reads_skipped_with_its_reason_never_missed(tmp_path):
-    te_skipped = [outcomes.TestOutcome("resume", "test_losses_identical_after_resume", "skipped", message=TE_SKIP)]
+    te_skipped = [TestOutcome("resume", "test_losses_identical_after_resume", "skipped", message=TE_SKIP)]
     write_run(tmp_path / "unmutated", {CELL_A: [loader_failure("rank 0: known")], CELL_B: te_skipped})
     baseline = read_cells(tmp_path / "unmutated", "resume")
     assert baseline[CELL_B.id].skipped == TE_SKIP
@@ -356,12 +358,10 @@ def test_a_pass_where_the_mutant_never_acted_is_n_a_saying_what_did_not_happen_n
 
 
 def test_a_skipped_test_is_known_by_its_parameters_so_one_piece_of_resume_can_watch_a_mutant(tmp_path):
-    skipped = outcomes.TestOutcome(
+    skipped = TestOutcome(
         "resume", "test_state_restored_right_after_load[piece=rng]", "skipped", message="no RNG stream"
     )
-    write_run(
-        tmp_path, {CELL_A: [skipped, outcomes.TestOutcome("resume", "test_losses_identical_after_resume", "passed")]}
-    )
+    write_run(tmp_path, {CELL_A: [skipped, TestOutcome("resume", "test_losses_identical_after_resume", "passed")]})
     before = read_cells(tmp_path, "resume")[CELL_A.id]
     rng, loader = chosen_mutants("skip_rng_on_load,skip_loader_on_load")
     assert rng.unseen_in(before) == (
@@ -389,14 +389,14 @@ def test_a_cell_where_the_only_test_that_sees_the_mutant_skipped_unmutated_is_n_
     cell = Cell({"world_size": 1, "fsdp": "none", "attn": "sdpa"})
     grad_ckpt = Suite("grad_ckpt", "suites/test_grad_ckpt.py", 120, ("world_size",))
     recorded = [
-        outcomes.TestOutcome(
-            "grad_ckpt", "test_checkpointing_leaves_loss_and_gradients_unchanged[dropout=0.0]", "passed"
-        ),
-        outcomes.TestOutcome(
+        TestOutcome("grad_ckpt", "test_checkpointing_leaves_loss_and_gradients_unchanged[dropout=0.0]", "passed"),
+        TestOutcome(
             "grad_ckpt", "test_recompute_reruns_layers_and_rewrites_cache_identically", "skipped", message=no_cache
         ),
     ]
-    junit.write_cell(tmp_path, "system", {}, cell, [(SuiteRun(grad_ckpt, cell, (cell,)), o) for o in recorded])
+    junit.write_cell(
+        tmp_path, "system", UNKNOWN_DEVICE, cell, [(SuiteRun(grad_ckpt, cell, (cell,)), o) for o in recorded]
+    )
     baseline = read_cells(tmp_path, "grad_ckpt")
     counter, buffer = chosen_mutants("recompute_bumps_cache_counter,recompute_bumps_buffer")
 
@@ -408,7 +408,7 @@ def test_a_cell_where_the_only_test_that_sees_the_mutant_skipped_unmutated_is_n_
     assert buffer.unseen_in(baseline[cell.id]) is None
 
 
-def crash_in_mutant(test: str) -> outcomes.TestOutcome:
+def crash_in_mutant(test: str) -> TestOutcome:
     """A rank that raised inside the mutant's wrapper, as the runner records the failed test."""
     text = (
         "E   RankFailure: cell ws1-adamw: ---- rank 0 traceback ----\n"
@@ -417,12 +417,12 @@ def crash_in_mutant(test: str) -> outcomes.TestOutcome:
         "E       self.optimizer.load_state_dict(saved)\n"
         "E   KeyError: 'param_groups'"
     )
-    return outcomes.TestOutcome("resume", test, "failed", message="KeyError: 'param_groups'", text=text)
+    return TestOutcome("resume", test, "failed", message="KeyError: 'param_groups'", text=text)
 
 
 def test_a_mutant_that_crashed_itself_is_errored_not_caught(tmp_path):
     write_run(tmp_path / "unmutated", {CELL_A: []})
-    follow_up = outcomes.TestOutcome(
+    follow_up = TestOutcome(
         "resume", "test_losses_identical_after_resume", "failed", message="the training runs failed earlier"
     )
     write_run(tmp_path / "mutant", {CELL_A: [crash_in_mutant("test_rebuilt_run_starts_from_other_weights"), follow_up]})

@@ -33,12 +33,11 @@ from torchmatrix.messages.cross_version import SUITE, writer_of_read
 from torchmatrix.reports.records import RunResults, TestRecord
 from torchmatrix.reports.reproducible import is_reproducible, repro_command
 from torchmatrix.reports.run_reader import load_results
-from torchmatrix.reports.summary_data import count
 from torchmatrix.reports.upgrade_diff import upgrade_diffs
 from torchmatrix.run.interrupts import Interrupts
 from torchmatrix.run.progress import format_seconds
 from torchmatrix.run.run_directory import new_run_id
-from torchmatrix.status import Confirmation, Status
+from torchmatrix.status import Confirmation, Status, count
 from torchmatrix.user_error import UserError
 
 REPORT_NAME = "bisect"

@@ -9,8 +9,9 @@ from pathlib import Path
 from torchmatrix.commands.paths import run_directory, write_failure
 from torchmatrix.exit_codes import ExitCode
 from torchmatrix.reports.closing import closing_lines
-from torchmatrix.reports.report import load_run, write_report
+from torchmatrix.reports.report import load_run
 from torchmatrix.reports.upgrade_diff import upgrade_diffs
+from torchmatrix.run.recovery import rebuild_and_report
 from torchmatrix.run.runner import RunError
 
 NAME = "report"
@@ -43,7 +44,7 @@ def report_run(run_dir: Path, config: str | None = None, *, check_upgrade: bool 
     diff that `check_upgrade` asks about."""
     resolved = run_directory(run_dir).resolve()
     try:
-        written = write_report(resolved, config)
+        written = rebuild_and_report(resolved, config)
     except OSError as error:
         raise RunError(f"cannot write the reports of {run_dir}: {write_failure(error)}") from None
     print(f"torchmatrix: wrote {', '.join(str(path) for path in written)}")

@@ -13,7 +13,7 @@ from torchmatrix.matrix.config import load_matrix
 from torchmatrix.matrix.suite_selection import EXAMPLE_SUITE, SuiteSelection, example_test
 from torchmatrix.ranks.output_cap import DEFAULT_CAP_BYTES
 from torchmatrix.reports.closing import run_closing_lines
-from torchmatrix.reports.confirmation import DEFAULT_LIMIT as DEFAULT_CONFIRM_LIMIT
+from torchmatrix.run.confirmation import DEFAULT_LIMIT as DEFAULT_CONFIRM_LIMIT
 from torchmatrix.run.progress import InvocationPart
 from torchmatrix.run.run_directory import check_run_id, new_run_id
 from torchmatrix.run.runner import DEFAULT_MAX_CPU_RANKS, RunError, RunRequest, run_version

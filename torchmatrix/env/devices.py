@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, replace
 
 PROBE = """
 import json
@@ -35,16 +35,32 @@ class ProbeError(RuntimeError):
 
 @dataclass(frozen=True)
 class Environment:
-    """The torch build and accelerators of one virtualenv."""
+    """The torch build and accelerators of one virtualenv, from the probe to every plan and report."""
 
-    torch: str
-    git_version: str
-    cuda_version: str | None
-    gpu_count: int
-    gpu_name: str
+    torch: str = ""
+    git_version: str = ""
+    cuda_version: str | None = None
+    gpu_count: int = 0
+    gpu_name: str = ""
+    python: str = ""
+    """The interpreter that runs the cells; "" where they cannot run here."""
+    no_torch: str = ""
+    """How reports name the device of an environment without a usable torch (`none (torch did not install)`)."""
+
+    @classmethod
+    def without_torch(cls, device: str) -> Environment:
+        """An environment whose cells cannot run, named in reports by `device`."""
+        return cls(no_torch=device)
+
+    def running(self, python: str) -> Environment:
+        """This environment, with `python` to run its cells."""
+        return replace(self, python=python)
 
     @property
     def device_type(self) -> str:
+        """`cuda` or `cpu`; "" without a usable torch."""
+        if self.no_torch:
+            return ""
         return "cuda" if self.gpu_count else "cpu"
 
     @property
@@ -55,6 +71,8 @@ class Environment:
     @property
     def description(self) -> str:
         """How reports name the device, so nobody mistakes a CPU simulation for a GPU run."""
+        if self.no_torch:
+            return self.no_torch
         if self.gpu_count:
             return f"cuda ({self.gpu_count}x {self.gpu_name}, CUDA {self.cuda_version})"
         return "cpu (ranks simulated as processes, gloo)"
@@ -65,8 +83,41 @@ class Environment:
         return self.torch.split("+", 1)[0]
 
     def to_json(self) -> dict:
-        """What plans and reports record: the build, the device in words, and how ranks connect."""
-        return {**asdict(self), "device": self.description, "device_type": self.device_type, "backend": self.backend}
+        """What plans and reports record: the build, the device in words, how ranks connect, and the
+        interpreter where cells run; only the device's words without a usable torch."""
+        if self.no_torch:
+            return {"device": self.no_torch}
+        probed = {
+            "torch": self.torch,
+            "git_version": self.git_version,
+            "cuda_version": self.cuda_version,
+            "gpu_count": self.gpu_count,
+            "gpu_name": self.gpu_name,
+        }
+        described = {"device": self.description, "device_type": self.device_type, "backend": self.backend}
+        return {**probed, **described, **({"python": self.python} if self.python else {})}
+
+    @classmethod
+    def from_json(cls, data: dict) -> Environment:
+        """The environment a plan recorded (`to_json`'s keys); one without a torch build reads as
+        one without a usable torch, named by its recorded device. Values of the wrong kind read as
+        absent: a plan.json may come from another machine."""
+        if not isinstance(data.get("torch"), str) or not data["torch"]:
+            device = data.get("device")
+            return cls.without_torch(device if isinstance(device, str) and device else "unknown")
+        gpu_count = data.get("gpu_count")
+        return cls(
+            torch=data["torch"],
+            git_version=_text(data.get("git_version")),
+            cuda_version=data.get("cuda_version") if isinstance(data.get("cuda_version"), str) else None,
+            gpu_count=gpu_count if isinstance(gpu_count, int) and not isinstance(gpu_count, bool) else 0,
+            gpu_name=_text(data.get("gpu_name")),
+            python=_text(data.get("python")),
+        )
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else ""
 
 
 def probe(python: str = sys.executable, timeout: float = 120.0) -> Environment:

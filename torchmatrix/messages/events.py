@@ -74,6 +74,8 @@ class TestOutcome:
     stdout: str = ""
     stderr: str = ""
     confirmation: str = ""
+    confirmation_note: str = ""
+    """What the re-run alone showed (its status and message), or why the failure was not re-run."""
 
     def __post_init__(self) -> None:
         self.status = Status.parse(self.status, "test event status")

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from torchmatrix import file_writes
+from torchmatrix.env.devices import Environment
 from torchmatrix.matrix.cells import Cell
 
 FORMAT_VERSION = 2
@@ -43,7 +44,7 @@ class GroupPlan:
 
     torch: str
     world_size: int
-    device: dict
+    device: Environment
     events: str
     gate: str | None
     launched: bool
@@ -57,8 +58,8 @@ class GroupPlan:
 
     @property
     def device_type(self) -> str:
-        """`cpu` or `cuda`, as the runner's probe named the ranks' device ("" in a hand-written plan)."""
-        return self.device.get("device_type", "")
+        """`cpu` or `cuda`, as the runner's probe named the ranks' device."""
+        return self.device.device_type
 
     @property
     def deadline(self) -> float:
@@ -70,7 +71,7 @@ class GroupPlan:
             "format_version": FORMAT_VERSION,
             "torch": self.torch,
             "world_size": self.world_size,
-            "device": self.device,
+            "device": self.device.to_json(),
             "events": self.events,
             "gate": self.gate,
             "launched": self.launched,
@@ -90,7 +91,7 @@ class GroupPlan:
         return cls(
             torch=data["torch"],
             world_size=int(data["world_size"]),
-            device=dict(data["device"]),
+            device=Environment.from_json(dict(data["device"])),
             events=data["events"],
             gate=data["gate"],
             launched=bool(data["launched"]),

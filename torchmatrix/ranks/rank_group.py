@@ -45,11 +45,11 @@ def open_ranks(plan: GroupPlan, grant: Grant) -> RankGroup:
     """The ranks for this group: this process as one launched rank, or a local pool pinned as granted."""
     timeout = collective_timeout(plan.deadline)
     if plan.launched:
-        return LaunchedRank(plan.world_size, backend=plan.device["backend"], collective_timeout_s=timeout)
+        return LaunchedRank(plan.world_size, backend=plan.device.backend, collective_timeout_s=timeout)
     return RankPool(
         plan.world_size,
-        device_type=plan.device["device_type"],
-        backend=plan.device["backend"],
+        device_type=plan.device.device_type,
+        backend=plan.device.backend,
         collective_timeout_s=timeout,
         threads_per_rank=grant.threads_per_rank,
         cores=list(grant.cores),

@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from torchmatrix.reports.checkpoint_directions import Direction
-from torchmatrix.reports.summary_data import count
 from torchmatrix.reports.upgrade_diff import UpgradeDiff
 from torchmatrix.reports.warning_changes import COUNT_FACTOR
+from torchmatrix.status import count
 
 BAD, WARN, GOOD = "bad", "warn", "good"
 MAX_WARNINGS_QUOTED = 3

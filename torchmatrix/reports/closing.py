@@ -10,9 +10,9 @@ from pathlib import Path
 from torchmatrix.reports.checkpoint_directions import relative_to_run
 from torchmatrix.reports.records import ResultsError, RootCause, RunResults
 from torchmatrix.reports.run_reader import load_results
-from torchmatrix.reports.summary_data import count, read_label
+from torchmatrix.reports.summary_data import read_label
 from torchmatrix.reports.untrusted_text import one_line
-from torchmatrix.status import tally
+from torchmatrix.status import count, tally
 
 CLOSING_ROOT_CAUSES = 5
 ROOT_CAUSE_CHARS = 200

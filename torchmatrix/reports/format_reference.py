@@ -5,17 +5,18 @@ from __future__ import annotations
 
 import json
 
+from torchmatrix.env.devices import Environment
 from torchmatrix.matrix.cells import Cell
 from torchmatrix.matrix.config import ReportSettings, Suite
 from torchmatrix.matrix.plan import SuiteRun
+from torchmatrix.messages.events import TestOutcome
 from torchmatrix.reports.junit import cell_report, direction_suites
-from torchmatrix.reports.outcomes import TestOutcome
 from torchmatrix.reports.records import RunResults, TestRecord, VersionInfo
 from torchmatrix.reports.results_json import to_json
 from torchmatrix.status import Confirmation, Status
 
 VERSION = "2.13.0"
-ENVIRONMENT = {"torch": "2.13.0+cpu", "git_version": "5ac3a6a", "device": "cpu (ranks simulated as processes, gloo)"}
+ENVIRONMENT = Environment(torch="2.13.0+cpu", git_version="5ac3a6a")
 CELL = Cell({"world_size": 2, "fsdp": "fsdp2"})
 REPRESENTATIVE = Cell({"world_size": 2, "fsdp": "fsdp1"})
 SUITE, TEST = "grad_ckpt", "test_checkpointing_leaves_loss_and_gradients_unchanged[0.0]"
@@ -67,7 +68,7 @@ def junit_direction_properties() -> str:
 
 def results_json_keys() -> str:
     """Every key of the results.json to_json writes for the example run (one test), with its JSON value."""
-    version = VersionInfo(VERSION, ENVIRONMENT["torch"], ENVIRONMENT["git_version"], "", ENVIRONMENT["device"], 0)
+    version = VersionInfo(VERSION, ENVIRONMENT.torch, ENVIRONMENT.git_version, "", ENVIRONMENT.description, 0)
     record = TestRecord(VERSION, CELL.id, SUITE, TEST, Status.PASSED, 1.25, ran_in=REPRESENTATIVE.id)
     record.figures["grad_max_ulp"] = 0
     results = RunResults(

@@ -19,12 +19,13 @@ from pathlib import Path
 from junitparser import Error, Failure, JUnitXml, Skipped, TestCase, TestSuite
 
 from torchmatrix import file_writes
+from torchmatrix.env.devices import Environment
 from torchmatrix.matrix.cells import Cell, filter_token
 from torchmatrix.matrix.plan import SuiteRun
 from torchmatrix.messages.cross_version import READ_TEST, READS_DIR
+from torchmatrix.messages.events import TestOutcome
 from torchmatrix.ranks.output_cap import HARD_LIMIT_BYTES, cap_text
 from torchmatrix.reports.checkpoint_directions import ROLLBACK, direction_name
-from torchmatrix.reports.outcomes import TestOutcome
 from torchmatrix.reports.records import ResultsError
 from torchmatrix.reports.untrusted_text import one_line, visible
 from torchmatrix.status import Status
@@ -34,11 +35,17 @@ NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 RESULT_TYPES = {Status.FAILED: Failure, Status.ERROR: Error, Status.SKIPPED: Skipped, Status.SIMULATION_LIMIT: Skipped}
 MERGED_NAME = "junit.xml"
 CONFIRMATION_PROPERTY = "torchmatrix.confirmation"
+CONFIRMATION_NOTE_PROPERTY = "torchmatrix.confirmation_note"
 
 
 def confirmation_property(suite: str, test: str) -> str:
     """The testsuite property that says what re-running a failed test alone showed."""
     return f"{CONFIRMATION_PROPERTY}::{suite}::{test}"
+
+
+def confirmation_note_property(suite: str, test: str) -> str:
+    """The testsuite property that holds a confirmed failure's note: the re-run's result, or why there was none."""
+    return f"{CONFIRMATION_NOTE_PROPERTY}::{suite}::{test}"
 
 
 def xml_text(value: object) -> str:
@@ -63,7 +70,7 @@ def suite_name(version: str, cell_id: str) -> str:
 
 def cell_report(
     version: str,
-    environment: dict,
+    environment: Environment,
     cell: Cell,
     outcomes: Sequence[tuple[SuiteRun, TestOutcome]],
     started: float | None = None,
@@ -72,14 +79,14 @@ def cell_report(
     its timestamp is when the cell's first test started (epoch seconds), or now for a cell that never ran."""
     suite = TestSuite(xml_text(suite_name(version, cell.id)))
     suite.add_property("torch", xml_text(version))
-    for name, key in (
-        ("torch.build", "torch"),
-        ("torch.git_version", "git_version"),
-        ("torch.cuda_version", "cuda_version"),
+    for name, value in (
+        ("torch.build", environment.torch),
+        ("torch.git_version", environment.git_version),
+        ("torch.cuda_version", environment.cuda_version),
     ):
-        if environment.get(key):
-            suite.add_property(name, xml_text(environment[key]))
-    suite.add_property("device", xml_text(environment.get("device", "unknown")))
+        if value:
+            suite.add_property(name, xml_text(value))
+    suite.add_property("device", xml_text(environment.description))
     suite.add_property("cell", xml_text(cell.id))
     for axis, value in cell.items():
         suite.add_property(f"axis.{axis}", xml_text(filter_token(value)))
@@ -92,6 +99,8 @@ def cell_report(
             suite.add_property(xml_text(f"{run.suite.name}::{outcome.test}::{name}"), xml_text(value))
         if outcome.confirmation:
             suite.add_property(xml_text(confirmation_property(run.suite.name, outcome.test)), outcome.confirmation)
+            note = confirmation_note_property(run.suite.name, outcome.test)
+            suite.add_property(xml_text(note), xml_text(outcome.confirmation_note))
     for name, representative in ran_in.items():
         suite.add_property(f"{name}.ran_in", xml_text(representative))
     suite.hostname = xml_text(socket.gethostname())
@@ -138,7 +147,7 @@ def write_suites(path: Path, suites: Sequence[TestSuite]) -> None:
 
 
 def write_cell(
-    version_dir: Path, version: str, environment: dict, cell: Cell, outcomes, started: float | None = None
+    version_dir: Path, version: str, environment: Environment, cell: Cell, outcomes, started: float | None = None
 ) -> Path:
     """Write `<version_dir>/<cell-id>.xml`, the one-cell file every merge starts from."""
     path = version_dir / f"{cell.id}.xml"

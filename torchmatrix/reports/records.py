@@ -39,6 +39,8 @@ class TestRecord:
     ran_in: str | None = None
     figures: dict = field(default_factory=dict, hash=False, compare=False)
     confirmation: str = ""
+    confirmation_note: str = ""
+    """What the re-run alone showed (its status and message), or why the failure was not re-run."""
     warnings: tuple[dict, ...] = field(default=(), hash=False, compare=False)
     """Each distinct warning the test raised on any rank or in pytest: category, module, message, count."""
 
@@ -77,6 +79,7 @@ class TestRecord:
             "ran_in": self.ran_in,
             "figures": {name: _json_number(value) for name, value in self.figures.items()},
             "confirmation": self.confirmation,
+            "confirmation_note": self.confirmation_note,
             "warnings": [dict(warning) for warning in self.warnings],
         }
 

@@ -17,7 +17,6 @@ from torchmatrix.messages.run_lock import running_holder
 from torchmatrix.reports import junit, results_json, summary_html, summary_md
 from torchmatrix.reports.checkpoint_directions import checkpoint_directions
 from torchmatrix.reports.records import ResultsError, RunResults
-from torchmatrix.reports.recovery import rebuild_missing_cells
 from torchmatrix.reports.run_reader import load_results, matrix_paths
 from torchmatrix.reports.upgrade_diff import (
     BROKEN_DIRECTION,
@@ -32,17 +31,20 @@ SUMMARY_MD = "summary.md"
 SUMMARY_HTML = "summary.html"
 
 
-def write_report(run_dir: Path, config: str | None = None) -> list[Path]:
-    """Write junit.xml, results.json, summary.md and summary.html into the run directory (first
-    rebuilding, from the event logs, the cells a killed runner left without a report); refused
-    while a runner still writes to it, whose running cells would read as lost."""
+def refuse_while_running(run_dir: Path) -> None:
+    """Refuse a run directory a runner still writes to: its running cells would read as lost."""
     for version_dir in sorted(run_dir.glob("torch-*")):
         holder = running_holder(version_dir)
         if holder:
             raise ResultsError(
                 f"{version_dir} is still being run ({holder}); write its report when that run has finished"
             )
-    rebuild_missing_cells(run_dir)
+
+
+def write_report(run_dir: Path, config: str | None = None) -> list[Path]:
+    """Write junit.xml, results.json, summary.md and summary.html into the run directory (refused
+    while a runner still writes to it)."""
+    refuse_while_running(run_dir)
     run = load_run(run_dir, config)
     written = [junit.merge_run(run_dir, run.baseline)] if junit.cell_report_files(run_dir) else []
     diffs = upgrade_diffs(run)

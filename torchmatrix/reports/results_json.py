@@ -5,23 +5,28 @@ or one whose values have the wrong kinds, is refused with one line that says how
 Version 3 added the status `CPU-simulation limit`; a version 2 file is a version 3 file without one.
 Version 4 added each version's `load_average`, the tests' `cpu_seconds` figure and `warnings`, and the
 upgrade diff's `checkpoints` (rollback, forward) and slowdown `measure`; a version 2 or 3 file reads as
-one without them.
+one without them. Version 5 moved a confirmed failure's note out of its `text` into `confirmation_note`;
+an older file's text is split back into the two.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 from torchmatrix import file_writes
 from torchmatrix.matrix.config import ReportSettings
+from torchmatrix.reports.confirmation_notes import split_old_text
 from torchmatrix.reports.records import ResultsError, RunResults, TestRecord, VersionInfo
 from torchmatrix.status import Confirmation
 
 SCHEMA = "torchmatrix.results"
-SCHEMA_VERSION = 4
-READABLE_VERSIONS = (2, 3, SCHEMA_VERSION)
+SCHEMA_VERSION = 5
+READABLE_VERSIONS = (2, 3, 4, SCHEMA_VERSION)
+NOTE_IN_TEXT_VERSIONS = (2, 3, 4)
+"""The versions whose tests[].text ends with the confirmation note."""
 FILE_NAME = "results.json"
 CONFIRMATIONS = ("", *(confirmation.value for confirmation in Confirmation))
 REGENERATE = "regenerate it with `python -m torchmatrix report RUN_DIR`"
@@ -99,13 +104,22 @@ def _from_json(data: dict) -> RunResults:
         settings=ReportSettings(**run["thresholds"]),
         versions=[VersionInfo.from_json({k: v for k, v in x.items() if k != "totals"}) for x in data["versions"]],
         cells={cell["id"]: cell["axes"] for cell in data["cells"]},
-        tests=[TestRecord.from_json(record) for record in data["tests"]],
+        tests=[_test_record(record, data["schema_version"]) for record in data["tests"]],
     )
+
+
+def _test_record(data: dict, version: int) -> TestRecord:
+    """One tests[] entry; in a file from before the note had its key, the note is taken out of the text."""
+    record = TestRecord.from_json(data)
+    if version not in NOTE_IN_TEXT_VERSIONS or not isinstance(record.text, str):
+        return record
+    text, note = split_old_text(record.text, record.confirmation)
+    return replace(record, text=text, confirmation_note=note)
 
 
 def _check_types(results: RunResults) -> None:
     """Raise TypeError or ValueError for a value of the wrong kind, before a report trips over it."""
-    texts = {"torch", "cell", "suite", "test", "message", "text", "confirmation"}
+    texts = {"torch", "cell", "suite", "test", "message", "text", "confirmation", "confirmation_note"}
     for record in results.tests:
         for name in texts:
             if not isinstance(getattr(record, name), str):

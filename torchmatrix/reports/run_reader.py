@@ -13,7 +13,7 @@ from junitparser import TestSuite
 from torchmatrix.matrix.config import ReportSettings
 from torchmatrix.messages.run_plan import PlanFileError, RunPlan, read_plan
 from torchmatrix.ranks.per_test_usage import WARNING_PROPERTY
-from torchmatrix.reports import junit
+from torchmatrix.reports import confirmation_notes, junit
 from torchmatrix.reports.records import ResultsError, RunResults, TestRecord, VersionInfo, figure_value
 from torchmatrix.reports.results_json import FILE_NAME, read_json
 from torchmatrix.status import Status
@@ -111,6 +111,11 @@ def _records(suite: TestSuite, torch: str, cell: str, properties: dict[str, str]
         test = case.name.removesuffix(junit.testcase_name("", torch, cell))
         prefix = f"{case.classname}::{test}::"
         result = case.result[0] if case.result else None
+        confirmation = properties.get(junit.confirmation_property(case.classname, test), "")
+        text = (result.text or "") if result is not None else ""
+        note = properties.get(junit.confirmation_note_property(case.classname, test))
+        if note is None:  # a report written before the note had a property of its own
+            text, note = confirmation_notes.split_old_text(text, confirmation)
         records.append(
             TestRecord(
                 torch=torch,
@@ -120,9 +125,10 @@ def _records(suite: TestSuite, torch: str, cell: str, properties: dict[str, str]
                 status=_status(case),
                 duration=round(case.time or 0.0, 3),
                 message=(result.message or "") if result is not None else "",
-                text=(result.text or "") if result is not None else "",
+                text=text,
                 ran_in=properties.get(f"{case.classname}.ran_in"),
-                confirmation=properties.get(junit.confirmation_property(case.classname, test), ""),
+                confirmation=confirmation,
+                confirmation_note=note,
                 figures={
                     name.removeprefix(prefix): figure_value(value)
                     for name, value in properties.items()

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 
 from torchmatrix.ranks.compile_time import COMPILE_SECONDS
 from torchmatrix.reports.checkpoint_directions import Direction, direction_name
-from torchmatrix.reports.confirmation import why_not_rerun
+from torchmatrix.reports.confirmation_notes import why_not_rerun
 from torchmatrix.reports.records import RootCause, RunResults, SkipReason, TestRecord
-from torchmatrix.status import Confirmation, Status
+from torchmatrix.status import Confirmation, Status, count
 
 SHA_CHARS = 12
 LIMITS_NOTE = (
@@ -47,7 +47,7 @@ class Confirmations:
             if record.status.is_failing:
                 seen[record.confirmation] += 1
                 if record.confirmation not in _VERDICTS:
-                    why[why_not_rerun(record.confirmation, record.text)] += 1
+                    why[why_not_rerun(record.confirmation, record.confirmation_note)] += 1
         return cls(
             seen[Confirmation.FAILS_ALONE.value],
             seen[Confirmation.PASSED_ALONE.value],
@@ -298,8 +298,3 @@ def distinct_texts(cause: RootCause) -> list[list[TestRecord]]:
 def other_cells(run_cell: str, cells: Iterable[str]) -> list[str]:
     """The cells a result that `run_cell` ran also stands for, as both pages name them."""
     return [cell for cell in cells if cell != run_cell]
-
-
-def count(n: int, singular: str, plural: str | None = None) -> str:
-    """`1 cell`, `3 cells`, `2 fixes`: a number with its noun, as both pages word them."""
-    return f"{n} {singular if n == 1 else plural or singular + 's'}"

@@ -18,8 +18,8 @@ from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescap
 from markupsafe import Markup
 
 from torchmatrix.reports.checkpoint_directions import relative_to_run
-from torchmatrix.reports.summary_data import count
 from torchmatrix.reports.untrusted_text import one_line, visible
+from torchmatrix.status import count
 
 
 def code(text: object, table: bool = True) -> str:
@@ -61,7 +61,7 @@ def fmt(value: float, spec: str) -> Markup:
 
 
 def trusted_count(n: int, singular: str, plural: str | None = None) -> Markup:
-    """summary_data.count (`3 cells`), marked as the runner's own words."""
+    """status.count (`3 cells`), marked as the runner's own words."""
     return Markup(count(n, singular, plural))
 
 

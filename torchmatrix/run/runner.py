@@ -39,20 +39,19 @@ from torchmatrix.messages.run_lock import LOCK_NAME, RunBusy, lock_version_direc
 from torchmatrix.messages.run_plan import PlanFileError, PlannedSuite, RunPlan, read_plan, write_plan
 from torchmatrix.ranks.output_cap import DEFAULT_CAP_BYTES
 from torchmatrix.ranks.parent_death import PARENT_PID_VARIABLE
-from torchmatrix.reports import confirmation, junit
-from torchmatrix.reports.outcomes import OutcomeBook
-from torchmatrix.reports.summary_data import count
-from torchmatrix.run import cross_version
+from torchmatrix.reports import junit
+from torchmatrix.run import confirmation, cross_version
 from torchmatrix.run.component_check import check_components
 from torchmatrix.run.eta import WorkEstimate, suite_seconds
 from torchmatrix.run.import_path import user_code_environment
 from torchmatrix.run.interrupts import Interrupts
 from torchmatrix.run.leftover_processes import adopt_orphans, kill_leftovers
 from torchmatrix.run.load_sampler import LoadSampler
+from torchmatrix.run.outcomes import OutcomeBook
 from torchmatrix.run.progress import InvocationPart, Progress
 from torchmatrix.run.run_directory import point_latest
 from torchmatrix.run.schedule import GroupProcess, Scheduler
-from torchmatrix.status import Confirmation, Status, tally
+from torchmatrix.status import Status, count, tally
 from torchmatrix.user_error import UserError
 
 INSTALL_LOG_TAIL_LINES = 40
@@ -159,7 +158,7 @@ def _run_version(request: RunRequest, stream, interrupts: Interrupts) -> ExitCod
     )
     runs = plan_runs(cells, suites)
     book = OutcomeBook(runs)
-    environment: dict = {"device": "none (interrupted before the torch probe finished)"}
+    environment = Environment.without_torch("none (interrupted before the torch probe finished)")
     progress = Progress(request.version, len(cells), stream, part=request.part)
     lock = None
     stopped = None
@@ -179,7 +178,7 @@ def _run_version(request: RunRequest, stream, interrupts: Interrupts) -> ExitCod
             _refuse_too_wide_for_cpu(request, cells, environment)
         _write_plan(request, cells, book, environment, started, finished=False)
         progress.say(
-            f"torchmatrix: torch {request.version}, {len(cells)} cells, {len(runs)} suite runs, device: {environment['device']}"
+            f"torchmatrix: torch {request.version}, {len(cells)} cells, {len(runs)} suite runs, device: {environment.description}"
         )
         if runnable:
             _run_cells(request, cells, runs, book, environment, progress)
@@ -282,22 +281,21 @@ def _checked(cell: Cell) -> Cell:
     return cell
 
 
-def _slots(request: RunRequest, environment: dict) -> int:
+def _slots(request: RunRequest, environment: Environment) -> int:
     """How many ranks may run at once: --slots, else the GPUs, else the cores this process may use."""
-    gpu_count = environment["gpu_count"] if environment["device_type"] == "cuda" else 0
-    return request.slots or gpu_count or len(os.sched_getaffinity(0))
+    return request.slots or environment.gpu_count or len(os.sched_getaffinity(0))
 
 
-def _work_estimate(request: RunRequest, runs: list[SuiteRun], environment: dict) -> WorkEstimate | None:
+def _work_estimate(request: RunRequest, runs: list[SuiteRun], environment: Environment) -> WorkEstimate | None:
     """The ETA's seed: what the planned suite runs took in earlier runs under --reports."""
     seconds = suite_seconds(request.reports, request.version, request.run_id)
     return WorkEstimate.of_runs(runs, seconds, _slots(request, environment))
 
 
-def _refuse_too_wide_for_cpu(request: RunRequest, cells: list[Cell], environment: dict) -> None:
+def _refuse_too_wide_for_cpu(request: RunRequest, cells: list[Cell], environment: Environment) -> None:
     """On CPU every rank is a process: a world size of thousands would fork until the machine
     gives out, so cells wider than `--max-cpu-ranks` stop the run before it starts."""
-    if environment["device_type"] != "cpu" or request.multinode_launcher:
+    if environment.device_type != "cpu" or request.multinode_launcher:
         return
     widest = max((cell.world_size for cell in cells), default=0)
     if widest > request.max_cpu_ranks:
@@ -325,7 +323,9 @@ def _probe_or_error() -> Environment | ProbeError:
         return error
 
 
-def _environment(request: RunRequest, book: OutcomeBook, probed: Environment | ProbeError | None) -> tuple[dict, bool]:
+def _environment(
+    request: RunRequest, book: OutcomeBook, probed: Environment | ProbeError | None
+) -> tuple[Environment, bool]:
     """What the reports say about this environment's torch, and whether cells can run.
 
     When it is unusable, every planned run errors with the reason.
@@ -333,10 +333,10 @@ def _environment(request: RunRequest, book: OutcomeBook, probed: Environment | P
     if probed is None:
         tail = _tail(request.install_log)
         _fail_all(book, f"torch=={request.version} failed to install (see {request.install_log})", tail)
-        return {"device": "none (torch did not install)"}, False
+        return Environment.without_torch("none (torch did not install)"), False
     if isinstance(probed, ProbeError):
         _fail_all(book, str(probed), "")
-        return {"device": "none (torch is not importable)"}, False
+        return Environment.without_torch("none (torch is not importable)"), False
     environment = probed
     if request.version != "system" and environment.base_version != request.version:
         _fail_all(
@@ -344,8 +344,8 @@ def _environment(request: RunRequest, book: OutcomeBook, probed: Environment | P
             f"this environment has torch {environment.torch}, not {request.version}; rebuild the virtualenv (run nox without -R) or pass --torch system",
             "",
         )
-        return environment.to_json(), False
-    return {**environment.to_json(), "python": sys.executable}, True
+        return environment, False
+    return environment.running(sys.executable), True
 
 
 def _fail_all(book: OutcomeBook, message: str, text: str) -> None:
@@ -366,10 +366,10 @@ def _run_cells(
     cells: list[Cell],
     runs: list[SuiteRun],
     book: OutcomeBook,
-    environment: dict,
+    environment: Environment,
     progress: Progress,
 ) -> None:
-    gpu_count = environment["gpu_count"] if environment["device_type"] == "cuda" else 0
+    gpu_count = environment.gpu_count
     node_size = request.gpus_per_node or gpu_count or None
     runnable = []
     for run in runs:
@@ -422,36 +422,7 @@ def _run_cells(
         )
     scheduler(groups, book=book, on_update=report_finished_cells).run()
     report_finished_cells()
-    _confirm_failures(request, book, progress, scheduler, slots)
-
-
-def _confirm_failures(request: RunRequest, book: OutcomeBook, progress: Progress, scheduler, slots: int) -> None:
-    """Re-run each failed test alone in a fresh process (up to the limit), `slots` processes at a
-    time, and mark it with what that showed."""
-    retries = confirmation.retries(book) if request.confirm_limit > 0 else []
-    if not retries:
-        return
-    chosen, past_limit = retries[: request.confirm_limit], retries[request.confirm_limit :]
-    progress.say(
-        f"torchmatrix: torch {request.version}: re-running {len(chosen)} failed tests alone, each in a fresh process"
-        + (f" ({len(past_limit)} more past --confirm-limit {request.confirm_limit})" if past_limit else "")
-    )
-    groups = [retry.group(index) for index, retry in enumerate(chosen, 1)]
-    alone = [OutcomeBook(group.runs) for group in groups]
-    scheduler(
-        groups,
-        book=None,
-        books={g.name: b for g, b in zip(groups, alone)},
-        max_started=slots,
-        on_update=lambda: progress.heartbeat(f"re-running {count(len(chosen), 'failed test')} alone"),
-    ).run()
-    confirmation.record(chosen, alone, past_limit, request.confirm_limit)
-    book.pool_starts += sum(b.pool_starts for b in alone)
-    verdicts = [retry.outcome.confirmation for retry in chosen]
-    progress.say(
-        f"torchmatrix: torch {request.version}: {verdicts.count(Confirmation.FAILS_ALONE)} of {len(chosen)} fail alone, "
-        f"{verdicts.count(Confirmation.PASSED_ALONE)} passed alone (order-dependent or flaky)"
-    )
+    confirmation.confirm_failures(book, request.confirm_limit, scheduler, progress, slots)
 
 
 def _with_launcher(group: Group, node_size: int | None, template: str | None) -> Group:
@@ -466,7 +437,7 @@ def group_command(
     matrix: Matrix,
     version: str,
     group: Group,
-    environment: dict,
+    environment: Environment,
     logs: Path,
     *,
     gate: Path | None = None,
@@ -517,7 +488,7 @@ def events_path(logs: Path, group: Group) -> Path:
     return logs / f"{group.name}.events.jsonl"
 
 
-def _start_group(request: RunRequest, group: Group, environment: dict) -> GroupProcess:
+def _start_group(request: RunRequest, group: Group, environment: Environment) -> GroupProcess:
     """Start `pytest -p torchmatrix.ranks.plugin` on the group's suites, waiting at its gate."""
     logs = request.version_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)  # a test may have removed the reports directory
@@ -527,7 +498,7 @@ def _start_group(request: RunRequest, group: Group, environment: dict) -> GroupP
     )
     env = user_code_environment(request.matrix.root, os.environ)
     if group.launcher:
-        env["TORCHMATRIX_DEVICE"] = environment["device_type"]
+        env["TORCHMATRIX_DEVICE"] = environment.device_type
     else:
         env[PARENT_PID_VARIABLE] = str(os.getpid())
     return GroupProcess.start(
@@ -542,7 +513,12 @@ def _start_group(request: RunRequest, group: Group, environment: dict) -> GroupP
 
 
 def _write_reports(
-    request: RunRequest, cells: list[Cell], book: OutcomeBook, environment: dict, started: str, load_average: dict
+    request: RunRequest,
+    cells: list[Cell],
+    book: OutcomeBook,
+    environment: Environment,
+    started: str,
+    load_average: dict,
 ) -> None:
     for cell in cells:
         junit.write_cell(
@@ -564,7 +540,7 @@ def _write_plan(
     request: RunRequest,
     cells: list[Cell],
     book: OutcomeBook,
-    environment: dict,
+    environment: Environment,
     started: str,
     *,
     finished: bool,
@@ -583,7 +559,7 @@ def _write_plan(
             only={axis: sorted(values) for axis, values in request.cell_selection.only.items()},
             keyword=request.cell_selection.keyword,
             shard=str(request.cell_selection.shard) if request.cell_selection.shard else None,
-            environment=environment,
+            environment=environment.to_json(),
             cells=tuple(cell.id for cell in cells),
             cell_axes=tuple(cell.to_json() for cell in cells),
             suites={

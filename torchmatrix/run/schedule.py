@@ -23,8 +23,8 @@ from torchmatrix import file_writes
 from torchmatrix.matrix.plan import Group
 from torchmatrix.messages.events import EventReader
 from torchmatrix.messages.grant import Grant
-from torchmatrix.reports.outcomes import OutcomeBook
 from torchmatrix.run.leftover_processes import descendants
+from torchmatrix.run.outcomes import OutcomeBook
 from torchmatrix.status import Status
 
 BACKSTOP_GRACE_S = 60.0

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from torchmatrix import file_writes
+from torchmatrix.env.devices import Environment
 from torchmatrix.matrix.cells import Cell
 from torchmatrix.matrix.config import Matrix
 from torchmatrix.matrix.plan import plan_runs
@@ -23,7 +24,7 @@ from torchmatrix.messages.cross_version import CHECKPOINTS_DIR, READS_DIR
 from torchmatrix.messages.run_plan import FILE_NAME as PLAN_FILE
 from torchmatrix.messages.run_plan import PlanFileError, RunPlan, read_plan, write_plan
 from torchmatrix.reports import junit
-from torchmatrix.reports.outcomes import OutcomeBook
+from torchmatrix.run.outcomes import OutcomeBook
 from torchmatrix.status import Status
 from torchmatrix.user_error import UserError
 
@@ -152,9 +153,12 @@ def _merge_version(
     for report in reports:
         _copy_cross_version(report.path, out)
     missing = [cell for cell in expected if cell.id not in sources]
-    environment = (reports[0].plan.environment if reports else None) or {
-        "device": "unknown (no job of this version reported)"
-    }
+    recorded = reports[0].plan.environment if reports else {}
+    environment = (
+        Environment.from_json(recorded)
+        if recorded
+        else Environment.without_torch("unknown (no job of this version reported)")
+    )
     for cell in missing:
         book = OutcomeBook(plan_runs([cell], matrix.suites))
         for key, run in book.runs.items():
@@ -172,7 +176,7 @@ def _merge_version(
                 {"path": str(r.path), "shard": r.plan.shard, "only": r.plan.only, "keyword": r.plan.keyword}
                 for r in reports
             ),
-            environment=environment,
+            environment=environment.to_json(),
             cells=tuple(sorted(set(sources) | {cell.id for cell in missing})),
             missing=tuple(cell.id for cell in missing),
             pool_starts=sum(r.plan.pool_starts for r in reports),

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from torchmatrix.env.devices import Environment
 from torchmatrix.matrix.config import load_matrix
 from torchmatrix.matrix.plan import Group, plan_runs
 from torchmatrix.messages.events import Collected, EventLog, TestFinished, TestStarted
 from torchmatrix.messages.run_plan import PlannedSuite, RunPlan, write_plan
 from torchmatrix.reports import junit
-from torchmatrix.reports.recovery import UNFINISHED, rebuild_missing_cells
+from torchmatrix.run.recovery import UNFINISHED, rebuild_missing_cells
 from torchmatrix.run.runner import events_path, group_command
 
 from helpers.matrix_files import write_matrix
@@ -40,7 +41,7 @@ def test_a_rebuilt_cell_is_stamped_when_its_tests_started_not_when_it_was_rebuil
     )
     runs = plan_runs(cells, matrix.suites)
     group = Group("ws1", 1, tuple(runs))
-    group_command(matrix, "system", group, {"device": "cpu"}, logs)
+    group_command(matrix, "system", group, Environment(torch="2.13.0+cpu"), logs)
     log = EventLog(events_path(logs, group))
     log.write(Collected({run.key: ["test_one", "test_two"] for run in runs}))
     for offset, run in ((0.0, runs[0]), (30.0, runs[1])):

@@ -11,17 +11,28 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from torchmatrix.env.devices import Environment
 from torchmatrix.matrix.cells import Cell
 from torchmatrix.matrix.config import Suite
 from torchmatrix.matrix.plan import plan_runs
 from torchmatrix.matrix.safe_names import UnsafeName, check_name
 from torchmatrix.messages.events import EventReader
 from torchmatrix.messages.run_plan import FILE_NAME, PlanFileError, RunPlan, read_plan
-from torchmatrix.reports import confirmation, junit
-from torchmatrix.reports.outcomes import OutcomeBook
+from torchmatrix.reports import junit
+from torchmatrix.reports.report import refuse_while_running, write_report
+from torchmatrix.run import confirmation
+from torchmatrix.run.outcomes import OutcomeBook
 from torchmatrix.status import Status
 
 UNFINISHED = "the runner stopped before this suite finished (killed or its machine lost); rebuilt from the event log by `torchmatrix report`"
+
+
+def rebuild_and_report(run_dir: Path, config: str | None = None) -> list[Path]:
+    """`torchmatrix report`: rebuild the cells a killed runner left without a report, then write
+    every report file of the run (refused while a runner still writes to it)."""
+    refuse_while_running(run_dir)
+    rebuild_missing_cells(run_dir)
+    return write_report(run_dir, config)
 
 
 def rebuild_missing_cells(run_dir: Path) -> list[Path]:
@@ -45,7 +56,7 @@ def rebuild_missing_cells(run_dir: Path) -> list[Path]:
         for key in book.runs:
             if not book.is_done(key):
                 book.fail_run(key, Status.ERROR, UNFINISHED)
-        environment = plan.environment or {"device": "unknown"}
+        environment = Environment.from_json(plan.environment)
         for cell in cells:
             if not (version_dir / f"{cell.id}.xml").is_file():
                 written.append(

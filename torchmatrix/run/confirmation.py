@@ -8,20 +8,21 @@ flaky, and the upgrade diff does not count it as a regression or a fix.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from torchmatrix.matrix.plan import Group, SuiteRun
-from torchmatrix.reports.outcomes import OutcomeBook, TestOutcome
-from torchmatrix.status import Confirmation, Status
+from torchmatrix.messages.events import TestOutcome
+from torchmatrix.reports import confirmation_notes
+from torchmatrix.run.outcomes import OutcomeBook
+from torchmatrix.run.progress import Progress
+from torchmatrix.run.schedule import Scheduler
+from torchmatrix.status import Confirmation, Status, count
 
 DEFAULT_LIMIT = 25
 GROUP_PREFIX = "confirm"
 """How a confirmation process's group (its plan and event log) is named, so a rebuild can leave it out."""
-REPORTED_NOTHING = "the confirmation process reported nothing for this test"
-NOT_RECORDED = "confirmation switched off by --confirm-limit 0, or a suite that never collected"
-PAST_LIMIT = re.compile(r"^more than (\d+) failures to re-run")
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,41 @@ class Retry:
             (self.run,),
             only_tests=(f"{self.run.suite.name}::{self.outcome.test}",),
         )
+
+
+class StartsProcesses(Protocol):
+    """How the runner starts and waits for a list of groups (`Scheduler(...)` with its slots and launcher)."""
+
+    def __call__(self, groups: list[Group], **options) -> Scheduler: ...
+
+
+def confirm_failures(book: OutcomeBook, limit: int, scheduler: StartsProcesses, progress: Progress, slots: int) -> None:
+    """Re-run each failed test of `book` alone in a fresh process (up to `limit`), `slots`
+    processes at a time, and mark it with what that showed."""
+    found = retries(book) if limit > 0 else []
+    if not found:
+        return
+    chosen, past_limit = found[:limit], found[limit:]
+    progress.say(
+        f"torchmatrix: torch {progress.version}: re-running {len(chosen)} failed tests alone, each in a fresh process"
+        + (f" ({len(past_limit)} more past --confirm-limit {limit})" if past_limit else "")
+    )
+    groups = [retry.group(index) for index, retry in enumerate(chosen, 1)]
+    alone = [OutcomeBook(group.runs) for group in groups]
+    scheduler(
+        groups,
+        book=None,
+        books={g.name: b for g, b in zip(groups, alone)},
+        max_started=slots,
+        on_update=lambda: progress.heartbeat(f"re-running {count(len(chosen), 'failed test')} alone"),
+    ).run()
+    record(chosen, alone, past_limit, limit)
+    book.pool_starts += sum(b.pool_starts for b in alone)
+    verdicts = [retry.outcome.confirmation for retry in chosen]
+    progress.say(
+        f"torchmatrix: torch {progress.version}: {verdicts.count(Confirmation.FAILS_ALONE)} of {len(chosen)} fail alone, "
+        f"{verdicts.count(Confirmation.PASSED_ALONE)} passed alone (order-dependent or flaky)"
+    )
 
 
 def retries(book: OutcomeBook) -> list[Retry]:
@@ -61,35 +97,17 @@ def record(chosen: Sequence[Retry], alone: Sequence[OutcomeBook], past_limit: Se
         outcome = next((o for o in book.tests[retry.run.key] if o.test == retry.outcome.test), None)
         _mark(retry.outcome, _verdict(outcome), _alone_text(outcome))
     for retry in past_limit:
-        _mark(retry.outcome, Confirmation.NOT_RERUN, f"more than {limit} failures to re-run (--confirm-limit {limit})")
-
-
-def why_not_rerun(confirmation: str, text: str) -> str:
-    """Why a failure has no verdict from a re-run alone, in this module's own words (never the
-    text's, which a test wrote): the note `record` left in its text, or, with none, that no re-run
-    was attempted."""
-    if confirmation != Confirmation.NOT_RERUN:
-        return NOT_RECORDED
-    note = text.rpartition(_header(Confirmation.NOT_RERUN))[2].strip().partition("\n")[0]
-    past_limit = PAST_LIMIT.match(note)
-    if past_limit:
-        return f"past --confirm-limit {int(past_limit.group(1))}"
-    return REPORTED_NOTHING if note == REPORTED_NOTHING else "no reason recorded"
+        _mark(retry.outcome, Confirmation.NOT_RERUN, confirmation_notes.past_limit(limit))
 
 
 def _mark(outcome: TestOutcome, verdict: Confirmation, note: str) -> None:
     outcome.confirmation = verdict.value
-    outcome.text = f"{outcome.text.rstrip()}\n\n{_header(verdict)}\n{note}".lstrip()
-
-
-def _header(verdict: Confirmation) -> str:
-    """The line that opens what `record` appends to a failure's text."""
-    return f"---- re-run alone: {verdict.description} ----"
+    outcome.confirmation_note = note
 
 
 def _alone_text(outcome: TestOutcome | None) -> str:
     if outcome is None:
-        return REPORTED_NOTHING
+        return confirmation_notes.REPORTED_NOTHING
     if outcome.status.is_failing:
         return f"{outcome.status}: {outcome.message}"
     return f"{outcome.status}" + (f": {outcome.message}" if outcome.message else "")
