@@ -22,6 +22,10 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 from torch.utils.checkpoint import checkpoint
 
+from torchmatrix.testing import implementation_of
+
+from .block_compile import compile_mode
+
 SDPA_BACKENDS = {
     "math": SDPBackend.MATH,
     "flash": SDPBackend.FLASH_ATTENTION,
@@ -29,6 +33,14 @@ SDPA_BACKENDS = {
     "cudnn": SDPBackend.CUDNN_ATTENTION,
 }
 ATTENTION_KINDS = ("sdpa", "eager")
+LAYERS_PER_STACK = 3
+COMPILED_LAYERS_PER_STACK = 1
+"""Layers per stack in a cell that compiles its blocks or its optimizer step. Compile time grows with
+every block (a block's graphs specialise on its cache entry and index, so identical blocks cannot share
+one) and every parameter (the compiled step unrolls per parameter); one prefix and one expert block
+still compile one by one, share one ``forward`` (so the recompile limit is still met), and the expert
+still reads the prefix block's cache entry that recompute rewrites."""
+COMPILED_STEP = "compiled"
 
 
 @dataclass(frozen=True)
@@ -42,7 +54,7 @@ class DecoderConfig:
     width: int = 32
     heads: int = 4
     mlp_width: int = 64
-    layers_per_stack: int = 3
+    layers_per_stack: int = LAYERS_PER_STACK
     prefix_len: int = 8
     suffix_len: int = 8
     batch_size: int = 2
@@ -272,12 +284,26 @@ def build_model(
 
     Reads ``cell["attn"]`` ("sdpa" | "eager") and, if the cell has it, ``cell["sdpa_backend"]``.
     Parameters come from the global RNG, so callers seed it (``torch.manual_seed``) first.
-    Checkpointing starts off; ``torchmatrix.models.parallel.parallelize`` switches it per layer.
+    Checkpointing starts off; ``torchmatrix.models.parallel.parallelize`` switches it per layer. A
+    cell that compiles gets the shallower decoder (``layers_per_stack``).
     """
-    config = DecoderConfig(attn=str(cell["attn"]), sdpa_backend=cell.get("sdpa_backend"), dropout=dropout)
+    config = DecoderConfig(
+        attn=str(cell["attn"]),
+        sdpa_backend=cell.get("sdpa_backend"),
+        dropout=dropout,
+        layers_per_stack=layers_per_stack(cell),
+    )
     return PrefixExpertDecoder(config, prefix_layer=prefix_layer, expert_layer=expert_layer, cache_type=cache_type).to(
         dtype
     )
+
+
+def layers_per_stack(cell: Mapping[str, object]) -> int:
+    """How deep each stack of the cell's decoder is: ``COMPILED_LAYERS_PER_STACK`` where the cell compiles
+    its blocks (``compile``) or its optimizer step (``optimizer_impl = "compiled"``), whose compile time on
+    CPU is most of the cell's, else ``LAYERS_PER_STACK``."""
+    compiles = compile_mode(cell) is not None or implementation_of(cell) == COMPILED_STEP
+    return COMPILED_LAYERS_PER_STACK if compiles else LAYERS_PER_STACK
 
 
 def make_batch(model: PrefixExpertDecoder, *, seed: int, device: torch.device) -> dict[str, Tensor]:

@@ -299,9 +299,8 @@ class Lockstep:
         self.model = parallelized(components, self.seeded_model(cell, components), cell, device=self.device)
         plain = reference_cell(cell)
         built = self.seeded_model(plain, components)
-        self.reference = remember_built(
-            load(components["parallelize"])(built, plain, device=self.device), module_names(built)
-        )
+        names = module_names(built)  # before parallelize: a compiled block's names gain `_orig_mod.` there
+        self.reference = remember_built(load(components["parallelize"])(built, plain, device=self.device), names)
         factory = load(components[f"optimizer_{cell['optimizer']}"])
         hyperparameters = dict(
             lr=options.lr,

@@ -6,7 +6,15 @@ import pytest
 import torch
 
 from torchmatrix.models.parallel import parallelize
-from torchmatrix.models.transformer import DecoderConfig, KVCache, build_model, lower_right_causal_mask, make_batch
+from torchmatrix.models.transformer import (
+    COMPILED_LAYERS_PER_STACK,
+    LAYERS_PER_STACK,
+    DecoderConfig,
+    KVCache,
+    build_model,
+    lower_right_causal_mask,
+    make_batch,
+)
 
 CPU = torch.device("cpu")
 
@@ -35,6 +43,22 @@ def test_prefix_layers_fill_one_cache_entry_each():
     assert sorted(output.past_key_values) == list(range(config.layers_per_stack))
     for keys, values in output.past_key_values.values():
         assert keys.shape == values.shape == (config.batch_size, config.heads, config.prefix_len, head_dim)
+
+
+@pytest.mark.parametrize(
+    ("cell", "depth"),
+    [
+        ({}, LAYERS_PER_STACK),
+        ({"compile": "none", "optimizer_impl": "fused"}, LAYERS_PER_STACK),
+        ({"compile": "aot_eager"}, COMPILED_LAYERS_PER_STACK),
+        ({"compile": "inductor", "optimizer_impl": "fused"}, COMPILED_LAYERS_PER_STACK),
+        ({"compile": "none", "optimizer_impl": "compiled"}, COMPILED_LAYERS_PER_STACK),
+    ],
+)
+def test_a_cell_that_compiles_builds_the_shallower_decoder(cell, depth):
+    model = build_model({"attn": "sdpa", "fsdp": "none", **cell})
+    assert len(model.prefix_layers) == len(model.expert_layers) == model.config.layers_per_stack == depth
+    assert COMPILED_LAYERS_PER_STACK < LAYERS_PER_STACK
 
 
 def test_checkpointing_reruns_each_layer_body_once_in_backward():
