@@ -208,7 +208,7 @@ def pieces_left_behind(records: list[RankRecord]) -> list[str]:
     return [
         f"{test_state_restored_right_after_load.__name__}[piece={piece}]"
         for piece in AFTER_LOAD_PIECES
-        if any(record.after_load[piece] for record in records)
+        if any(record.after_load.get(piece) for record in records)
     ]
 
 

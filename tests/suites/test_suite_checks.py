@@ -160,12 +160,28 @@ def test_resume_fails_on_a_state_that_came_back_with_a_negative_zero():
     straight = FinalState([], {"w": torch.tensor([0.0, 1.0])}, {"w": {"exp_avg": torch.tensor([0.0, 1.0])}}, {})
     resumed = FinalState([], {"w": negative_zero()}, {"w": {"exp_avg": negative_zero()}}, {})
     experiment = [rank_record(straight, resumed)]
+    recorded = []
+    record_property = lambda name, value: recorded.append((name, value))  # noqa: E731 - pytest's fixture, as a stand-in
     with pytest.raises(AssertionError, match=r"w\.exp_avg: 1/2 elements differ in their bits only"):
-        resume_suite.test_final_optimizer_state_identical(cell, experiment)
+        resume_suite.test_final_optimizer_state_identical(cell, experiment, record_property)
     with pytest.raises(AssertionError, match=r"w: 1/2 elements differ in their bits only"):
-        resume_suite.test_final_parameters_identical(cell, experiment)
-    resume_suite.test_final_parameters_identical(cell, [rank_record(straight, straight)])
-    resume_suite.test_final_optimizer_state_identical(cell, [rank_record(straight, straight)])
+        resume_suite.test_final_parameters_identical(cell, experiment, record_property)
+    resume_suite.test_final_parameters_identical(cell, [rank_record(straight, straight)], record_property)
+    resume_suite.test_final_optimizer_state_identical(cell, [rank_record(straight, straight)], record_property)
+    assert recorded == []  # every piece came back right after the load: no failure here is a consequence
+
+
+def test_a_final_difference_after_a_piece_the_load_left_behind_names_that_piece():
+    cell = SimpleNamespace(id="ws1-none-sdpa-adamw")
+    straight = FinalState([], {"w": torch.tensor([1.0])}, {}, {})
+    resumed = FinalState([], {"w": torch.tensor([2.0])}, {}, {})
+    left_behind = rank_record(straight, resumed, after_load={"scheduler": ["last_epoch is 0, saved 4"], "rng": []})
+    recorded = []
+    with pytest.raises(AssertionError, match="final parameters"):
+        resume_suite.test_final_parameters_identical(
+            cell, [left_behind], lambda name, value: recorded.append((name, value))
+        )
+    assert recorded == [("consequence_of", "test_state_restored_right_after_load[piece=scheduler]")]
 
 
 def test_resume_names_the_ranks_that_kept_their_state_when_only_some_did():
