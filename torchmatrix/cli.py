@@ -161,6 +161,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="load the other torch versions' cross_version checkpoints of this run (cross-read passes it)",
     )
     run.add_argument(
+        "--peer",
+        dest="peers",
+        action="append",
+        default=None,
+        metavar="VERSION",
+        help="pair cross_version with this torch release instead of matrix.toml's versions (repeatable; bisect passes it): "
+        "it reads this run's writes, or a read pass reads its writes; --torch may then name a release matrix.toml does not list",
+    )
+    run.add_argument(
         "--progress-part",
         type=_progress_part,
         default=(1, 1),
@@ -442,7 +451,7 @@ def _list(matrix: Matrix, args) -> int:
 
 
 def _run(matrix: Matrix, args) -> int:
-    if args.torch not in matrix.versions and args.torch != "system":
+    if args.torch not in matrix.versions and args.torch != "system" and not args.peers:
         raise RunError(
             f"--torch {args.torch}: not in [torch].versions of {matrix.path.name} ({', '.join(matrix.versions)}); add it there or pass --torch system"
         )
@@ -461,6 +470,7 @@ def _run(matrix: Matrix, args) -> int:
         confirm_limit=args.confirm_limit,
         part=InvocationPart(*args.progress_part, since=args.progress_since, install_seconds=args.progress_install),
         cross_version_reads=args.cross_version_reads,
+        peers=tuple(args.peers) if args.peers else None,
         selection=SuiteSelection(tuple(args.suites), tuple(args.tests)),
         **_filters(matrix, args),
     )

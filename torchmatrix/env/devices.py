@@ -13,6 +13,16 @@ from dataclasses import asdict, dataclass
 
 PROBE = """
 import json
+from importlib import metadata
+
+
+def _release():
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return ""
+
+
 try:
     import torch
 except Exception as error:
@@ -25,6 +35,7 @@ else:
         "cuda_version": torch.version.cuda,
         "gpu_count": torch.cuda.device_count() if cuda else 0,
         "gpu_name": torch.cuda.get_device_name(0) if cuda else "",
+        "release": _release(),
     }))
 """
 
@@ -42,6 +53,8 @@ class Environment:
     cuda_version: str | None
     gpu_count: int
     gpu_name: str
+    release: str = ""
+    """The torch distribution pip installed (its metadata's version; "" for a torch not installed by pip)."""
 
     @property
     def device_type(self) -> str:
@@ -63,6 +76,11 @@ class Environment:
     def base_version(self) -> str:
         """The release without the local build tag: 2.13.0+cpu -> 2.13.0."""
         return self.torch.split("+", 1)[0]
+
+    def has_release(self, version: str) -> bool:
+        """Whether this is torch `version`: its build says so, or the distribution pip installed
+        does (a wheel whose build reports another number, as a bisect's stand-in releases do)."""
+        return version in (self.base_version, self.release.split("+", 1)[0])
 
     def to_json(self) -> dict:
         """What plans and reports record: the build, the device in words, and how ranks connect."""
