@@ -80,7 +80,7 @@ class Environment:
     def has_release(self, version: str) -> bool:
         """Whether this is torch `version`: its build says so, or the distribution pip installed
         does (a wheel whose build reports another number, as a bisect's stand-in releases do)."""
-        return version in (self.base_version, self.release.split("+", 1)[0])
+        return version == self.base_version or bool(self.release) and version == self.release.split("+", 1)[0]
 
     def to_json(self) -> dict:
         """What plans and reports record: the build, the device in words, and how ranks connect."""
