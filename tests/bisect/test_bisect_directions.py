@@ -184,17 +184,26 @@ def test_good_and_bad_pins_check_both_directions_first_then_search_the_broken_on
     fake = FakeReleases(lambda writer, reader: reader == BASELINE and newer(writer, "2.14.0"))
     code, out = bisect(monkeypatch, project, fake, capsys, good=BASELINE, bad="2.15.1", filters=["--only=world_size=1"])
     assert code == 0, out
-    runs = list(fake.runs.values())
-    assert [a[a.index("--torch") + 1] for a in runs[0]] == ["system"]  # the selection on the bad pin: nothing fails
-    assert fake.pairs()[1] == [("2.15.1", BASELINE), (BASELINE, "2.15.1")]  # both directions between the pins
-    assert all(pairs == [(pairs[0][0], BASELINE)] for pairs in fake.pairs()[2:])
+    # cross_version is the matrix's only suite: no test to run on the pins, only both directions between them
+    assert fake.pairs()[0] == [("2.15.1", BASELINE), (BASELINE, "2.15.1")]
+    assert all(pairs == [(pairs[0][0], BASELINE)] for pairs in fake.pairs()[1:])
     assert "first bad: 2.14.0 (2.13.2 passed)" in out[-1] and out[-1].startswith("rollback"), out[-1]
 
 
 def test_pins_whose_checkpoints_load_both_ways_are_refused_saying_so(monkeypatch, project, capsys):
     fake = FakeReleases(lambda writer, reader: False)
-    with pytest.raises(BisectError, match="nothing fails alone .* loaded exactly both ways"):
+    with pytest.raises(BisectError, match=f"^every checkpoint between {BASELINE} and 2.15.1 loaded exactly both ways$"):
         bisect(monkeypatch, project, fake, capsys, good=BASELINE, bad="2.15.1", filters=["--only=world_size=1"])
+    assert [a[a.index("--torch") + 1] for a in next(iter(fake.runs.values()))] == [
+        "2.15.1",
+        BASELINE,
+        BASELINE,
+        "2.15.1",
+    ]
+    with_tests = dataclasses.replace(project, suites={**project.suites, "demo": project.suites["cross_version"]})
+    with pytest.raises(BisectError, match="nothing fails alone on --bad 2.15.1 .*; every checkpoint .* both ways"):
+        bisect(monkeypatch, with_tests, FakeReleases(lambda writer, reader: False), capsys, good=BASELINE,
+               bad="2.15.1", filters=["--only=world_size=1"])  # fmt: skip
 
 
 def test_a_release_that_cannot_write_stops_the_search_with_the_writes_failure(monkeypatch, project, capsys, tmp_path):
