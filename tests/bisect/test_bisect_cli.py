@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import subprocess
 import sys
@@ -10,15 +9,10 @@ import sys
 import pytest
 
 from torchmatrix import cli
-from torchmatrix.bisect.command import direction_breaks
 from torchmatrix.bisect.versions import IndexUnlisted, index_listing
 from torchmatrix.commands import bisect as bisect_command
 from torchmatrix.env.envdir_lock import lock_envdir
-from torchmatrix.reports.records import TestRecord
-from torchmatrix.reports.results_json import write_json
-from torchmatrix.reports.run_reader import load_results
 from torchmatrix.repro.output_directory import MARK, is_reproducer, publish
-from torchmatrix.status import Confirmation
 
 from helpers.checkout import checkout_env
 from helpers.matrix_files import write_demo_project
@@ -177,24 +171,3 @@ def test_an_index_pip_cannot_list_is_an_error_with_pips_reason(monkeypatch):
     monkeypatch.setenv("PIP_TIMEOUT", "2")
     with pytest.raises(IndexUnlisted, match="No matching distribution found for torch"):
         index_listing("http://127.0.0.1:9/simple", prereleases=False)
-
-
-def test_bisect_from_a_run_whose_break_is_a_checkpoint_direction_says_it_cannot_and_how_to_reproduce(tmp_path):
-    """A step runs one torch, a direction needs two: the refusal names the direction and the reproducer."""
-    results = load_results(write_fixture_run(tmp_path / "project", versions=(BASELINE,)))
-    read = TestRecord(BASELINE, "ws1-none", "cross_version", "test_loads_checkpoint_written_by[writer=2.15.0]",
-                      "failed", 1.0, message="ValueError: too many values to unpack (expected 5)")  # fmt: skip
-    confirmed = dataclasses.replace(read, confirmation=Confirmation.FAILS_ALONE.value)
-    run = tmp_path / "project" / "reports" / "directions"
-    run.mkdir()
-    write_json(run / "results.json", dataclasses.replace(results, tests=[*results.tests, read]), [])
-    assert direction_breaks(load_results(run)) == []  # never re-read alone: not a confirmed direction
-    write_json(run / "results.json", dataclasses.replace(results, tests=[*results.tests, confirmed]), [])
-    done = torchmatrix(tmp_path / "project", "bisect", "--envdir", str(tmp_path / ".nox"), "--from", str(run))
-    assert done.returncode == 2, done.stdout + done.stderr
-    line = done.stderr.strip()
-    assert "1 broken checkpoint direction: bisect cannot search one, a step runs one torch" in line, line
-    assert (
-        "rollback in ws1-none: torch 2.13.0 cannot read torch 2.15.0's checkpoint; reproduce: torchmatrix repro" in line
-    )
-    assert sorted(p.name for p in run.iterdir()) == ["results.json"]  # no bisect-<id>/

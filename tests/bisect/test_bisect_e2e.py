@@ -6,7 +6,8 @@ sys.path, so every "release" is the same torch under another version number. The
 test reads that number and drops a rank's value from 2.95.0 on (or from the release a test says);
 2.92.0 needs a package no index has, so it never installs; 2.91.0 installs a torch package that
 cannot be imported (as a wheel built for a missing libcudart is). Venvs and wheels are shared by the
-module's tests, as the bisect shares them across runs.
+module's tests, as the bisect shares them across runs. A checkpointer that tags its checkpoints with a
+format older releases refuse, from 2.95.0 on, makes the rollback direction break there.
 """
 
 from __future__ import annotations
@@ -27,9 +28,13 @@ from pathlib import Path
 import pytest
 
 from torchmatrix.env.torch_install import pip_index_options
+from torchmatrix.matrix.config import ReportSettings
+from torchmatrix.reports.records import RunResults, TestRecord
+from torchmatrix.reports.results_json import write_json
+from torchmatrix.status import Confirmation
 
 from helpers.checkout import unconstrained_pip
-from helpers.matrix_files import write_matrix
+from helpers.matrix_files import REFERENCE_COMPONENTS, write_matrix
 
 pytestmark = pytest.mark.slow
 
@@ -95,6 +100,19 @@ def reduce_sum(value):
         value += dist.get_rank() + 1
     return value
 '''
+
+
+NEW_FORMAT_COMPONENT = '''\
+"""The reference checkpointer, tagging its checkpoints from torch 2.95.0 on with a format field that
+releases before it refuse."""
+
+from torchmatrix.models.mutants.cross_version import NewFormatCheckpointer
+
+
+class Checkpointer(NewFormatCheckpointer):
+    first_new_format = (2, 95)
+'''
+DIRECTION_CELL = {"world_size": "1", "fsdp": "none", "attn": "sdpa", "optimizer": "adamw"}
 
 
 def _record_line(name: str, data: bytes) -> str:
@@ -349,3 +367,45 @@ def test_the_reproducer_fails_without_torchmatrix_as_the_run_did_and_passes_on_t
     passed = subprocess.run([python, "repro.py"], cwd=repro, env=plain, capture_output=True, text=True, timeout=300)
     assert passed.returncode == 0, passed.stdout + passed.stderr
     assert passed.stdout.splitlines()[-1].endswith("in cell ws1: passed")
+
+
+def rollback_run(root: Path, baseline: str, candidate: str, cell_id: str) -> Path:
+    """A run directory whose baseline failed, confirmed alone, to read the candidate's checkpoint of one cell."""
+    run = root / "reports" / f"rollback-{candidate}"
+    run.mkdir(parents=True)
+    read = TestRecord(baseline, cell_id, "cross_version", f"test_loads_checkpoint_written_by[writer={candidate}]",
+                      "failed", 1.0, "RuntimeError: checkpoint format 2 is not readable",
+                      confirmation=Confirmation.FAILS_ALONE.value)  # fmt: skip
+    results = RunResults("rollback", "", [], "", "", baseline, ReportSettings(), [], {cell_id: DIRECTION_CELL}, [read])
+    write_json(run / "results.json", results, [])
+    return run
+
+
+def test_a_rollback_break_is_bisected_to_the_first_release_whose_checkpoint_the_baseline_cannot_read(project):
+    """Each step writes the cell's checkpoint with its release and reads it with the baseline, whose
+    venv is made ready once (the module's earlier searches installed every venv it uses)."""
+    root = project["root"]
+    config = root / "directions" / "matrix.toml"
+    write_matrix(
+        config.parent,
+        torch=["2.93.0", "2.96.0"],
+        axes={"world_size": [1], "fsdp": ["none"], "attn": ["sdpa"], "optimizer": ["adamw"]},
+        suites={"cross_version": {"path": None, "timeout": 300}},
+        components={**REFERENCE_COMPONENTS, "checkpointer": "release_format:Checkpointer"},
+    )
+    (config.parent / "release_format.py").write_text(NEW_FORMAT_COMPONENT)
+    run = rollback_run(root, "2.93.0", "2.96.0", "ws1-none-sdpa-adamw")
+    result, report = bisect(project, "--config", str(config), "--from", str(run))
+    assert result.returncode == 0, result.stdout + result.stderr
+    line = result.stdout.splitlines()[-1]
+    assert line.startswith(
+        "rollback [ws1-none-sdpa-adamw] (torch 2.93.0 reading each release's checkpoint): first bad: 2.95.0 (2.94.0 passed) — "
+    ), line
+    assert "checkpoint format 2 (written by torch 2.95.0) is not readable by torch 2.93.0" in line, line
+    steps = report["steps"]
+    assert [(step["version"], step["checkpoints"]) for step in steps] == [
+        ("2.94.0", [["2.94.0", "2.93.0"]]),
+        ("2.95.0", [["2.95.0", "2.93.0"]]),
+    ]
+    assert result.stdout.count("torch 2.93.0: its gpu_matrix venv") == 1, result.stdout
+    assert report["regressions"][0]["direction"] == "rollback"

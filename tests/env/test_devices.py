@@ -1,10 +1,11 @@
-"""The probed environment as one typed record: what plan.json and a group plan hold of it, read back."""
+"""The probed environment as one typed record: what plan.json and a group plan hold of it, read back,
+and which torch release it has (its build's version, or the distribution pip installed)."""
 
 from __future__ import annotations
 
 import pytest
 
-from torchmatrix.env.devices import Environment
+from torchmatrix.env.devices import Environment, probe
 
 CPU = Environment("2.13.0+cpu", "abc", None, 0, "")
 GPUS = Environment("2.13.0+cu130", "abc", "13.0", 8, "NVIDIA H100")
@@ -60,3 +61,21 @@ def test_the_device_follows_the_gpus_and_an_environment_without_torch_has_none()
 )
 def test_a_plan_from_another_machine_with_values_of_the_wrong_kind_reads_them_as_absent(recorded, read):
     assert Environment.from_json(recorded) == read
+
+
+def environment(torch: str, release: str) -> Environment:
+    return Environment(torch=torch, git_version="", cuda_version=None, gpu_count=0, gpu_name="", release=release)
+
+
+def test_a_release_is_the_builds_version_or_the_installed_distributions():
+    assert environment("2.13.0+cpu", "2.13.0+cpu").has_release("2.13.0")
+    assert environment("2.13.0+cpu", "2.95.0").has_release("2.95.0")  # a wheel whose build reports another number
+    assert not environment("2.13.0+cpu", "2.13.0+cpu").has_release("2.14.1")
+    assert not environment("2.13.0+cpu", "").has_release("")  # a torch pip did not install names no release
+
+
+def test_the_probe_reports_the_distribution_pip_installed():
+    from importlib import metadata
+
+    found = probe()
+    assert found.release == metadata.version("torch") and found.has_release(found.base_version)

@@ -132,3 +132,23 @@ def test_a_truncated_plan_is_exit_2_and_the_other_versions_still_read(setting, t
     assert read_pass(run_dir, matrix, tmp_path / ".nox", {VERSION: str(python)}, stream=said) == 2
     assert record.exists()
     assert said.getvalue().startswith("torchmatrix: error: cross-read: ") and "not a readable plan" in said.getvalue()
+
+
+def test_a_paired_run_pairs_cross_version_with_the_versions_named_not_the_matrixs(tmp_path):
+    """Bisect's steps pair a release matrix.toml does not list with the baseline: unpaired, that
+    release's write would have no reader and skip."""
+    from torchmatrix.run.cross_version import suites_for
+
+    write_demo_project(
+        tmp_path, torch=[VERSION, "2.15.0"], axes={"world_size": [1]}, suites={"cross_version": {"path": None}}
+    )
+    matrix = load_matrix(str(tmp_path / "matrix.toml"))
+    run_dir = tmp_path / "reports" / "step1"
+    unpaired = suites_for(matrix, "2.14.0", run_dir, reads=False)["cross_version"].options
+    assert unpaired["peers"] == []
+    writes = suites_for(matrix, "2.14.0", run_dir, reads=False, paired=(VERSION,))["cross_version"].options
+    assert (writes["torch"], writes["peers"], writes["run_dir"]) == ("2.14.0", [VERSION], str(run_dir))
+    reads = suites_for(matrix, VERSION, run_dir, reads=True, paired=("2.14.0",))
+    assert reads["cross_version"].options["peers"] == ["2.14.0"]
+    assert reads["cross_version"].path.endswith("cross_version_reads.py")
+    assert suites_for(matrix, VERSION, run_dir, reads=True)["cross_version"].options["peers"] == ["2.15.0"]

@@ -59,6 +59,14 @@ def test_a_version_missing_from_the_matrix_is_a_usage_error(demo):
     assert "not in [torch].versions" in done.stderr
 
 
+def test_a_paired_run_may_name_a_release_outside_the_matrix_but_its_venv_must_have_it(demo):
+    """bisect's steps pass --peer with a release between the pins; the environment is still checked."""
+    done = demo.torchmatrix("run", "--torch", "2.99.0", "--peer", "2.13.0")
+    assert done.returncode == 1, done.stderr
+    for _, case in merged_cases(demo):
+        assert case.is_error and "not 2.99.0" in case.result[0].message
+
+
 def test_an_unwritable_reports_path_fails_before_any_cell(demo):
     demo.write("taken", "a file where the reports directory should go")
     done = demo.torchmatrix("run", "--torch", "system", "--reports", "taken/reports")

@@ -2,9 +2,11 @@
 
 Each step installs one version into its gpu_matrix venv (torchmatrix.env.version_venv) and runs
 `torchmatrix run` there on only the regressed test in only its cell; the runner re-runs a failure
-alone, which decides the step's verdict. The pins come from a run's upgrade diff (`--from RUN`:
-its confirmed regressions, already decided on both pins) or from `--good/--bad` with a selection,
-which runs both pins first to find the tests that regressed.
+alone, which decides the step's verdict. A broken checkpoint direction's step writes with one
+version and reads with the other (torchmatrix.bisect.directions). The pins come from a run's
+upgrade diff (`--from RUN`: its confirmed regressions and broken directions, already decided on
+both pins) or from `--good/--bad` with a selection, which runs both pins first to find the tests
+and directions that regressed.
 """
 
 from __future__ import annotations
@@ -22,6 +24,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from torchmatrix import file_writes
+from torchmatrix.bisect.directions import (
+    WRITE_TEST,
+    broken_directions,
+    direction_step,
+    pins_step,
+    read_of,
+    write_failure,
+)
+from torchmatrix.bisect.regression import Regression
 from torchmatrix.bisect.search import Bisection, Outcome
 from torchmatrix.bisect.versions import IndexUnlisted, VersionError, offered_versions
 from torchmatrix.env.envdir_lock import EnvdirBusy, EnvdirUnlockable, lock_envdir
@@ -31,7 +42,6 @@ from torchmatrix.matrix.config import Matrix
 from torchmatrix.matrix.selection import EVERY_CELL, CellSelection
 from torchmatrix.messages.cross_version import SUITE, writer_of_read
 from torchmatrix.reports.records import RunResults, TestRecord
-from torchmatrix.reports.reproducible import is_reproducible, repro_command
 from torchmatrix.reports.run_reader import load_results
 from torchmatrix.reports.upgrade_diff import upgrade_diffs
 from torchmatrix.run.interrupts import Interrupts
@@ -47,23 +57,6 @@ STEP_GRACE_SECONDS = 30
 
 class BisectError(UserError):
     """Nothing to bisect, or a step the runner refused; the message says what to change."""
-
-
-@dataclass(frozen=True)
-class Regression:
-    """A test that passes on the good pin and fails alone on the bad one, in the cell that ran it."""
-
-    suite: str
-    test: str
-    cell: str
-    axes: dict[str, str]
-    good: str
-    bad: str
-    root_cause: str
-
-    @property
-    def name(self) -> str:
-        return f"{self.suite}::{self.test} [{self.cell}]"
 
 
 @dataclass
@@ -88,14 +81,75 @@ class Steps:
         self.started = time.time()
         self.count = 0
         self.log: list[dict] = []
+        self.venvs: dict[str, tuple] = {}  # version -> (venv, reused): a venv prepared once per bisect
 
     def run(self, version: str, selection: list[str]) -> tuple[RunResults | None, Outcome, str]:
         """Install `version` (or reuse its venv) and run `selection` there; the results, or None,
         why it was skipped (did not install, or installed and does not import torch) and the reason."""
+        step, begun = self._begin(version, {"selection": selection}), time.time()
+        skipped = self._prepare(version, step, begun)
+        if skipped:
+            return None, *skipped
+        venv, reused = self.venvs[version]
+        run_id = f"step{self.count}-torch-{version}"
+        print(
+            f"torchmatrix bisect: step {self.count}: torch {version}: running {shlex.join(selection) or 'every cell of matrix.toml'}",
+            flush=True,
+        )
+        self._torchmatrix(venv, version, run_id, ["--torch", "system", *selection], step, begun)
+        self.log.append({**step, "installed": True, "reused": reused, "run": run_id, "seconds": _since(begun)})
+        return load_results(self.out / "steps" / run_id), Outcome.PASSED, ""
+
+    def pair(
+        self, version: str, pairs: list[tuple[str, str]], selection: list[str]
+    ) -> tuple[RunResults | None, Outcome, str]:
+        """Judge checkpoint directions on `version`: in one run directory, each (writer, reader)
+        pair's writer writes the selected cells' cross_version checkpoints and its reader reads them.
+        `version` is skipped as `run` skips it; the other side (the baseline) must install and import."""
+        step = self._begin(version, {"selection": selection, "checkpoints": [list(pair) for pair in pairs]})
+        begun = time.time()
+        sides = list(dict.fromkeys([version, *(v for pair in pairs for v in pair)]))
+        for side in sides:
+            skipped = self._prepare(side, step, begun)
+            if skipped and side == version:
+                return None, *skipped
+            if skipped:
+                raise BisectError(
+                    f"torch {side}, the other side of every checkpoint this bisect reads, {skipped[0].value}: {skipped[1]}"
+                )
+        run_id = f"step{self.count}-torch-{version}"
+        for writer in dict.fromkeys(writer for writer, _ in pairs):
+            readers = [reader for w, reader in pairs if w == writer]
+            print(
+                f"torchmatrix bisect: step {self.count}: torch {writer}: writing checkpoints for torch {', '.join(readers)} "
+                f"({shlex.join(selection) or 'every cell'})",
+                flush=True,
+            )
+            peers = [f"--peer={reader}" for reader in readers]
+            arguments = ["--torch", writer, *peers, *selection, f"--test={SUITE}::{WRITE_TEST}"]
+            self._torchmatrix(self.venvs[writer][0], writer, run_id, arguments, step, begun)
+        for reader in dict.fromkeys(reader for _, reader in pairs):
+            writers = [writer for writer, r in pairs if r == reader]
+            print(
+                f"torchmatrix bisect: step {self.count}: torch {reader}: reading the checkpoints of torch {', '.join(writers)}",
+                flush=True,
+            )
+            peers = [f"--peer={writer}" for writer in writers]
+            arguments = ["--cross-version-reads", "--torch", reader, *peers, *selection]
+            self._torchmatrix(self.venvs[reader][0], reader, run_id, arguments, step, begun)
+        reused = all(self.venvs[side][1] for side in sides)
+        self.log.append({**step, "installed": True, "reused": reused, "run": run_id, "seconds": _since(begun)})
+        return load_results(self.out / "steps" / run_id), Outcome.PASSED, ""
+
+    def _begin(self, version: str, step: dict) -> dict:
         self.count += 1
         self.planned = max(self.planned, self.count)
-        step = {"version": version, "selection": selection}
-        begun = time.time()
+        return {"version": version, **step}
+
+    def _prepare(self, version: str, step: dict, begun: float) -> tuple[Outcome, str] | None:
+        """Make `version`'s venv ready once per bisect (reused, or installed); why it cannot be, else None."""
+        if version in self.venvs:
+            return None
         print(
             f"torchmatrix bisect: step {self.count}: torch {version}: its gpu_matrix venv (installed unless it was before)",
             flush=True,
@@ -114,38 +168,34 @@ class Steps:
         if not installed.ok:
             print(f"torchmatrix bisect: step {self.count}: torch {version} did not install: {installed.reason}")
             self.log.append({**step, "installed": False, "reason": installed.reason, "seconds": _since(begun)})
-            return None, Outcome.NOT_INSTALLED, installed.reason
+            return Outcome.NOT_INSTALLED, installed.reason
         broken = import_failure(venv)
         if broken:
             print(f"torchmatrix bisect: step {self.count}: torch {version} installed but does not import: {broken}")
             self.log.append({**step, "installed": True, "imports": False, "reason": broken, "seconds": _since(begun)})
-            return None, Outcome.NOT_IMPORTABLE, broken
-        run_id = f"step{self.count}-torch-{version}"
+            return Outcome.NOT_IMPORTABLE, broken
+        self.venvs[version] = (venv, reused)
+        return None
+
+    def _torchmatrix(self, venv, version: str, run_id: str, arguments: list[str], step: dict, begun: float) -> None:
+        """`torchmatrix run` in `venv` into the step's run directory; a refusal ends the bisect."""
         command = [
             str(venv.python), "-m", "torchmatrix", "run",
             "--config", str(self.request.matrix.path),
-            "--torch", "system",
             "--reports", str(self.out / "steps"),
             "--run-id", run_id,
             "--progress-part", f"{self.count}/{self.planned}",
             "--progress-since", f"{self.started:.3f}",
             *(["--slots", str(self.request.slots)] if self.request.slots else []),
-            *selection,
+            *arguments,
         ]  # fmt: skip
-        print(
-            f"torchmatrix bisect: step {self.count}: torch {version}: running {shlex.join(selection) or 'every cell of matrix.toml'}",
-            flush=True,
-        )
         try:
             code = run_step_process(command, venv.environment())
         except KeyboardInterrupt:
-            self.log.append({**step, "installed": True, "reused": reused, "run": run_id, "interrupted": True,
-                             "seconds": _since(begun)})  # fmt: skip
+            self.log.append({**step, "installed": True, "run": run_id, "interrupted": True, "seconds": _since(begun)})
             raise
         if code not in (0, 1):
             raise BisectError(f"torch {version}: `torchmatrix run` ended with exit code {code} (see above)")
-        self.log.append({**step, "installed": True, "reused": reused, "run": run_id, "seconds": _since(begun)})
-        return load_results(self.out / "steps" / run_id), Outcome.PASSED, ""
 
 
 def import_failure(venv) -> str:
@@ -225,12 +275,17 @@ def _bisect(request: BisectRequest, interrupts: Interrupts) -> int:
         steps.planned += sum(math.ceil(math.log2(len(s.candidates) + 1)) for s in _distinct_ranges(searches))
         while batch := next_batch(searches):
             version = batch[0][1].next_version()
-            results, skipped, reason = steps.run(version, bisect_selection([regression for regression, _ in batch]))
+            judged = [regression for regression, _ in batch]
+            if judged[0].direction:
+                pairs = direction_step(judged, version)
+                results, skipped, reason = steps.pair(version, pairs, cell_selection(judged[0]))
+            else:
+                results, skipped, reason = steps.run(version, bisect_selection(judged))
             for regression, search in batch:
                 if results is None:
                     search.record(version, skipped, reason)
                     continue
-                outcome, detail = verdict(_record(results, regression))
+                outcome, detail = step_verdict(results, regression, version)
                 print(
                     f"torchmatrix bisect: torch {version}: {regression.name} {outcome.value}"
                     + (f": {detail}" if detail else "")
@@ -267,7 +322,7 @@ def _searches(request: BisectRequest, regressions: list[Regression]) -> list[tup
             offered[pins] = offered_versions(request.matrix, *pins)
         candidates = offered[pins]
         print(
-            f"torchmatrix bisect: {regression.name}: passes on {regression.good}, fails alone on {regression.bad}; "
+            f"torchmatrix bisect: {regression.name}: {_pins_said(regression)}; "
             f"{count(len(candidates), 'version')} between them on the index ({', '.join(candidates) or 'none'}): "
             f"at most {math.ceil(math.log2(len(candidates) + 1))} to install",
             flush=True,
@@ -276,59 +331,54 @@ def _searches(request: BisectRequest, regressions: list[Regression]) -> list[tup
     return searches
 
 
+def _pins_said(regression: Regression) -> str:
+    """What the pins showed, as the search's opening line says it."""
+    if regression.direction:
+        writer, reader = regression.writer_and_reader(regression.bad)
+        return f"torch {reader} cannot read torch {writer}'s checkpoint"
+    return f"passes on {regression.good}, fails alone on {regression.bad}"
+
+
 def _distinct_ranges(searches: list[tuple[Regression, Bisection]]) -> list[Bisection]:
-    """One search per (cell, good, bad): the tests of one cell that regressed together share its steps."""
-    return list({(r.cell, r.good, r.bad): s for r, s in searches}.values())
+    """One search per (cell, direction, good, bad): the tests of one cell that regressed together share its steps."""
+    return list({(r.cell, r.direction, r.good, r.bad): s for r, s in searches}.values())
 
 
 def regressions_of_run(results: RunResults) -> list[Regression]:
-    """The confirmed regressions of every version of a run against its baseline (broken checkpoint
-    directions are not among them: a step runs one torch, and a direction needs two)."""
+    """The confirmed regressions of every version of a run against its baseline, and its confirmed
+    broken checkpoint directions (a read failure is the pair's: searched by steps that write with
+    one version and read with the other, never as a test of the version that read)."""
     regressions = [
         _regression(change.after, results.cells.get(change.after.run_cell, {}), diff.before, diff.after)
         for diff in upgrade_diffs(results)
         for change in diff.regressions
         if writer_of_read(change.after.suite, change.after.test) is None
     ]
-    directions = direction_breaks(results)
-    if directions:
-        print(
-            f"torchmatrix bisect: not searched, {count(len(directions), 'broken checkpoint direction')} (a step runs one torch; "
-            "reproduce each with the command below, a torch-only script, and run it per release):",
-            *(f"  {line}" for line in directions),
-            sep="\n",
-            flush=True,
-        )
+    regressions += broken_directions(results, results.baseline)
     if not regressions:
         raise BisectError(
-            f"run {results.run_id} has no confirmed regression against its baseline {results.baseline} that bisect can search"
-            + (
-                f" ({count(len(directions), 'broken checkpoint direction')}: bisect cannot search one, a step runs one torch; "
-                f"`torchmatrix repro` of the read failure writes a torch-only script to run per release, e.g. {directions[0]})"
-                if directions
-                else "; bisect a run whose upgrade diff lists one, or pass --good and --bad"
-            )
+            f"run {results.run_id} has no confirmed regression or broken checkpoint direction against its baseline "
+            f"{results.baseline}; bisect a run whose upgrade diff lists one, or pass --good and --bad"
         )
     return regressions
 
 
-def direction_breaks(results: RunResults) -> list[str]:
-    """Each confirmed failed cross_version read of the run: its direction, cell, versions and reproduce command."""
-    breaks = []
-    for record in results.tests:
-        writer = writer_of_read(record.suite, record.test)
-        if writer is None or not is_reproducible(record):
-            continue
-        direction = "rollback" if record.torch == results.baseline else "forward"
-        breaks.append(
-            f"{direction} in {record.run_cell}: torch {record.torch} cannot read torch {writer}'s checkpoint; "
-            f"reproduce: {repro_command(results.run_id, record)}"
-        )
-    return breaks
-
-
 def _regressions_of_pins(request: BisectRequest, steps: Steps) -> list[Regression]:
-    """Run the selection on the bad pin, then its confirmed failures on the good pin: those that pass there."""
+    """The tests that fail alone on the bad pin and pass on the good one, and, where the matrix has
+    cross_version, the checkpoint directions between the pins that broke (a matrix of cross_version
+    alone has no test one torch can fail: its pins run only the directions' step)."""
+    has_tests, has_directions = bool(set(request.matrix.suites) - {SUITE}), SUITE in request.matrix.suites
+    tests, refusal = _tests_of_pins(request, steps) if has_tests else ([], "")
+    directions = _directions_of_pins(request, steps) if has_directions else []
+    if not tests and not directions:
+        loaded = f"every checkpoint between {request.good} and {request.bad} loaded exactly both ways"
+        raise BisectError("; ".join([*([refusal] if refusal else []), *([loaded] if has_directions else [])]))
+    return [*tests, *directions]
+
+
+def _tests_of_pins(request: BisectRequest, steps: Steps) -> tuple[list[Regression], str]:
+    """Run the selection on the bad pin, then its confirmed failures on the good pin: those that
+    pass there; none, and why, when nothing regressed."""
     filters = request.cell_selection.arguments()
     bad_results, skipped, reason = steps.run(request.bad, filters)
     if bad_results is None:
@@ -339,15 +389,9 @@ def _regressions_of_pins(request: BisectRequest, steps: Steps) -> list[Regressio
         if record.status.is_failing and record.confirmation == Confirmation.FAILS_ALONE and record.ran_in is None
     ]
     if not failing:
-        raise BisectError(
+        return [], (
             f"nothing fails alone on --bad {request.bad} in the selection ({shlex.join(filters) or 'every cell'}); "
             "widen it, or pick the release the upgrade diff flagged"
-            + (
-                " (a broken checkpoint direction never shows here: a step runs one torch, where cross_version's write "
-                "has no reader; `torchmatrix repro` of the run's read failure writes a torch-only script to run per release)"
-                if SUITE in request.matrix.suites
-                else ""
-            )
         )
     tests = sorted({f"--test={record.suite}::{record.test}" for record in failing})
     good_results, skipped, reason = steps.run(request.good, [*filters, *tests])
@@ -363,11 +407,22 @@ def _regressions_of_pins(request: BisectRequest, steps: Steps) -> list[Regressio
             print(
                 f"torchmatrix bisect: {record.suite}::{record.test} [{record.cell}] is {state} on {request.good} too: not a regression"
             )
-    if not regressions:
-        raise BisectError(
-            f"every test that fails on {request.bad} fails on {request.good} too: nothing regressed between them"
-        )
-    return regressions
+    return (
+        regressions,
+        f"every test that fails on {request.bad} fails on {request.good} too: nothing regressed between them",
+    )
+
+
+def _directions_of_pins(request: BisectRequest, steps: Steps) -> list[Regression]:
+    """Both checkpoint directions between the pins, in the selected cells: the good pin reads the bad
+    pin's checkpoints (rollback) and the bad pin the good pin's (forward); each confirmed failed read
+    is a direction to search, with the good pin as the baseline."""
+    results, skipped, reason = steps.pair(
+        request.bad, pins_step(request.good, request.bad), request.cell_selection.arguments()
+    )
+    if results is None:
+        raise BisectError(f"--bad {request.bad} {skipped.value}: {reason}")
+    return broken_directions(results, request.good)
 
 
 def _regression(record: TestRecord, axes: dict[str, str], good: str, bad: str) -> Regression:
@@ -376,21 +431,31 @@ def _regression(record: TestRecord, axes: dict[str, str], good: str, bad: str) -
 
 def next_batch(searches: list[tuple[Regression, Bisection]]) -> list[tuple[Regression, Bisection]]:
     """The searches one step serves: the first open one, and every other open one of the same cell
-    that asks for the same version next (the tests of one cell that regressed together)."""
+    and kind (tests, or a checkpoint direction) that asks for the same version next (the tests of
+    one cell that regressed together)."""
     open_searches = [(r, s) for r, s in searches if s.next_version() is not None]
     if not open_searches:
         return []
     first, search = open_searches[0]
     version = search.next_version()
-    return [(r, s) for r, s in open_searches if r.cell == first.cell and s.next_version() == version]
+    return [
+        (r, s)
+        for r, s in open_searches
+        if (r.cell, r.direction) == (first.cell, first.direction) and s.next_version() == version
+    ]
 
 
 def bisect_selection(regressions: list[Regression]) -> list[str]:
     """`torchmatrix run` arguments for only these tests in only their (one) cell."""
     return [
-        *(f"--only={axis}={value}" for axis, value in regressions[0].axes.items()),
+        *cell_selection(regressions[0]),
         *sorted({f"--test={regression.suite}::{regression.test}" for regression in regressions}),
     ]
+
+
+def cell_selection(regression: Regression) -> list[str]:
+    """`torchmatrix run` arguments for only the regression's cell."""
+    return [f"--only={axis}={value}" for axis, value in regression.axes.items()]
 
 
 def _same_test(record: TestRecord, other: TestRecord) -> bool:
@@ -406,6 +471,17 @@ def _record(results: RunResults, regression: Regression) -> TestRecord | None:
         ),
         None,
     )
+
+
+def step_verdict(results: RunResults, regression: Regression, version: str) -> tuple[Outcome, str]:
+    """What a step on `version` showed for `regression`: its test's verdict, or for a checkpoint
+    direction the verdict of the read of the step's checkpoint (no verdict when its writer failed)."""
+    if not regression.direction:
+        return verdict(_record(results, regression))
+    outcome, detail = verdict(read_of(results, regression, version))
+    if outcome is Outcome.NO_VERDICT:
+        detail = write_failure(results, regression, version) or detail
+    return outcome, detail
 
 
 def verdict(record: TestRecord | None) -> tuple[Outcome, str]:
@@ -457,6 +533,12 @@ def _step_state(step: dict) -> str:
     return state + ("; interrupted" if step.get("interrupted") else "")
 
 
+def _checkpoints(step: dict) -> str:
+    """A direction step's checkpoints, as bisect.md's selection column adds them."""
+    pairs = step.get("checkpoints")
+    return f" ({'; '.join(f'written by {w}, read by {r}' for w, r in pairs)})" if pairs else ""
+
+
 def _write_report(
     out: Path, request: BisectRequest, searches: list, lines: list[str], steps: Steps, *, interrupted: bool
 ) -> None:
@@ -471,6 +553,7 @@ def _write_report(
                 "suite": regression.suite,
                 "test": regression.test,
                 "cell": regression.cell,
+                "direction": regression.direction,
                 "good": regression.good,
                 "bad": regression.bad,
                 "candidates": search.candidates,
@@ -497,7 +580,7 @@ def _write_report(
         "| step | torch | installed | selection | seconds |",
         "|---|---|---|---|---|",
         *(
-            f"| {i} | {s['version']} | {_step_state(s)} | `{shlex.join(s['selection'])}` | {s['seconds']:.0f} |"
+            f"| {i} | {s['version']} | {_step_state(s)} | `{shlex.join(s['selection'])}`{_checkpoints(s)} | {s['seconds']:.0f} |"
             for i, s in enumerate(steps.log, 1)
         ),
     ]

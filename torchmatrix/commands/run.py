@@ -74,6 +74,15 @@ def add_parser(commands) -> argparse.ArgumentParser:
         help="load the other torch versions' cross_version checkpoints of this run (cross-read passes it)",
     )
     parser.add_argument(
+        "--peer",
+        dest="peers",
+        action="append",
+        default=None,
+        metavar="VERSION",
+        help="pair cross_version with this torch release instead of matrix.toml's versions (repeatable; bisect passes it): "
+        "it reads this run's writes, or a read pass reads its writes; --torch may then name a release matrix.toml does not list",
+    )
+    parser.add_argument(
         "--progress-part",
         type=progress_part,
         default=(1, 1),
@@ -138,7 +147,7 @@ def add_parser(commands) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> ExitCode:
     matrix = load_matrix(args.config)
-    if args.torch not in matrix.versions and args.torch != "system":
+    if args.torch not in matrix.versions and args.torch != "system" and not args.peers:
         raise RunError(
             f"--torch {args.torch}: not in [torch].versions of {matrix.path.name} ({', '.join(matrix.versions)}); add it there or pass --torch system"
         )
@@ -157,6 +166,7 @@ def run(args: argparse.Namespace) -> ExitCode:
         confirm_limit=args.confirm_limit,
         part=InvocationPart(*args.progress_part, since=args.progress_since, install_seconds=args.progress_install),
         cross_version_reads=args.cross_version_reads,
+        peers=tuple(args.peers) if args.peers else None,
         selection=SuiteSelection(tuple(args.suites), tuple(args.tests)),
         cell_selection=cell_selection(args, matrix),
     )

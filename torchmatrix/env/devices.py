@@ -13,6 +13,16 @@ from dataclasses import dataclass, replace
 
 PROBE = """
 import json
+from importlib import metadata
+
+
+def _release():
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return ""
+
+
 try:
     import torch
 except Exception as error:
@@ -25,6 +35,7 @@ else:
         "cuda_version": torch.version.cuda,
         "gpu_count": torch.cuda.device_count() if cuda else 0,
         "gpu_name": torch.cuda.get_device_name(0) if cuda else "",
+        "release": _release(),
     }))
 """
 
@@ -46,6 +57,8 @@ class Environment:
     """The interpreter that runs the cells; "" where they cannot run here."""
     no_torch: str = ""
     """How reports name the device of an environment without a usable torch (`none (torch did not install)`)."""
+    release: str = ""
+    """The torch distribution pip installed (its metadata's version; "" for a torch not installed by pip)."""
 
     @classmethod
     def without_torch(cls, device: str) -> Environment:
@@ -82,6 +95,11 @@ class Environment:
         """The release without the local build tag: 2.13.0+cpu -> 2.13.0."""
         return self.torch.split("+", 1)[0]
 
+    def has_release(self, version: str) -> bool:
+        """Whether this is torch `version`: its build says so, or the distribution pip installed
+        does (a wheel whose build reports another number, as a bisect's stand-in releases do)."""
+        return version == self.base_version or bool(self.release) and version == self.release.split("+", 1)[0]
+
     def to_json(self) -> dict:
         """What plans and reports record: the build, the device in words, how ranks connect, and the
         interpreter where cells run; only the device's words without a usable torch."""
@@ -95,7 +113,8 @@ class Environment:
             "gpu_name": self.gpu_name,
         }
         described = {"device": self.description, "device_type": self.device_type, "backend": self.backend}
-        return {**probed, **described, **({"python": self.python} if self.python else {})}
+        optional = {key: value for key, value in (("python", self.python), ("release", self.release)) if value}
+        return {**probed, **described, **optional}
 
     @classmethod
     def from_json(cls, data: dict) -> Environment:
@@ -113,6 +132,7 @@ class Environment:
             gpu_count=gpu_count if isinstance(gpu_count, int) and not isinstance(gpu_count, bool) else 0,
             gpu_name=_text(data.get("gpu_name")),
             python=_text(data.get("python")),
+            release=_text(data.get("release")),
         )
 
 

@@ -30,13 +30,17 @@ from torchmatrix.user_error import UserError
 UNREADABLE_PLAN_EXIT = 2
 
 
-def suites_for(matrix: Matrix, version: str, run_dir: Path, *, reads: bool) -> dict[str, Suite]:
+def suites_for(
+    matrix: Matrix, version: str, run_dir: Path, *, reads: bool, paired: tuple[str, ...] | None = None
+) -> dict[str, Suite]:
     """The matrix's suites as a run of `version` plans them: `cross_version` told where the run
-    directory is and which versions pair with this one; a read pass runs the reading tests only."""
+    directory is and which versions pair with this one (`paired`, where the caller names them:
+    bisect pairs releases matrix.toml does not list); a read pass runs the reading tests only."""
     suite = matrix.suites.get(SUITE)
     if suite is None:
         return {} if reads else dict(matrix.suites)
-    options = {**suite.options, "run_dir": str(run_dir), "torch": version, "peers": peers(matrix, version)}
+    pairs = list(paired) if paired is not None else peers(matrix, version)
+    options = {**suite.options, "run_dir": str(run_dir), "torch": version, "peers": pairs}
     path = str(Path(suite.path).with_name(READS_FILE)) if reads else suite.path
     cross = replace(suite, path=path, options=options)
     return {SUITE: cross} if reads else {**matrix.suites, SUITE: cross}

@@ -82,6 +82,9 @@ class RunRequest:
     output_cap: int = DEFAULT_CAP_BYTES
     part: InvocationPart = InvocationPart()
     cross_version_reads: bool = False
+    peers: tuple[str, ...] | None = None
+    """The versions cross_version pairs this run with, in place of matrix.toml's (bisect's steps
+    name them); a read pass paired so reads the selected cells, having no run of its own."""
 
     @property
     def run_dir(self) -> Path:
@@ -153,7 +156,9 @@ def _run_version(request: RunRequest, stream, interrupts: Interrupts) -> ExitCod
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     cells = _cells(request)
     suites = request.selection.choose(
-        cross_version.suites_for(matrix, request.version, request.run_dir, reads=request.cross_version_reads),
+        cross_version.suites_for(
+            matrix, request.version, request.run_dir, reads=request.cross_version_reads, paired=request.peers
+        ),
         matrix.root,
     )
     runs = plan_runs(cells, suites)
@@ -263,8 +268,9 @@ def _fail_unfinished(book: OutcomeBook, message: str) -> None:
 
 
 def _cells(request: RunRequest) -> list[Cell]:
-    """The selected cells; a read pass reads for exactly the cells its version's run planned."""
-    if not request.cross_version_reads:
+    """The selected cells; a read pass reads for exactly the cells its version's run planned (one
+    paired by --peer, for the selected cells: it has no run of its own)."""
+    if not request.cross_version_reads or request.peers is not None:
         return request.matrix.select(request.cell_selection)
     plan = request.run_dir / f"torch-{request.version}" / "plan.json"
     try:
@@ -338,7 +344,7 @@ def _environment(
         _fail_all(book, str(probed), "")
         return Environment.without_torch("none (torch is not importable)"), False
     environment = probed
-    if request.version != "system" and environment.base_version != request.version:
+    if request.version != "system" and not environment.has_release(request.version):
         _fail_all(
             book,
             f"this environment has torch {environment.torch}, not {request.version}; rebuild the virtualenv (run nox without -R) or pass --torch system",
