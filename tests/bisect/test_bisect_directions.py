@@ -21,12 +21,13 @@ from torchmatrix.bisect.directions import broken_directions
 from torchmatrix.bisect.versions import between
 from torchmatrix.env.torch_install import InstallResult
 from torchmatrix.matrix.config import ReportSettings, load_matrix
+from torchmatrix.matrix.selection import CellSelection
 from torchmatrix.reports.records import RunResults, TestRecord
 from torchmatrix.reports.run_reader import load_results
 from torchmatrix.status import Confirmation
 
-from conftest import REFERENCE_COMPONENTS, write_matrix
-from reports_fixture import write_fixture_run
+from helpers.matrix_files import REFERENCE_COMPONENTS, write_matrix
+from helpers.report_runs import write_fixture_run
 
 BASELINE = "2.13.0"
 RELEASES = ["2.13.1", "2.13.2", "2.14.0", "2.14.1", "2.14.2", "2.15.0"]  # the index, between the pins
@@ -182,7 +183,15 @@ def test_a_forward_search_writes_with_the_baseline_and_reads_with_each_release(m
 
 def test_good_and_bad_pins_check_both_directions_first_then_search_the_broken_one(monkeypatch, project, capsys):
     fake = FakeReleases(lambda writer, reader: reader == BASELINE and newer(writer, "2.14.0"))
-    code, out = bisect(monkeypatch, project, fake, capsys, good=BASELINE, bad="2.15.1", filters=["--only=world_size=1"])
+    code, out = bisect(
+        monkeypatch,
+        project,
+        fake,
+        capsys,
+        good=BASELINE,
+        bad="2.15.1",
+        cell_selection=CellSelection.parse(["world_size=1"], None, None, project.axes),
+    )
     assert code == 0, out
     # cross_version is the matrix's only suite: no test to run on the pins, only both directions between them
     assert fake.pairs()[0] == [("2.15.1", BASELINE), (BASELINE, "2.15.1")]
@@ -193,7 +202,15 @@ def test_good_and_bad_pins_check_both_directions_first_then_search_the_broken_on
 def test_pins_whose_checkpoints_load_both_ways_are_refused_saying_so(monkeypatch, project, capsys):
     fake = FakeReleases(lambda writer, reader: False)
     with pytest.raises(BisectError, match=f"^every checkpoint between {BASELINE} and 2.15.1 loaded exactly both ways$"):
-        bisect(monkeypatch, project, fake, capsys, good=BASELINE, bad="2.15.1", filters=["--only=world_size=1"])
+        bisect(
+            monkeypatch,
+            project,
+            fake,
+            capsys,
+            good=BASELINE,
+            bad="2.15.1",
+            cell_selection=CellSelection.parse(["world_size=1"], None, None, project.axes),
+        )
     assert [a[a.index("--torch") + 1] for a in next(iter(fake.runs.values()))] == [
         "2.15.1",
         BASELINE,
@@ -203,7 +220,7 @@ def test_pins_whose_checkpoints_load_both_ways_are_refused_saying_so(monkeypatch
     with_tests = dataclasses.replace(project, suites={**project.suites, "demo": project.suites["cross_version"]})
     with pytest.raises(BisectError, match="nothing fails alone on --bad 2.15.1 .*; every checkpoint .* both ways"):
         bisect(monkeypatch, with_tests, FakeReleases(lambda writer, reader: False), capsys, good=BASELINE,
-               bad="2.15.1", filters=["--only=world_size=1"])  # fmt: skip
+               bad="2.15.1", cell_selection=CellSelection.parse(["world_size=1"], None, None, project.axes))  # fmt: skip
 
 
 def test_a_release_that_cannot_write_stops_the_search_with_the_writes_failure(monkeypatch, project, capsys, tmp_path):
