@@ -72,6 +72,18 @@ def _progress_part(text: str) -> tuple[int, int]:
     return int(match[1]), int(match[2])
 
 
+def _seconds_or_unknown(text: str) -> float | None:
+    if text == "unknown":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: pass seconds (0 or more) or 'unknown'")
+    return value
+
+
 def _interpreter(text: str) -> tuple[str, str]:
     version, _, python = text.partition("=")
     if not version or not python:
@@ -175,11 +187,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="when that invocation started, in seconds since the epoch (nox passes it): elapsed time and ETA count from it",
     )
     run.add_argument(
-        "--progress-install",
-        type=float,
+        "--progress-installs-after",
+        type=_seconds_or_unknown,
         default=0.0,
         metavar="SECONDS",
-        help="this torch version took SECONDS to install (nox passes it): the ETA expects each version still to come to take as long",
+        help="the torch versions after this one take SECONDS to install, estimated from their downloads, or 'unknown' (nox passes it): the ETA counts them",
     )
     run.add_argument(
         "--slots",
@@ -459,7 +471,12 @@ def _run(matrix: Matrix, args) -> int:
         multinode_launcher=args.multinode_launcher,
         slots=args.slots,
         confirm_limit=args.confirm_limit,
-        part=InvocationPart(*args.progress_part, since=args.progress_since, install_seconds=args.progress_install),
+        part=InvocationPart(
+            *args.progress_part,
+            since=args.progress_since,
+            installs_after=args.progress_installs_after,
+            report_follows=args.report_follows,
+        ),
         cross_version_reads=args.cross_version_reads,
         selection=SuiteSelection(tuple(args.suites), tuple(args.tests)),
         **_filters(matrix, args),

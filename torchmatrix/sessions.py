@@ -14,6 +14,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -29,7 +30,7 @@ from torchmatrix.env.envdir_lock import (
     runs_matrix_sessions,
 )
 from torchmatrix.env.self_install import install_arguments
-from torchmatrix.env.torch_install import install_torch
+from torchmatrix.env.torch_install import estimate_torch_install, install_torch
 from torchmatrix.env.version_venv import clear_stamp, install_record, write_stamp
 from torchmatrix.exit_codes import ExitCode
 from torchmatrix.matrix.config import Matrix, load_matrix
@@ -113,11 +114,11 @@ def gpu_matrix(session, matrix: Matrix, torch_version: str, run_id: str) -> None
         "--report-follows",
         *invocation_part(session),
     ]
+    installs_after = later_installs(session, matrix, later_versions(session))
     run_dir = reports / run_id
     install_log = run_dir / f"torch-{torch_version}" / "logs" / "install.log"
     created = first_missing(install_log.parent, stop=reports)
     install_log.parent.mkdir(parents=True, exist_ok=True)
-    install_started = time.time()
     venv = Path(session.virtualenv.location)
     clear_stamp(venv)
     installed = install_torch(session, torch_version, install, install_log)
@@ -126,7 +127,7 @@ def gpu_matrix(session, matrix: Matrix, torch_version: str, run_id: str) -> None
         install_requirements(session, matrix.requires, install.constraints, install_log.with_name("requires.log"))
     if installed.ok:
         write_stamp(venv, install_record(matrix, torch_version))  # so bisect and later runs reuse this venv
-    run += ["--progress-install", f"{time.time() - install_started:.0f}"]
+    run += ["--progress-installs-after", installs_after.result()]
     if not installed.ok:
         run_cells(session, [*run, "--install-log", str(install_log)], run_dir, created, success_codes=[0, 1])
         session.error(
@@ -184,6 +185,45 @@ def invocation_part(session) -> list[str]:
     )
     index = _SESSIONS_STARTED[name]
     return ["--progress-part", f"{index}/{index + queued}", "--progress-since", f"{INVOCATION_STARTED:.3f}"]
+
+
+def later_versions(session) -> list[str]:
+    """The torch versions of the sessions of this one's name still queued in this nox invocation."""
+    name = session._runner.name
+    return [
+        runner.func.call_spec["torch"]
+        for runner, selected in session._runner.manifest.list_all_sessions()
+        if selected and runner.name == name and "torch" in getattr(runner.func, "call_spec", {})
+    ]
+
+
+def later_installs(session, matrix: Matrix, versions: list[str]) -> Future[str]:
+    """`--progress-installs-after`: the seconds the installs of `versions` will take, each
+    estimated from what pip would fetch (install_estimate), asked in a thread while this version
+    installs and said in one line each; 'unknown' when pip cannot say or uv installs. Venvs that
+    nox reuses (-R) install nothing."""
+    python = str(Path(session.virtualenv.location) / "bin" / "python")
+    uv = getattr(session, "venv_backend", "virtualenv") == "uv"
+    reused = reuses_venvs_only(sys.argv) and getattr(session.virtualenv, "_reused", False)
+
+    def seconds() -> str:
+        total = 0.0
+        for version in [] if reused else versions:
+            estimate = None if uv else estimate_torch_install(python, version, matrix.install(version))
+            if estimate is None:
+                print(
+                    f"torchmatrix: torch {version}'s install is not estimated: pip did not say what it fetches",
+                    file=sys.stderr,
+                )
+                return "unknown"
+            print(f"torchmatrix: torch {version}, to install later: {estimate.describe()}", file=sys.stderr)
+            total += estimate.seconds
+        return f"{total:.0f}"
+
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="install-estimate")
+    future = pool.submit(seconds)
+    pool.shutdown(wait=False)
+    return future
 
 
 def hf_llama_matrix() -> Matrix:
