@@ -29,11 +29,13 @@ from torchmatrix.env.envdir_lock import (
     reuses_venvs_only,
     runs_matrix_sessions,
 )
+from torchmatrix.env.install_estimate import InstallEstimate, InstallPace, wheelhouse_files
 from torchmatrix.env.self_install import install_arguments
-from torchmatrix.env.torch_install import estimate_torch_install, install_torch
+from torchmatrix.env.torch_install import estimate_torch_install, install_torch, wheelhouse
 from torchmatrix.env.version_venv import clear_stamp, install_record, write_stamp
 from torchmatrix.exit_codes import ExitCode
 from torchmatrix.matrix.config import Matrix, load_matrix
+from torchmatrix.run.progress import format_seconds
 from torchmatrix.run.run_directory import check_run_id, new_run_id
 from torchmatrix.user_error import UserError
 
@@ -42,6 +44,7 @@ TORCHTITAN_MINIMAL = PROJECT / "examples" / "torchtitan" / "requirements-minimal
 DOCS_REQUIREMENTS = ("mkdocs==1.6.1", "mkdocs-material==9.8.1", "pymdown-extensions==13.1")
 INVOCATION_STARTED = time.time()  # the noxfile loads once per nox invocation
 _SESSIONS_STARTED: Counter[str] = Counter()
+INSTALL_PACE = InstallPace()  # how this invocation's installs went against their estimates
 
 
 @contextmanager
@@ -114,7 +117,9 @@ def gpu_matrix(session, matrix: Matrix, torch_version: str, run_id: str) -> None
         "--report-follows",
         *invocation_part(session),
     ]
-    installs_after = later_installs(session, matrix, later_versions(session))
+    later = later_versions(session)
+    forecast = forecast_installs(session, matrix, [torch_version, *later])
+    install_started = time.time()
     run_dir = reports / run_id
     install_log = run_dir / f"torch-{torch_version}" / "logs" / "install.log"
     created = first_missing(install_log.parent, stop=reports)
@@ -127,7 +132,10 @@ def gpu_matrix(session, matrix: Matrix, torch_version: str, run_id: str) -> None
         install_requirements(session, matrix.requires, install.constraints, install_log.with_name("requires.log"))
     if installed.ok:
         write_stamp(venv, install_record(matrix, torch_version))  # so bisect and later runs reuse this venv
-    run += ["--progress-installs-after", installs_after.result()]
+    estimates = forecast.result()
+    if torch_version in estimates:
+        INSTALL_PACE.record(estimates[torch_version], time.time() - install_started)
+    run += ["--progress-installs-after", installs_after(estimates, later)]
     if not installed.ok:
         run_cells(session, [*run, "--install-log", str(install_log)], run_dir, created, success_codes=[0, 1])
         session.error(
@@ -197,33 +205,50 @@ def later_versions(session) -> list[str]:
     ]
 
 
-def later_installs(session, matrix: Matrix, versions: list[str]) -> Future[str]:
-    """`--progress-installs-after`: the seconds the installs of `versions` will take, each
-    estimated from what pip would fetch (install_estimate), asked in a thread while this version
-    installs and said in one line each; 'unknown' when pip cannot say or uv installs. Venvs that
-    nox reuses (-R) install nothing."""
+def forecast_installs(session, matrix: Matrix, versions: list[str]) -> Future[dict[str, InstallEstimate | None]]:
+    """Each of `versions`' install estimated from what pip would fetch (install_estimate), asked
+    in a thread while this session installs; the wheelhouses are listed first, so what this
+    install downloads still counts. uv installs are not estimated (None); venvs that nox reuses
+    (-R) install nothing (left out)."""
     python = str(Path(session.virtualenv.location) / "bin" / "python")
     uv = getattr(session, "venv_backend", "virtualenv") == "uv"
-    reused = reuses_venvs_only(sys.argv) and getattr(session.virtualenv, "_reused", False)
+    if reuses_venvs_only(sys.argv) and getattr(session.virtualenv, "_reused", False):
+        versions = []
+    cached = {version: wheelhouse_files(wheelhouse(version, matrix.install(version))) for version in versions}
 
-    def seconds() -> str:
-        total = 0.0
-        for version in [] if reused else versions:
-            estimate = None if uv else estimate_torch_install(python, version, matrix.install(version))
-            if estimate is None:
-                print(
-                    f"torchmatrix: torch {version}'s install is not estimated: pip did not say what it fetches",
-                    file=sys.stderr,
-                )
-                return "unknown"
-            print(f"torchmatrix: torch {version}, to install later: {estimate.describe()}", file=sys.stderr)
-            total += estimate.seconds
-        return f"{total:.0f}"
+    def estimates() -> dict[str, InstallEstimate | None]:
+        return {
+            version: None if uv else estimate_torch_install(python, version, matrix.install(version), cached[version])
+            for version in versions
+        }
 
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="install-estimate")
-    future = pool.submit(seconds)
+    future = pool.submit(estimates)
     pool.shutdown(wait=False)
     return future
+
+
+def installs_after(estimates: dict[str, InstallEstimate | None], versions: list[str]) -> str:
+    """`--progress-installs-after`: the seconds the installs of `versions` will take at this
+    invocation's pace, one line each on the terminal; 'unknown' when one is not estimated."""
+    total = 0.0
+    for version in versions:
+        if version not in estimates:
+            continue  # a venv nox reuses
+        estimate = estimates[version]
+        if estimate is None:
+            print(
+                f"torchmatrix: torch {version}'s install is not estimated: pip did not say what it fetches",
+                file=sys.stderr,
+            )
+            return "unknown"
+        seconds = INSTALL_PACE.seconds(estimate)
+        print(
+            f"torchmatrix: torch {version}, to install later: {estimate.describe()} at the priors' pace, {format_seconds(seconds)} at this machine's",
+            file=sys.stderr,
+        )
+        total += seconds
+    return f"{total:.0f}"
 
 
 def hf_llama_matrix() -> Matrix:

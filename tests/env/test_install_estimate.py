@@ -14,9 +14,11 @@ from torchmatrix.env.install_estimate import (
     FIXED_S,
     UNPACK_BYTES_PER_S,
     InstallEstimate,
+    InstallPace,
     estimate_from_report,
     estimate_install,
     url_size,
+    wheelhouse_files,
 )
 
 TORCH_URL = "https://files.example/packages/torch-2.14.1-cp311-cp311-manylinux_2_28_x86_64.whl"
@@ -79,14 +81,16 @@ def test_estimate_install_reads_pips_report_and_the_wheelhouse(tmp_path):
     fake_python.write_text(f"#!{sys.executable}\nimport sys\nassert '--dry-run' in sys.argv\nprint({report!r})\n")
     fake_python.chmod(0o755)
     wheels = tmp_path / "wheels"
+    assert wheelhouse_files(wheels) == [], "no wheelhouse yet: everything downloads"
     wheels.mkdir()
     (wheels / local.name).write_bytes(b"n" * 300)
-    estimate = estimate_install(str(fake_python), ["torch==2.14.1", "numpy"], wheels, {})
+    assert wheelhouse_files(wheels) == [local.name]
+    estimate = estimate_install(str(fake_python), ["torch==2.14.1", "numpy"], wheelhouse_files(wheels), {})
     assert estimate == InstallEstimate(download_bytes=5000, unpack_bytes=5300)
     failing = tmp_path / "failing"
     failing.write_text(f"#!{sys.executable}\nraise SystemExit(1)\n")
     failing.chmod(0o755)
-    assert estimate_install(str(failing), ["torch==2.14.1"], wheels, {}) is None
+    assert estimate_install(str(failing), ["torch==2.14.1"], [], {}) is None
 
 
 def test_pips_own_dry_run_report_has_the_shape_the_estimate_reads(tmp_path):
@@ -96,7 +100,7 @@ def test_pips_own_dry_run_report_has_the_shape_the_estimate_reads(tmp_path):
         [sys.executable, "-c", WHEEL_WRITER, str(wheel)],
         check=True,
     )
-    estimate = estimate_install(sys.executable, ["--no-index", str(wheel)], None, {"PATH": "/usr/bin:/bin"})
+    estimate = estimate_install(sys.executable, ["--no-index", str(wheel)], [], {"PATH": "/usr/bin:/bin"})
     assert estimate is not None and estimate.unpack_bytes == estimate.download_bytes == wheel.stat().st_size
 
 
@@ -109,3 +113,16 @@ with zipfile.ZipFile(sys.argv[1], "w") as wheel:
     wheel.writestr(info + "WHEEL", "Wheel-Version: 1.0\\nGenerator: t\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n")
     wheel.writestr(info + "RECORD", "")
 """
+
+
+def test_later_installs_are_scaled_by_how_the_measured_ones_went_against_their_estimates():
+    small, big = InstallEstimate(0, 230_000_000), InstallEstimate(2_900_000_000, 2_900_000_000)
+    pace = InstallPace()
+    assert pace.seconds(big) == big.seconds, "before any install is measured: the priors' pace"
+    pace.record(small, 3 * small.seconds)  # a loaded machine: three times the estimate
+    assert pace.seconds(big) == pytest.approx(3 * big.seconds)
+    pace.record(None, 1000.0)  # an install nothing estimated says nothing about the pace
+    pace.record(big, big.seconds)
+    assert pace.seconds(big) == pytest.approx(
+        big.seconds * (3 * small.seconds + big.seconds) / (small.seconds + big.seconds)
+    )

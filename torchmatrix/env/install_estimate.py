@@ -88,10 +88,11 @@ def url_size(url: str) -> int | None:
 
 
 def estimate_install(
-    python: str, arguments: list[str], wheelhouse: Path | None, env: Mapping[str, str]
+    python: str, arguments: list[str], cached: Iterable[str], env: Mapping[str, str]
 ) -> InstallEstimate | None:
     """Ask `python`'s pip what `pip install ARGUMENTS` fetches into a fresh venv (with `env`),
-    and estimate it; None when pip cannot say (an old pip, no index, nothing resolves)."""
+    and estimate it, the files named in `cached` downloading nothing; None when pip cannot say
+    (an old pip, no index, nothing resolves)."""
     command = [python, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet", "--report", "-"]
     try:
         done = subprocess.run(
@@ -102,5 +103,27 @@ def estimate_install(
         return None
     if report is None:
         return None
-    cached = [path.name for path in wheelhouse.iterdir()] if wheelhouse and wheelhouse.is_dir() else []
     return estimate_from_report(report, cached, url_size)
+
+
+def wheelhouse_files(wheelhouse: Path | None) -> list[str]:
+    """The file names a wheelhouse holds now (none without one): what an install will not download."""
+    return [path.name for path in wheelhouse.iterdir()] if wheelhouse and wheelhouse.is_dir() else []
+
+
+@dataclass
+class InstallPace:
+    """How this invocation's installs went against their estimates: the later ones are scaled by
+    it, so a loaded machine, a slow disk or network counts once the first install is measured."""
+
+    estimated: float = 0.0
+    measured: float = 0.0
+
+    def record(self, estimate: InstallEstimate | None, seconds: float) -> None:
+        if estimate is not None:
+            self.estimated += estimate.seconds
+            self.measured += seconds
+
+    def seconds(self, estimate: InstallEstimate) -> float:
+        """`estimate`'s seconds at the pace measured so far (the priors' own before any)."""
+        return estimate.seconds * (self.measured / self.estimated if self.estimated else 1.0)

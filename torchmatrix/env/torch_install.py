@@ -213,10 +213,12 @@ def install_torch(session, version: str, install: TorchInstall, log_path: Path) 
     return InstallResult(True)
 
 
-def estimate_torch_install(python: str, version: str, install: TorchInstall) -> InstallEstimate | None:
+def estimate_torch_install(
+    python: str, version: str, install: TorchInstall, cached: list[str]
+) -> InstallEstimate | None:
     """What installing torch==V as install_torch does will cost, asked of `python`'s pip (with
-    pip's configuration, the version's index, requirements and constraints; its wheelhouse's
-    files download nothing); None when pip cannot say."""
+    pip's configuration, the version's index, requirements and constraints), the files named in
+    `cached` (its wheelhouse's, see wheelhouse()) downloading nothing; None when pip cannot say."""
     options = index_options(install, uv=False, pip_config_list="")
     with tempfile.TemporaryDirectory(prefix="torchmatrix-estimate-") as scratch:
         constraints = []
@@ -225,7 +227,7 @@ def estimate_torch_install(python: str, version: str, install: TorchInstall) -> 
             file_writes.write_text(constraints_file, "\n".join(install.constraints) + "\n")
             constraints = ["--constraint", str(constraints_file)]
         arguments = [f"torch=={version}", "numpy", *install.requirements, *options, *constraints]
-        return estimate_install(python, arguments, wheelhouse(version, install), {**os.environ, **install.env})
+        return estimate_install(python, arguments, cached, {**os.environ, **install.env})
 
 
 def _progress_option(installer_version: str, uv: bool) -> list[str]:
