@@ -118,7 +118,7 @@ def gpu_matrix(session, matrix: Matrix, torch_version: str, run_id: str) -> None
         *invocation_part(session),
     ]
     later = later_versions(session)
-    forecast = forecast_installs(session, matrix, [torch_version, *later])
+    forecast = forecast_installs(session, matrix, [torch_version, *later] if later else [])
     install_started = time.time()
     run_dir = reports / run_id
     install_log = run_dir / f"torch-{torch_version}" / "logs" / "install.log"
@@ -207,9 +207,10 @@ def later_versions(session) -> list[str]:
 
 def forecast_installs(session, matrix: Matrix, versions: list[str]) -> Future[dict[str, InstallEstimate | None]]:
     """Each of `versions`' install estimated from what pip would fetch (install_estimate), asked
-    in a thread while this session installs; the wheelhouses are listed first, so what this
-    install downloads still counts. uv installs are not estimated (None); venvs that nox reuses
-    (-R) install nothing (left out)."""
+    in a thread while this session installs (this session's own, when it is one of them, sets
+    the pace of the later ones; without later ones nothing is asked); the wheelhouses are listed
+    first, so what this install downloads still counts. uv installs are not estimated (None);
+    venvs that nox reuses (-R) install nothing (left out)."""
     python = str(Path(session.virtualenv.location) / "bin" / "python")
     uv = getattr(session, "venv_backend", "virtualenv") == "uv"
     if reuses_venvs_only(sys.argv) and getattr(session.virtualenv, "_reused", False):
