@@ -156,7 +156,8 @@ def test_the_later_installs_are_summed_at_this_invocations_pace_and_one_unknown_
     pace.record(small, 2 * small.seconds)
     monkeypatch.setattr(sessions, "INSTALL_PACE", pace)
     estimates = {"2.13.0": small, "2.14.1": big, "2.15.0": None}
-    assert sessions.installs_after(estimates, ["2.14.1"]) == f"{2 * big.seconds:.0f}"
+    assert sessions.installs_after(estimates, ["2.14.1"]) == f"{pace.seconds(big):.0f}"
+    assert pace.seconds(big) > big.seconds, "at the pace the measured install set, not the priors'"
     assert "torch 2.14.1, to install later: 2.9 GB to download" in capsys.readouterr().err
     assert sessions.installs_after(estimates, ["2.14.1", "2.15.0"]) == "unknown"
     assert "torch 2.15.0's install is not estimated" in capsys.readouterr().err

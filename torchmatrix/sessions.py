@@ -245,7 +245,7 @@ def installs_after(estimates: dict[str, InstallEstimate | None], versions: list[
             return "unknown"
         seconds = INSTALL_PACE.seconds(estimate)
         print(
-            f"torchmatrix: torch {version}, to install later: {estimate.describe()} at the priors' pace, {format_seconds(seconds)} at this machine's",
+            f"torchmatrix: torch {version}, to install later: {estimate.describe()}, about {format_seconds(seconds)} at this machine's pace",
             file=sys.stderr,
         )
         total += seconds

@@ -4,7 +4,10 @@
 costs its size to download unless the version's wheelhouse already holds it, and its size to
 unpack (a venv is made fresh for each version). Sizes come from the file (`file://` indexes) or
 the server's Content-Length; a file whose size cannot be learned makes the estimate unknown,
-never a guess. The rates are priors measured on a 2-core machine (docs/explanation/performance.md).
+never a guess. Besides the bytes, an install has a part bound by the CPU (the venv, pip's
+resolve, byte-compiling torch's Python files) that a loaded machine stretches many times over:
+InstallPace scales it by what the installs measured so far took. The priors were measured on a
+2-core machine (docs/explanation/performance.md#the-eta).
 """
 
 from __future__ import annotations
@@ -19,10 +22,11 @@ from urllib.parse import unquote, urlparse
 
 DOWNLOAD_BYTES_PER_S = 50e6
 """Fetching into the wheelhouse: a file index copies, a CDN streams at about this rate."""
-UNPACK_BYTES_PER_S = 30e6
-"""pip's install step per byte of wheel: unzip, write, byte-compile; torch's 0.55 GB wheel takes ~20 s."""
-FIXED_S = 25.0
-"""What an install costs whatever its size: the venv, pip's resolve (twice: download, then install), this torchmatrix."""
+UNPACK_BYTES_PER_S = 60e6
+"""pip writing a wheel's files into the venv, per byte of wheel."""
+CPU_S = 60.0
+"""The part of an install bound by the CPU on an idle machine, whatever its size: the venv, pip's
+resolve (twice: download, then install), byte-compiling torch's Python files, this torchmatrix."""
 SIZE_TIMEOUT_S = 10.0
 
 
@@ -34,14 +38,18 @@ class InstallEstimate:
     unpack_bytes: int
 
     @property
+    def bytes_seconds(self) -> float:
+        """The part the bytes take: downloading and writing them."""
+        return self.download_bytes / DOWNLOAD_BYTES_PER_S + self.unpack_bytes / UNPACK_BYTES_PER_S
+
+    @property
     def seconds(self) -> float:
-        return FIXED_S + self.download_bytes / DOWNLOAD_BYTES_PER_S + self.unpack_bytes / UNPACK_BYTES_PER_S
+        return CPU_S + self.bytes_seconds
 
     def describe(self) -> str:
-        """`2.8 GB to download, 2.9 GB to unpack, about 2:00`."""
+        """`2.8 GB to download, 2.9 GB to unpack`."""
         download = f"{self.download_bytes / 1e9:.1f} GB to download" if self.download_bytes else "nothing to download"
-        total = round(self.seconds)
-        return f"{download}, {self.unpack_bytes / 1e9:.1f} GB to unpack, about {total // 60}:{total % 60:02d}"
+        return f"{download}, {self.unpack_bytes / 1e9:.1f} GB to unpack"
 
 
 def estimate_from_report(
@@ -113,17 +121,19 @@ def wheelhouse_files(wheelhouse: Path | None) -> list[str]:
 
 @dataclass
 class InstallPace:
-    """How this invocation's installs went against their estimates: the later ones are scaled by
-    it, so a loaded machine, a slow disk or network counts once the first install is measured."""
+    """How this invocation's installs went against their estimates: the CPU-bound part of the
+    later ones is scaled by it, so a loaded machine counts once the first install is measured."""
 
-    estimated: float = 0.0
-    measured: float = 0.0
+    cpu_estimated: float = 0.0
+    cpu_measured: float = 0.0
 
     def record(self, estimate: InstallEstimate | None, seconds: float) -> None:
+        """An install that took `seconds`: what its bytes did not take went to the CPU-bound part."""
         if estimate is not None:
-            self.estimated += estimate.seconds
-            self.measured += seconds
+            self.cpu_estimated += CPU_S
+            self.cpu_measured += max(seconds - estimate.bytes_seconds, 0.0)
 
     def seconds(self, estimate: InstallEstimate) -> float:
-        """`estimate`'s seconds at the pace measured so far (the priors' own before any)."""
-        return estimate.seconds * (self.measured / self.estimated if self.estimated else 1.0)
+        """`estimate`'s seconds, its CPU-bound part at the pace measured so far (the prior's before any)."""
+        factor = self.cpu_measured / self.cpu_estimated if self.cpu_estimated else 1.0
+        return CPU_S * factor + estimate.bytes_seconds
