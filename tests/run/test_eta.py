@@ -273,3 +273,23 @@ def test_a_line_comes_at_least_every_30_seconds_while_cells_run(clock):
     assert stream.getvalue().splitlines()[-1] == (
         "torchmatrix: torch 2.13.0: 1/4 cells done, 3 cells to finish | 3:55 elapsed, ETA unknown (1:15 past the estimate)"
     ), "never a negative ETA, never 0:00 while work is left"
+
+
+def test_the_performance_page_quotes_the_priors_the_code_uses():
+    """docs/explanation/performance.md#the-eta states each prior; a prior changed in the code alone fails here."""
+    from torchmatrix.env import install_estimate
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "explanation" / "performance.md").read_text()
+    section = page[page.index("## The ETA") :]
+    for suite, seconds in PRIOR_SUITE_SECONDS.items():
+        assert f"| `{suite}` | {seconds} |" in section, suite
+    quoted = [
+        f"{STARTUP_S:.0f} s until",
+        f"{install_estimate.DOWNLOAD_BYTES_PER_S / 1e6:.0f} MB/s, bytes to unpack",
+        f"{install_estimate.UNPACK_BYTES_PER_S / 1e6:.0f} MB/s, and a",
+        f"{install_estimate.CPU_S:.0f} s on an idle",
+        f"{READ_CELL_S} slot-seconds a cell",
+        f"then {REPORT_S:.0f} s for the report",
+    ]
+    for text in quoted:
+        assert text in " ".join(section.split()), text
