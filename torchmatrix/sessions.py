@@ -132,9 +132,10 @@ def gpu_matrix(session, matrix: Matrix, torch_version: str, run_id: str) -> None
         install_requirements(session, matrix.requires, install.constraints, install_log.with_name("requires.log"))
     if installed.ok:
         write_stamp(venv, install_record(matrix, torch_version))  # so bisect and later runs reuse this venv
+    install_took = time.time() - install_started  # before waiting for the forecast, which may take longer
     estimates = forecast.result()
     if torch_version in estimates:
-        INSTALL_PACE.record(estimates[torch_version], time.time() - install_started)
+        INSTALL_PACE.record(estimates[torch_version], install_took)
     run += ["--progress-installs-after", installs_after(estimates, later)]
     if not installed.ok:
         run_cells(session, [*run, "--install-log", str(install_log)], run_dir, created, success_codes=[0, 1])
