@@ -173,9 +173,7 @@ class CellPlan:
             suite, cell = self.plan.runs[self.order[key]]
             for name in names:
                 message = unmatched_test_message(suite, name, names_by_run.get(key, ()))
-                self.events.write(
-                    TestFinished(nodeid="", suite=suite, cell=cell.id, test=name, status="error", message=message)
-                )
+                self.events.write(TestFinished(nodeid="", suite=suite, cell=cell.id, test=name, status="error", message=message))
 
     def keeps(self, item) -> bool:
         """Whether the plan keeps this collected test: every test of a run it does not narrow."""
