@@ -143,3 +143,24 @@ def test_a_users_two_line_noxfile_declares_the_sessions_over_its_own_matrix(tmp_
     versions = load_matrix(tmp_path / "matrix.toml").versions
     expected = [f"gpu_matrix(torch='{v}')" for v in versions if v != "system"]
     assert sessions == [*expected, "report", "list", "compare", "cli", "merge", "sensitivity", "bisect"]
+
+
+def test_the_later_installs_are_summed_at_this_invocations_pace_and_one_unknown_makes_all_unknown(capsys, monkeypatch):
+    """What gpu_matrix passes as --progress-installs-after: each later version's estimate at the pace
+    the measured installs set, a line each; a version pip could not estimate makes the sum unknown,
+    and a venv nox reuses (absent from the estimates) costs nothing."""
+    from torchmatrix import sessions
+    from torchmatrix.env.install_estimate import InstallEstimate, InstallPace
+
+    small, big = InstallEstimate(0, 230_000_000), InstallEstimate(2_900_000_000, 2_900_000_000)
+    pace = InstallPace()
+    pace.record(small, 2 * small.seconds)
+    monkeypatch.setattr(sessions, "INSTALL_PACE", pace)
+    estimates = {"2.13.0": small, "2.14.1": big, "2.15.0": None}
+    assert sessions.installs_after(estimates, ["2.14.1"]) == f"{pace.seconds(big):.0f}"
+    assert pace.seconds(big) > big.seconds, "at the pace the measured install set, not the priors'"
+    assert "torch 2.14.1, to install later: 2.9 GB to download" in capsys.readouterr().err
+    assert sessions.installs_after(estimates, ["2.14.1", "2.15.0"]) == "unknown"
+    assert "torch 2.15.0's install is not estimated" in capsys.readouterr().err
+    assert sessions.installs_after(estimates, ["2.16.0"]) == "0", "a reused venv installs nothing"
+    assert sessions.installs_after(estimates, []) == "0"

@@ -14,6 +14,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -28,11 +29,13 @@ from torchmatrix.env.envdir_lock import (
     reuses_venvs_only,
     runs_matrix_sessions,
 )
+from torchmatrix.env.install_estimate import InstallEstimate, InstallPace, wheelhouse_files
 from torchmatrix.env.self_install import install_arguments
-from torchmatrix.env.torch_install import install_torch
+from torchmatrix.env.torch_install import estimate_torch_install, install_torch, wheelhouse
 from torchmatrix.env.version_venv import clear_stamp, install_record, write_stamp
 from torchmatrix.exit_codes import ExitCode
 from torchmatrix.matrix.config import Matrix, load_matrix
+from torchmatrix.run.progress import format_seconds
 from torchmatrix.run.run_directory import check_run_id, new_run_id
 from torchmatrix.user_error import UserError
 
@@ -42,6 +45,7 @@ LIGHTNING = "lightning==2.6.6"  # examples/lightning's [requires], for its test 
 DOCS_REQUIREMENTS = ("mkdocs==1.6.1", "mkdocs-material==9.8.1", "pymdown-extensions==13.1")
 INVOCATION_STARTED = time.time()  # the noxfile loads once per nox invocation
 _SESSIONS_STARTED: Counter[str] = Counter()
+INSTALL_PACE = InstallPace()  # how this invocation's installs went against their estimates
 
 
 @contextmanager
@@ -114,11 +118,13 @@ def gpu_matrix(session, matrix: Matrix, torch_version: str, run_id: str) -> None
         "--report-follows",
         *invocation_part(session),
     ]
+    later = later_versions(session)
+    forecast = forecast_installs(session, matrix, [torch_version, *later] if later else [])
+    install_started = time.time()
     run_dir = reports / run_id
     install_log = run_dir / f"torch-{torch_version}" / "logs" / "install.log"
     created = first_missing(install_log.parent, stop=reports)
     install_log.parent.mkdir(parents=True, exist_ok=True)
-    install_started = time.time()
     venv = Path(session.virtualenv.location)
     clear_stamp(venv)
     installed = install_torch(session, torch_version, install, install_log)
@@ -127,7 +133,11 @@ def gpu_matrix(session, matrix: Matrix, torch_version: str, run_id: str) -> None
         install_requirements(session, matrix.requires, install.constraints, install_log.with_name("requires.log"))
     if installed.ok:
         write_stamp(venv, install_record(matrix, torch_version))  # so bisect and later runs reuse this venv
-    run += ["--progress-install", f"{time.time() - install_started:.0f}"]
+    install_took = time.time() - install_started  # before waiting for the forecast, which may take longer
+    estimates = forecast.result()
+    if torch_version in estimates:
+        INSTALL_PACE.record(estimates[torch_version], install_took)
+    run += ["--progress-installs-after", installs_after(estimates, later)]
     if not installed.ok:
         run_cells(session, [*run, "--install-log", str(install_log)], run_dir, created, success_codes=[0, 1])
         session.error(
@@ -185,6 +195,63 @@ def invocation_part(session) -> list[str]:
     )
     index = _SESSIONS_STARTED[name]
     return ["--progress-part", f"{index}/{index + queued}", "--progress-since", f"{INVOCATION_STARTED:.3f}"]
+
+
+def later_versions(session) -> list[str]:
+    """The torch versions of the sessions of this one's name still queued in this nox invocation."""
+    name = session._runner.name
+    return [
+        runner.func.call_spec["torch"]
+        for runner, selected in session._runner.manifest.list_all_sessions()
+        if selected and runner.name == name and "torch" in getattr(runner.func, "call_spec", {})
+    ]
+
+
+def forecast_installs(session, matrix: Matrix, versions: list[str]) -> Future[dict[str, InstallEstimate | None]]:
+    """Each of `versions`' install estimated from what pip would fetch (install_estimate), asked
+    in a thread while this session installs (this session's own, when it is one of them, sets
+    the pace of the later ones; without later ones nothing is asked); the wheelhouses are listed
+    first, so what this install downloads still counts. uv installs are not estimated (None);
+    venvs that nox reuses (-R) install nothing (left out)."""
+    python = str(Path(session.virtualenv.location) / "bin" / "python")
+    uv = getattr(session, "venv_backend", "virtualenv") == "uv"
+    if reuses_venvs_only(sys.argv) and getattr(session.virtualenv, "_reused", False):
+        versions = []
+    cached = {version: wheelhouse_files(wheelhouse(version, matrix.install(version))) for version in versions}
+
+    def estimates() -> dict[str, InstallEstimate | None]:
+        return {
+            version: None if uv else estimate_torch_install(python, version, matrix.install(version), cached[version])
+            for version in versions
+        }
+
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="install-estimate")
+    future = pool.submit(estimates)
+    pool.shutdown(wait=False)
+    return future
+
+
+def installs_after(estimates: dict[str, InstallEstimate | None], versions: list[str]) -> str:
+    """`--progress-installs-after`: the seconds the installs of `versions` will take at this
+    invocation's pace, one line each on the terminal; 'unknown' when one is not estimated."""
+    total = 0.0
+    for version in versions:
+        if version not in estimates:
+            continue  # a venv nox reuses
+        estimate = estimates[version]
+        if estimate is None:
+            print(
+                f"torchmatrix: torch {version}'s install is not estimated: pip did not say what it fetches",
+                file=sys.stderr,
+            )
+            return "unknown"
+        seconds = INSTALL_PACE.seconds(estimate)
+        print(
+            f"torchmatrix: torch {version}, to install later: {estimate.describe()}, about {format_seconds(seconds)} at this machine's pace",
+            file=sys.stderr,
+        )
+        total += seconds
+    return f"{total:.0f}"
 
 
 def hf_llama_matrix() -> Matrix:

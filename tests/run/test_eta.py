@@ -1,5 +1,6 @@
-"""The ETA: seeded from earlier runs' suite durations in reports/, blended with the observed rate,
-and counted across every torch version of one invocation."""
+"""The ETA: seeded from earlier runs' suite durations in reports/ (else per-suite priors), blended
+with the observed rate, counted across every torch version of one invocation and the phases after
+the cells (installs, read passes, report), never negative, and unknown when nothing can say."""
 
 from __future__ import annotations
 
@@ -16,7 +17,15 @@ from torchmatrix.matrix.cells import Cell
 from torchmatrix.matrix.config import Suite
 from torchmatrix.matrix.plan import plan_runs
 from torchmatrix.run import progress
-from torchmatrix.run.eta import WorkEstimate, suite_seconds
+from torchmatrix.run.eta import (
+    PRIOR_SUITE_SECONDS,
+    READ_CELL_S,
+    REPORT_S,
+    STARTUP_S,
+    LaterPhases,
+    WorkEstimate,
+    suite_seconds,
+)
 from torchmatrix.run.progress import InvocationPart, Progress
 from torchmatrix.status import Status
 
@@ -103,13 +112,33 @@ def test_the_first_cells_eta_comes_from_earlier_durations_not_the_elapsed_time(t
     )
 
 
-def test_a_suite_without_history_costs_the_mean_and_no_history_gives_no_seed():
+def test_a_suite_without_history_costs_its_prior_and_no_history_seeds_from_the_priors():
     cells, runs = four_cells_two_suites()
     assert WorkEstimate.of_runs(runs, {"big": 10.0}, slots=4).per_cell == {cell.id: 20.0 for cell in cells}
-    assert WorkEstimate.of_runs(runs, {}, slots=4) is None
     wide = plan_runs([Cell({"world_size": 4})], {"big": Suite("big", "suites/test_big.py", 60.0, ())})
     assert WorkEstimate.of_runs(wide, {"big": 10.0}, slots=2).per_cell == {"ws4": 20.0}, (
         "a run holds at most every slot"
+    )
+    builtin = {
+        "grad_ckpt": Suite("grad_ckpt", "suites/test_grad_ckpt.py", 600.0, ("fsdp",)),
+        "mine": Suite("mine", "suites/test_mine.py", 600.0, ("fsdp",)),
+    }
+    primed = WorkEstimate.of_runs(plan_runs(cells, builtin), {}, slots=2)
+    prior_mean = sum(PRIOR_SUITE_SECONDS.values()) / len(PRIOR_SUITE_SECONDS)
+    assert primed.per_cell == {cell.id: PRIOR_SUITE_SECONDS["grad_ckpt"] + prior_mean for cell in cells}
+    assert not primed.from_history and WorkEstimate.of_runs(runs, {"big": 10.0}, slots=4).from_history
+    seen = WorkEstimate.of_runs(plan_runs(cells, builtin), {"mine": 3.0}, slots=2)
+    assert seen.per_cell == {cell.id: PRIOR_SUITE_SECONDS["grad_ckpt"] + 3.0 for cell in cells}, (
+        "history where it exists, the prior where it does not"
+    )
+
+
+def test_the_phases_after_the_cells_count_installs_starts_reads_and_the_report():
+    after = LaterPhases(versions=1, installs=120.0, read_passes=2, read_cells=4, report=True)
+    assert after.seconds(startup=30.0, slots=2) == pytest.approx(120 + 30 + 2 * (30 + 4 * READ_CELL_S / 2) + REPORT_S)
+    assert LaterPhases().seconds(startup=30.0, slots=2) == 0.0, "the last version, no report: nothing after"
+    assert LaterPhases(versions=1, installs=None).seconds(startup=30.0, slots=2) == 30.0, (
+        "unknown installs are not guessed"
     )
 
 
@@ -141,7 +170,8 @@ def test_the_progress_line_shows_the_seeded_eta(clock):
     _, runs = four_cells_two_suites()
     estimate = WorkEstimate.of_runs(runs, {"big": 10.0, "small": 2.0}, slots=2)
     seeded, plain = io.StringIO(), io.StringIO()
-    lines = [Progress("2.13.0", 4, seeded, estimate=estimate), Progress("2.13.0", 4, plain)]
+    lines = [Progress("2.13.0", 4, seeded), Progress("2.13.0", 4, plain)]
+    lines[0].seed(estimate, LaterPhases())
     for cell, seconds in [("ws1-a", 15.0), ("ws1-b", 5.0)]:
         clock.now += seconds
         for line in lines:
@@ -156,9 +186,10 @@ def test_the_progress_line_shows_the_seeded_eta(clock):
 def test_the_count_and_elapsed_time_continue_across_the_versions_of_an_invocation(clock):
     """The second of three versions, each of two cells, started a minute into the invocation:
     the ETA rates this runner's cells, not the minute of installs and earlier versions, and adds
-    for the version still to come this one's install (50 s) and wait for its first cell (10 s)."""
+    for the version still to come its estimated install (50 s) and this one's wait for its first cell (10 s)."""
     stream = io.StringIO()
-    part = Progress("2.14.1", 2, stream, part=InvocationPart(2, 3, since=clock.now - 60.0, install_seconds=50.0))
+    part = Progress("2.14.1", 2, stream, part=InvocationPart(2, 3, since=clock.now - 60.0, installs_after=50.0))
+    part.seed(WorkEstimate({"ws1-a": 10.0, "ws1-b": 10.0}, slots=1), LaterPhases(versions=1, installs=50.0))
     clock.now += 10.0
     part.cell_finished("ws1-a", [("g::t", Status.PASSED)], TOTALS)
     clock.now += 10.0
@@ -169,13 +200,45 @@ def test_the_count_and_elapsed_time_continue_across_the_versions_of_an_invocatio
 
     _, runs = four_cells_two_suites()
     estimate = WorkEstimate.of_runs(runs, {"big": 10.0, "small": 2.0}, slots=2)
-    last = Progress("2.14.1", 4, io.StringIO(), estimate=estimate, part=InvocationPart(2, 2, since=clock.now))
+    last = Progress("2.14.1", 4, io.StringIO(), part=InvocationPart(2, 2, since=clock.now))
+    last.seed(estimate, LaterPhases())
     assert (last.done, last.total, last.work_left) == (4, 8, 48.0)
+
+
+def test_the_first_eta_comes_before_any_cell_and_counts_everything_after(clock):
+    """The first of two versions, four cells of 12 slot-seconds on two slots, a report to follow
+    with a read pass per version: at the start the ETA is the start-up prior, this version's
+    and the next one's work, the next install, its start, both read passes and the report."""
+    _, runs = four_cells_two_suites()
+    estimate = WorkEstimate.of_runs(runs, {"big": 10.0, "small": 2.0}, slots=2)
+    later = LaterPhases(versions=1, installs=100.0, read_passes=2, read_cells=4, report=True)
+    line = Progress("2.13.0", 4, io.StringIO(), part=InvocationPart(1, 2, installs_after=100.0, report_follows=True))
+    line.seed(estimate, later)
+    expected = STARTUP_S + 2 * 48.0 / 2 + later.seconds(STARTUP_S, 2)
+    assert line.eta_text() == f"ETA {progress.format_seconds(expected)}"
+    clock.now += 10.0
+    assert line.eta_text() == f"ETA {progress.format_seconds(expected - 10.0)}", "the start-up is counted down"
+    clock.now += STARTUP_S
+    assert line.eta_text() == f"ETA {progress.format_seconds(expected - STARTUP_S)}", "never below the work left"
+
+
+def test_an_eta_nothing_can_say_is_unknown_and_installs_not_estimated_are_named(clock):
+    unseeded = Progress("2.13.0", 4, io.StringIO())
+    assert unseeded.eta_text() == "ETA unknown", "no estimate and no finished cell: nothing to rate"
+    _, runs = four_cells_two_suites()
+    line = Progress("2.13.0", 4, io.StringIO(), part=InvocationPart(1, 2, installs_after=None))
+    line.seed(WorkEstimate.of_runs(runs, {"big": 10.0}, slots=2), LaterPhases(versions=1, installs=None))
+    assert line.eta_text().endswith(" + installs not estimated")
 
 
 def test_run_takes_its_part_of_the_invocation_on_the_command_line(capsys):
     args = build_parser().parse_args(["run", "--torch", "system", "--progress-part", "2/3", "--progress-since", "100"])
-    assert (args.progress_part, args.progress_since) == ((2, 3), 100.0)
+    assert (args.progress_part, args.progress_since, args.progress_installs_after) == ((2, 3), 100.0, 0.0)
+    unknown = ["run", "--torch", "system", "--progress-installs-after", "unknown"]
+    assert build_parser().parse_args(unknown).progress_installs_after is None
+    with pytest.raises(SystemExit) as negative:
+        build_parser().parse_args(["run", "--torch", "system", "--progress-installs-after", "-5"])
+    assert negative.value.code == 2 and "pass seconds (0 or more) or 'unknown'" in capsys.readouterr().err
     assert build_parser().parse_args(["run", "--torch", "system"]).progress_part == (1, 1)
     with pytest.raises(SystemExit) as refused:
         build_parser().parse_args(["run", "--torch", "system", "--progress-part", "3/2"])
@@ -205,3 +268,28 @@ def test_a_line_comes_at_least_every_30_seconds_while_cells_run(clock):
     assert stream.getvalue().splitlines()[-1] == (
         "torchmatrix: torch 2.13.0: 1/4 cells done, 3 cells to finish | 1:25 elapsed, ETA 1:15"
     )
+    clock.now += 150
+    line.heartbeat("3 cells to finish")
+    assert stream.getvalue().splitlines()[-1] == (
+        "torchmatrix: torch 2.13.0: 1/4 cells done, 3 cells to finish | 3:55 elapsed, ETA unknown (1:15 past the estimate)"
+    ), "never a negative ETA, never 0:00 while work is left"
+
+
+def test_the_performance_page_quotes_the_priors_the_code_uses():
+    """docs/explanation/performance.md#the-eta states each prior; a prior changed in the code alone fails here."""
+    from torchmatrix.env import install_estimate
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "explanation" / "performance.md").read_text()
+    section = page[page.index("## The ETA") :]
+    for suite, seconds in PRIOR_SUITE_SECONDS.items():
+        assert f"| `{suite}` | {seconds} |" in section, suite
+    quoted = [
+        f"{STARTUP_S:.0f} s until",
+        f"{install_estimate.DOWNLOAD_BYTES_PER_S / 1e6:.0f} MB/s, bytes to unpack",
+        f"{install_estimate.UNPACK_BYTES_PER_S / 1e6:.0f} MB/s, and a",
+        f"{install_estimate.CPU_S:.0f} s on an idle",
+        f"{READ_CELL_S} slot-seconds a cell",
+        f"then {REPORT_S:.0f} s for the report",
+    ]
+    for text in quoted:
+        assert text in " ".join(section.split()), text

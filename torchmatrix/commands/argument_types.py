@@ -18,6 +18,19 @@ def non_negative(text: str) -> int:
     return value
 
 
+def seconds_or_unknown(text: str) -> float | None:
+    """Seconds (0 or more), or None for 'unknown'."""
+    if text == "unknown":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: pass seconds (0 or more) or 'unknown'")
+    return value
+
+
 def positive(text: str) -> int:
     try:
         value = int(text)

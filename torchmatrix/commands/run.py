@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from torchmatrix.commands.argument_types import non_negative, positive, progress_part, suite_test
+from torchmatrix.commands.argument_types import non_negative, positive, progress_part, seconds_or_unknown, suite_test
 from torchmatrix.commands.paths import reports_directory
 from torchmatrix.commands.selection_flags import add_selection_flags, cell_selection
 from torchmatrix.exit_codes import ExitCode
@@ -97,11 +97,11 @@ def add_parser(commands) -> argparse.ArgumentParser:
         help="when that invocation started, in seconds since the epoch (nox passes it): elapsed time and ETA count from it",
     )
     parser.add_argument(
-        "--progress-install",
-        type=float,
+        "--progress-installs-after",
+        type=seconds_or_unknown,
         default=0.0,
         metavar="SECONDS",
-        help="this torch version took SECONDS to install (nox passes it): the ETA expects each version still to come to take as long",
+        help="the torch versions after this one take SECONDS to install, estimated from their downloads, or 'unknown' (nox passes it): the ETA counts them",
     )
     parser.add_argument(
         "--slots",
@@ -164,7 +164,12 @@ def run(args: argparse.Namespace) -> ExitCode:
         multinode_launcher=args.multinode_launcher,
         slots=args.slots,
         confirm_limit=args.confirm_limit,
-        part=InvocationPart(*args.progress_part, since=args.progress_since, install_seconds=args.progress_install),
+        part=InvocationPart(
+            *args.progress_part,
+            since=args.progress_since,
+            installs_after=args.progress_installs_after,
+            report_follows=args.report_follows,
+        ),
         cross_version_reads=args.cross_version_reads,
         peers=tuple(args.peers) if args.peers else None,
         selection=SuiteSelection(tuple(args.suites), tuple(args.tests)),

@@ -19,6 +19,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from torchmatrix import file_writes
+from torchmatrix.env.install_estimate import InstallEstimate, estimate_install
 from torchmatrix.env.install_progress import InstallProgress, ProgressLine
 from torchmatrix.env.pip_constraints import blocking_constraint
 from torchmatrix.matrix.config import TorchInstall
@@ -209,6 +211,23 @@ def install_torch(session, version: str, install: TorchInstall, log_path: Path) 
             stream.close()
     line.close("done")
     return InstallResult(True)
+
+
+def estimate_torch_install(
+    python: str, version: str, install: TorchInstall, cached: list[str]
+) -> InstallEstimate | None:
+    """What installing torch==V as install_torch does will cost, asked of `python`'s pip (with
+    pip's configuration, the version's index, requirements and constraints), the files named in
+    `cached` (its wheelhouse's, see wheelhouse()) downloading nothing; None when pip cannot say."""
+    options = index_options(install, uv=False, pip_config_list="")
+    with tempfile.TemporaryDirectory(prefix="torchmatrix-estimate-") as scratch:
+        constraints = []
+        if install.constraints:
+            constraints_file = Path(scratch) / "constraints.txt"
+            file_writes.write_text(constraints_file, "\n".join(install.constraints) + "\n")
+            constraints = ["--constraint", str(constraints_file)]
+        arguments = [f"torch=={version}", "numpy", *install.requirements, *options, *constraints]
+        return estimate_install(python, arguments, cached, {**os.environ, **install.env})
 
 
 def _progress_option(installer_version: str, uv: bool) -> list[str]:

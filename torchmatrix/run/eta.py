@@ -1,10 +1,12 @@
-"""The ETA of a run, seeded from what earlier runs in reports/ took.
+"""The ETA of a run, seeded from what earlier runs in reports/ took, else from per-suite priors.
 
 Elapsed time over finished cells alone is far too high at first: cells run side by side, so the
 first to finish carries most of the time since the start (imports, pool starts, its neighbours'
-work). Earlier runs' results.json say how long each suite takes; that work spread over the
-machine's slots is the seed, and it gives way to the observed rate as the work gets done.
-Suite timeouts are limits, not estimates, and are never used.
+work). Earlier runs' results.json say how long each suite takes (without one, PRIOR_SUITE_SECONDS
+does); that work spread over the machine's slots is the seed, and it gives way to the observed
+rate as the work gets done. What follows the cells is counted as phases (`LaterPhases`): the
+later versions' installs and starts, each version's read pass, the report. Suite timeouts are
+limits, not estimates, and are never used. The priors' measurements: docs/explanation/performance.md.
 """
 
 from __future__ import annotations
@@ -20,6 +22,24 @@ from torchmatrix.matrix.plan import SuiteRun
 from torchmatrix.reports.results_json import FILE_NAME as RESULTS_FILE
 
 RUNS_CONSIDERED = 5
+PRIOR_SUITE_SECONDS = {
+    "grad_ckpt": 8.0,
+    "resume": 13.5,
+    "dtensor_optim": 2.0,
+    "parallel_equivalence": 2.5,
+    "cross_version": 5.0,
+    "collectives": 1.5,
+}
+"""Slot-seconds of one run of each built-in suite on a one-rank cell (a wider cell costs it per
+rank), torch 2.13.0 CPU on 2 cores at load average 5-12: the seed when reports/ holds no
+earlier run; a suite of your own costs their mean."""
+STARTUP_S = 65.0
+"""A runner's start to its first finished cell beyond that cell's work (component check, torch
+probe, pytest processes importing torch and collecting), until this runner's is observed."""
+READ_CELL_S = 4.5
+"""Slot-seconds of one cell's reads of the other versions' cross_version checkpoints."""
+REPORT_S = 40.0
+"""The report session besides its read passes: its venv, this torchmatrix installed, the reports written."""
 
 
 def suite_seconds(reports: Path, torch: str, current_run: str) -> dict[str, float]:
@@ -70,22 +90,24 @@ def _suite_run_seconds(path: Path) -> dict[tuple[str, str, str], float]:
 @dataclass(frozen=True)
 class WorkEstimate:
     """Expected slot-seconds of each cell's suite runs (a run counts for the cell that runs it),
-    and the slots they share: the seed of the ETA."""
+    the slots they share, and whether earlier runs or the priors said so: the seed of the ETA."""
 
     per_cell: Mapping[str, float]
     slots: int
+    from_history: bool = True
 
     @classmethod
-    def of_runs(cls, runs: Iterable[SuiteRun], seconds: Mapping[str, float], slots: int) -> WorkEstimate | None:
-        """The work of `runs`, a suite without history costing the mean of those with; None when
-        no earlier run says anything."""
-        if not seconds:
-            return None
-        unknown = mean(seconds.values())
+    def of_runs(cls, runs: Iterable[SuiteRun], seconds: Mapping[str, float], slots: int) -> WorkEstimate:
+        """The work of `runs` as earlier runs' `seconds` say; a suite they do not name costs its
+        prior, a suite without one the mean of what they name (of the priors, without history)."""
+        known = seconds or PRIOR_SUITE_SECONDS
+        unknown = mean(known.values())
         per_cell: dict[str, float] = defaultdict(float)
         for run in runs:
-            per_cell[run.cell.id] += seconds.get(run.suite.name, unknown) * min(run.cell.world_size, slots)
-        return cls(dict(per_cell), slots)
+            name = run.suite.name
+            each = known.get(name, PRIOR_SUITE_SECONDS.get(name, unknown))
+            per_cell[run.cell.id] += each * min(run.cell.world_size, slots)
+        return cls(dict(per_cell), slots, from_history=bool(seconds))
 
     @property
     def total(self) -> float:
@@ -100,3 +122,21 @@ class WorkEstimate:
         observed_rate = elapsed / done if done > 0 else seed_rate
         weight = done / (done + left)
         return ((1 - weight) * seed_rate + weight * observed_rate) * left
+
+
+@dataclass(frozen=True)
+class LaterPhases:
+    """What an invocation runs after this version's cells besides the later versions' cell work
+    (which WorkEstimate counts): each later version's install and start, each version's read pass
+    of the others' checkpoints, the report. `installs` None: not estimated (the ETA says so)."""
+
+    versions: int = 0
+    installs: float | None = 0.0
+    read_passes: int = 0
+    read_cells: int = 0
+    report: bool = False
+
+    def seconds(self, startup: float, slots: int) -> float:
+        """Wall seconds of these phases, when a runner takes `startup` seconds before its cells' work."""
+        reads = self.read_passes * (startup + self.read_cells * READ_CELL_S / max(slots, 1))
+        return (self.installs or 0.0) + self.versions * startup + reads + (REPORT_S if self.report else 0.0)

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TextIO
 
-from torchmatrix.run.eta import WorkEstimate
+from torchmatrix.run.eta import STARTUP_S, LaterPhases, WorkEstimate
 from torchmatrix.status import Status, tally
 
 FAILING_NAMED = 3
@@ -29,13 +29,15 @@ def format_seconds(seconds: float) -> str:
 class InvocationPart:
     """This torch version's place among the versions one nox invocation runs, so the count and
     the ETA continue across them: part `index` of `count`, the invocation started at `since`
-    (seconds since the epoch; None: now), and this version took `install_seconds` to install,
-    which each version still to come is expected to take too."""
+    (seconds since the epoch; None: now), the versions after this one take `installs_after`
+    seconds to install (estimated from their downloads; None: not estimated), and whether the
+    report session (each version's read pass, then the reports) follows."""
 
     index: int = 1
     count: int = 1
     since: float | None = None
-    install_seconds: float = 0.0
+    installs_after: float | None = 0.0
+    report_follows: bool = False
 
     @property
     def versions_after(self) -> int:
@@ -45,30 +47,24 @@ class InvocationPart:
 class Progress:
     """Prints `[k/N] torch V cell-id: status | totals | elapsed, ETA` as cells finish.
 
-    k, N and the elapsed time count every torch version of the invocation (`part`). The ETA
-    rates only this runner's cells (installs and earlier versions are not cell work), then adds,
-    for each version still to come, this version's install time and its wait for the first cell
-    (process starts, imports). With an `estimate` (earlier runs' suite durations) it is the seed,
-    and the observed rate counts from the first finished cell on: the process starts and imports
-    before it are paid once.
+    k, N and the elapsed time count every torch version of the invocation (`part`). Once
+    `seed`ed with a WorkEstimate (earlier runs' suite durations, else priors) the ETA is that
+    work spread over the slots, rated by what is observed from the first finished cell on (the
+    process starts and imports before it are paid once per runner), plus the phases after this
+    version's cells (`LaterPhases`: installs, starts, read passes, report).
     """
 
     def __init__(
-        self,
-        version: str,
-        total_cells: int,
-        stream: TextIO = sys.stdout,
-        *,
-        estimate: WorkEstimate | None = None,
-        part: InvocationPart = InvocationPart(),
+        self, version: str, total_cells: int, stream: TextIO = sys.stdout, *, part: InvocationPart = InvocationPart()
     ):
         self.version = version
         self.stream = stream
-        self.estimate = estimate
+        self.estimate: WorkEstimate | None = None
+        self.later = LaterPhases()
         self.cells_left = total_cells * (part.count - part.index + 1)
         self.total = total_cells * part.count
         self.done = self.total - self.cells_left
-        self.work_left = estimate.total * (part.count - part.index + 1) if estimate else 0.0
+        self.work_left = 0.0
         self.done_here = 0
         self.work_rated = 0.0
         self.first_finished: float | None = None
@@ -77,22 +73,59 @@ class Progress:
         self.part = part
         self.last_said = self.started_here
         self.last_eta: tuple[float, float] | None = None
-        """When the last cell line was printed, and the ETA it gave."""
+        """When the last ETA was printed, and the seconds it gave."""
+
+    def seed(self, estimate: WorkEstimate, later: LaterPhases) -> None:
+        """Estimate from here on: `estimate` is this version's cell work (each later version's the
+        same), `later` what follows the cells."""
+        self.estimate, self.later = estimate, later
+        self.work_left = estimate.total * (self.part.count - self.part.index + 1)
 
     def say(self, text: str) -> None:
         print(text, file=self.stream, flush=True)
         self.last_said = time.time()
 
+    def eta_text(self, now: float | None = None) -> str:
+        """`ETA 12:30` for the time left (remembered, so the heartbeat counts it down), `ETA
+        unknown` before anything can say; installs not estimated are named, never guessed."""
+        now = time.time() if now is None else now
+        seconds = self._remaining(now)
+        if seconds is None:
+            return "ETA unknown"
+        self.last_eta = (now, seconds)
+        unestimated = self.later.installs is None and self.later.versions
+        return f"ETA {format_seconds(seconds)}" + (" + installs not estimated" if unestimated else "")
+
+    def _remaining(self, now: float) -> float | None:
+        """Seconds left for this version's cells and everything after them; None without an estimate or a finished cell."""
+        startup = STARTUP_S if self.first_finished is None else self.first_finished - self.started_here
+        if self.estimate is not None:
+            if self.first_finished is None:
+                waiting = max(startup - (now - self.started_here), 0.0)
+                cells = waiting + self.estimate.remaining_seconds(0.0, 0.0, self.work_left)
+            else:
+                cells = self.estimate.remaining_seconds(now - self.first_finished, self.work_rated, self.work_left)
+            return cells + self.later.seconds(startup, self.estimate.slots)
+        if not self.done_here:
+            return None
+        return (now - self.started_here) / self.done_here * self.cells_left + self.later.seconds(startup, 1)
+
     def heartbeat(self, doing: str, now: float | None = None) -> None:
         """A line when none came for HEARTBEAT_S: what is `doing` (`5 cells to finish`), the cells
-        done, the elapsed time, and the last cell line's ETA counted down since."""
+        done, the elapsed time, and the last ETA counted down since; once that reaches zero with
+        work left, the ETA is unknown and the line says by how much the estimate is passed."""
         now = time.time() if now is None else now
         if now - self.last_said < HEARTBEAT_S:
             return
         eta = ""
         if self.last_eta is not None:
             said_at, seconds = self.last_eta
-            eta = f", ETA {format_seconds(max(seconds - (now - said_at), 0.0))}"
+            left = seconds - (now - said_at)
+            eta = (
+                f", ETA {format_seconds(left)}"
+                if left > 0
+                else f", ETA unknown ({format_seconds(-left)} past the estimate)"
+            )
         self.say(
             f"torchmatrix: torch {self.version}: {self.done}/{self.total} cells done, {doing}"
             f" | {format_seconds(now - self.started)} elapsed{eta}"
@@ -105,22 +138,15 @@ class Progress:
         if self.estimate:
             work = self.estimate.per_cell.get(cell_id, 0.0)
             self.work_left -= work
-            if self.first_finished is None:
-                self.first_finished = now
-            else:
+            if self.first_finished is not None:
                 self.work_rated += work
-            eta = self.estimate.remaining_seconds(now - self.first_finished, self.work_rated, self.work_left)
-        else:
-            eta = (now - self.started_here) / self.done_here * self.cells_left
         if self.first_finished is None:
             self.first_finished = now
-        eta += self.part.versions_after * (self.part.install_seconds + self.first_finished - self.started_here)
         width = len(str(self.total))
-        self.last_eta = (now, eta)
         self.say(
             f"[{self.done:>{width}}/{self.total}] torch {self.version} {cell_id}: {cell_outcome(tests)}"
             f" | {tally(totals)}"
-            f" | {format_seconds(now - self.started)} elapsed, ETA {format_seconds(eta)}"
+            f" | {format_seconds(now - self.started)} elapsed, {self.eta_text(now)}"
         )
 
 

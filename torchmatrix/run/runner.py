@@ -42,7 +42,7 @@ from torchmatrix.ranks.parent_death import PARENT_PID_VARIABLE
 from torchmatrix.reports import junit
 from torchmatrix.run import confirmation, cross_version
 from torchmatrix.run.component_check import check_components
-from torchmatrix.run.eta import WorkEstimate, suite_seconds
+from torchmatrix.run.eta import LaterPhases, WorkEstimate, suite_seconds
 from torchmatrix.run.import_path import user_code_environment
 from torchmatrix.run.interrupts import Interrupts
 from torchmatrix.run.leftover_processes import adopt_orphans, kill_leftovers
@@ -172,18 +172,16 @@ def _run_version(request: RunRequest, stream, interrupts: Interrupts) -> ExitCod
         probed = _check_and_probe(request)
         lock = _claim(request)
         environment, runnable = _environment(request, book, probed)
+        eta = ""
         if runnable:
-            progress = Progress(
-                request.version,
-                len(cells),
-                stream,
-                estimate=_work_estimate(request, runs, environment),
-                part=request.part,
-            )
+            estimate = _work_estimate(request, runs, environment)
+            progress.seed(estimate, _later_phases(request, cells, suites))
+            source = "the last runs' durations" if estimate.from_history else "per-suite priors, no earlier run here"
+            eta = f"; {progress.eta_text()} ({source})"
             _refuse_too_wide_for_cpu(request, cells, environment)
         _write_plan(request, cells, book, environment, started, finished=False)
         progress.say(
-            f"torchmatrix: torch {request.version}, {len(cells)} cells, {len(runs)} suite runs, device: {environment.description}"
+            f"torchmatrix: torch {request.version}, {len(cells)} cells, {len(runs)} suite runs, device: {environment.description}{eta}"
         )
         if runnable:
             _run_cells(request, cells, runs, book, environment, progress)
@@ -292,10 +290,21 @@ def _slots(request: RunRequest, environment: Environment) -> int:
     return request.slots or environment.gpu_count or len(os.sched_getaffinity(0))
 
 
-def _work_estimate(request: RunRequest, runs: list[SuiteRun], environment: Environment) -> WorkEstimate | None:
-    """The ETA's seed: what the planned suite runs took in earlier runs under --reports."""
+def _work_estimate(request: RunRequest, runs: list[SuiteRun], environment: Environment) -> WorkEstimate:
+    """The ETA's seed: what the planned suite runs took in earlier runs under --reports, else the priors."""
     seconds = suite_seconds(request.reports, request.version, request.run_id)
     return WorkEstimate.of_runs(runs, seconds, _slots(request, environment))
+
+
+def _later_phases(request: RunRequest, cells: list[Cell], suites: dict) -> LaterPhases:
+    """What the invocation runs after this version's cells: the later versions' installs and
+    starts, then, when the report session follows, each version's read pass (a run with the
+    cross_version suite) and the report."""
+    part = request.part
+    if request.cross_version_reads:
+        return LaterPhases()
+    reads = part.count if part.report_follows and cross_version.SUITE in suites else 0
+    return LaterPhases(part.versions_after, part.installs_after, reads, len(cells), part.report_follows)
 
 
 def _refuse_too_wide_for_cpu(request: RunRequest, cells: list[Cell], environment: Environment) -> None:
