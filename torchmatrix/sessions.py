@@ -307,7 +307,7 @@ def report(session, matrix: Matrix) -> None:
     parser.add_argument("run_dir", nargs="?", default=str(matrix.root / "reports" / "latest"))
     parser.add_argument("--compare", metavar="RUN", help="a reference run directory or results.json")
     args = parser.parse_args(session.posargs)
-    session.install(*install_arguments())
+    session.install(*install_arguments(), "nox")  # cross-read finds gpu_matrix's venvs by nox's own naming
     envdir = Path(session.virtualenv.location).parent
     read = ["cross-read", args.run_dir, "--config", str(matrix.path), "--envdir", str(envdir)]
     session.run("python", "-m", "torchmatrix", *read, success_codes=[0, 1])
