@@ -23,8 +23,15 @@ def record(test, message, *, cell="ws2-fsdp2", status=Status.FAILED, follows=())
     return TestRecord("2.13.0", cell, RESUME, test, status, 1.0, message, figures=figures)
 
 
+def run_of(*records):
+    """A run of one torch version and one cell holding `records`."""
+    versions = [VersionInfo("2.13.0", planned_cells=("ws2-fsdp2",))]
+    cells = {"ws2-fsdp2": {"world_size": "2", "fsdp": "fsdp2"}}
+    return RunResults("r", "", [], "", "", "2.13.0", ReportSettings(), versions, cells, list(records))
+
+
 def causes(*records):
-    return RunResults("r", "", [], "", "", "2.13.0", None, [], {}, list(records)).root_causes()
+    return run_of(*records).root_causes()
 
 
 def lines(found):
@@ -75,22 +82,11 @@ def test_chains_attach_to_the_first_cause_and_a_cycle_loses_nothing():
     assert sorted(r.test for cause in cycle for r, _ in cause.failures + cause.consequences) == [FINAL, LOSSES]
 
 
-def test_the_closing_lines_count_the_consequences_under_their_cause(tmp_path):
-    run = RunResults(
-        "r",
-        "",
-        [],
-        "",
-        "",
-        "2.13.0",
-        None,
-        [],
-        {},
-        [
-            record(SCHEDULER, "scheduler last_epoch is 0, saved 4"),
-            record(LOSSES, "loss at step 5 differs", follows=[SCHEDULER]),
-            record(FINAL, "final parameters differ", follows=[SCHEDULER]),
-        ],
+def test_the_closing_lines_count_the_consequences_under_their_cause():
+    run = run_of(
+        record(SCHEDULER, "scheduler last_epoch is 0, saved 4"),
+        record(LOSSES, "loss at step 5 differs", follows=[SCHEDULER]),
+        record(FINAL, "final parameters differ", follows=[SCHEDULER]),
     )
     assert root_cause_lines(run) == [
         "torchmatrix: failures by root cause (1):",
@@ -99,20 +95,9 @@ def test_the_closing_lines_count_the_consequences_under_their_cause(tmp_path):
 
 
 def test_both_summary_pages_list_the_consequences_under_their_cause():
-    run = RunResults(
-        "r",
-        "",
-        [],
-        "",
-        "",
-        "2.13.0",
-        ReportSettings(),
-        [VersionInfo("2.13.0", planned_cells=("ws2-fsdp2",))],
-        {"ws2-fsdp2": {"world_size": "2", "fsdp": "fsdp2"}},
-        [
-            record(SCHEDULER, "scheduler last_epoch is 0, saved 4"),
-            record(LOSSES, "loss at step 5 differs <b>", follows=[SCHEDULER]),
-        ],
+    run = run_of(
+        record(SCHEDULER, "scheduler last_epoch is 0, saved 4"),
+        record(LOSSES, "loss at step 5 differs <b>", follows=[SCHEDULER]),
     )
     markdown = summary_md.render(run, [])
     assert (
