@@ -1,9 +1,11 @@
 """Confirmation: every failed or errored test is re-run once alone, in a fresh pytest process.
 
-A test can fail because of what ran before it in the same process (state a suite cached, a rank
-pool an earlier test broke) rather than because of the torch under test. Re-run alone, it tells
-the two apart: "fails alone" is a behaviour of that torch; "passed alone" is order-dependent or
-flaky, and the upgrade diff does not count it as a regression or a fix.
+- A test can fail because of what ran before it in the same process (state a suite cached, a rank
+  pool an earlier test broke) rather than because of the torch under test. Re-run alone, it tells
+  the two apart: "fails alone" is a behaviour of that torch; "passed alone" is order-dependent or
+  flaky, and the upgrade diff does not count it as a regression or a fix.
+- A failure that follows from another failing test of its run (messages.consequences) is re-run in
+  that test's process, so an experiment the tests share (resume's training) runs once, not per test.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from torchmatrix.matrix.plan import Group, SuiteRun
+from torchmatrix.messages.consequences import CONSEQUENCE_OF, causes_named
 from torchmatrix.messages.events import TestOutcome
 from torchmatrix.reports import confirmation_notes
 from torchmatrix.run.outcomes import OutcomeBook
@@ -32,14 +35,66 @@ class Retry:
     run: SuiteRun
     outcome: TestOutcome
 
+    @property
+    def follows_from(self) -> tuple[str, ...]:
+        """The tests of its run whose failure this one's follows from (its CONSEQUENCE_OF property)."""
+        value = next((value for name, value in self.outcome.properties if name == CONSEQUENCE_OF), None)
+        return causes_named(value)
+
+
+@dataclass(frozen=True)
+class Rerun:
+    """Failed tests of one suite run re-run together in a fresh process: one, and the failures that follow from it."""
+
+    retries: tuple[Retry, ...]
+
     def group(self, index: int) -> Group:
-        """A pytest process of its own, whose plan keeps only this test of this run."""
+        """A pytest process of its own, whose plan keeps only these tests of this run."""
+        run = self.retries[0].run
         return Group(
-            f"{GROUP_PREFIX}{index}-ws{self.run.cell.world_size}",
-            self.run.cell.world_size,
-            (self.run,),
-            only_tests=(f"{self.run.suite.name}::{self.outcome.test}",),
+            f"{GROUP_PREFIX}{index}-ws{run.cell.world_size}",
+            run.cell.world_size,
+            (run,),
+            only_tests=tuple(f"{run.suite.name}::{retry.outcome.test}" for retry in self.retries),
         )
+
+
+def reruns(chosen: Sequence[Retry]) -> list[Rerun]:
+    """`chosen` in processes, in order: a retry that follows from another chosen failure of its run
+    joins that one's process (through chains); the rest, and any left in a cycle, each get their own."""
+
+    def key(retry: Retry) -> tuple:
+        return (retry.run.key, retry.outcome.test)
+
+    failing = {key(retry) for retry in chosen}
+    process_of: dict[tuple, int] = {}
+    processes: list[list[Retry]] = []
+
+    def start(retry: Retry) -> None:
+        process_of[key(retry)] = len(processes)
+        processes.append([retry])
+
+    pending = []
+    for retry in chosen:
+        if any((retry.run.key, test) in failing for test in retry.follows_from if test != retry.outcome.test):
+            pending.append(retry)
+        else:
+            start(retry)
+    joined = True
+    while joined:
+        joined = False
+        for retry in list(pending):
+            causes = [
+                process_of[(retry.run.key, test)] for test in retry.follows_from if (retry.run.key, test) in process_of
+            ]
+            if causes:
+                processes[causes[0]].append(retry)
+                process_of[key(retry)] = causes[0]
+                pending.remove(retry)
+                joined = True
+    for retry in pending:
+        start(retry)
+    return [Rerun(tuple(retries)) for retries in processes]
 
 
 class StartsProcesses(Protocol):
@@ -49,28 +104,36 @@ class StartsProcesses(Protocol):
 
 
 def confirm_failures(book: OutcomeBook, limit: int, scheduler: StartsProcesses, progress: Progress, slots: int) -> None:
-    """Re-run each failed test of `book` alone in a fresh process (up to `limit`), `slots`
-    processes at a time, and mark it with what that showed."""
+    """Re-run each failed test of `book` alone in a fresh process (up to `limit`; one that follows from
+    another in that one's), `slots` processes at a time, and mark it with what that showed."""
     found = retries(book) if limit > 0 else []
     if not found:
         return
     chosen, past_limit = found[:limit], found[limit:]
+    processes = reruns(chosen)
     progress.say(
-        f"torchmatrix: torch {progress.version}: re-running {len(chosen)} failed tests alone, each in a fresh process"
+        f"torchmatrix: torch {progress.version}: re-running {len(chosen)} failed tests alone, "
+        + (
+            "each in a fresh process"
+            if len(processes) == len(chosen)
+            else f"in {count(len(processes), 'fresh process', 'fresh processes')} (a failure that follows from another runs with it)"
+        )
         + (f" ({len(past_limit)} more past --confirm-limit {limit})" if past_limit else "")
     )
-    groups = [retry.group(index) for index, retry in enumerate(chosen, 1)]
-    alone = [OutcomeBook(group.runs) for group in groups]
+    groups = [process.group(index) for index, process in enumerate(processes, 1)]
+    books = [OutcomeBook(group.runs) for group in groups]
+    in_process_order = [retry for process in processes for retry in process.retries]
+    alone = [book for process, book in zip(processes, books) for _ in process.retries]
     scheduler(
         groups,
         book=None,
-        books={g.name: b for g, b in zip(groups, alone)},
+        books={g.name: b for g, b in zip(groups, books)},
         max_started=slots,
         on_update=lambda: progress.heartbeat(f"re-running {count(len(chosen), 'failed test')} alone"),
     ).run()
-    record(chosen, alone, past_limit, limit)
-    book.pool_starts += sum(b.pool_starts for b in alone)
-    verdicts = [retry.outcome.confirmation for retry in chosen]
+    record(in_process_order, alone, past_limit, limit)
+    book.pool_starts += sum(b.pool_starts for b in books)
+    verdicts = [retry.outcome.confirmation for retry in in_process_order]
     progress.say(
         f"torchmatrix: torch {progress.version}: {verdicts.count(Confirmation.FAILS_ALONE)} of {len(chosen)} fail alone, "
         f"{verdicts.count(Confirmation.PASSED_ALONE)} passed alone (order-dependent or flaky)"
