@@ -9,9 +9,11 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from torchmatrix import sessions
 from torchmatrix.matrix.config import load_matrix
 from torchmatrix.sessions import first_missing
 
@@ -164,3 +166,30 @@ def test_the_later_installs_are_summed_at_this_invocations_pace_and_one_unknown_
     assert "torch 2.15.0's install is not estimated" in capsys.readouterr().err
     assert sessions.installs_after(estimates, ["2.16.0"]) == "0", "a reused venv installs nothing"
     assert sessions.installs_after(estimates, []) == "0"
+
+
+class RecordingSession:
+    """What a nox session body asks for: its installs and the commands it runs, none carried out."""
+
+    def __init__(self, venv: Path, posargs: list[str]):
+        self.virtualenv = SimpleNamespace(location=str(venv))
+        self.posargs = posargs
+        self.installed: list[str] = []
+        self.ran: list[tuple[str, ...]] = []
+
+    def install(self, *packages: str) -> None:
+        self.installed.extend(packages)
+
+    def run(self, *command: str, **options) -> None:
+        self.ran.append(command)
+
+
+def test_the_report_session_has_nox_so_cross_read_finds_the_gpu_matrix_venvs(tmp_path):
+    """cross-read names a version's interpreter by nox's own venv naming; a report venv without nox
+    found none and checked no read under `nox -s report`."""
+    matrix = load_matrix(write_demo_project(tmp_path / "project", axes={"world_size": [1]}) / "matrix.toml")
+    session = RecordingSession(tmp_path / "project" / ".nox" / "report", [str(tmp_path / "run")])
+    sessions.report(session, matrix)
+    assert "nox" in session.installed
+    (read,) = [command for command in session.ran if "cross-read" in command]
+    assert read[read.index("--envdir") + 1] == str(tmp_path / "project" / ".nox")
