@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass, field
 
 from torchmatrix.matrix.config import ReportSettings
-from torchmatrix.messages.consequences import CONSEQUENCE_OF, causes_named
+from torchmatrix.messages.consequences import CONSEQUENCE_OF, causes_named, under_their_causes
 from torchmatrix.messages.cross_version import READ_TEST
 from torchmatrix.messages.cross_version import SUITE as CROSS_VERSION
 from torchmatrix.ranks.root_cause import group_key
@@ -287,45 +287,19 @@ def _by_root_cause(failures: list[tuple[TestRecord, list[str]]]) -> list[RootCau
     a failure that follows from another failing test of its suite and cell joins that test's cause
     (through chains; one whose causes are all consequences in a cycle stands as its own)."""
     causes: dict[str, RootCause] = {}
-    cause_of_test: dict[tuple[str, str, str, str], RootCause] = {}
-
-    def where(record: TestRecord, test: str) -> tuple[str, str, str, str]:
-        return (record.torch, record.run_cell, record.suite, test)
-
-    def stands_alone(record: TestRecord, cells: list[str]) -> None:
+    groups = under_their_causes(
+        failures,
+        key=lambda failure: (failure[0].torch, failure[0].run_cell, failure[0].suite, failure[0].test),
+        causes=lambda failure: [
+            (failure[0].torch, failure[0].run_cell, failure[0].suite, test) for test in failure[0].follows_from
+        ],
+    )
+    for (record, cells), following in groups:
         line = record.message or "(no message)"
         blanked = line.replace(record.run_cell, "<cell>") if record.run_cell else line  # suites name their cell
         cause = causes.setdefault(group_key(blanked), RootCause(line))
         cause.failures.append((record, cells))
-        cause_of_test[where(record, record.test)] = cause
-
-    failing = {where(record, record.test) for record, _ in failures}
-    pending = []
-    for record, cells in failures:
-        if any(where(record, test) in failing for test in record.follows_from if test != record.test):
-            pending.append((record, cells))
-        else:
-            stands_alone(record, cells)
-    while attached := [
-        (record, cells, cause)
-        for record, cells in pending
-        if (
-            cause := next(
-                (
-                    cause_of_test.get(where(record, test))
-                    for test in record.follows_from
-                    if cause_of_test.get(where(record, test))
-                ),
-                None,
-            )
-        )
-    ]:
-        for record, cells, cause in attached:
-            cause.consequences.append((record, cells))
-            cause_of_test[where(record, record.test)] = cause
-        pending = [(record, cells) for record, cells in pending if where(record, record.test) not in cause_of_test]
-    for record, cells in pending:
-        stands_alone(record, cells)
+        cause.consequences += following
     return sorted(causes.values(), key=lambda cause: -cause.tests)
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from torchmatrix.matrix.plan import Group, SuiteRun
-from torchmatrix.messages.consequences import CONSEQUENCE_OF, causes_named
+from torchmatrix.messages.consequences import CONSEQUENCE_OF, causes_named, under_their_causes
 from torchmatrix.messages.events import TestOutcome
 from torchmatrix.reports import confirmation_notes
 from torchmatrix.run.outcomes import OutcomeBook
@@ -62,39 +62,12 @@ class Rerun:
 def reruns(chosen: Sequence[Retry]) -> list[Rerun]:
     """`chosen` in processes, in order: a retry that follows from another chosen failure of its run
     joins that one's process (through chains); the rest, and any left in a cycle, each get their own."""
-
-    def key(retry: Retry) -> tuple:
-        return (retry.run.key, retry.outcome.test)
-
-    failing = {key(retry) for retry in chosen}
-    process_of: dict[tuple, int] = {}
-    processes: list[list[Retry]] = []
-
-    def start(retry: Retry) -> None:
-        process_of[key(retry)] = len(processes)
-        processes.append([retry])
-
-    pending = []
-    for retry in chosen:
-        if any((retry.run.key, test) in failing for test in retry.follows_from if test != retry.outcome.test):
-            pending.append(retry)
-        else:
-            start(retry)
-    joined = True
-    while joined:
-        joined = False
-        for retry in list(pending):
-            causes = [
-                process_of[(retry.run.key, test)] for test in retry.follows_from if (retry.run.key, test) in process_of
-            ]
-            if causes:
-                processes[causes[0]].append(retry)
-                process_of[key(retry)] = causes[0]
-                pending.remove(retry)
-                joined = True
-    for retry in pending:
-        start(retry)
-    return [Rerun(tuple(retries)) for retries in processes]
+    groups = under_their_causes(
+        chosen,
+        key=lambda retry: (retry.run.key, retry.outcome.test),
+        causes=lambda retry: [(retry.run.key, test) for test in retry.follows_from],
+    )
+    return [Rerun((cause, *following)) for cause, following in groups]
 
 
 class StartsProcesses(Protocol):
