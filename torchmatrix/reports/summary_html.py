@@ -19,24 +19,15 @@ from importlib import resources
 
 from markupsafe import Markup
 
-from torchmatrix.reports.bump_verdict import bump_verdict
 from torchmatrix.reports.records import RootCause, RunResults, drift_measure, is_drift_figure
-from torchmatrix.reports.reproducible import is_reproducible, repro_command
 from torchmatrix.reports.summary_data import (
-    DIRECTIONS_NOTE,
-    LIMITS_NOTE,
-    direction_rows,
     distinct_texts,
-    other_cells,
-    reached_by,
-    read_label,
     summarize,
 )
 from torchmatrix.reports.summary_grid import RecordKey, grid, record_key
-from torchmatrix.reports.summary_templates import render_html
-from torchmatrix.reports.upgrade_diff import SLOWDOWN_RULE, UpgradeDiff, grew
-from torchmatrix.reports.warning_changes import COUNT_FACTOR
-from torchmatrix.status import ORDER_DEPENDENT, PARTLY_SKIPPED, Confirmation, Status
+from torchmatrix.reports.summary_templates import page_names, render_html
+from torchmatrix.reports.upgrade_diff import UpgradeDiff, grew
+from torchmatrix.status import Confirmation
 
 CHART_BAR = 14
 CHART_HEIGHT = 28
@@ -66,26 +57,11 @@ def render(results: RunResults, diffs: list[UpgradeDiff]) -> str:
         policy=Markup(f"default-src 'none'; style-src 'unsafe-inline'; script-src 'sha256-{script_hash}'"),
         style=Markup((TEMPLATES / "summary.css").read_text(encoding="utf-8")),
         script=Markup(script),
-        Status=Status,
         FAILS_ALONE=Confirmation.FAILS_ALONE,
-        PARTLY_SKIPPED=PARTLY_SKIPPED,
-        ORDER_DEPENDENT=ORDER_DEPENDENT,
         CONFIRMED_STYLE=CONFIRMED_STYLE,
-        COUNT_FACTOR=COUNT_FACTOR,
-        SLOWDOWN_RULE=SLOWDOWN_RULE,
-        LIMITS_NOTE=LIMITS_NOTE,
-        DIRECTIONS_NOTE=DIRECTIONS_NOTE,
-        bump_verdict=bump_verdict,
-        describe=Confirmation.describe,
-        distinct_texts=distinct_texts,
-        other_cells=other_cells,
-        read_label=read_label,
-        reached_by=reached_by,
         cells_of=_cells_of,
-        direction_rows=direction_rows,
-        reproducible=is_reproducible,
-        repro_command=repro_command,
         key=record_key,
+        **page_names(),
     )
 
 

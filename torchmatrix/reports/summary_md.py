@@ -12,25 +12,16 @@ from __future__ import annotations
 import math
 import re
 
-from torchmatrix.reports.bump_verdict import BAD, GOOD, WARN, bump_verdict
+from torchmatrix.reports.bump_verdict import BAD, GOOD, WARN
 from torchmatrix.reports.checkpoint_directions import Direction
 from torchmatrix.reports.records import RunResults
-from torchmatrix.reports.reproducible import is_reproducible, repro_command
 from torchmatrix.reports.summary_data import (
-    DIRECTIONS_NOTE,
-    LIMITS_NOTE,
-    direction_rows,
-    distinct_texts,
-    other_cells,
-    reached_by,
-    read_label,
     summarize,
 )
 from torchmatrix.reports.summary_grid import grid
-from torchmatrix.reports.summary_templates import render_markdown
-from torchmatrix.reports.upgrade_diff import SLOWDOWN_RULE, FailCause, UpgradeDiff
-from torchmatrix.reports.warning_changes import COUNT_FACTOR
-from torchmatrix.status import NOT_RUN, ORDER_DEPENDENT, PARTLY_SKIPPED, Confirmation, Status
+from torchmatrix.reports.summary_templates import page_names, render_markdown
+from torchmatrix.reports.upgrade_diff import FailCause, UpgradeDiff
+from torchmatrix.status import NOT_RUN, Confirmation
 
 MAX_ROOT_CAUSES = 30
 MAX_FAILURES_PER_CAUSE = 12
@@ -85,23 +76,8 @@ def _names() -> dict[str, object]:
         MAX_TEXTS_PER_CAUSE=MAX_TEXTS_PER_CAUSE,
         VERDICT_MARKS=VERDICT_MARKS,
         INFINITY=math.inf,
-        Status=Status,
         NOT_RUN=NOT_RUN,
-        ORDER_DEPENDENT=ORDER_DEPENDENT,
-        PARTLY_SKIPPED=PARTLY_SKIPPED,
         PASSED_ALONE=Confirmation.PASSED_ALONE,
-        COUNT_FACTOR=COUNT_FACTOR,
-        SLOWDOWN_RULE=SLOWDOWN_RULE,
-        LIMITS_NOTE=LIMITS_NOTE,
-        DIRECTIONS_NOTE=DIRECTIONS_NOTE,
-        bump_verdict=bump_verdict,
-        describe=Confirmation.describe,
-        direction_rows=direction_rows,
-        distinct_texts=distinct_texts,
         excerpt=excerpt,
-        other_cells=other_cells,
-        reached_by=reached_by,
-        read_label=read_label,
-        reproducible=is_reproducible,
-        repro_command=repro_command,
+        **page_names(),
     )

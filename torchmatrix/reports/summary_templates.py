@@ -17,9 +17,22 @@ from functools import cache
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 from markupsafe import Markup
 
+from torchmatrix.reports.bump_verdict import bump_verdict
 from torchmatrix.reports.checkpoint_directions import relative_to_run
+from torchmatrix.reports.reproducible import is_reproducible, repro_command
+from torchmatrix.reports.summary_data import (
+    DIRECTIONS_NOTE,
+    LIMITS_NOTE,
+    direction_rows,
+    distinct_texts,
+    other_cells,
+    reached_by,
+    read_label,
+)
 from torchmatrix.reports.untrusted_text import one_line, visible
-from torchmatrix.status import count
+from torchmatrix.reports.upgrade_diff import SLOWDOWN_RULE
+from torchmatrix.reports.warning_changes import COUNT_FACTOR
+from torchmatrix.status import ORDER_DEPENDENT, PARTLY_SKIPPED, Confirmation, Status, count
 
 
 def code(text: object, table: bool = True) -> str:
@@ -91,3 +104,25 @@ def _environment(kind: str) -> Environment:
     if kind == "md":
         environment.filters.update(inline=lambda text: Markup(code(text, table=False)), fenced=fenced)
     return environment
+
+
+def page_names() -> dict[str, object]:
+    """The words, marks and functions both summary pages' templates use (each page adds its own)."""
+    return dict(
+        Status=Status,
+        ORDER_DEPENDENT=ORDER_DEPENDENT,
+        PARTLY_SKIPPED=PARTLY_SKIPPED,
+        COUNT_FACTOR=COUNT_FACTOR,
+        SLOWDOWN_RULE=SLOWDOWN_RULE,
+        LIMITS_NOTE=LIMITS_NOTE,
+        DIRECTIONS_NOTE=DIRECTIONS_NOTE,
+        bump_verdict=bump_verdict,
+        describe=Confirmation.describe,
+        direction_rows=direction_rows,
+        distinct_texts=distinct_texts,
+        other_cells=other_cells,
+        reached_by=reached_by,
+        read_label=read_label,
+        reproducible=is_reproducible,
+        repro_command=repro_command,
+    )
