@@ -8,6 +8,8 @@ import pytest
 from helpers.projects import Project
 from helpers.start_order import expected_cost_rank
 
+pytest_plugins = ["helpers.cpu_seconds"]
+
 
 @pytest.fixture
 def project(tmp_path) -> Project:
