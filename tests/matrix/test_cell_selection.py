@@ -57,7 +57,18 @@ def test_the_arguments_spell_values_in_natural_order():
 
 def test_exactly_selects_those_cells():
     cells = [c for c in MATRIX if c.world_size == 2 and c["attn"] == "eager"]
-    assert selected(CellSelection.exactly(cells)) == [c.id for c in cells]
+    assert selected(CellSelection.exactly(cells, among=MATRIX)) == [c.id for c in cells]
+
+
+def test_exactly_leaves_out_a_longer_id_that_contains_a_chosen_one():
+    """ws1-adamw is inside ws1-adamw_fused: choosing the first must not bring the second along."""
+    matrix = expand_cells({"world_size": [1], "optimizer": ["adamw", "adamw_fused"]})
+    ids = [c.id for c in matrix]
+    plain = [c for c in matrix if c["optimizer"] == "adamw"]
+    assert any(plain[0].id in other for other in ids if other != plain[0].id), ids
+    only_plain = CellSelection.exactly(plain, among=matrix)
+    assert [c.id for c in select_cells(matrix, keyword=only_plain.keyword)] == [plain[0].id]
+    assert [c.id for c in select_cells(matrix, keyword=CellSelection.exactly(matrix, among=matrix).keyword)] == ids
 
 
 def test_sharded_keeps_the_filters_and_slices_what_they_keep():

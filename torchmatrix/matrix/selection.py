@@ -61,9 +61,16 @@ class CellSelection:
         return cls(parse_only(only, axes), keyword, Shard.parse(shard) if shard else None)
 
     @classmethod
-    def exactly(cls, cells: Iterable[Cell]) -> CellSelection:
-        """The selection of these cells: a `-k` of their ids."""
-        return cls(keyword=" or ".join(cell.id for cell in cells))
+    def exactly(cls, cells: Iterable[Cell], among: Iterable[Cell]) -> CellSelection:
+        """The selection of these cells out of `among`: a `-k` of their ids, each excluding the other
+        ids of `among` that contain it (ws1-none-sdpa-adamw is inside ws1-none-sdpa-adamw-aot_eager)."""
+        chosen = [cell.id for cell in cells]
+        others = [cell.id for cell in among if cell.id not in set(chosen)]
+        terms = []
+        for cell_id in chosen:
+            longer = [other for other in others if cell_id in other]
+            terms.append(" and ".join([cell_id, *(f"not {other}" for other in longer)]))
+        return cls(keyword=" or ".join(f"({term})" if " " in term else term for term in terms))
 
     @property
     def narrows(self) -> bool:

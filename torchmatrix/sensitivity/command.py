@@ -119,8 +119,9 @@ def mutated(matrix: Matrix, mutant: GenericMutant) -> Matrix:
 
 
 def run_selection(request: RunRequest, cells: list[Cell]) -> None:
-    """run_version over exactly `cells` (a keyword of their ids); an interrupted run ends the command."""
-    if run_version(dataclasses.replace(request, cell_selection=CellSelection.exactly(cells))) == ExitCode.INTERRUPTED:
+    """run_version over exactly `cells` of the request's matrix; an interrupted run ends the command."""
+    selection = CellSelection.exactly(cells, among=request.matrix.cells())
+    if run_version(dataclasses.replace(request, cell_selection=selection)) == ExitCode.INTERRUPTED:
         raise KeyboardInterrupt
 
 
