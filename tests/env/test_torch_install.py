@@ -415,3 +415,19 @@ def test_bisect_reuses_the_venv_the_matrix_session_installed(tmp_path, monkeypat
     version_venv.clear_stamp(venv.location)  # a session that writes no stamp, as before: bisect installs again
     _, installed, reused = version_venv.prepare_venv(matrix, envdir, "2.13.0", tmp_path / "logs")
     assert not reused and installs
+
+
+def test_torchmatrix_that_does_not_install_into_a_venv_is_one_line_naming_the_venv(tmp_path, monkeypatch):
+    """bisect's venvs get this torchmatrix after torch: when pip cannot install it, no torch version
+    is to blame, so it is a one-line error (exit 2), not nox's CommandFailed traceback."""
+    matrix = load_matrix(
+        write_demo_project(tmp_path / "project", torch=["2.13.0"], axes={"world_size": [1]}) / "matrix.toml"
+    )
+    monkeypatch.setattr(version_venv, "install_torch", lambda *args: torch_install.InstallResult(True))
+    missing = tmp_path / "no-such-checkout"
+    monkeypatch.setattr(version_venv, "install_arguments", lambda: ["-e", str(missing)])
+    with pytest.raises(version_venv.SelfInstallError) as raised:
+        version_venv.prepare_venv(matrix, tmp_path / "nox", "2.13.0", tmp_path / "logs")
+    message = str(raised.value)
+    assert "\n" not in message and raised.value.exit_code == 2
+    assert "torch 2.13.0's venv" in message and str(missing) in message and "failed (Returned code" in message

@@ -19,8 +19,14 @@ from torchmatrix.env.component_requirements import RECORD_VARIABLE, install_requ
 from torchmatrix.env.self_install import install_arguments
 from torchmatrix.env.torch_install import InstallResult, install_torch
 from torchmatrix.matrix.config import Matrix
+from torchmatrix.user_error import UserError
 
 STAMP_NAME = "torchmatrix-installed.json"
+
+
+class SelfInstallError(UserError):
+    """This torchmatrix did not install into a version's venv: no torch version is to blame, so the
+    command stops instead of judging the version."""
 
 
 def gpu_matrix_python(envdir: Path, version: str) -> Path | None:
@@ -118,11 +124,24 @@ def prepare_venv(matrix: Matrix, envdir: Path, version: str, logs: Path) -> tupl
     installed = install_torch(venv, version, install, logs / "install.log")
     if not installed.ok:
         return venv, installed, False
-    venv.install(*install_arguments(), silent=True, stderr=subprocess.STDOUT)
+    _install_this_torchmatrix(venv, version)
     if matrix.requires:
         install_requirements(venv, matrix.requires, install.constraints, logs / "requires.log")
     write_stamp(venv.location, wanted)
     return venv, installed, False
+
+
+def _install_this_torchmatrix(venv: VersionVenv, version: str) -> None:
+    from nox.command import CommandFailed
+
+    arguments = install_arguments()
+    try:
+        venv.install(*arguments, silent=True, stderr=subprocess.STDOUT)
+    except CommandFailed as failure:
+        raise SelfInstallError(
+            f"torch {version}'s venv {venv.location}: `pip install {' '.join(arguments)}` failed ({failure.reason}; "
+            "pip's output is above): install torchmatrix so that pip can install it again (a checkout, a path or a release), then rerun"
+        ) from None
 
 
 def _read_stamp(path: Path) -> dict | None:
