@@ -54,10 +54,10 @@ def titan_matrix(session, torch):
 
 
 @nox.session
-@nox.parametrize("torch", [v for v in sessions.lightning_matrix().versions if v != "system"])
+@nox.parametrize("torch", [v for v in sessions.lightning_fabric_matrix().versions if v != "system"])
 def lightning_matrix(session, torch):
     """The resume and dtensor_optim suites on Lightning Fabric: FSDPStrategy, ModelParallelStrategy, fabric.save/load (examples/lightning)."""
-    sessions.fabric_matrix(session, torch, RUN_ID)
+    sessions.lightning_matrix(session, torch, RUN_ID)
 
 
 @nox.session
@@ -89,5 +89,5 @@ MATRIX_LOCK = lock_matrix_sessions(
     hf_matrix=sessions.hf_llama_matrix().versions,
     optim_matrix=sessions.optimizers_matrix().versions,
     titan_matrix=sessions.torchtitan_matrix().versions,
-    lightning_matrix=sessions.lightning_matrix().versions,
+    lightning_matrix=sessions.lightning_fabric_matrix().versions,
 )

@@ -288,15 +288,15 @@ def titan_matrix(session, torch_version: str, run_id: str) -> None:
     gpu_matrix(session, torchtitan_matrix(), torch_version, run_id)
 
 
-def lightning_matrix() -> Matrix:
+def lightning_fabric_matrix() -> Matrix:
     """examples/lightning/matrix.toml: the suites on a Lightning Fabric stack as a Fabric user writes it."""
     return matrix_or_exit(str(PROJECT / "examples" / "lightning" / "matrix.toml"))
 
 
-def fabric_matrix(session, torch_version: str, run_id: str) -> None:
+def lightning_matrix(session, torch_version: str, run_id: str) -> None:
     """gpu_matrix over the Lightning example (lightning installed from its `[requires]`; its adapters
     import from its own directory)."""
-    gpu_matrix(session, lightning_matrix(), torch_version, run_id)
+    gpu_matrix(session, lightning_fabric_matrix(), torch_version, run_id)
 
 
 def report(session, matrix: Matrix) -> None:
