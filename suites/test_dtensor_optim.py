@@ -823,7 +823,7 @@ def load_side(
         return result
     at_save, reference_losses, reference_end = reference
     result["losses_diverged"] = [
-        f"rank {rank}: loss of step {step} after the load {float(after):.9g}, never stopped {float(straight):.9g}"
+        f"loss of step {step} after the load {float(after):.9g}, never stopped {float(straight):.9g}"
         for step, (after, straight) in enumerate(zip(losses, reference_losses), 1)
         if not bits_equal(after, straight)
     ]
