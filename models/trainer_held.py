@@ -79,7 +79,7 @@ class OwnBackwardStep:
     """The `training_step` component of that trainer: the loss as the model returns it, back-propagated
     by the trainer's own backward; the optimizer steps as built."""
 
-    def __init__(self, *, model: OwnBackwardModule):
+    def __init__(self, *, model: OwnBackwardModule, optimizer):
         self.model = model
 
     def backward(self, loss: torch.Tensor) -> None:
