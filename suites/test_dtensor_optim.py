@@ -9,8 +9,16 @@
   the optimizer's state adapter (suites/optimizer_state.py), bit for bit (suites/ulp.py).
 - `layout_source`: the DCP checkpoint the `checkpointer` component writes (found by its `.metadata`,
   each state under whatever prefix), else torch's `get_optimizer_state_dict` saved with `dcp.save`.
-- `reshard_source`: the bound checkpointer's own `save(step)` and `load()` where it takes a
-  `process_group` or `mesh` (suites/checkpointer_forms.py), else torch's helpers and DCP.
+- `reshard_worlds`: each side of a reshard on sub-worlds of the cell's ranks where `parallelize` takes
+  `mesh` and a bound checkpointer `process_group` or `mesh` (cheaper), else in a world of its own, a
+  rank pool of that side's size (`ranks.in_world`) whose default group is exactly that world.
+- `reshard_source`: the checkpointer's own `save(step)` and `load()` in worlds of their own, or in
+  sub-worlds where the bound form takes a `process_group` or `mesh` (suites/checkpointer_forms.py),
+  else torch's helpers and DCP.
+- `reshard_continued`: after the load, CONTINUED_STEPS steps against the run that never stopped,
+  replayed at the load's world size from the save's seed (its step before the save takes the same
+  batch on every rank, so its mean gradient is the same at any world size): bit for bit, or not
+  compared, saying why, where the replay does not reach the saved state bit for bit.
 - The sharded-save check says apart whether the state is stored sharded and whether it is keyed by
   name or by position (suites/dcp_layout.py). No param-shaped state skips; some params without fails.
 - Options: `DtensorOptimOptions` (torchmatrix/matrix/suite_options.py).
