@@ -9,8 +9,16 @@
   the optimizer's state adapter (suites/optimizer_state.py), bit for bit (suites/ulp.py).
 - `layout_source`: the DCP checkpoint the `checkpointer` component writes (found by its `.metadata`,
   each state under whatever prefix), else torch's `get_optimizer_state_dict` saved with `dcp.save`.
-- `reshard_source`: the bound checkpointer's own `save(step)` and `load()` where it takes a
-  `process_group` or `mesh` (suites/checkpointer_forms.py), else torch's helpers and DCP.
+- `reshard_worlds`: each side of a reshard on sub-worlds of the cell's ranks where `parallelize` takes
+  `mesh` and a bound checkpointer `process_group` or `mesh` (cheaper), else in a world of its own, a
+  rank pool of that side's size (`ranks.in_world`) whose default group is exactly that world.
+- `reshard_source`: the checkpointer's own `save(step)` and `load()` in worlds of their own, or in
+  sub-worlds where the bound form takes a `process_group` or `mesh` (suites/checkpointer_forms.py),
+  else torch's helpers and DCP.
+- `reshard_continued`: after the load, CONTINUED_STEPS steps against the run that never stopped,
+  replayed at the load's world size from the save's seed (its step before the save takes the same
+  batch on every rank, so its mean gradient is the same at any world size): bit for bit, or not
+  compared, saying why, where the replay does not reach the saved state bit for bit.
 - The sharded-save check says apart whether the state is stored sharded and whether it is keyed by
   name or by position (suites/dcp_layout.py). No param-shaped state skips; some params without fails.
 - Options: `DtensorOptimOptions` (torchmatrix/matrix/suite_options.py).
@@ -49,6 +57,7 @@ from torchmatrix.testing import (
     current_device,
     data_parallel_rank,
     implementation_of,
+    is_bound_checkpointer,
     load,
     mesh_group,
 )
@@ -77,6 +86,10 @@ RESHARD_THROUGH_CHECKPOINTER = "checkpointer"
 RESHARD_THROUGH_TORCH = (
     "torch get/set_model_state_dict and get/set_optimizer_state_dict + dcp.save/load over a process group ({why})"
 )
+SUB_WORLDS = "sub-worlds of the cell's ranks (the first N of them on a group of their own)"
+OWN_WORLDS = "worlds of their own, a rank pool of each side's size whose default group is that world ({why})"
+CONTINUE_SEEDS = (10, 20)
+CONTINUED_STEPS = len(CONTINUE_SEEDS)
 SUB_WORLD_MESHES: dict[int, DeviceMesh | None] = {}
 
 
@@ -211,42 +224,65 @@ def test_saved_state_is_sharded(cell, ranks, recipe, tmp_path, record_property):
 @pytest.mark.parametrize("reshard", RESHARDS)
 def test_reshard_load_is_exact(cell, ranks, recipe, reshard, tmp_path, record_property):
     """Save model and optimizer at one world size, load them into a fresh stack built from
-    another seed at another world size: every full tensor is identical, and a step after the
-    load runs and keeps DTensor state laid out like its param.
+    another seed at another world size: every full tensor is identical; then a few steps train
+    there and equal, bit for bit, the run that never stopped continued at that world size, and
+    keep DTensor state laid out like its param.
 
     A cell of W ranks reshards between W (on the cell's mesh) and W/2 (1-D), so each pair runs in
     the cells as wide as its larger side and no two cells repeat one. A cell on a 2-D mesh also
     reshards between that mesh and the 1-D mesh over the same W ranks (save at 2 x 2, load at 4;
-    save at 4, load at 2 x 2), the move a training makes when it adds or drops TP or HSDP."""
+    save at 4, load at 2 x 2), the move a training makes when it adds or drops TP or HSDP.
+
+    Each side runs in sub-worlds of the cell's ranks where the stack's components take the suite's
+    `mesh` and process group, else in a world of its own of that side's size (`reshard_worlds`)."""
     if ranks.world_size < 2:
         pytest.skip("a reshard needs at least 2 ranks; this cell has 1")
     kind = cell_layout(cell).kind
     whole = World(ranks.world_size, kind)
     others = [World(ranks.world_size // 2, FLAT)] + ([World(ranks.world_size, FLAT)] if kind != FLAT else [])
     pairs = [(whole, other) if reshard == "shrink" else (other, whole) for other in others]
-    parallelize = load(recipe.components["parallelize"])
-    if not accepts(parallelize, "mesh"):
-        worlds = ", ".join(f"{src}->{dst}" for src, dst in pairs)
-        pytest.skip(
-            f"{recipe.components['parallelize']} takes no `mesh` argument, so it cannot build the worlds a reshard needs ({worlds})"
-        )
+    own_worlds = own_worlds_needed(recipe)
+    worlds = OWN_WORLDS.format(why=own_worlds) if own_worlds else SUB_WORLDS
     record_property("reshards", ", ".join(f"{src}->{dst}" for src, dst in pairs))
-    record_property("reshard_source", reshard_source(recipe))
+    record_property("reshard_source", reshard_source(recipe, own_worlds is not None))
+    record_property("reshard_worlds", worlds)
+    print(f"reshard_worlds: {worlds}")
     reports = []
     try:
         for src, dst in pairs:
-            reports.append(check_reshard(ranks, recipe, src, dst, tmp_path))
+            reports.append(check_reshard(ranks, recipe, src, dst, tmp_path, own_worlds is not None))
     finally:
         record_property("reshard_tensors_compared", sum(report["compared"] for report in reports))
+        if reports:
+            continued = " | ".join(f"{src}->{dst}: {report['continued']}" for (src, dst), report in zip(pairs, reports))
+            record_property("reshard_continued", continued)
+            print(f"reshard_continued: {continued}")
     if not any(report["optimizer_compared"] for report in reports):
         pytest.skip(f"model tensors resharded exactly; {no_param_shaped_state(recipe)}")
 
 
-def check_reshard(ranks, recipe: Recipe, src: World, dst: World, tmp_path: Path) -> dict:
-    """Save in world `src`, load into a fresh stack in world `dst`, fail on any difference; rank 0's report."""
+def own_worlds_needed(recipe: Recipe) -> str | None:
+    """Why each side of the reshard needs a world of its own (a rank pool of that side's size, whose
+    default group is that world), or None where sub-worlds of the cell's ranks serve: cheaper, no
+    other ranks start. The stack's `parallelize` must take the suite's `mesh`, and a checkpoint
+    manager (the bound form) its `process_group` or `mesh`, else they build or save over the whole
+    default group."""
+    parallelize = recipe.components["parallelize"]
+    if not accepts(load(parallelize), "mesh"):
+        return f"{parallelize} takes no `mesh`, so it builds its mesh over the whole default group"
+    name = recipe.components.get("checkpointer")
+    if name and is_bound_checkpointer(load(name)) and not reshards_itself(load(name)):
+        return f"checkpointer {name} takes no process_group or mesh, so it saves and loads over the whole default group"
+    return None
+
+
+def check_reshard(ranks, recipe: Recipe, src: World, dst: World, tmp_path: Path, own_worlds: bool) -> dict:
+    """Save in world `src`, load into a fresh stack in world `dst`, train on, fail on any difference;
+    rank 0's report. `own_worlds`: each side on a rank pool of its own size, else both on the cell's."""
     checkpoint_dir = tmp_path / f"reshard-{src.slug}-to-{dst.slug}"
+    where = f"reshard {src}->{dst}{' (each side in a world of its own)' if own_worlds else ''}"
     try:
-        results, crash = ranks.run(on_rank_reshard, recipe, str(checkpoint_dir), src, dst), None
+        results, crash = reshard_on_ranks(ranks, recipe, str(checkpoint_dir), src, dst, own_worlds), None
     except Exception as error:
         results, crash = [], error
     if crash is not None:
@@ -254,7 +290,7 @@ def check_reshard(ranks, recipe: Recipe, src: World, dst: World, tmp_path: Path)
         if not layout:
             raise crash
         pytest.fail(
-            f"reshard {src}->{dst}: state laid out unlike its param right after load, before anything gathered it:\n"
+            f"{where}: state laid out unlike its param right after load, before anything gathered it:\n"
             + "\n".join(layout)
             + f"\nthen the run crashed (what a gather of such state does): {crash}",
             pytrace=False,
@@ -262,7 +298,7 @@ def check_reshard(ranks, recipe: Recipe, src: World, dst: World, tmp_path: Path)
     layout = _merged([r["layout_after_load"] for r in results])
     errors = _merged([r["errors"] for r in results])
     assert not layout + errors, (
-        f"reshard {src}->{dst}: "
+        f"{where}: "
         + (
             "state laid out unlike its param right after load, before anything gathered it:\n"
             + "".join(f"{line}\n" for line in layout)
@@ -272,22 +308,40 @@ def check_reshard(ranks, recipe: Recipe, src: World, dst: World, tmp_path: Path)
         + ("failed:\n" + "\n".join(errors) if errors else "")
     )
     report = results[0]
-    assert report["compared"], f"reshard {src}->{dst}: nothing was compared: the saved state is empty"
+    assert report["compared"], f"{where}: nothing was compared: the saved state is empty"
     mismatches = report["mismatches"]
     if mismatches:
         raise AssertionError(
-            f"reshard {src}->{dst}: {len(mismatches)} of {report['compared']} tensors differ after load:\n"
-            + "\n".join(mismatches)
+            f"{where}: {len(mismatches)} of {report['compared']} tensors differ after load:\n" + "\n".join(mismatches)
         )
     problems = _merged([r["problems"] for r in results])
     if problems:
-        raise AssertionError(f"reshard {src}->{dst}, after a step at {dst} ranks:\n" + "\n".join(problems))
+        raise AssertionError(f"{where}, after a step at {dst} ranks:\n" + "\n".join(problems))
+    diverged = _merged([r["losses_diverged"] for r in results]) + report["continued_mismatches"]
+    if diverged:
+        raise AssertionError(
+            f"{where}: training after the load differs from the run that never stopped, continued at {dst} ranks "
+            f"({CONTINUED_STEPS} steps from the same state and batches, compared bit for bit):\n" + "\n".join(diverged)
+        )
     return report
 
 
-def reshard_source(recipe: Recipe) -> str:
+def reshard_on_ranks(
+    ranks, recipe: Recipe, checkpoint_dir: str, src: World, dst: World, own_worlds: bool
+) -> list[dict]:
+    """Every rank's result of the reshard: both sides on the cell's ranks, or each side on a world of
+    its own (the save's errors, when it failed there, as the result)."""
+    if not own_worlds:
+        return ranks.run(on_rank_reshard, recipe, checkpoint_dir, src, dst)
+    saved = ranks.in_world(src.size).run(on_rank_save_in_own_world, recipe, checkpoint_dir, src)
+    if any(saved):
+        return [side_result(errors) for errors in saved]
+    return ranks.in_world(dst.size).run(on_rank_load_in_own_world, recipe, checkpoint_dir, src, dst)
+
+
+def reshard_source(recipe: Recipe, own_worlds: bool) -> str:
     """What the reshard saved and loaded with: the user's checkpointer where it can, else torch's helpers and why."""
-    if recipe.reshards_through_checkpointer:
+    if recipe.reshards_through_checkpointer(own_worlds):
         return RESHARD_THROUGH_CHECKPOINTER
     name = recipe.components.get("checkpointer")
     why = (
@@ -324,6 +378,10 @@ class World(NamedTuple):
     def slug(self) -> str:
         return f"{self.size}{self.kind}"
 
+    def of(self, cell) -> dict:
+        """`cell` with this world's size and mesh: what a stack builds from in a world of its own."""
+        return {**cell, **self.cell}
+
     def __str__(self) -> str:
         if self.kind == FLAT:
             return str(self.size)
@@ -347,30 +405,40 @@ class Recipe(NamedTuple):
     param_dtype: str
     tensor_parallel_plan: TensorParallelPlan
 
-    def build(self, seed: int, mesh: DeviceMesh | None = None) -> tuple[nn.Module, torch.optim.Optimizer]:
-        """Model (from `seed`) wrapped by the `parallelize` component over `mesh` (the cell's when
-        None), and the cell's optimizer component over its params. The uneven probe is not the
-        stack's model, so it is never compiled (it has no block for `compile_nesting` to enter)."""
+    def build(self, seed: int, mesh: DeviceMesh | None = None, cell=None) -> tuple[nn.Module, torch.optim.Optimizer]:
+        """Model (from `seed`) built for `cell` (the recipe's when None) and wrapped by the
+        `parallelize` component over `mesh` (the cell's when None), and the cell's optimizer component
+        over its params. The uneven probe is not the stack's model, so it is never compiled (it has no
+        block for `compile_nesting` to enter)."""
         device = current_device()
         dtype = getattr(torch, self.param_dtype)
         build_model = load(self.components["model"]) if self.model_kind == "model" else build_uneven_probe
-        cell = self.cell if self.model_kind == "model" else {**self.cell, "compile": "none"}
+        cell = cell or self.cell
+        cell = cell if self.model_kind == "model" else {**cell, "compile": "none"}
         torch.manual_seed(seed)
         model = build_model(cell, dtype=dtype)
         model = parallelized(self.components, model, cell, device=device, mesh=mesh)
         factory = load(self.components[f"optimizer_{self.cell['optimizer']}"])
         return model, build_optimizer(factory, model, lr=LR, implementation=implementation_of(self.cell))
 
-    @property
-    def reshards_through_checkpointer(self) -> bool:
-        """Whether the `checkpointer` component can save and load in a world of the suite's choosing."""
-        return "checkpointer" in self.components and reshards_itself(load(self.components["checkpointer"]))
+    def reshards_through_checkpointer(self, own_worlds: bool) -> bool:
+        """Whether the `checkpointer` component does the reshard: any one in worlds of their own (its
+        default group is the world), only one that takes a process group or mesh in sub-worlds."""
+        if "checkpointer" not in self.components:
+            return False
+        return own_worlds or reshards_itself(load(self.components["checkpointer"]))
 
     def checkpointer(
-        self, model: nn.Module, optimizer: torch.optim.Optimizer, directory: str, mesh: DeviceMesh | None = None
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        directory: str,
+        mesh: DeviceMesh | None = None,
+        cell=None,
     ) -> RunCheckpointer:
         """The `checkpointer` component over this stack, in whichever form it has, saving and loading
-        over `mesh` (None: the cell's, over every rank), with the `scheduler` component and a loader that never moves."""
+        over `mesh` (None: `cell`'s, the recipe's when None, over every rank), with the `scheduler`
+        component and a loader that never moves."""
         scheduler = build_scheduler(self.components, optimizer, warmup_steps=1, total_steps=2, cell=self.cell)
         return RunCheckpointer(
             load(self.components["checkpointer"]),
@@ -381,7 +449,7 @@ class Recipe(NamedTuple):
             loader=IdleLoader(),
             process_group=mesh_group(mesh) if mesh is not None else None,
             mesh=mesh,
-            cell=self.cell,
+            cell=cell or self.cell,
         )
 
     def plain_state(self, state: dict) -> dict:
@@ -389,18 +457,36 @@ class Recipe(NamedTuple):
         return state_adapter(self.components, self.cell["optimizer"])(state)
 
     def train_step(
-        self, model: nn.Module, optimizer: torch.optim.Optimizer, seed: int, world: World | None = None
-    ) -> None:
-        """One step on this rank's batch: one per data-parallel rank of `world` (the cell's when None),
-        through the stack's `training_step` component; the probe model's loss is read from its output,
-        as the stack's loss function is written for the stack's model."""
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        seed: int,
+        world: World | None = None,
+        *,
+        alike: bool = False,
+    ) -> torch.Tensor:
+        """One step on this rank's batch, and its loss: one batch per data-parallel rank of `world` (the
+        cell's when None), or, `alike`, the same batch on every rank, a step whose mean gradient is the
+        same at any world size; through the stack's `training_step` component. The probe model's loss is
+        read from its output, as the stack's loss function is written for the stack's model."""
         make_batch = load(self.components["batch"]) if self.model_kind == "model" else make_probe_batch
-        rank = data_parallel_rank(self.cell if world is None else world.cell)
+        rank = 0 if alike else data_parallel_rank(self.cell if world is None else world.cell)
         batch = make_batch(model, seed=seed + rank, device=current_device())
         step = build_training_step(self.components, model=model, optimizer=optimizer, cell=self.cell)
-        step.backward(step.loss(batch) if self.model_kind == "model" else loss_of(call_model(model, batch)))
+        loss = step.loss(batch) if self.model_kind == "model" else loss_of(call_model(model, batch))
+        step.backward(loss)
         step.optimizer_step()
         optimizer.zero_grad(set_to_none=True)
+        return loss.detach().to("cpu", copy=True)
+
+    def train_on(self, model: nn.Module, optimizer: torch.optim.Optimizer, world: World) -> list[torch.Tensor]:
+        """CONTINUED_STEPS steps in `world` after a load (or where a never-stopped run stands then), each
+        from the same global RNG state whatever ran before; this rank's losses."""
+        losses = []
+        for seed in CONTINUE_SEEDS:
+            torch.manual_seed(seed + dist.get_rank())
+            losses.append(self.train_step(model, optimizer, seed, world))
+        return losses
 
 
 class ProbeBlock(nn.Module):
@@ -659,34 +745,141 @@ def checkpoint_rank0_sees(directory: str) -> Path | None:
 
 
 def on_rank_reshard(recipe: Recipe, checkpoint_dir: str, src: World, dst: World) -> dict:
-    """Train and save in world `src`, load into a fresh stack in world `dst` and take a step;
-    rank 0 (in both worlds) compares the full tensors."""
+    """Both sides in sub-worlds of the cell's ranks: train and save in world `src`, then load into a
+    fresh stack in world `dst`, train on and compare (rank 0 is in both worlds)."""
     rank = dist.get_rank()
     meshes = {world: world_mesh(world) for world in (src, dst)}
-    errors, saved, loaded, problems = [], None, None, []
-    if rank < src.size:
-        trained = attempt(errors, f"save at {src} ranks", _train_and_save, recipe, src, meshes[src], checkpoint_dir)
-        if trained is not None:
-            saved = attempt(errors, f"full state after save at {src} ranks", _full_state, *trained, recipe)
+    errors = save_side(recipe, src, meshes[src], checkpoint_dir, own_worlds=False) if rank < src.size else []
     dist.barrier()
+    result = side_result(errors)
     if rank < dst.size:
-        loaded = attempt(errors, f"load at {dst} ranks", _load, recipe, meshes[dst], checkpoint_dir)
-    layout_after_load = []
-    if loaded is not None:
-        model, optimizer = loaded
-        layout_after_load = [
-            f"rank {rank}: {line}"
-            for line in layout_problems(model, optimizer, dtensors_expected=recipe.cell["fsdp"] == "fsdp2")
-        ]
-        Path(f"{checkpoint_dir}.layout-rank{rank}.txt").write_text("".join(f"{line}\n" for line in layout_after_load))
-        loaded = attempt(errors, f"full state after load at {dst} ranks", _full_state, model, optimizer, recipe)
-        attempt(errors, f"step after load at {dst} ranks", recipe.train_step, model, optimizer, LOAD_SEED, dst)
-        problems = layout_problems(model, optimizer, dtensors_expected=recipe.cell["fsdp"] == "fsdp2")
+        result = load_side(recipe, src, dst, meshes[dst], checkpoint_dir, errors, own_worlds=False)
     dist.barrier()
-    result = {"errors": errors, "problems": problems, "layout_after_load": layout_after_load}
-    if rank == 0 and saved is not None and loaded is not None:
-        result.update(_compare(saved, loaded))
     return result
+
+
+def on_rank_save_in_own_world(recipe: Recipe, checkpoint_dir: str, src: World) -> list[str]:
+    """The save side in a world of its own (every rank of this pool is `src`); this rank's errors."""
+    return save_side(recipe, src, None, checkpoint_dir, own_worlds=True)
+
+
+def on_rank_load_in_own_world(recipe: Recipe, checkpoint_dir: str, src: World, dst: World) -> dict:
+    """The load side in a world of its own (every rank of this pool is `dst`)."""
+    return load_side(recipe, src, dst, None, checkpoint_dir, [], own_worlds=True)
+
+
+def side_result(errors: list[str]) -> dict:
+    """A rank's result of the reshard with nothing compared: its errors only."""
+    return {"errors": errors, "problems": [], "layout_after_load": [], "losses_diverged": []}
+
+
+def saved_state_file(checkpoint_dir: str) -> Path:
+    """Where rank 0 of the save side leaves the full tensors it saved, for rank 0 of the load side."""
+    return Path(f"{checkpoint_dir}.saved-state.pt")
+
+
+def save_side(
+    recipe: Recipe, src: World, mesh: DeviceMesh | None, checkpoint_dir: str, *, own_worlds: bool
+) -> list[str]:
+    """Train a step every world size takes alike and save, in world `src` (over `mesh`, None in a
+    world of its own); rank 0 writes the full tensors it saved beside the checkpoint. This rank's errors."""
+    errors = []
+    trained = attempt(
+        errors, f"save at {src} ranks", _train_and_save, recipe, src, mesh, checkpoint_dir, own_worlds=own_worlds
+    )
+    if trained is not None:
+        saved = attempt(errors, f"full state after save at {src} ranks", _full_state, *trained, recipe)
+        if saved is not None and dist.get_rank() == 0:
+            torch.save(saved, saved_state_file(checkpoint_dir))
+    return errors
+
+
+def load_side(
+    recipe: Recipe,
+    src: World,
+    dst: World,
+    mesh: DeviceMesh | None,
+    checkpoint_dir: str,
+    errors: list[str],
+    *,
+    own_worlds: bool,
+) -> dict:
+    """Load into a fresh stack in world `dst` (over `mesh`, None in a world of its own), check the
+    layout before anything gathers it, then train CONTINUED_STEPS steps beside the run that never
+    stopped; rank 0 compares the full tensors with the saved ones and with that run's."""
+    rank = dist.get_rank()
+    result = side_result(errors)
+    loaded = attempt(errors, f"load at {dst} ranks", _load, recipe, dst, mesh, checkpoint_dir, own_worlds=own_worlds)
+    if loaded is None:
+        return result
+    model, optimizer = loaded
+    dtensors_expected = recipe.cell["fsdp"] == "fsdp2"
+    result["layout_after_load"] = [
+        f"rank {rank}: {line}" for line in layout_problems(model, optimizer, dtensors_expected=dtensors_expected)
+    ]
+    Path(f"{checkpoint_dir}.layout-rank{rank}.txt").write_text(
+        "".join(f"{line}\n" for line in result["layout_after_load"])
+    )
+    state = attempt(errors, f"full state after load at {dst} ranks", _full_state, model, optimizer, recipe)
+    losses = attempt(errors, f"training after load at {dst} ranks", recipe.train_on, model, optimizer, dst)
+    result["problems"] = layout_problems(model, optimizer, dtensors_expected=dtensors_expected)
+    continued = attempt(errors, f"full state after training at {dst} ranks", _full_state, model, optimizer, recipe)
+    reference = attempt(
+        errors, f"the run that never stopped, at {dst} ranks", never_stopped, recipe, dst, mesh, own_worlds
+    )
+    if losses is None or reference is None or errors:
+        return result
+    at_save, reference_losses, reference_end = reference
+    result["losses_diverged"] = [
+        f"loss of step {step} after the load {float(after):.9g}, never stopped {float(straight):.9g}"
+        for step, (after, straight) in enumerate(zip(losses, reference_losses), 1)
+        if not bits_equal(after, straight)
+    ]
+    saved_file = saved_state_file(checkpoint_dir)
+    if rank == 0 and state is not None and continued is not None and saved_file.exists():
+        saved = torch.load(saved_file)
+        result.update(_compare(saved, state))
+        result.update(continuation(saved, at_save, continued, reference_end, src, dst))
+    return result
+
+
+def never_stopped(
+    recipe: Recipe, dst: World, mesh: DeviceMesh | None, own_worlds: bool
+) -> tuple[dict[str, torch.Tensor], list[torch.Tensor], dict[str, torch.Tensor]]:
+    """The run that never stopped, in world `dst`: built from the save's seed, its step before the save
+    replayed here (the same batch on every rank, so its mean gradient is the saved run's), then the
+    steps the loaded stack trains. Its full tensors at the save point, its losses, its full tensors at the end."""
+    model, optimizer = recipe.build(SAVE_SEED, mesh, dst.of(recipe.cell) if own_worlds else None)
+    recipe.train_step(model, optimizer, SAVE_SEED, dst, alike=True)
+    at_save = _full_state(model, optimizer, recipe)
+    losses = recipe.train_on(model, optimizer, dst)
+    return at_save, losses, _full_state(model, optimizer, recipe)
+
+
+def continuation(
+    saved: dict[str, torch.Tensor],
+    at_save: dict[str, torch.Tensor],
+    continued: dict[str, torch.Tensor],
+    reference_end: dict[str, torch.Tensor],
+    src: World,
+    dst: World,
+) -> dict:
+    """The training after the load against the run that never stopped: compared bit for bit where that
+    run's replayed step reproduced the saved state bit for bit, else not compared, saying why."""
+    replay = _compare(saved, at_save, "saved", "after the replayed step")
+    if replay["mismatches"]:
+        why = (
+            f"not compared: the run that never stopped, replayed at {dst} ranks, does not reach the saved state "
+            f"bit for bit ({len(replay['mismatches'])} of {replay['compared']} tensors differ, e.g. {replay['mismatches'][0]}): "
+            f"its step's mean gradient and forward sum in another order at {dst} ranks than at {src}, and no bound "
+            f"on {CONTINUED_STEPS} optimizer steps after it follows from that"
+        )
+        return {"continued": why, "continued_mismatches": []}
+    compared = _compare(reference_end, continued, "never stopped", "after the load")
+    return {
+        "continued": f"{CONTINUED_STEPS} steps, {compared['compared']} tensors and every loss compared bit for bit",
+        "continued_mismatches": compared["mismatches"],
+    }
 
 
 def layout_lines_written(checkpoint_dir: Path) -> list[str]:
@@ -697,32 +890,39 @@ def layout_lines_written(checkpoint_dir: Path) -> list[str]:
 
 
 def _train_and_save(
-    recipe: Recipe, world: World, mesh: DeviceMesh, checkpoint_dir: str
+    recipe: Recipe, world: World, mesh: DeviceMesh | None, checkpoint_dir: str, *, own_worlds: bool
 ) -> tuple[nn.Module, torch.optim.Optimizer]:
-    model, optimizer = recipe.build(SAVE_SEED, mesh)
-    recipe.train_step(model, optimizer, SAVE_SEED, world)
-    if recipe.reshards_through_checkpointer:
-        recipe.checkpointer(model, optimizer, checkpoint_dir, mesh).save(1)
+    """A stack built in `world` (over `mesh`; None: a world of its own, built for that world's cell)
+    takes the step every world size takes alike, then saves through the checkpointer where it
+    reshards, else torch's helpers."""
+    cell = world.of(recipe.cell) if own_worlds else None
+    model, optimizer = recipe.build(SAVE_SEED, mesh, cell)
+    recipe.train_step(model, optimizer, SAVE_SEED, world, alike=True)
+    if recipe.reshards_through_checkpointer(own_worlds):
+        recipe.checkpointer(model, optimizer, checkpoint_dir, mesh, cell).save(1)
         return model, optimizer
     state = {
         "model": get_model_state_dict(model),
         "optimizer": get_optimizer_state_dict(model, inner_optimizers(optimizer)),
     }
-    dcp.save(state, checkpoint_id=checkpoint_dir, process_group=mesh_group(mesh))
+    dcp.save(state, checkpoint_id=checkpoint_dir, process_group=None if mesh is None else mesh_group(mesh))
     return model, optimizer
 
 
-def _load(recipe: Recipe, mesh: DeviceMesh, checkpoint_dir: str) -> tuple[nn.Module, torch.optim.Optimizer]:
-    """A fresh stack from another seed with the checkpoint loaded (by the checkpointer, where it reshards itself)."""
-    model, optimizer = recipe.build(LOAD_SEED, mesh)
-    if recipe.reshards_through_checkpointer:
-        recipe.checkpointer(model, optimizer, checkpoint_dir, mesh).load()
+def _load(
+    recipe: Recipe, world: World, mesh: DeviceMesh | None, checkpoint_dir: str, *, own_worlds: bool
+) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """A fresh stack from another seed with the checkpoint loaded (by the checkpointer, where it reshards)."""
+    cell = world.of(recipe.cell) if own_worlds else None
+    model, optimizer = recipe.build(LOAD_SEED, mesh, cell)
+    if recipe.reshards_through_checkpointer(own_worlds):
+        recipe.checkpointer(model, optimizer, checkpoint_dir, mesh, cell).load()
         return model, optimizer
     state = {
         "model": get_model_state_dict(model),
         "optimizer": get_optimizer_state_dict(model, inner_optimizers(optimizer)),
     }
-    dcp.load(state, checkpoint_id=checkpoint_dir, process_group=mesh_group(mesh))
+    dcp.load(state, checkpoint_id=checkpoint_dir, process_group=None if mesh is None else mesh_group(mesh))
     set_model_state_dict(model, state["model"])
     set_optimizer_state_dict(model, inner_optimizers(optimizer), state["optimizer"])
     return model, optimizer
@@ -741,20 +941,26 @@ def _full_state(model: nn.Module, optimizer: torch.optim.Optimizer, recipe: Reci
     return {key: value.detach().to("cpu", copy=True) for key, value in tensors.items()}
 
 
-def _compare(saved: dict[str, torch.Tensor], loaded: dict[str, torch.Tensor]) -> dict:
-    mismatches = [f"{key}: saved but missing after load" for key in saved.keys() - loaded.keys()]
-    for key in sorted(saved.keys() & loaded.keys()):
-        before, after = saved[key], loaded[key]
+def _compare(
+    expected: dict[str, torch.Tensor],
+    got: dict[str, torch.Tensor],
+    expected_as: str = "saved",
+    got_as: str = "after load",
+) -> dict:
+    """Every tensor of `expected` against `got`, bit for bit: what differs, each named as `expected_as` and `got_as`."""
+    mismatches = [f"{key}: {expected_as} but missing {got_as}" for key in expected.keys() - got.keys()]
+    for key in sorted(expected.keys() & got.keys()):
+        before, after = expected[key], got[key]
         if before.dtype != after.dtype or before.shape != after.shape:
             mismatches.append(
-                f"{key}: saved {before.dtype} {list(before.shape)}, loaded {after.dtype} {list(after.shape)}"
+                f"{key}: {expected_as} {before.dtype} {list(before.shape)}, {got_as} {after.dtype} {list(after.shape)}"
             )
         elif not bits_equal(after, before):
             diff = (before.float() - after.float()).abs().max().item()
             mismatches.append(
-                f"{key}: values differ (max abs diff {diff:.3g})"
+                f"{key}: values differ {got_as} (max abs diff {diff:.3g})"
                 if diff
-                else f"{key}: {bits_difference(after, before, 'saved')}"
+                else f"{key}: {bits_difference(after, before, expected_as)}"
             )
-    optimizer_compared = sum(key.startswith("optimizer.") for key in saved)
-    return {"compared": len(saved), "optimizer_compared": optimizer_compared, "mismatches": mismatches}
+    optimizer_compared = sum(key.startswith("optimizer.") for key in expected)
+    return {"compared": len(expected), "optimizer_compared": optimizer_compared, "mismatches": mismatches}

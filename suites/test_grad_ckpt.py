@@ -19,7 +19,9 @@
   for bit, a kernel-generating backend is compared within ``REORDER_RTOL``; a forward at another
   sequence length runs before backward (pytorch#166926); checkpointing is shown applied by autograd
   saving less for backward; a compiler error fails with the compile mode and its root cause.
-- Model contract (beyond torchmatrix/components/protocol.py): the loss is read as
+- The loss and the backward are the stack's `training_step` component's (`loss`, `backward`;
+  suites/training_step.py), built with `optimizer=None`: grad_ckpt takes no optimizer step.
+- Model contract (beyond torchmatrix/components/protocol.py): without a `training_step` the loss is read as
   suites/model_output.py says; the cache from the output's ``past_key_values`` or through the
   containers forward hands its checkpointed units (suites/checkpoint_units.py); recompute is counted
   by ``model.body_calls()`` or the suite's instrumented ``torch.utils.checkpoint.checkpoint``; a model
@@ -57,10 +59,11 @@ from .cache_tree import CACHE_STATE_DEPTH, OPAQUE, cache_contents, cache_marks, 
 from .checkpoint_units import CheckpointUnits, counted_checkpoints, watched_sites
 from .deterministic import deterministic_algorithms
 from .full_tensors import full_gradients
-from .model_output import cache_on, call_model, loss_of
+from .model_output import cache_on, call_model
 from .optimizer_state import plain_equal
 from .parallelize_component import parallelized
 from .reachable_state import is_user_object, kept_as_they_are, module_level_containers
+from .training_step import build_training_step
 from .ulp import bits_equal, differing_bits, ulp_distance
 
 OPTIONS = GradCkptOptions  # the dataclass `suite_options` arrives as
@@ -597,6 +600,7 @@ def train_step(
         ):
             model = parallelized(components, model, cell, device=device, activation_checkpointing=checkpointing)
         model.train()
+        step = build_training_step(components, model=model, optimizer=None, cell=cell)
         parameters = local_parameters(model)
         module_state_before, _ = module_state(model, ignored)
         put_module_containers_back = kept_as_they_are(module_level_containers(model, ignored))
@@ -611,7 +615,7 @@ def train_step(
         ):
             for batch in batches:
                 units.next_forward()
-                losses.append(loss_of(call_model(model, batch)))
+                losses.append(step.loss(batch))
         loss = losses[0] if len(losses) == 1 else torch.stack(losses).sum()
         forward_drew_random_numbers = rng_streams() != rng_before_forward
         caches, cache_source = found_caches(seen["output"], units)
@@ -633,7 +637,7 @@ def train_step(
             nullcontext({}) if compiled else modules_run(model) as ran,
         ):
             try:
-                loss.backward()
+                step.backward(loss)
             except CheckpointError as error:
                 if compiled:
                     origin = units.rerunning(model) or "a checkpointed function (no unit ran again)"

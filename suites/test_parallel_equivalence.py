@@ -12,7 +12,9 @@
 - Under tensor parallelism the gradients have no bound that follows from the reduction order: they
   are recorded (`grad_max_abs`), not compared.
 - Cells with fsdp = "none" skip. Components: `model`, `batch`, `parallelize`, `optimizer_<optimizer>`,
-  optionally `clip_grad_norm` (default: suites/gradient_clipping.py).
+  optionally `clip_grad_norm` (default: suites/gradient_clipping.py) and `training_step` (its `loss`,
+  `backward` and `optimizer_step`, built once for the cell's model and once for the reference;
+  suites/training_step.py).
 """
 
 from __future__ import annotations
@@ -38,9 +40,9 @@ from .built_names import module_names, named_parameters_as_built, remember_built
 from .deterministic import deterministic_algorithms
 from .full_tensors import full_gradients, full_parameters, whole
 from .loss_rounding import linear_rounding_bound
-from .model_output import call_model, loss_of
 from .parallelize_component import parallelized
 from .summation_bounds import MeanReduction, clip_relative_bound, norm_relative_bound
+from .training_step import build_training_step
 from .ulp import bits_equal, ulp_distance
 
 OPTIONS = ParallelEquivalenceOptions  # the dataclass `suite_options` arrives as
@@ -311,6 +313,10 @@ class Lockstep:
         )
         self.optimizer = build_optimizer(factory, self.model, **hyperparameters)
         self.follower = build_optimizer(factory, self.reference, **hyperparameters)
+        self.training = build_training_step(components, model=self.model, optimizer=self.optimizer, cell=cell)
+        self.reference_training = build_training_step(
+            components, model=self.reference, optimizer=self.follower, cell=plain
+        )
         self.tensor_parallel = self.shards < (dist.get_world_size() if dist.is_initialized() else 1)
         self.max_norm: float | None = None
 
@@ -353,8 +359,8 @@ class Lockstep:
         for shard in range(self.shards):
             loss_bounds.append(self.loss_bound(step, shard) if self.tensor_parallel else 0.0)
             self.reference.zero_grad(set_to_none=True)
-            loss = loss_of(call_model(self.reference, self.batch(self.reference, step, shard)))
-            loss.backward()
+            loss = self.reference_training.loss(self.batch(self.reference, step, shard))
+            self.reference_training.backward(loss)
             losses.append(loss.detach().float().cpu())
             for name, param in named_parameters_as_built(self.reference):
                 if param.grad is not None:
@@ -370,7 +376,8 @@ class Lockstep:
         effects that compiled (and checkpointed) blocks refuse to trace."""
         self.reference.zero_grad(set_to_none=True)
         with torch.compiler.set_stance("force_eager"), linear_rounding_bound(self.reference) as shares:
-            loss_of(call_model(self.reference, self.batch(self.reference, step, shard))).backward()
+            loss = self.reference_training.loss(self.batch(self.reference, step, shard))
+            self.reference_training.backward(loss)
         self.reference.zero_grad(set_to_none=True)
         return sum(shares)
 
@@ -391,18 +398,18 @@ class Lockstep:
         reference_norm = self.reference_norm(mean)
 
         self.model.train()
-        loss = loss_of(call_model(self.model, self.batch(self.model, step, self.shard)))
-        loss.backward()
+        loss = self.training.loss(self.batch(self.model, step, self.shard))
+        self.training.backward(loss)
         reduced = full_gradients(self.model)
         returned_norm = float(scalar(call_accepting(self.clip, self.model, max_norm=self.max_norm, cell=self.cell)))
         clipped = full_gradients(self.model)
-        self.optimizer.step()
+        self.training.optimizer_step()
         self.optimizer.zero_grad(set_to_none=True)
         parameters = full_parameters(self.model)
 
         for name, param in named_parameters_as_built(self.reference):
             param.grad = clipped[name].clone() if name in clipped else None
-        self.follower.step()
+        self.reference_training.optimizer_step()
         self.follower.zero_grad(set_to_none=True)
 
         loss = loss.detach().float().cpu()

@@ -1,9 +1,9 @@
 """Precision-aware AdamW variants that lay out their state wrongly for DTensor params, each the
-way a real optimizer has, and a checkpointer that saves right state unsharded; the dtensor_optim
-suite must fail on every one.
+way a real optimizer has, one that loads its state and then ignores it, and checkpointers that save
+right state unsharded or never load the optimizer; the dtensor_optim suite must fail on every one.
 
-Each optimizer mutant changes only how the reference optimizer wraps a new state shard; the update
-itself still runs on local shards, so training looks healthy and only the layout is wrong.
+Each layout mutant changes only how the reference optimizer wraps a state shard; the update itself
+still runs on local shards, so training looks healthy and only the layout is wrong.
 Point `[components] optimizer_precision_aware` at one of these classes (or `checkpointer` at
 `UnshardedOptimizerCheckpointer`) to run the suite on it.
 """
@@ -57,6 +57,23 @@ class ShapelessOnLoadAdamW(PrecisionAwareAdamW):
         return _rewrapped(super()._loaded_state_value(param, key, value), replicate=False)
 
 
+class LoadedMomentsIgnoredAdamW(PrecisionAwareAdamW):
+    """Loads its state exactly, so a comparison right after the load finds nothing, then ignores the
+    loaded moments: the first step after a load starts them from zero again, as an optimizer whose
+    step reads its moments from a helper that `load_state_dict` never fills does."""
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        super().load_state_dict(state_dict)
+        self.moments_ignored = set(self.state)
+
+    def _update(self, param: torch.Tensor, group: dict) -> None:
+        if param in getattr(self, "moments_ignored", ()):
+            self.moments_ignored.discard(param)
+            for key in ("exp_avg", "exp_avg_sq"):
+                local_tensor(self.state[param][key]).zero_()
+        super()._update(param, group)
+
+
 def _rewrapped(value: torch.Tensor, *, replicate: bool) -> torch.Tensor:
     """Re-wrap a correctly laid out DTensor state from its local shard alone; plain tensors pass."""
     if not isinstance(value, DTensor):
@@ -93,3 +110,12 @@ class OptimizerNotLoadedBoundCheckpointer(BoundCheckpointer):
     suite that ignores the user's checkpointer would reshard with, restore it exactly."""
 
     pieces_class = KeepsBuiltOptimizerCheckpointer
+
+
+class OptimizerNotLoadedWorldCheckpointer(OptimizerNotLoadedBoundCheckpointer):
+    """The same manager without a `process_group`: it saves and loads over the whole default group, as
+    a manager that makes its own process group does, so its reshard runs in worlds of their own; there
+    too it leaves the optimizer fresh."""
+
+    def __init__(self, directory: str, *, model, optimizer, scheduler, loader):
+        super().__init__(directory, model=model, optimizer=optimizer, scheduler=scheduler, loader=loader)

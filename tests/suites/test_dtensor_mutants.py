@@ -9,7 +9,10 @@ checkpointer, so the sharded-save check reads what `checkpointer().save` wrote. 
 world size 2 prove the rest: the mutant checkpointer that saves optimizer state unsharded is
 caught, and without a checkpointer the suite checks torch's helpers' save and says so; and two more
 (issue 30): state saved sharded but keyed by position is described so, and the reshard goes through
-a bound checkpointer that takes a process group (a mutant of it that never loads the optimizer fails there).
+a bound checkpointer that takes a process group (a mutant of it that never loads the optimizer fails there),
+and, for a manager without a process group, in worlds of their own (issue 40). After every reshard load
+the training goes on and is compared with the run that never stopped: an optimizer that loads its
+state and then ignores it fails there.
 """
 
 from __future__ import annotations
@@ -38,13 +41,17 @@ MUTANTS = {
 # Right after a step, wrong after `load_state_dict`: only the reshard into more ranks sees it, and it
 # must name the layout before the gather that such state crashes.
 LOAD_MUTANTS = {"shapeless_on_load": "torchmatrix.models.mutants.dtensor_state:ShapelessOnLoadAdamW"}
+# Exact right after the load, wrong in the steps after it: only the training after a reshard sees it.
+CONTINUATION_MUTANTS = {"loaded_moments_ignored": "torchmatrix.models.mutants.dtensor_state:LoadedMomentsIgnoredAdamW"}
+WS2_ONLY = {**LOAD_MUTANTS, **CONTINUATION_MUTANTS}
+RESHARD = "test_reshard_load_is_exact"
 WORLD_SIZES = (2, 4)
 CHECKPOINTER = "torchmatrix.models.checkpoint:Checkpointer"
 SAVED = "test_saved_state_is_sharded"
 
 
 def dtensor_matrix(
-    optimizers=(REFERENCE, *MUTANTS, *LOAD_MUTANTS), world_sizes=WORLD_SIZES, checkpointer: str | None = CHECKPOINTER
+    optimizers=(REFERENCE, *MUTANTS, *WS2_ONLY), world_sizes=WORLD_SIZES, checkpointer: str | None = CHECKPOINTER
 ) -> str:
     """FSDP2 cells of these world sizes, these optimizers (the reference one and mutants), and the checkpointer if any."""
     optimizers = list(optimizers)
@@ -54,13 +61,13 @@ def dtensor_matrix(
         "parallelize": "torchmatrix.models.parallel:parallelize",
         f"optimizer_{REFERENCE}": "torchmatrix.models.optim:build_precision_aware",
         **{f"optimizer_{name}": path for name, (path, _) in MUTANTS.items() if name in optimizers},
-        **{f"optimizer_{name}": path for name, path in LOAD_MUTANTS.items() if name in optimizers},
+        **{f"optimizer_{name}": path for name, path in WS2_ONLY.items() if name in optimizers},
         **({"checkpointer": checkpointer} if checkpointer else {}),
     }
-    load_mutants = [name for name in LOAD_MUTANTS if name in optimizers]
+    ws2_only = [name for name in WS2_ONLY if name in optimizers]
     return matrix_toml(
         axes={"world_size": list(world_sizes), "fsdp": ["fsdp2"], "attn": ["sdpa"], "optimizer": optimizers},
-        exclude=[{"world_size": size, "optimizer": load_mutants} for size in world_sizes if size != 2 and load_mutants],
+        exclude=[{"world_size": size, "optimizer": ws2_only} for size in world_sizes if size != 2 and ws2_only],
         suites={
             "dtensor_optim": {
                 "timeout": 120,
@@ -91,7 +98,7 @@ def test_run_fails_and_reports_every_cell(run):
     done, outcomes = run
     assert done.returncode == 1, f"mutant cells must fail the run\n{done.stdout}{done.stderr}"
     expected = {cell_id(ws, opt) for ws in WORLD_SIZES for opt in [REFERENCE, *MUTANTS]}
-    assert set(outcomes) == expected | {cell_id(2, opt) for opt in LOAD_MUTANTS}, done.stdout
+    assert set(outcomes) == expected | {cell_id(2, opt) for opt in WS2_ONLY}, done.stdout
 
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
@@ -99,6 +106,30 @@ def test_reference_passes(run, world_size):
     tests = run[1][cell_id(world_size, REFERENCE)]
     assert tests and set(tests.values()) <= {"passed", "skipped"}, tests
     assert "passed" in tests.values(), tests
+
+
+def test_the_reference_trains_on_after_a_reshard_as_if_it_never_stopped(run, run_root):
+    """At world size 2 the run that never stopped reaches the saved state bit for bit (a mean of two
+    equal gradients is exact), so the steps after every reshard load are compared bit for bit."""
+    continued = recorded_per_test(run_root, "reshard_continued")[cell_id(2, REFERENCE)]
+    assert len(continued) == 4, continued
+    for line in continued.values():
+        assert " 2 steps, " in line and line.endswith("tensors and every loss compared bit for bit"), continued
+
+
+def test_state_the_optimizer_ignores_after_the_load_fails_the_training_after_it(run, run_root):
+    """LoadedMomentsIgnoredAdamW loads its state exactly, then restarts its moments: every reshard
+    load compares equal, and the steps after it differ from the run that never stopped, continued at
+    the load's world size; every check before the load passes."""
+    cell = cell_id(2, "loaded_moments_ignored")
+    tests = run[1][cell]
+    reshards = {test: result for test, result in tests.items() if test.startswith(RESHARD)}
+    assert len(reshards) == 4 and set(reshards.values()) == {"failure"}, tests
+    failures = cell_failures(run_root / "reports" / "latest" / "torch-system")[cell]
+    for test in reshards:
+        assert "training after the load differs from the run that never stopped, continued at" in failures[test]
+        assert "loss of step 2 after the load" in failures[test] and "differ after load:" not in failures[test]
+    assert {result for test, result in tests.items() if test not in reshards} == {"passed"}, tests
 
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
@@ -185,8 +216,19 @@ def test_without_a_checkpointer_it_checks_torch_helpers_save_and_says_so(tmp_pat
 
 def recorded(root: Path, name: str) -> set[str]:
     """Every value of property `name` the run at `root` recorded."""
+    return {value for tests in recorded_per_test(root, name).values() for value in tests.values()}
+
+
+def recorded_per_test(root: Path, name: str) -> dict[str, dict[str, str]]:
+    """Per cell id, per test, the value of property `name` the run at `root` recorded."""
     junit = JUnitXml.fromfile(str(root / "reports" / "latest" / "junit.xml"))
-    return {prop.value for suite in junit for prop in suite.properties() if prop.name.endswith(f"::{name}")}
+    found: dict[str, dict[str, str]] = {}
+    for suite in junit:
+        for prop in suite.properties():
+            test, _, prop_name = prop.name.rpartition("::")
+            if prop_name == name:
+                found.setdefault(suite.name.split("/", 1)[1], {})[test] = prop.value
+    return found
 
 
 def test_state_stored_sharded_but_keyed_by_position_is_described_so(tmp_path):
@@ -217,6 +259,27 @@ def test_the_reshard_goes_through_a_bound_checkpointer_that_takes_a_process_grou
     assert all("tensors differ after load: optimizer." in failures[test] for test in reshards), failures
     assert {result for test, result in tests.items() if test not in reshards} == {"passed"}, tests
     assert recorded(tmp_path, "reshard_source") == {"checkpointer"}
+    (worlds,) = recorded(tmp_path, "reshard_worlds")
+    assert worlds.startswith("sub-worlds of the cell's ranks"), worlds
+
+
+def test_a_checkpoint_manager_without_a_process_group_reshards_in_worlds_of_their_own(tmp_path):
+    """The same manager without `process_group` saves and loads over the whole default group, so each
+    side of the reshard runs on a rank pool of its own size (the uneven probe's two reshards, 2 -> 1
+    and 1 -> 2), and the optimizer it never loads is found there too."""
+    checkpointer = "torchmatrix.models.mutants.dtensor_state:OptimizerNotLoadedWorldCheckpointer"
+    reshards = [f"{RESHARD}[model_kind=uneven_probe,reshard={reshard}]" for reshard in ("shrink", "grow")]
+    matrix = dtensor_matrix((REFERENCE,), (2,), checkpointer)
+    done, outcomes = run_suites(tmp_path, matrix, tests=[f"dtensor_optim::{test}" for test in reshards])
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert outcomes[cell_id(2, REFERENCE)] == dict.fromkeys(reshards, "failure"), outcomes
+    failures = cell_failures(tmp_path / "reports" / "latest" / "torch-system")[cell_id(2, REFERENCE)]
+    for test in reshards:
+        assert "(each side in a world of its own): " in failures[test], failures[test]
+        assert "tensors differ after load: optimizer." in failures[test], failures[test]
+    assert recorded(tmp_path, "reshard_source") == {"checkpointer"}
+    (worlds,) = recorded(tmp_path, "reshard_worlds")
+    assert worlds.startswith("worlds of their own") and f"checkpointer {checkpointer} takes no process_group" in worlds
 
 
 def test_a_stack_held_by_a_trainers_wrapper_is_read_through_it(tmp_path):

@@ -283,8 +283,9 @@ COMPONENTS: tuple[Component, ...] = (
         ),
         returns=(
             "a checkpoint manager built once per training run (told apart from the per-call form by its signature "
-            "naming `model`); with `process_group` or `mesh` dtensor_optim's reshard goes through it "
-            '(`reshard_source = "checkpointer"`)'
+            "naming `model`); with `process_group` or `mesh` dtensor_optim's reshard goes through it over "
+            "sub-worlds of the cell's ranks, without them in a world of its own per side, whose default group is "
+            'that side\'s ranks (`reshard_source = "checkpointer"`)'
         ),
         suites=(RESUME, CROSS_VERSION),
         members=(
@@ -311,7 +312,7 @@ COMPONENTS: tuple[Component, ...] = (
         name="training_step",
         arguments=(
             Argument("model", "the wrapped model, as `parallelize` returned it"),
-            Argument("optimizer", "the optimizer, as its factory returned it"),
+            Argument("optimizer", "the optimizer, as its factory returned it (None in grad_ckpt, which takes no step)"),
             Argument("cell", CELL.meaning, OPTIONAL),
         ),
         returns=(
@@ -319,17 +320,19 @@ COMPONENTS: tuple[Component, ...] = (
             "members share what the stack builds once: the Fabric that set up the model, a loss scaler whose scale "
             "carries from backward to the step), with any of the three methods below: each one it leaves out is the "
             "suites' own. Per step the suites call `loss`, then `backward`, then `optimizer_step`, then the scheduler's "
-            "`step` and the optimizer's `zero_grad` themselves. dtensor_optim calls its `loss` on the stack's model "
+            "`step` and the optimizer's `zero_grad` themselves; grad_ckpt calls `loss` per micro-batch and `backward` "
+            "once, and no `optimizer_step`; parallel_equivalence builds one for the cell's model and one for its "
+            "single-process reference. dtensor_optim calls its `loss` on the stack's model "
             "only, not on its probe model. Optional: without an entry, `torchmatrix.suites.training_step:PlainStep`"
         ),
-        suites=(RESUME, CROSS_VERSION, DTENSOR_OPTIM),
+        suites=(GRAD_CKPT, RESUME, CROSS_VERSION, DTENSOR_OPTIM, PARALLEL_EQUIVALENCE),
         members=(
             Member(
                 "loss",
                 (
                     Argument(
                         "batch",
-                        "the batch as the loader (resume) or the `batch` component (dtensor_optim) made it, "
+                        "the batch as the loader (resume) or the `batch` component (the other suites) made it, "
                         "on this rank's device",
                         positional=True,
                     ),

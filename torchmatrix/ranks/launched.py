@@ -89,6 +89,13 @@ class LaunchedRank:
         dist.broadcast_object_list(made, src=0)
         return Path(made[0])
 
+    def of_size(self, world_size: int) -> LaunchedRank:
+        """Never: the launcher started this world's ranks, and no other world can be started from one of them."""
+        raise RankFailure(
+            f"ranks started by a launcher (torchrun, srun) cannot open a world of {world_size} of their own: "
+            f"the launcher fixed the world at {self.world_size}"
+        )
+
     def close(self, *, graceful: bool = True) -> None:
         import torch.distributed as dist
 

@@ -16,6 +16,7 @@ import shutil
 import time
 import warnings
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -113,6 +114,7 @@ class CellPlan:
         self.order = {run_key(suite, cell.id): i for i, (suite, cell) in enumerate(plan.runs)}
         self.only_tests = {key: set(names) for key, names in plan.only_tests.items()}
         self.pool: RankGroup | None = None
+        self.worlds: dict[int, RankGroup] = {}
         rank = launched_rank() if plan.launched else 0
         if not plan.launched:
             zygote.start()
@@ -212,6 +214,15 @@ class CellPlan:
         if self.pool.starts != starts:
             self.events.write(PoolStarted(self.pool.world_size))
 
+    def world(self, world_size: int) -> RankGroup:
+        """The ranks of a world of `world_size` of their own beside the cell's (the cell's own ranks at
+        its size), kept for this process's later tests: a reshard test runs each side in its own world."""
+        if world_size == self.pool.world_size:
+            return self.pool
+        if world_size not in self.worlds:
+            self.worlds[world_size] = self.pool.of_size(world_size)
+        return self.worlds[world_size]
+
     def pytest_collectreport(self, report):
         suite = self.suite_of(Path(self.rootpath, report.nodeid.split("::")[0]))
         if report.failed:
@@ -275,13 +286,15 @@ class CellPlan:
             report.root_cause = root_cause(call.excinfo.value)
 
     def pytest_sessionfinish(self, session):
+        for world in self.worlds.values():
+            world.close()
         if self.pool is not None:
             self.pool.close()
         self.events.close()
 
     def usage(self) -> Usage | None:
-        """User + system CPU seconds this process and its local ranks have used so far (what a test
-        costs whatever else loads the machine), the warnings the ranks raised since the last call
+        """User + system CPU seconds this process and its local ranks (the cell's and those of the
+        worlds beside it) have used so far (what a test costs whatever else loads the machine), the warnings the ranks raised since the last call
         and each rank's compile seconds; None while the ranks are down."""
         own = sum(os.times()[:2])
         if self.plan.launched:
@@ -290,13 +303,19 @@ class CellPlan:
             return None
         try:
             ranks = self.pool.run(rank_usage, (), deadline=time.monotonic() + USAGE_QUERY_SECONDS)
+            worlds = [
+                world.run(rank_usage, (), deadline=time.monotonic() + USAGE_QUERY_SECONDS)
+                for world in self.worlds.values()
+                if world.running
+            ]
         except RankFailure:
             return None
+        every_rank = ranks + [rank for world in worlds for rank in world]
         raised = Counter()
-        for rank in ranks:
+        for rank in every_rank:
             raised.update({(w["category"], w["module"], w["message"]): w["count"] for w in rank["warnings"]})
         compiled = tuple(rank["compile_seconds"] for rank in ranks)
-        return Usage(own + sum(rank["cpu_seconds"] for rank in ranks), raised, compiled)
+        return Usage(own + sum(rank["cpu_seconds"] for rank in every_rank), raised, compiled)
 
     def _key(self, item) -> str | None:
         cell = getattr(item, "callspec", None) and item.callspec.params.get("cell")
@@ -405,15 +424,43 @@ def _cell_plan(request) -> CellPlan:
 
 class Ranks:
     """What a test holds to run functions on every rank of its cell, under the test's deadline
-    (which starts once the ranks are up)."""
+    (which starts once the ranks are up), and on the ranks of a world of another size beside it."""
 
-    def __init__(self, pool: RankGroup, cell: Cell, timeout: float, compile_cache: str):
+    def __init__(
+        self,
+        pool: RankGroup,
+        cell: Cell,
+        timeout: float,
+        compile_cache: str,
+        worlds: Callable[[int], RankGroup] | None = None,
+    ):
         self.pool = pool
         self.cell = cell
         self.timeout = timeout
         self.compile_cache = compile_cache
+        self.worlds = worlds
         self.world_size = pool.world_size
         self.deadline = time.monotonic() + timeout
+        self.home = self
+        self.world = ""
+
+    def in_world(self, world_size: int) -> Ranks:
+        """This test's ranks in a world of `world_size` of their own, whose default process group is
+        exactly those ranks (the cell's own ranks at the cell's size), under the same deadline; for a
+        stack that builds its mesh or saves over the whole default group. Skips the test, saying why,
+        where no such world can be opened."""
+        home = self.home
+        if world_size == home.world_size:
+            return home
+        if home.worlds is None:
+            pytest.skip(f"these ranks cannot open a world of {world_size} of their own")
+        try:
+            pool = home.worlds(world_size)
+        except RankFailure as failure:
+            pytest.skip(str(failure))
+        other = Ranks(pool, home.cell, home.timeout, home.compile_cache, home.worlds)
+        other.deadline, other.home, other.world = home.deadline, home, f"-of-{world_size}"
+        return other
 
     def run(self, fn, *args) -> list:
         """fn(*args) on every rank, compiling into the cell's own cache; one result per rank, in rank order."""
@@ -421,7 +468,7 @@ class Ranks:
         try:
             return self.pool.run(
                 in_compile_cache,
-                (self.compile_cache, fn, args),
+                (self.compile_cache, fn, args, self.world),
                 deadline=self.deadline,
                 name=getattr(fn, "__qualname__", repr(fn)),
             )
@@ -446,7 +493,8 @@ def discard_compile_cache(directory: str) -> None:
 def ranks(request, cell, _cell_plan) -> Ranks:
     _cell_plan.start_pool()
     suite = _cell_plan.suite_of(request.node.path)
-    return Ranks(_cell_plan.pool, cell, _cell_plan.suites[suite].timeout, _cell_plan.compile_cache(cell))
+    timeout = _cell_plan.suites[suite].timeout
+    return Ranks(_cell_plan.pool, cell, timeout, _cell_plan.compile_cache(cell), _cell_plan.world)
 
 
 @pytest.fixture

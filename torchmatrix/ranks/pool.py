@@ -143,6 +143,18 @@ class RankPool:
         """Every rank runs on this machine, so a test's own tmp_path serves them all."""
         return own
 
+    def of_size(self, world_size: int) -> RankPool:
+        """A pool like this one of `world_size` ranks: forked from the same zygote onto the same cores,
+        joined into a process group of their own, whose default group is exactly those ranks."""
+        return RankPool(
+            world_size,
+            device_type=self.device_type,
+            backend=self.backend,
+            collective_timeout_s=self.collective_timeout_s,
+            threads_per_rank=self.threads_per_rank,
+            cores=self.cores,
+        )
+
     def close(self, *, graceful: bool = True) -> None:
         """Stop every rank (asking first when `graceful`), reap it, and remove the ranks' logs and
         stack files (a failure report has quoted them by then); safe to call twice."""

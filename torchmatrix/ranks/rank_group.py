@@ -36,6 +36,10 @@ class RankGroup(Protocol):
     def close(self, *, graceful: bool = True) -> None:
         """Stop the ranks and leave no process behind."""
 
+    def of_size(self, world_size: int) -> RankGroup:
+        """Ranks like these, `world_size` of them, in a process group of their own (started on their
+        first run); RankFailure where these ranks cannot have one (a launcher fixed the world)."""
+
     def test_directory(self, own: Path, shared_root: Path, name: str) -> Path:
         """The directory a test's ranks write to: `own` when they share this machine, else a fresh
         one under `shared_root` that every rank sees."""

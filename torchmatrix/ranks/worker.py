@@ -35,9 +35,10 @@ def current_device():
     return torch.device("cpu")
 
 
-def in_compile_cache(directory: str, fn, args: tuple):
+def in_compile_cache(directory: str, fn, args: tuple, world: str = ""):
     """fn(*args) with torch.compile's on-disk caches (Inductor's FX graph and AOTAutograd caches,
-    Triton's under it) in this rank's own folder of the cell's `directory`.
+    Triton's under it) in this rank's own folder of the cell's `directory` (`rank<N><world>`: a rank
+    of a world beside the cell's, `world` "-of-<size>", never shares rank N's of the cell).
 
     Inductor reads TORCHINDUCTOR_CACHE_DIR at every cache access (torch/_inductor/runtime/
     cache_dir_utils.py), not once at import, so setting it here re-homes every later compile of
@@ -47,7 +48,7 @@ def in_compile_cache(directory: str, fn, args: tuple):
     optimizer's state subclass, and the two ranks of an FSDP2 cell sharing one ran AdamWFp8
     kernels compiled for the other rank's shard size ("expected size 5==6").
     """
-    directory = os.path.join(directory, f"rank{os.environ.get('RANK', '0')}")
+    directory = os.path.join(directory, f"rank{os.environ.get('RANK', '0')}{world}")
     if os.environ.get(COMPILE_CACHE_VARIABLE) != directory:
         os.environ[COMPILE_CACHE_VARIABLE] = directory
         if "torch" in sys.modules:
