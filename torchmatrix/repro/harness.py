@@ -52,13 +52,15 @@ def rank_main(rank, world, port, device, tasks, results):
 
 
 class Ranks:
-    """`ranks.run(fn, *args)`: fn on every rank of the cell, one value per rank, as in torchmatrix."""
+    """`ranks.run(fn, *args)`: fn on every rank of the cell, one value per rank, as in torchmatrix;
+    `ranks.in_world(n)`: n ranks of their own, whose default process group is exactly them."""
 
     def __init__(self, world, device, timeout):
         import torch.multiprocessing as mp
 
         context = mp.get_context("spawn")
-        self.world, self.timeout = world, timeout
+        self.world, self.device, self.timeout = world, device, timeout
+        self.worlds = {}
         self.tasks = [context.Queue() for _ in range(world)]
         self.results = context.Queue()
         with socket.socket() as probe:
@@ -67,6 +69,17 @@ class Ranks:
         self.processes = mp.spawn(
             rank_main, args=(world, port, device, self.tasks, self.results), nprocs=world, join=False
         )
+
+    @property
+    def world_size(self):
+        return self.world
+
+    def in_world(self, world_size):
+        if world_size == self.world:
+            return self
+        if world_size not in self.worlds:
+            self.worlds[world_size] = Ranks(world_size, self.device, self.timeout)
+        return self.worlds[world_size]
 
     def run(self, fn, *args):
         for tasks in self.tasks:
@@ -87,7 +100,10 @@ class Ranks:
         return [answers[rank][1] for rank in range(self.world)]
 
     def close(self):
-        """Stop the ranks; one still busy (a hang the deadline caught) is terminated."""
+        """Stop the ranks (and those of the worlds of their own); one still busy (a hang the deadline
+        caught) is terminated."""
+        for other in self.worlds.values():
+            other.close()
         for tasks in self.tasks:
             tasks.put(None)
         for process in self.processes.processes:

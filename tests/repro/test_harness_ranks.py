@@ -1,0 +1,22 @@
+"""repro.py's harness stands in for torchmatrix's `ranks` fixture: every `ranks.<name>` a built-in
+suite uses must exist on the harness's Ranks, or a reproducer of that suite's failure dies with an
+AttributeError instead of reproducing it."""
+
+from __future__ import annotations
+
+import re
+
+from torchmatrix.repro import harness
+
+from helpers.checkout import REPO
+
+USE = re.compile(r"\branks\.([a-z_]+)\b")
+
+
+def test_the_harness_offers_every_ranks_attribute_the_suites_use():
+    used = {
+        name: path.name for path in sorted((REPO / "suites").glob("*.py")) for name in USE.findall(path.read_text())
+    }
+    assert {"run", "world_size", "in_world"} <= used.keys(), used
+    missing = {name: suite for name, suite in used.items() if not hasattr(harness.Ranks, name)}
+    assert not missing, f"repro's harness.Ranks lacks what these suites call: {missing}"
