@@ -22,7 +22,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 from torch.utils.checkpoint import checkpoint
 
-from torchmatrix.testing import DEFAULT_IMPLEMENTATION, implementation_of
+from torchmatrix.testing import DEFAULT_IMPLEMENTATION, cell_layout, implementation_of
 
 from .block_compile import compile_mode
 
@@ -35,12 +35,13 @@ SDPA_BACKENDS = {
 ATTENTION_KINDS = ("sdpa", "eager")
 LAYERS_PER_STACK = 3
 SHALLOW_LAYERS_PER_STACK = 1
-"""Layers per stack in a cell that compiles its blocks or steps an optimizer implementation other than the
-default. Compile time grows with every block (a block's graphs specialise on its cache entry and index,
-so identical blocks cannot share one) and every parameter (the compiled step unrolls per parameter); an
-implementation's step and state dict treat every parameter alike, so more layers only repeat them. One
-prefix and one expert block still compile one by one, share one ``forward`` (so the recompile limit is
-still met), and the expert still reads the prefix block's cache entry that recompute rewrites."""
+"""Layers per stack in a cell that compiles its blocks, steps an optimizer implementation other than the
+default, or shards over a 2-D mesh. Compile time grows with every block (a block's graphs specialise on
+its cache entry and index, so identical blocks cannot share one) and every parameter (the compiled step
+unrolls per parameter); an implementation's step and state dict, and a 2-D mesh's split and shards, treat
+every layer alike, so more layers only repeat them. One prefix and one expert block still compile one by
+one, share one ``forward`` (so the recompile limit is still met), and the expert still reads the prefix
+block's cache entry that recompute rewrites."""
 
 
 @dataclass(frozen=True)
@@ -301,10 +302,14 @@ def build_model(
 
 def layers_per_stack(cell: Mapping[str, object]) -> int:
     """How deep each stack of the cell's decoder is: ``SHALLOW_LAYERS_PER_STACK`` where the cell compiles
-    its blocks (``compile``), whose compile time on CPU is most of the cell's, or steps an implementation
-    other than the default (``optimizer_impl``: forloop, foreach, fused, the compiled step), else
-    ``LAYERS_PER_STACK``."""
-    shallow = compile_mode(cell) is not None or implementation_of(cell) != DEFAULT_IMPLEMENTATION
+    its blocks (``compile``), whose compile time on CPU is most of the cell's, steps an implementation
+    other than the default (``optimizer_impl``: forloop, foreach, fused, the compiled step) or shards over
+    a 2-D mesh (``mesh``: every layer is split and sharded alike, over four ranks), else ``LAYERS_PER_STACK``."""
+    shallow = (
+        compile_mode(cell) is not None
+        or implementation_of(cell) != DEFAULT_IMPLEMENTATION
+        or len(cell_layout(cell).shape) > 1
+    )
     return SHALLOW_LAYERS_PER_STACK if shallow else LAYERS_PER_STACK
 
 
