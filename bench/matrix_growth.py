@@ -6,10 +6,12 @@ is measured against the file it replaces, on the same machine, minutes apart. Th
 seconds come first (what results.json records per test: every rank and pytest, each execution
 once): they hold on a machine other work shares, where wall time stretches with the load. The
 runner's own CPU seconds (the run's processes the OS credits to this one: the runner and pytest, not
-the rank processes, which the zygote forks) are shown beside them, without a verdict:
+the rank processes, which the zygote forks) are shown beside them, without a verdict. Then, for the
+matrix after, where its CPU seconds went: each cell's, split by suite, with the seconds its ranks
+spent in torch.compile (recorded apart, ranks/compile_time.py), costliest first:
 
     git show <rev>:matrix.toml > before.toml
-    python bench/matrix_growth.py --before before.toml --after matrix.toml
+    python bench/matrix_growth.py --before before.toml --after matrix.toml --keep runs/
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
+from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -26,6 +29,9 @@ from matrix_walltime import torchmatrix_run  # noqa: E402
 from tiny_project import write_tiny_project  # noqa: E402
 
 from torchmatrix.matrix.config import load_matrix  # noqa: E402
+from torchmatrix.messages.events import EventReader, TestFinished  # noqa: E402
+from torchmatrix.ranks.compile_time import COMPILE_SECONDS  # noqa: E402
+from torchmatrix.ranks.per_test_usage import CPU_SECONDS  # noqa: E402
 
 BUDGET = 1.5
 """How much longer the default matrix may take after it grows (issue 38)."""
@@ -36,9 +42,10 @@ def main() -> int:
     parser.add_argument("--before", help="the matrix file as it was")
     parser.add_argument("--after", default="matrix.toml", help="the matrix file as it is (default: ./matrix.toml)")
     parser.add_argument("--tiny", action="store_true", help="two throwaway one-cell matrices (what CI runs)")
+    parser.add_argument("--keep", metavar="DIR", help="run both matrices under DIR and keep their run directories")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="torchmatrix-growth-") as tmp:
-        work = Path(tmp)
+        work = Path(args.keep).resolve() if args.keep else Path(tmp)
         if args.tiny:
             before = write_tiny_project(work / "before", world_sizes=(1,))
             after = write_tiny_project(work / "after", world_sizes=(1,))
@@ -50,6 +57,7 @@ def main() -> int:
         for name, config in (("before", before), ("after", after)):
             print(f"{name}: python -m torchmatrix run --torch system --config {config} ...", flush=True)
             rows.append((name, config, torchmatrix_run(load_matrix(config), [], work / name / "reports")))
+        after_cells = cell_costs(work / "after" / "reports" / "bench")
     print()
     print("| matrix | test CPU s | runner CPU s | wall time | cells | tests executed | testcases reported | failed |")
     print("|---|---|---|---|---|---|---|---|")
@@ -62,6 +70,10 @@ def main() -> int:
     print()
     for figure, key in FIGURES.items():
         print(ratio_line(figure, rows[0][2][key], rows[1][2][key]))
+    print()
+    print("| cell (after) | test CPU s | compile s | test CPU s by suite |")
+    print("|---|---|---|---|")
+    print("\n".join(after_cells))
     return 0
 
 
@@ -77,6 +89,28 @@ def ratio_line(figure: str, before: float, after: float) -> str:
     return (
         f"{figure}: ratio after / before = {ratio:.2f} (budget <= {BUDGET}: {'met' if ratio <= BUDGET else 'NOT met'})"
     )
+
+
+def cell_costs(run_dir: Path) -> list[str]:
+    """Table rows, costliest cell first: each cell's test CPU seconds (every execution once), the seconds
+    its ranks compiled (the slowest rank's, per test, summed) and its CPU seconds per suite."""
+    cpu: dict[str, float] = defaultdict(float)
+    compiling: dict[str, float] = defaultdict(float)
+    by_suite: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for path in sorted(run_dir.glob("torch-*/logs/*.events.jsonl")):
+        for event in EventReader(path).read_new():
+            if not isinstance(event, TestFinished):
+                continue
+            figures = {name: float(value) for name, value in event.properties if name in (CPU_SECONDS, COMPILE_SECONDS)}
+            cpu[event.cell] += figures.get(CPU_SECONDS, 0.0)
+            compiling[event.cell] += figures.get(COMPILE_SECONDS, 0.0)
+            by_suite[event.cell][event.suite] += figures.get(CPU_SECONDS, 0.0)
+    rows = []
+    for cell in sorted(cpu, key=lambda cell: -cpu[cell]):
+        suites = sorted(by_suite[cell].items(), key=lambda item: -item[1])
+        split = ", ".join(f"{suite} {seconds:.1f}" for suite, seconds in suites if seconds >= 0.05)
+        rows.append(f"| `{cell}` | {cpu[cell]:.1f} | {compiling[cell]:.1f} | {split} |")
+    return rows
 
 
 if __name__ == "__main__":

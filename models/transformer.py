@@ -22,7 +22,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 from torch.utils.checkpoint import checkpoint
 
-from torchmatrix.testing import implementation_of
+from torchmatrix.testing import DEFAULT_IMPLEMENTATION, cell_layout, implementation_of
 
 from .block_compile import compile_mode
 
@@ -34,13 +34,14 @@ SDPA_BACKENDS = {
 }
 ATTENTION_KINDS = ("sdpa", "eager")
 LAYERS_PER_STACK = 3
-COMPILED_LAYERS_PER_STACK = 1
-"""Layers per stack in a cell that compiles its blocks or its optimizer step. Compile time grows with
-every block (a block's graphs specialise on its cache entry and index, so identical blocks cannot share
-one) and every parameter (the compiled step unrolls per parameter); one prefix and one expert block
-still compile one by one, share one ``forward`` (so the recompile limit is still met), and the expert
-still reads the prefix block's cache entry that recompute rewrites."""
-COMPILED_STEP = "compiled"
+SHALLOW_LAYERS_PER_STACK = 1
+"""Layers per stack in a cell that compiles its blocks, steps an optimizer implementation other than the
+default, or shards over a 2-D mesh. Compile time grows with every block (a block's graphs specialise on
+its cache entry and index, so identical blocks cannot share one) and every parameter (the compiled step
+unrolls per parameter); an implementation's step and state dict, and a 2-D mesh's split and shards, treat
+every layer alike, so more layers only repeat them. One prefix and one expert block still compile one by
+one, share one ``forward`` (so the recompile limit is still met), and the expert still reads the prefix
+block's cache entry that recompute rewrites."""
 
 
 @dataclass(frozen=True)
@@ -285,7 +286,8 @@ def build_model(
     Reads ``cell["attn"]`` ("sdpa" | "eager") and, if the cell has it, ``cell["sdpa_backend"]``.
     Parameters come from the global RNG, so callers seed it (``torch.manual_seed``) first.
     Checkpointing starts off; ``torchmatrix.models.parallel.parallelize`` switches it per layer. A
-    cell that compiles gets the shallower decoder (``layers_per_stack``).
+    cell that compiles, or steps an optimizer implementation other than the default, gets the shallower
+    decoder (``layers_per_stack``).
     """
     config = DecoderConfig(
         attn=str(cell["attn"]),
@@ -299,11 +301,16 @@ def build_model(
 
 
 def layers_per_stack(cell: Mapping[str, object]) -> int:
-    """How deep each stack of the cell's decoder is: ``COMPILED_LAYERS_PER_STACK`` where the cell compiles
-    its blocks (``compile``) or its optimizer step (``optimizer_impl = "compiled"``), whose compile time on
-    CPU is most of the cell's, else ``LAYERS_PER_STACK``."""
-    compiles = compile_mode(cell) is not None or implementation_of(cell) == COMPILED_STEP
-    return COMPILED_LAYERS_PER_STACK if compiles else LAYERS_PER_STACK
+    """How deep each stack of the cell's decoder is: ``SHALLOW_LAYERS_PER_STACK`` where the cell compiles
+    its blocks (``compile``), whose compile time on CPU is most of the cell's, steps an implementation
+    other than the default (``optimizer_impl``: forloop, foreach, fused, the compiled step) or shards over
+    a 2-D mesh (``mesh``: every layer is split and sharded alike, over four ranks), else ``LAYERS_PER_STACK``."""
+    shallow = (
+        compile_mode(cell) is not None
+        or implementation_of(cell) != DEFAULT_IMPLEMENTATION
+        or len(cell_layout(cell).shape) > 1
+    )
+    return SHALLOW_LAYERS_PER_STACK if shallow else LAYERS_PER_STACK
 
 
 def make_batch(model: PrefixExpertDecoder, *, seed: int, device: torch.device) -> dict[str, Tensor]:

@@ -282,7 +282,8 @@ def train_in_lockstep(cell: dict, options: ParallelEquivalenceOptions, component
 
 
 def reference_cell(cell: dict) -> dict:
-    """The cell without parallelism: what `parallelize` builds the single-process reference for."""
+    """The cell without parallelism: what `parallelize` wraps the single-process reference for (the model
+    itself is built for the cell, as the parallel one is)."""
     return {**cell, "fsdp": "none", "mesh": "flat", "world_size": 1}
 
 
@@ -300,7 +301,7 @@ class Lockstep:
         self.clip = load(components.get("clip_grad_norm", DEFAULT_CLIP))
         self.model = parallelized(components, self.seeded_model(cell, components), cell, device=self.device)
         plain = reference_cell(cell)
-        built = self.seeded_model(plain, components)
+        built = self.seeded_model(cell, components)  # the cell's own model: a factory may size it by the cell
         names = module_names(built)  # before parallelize: a compiled block's names gain `_orig_mod.` there
         self.reference = remember_built(load(components["parallelize"])(built, plain, device=self.device), names)
         factory = load(components[f"optimizer_{cell['optimizer']}"])

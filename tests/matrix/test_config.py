@@ -305,7 +305,7 @@ def test_repository_matrix_is_valid():
 
     matrix = load_matrix(REPO / "matrix.toml")
     assert matrix.baseline in matrix.versions
-    eager_flat_default = 3 * 2 * 2 + 2 * 2 * 2 * 2  # ws1 x 3 fsdp, ws2/ws4 x 2 fsdp, x attn x optimizer
+    eager_flat_default = (3 + 2) * 2 * 2 + 2  # ws1 x 3 fsdp, ws2 x 2 fsdp, x attn x optimizer; ws4 SDPA AdamW x 2 fsdp
     two_d = 2  # hsdp and fsdp_tp at ws4, fsdp2, sdpa, adamw
     implementations = 4 + 3  # SDPA AdamW without FSDP at ws1 (4 others), FSDP2 at ws2 (no compiled step)
     compiled, modern_stack, te = 1, 1, 1

@@ -5,6 +5,8 @@ One real `python -m torchmatrix run --torch system`, shared by every test here: 
 world size 2, HSDP and FSDP2 x tensor parallel at world size 4, each cell once per value of axis
 `variant` (tests/suites/parallel_variants.py: the reference, a clip by this rank's shards' norm, an
 FSDP reduction in bf16 under the declared fp32), so one rank pool per world size serves them all.
+One more cell compiles its blocks (aot_eager, FSDP2 at world size 2, the reference): the single-process
+reference must be named as built, before `parallelize` compiles it and its names gain `_orig_mod.`.
 """
 
 from __future__ import annotations
@@ -29,6 +31,10 @@ CELL_KINDS = ("ws2-fsdp1-flat", "ws2-fsdp2-flat", "ws4-fsdp2-hsdp", "ws4-fsdp2-f
 TENSOR_PARALLEL = "ws4-fsdp2-fsdp_tp"
 COMPARED_FOR_THE_RECORD = {GRADIENTS}
 """What a tensor-parallel cell skips: its backward sums in another order, and no bound follows."""
+TWO_SHARDS_EXACT = "bit for bit (at most two terms, no cast)"
+EAGER = "none"
+COMPILED = "ws2-fsdp2-flat-sdpa-adamw-reference-aot_eager"
+"""The compiled parallel cell: its blocks and its single-process reference's, compiled alike."""
 
 # variant -> per test that must fail in every cell where it runs, a text its failure must contain
 MUTANTS = {
@@ -55,11 +61,15 @@ def run(tmp_path_factory):
             "attn": ["sdpa"],
             "optimizer": ["adamw"],
             "variant": ["reference", *MUTANTS],
+            "compile": [EAGER, "aot_eager"],
         },
         exclude=[
             {"mesh": "flat", "world_size": 4},
             {"mesh": ["hsdp", "fsdp_tp"], "world_size": 2},
             {"mesh": ["hsdp", "fsdp_tp"], "fsdp": "fsdp1"},
+            {"compile": "aot_eager", "world_size": 4},
+            {"compile": "aot_eager", "fsdp": "fsdp1"},
+            {"compile": "aot_eager", "variant": list(MUTANTS)},
         ],
         suites={"parallel_equivalence": {"path": None, "timeout": 300}},
         components={
@@ -76,18 +86,23 @@ def run(tmp_path_factory):
 
 
 def cells_of(outcomes: dict, variant: str) -> dict[str, dict[str, str]]:
-    """The variant's cells by cell kind (ws2-fsdp1-flat, ...), each test -> outcome."""
+    """The variant's eager cells by cell kind (ws2-fsdp1-flat, ...), each test -> outcome."""
     found = {
-        cell.removesuffix(f"-sdpa-adamw-{variant}"): tests
+        cell.removesuffix(f"-sdpa-adamw-{variant}-{EAGER}"): tests
         for cell, tests in outcomes.items()
-        if cell.endswith(f"-{variant}")
+        if cell.endswith(f"-{variant}-{EAGER}")
     }
     assert set(found) == set(CELL_KINDS), sorted(outcomes)
     return found
 
 
-def properties(junit: JUnitXml, cell_kind: str) -> dict[str, str]:
-    suite = next(suite for suite in junit if f"{cell_kind}-sdpa-adamw-reference" in suite.name)
+def reference(cell_kind: str) -> str:
+    """The id of the cell kind's eager cell on the reference stack."""
+    return f"{cell_kind}-sdpa-adamw-reference-{EAGER}"
+
+
+def properties(junit: JUnitXml, cell: str) -> dict[str, str]:
+    suite = next(suite for suite in junit if cell in suite.name)
     return {prop.name.rpartition("::")[2]: prop.value for prop in suite.properties()}
 
 
@@ -105,14 +120,14 @@ def test_reference_records_the_derived_tolerance(run):
     """Two shards reduce bit for bit; four carry the gamma bound, and the measured difference stays under
     it, as the tensor-parallel loss does under its first-order bound and every norm under the norm bound."""
     junit = run[3]
-    assert properties(junit, "ws2-fsdp2-flat")["precision"].endswith("bit for bit (at most two terms, no cast)")
-    assert properties(junit, "ws2-fsdp1-flat")["grad_max_ulp"] == "0"
-    hsdp = properties(junit, "ws4-fsdp2-hsdp")
+    assert properties(junit, reference("ws2-fsdp2-flat"))["precision"].endswith(TWO_SHARDS_EXACT)
+    assert properties(junit, reference("ws2-fsdp1-flat"))["grad_max_ulp"] == "0"
+    hsdp = properties(junit, reference("ws4-fsdp2-hsdp"))
     assert "gamma_3" in hsdp["precision"], hsdp
     assert 0 < float(hsdp["grad_max_ratio"]) <= 1, hsdp
-    assert 0 < float(properties(junit, TENSOR_PARALLEL)["loss_max_ratio"]) <= 1
+    assert 0 < float(properties(junit, reference(TENSOR_PARALLEL))["loss_max_ratio"]) <= 1
     for kind in CELL_KINDS:
-        recorded = properties(junit, kind)
+        recorded = properties(junit, reference(kind))
         assert float(recorded["norm_max_rel"]) <= float(recorded["norm_tolerance_rel"]), recorded
         assert recorded["clipped_steps"].startswith("[0"), recorded
 
@@ -121,7 +136,7 @@ def test_reference_records_the_derived_tolerance(run):
 def test_suite_catches_mutant_in_every_cell(run, variant):
     done, outcomes, failures, _ = run
     for kind, tests in cells_of(outcomes, variant).items():
-        cell = f"{kind}-sdpa-adamw-{variant}"
+        cell = f"{kind}-sdpa-adamw-{variant}-{EAGER}"
         skipped = COMPARED_FOR_THE_RECORD if kind == TENSOR_PARALLEL else set()
         must_fail = {test: text for test, text in MUTANTS[variant].items() if test not in skipped}
         assert must_fail, f"{variant} in {kind}: no test left to catch it"
@@ -134,3 +149,13 @@ def test_suite_catches_mutant_in_every_cell(run, variant):
         assert set(others.values()) <= {"passed", "skipped"}, (
             f"{variant} is caught elsewhere too in {kind}: {others}\n{failures.get(cell)}"
         )
+
+
+def test_compiled_cell_matches_its_compiled_reference(run):
+    """A cell whose blocks `parallelize` compiles is compared parameter by parameter with a reference
+    compiled alike, as exactly as its eager twin: the reference's names are taken as built (named after
+    compiling, every one carried `_orig_mod.` and none matched the cell's)."""
+    _, outcomes, failures, junit = run
+    tests = outcomes[COMPILED]
+    assert tests == dict.fromkeys(EVERY_TEST, "passed"), f"{tests}\n{failures.get(COMPILED)}"
+    assert properties(junit, COMPILED)["precision"].endswith(TWO_SHARDS_EXACT)

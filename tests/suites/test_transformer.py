@@ -7,8 +7,8 @@ import torch
 
 from torchmatrix.models.parallel import parallelize
 from torchmatrix.models.transformer import (
-    COMPILED_LAYERS_PER_STACK,
     LAYERS_PER_STACK,
+    SHALLOW_LAYERS_PER_STACK,
     DecoderConfig,
     KVCache,
     build_model,
@@ -49,16 +49,20 @@ def test_prefix_layers_fill_one_cache_entry_each():
     ("cell", "depth"),
     [
         ({}, LAYERS_PER_STACK),
-        ({"compile": "none", "optimizer_impl": "fused"}, LAYERS_PER_STACK),
-        ({"compile": "aot_eager"}, COMPILED_LAYERS_PER_STACK),
-        ({"compile": "inductor", "optimizer_impl": "fused"}, COMPILED_LAYERS_PER_STACK),
-        ({"compile": "none", "optimizer_impl": "compiled"}, COMPILED_LAYERS_PER_STACK),
+        ({"compile": "none", "optimizer_impl": "default"}, LAYERS_PER_STACK),
+        ({"compile": "none", "optimizer_impl": "fused"}, SHALLOW_LAYERS_PER_STACK),
+        ({"compile": "aot_eager"}, SHALLOW_LAYERS_PER_STACK),
+        ({"compile": "inductor", "optimizer_impl": "fused"}, SHALLOW_LAYERS_PER_STACK),
+        ({"compile": "none", "optimizer_impl": "compiled"}, SHALLOW_LAYERS_PER_STACK),
+        ({"world_size": 4, "mesh": "flat"}, LAYERS_PER_STACK),
+        ({"world_size": 4, "mesh": "hsdp"}, SHALLOW_LAYERS_PER_STACK),
+        ({"world_size": 4, "mesh": "fsdp_tp"}, SHALLOW_LAYERS_PER_STACK),
     ],
 )
-def test_a_cell_that_compiles_builds_the_shallower_decoder(cell, depth):
+def test_a_cell_that_compiles_steps_an_implementation_or_shards_2d_builds_the_shallower_decoder(cell, depth):
     model = build_model({"attn": "sdpa", "fsdp": "none", **cell})
     assert len(model.prefix_layers) == len(model.expert_layers) == model.config.layers_per_stack == depth
-    assert COMPILED_LAYERS_PER_STACK < LAYERS_PER_STACK
+    assert SHALLOW_LAYERS_PER_STACK < LAYERS_PER_STACK
 
 
 def test_checkpointing_reruns_each_layer_body_once_in_backward():
