@@ -65,7 +65,7 @@ class JsonRecord:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]):
-        return from_json(cls, {key: value for key, value in data.items() if key not in cls.json_header})
+        return from_json(cls, data)
 
 
 def to_json(record: Any) -> dict:
@@ -108,7 +108,7 @@ def from_json(cls: type, data: Mapping[str, Any], *, forgiving: bool = False) ->
         raise TypeError(f"{cls.__name__} is read from a JSON object, not {data!r}")
     hints = _hints(cls)
     values: dict[str, Any] = {}
-    known: set[str] = set()
+    known: set[str] = set(getattr(cls, "json_header", ()))
     for field in dataclasses.fields(cls):
         form = field.metadata.get(METADATA_KEY, PLAIN)
         key = form.key or field.name
@@ -141,6 +141,10 @@ def typed(hint: Any, value: Any) -> Any:
         if value is None and type(None) in args:
             return None
         return typed(next(arg for arg in args if arg is not type(None)), value)
+    if origin in (tuple, list) and not isinstance(value, (list, tuple)):
+        raise TypeError(f"{value!r} is not a JSON array")
+    if origin is dict and not isinstance(value, Mapping):
+        raise TypeError(f"{value!r} is not a JSON object")
     if origin is tuple and args and args[-1] is Ellipsis:
         return tuple(typed(args[0], item) for item in value)
     if origin is tuple:
