@@ -9,6 +9,8 @@ and read, so the writer and the reader agree by construction.
   that is neither (a `Cell`, a `Path`) is built from the value; a null where the hint allows none
   reads as the field's default.
 - Where a key or a value differs, the field declares it: `field(metadata=json_field(...))`.
+- A versioned format's key (`{"format_version": 2}`) leads the object (`JsonRecord.json_header`)
+  and is skipped when read: the file's reader checks it, with what to do.
 - A class whose JSON keeps another shape writes and reads it with its own `to_json`/`from_json`.
 """
 

@@ -12,7 +12,6 @@ import sys
 from dataclasses import dataclass, field, replace
 
 from torchmatrix import json_records
-from torchmatrix.json_records import json_field
 
 PROBE = """
 import json
@@ -57,7 +56,7 @@ class Environment:
     gpu_count: int = 0
     gpu_name: str = field(
         default="",
-        metadata=json_field(
+        metadata=json_records.json_field(
             then={
                 "device": lambda environment: environment.description,
                 "device_type": lambda environment: environment.device_type,
@@ -65,11 +64,11 @@ class Environment:
             }
         ),
     )
-    python: str = field(default="", metadata=json_field(omit_empty=True))
+    python: str = field(default="", metadata=json_records.json_field(omit_empty=True))
     """The interpreter that runs the cells; "" where they cannot run here."""
-    no_torch: str = field(default="", metadata=json_field(omit_empty=True))
+    no_torch: str = field(default="", metadata=json_records.json_field(omit_empty=True))
     """How reports name the device of an environment without a usable torch (`none (torch did not install)`)."""
-    release: str = field(default="", metadata=json_field(omit_empty=True))
+    release: str = field(default="", metadata=json_records.json_field(omit_empty=True))
     """The torch distribution pip installed (its metadata's version; "" for a torch not installed by pip)."""
 
     @classmethod
