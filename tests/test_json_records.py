@@ -15,8 +15,13 @@ import pytest
 
 import torchmatrix
 from torchmatrix import json_records
+from torchmatrix.env.devices import Environment
 from torchmatrix.json_records import JsonRecord, json_field
 from torchmatrix.matrix.cells import Cell
+from torchmatrix.messages import events
+from torchmatrix.messages.grant import Grant
+from torchmatrix.messages.group_plan import GroupPlan, SuiteSpec
+from torchmatrix.messages.run_plan import PlannedSuite, RunPlan
 
 
 class Colour(str, Enum):
@@ -175,3 +180,86 @@ def test_a_record_whose_hint_names_a_type_imported_only_for_checkers_is_reported
     assert unresolved_hints([Broken]) == [
         "test_a_record_whose_hint_names_a_type_imported_only_for_checkers_is_reported.<locals>.Broken: name 'NotImportedHere' is not defined"
     ]
+
+
+ENVIRONMENT_JSON = (
+    '{"torch": "2.13.0+cpu", "git_version": "", "cuda_version": null, "gpu_count": 0, "gpu_name": "", '
+    '"device": "cpu (ranks simulated as processes, gloo)", "device_type": "cpu", "backend": "gloo", '
+    '"python": "/usr/bin/python3"}'
+)
+# What the hand-written writers wrote before the forms were derived (their bytes, key order included).
+CONTRACTS = {
+    "grant": '{"gpus": [], "cores": [0, 1], "threads_per_rank": 2, "nice": 19}',
+    "plan.json": (
+        f'{{"format_version": 1, "torch": "2.13.0", "cells": ["ws2-fsdp2"], "environment": {ENVIRONMENT_JSON}, '
+        '"started": null, "matrix": null, "matrix_sha256": null, "only": {}, "keyword": null, "shard": null, '
+        '"cell_axes": [{"world_size": 2, "fsdp": "fsdp2"}], "suites": {"resume": {"path": "suites/test_resume.py", '
+        '"timeout": 300.0, "axes": ["fsdp"]}}, "pool_starts": 0, "finished": false, "missing": [], "merged_from": [], '
+        '"load_average": {}}'
+    ),
+    "group plan": (
+        f'{{"format_version": 2, "torch": "2.13.0", "world_size": 2, "device": {ENVIRONMENT_JSON}, "events": "e.jsonl", '
+        '"gate": null, "launched": false, "components": {}, "optional": {"model": {"device": ["cpu"], "torch": []}}, '
+        '"suites": {"resume": {"path": "suites/test_resume.py", "timeout": 300.0, "options": {}}}, '
+        '"runs": [{"suite": "resume", "cell": {"world_size": 2, "fsdp": "fsdp2"}}], "output_cap": 1024, '
+        '"only_tests": {"k": ["t"]}, "known_failures": {"k": [["g", "r"]]}}'
+    ),
+    "event": (
+        '{"event": "test", "suite": "s", "test": "t", "status": "failed", "duration": 1.5, "message": "", "text": "", '
+        '"properties": [], "stdout": "", "stderr": "", "confirmation": "", "confirmation_note": "", "nodeid": "n", '
+        '"cell": "c"}'
+    ),
+}
+
+
+def contract_records() -> dict:
+    environment = Environment(torch="2.13.0+cpu", python="/usr/bin/python3")
+    cell = Cell({"world_size": 2, "fsdp": "fsdp2"})
+    return {
+        "grant": Grant.for_group(2, 4, cores=[0, 1], nice=19),
+        "plan.json": RunPlan(
+            "2.13.0",
+            ("ws2-fsdp2",),
+            environment.to_json(),
+            cell_axes=(dict(cell),),
+            suites={"resume": PlannedSuite("suites/test_resume.py", 300.0, ("fsdp",))},
+        ),
+        "group plan": GroupPlan(
+            "2.13.0",
+            2,
+            environment,
+            "e.jsonl",
+            None,
+            False,
+            {},
+            {"model": {"device": ["cpu"], "torch": []}},
+            {"resume": SuiteSpec("suites/test_resume.py", 300.0, {})},
+            (("resume", cell),),
+            1024,
+            {"k": ("t",)},
+            {"k": (("g", "r"),)},
+        ),
+        "event": events.TestFinished("s", "t", "failed", 1.5, nodeid="n", cell="c"),
+    }
+
+
+def written(name: str, record) -> str:
+    return json.dumps(events.to_json(record) if name == "event" else record.to_json())
+
+
+def test_the_contract_files_keep_the_bytes_their_hand_written_writers_wrote():
+    records = contract_records()
+    assert {name: written(name, record) for name, record in records.items()} == CONTRACTS
+    assert GroupPlan.from_json(json.loads(CONTRACTS["group plan"])) == records["group plan"]
+    assert RunPlan.from_json(json.loads(CONTRACTS["plan.json"])) == records["plan.json"]
+
+
+def test_a_field_moved_in_its_class_is_caught_by_the_pinned_bytes():
+    @dataclass(frozen=True)
+    class Reordered(JsonRecord):  # Grant with its fields in another order: the same data, other bytes
+        cores: tuple[int, ...] = ()
+        gpus: tuple[int, ...] = ()
+        threads_per_rank: int = 1
+        nice: int = 0
+
+    assert json.dumps(Reordered((0, 1), (), 2, 19).to_json()) != CONTRACTS["grant"]
