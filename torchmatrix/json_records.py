@@ -73,25 +73,27 @@ class JsonRecord:
 def to_json(record: Any) -> dict:
     """The JSON object of a dataclass instance, field by field in their order."""
     data: dict[str, Any] = {}
-    for field in dataclasses.fields(record):
-        form = field.metadata.get(METADATA_KEY, PLAIN)
-        value = getattr(record, field.name)
+    for name, key, form in _writers(type(record)):
+        value = getattr(record, name)
         if form.inline:
             data.update(to_json(value))
         elif value or not form.omit_empty:
-            data[form.key or field.name] = form.dump(value) if form.dump else plain(value)
-        data.update({key: plain(compute(record)) for key, compute in form.then.items()})
+            data[key] = form.dump(value) if form.dump else plain(value)
+        for computed, compute in form.then.items():
+            data[computed] = plain(compute(record))
     return data
 
 
 def plain(value: Any) -> Any:
     """`value` as JSON's types: records as objects, tuples as lists, enums as their values, paths as text."""
+    if type(value) in _SCALARS:
+        return value
+    if isinstance(value, Enum):
+        return value.value
     if hasattr(value, "to_json"):
         return value.to_json()
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return to_json(value)
-    if isinstance(value, Enum):
-        return value.value
     if isinstance(value, PurePath):
         return str(value)
     if isinstance(value, Mapping):
@@ -108,36 +110,66 @@ def from_json(cls: type, data: Mapping[str, Any], *, forgiving: bool = False) ->
     another machine or version)."""
     if not isinstance(data, Mapping):
         raise TypeError(f"{cls.__name__} is read from a JSON object, not {data!r}")
-    hints = _hints(cls)
     values: dict[str, Any] = {}
-    known: set[str] = set(getattr(cls, "json_header", ()))
-    for field in dataclasses.fields(cls):
-        form = field.metadata.get(METADATA_KEY, PLAIN)
-        key = form.key or field.name
-        known.update(form.then)
-        if form.inline:
-            nested = {
-                sub.metadata.get(METADATA_KEY, PLAIN).key or sub.name for sub in dataclasses.fields(hints[field.name])
-            }
-            known.update(nested)
-            values[field.name] = from_json(hints[field.name], {k: v for k, v in data.items() if k in nested})
+    for read in _readers(cls):
+        if read.inline:
+            values[read.name] = from_json(read.hint, {key: data[key] for key in _keys(read.hint) if key in data})
             continue
-        known.add(key)
-        if not field.init or key not in data:
+        if read.key not in data:
             continue
-        value = data[key]
-        if value is None and _has_default(field) and not _allows_none(hints[field.name]):
+        value = data[read.key]
+        if (value is None and read.none_is_default) or (forgiving and not _fits(read.hint, value)):
             continue
-        if forgiving and not _fits(hints[field.name], value):
-            continue
-        values[field.name] = form.load(value) if form.load else typed(hints[field.name], value)
+        values[read.name] = read.load(value) if read.load else typed(read.hint, value)
     if not (forgiving or getattr(cls, "ignores_unknown_keys", False)):
+        known = _keys(cls)
         values.update({key: value for key, value in data.items() if key not in known})  # the constructor refuses them
     return cls(**values)
 
 
+class _Reader(typing.NamedTuple):
+    """How one init field of a record is read: from which key, as which hint."""
+
+    name: str
+    key: str
+    hint: Any
+    load: Callable[[Any], Any] | None
+    none_is_default: bool
+    inline: bool
+
+
+@functools.cache
+def _readers(cls: type) -> tuple[_Reader, ...]:
+    """The readers of `cls`'s fields, made once per class (event logs are read line by line, often)."""
+    hints = typing.get_type_hints(cls)
+    return tuple(
+        _Reader(
+            field.name,
+            form.key or field.name,
+            hints[field.name],
+            form.load,
+            _has_default(field) and not _allows_none(hints[field.name]),
+            form.inline,
+        )
+        for field, form in _forms(cls)
+        if field.init
+    )
+
+
+@functools.cache
+def _keys(cls: type) -> frozenset[str]:
+    """Every key `cls`'s JSON may hold: its header, its fields', those it computes and those of inlined records."""
+    keys = set(getattr(cls, "json_header", ()))
+    for field, form in _forms(cls):
+        keys.update(form.then)
+        keys.update(_keys(typing.get_type_hints(cls)[field.name]) if form.inline else {form.key or field.name})
+    return frozenset(keys)
+
+
 def typed(hint: Any, value: Any) -> Any:
     """A JSON value as the type `hint` names (see the module docstring for what each kind becomes)."""
+    if hint in _AS_READ:
+        return value
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
@@ -157,7 +189,7 @@ def typed(hint: Any, value: Any) -> Any:
         return [typed(args[0], item) for item in value]
     if origin is dict:
         return {key: typed(args[1], item) for key, item in value.items()}
-    if origin is not None or hint in (Any, str, int, float, bool, dict, list, tuple) or _is_enum(hint):
+    if origin is not None or _is_enum(hint):
         return value
     if hasattr(hint, "from_json"):
         return hint.from_json(value)
@@ -166,9 +198,21 @@ def typed(hint: Any, value: Any) -> Any:
     return hint(value)
 
 
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+_AS_READ = frozenset({Any, str, int, float, bool, dict, list, tuple})
+"""Hints whose JSON value is the value itself (a bare `dict` holds whatever the writer put in it)."""
+
+
 @functools.cache
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
+def _writers(cls: type) -> tuple[tuple[str, str, JsonField], ...]:
+    """(field name, JSON key, form) of each field of `cls`, made once per class."""
+    return tuple((field.name, form.key or field.name, form) for field, form in _forms(cls))
+
+
+@functools.cache
+def _forms(cls: type) -> tuple[tuple[dataclasses.Field, JsonField], ...]:
+    """Each field of dataclass `cls` with its declared form (computed once per class: event logs are read often)."""
+    return tuple((field, field.metadata.get(METADATA_KEY, PLAIN)) for field in dataclasses.fields(cls))
 
 
 def _has_default(field: dataclasses.Field) -> bool:
