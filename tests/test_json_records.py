@@ -104,6 +104,8 @@ def test_an_unknown_or_missing_key_and_a_wrong_shape_are_refused_as_the_construc
     written = OUTER.to_json()
     with pytest.raises(TypeError, match="devices_typo"):
         Outer.from_json({**written, "devices_typo": []})
+    with pytest.raises(TypeError, match="Outer has no key 'devices'"):
+        Outer.from_json({**written, "devices": ["cpu"]})
     with pytest.raises(TypeError, match="'inner'"):
         Outer.from_json({key: value for key, value in written.items() if key != "inner"})
     with pytest.raises(ValueError, match="is not 2 values"):

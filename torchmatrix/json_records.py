@@ -122,8 +122,11 @@ def from_json(cls: type, data: Mapping[str, Any], *, forgiving: bool = False) ->
             continue
         values[read.name] = read.load(value) if read.load else typed(read.hint, value)
     if not (forgiving or getattr(cls, "ignores_unknown_keys", False)):
-        known = _keys(cls)
-        values.update({key: value for key, value in data.items() if key not in known})  # the constructor refuses them
+        unknown = {key: value for key, value in data.items() if key not in _keys(cls)}
+        renamed = sorted(unknown.keys() & {read.name for read in _readers(cls)})
+        if renamed:  # a field's name where its JSON key differs: the constructor would take it
+            raise TypeError(f"{cls.__name__} has no key {renamed[0]!r}")
+        values.update(unknown)  # the constructor refuses them, naming the first
     return cls(**values)
 
 
