@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from torchmatrix import file_writes
-from torchmatrix.json_records import JsonRecord
+from torchmatrix.json_records import JsonRecord, json_field
 from torchmatrix.matrix.safe_names import UnsafeName, check_name
 from torchmatrix.user_error import UserError
 
@@ -28,8 +28,8 @@ class PlannedSuite(JsonRecord):
 
     ignores_unknown_keys = True
 
-    path: str
-    timeout: float
+    path: str = field(metadata=json_field(load=str))
+    timeout: float = field(metadata=json_field(load=float))  # read as a number, or the plan is refused
     axes: tuple[str, ...] = ()
 
 
