@@ -27,13 +27,15 @@ LAYERS = [
     "top",
 ]
 PACKAGE = Path(torchmatrix.__file__).parent
-# The first layer, "status": the outcome and exit-code vocabulary, the user-error base and the file writer every layer uses.
+# The first layer, "status": the outcome and exit-code vocabulary, the user-error base, the file writer and the
+# dataclass <-> JSON forms every layer uses.
 FOUNDATION = {
     "torchmatrix",
     "torchmatrix.status",
     "torchmatrix.exit_codes",
     "torchmatrix.user_error",
     "torchmatrix.file_writes",
+    "torchmatrix.json_records",
 }
 
 

@@ -35,7 +35,7 @@ def test_a_rebuilt_cell_is_stamped_when_its_tests_started_not_when_it_was_rebuil
         RunPlan(
             torch="system",
             cells=tuple(cell.id for cell in cells),
-            cell_axes=tuple(cell.to_json() for cell in cells),
+            cell_axes=tuple(dict(cell) for cell in cells),
             suites={name: PlannedSuite(s.path, s.timeout, tuple(s.axes)) for name, s in matrix.suites.items()},
         ),
     )

@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> ExitCode:
                 {
                     "versions": list(matrix.versions),
                     "baseline": matrix.baseline,
-                    "cells": [{"id": c.id, **c.to_json()} for c in cells],
+                    "cells": [{"id": c.id, **dict(c)} for c in cells],
                 },
                 indent=2,
             )

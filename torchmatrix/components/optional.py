@@ -9,27 +9,22 @@ component, phrase both verdicts here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from torchmatrix.json_records import JsonRecord, json_field
 
 DEVICE_TYPES = ("cpu", "cuda")
 
 
 @dataclass(frozen=True)
-class OptionalWhere:
+class OptionalWhere(JsonRecord):
     """Where a component may lack its packages: on these device types and torch versions (empty: any)."""
 
-    devices: tuple[str, ...] = ()
+    devices: tuple[str, ...] = field(default=(), metadata=json_field(key="device"))
     torch: tuple[str, ...] = ()
 
     def applies(self, device_type: str, torch_version: str) -> bool:
         return (not self.devices or device_type in self.devices) and (not self.torch or torch_version in self.torch)
-
-    def to_json(self) -> dict:
-        return {"device": list(self.devices), "torch": list(self.torch)}
-
-    @classmethod
-    def from_json(cls, data: dict) -> OptionalWhere:
-        return cls(tuple(data["device"]), tuple(data["torch"]))
 
 
 def is_optional_here(optional: dict[str, OptionalWhere], key: str, device_type: str, torch_version: str) -> bool:

@@ -9,7 +9,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+
+from torchmatrix import json_records
 
 PROBE = """
 import json
@@ -52,12 +54,21 @@ class Environment:
     git_version: str = ""
     cuda_version: str | None = None
     gpu_count: int = 0
-    gpu_name: str = ""
-    python: str = ""
+    gpu_name: str = field(
+        default="",
+        metadata=json_records.json_field(
+            then={
+                "device": lambda environment: environment.description,
+                "device_type": lambda environment: environment.device_type,
+                "backend": lambda environment: environment.backend,
+            }
+        ),
+    )
+    python: str = field(default="", metadata=json_records.json_field(omit_empty=True))
     """The interpreter that runs the cells; "" where they cannot run here."""
-    no_torch: str = ""
+    no_torch: str = field(default="", metadata=json_records.json_field(omit_empty=True))
     """How reports name the device of an environment without a usable torch (`none (torch did not install)`)."""
-    release: str = ""
+    release: str = field(default="", metadata=json_records.json_field(omit_empty=True))
     """The torch distribution pip installed (its metadata's version; "" for a torch not installed by pip)."""
 
     @classmethod
@@ -103,18 +114,7 @@ class Environment:
     def to_json(self) -> dict:
         """What plans and reports record: the build, the device in words, how ranks connect, and the
         interpreter where cells run; only the device's words without a usable torch."""
-        if self.no_torch:
-            return {"device": self.no_torch}
-        probed = {
-            "torch": self.torch,
-            "git_version": self.git_version,
-            "cuda_version": self.cuda_version,
-            "gpu_count": self.gpu_count,
-            "gpu_name": self.gpu_name,
-        }
-        described = {"device": self.description, "device_type": self.device_type, "backend": self.backend}
-        optional = {key: value for key, value in (("python", self.python), ("release", self.release)) if value}
-        return {**probed, **described, **optional}
+        return {"device": self.no_torch} if self.no_torch else json_records.to_json(self)
 
     @classmethod
     def from_json(cls, data: dict) -> Environment:
@@ -124,20 +124,7 @@ class Environment:
         if not isinstance(data.get("torch"), str) or not data["torch"]:
             device = data.get("device")
             return cls.without_torch(device if isinstance(device, str) and device else "unknown")
-        gpu_count = data.get("gpu_count")
-        return cls(
-            torch=data["torch"],
-            git_version=_text(data.get("git_version")),
-            cuda_version=data.get("cuda_version") if isinstance(data.get("cuda_version"), str) else None,
-            gpu_count=gpu_count if isinstance(gpu_count, int) and not isinstance(gpu_count, bool) else 0,
-            gpu_name=_text(data.get("gpu_name")),
-            python=_text(data.get("python")),
-            release=_text(data.get("release")),
-        )
-
-
-def _text(value: object) -> str:
-    return value if isinstance(value, str) else ""
+        return json_records.from_json(cls, data, forgiving=True)
 
 
 def probe(python: str = sys.executable, timeout: float = 120.0) -> Environment:

@@ -83,9 +83,6 @@ class Cell(Mapping):
         """Ranks (GPUs) the cell needs; a cell without a world_size axis runs on one."""
         return int(self.get("world_size", 1))
 
-    def to_json(self) -> dict[str, Any]:
-        return dict(self._items)
-
 
 def matches_entry(entry: Mapping[str, Any], combination: Mapping[str, Any]) -> bool:
     """Partial match; a list in an entry ([[exclude]], [[known_failure]]) means any of its values."""

@@ -10,11 +10,11 @@ replays logs that an earlier runner (or another torchmatrix install) left behind
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from torchmatrix import file_writes
+from torchmatrix import file_writes, json_records
 from torchmatrix.matrix.plan import run_key
 from torchmatrix.status import Status
 
@@ -117,14 +117,15 @@ EVENT_TYPES = {cls.kind: cls for cls in (LogOpened, Collected, TestStarted, Test
 
 
 def to_json(event: Event) -> dict:
-    return {"event": event.kind, **asdict(event)}
+    """A log line's object: the event's kind, then its fields."""
+    return {"event": event.kind, **json_records.to_json(event)}
 
 
 def from_json(data: dict) -> Event:
     """The event a log line holds; a kind, field or format this torchmatrix does not write is refused."""
     try:
         cls = EVENT_TYPES[data["event"]]
-        event = cls(**{key: value for key, value in data.items() if key != "event"})
+        event = json_records.from_json(cls, {key: value for key, value in data.items() if key != "event"})
     except (KeyError, TypeError, ValueError) as error:
         raise EventLogError(f"not an event this torchmatrix writes ({error!r}): {json.dumps(data)[:200]}") from None
     if isinstance(event, LogOpened) and event.format_version != FORMAT_VERSION:

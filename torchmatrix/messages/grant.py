@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from torchmatrix import file_writes
+from torchmatrix.json_records import JsonRecord
 
 GATE_POLL_S = 0.05
 
 
 @dataclass(frozen=True)
-class Grant:
+class Grant(JsonRecord):
     """GPUs (none on CPU), the cores the group's ranks are pinned to (none: unpinned), the
     threads each rank may use, and the niceness its processes run at."""
 
@@ -31,13 +32,6 @@ class Grant:
     def for_group(cls, world_size: int, slots: int, *, gpus=(), cores=(), nice: int = 0) -> Grant:
         """A grant of `slots` cores' (or GPUs') worth of room to a group of `world_size` ranks."""
         return cls(tuple(gpus), tuple(cores), max(1, slots // world_size), nice)
-
-    def to_json(self) -> dict:
-        return {**asdict(self), "gpus": list(self.gpus), "cores": list(self.cores)}
-
-    @classmethod
-    def from_json(cls, data: dict) -> Grant:
-        return cls(tuple(data["gpus"]), tuple(data["cores"]), int(data["threads_per_rank"]), int(data["nice"]))
 
     def write(self, gate: Path) -> None:
         """Open the gate: write the grant atomically, so the waiting process never reads half of it."""

@@ -7,11 +7,12 @@ both use this one definition; a plan of another format version is refused with w
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from torchmatrix import file_writes
 from torchmatrix.env.devices import Environment
+from torchmatrix.json_records import JsonRecord, json_field
 from torchmatrix.matrix.cells import Cell
 
 FORMAT_VERSION = 2
@@ -22,7 +23,7 @@ class GroupPlanError(ValueError):
 
 
 @dataclass(frozen=True)
-class SuiteSpec:
+class SuiteSpec(JsonRecord):
     """What a process needs to know of a suite: where its tests are, their deadline, its options."""
 
     path: str
@@ -30,8 +31,16 @@ class SuiteSpec:
     options: dict
 
 
+def _runs_json(runs: tuple[tuple[str, Cell], ...]) -> list[dict]:
+    return [{"suite": suite, "cell": dict(cell)} for suite, cell in runs]
+
+
+def _runs_read(runs: list[dict]) -> tuple[tuple[str, Cell], ...]:
+    return tuple((run["suite"], Cell(run["cell"])) for run in runs)
+
+
 @dataclass(frozen=True)
-class GroupPlan:
+class GroupPlan(JsonRecord):
     """One group's share of the matrix: its world size, suites, the (suite, cell) runs in order,
     and where its events, gate and ranks come from.
 
@@ -42,6 +51,8 @@ class GroupPlan:
     `known_failures` maps a run key to the (test glob, reason) pairs of `[[known_failure]]` covering it.
     """
 
+    json_header = {"format_version": FORMAT_VERSION}
+
     torch: str
     world_size: int
     device: Environment
@@ -51,7 +62,7 @@ class GroupPlan:
     components: dict
     optional: dict
     suites: dict[str, SuiteSpec]
-    runs: tuple[tuple[str, Cell], ...]
+    runs: tuple[tuple[str, Cell], ...] = field(metadata=json_field(dump=_runs_json, load=_runs_read))
     output_cap: int
     only_tests: dict[str, tuple[str, ...]]
     known_failures: dict[str, tuple[tuple[str, str], ...]]
@@ -65,50 +76,6 @@ class GroupPlan:
     def deadline(self) -> float:
         """The longest per-test deadline of the group's suites (the process group's timeout derives from it)."""
         return max(spec.timeout for spec in self.suites.values())
-
-    def to_json(self) -> dict:
-        return {
-            "format_version": FORMAT_VERSION,
-            "torch": self.torch,
-            "world_size": self.world_size,
-            "device": self.device.to_json(),
-            "events": self.events,
-            "gate": self.gate,
-            "launched": self.launched,
-            "components": self.components,
-            "optional": self.optional,
-            "suites": {
-                name: {"path": s.path, "timeout": s.timeout, "options": s.options} for name, s in self.suites.items()
-            },
-            "runs": [{"suite": suite, "cell": cell.to_json()} for suite, cell in self.runs],
-            "output_cap": self.output_cap,
-            "only_tests": {key: list(names) for key, names in self.only_tests.items()},
-            "known_failures": {key: [list(pair) for pair in pairs] for key, pairs in self.known_failures.items()},
-        }
-
-    @classmethod
-    def from_json(cls, data: dict) -> GroupPlan:
-        return cls(
-            torch=data["torch"],
-            world_size=int(data["world_size"]),
-            device=Environment.from_json(dict(data["device"])),
-            events=data["events"],
-            gate=data["gate"],
-            launched=bool(data["launched"]),
-            components=dict(data["components"]),
-            optional=dict(data["optional"]),
-            suites={
-                name: SuiteSpec(spec["path"], float(spec["timeout"]), dict(spec["options"]))
-                for name, spec in data["suites"].items()
-            },
-            runs=tuple((run["suite"], Cell(run["cell"])) for run in data["runs"]),
-            output_cap=int(data["output_cap"]),
-            only_tests={key: tuple(names) for key, names in data["only_tests"].items()},
-            known_failures={
-                key: tuple((str(glob), str(reason)) for glob, reason in pairs)
-                for key, pairs in data["known_failures"].items()
-            },
-        )
 
     def write(self, path: Path) -> None:
         file_writes.write_text(path, json.dumps(self.to_json(), indent=2))

@@ -9,10 +9,11 @@ file outlives its run, so it carries a format version; files from before it coun
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from torchmatrix import file_writes
+from torchmatrix.json_records import JsonRecord, json_field
 from torchmatrix.matrix.safe_names import UnsafeName, check_name
 from torchmatrix.user_error import UserError
 
@@ -22,22 +23,27 @@ FORMAT_VERSION = 1
 
 
 @dataclass(frozen=True)
-class PlannedSuite:
+class PlannedSuite(JsonRecord):
     """A suite as planned: where its tests are, their deadline, and the axes its runs depend on."""
 
-    path: str
-    timeout: float
-    axes: tuple[str, ...]
+    ignores_unknown_keys = True
+
+    path: str = field(metadata=json_field(load=str))
+    timeout: float = field(metadata=json_field(load=float))  # read as a number, or the plan is refused
+    axes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
-class RunPlan:
+class RunPlan(JsonRecord):
     """One torch version's plan: its cells (ids and axis values), suites, filters and environment.
 
     A merged version (from shards) also names the cells no shard delivered (`missing`) and where
     each input came from (`merged_from`); `finished` is False while the runner is still going;
     `load_average` is the machine's 1-minute load while it ran (mean, max, samples, cores).
     """
+
+    json_header = {"format_version": FORMAT_VERSION}
+    ignores_unknown_keys = True  # the file outlives its run: a key a later torchmatrix adds is no error
 
     torch: str
     cells: tuple[str, ...] = ()
@@ -64,42 +70,6 @@ class RunPlan:
             for key, value in (("only", self.only), ("keyword", self.keyword), ("shard", self.shard))
             if value
         }
-
-    def to_json(self) -> dict:
-        data = asdict(self)
-        return {
-            "format_version": FORMAT_VERSION,
-            **data,
-            "cells": list(self.cells),
-            "cell_axes": list(self.cell_axes),
-            "suites": {name: {**asdict(suite), "axes": list(suite.axes)} for name, suite in self.suites.items()},
-            "missing": list(self.missing),
-            "merged_from": list(self.merged_from),
-        }
-
-    @classmethod
-    def from_json(cls, data: dict) -> RunPlan:
-        return cls(
-            torch=data["torch"],
-            cells=tuple(data.get("cells") or ()),
-            environment=dict(data.get("environment") or {}),
-            started=data.get("started"),
-            matrix=data.get("matrix"),
-            matrix_sha256=data.get("matrix_sha256"),
-            only={axis: list(values) for axis, values in (data.get("only") or {}).items()},
-            keyword=data.get("keyword"),
-            shard=data.get("shard"),
-            cell_axes=tuple(data.get("cell_axes") or ()),
-            suites={
-                name: PlannedSuite(str(spec["path"]), float(spec["timeout"]), tuple(spec.get("axes") or ()))
-                for name, spec in (data.get("suites") or {}).items()
-            },
-            pool_starts=int(data.get("pool_starts") or 0),
-            finished=bool(data.get("finished")),
-            missing=tuple(data.get("missing") or ()),
-            merged_from=tuple(data.get("merged_from") or ()),
-            load_average=dict(data.get("load_average") or {}),
-        )
 
 
 class PlanFileError(UserError, ValueError):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from torchmatrix.json_records import JsonRecord
 from torchmatrix.reports.records import VersionInfo
 
 LOCAL_TAG = re.compile(r"\+(cpu|cu(\d+)|rocm([\d.]+))\b")
@@ -33,7 +34,7 @@ def build_kind(version: VersionInfo) -> str:
 
 
 @dataclass(frozen=True)
-class BuildMismatch:
+class BuildMismatch(JsonRecord):
     """Baseline and candidate builds of different kinds, and where the run's ranks ran."""
 
     before: str
@@ -64,9 +65,6 @@ class BuildMismatch:
             "checkpoint load or optimizer state that is missing or not a DTensor, which are torch's own code. "
             "Compare builds of one CUDA version to tell the release from the toolkit."
         )
-
-    def to_json(self) -> dict:
-        return {"before": self.before, "after": self.after, "on_gpus": self.on_gpus}
 
 
 def build_mismatch(before: VersionInfo, after: VersionInfo) -> BuildMismatch | None:

@@ -15,6 +15,7 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from torchmatrix.json_records import JsonRecord, json_field
 from torchmatrix.messages.cross_version import READ_TEST, SUITE
 from torchmatrix.ranks.root_cause import group_key
 from torchmatrix.reports.records import RunResults, TestRecord
@@ -28,17 +29,30 @@ NO_WRITE = "not checked: torch {writer} wrote no checkpoint for this cell ({why}
 ROLLBACK, FORWARD = "rollback", "forward"
 
 
+def _listed(key: str, cells_by: dict[str, tuple[str, ...]]) -> list[dict]:
+    """`{cause: cells}` as results.json lists it: `[{key: cause, "cells": [...]}]`."""
+    return [{key: what, "cells": list(cells)} for what, cells in cells_by.items()]
+
+
 @dataclass(frozen=True)
-class Direction:
+class Direction(JsonRecord):
     """One direction of one baseline/candidate pair: which cells' checkpoints loaded exactly,
     which failed (by root cause) and which were not checked (by reason)."""
 
-    name: str
+    name: str = field(metadata=json_field(key="direction"))
     writer: str
-    reader: str
+    reader: str = field(
+        metadata=json_field(
+            then={"broken": lambda direction: direction.broken, "attributed_to": lambda direction: direction.candidate}
+        )
+    )
     passed: tuple[str, ...] = ()
-    failed: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    not_checked: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    failed: dict[str, tuple[str, ...]] = field(
+        default_factory=dict, metadata=json_field(dump=lambda failed: _listed("root_cause", failed))
+    )
+    not_checked: dict[str, tuple[str, ...]] = field(
+        default_factory=dict, metadata=json_field(dump=lambda not_checked: _listed("reason", not_checked))
+    )
 
     @property
     def broken(self) -> bool:
@@ -86,18 +100,6 @@ class Direction:
         if self.passed:
             return f"checkpoints written by {self.writer} load exactly under {self.reader} where checked"
         return f"not checked: no checkpoint written by {self.writer} was read by {self.reader}"
-
-    def to_json(self) -> dict:
-        return {
-            "direction": self.name,
-            "writer": self.writer,
-            "reader": self.reader,
-            "broken": self.broken,
-            "attributed_to": self.candidate,
-            "passed": list(self.passed),
-            "failed": [{"root_cause": cause, "cells": list(cells)} for cause, cells in self.failed.items()],
-            "not_checked": [{"reason": reason, "cells": list(cells)} for reason, cells in self.not_checked.items()],
-        }
 
 
 def checkpoint_directions(results: RunResults, baseline: str, candidate: str) -> list[Direction]:

@@ -7,6 +7,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
+from torchmatrix.json_records import JsonRecord, json_field
 from torchmatrix.matrix.config import ReportSettings
 from torchmatrix.messages.consequences import CONSEQUENCE_OF, causes_named, under_their_causes
 from torchmatrix.messages.cross_version import READ_TEST
@@ -22,8 +23,16 @@ class ResultsError(UserError):
     """A path that holds no readable run; the message says what to pass instead."""
 
 
+def _figures_json(figures: dict) -> dict:
+    return {name: _json_number(value) for name, value in figures.items()}
+
+
+def _figures_read(figures: dict) -> dict:
+    return {name: figure_value(value) for name, value in figures.items()}
+
+
 @dataclass(frozen=True)
-class TestRecord:
+class TestRecord(JsonRecord):
     """One test of one suite in one cell under one torch version, as its JUnit testcase reports it."""
 
     __test__ = False  # a record of a test, not a test class for pytest to collect
@@ -37,7 +46,9 @@ class TestRecord:
     message: str = ""
     text: str = ""
     ran_in: str | None = None
-    figures: dict = field(default_factory=dict, hash=False, compare=False)
+    figures: dict = field(
+        default_factory=dict, hash=False, compare=False, metadata=json_field(dump=_figures_json, load=_figures_read)
+    )
     confirmation: str = ""
     confirmation_note: str = ""
     """What the re-run alone showed (its status and message), or why the failure was not re-run."""
@@ -65,28 +76,6 @@ class TestRecord:
         if self.suite != CROSS_VERSION or not self.test.startswith(prefix) or not self.test.endswith("]"):
             return None
         return self.test[len(prefix) : -1]
-
-    def to_json(self) -> dict:
-        return {
-            "torch": self.torch,
-            "cell": self.cell,
-            "suite": self.suite,
-            "test": self.test,
-            "status": self.status.value,
-            "duration": self.duration,
-            "message": self.message,
-            "text": self.text,
-            "ran_in": self.ran_in,
-            "figures": {name: _json_number(value) for name, value in self.figures.items()},
-            "confirmation": self.confirmation,
-            "confirmation_note": self.confirmation_note,
-            "warnings": [dict(warning) for warning in self.warnings],
-        }
-
-    @classmethod
-    def from_json(cls, data: dict) -> TestRecord:
-        figures = {name: figure_value(value) for name, value in data.get("figures", {}).items()}
-        return cls(**{**data, "figures": figures, "warnings": tuple(data.get("warnings") or ())})
 
 
 @dataclass
@@ -135,7 +124,7 @@ class SkipReason:
 
 
 @dataclass(frozen=True)
-class VersionInfo:
+class VersionInfo(JsonRecord):
     """One torch version of the run: its exact build, the device it ran on, what was planned."""
 
     torch: str
@@ -149,27 +138,6 @@ class VersionInfo:
     filters: dict = field(default_factory=dict, hash=False, compare=False)
     pool_starts: int | None = None
     load_average: dict = field(default_factory=dict, hash=False, compare=False)
-
-    def to_json(self) -> dict:
-        return {
-            "torch": self.torch,
-            "build": self.build,
-            "git_version": self.git_version,
-            "cuda_version": self.cuda_version,
-            "device": self.device,
-            "gpu_count": self.gpu_count,
-            "planned_cells": list(self.planned_cells),
-            "missing_cells": list(self.missing_cells),
-            "filters": self.filters,
-            "pool_starts": self.pool_starts,
-            "load_average": self.load_average,
-        }
-
-    @classmethod
-    def from_json(cls, data: dict) -> VersionInfo:
-        return cls(
-            **{**data, "planned_cells": tuple(data["planned_cells"]), "missing_cells": tuple(data["missing_cells"])}
-        )
 
 
 @dataclass

@@ -23,6 +23,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from statistics import median
 
+from torchmatrix.json_records import JsonRecord, json_field
 from torchmatrix.matrix.config import ReportSettings
 from torchmatrix.ranks.per_test_usage import CPU_SECONDS
 from torchmatrix.reports.build_kinds import BuildMismatch, build_mismatch
@@ -46,6 +47,15 @@ SLOWDOWN_RULE = (
 
 class CompareError(UserError):
     """Two runs with nothing to compare; the message says which versions each has."""
+
+
+def _json_float(value: float) -> float | str:
+    """JSON has no NaN or infinity: those are written as the strings "nan", "inf", "-inf"."""
+    return value if math.isfinite(value) else str(value)
+
+
+def _round3(value: float) -> float:
+    return round(value, 3)
 
 
 @dataclass(frozen=True)
@@ -90,6 +100,7 @@ class Change:
         return self.failing.confirmation == Confirmation.FAILS_ALONE
 
     def to_json(self) -> dict:
+        """A view of both records, not a field dump: the test, where it ran, each side's status."""
         return {
             "suite": self.after.suite,
             "test": self.after.test,
@@ -103,15 +114,17 @@ class Change:
 
 
 @dataclass(frozen=True)
-class DriftGrowth:
+class DriftGrowth(JsonRecord):
     """A drift figure of one test that grew by more than the matrix's drift_ratio."""
 
     suite: str
     test: str
     cell: str
     figure: str
-    before: float
-    after: float
+    before: float = field(metadata=json_field(dump=_json_float))
+    after: float = field(
+        metadata=json_field(dump=_json_float, then={"ratio": lambda growth: _json_float(growth.ratio)})
+    )
 
     @property
     def ratio(self) -> float:
@@ -128,20 +141,9 @@ class DriftGrowth:
             return "was exactly 0"
         return f"{self.ratio:.1f}×"
 
-    def to_json(self) -> dict:
-        return {
-            "suite": self.suite,
-            "test": self.test,
-            "cell": self.cell,
-            "figure": self.figure,
-            "before": _json_float(self.before),
-            "after": _json_float(self.after),
-            "ratio": _json_float(self.ratio),
-        }
-
 
 @dataclass(frozen=True)
-class Slowdown:
+class Slowdown(JsonRecord):
     """A suite that got slower beyond noise (the rule is in the module docstring), in `measure`
     ("cpu" or "wall") seconds, with the wall seconds beside them."""
 
@@ -149,36 +151,26 @@ class Slowdown:
     before: float
     after: float
     tests: int
-    median_ratio: float
+    median_ratio: float = field(metadata=json_field(dump=_round3))
     measure: str = "wall"
     wall_before: float = 0.0
     wall_after: float = 0.0
 
-    def to_json(self) -> dict:
-        return {
-            "suite": self.suite,
-            "before": self.before,
-            "after": self.after,
-            "tests": self.tests,
-            "median_ratio": round(self.median_ratio, 3),
-            "measure": self.measure,
-            "wall_before": self.wall_before,
-            "wall_after": self.wall_after,
-        }
-
 
 @dataclass
-class UpgradeDiff:
+class UpgradeDiff(JsonRecord):
     """Baseline vs candidate: regressions, fixes, newly skipped tests (CPU-simulation limits among them), grown
     drift, slowdowns, warnings new, gone and changed, builds of different kinds, and within one run
     whether checkpoints cross the bump in each direction."""
 
     before: str
     after: str
-    settings: ReportSettings
+    settings: ReportSettings = field(metadata=json_field(inline=True))
     compared: int = 0
     only_before: int = 0
-    only_after: int = 0
+    only_after: int = field(
+        default=0, metadata=json_field(then={"regression_count": lambda diff: diff.regression_count})
+    )
     regressions: list[Change] = field(default_factory=list)
     fixes: list[Change] = field(default_factory=list)
     unconfirmed: list[Change] = field(default_factory=list)
@@ -186,7 +178,10 @@ class UpgradeDiff:
     drift: list[DriftGrowth] = field(default_factory=list)
     slowdowns: list[Slowdown] = field(default_factory=list)
     checkpoints: list[Direction] = field(default_factory=list)
-    load: tuple[dict, dict] = ({}, {})
+    load: tuple[dict, dict] = field(
+        default=({}, {}),
+        metadata=json_field(key="load_average", dump=lambda load: dict(zip(("before", "after"), load))),
+    )
     new_warnings: list[WarningGroup] = field(default_factory=list)
     gone_warnings: list[WarningGroup] = field(default_factory=list)
     changed_warnings: list[CountChange] = field(default_factory=list)
@@ -252,30 +247,6 @@ class UpgradeDiff:
     def clean(self) -> bool:
         """Nothing that fails it, and no newly skipped test either."""
         return not (self.fails or self.newly_skipped)
-
-    def to_json(self) -> dict:
-        return {
-            "before": self.before,
-            "after": self.after,
-            "drift_ratio": self.settings.drift_ratio,
-            "slowdown_ratio": self.settings.slowdown_ratio,
-            "compared": self.compared,
-            "only_before": self.only_before,
-            "only_after": self.only_after,
-            "regression_count": self.regression_count,
-            "regressions": [c.to_json() for c in self.regressions],
-            "fixes": [c.to_json() for c in self.fixes],
-            "unconfirmed": [c.to_json() for c in self.unconfirmed],
-            "newly_skipped": [c.to_json() for c in self.newly_skipped],
-            "drift": [d.to_json() for d in self.drift],
-            "slowdowns": [s.to_json() for s in self.slowdowns],
-            "checkpoints": [d.to_json() for d in self.checkpoints],
-            "load_average": {"before": self.load[0], "after": self.load[1]},
-            "new_warnings": [w.to_json() for w in self.new_warnings],
-            "gone_warnings": [w.to_json() for w in self.gone_warnings],
-            "changed_warnings": [w.to_json() for w in self.changed_warnings],
-            "builds": self.builds.to_json() if self.builds else None,
-        }
 
 
 def diff_records(
@@ -418,11 +389,3 @@ def _slowdowns(old: dict, new: dict, ratio: float) -> list[Slowdown]:
 def _cpu(record: TestRecord) -> float | None:
     value = record.figures.get(CPU_SECONDS)
     return value if isinstance(value, (int, float)) and math.isfinite(value) else None
-
-
-def _round3(value: float) -> float:
-    return round(value, 3)
-
-
-def _json_float(value: float) -> float | str:
-    return value if math.isfinite(value) else str(value)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
+from torchmatrix.json_records import JsonRecord
 from torchmatrix.reports.records import TestRecord
 
 DEPRECATIONS = ("DeprecationWarning", "FutureWarning", "PendingDeprecationWarning")
@@ -22,7 +23,7 @@ COUNT_FACTOR = 1.5
 
 
 @dataclass(frozen=True)
-class WarningGroup:
+class WarningGroup(JsonRecord):
     """One warning as a version raised it: how often, in which tests (suite::test) and cells."""
 
     category: str
@@ -35,16 +36,6 @@ class WarningGroup:
     @property
     def deprecation(self) -> bool:
         return self.category in DEPRECATIONS
-
-    def to_json(self) -> dict:
-        return {
-            "category": self.category,
-            "module": self.module,
-            "message": self.message,
-            "count": self.count,
-            "tests": list(self.tests),
-            "cells": list(self.cells),
-        }
 
 
 def warning_groups(records: list[TestRecord]) -> dict[tuple[str, str, str], WarningGroup]:
@@ -96,8 +87,11 @@ class CountChange:
         return self.per_test_after / self.per_test_before if self.per_test_before else float("inf")
 
     def to_json(self) -> dict:
+        """A view of both groups, not a field dump: the warning, then each side's count and tests."""
         return {
-            **{key: value for key, value in self.after.to_json().items() if key in ("category", "module", "message")},
+            "category": self.after.category,
+            "module": self.after.module,
+            "message": self.after.message,
             "count_before": self.before.count,
             "count_after": self.after.count,
             "tests_before": self.tests_before,

@@ -93,7 +93,7 @@ def _suite_files(results, record, info, reproducer, run_dir, python, config) -> 
         "test": record.test,
         "suite_file": suite_file,
         "cell_id": cell.id,
-        "cell": cell.to_json(),
+        "cell": dict(cell),
         "world_size": cell.world_size,
         "device": device,
         "timeout": suite.timeout,
@@ -105,7 +105,7 @@ def _suite_files(results, record, info, reproducer, run_dir, python, config) -> 
     return {
         SCRIPT_NAME: script_text(check, sources, record, info.build or record.torch),
         "command.txt": reproducer.command + "\n",
-        "cell.json": json.dumps({"id": cell.id, **cell.to_json()}, indent=2) + "\n",
+        "cell.json": json.dumps({"id": cell.id, **dict(cell)}, indent=2) + "\n",
         "collect_env.txt": collect_env,
         "README.md": readme(record, info, cell.id, reproducer.command, passing, collect_env),
     }

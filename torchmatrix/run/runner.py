@@ -576,7 +576,7 @@ def _write_plan(
             shard=str(request.cell_selection.shard) if request.cell_selection.shard else None,
             environment=environment.to_json(),
             cells=tuple(cell.id for cell in cells),
-            cell_axes=tuple(cell.to_json() for cell in cells),
+            cell_axes=tuple(dict(cell) for cell in cells),
             suites={
                 name: PlannedSuite(suite.path, suite.timeout, tuple(suite.axes))
                 for name, suite in request.matrix.suites.items()
