@@ -2,7 +2,8 @@
 each restores the codes (or the moments) but loses what they mean without, and the resume suite
 must fail on every one of them through the state adapter alone.
 
-Point `[components] checkpointer` at one of these (tests/suites/test_third_party_optim.py does).
+Point `[components] checkpointer` at one of these (tests/suites/test_third_party_optim.py does, per cell
+through tests/suites/resume_variants.py).
 """
 
 from __future__ import annotations

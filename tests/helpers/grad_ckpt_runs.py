@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from junitparser import JUnitXml
 
-from helpers.matrix_files import matrix_toml
+from helpers.matrix_files import include_table, matrix_toml
 from helpers.projects import Project
 
 REFERENCE = "torchmatrix.models.transformer:build_model"
@@ -81,12 +81,6 @@ def compiled_matrix(model: str, cells: list[str]) -> str:
         },
     )
     return matrix + "".join(include_table(entry) for entry in include)
-
-
-def include_table(entry: dict) -> str:
-    """One [[include]] table of matrix.toml with these values."""
-    values = "\n".join(f"{key} = {value!r}".replace("'", '"') for key, value in entry.items())
-    return f"\n\n[[include]]\n{values}\n"
 
 
 def compile_seconds(found: dict[str, str]) -> list[float]:

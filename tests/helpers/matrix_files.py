@@ -46,6 +46,12 @@ def matrix_toml(
     return "\n".join(lines)
 
 
+def include_table(entry: dict) -> str:
+    """One [[include]] table of matrix.toml with these values."""
+    values = "\n".join(f"{key} = {value!r}".replace("'", '"') for key, value in entry.items())
+    return f"\n\n[[include]]\n{values}\n"
+
+
 def write_matrix(root: Path, **sections) -> Path:
     """Write `matrix_toml(**sections)` to root/matrix.toml and return its path."""
     root.mkdir(parents=True, exist_ok=True)

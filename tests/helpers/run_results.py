@@ -44,11 +44,17 @@ def cell_failures(version_dir: Path) -> dict[str, dict[str, str]]:
 
 
 def run_suites(
-    root: Path, matrix_text: str, components_from: Path | None = None, *, tests: Sequence[str] = ()
+    root: Path,
+    matrix_text: str,
+    components_from: Path | None = None,
+    *,
+    tests: Sequence[str] = (),
+    timeout: float = 900,
 ) -> tuple[subprocess.CompletedProcess, dict[str, dict[str, str]]]:
     """Run this checkout's suites over `matrix_text` (a throwaway project at `root`, its components
     importable from `components_from` too) with `python -m torchmatrix run --torch system`, only
-    `tests` (`suite::test[params]`) where given; return the process and `cell_outcomes` of the run."""
+    `tests` (`suite::test[params]`) where given, within `timeout` seconds; return the process and
+    `cell_outcomes` of the run."""
     root.mkdir(parents=True, exist_ok=True)
     (root / "suites").symlink_to(REPO / "suites", target_is_directory=True)
     (root / "matrix.toml").write_text(matrix_text + PROJECT_IS_THIS_CHECKOUT)
@@ -61,6 +67,6 @@ def run_suites(
         env=checkout_env(components_from),
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=timeout,
     )
     return done, cell_outcomes(root / "reports" / "latest" / "torch-system")

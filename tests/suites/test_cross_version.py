@@ -2,8 +2,8 @@
 once, beside this one's, ~1 min and 5.5 GB the first time) each run the cross_version suite on the
 smallest cell, then `cross-read` has each load the other's writes.
 
-With the reference checkpointer both directions load exactly, also for a compiled cell (parameter
-names with `_orig_mod.`); before 2.14.1 has run, a read pass
+With the reference checkpointer both directions load exactly, in the eager cell and a compiled one
+(parameter names with `_orig_mod.`), both cells in one pair of runs; before 2.14.1 has run, a read pass
 reports 2.14.1's writes as missing (not checked, never passed); with a checkpointer that refuses a
 checkpoint another torch wrote, the rollback section names its root cause (the failed read confirmed
 alone, with its `reproduce:` command) and `compare` and `report --check-upgrade` exit 1.
@@ -33,6 +33,9 @@ pytestmark = pytest.mark.slow
 BASELINE, CANDIDATE = "2.13.0", "2.14.1"
 MUTANT = "torchmatrix.models.mutants.cross_version:VersionTaggedCheckpointer"
 CELL = {"world_size": [1], "fsdp": ["none"], "attn": ["sdpa"], "optimizer": ["adamw"]}
+# The reference's cells: the smallest, eager and with its blocks compiled.
+REFERENCE_CELLS = {**CELL, "compile": ["none", "aot_eager"]}
+EAGER, COMPILED = "ws1-none-sdpa-adamw-none", "ws1-none-sdpa-adamw-aot_eager"
 
 
 @pytest.fixture(scope="module")
@@ -103,19 +106,15 @@ def directions(results: Path) -> dict[str, dict]:
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, candidate_python) -> Path:
     root = tmp_path_factory.mktemp("reference")
-    return run_both(root / "p", REFERENCE_COMPONENTS["checkpointer"], candidate_python, read_between=True)
+    checkpointer = REFERENCE_COMPONENTS["checkpointer"]
+    return run_both(root / "p", checkpointer, candidate_python, read_between=True, cell=REFERENCE_CELLS)
 
 
 @pytest.fixture(scope="module")
 def mutant(tmp_path_factory, candidate_python) -> Path:
-    return run_both(tmp_path_factory.mktemp("mutant") / "p", MUTANT, candidate_python)
-
-
-@pytest.fixture(scope="module")
-def compiled(tmp_path_factory, candidate_python) -> Path:
-    cell = {**CELL, "compile": ["aot_eager"]}
+    """The reference's eager cell (`compare` pairs it with the reference's) with the mutant checkpointer."""
     return run_both(
-        tmp_path_factory.mktemp("compiled") / "p", REFERENCE_COMPONENTS["checkpointer"], candidate_python, cell=cell
+        tmp_path_factory.mktemp("mutant") / "p", MUTANT, candidate_python, cell={**CELL, "compile": ["none"]}
     )
 
 
@@ -124,7 +123,7 @@ def test_reference_checkpoints_load_exactly_both_ways(reference):
     assert done.returncode == 0, done.stdout + done.stderr
     found = directions(reference / "results.json")
     for name in ("rollback", "forward"):
-        assert found[name]["passed"] == ["ws1-none-sdpa-adamw"] and not found[name]["broken"], found[name]
+        assert sorted(found[name]["passed"]) == sorted([EAGER, COMPILED]) and not found[name]["broken"], found[name]
         assert not found[name]["not_checked"], found[name]
     assert (
         "✅ **rollback**: checkpoints written by 2.14.1 load exactly under 2.13.0"
@@ -132,24 +131,26 @@ def test_reference_checkpoints_load_exactly_both_ways(reference):
     )
 
 
-def test_a_compiled_models_checkpoint_loads_exactly_both_ways(compiled):
+def test_a_compiled_models_checkpoint_loads_exactly_both_ways(reference):
     """Its blocks are torch.compile modules (parameter names with `_orig_mod.`); the checkpoint written
-    by either version loads exactly under the other."""
-    done = torchmatrix(sys.executable, "report", str(compiled), "--check-upgrade")
+    by either version loads exactly under the other (the directions' passed cells name it, beside the
+    eager one: test_reference_checkpoints_load_exactly_both_ways), each write compiled."""
+    done = torchmatrix(sys.executable, "report", str(reference), "--check-upgrade")
     assert done.returncode == 0, done.stdout + done.stderr
-    found = directions(compiled / "results.json")
-    for name in ("rollback", "forward"):
-        assert found[name]["passed"] == ["ws1-none-sdpa-adamw-aot_eager"] and not found[name]["broken"], found[name]
-    writes = [
-        t for t in json.loads((compiled / "results.json").read_text())["tests"] if t["test"].startswith("test_writes")
-    ]
+    tests = json.loads((reference / "results.json").read_text())["tests"]
+    reads = [t for t in tests if t["cell"] == COMPILED and t["test"].startswith("test_loads_checkpoint_written_by")]
+    assert len(reads) == 2 and all(t["status"] == "passed" for t in reads), reads
+    writes = [t for t in tests if t["cell"] == COMPILED and t["test"].startswith("test_writes")]
     assert len(writes) == 2 and all(t["figures"].get("compile_seconds", 0) > 0 for t in writes), writes
 
 
 def test_missing_writes_are_not_checked_never_passed(reference, candidate_python, tmp_path):
     before = json.loads((reference.parent.parent / "before-candidate.json").read_text())["tests"]
-    (early,) = [t for t in before if t["test"] == f"test_loads_checkpoint_written_by[writer={CANDIDATE}]"]
-    assert early["status"] == "skipped" and early["message"].startswith("not checked: torch 2.14.1 wrote no checkpoint")
+    early = [t for t in before if t["test"] == f"test_loads_checkpoint_written_by[writer={CANDIDATE}]"]
+    assert sorted(t["cell"] for t in early) == sorted([EAGER, COMPILED]), early
+    for read in early:
+        assert read["status"] == "skipped", read
+        assert read["message"].startswith("not checked: torch 2.14.1 wrote no checkpoint"), read
     copy = tmp_path / "run"
     shutil.copytree(reference, copy, symlinks=True)
     shutil.rmtree(copy / f"torch-{CANDIDATE}" / "checkpoints")
@@ -157,9 +158,10 @@ def test_missing_writes_are_not_checked_never_passed(reference, candidate_python
     assert torchmatrix(sys.executable, "report", str(copy), "--check-upgrade").returncode == 0
     found = directions(copy / "results.json")
     assert not found["rollback"]["passed"] and not found["rollback"]["broken"], found["rollback"]
-    (reason,) = found["rollback"]["not_checked"]
+    (reason,) = found["rollback"]["not_checked"]  # the cells with the same reason, together
     assert reason["reason"].startswith("not checked: torch 2.14.1 wrote no checkpoint for this cell"), reason
-    assert found["forward"]["passed"] == ["ws1-none-sdpa-adamw"]
+    assert sorted(reason["cells"]) == sorted([EAGER, COMPILED]), reason
+    assert sorted(found["forward"]["passed"]) == sorted([EAGER, COMPILED])
     assert (
         "⚠️ **rollback**: not checked: no checkpoint written by 2.14.1 was read by 2.13.0"
         in (copy / "summary.md").read_text()
@@ -190,8 +192,8 @@ def test_unreadable_rollback_is_reported_with_its_root_cause_and_fails_compare(m
     failure = f"{BASELINE}/{read['cell']}/cross_version::{read['test']}"
     assert f"reproduce: `{shlex.join(['torchmatrix', 'repro', 'reports/run', failure])}`" in summary
     suites = {suite.name: suite for suite in JUnitXml.fromfile(str(mutant / "junit.xml"))}
-    assert suites["rollback/2.14.1→2.13.0/ws1-none-sdpa-adamw"].failures == 1, list(suites)
-    assert suites["torch-2.13.0/ws1-none-sdpa-adamw"].failures == 0, "the baseline's own tests passed"
+    assert suites[f"rollback/2.14.1→2.13.0/{EAGER}"].failures == 1, list(suites)
+    assert suites[f"torch-2.13.0/{EAGER}"].failures == 0, "the baseline's own tests passed"
     compared = torchmatrix(sys.executable, "compare", str(reference), str(mutant))
     assert compared.returncode == 1, compared.stdout + compared.stderr
     assert "cannot be read by 2.13.0" in compared.stdout

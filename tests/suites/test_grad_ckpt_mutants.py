@@ -22,10 +22,9 @@ from helpers.grad_ckpt_runs import (
     RECOMPUTE,
     REFERENCE,
     failure_text,
-    include_table,
     run_suite,
 )
-from helpers.matrix_files import matrix_toml
+from helpers.matrix_files import include_table, matrix_toml
 
 pytestmark = pytest.mark.slow
 

@@ -1,14 +1,17 @@
 """The resume suite is only worth running if it fails on the bugs it exists for: run it through
-the real CLI on CPU, once with the reference components (every cell passes, `loss_max_ulp`
-recorded as 0) and once per mutant of models/mutants/resume.py: every applicable cell fails,
-each mutant with its own named message from the right-after-load check of the piece it lost,
-and none errors out.
+the real CLI on CPU with the reference components (every cell passes, `loss_max_ulp` recorded as
+0) and each mutant of models/mutants/resume.py: every applicable cell fails, each mutant with its
+own named message from the right-after-load check of the piece it lost, and none errors out.
+
+One run serves the reference and every mutant but one: axis `variant` picks the model, checkpointer
+and training step per cell (tests/suites/resume_variants.py), the cast-on-load optimizer is its
+own `optimizer` value, so one rank pool per world size serves them all. The mutant that swaps the
+dataset (the `dataset` component gets no cell to pick by) runs alone.
 
 Cells: world size 1 without FSDP and world size 2 with FSDP1 and FSDP2, adamw; the reference
-also with precision_aware, which the cast-on-load mutant needs. The mutants that lose the RNG,
-the scheduler or the loader position skip FSDP1 (see PIECE_FSDP). The rank-0-only mutant, the one
-whose symptom depends on the world size, also runs at world size 4 (two more cells; the others
-would add two cells each to every run for little: what they lose is the same on every rank).
+also with precision_aware. The mutants that lose the RNG, the scheduler or the loader position
+skip FSDP1 (see PIECE_FSDP). The rank-0-only mutant, the one whose symptom depends on the world
+size, also runs at world size 4 (the others lose the same on every rank).
 """
 
 from __future__ import annotations
@@ -18,12 +21,16 @@ from typing import NamedTuple
 import pytest
 from junitparser import JUnitXml
 
-from helpers.matrix_files import REFERENCE_COMPONENTS, matrix_toml
+from helpers.checkout import REPO
+from helpers.matrix_files import REFERENCE_COMPONENTS, include_table, matrix_toml
 from helpers.run_results import cell_failures, run_suites
 
 pytestmark = pytest.mark.slow
 
+REFERENCE = "reference"  # resume_variants.REFERENCE: the variant with no component replaced
 BOTH_OPTIMIZERS = ("adamw", "precision_aware")
+# The optimizer value whose factory is the cast-on-load precision_aware (bf16 params as precision_aware's).
+CAST_ON_LOAD = "cast_on_load"
 CELL_PREFIXES = ("ws1-none", "ws2-fsdp1", "ws2-fsdp2")
 # A checkpointer that loses the RNG, scheduler or loader position loses it in the base class's
 # restore, which never sees how the parameters are sharded: one cell at world size 1 and one FSDP
@@ -47,11 +54,11 @@ def after_load(piece: str) -> str:
 
 
 class Mutant(NamedTuple):
-    """Component overrides, the optimizers and world sizes to run, the cells (by prefix) where it
-    must fail, and per test that must fail there the texts its failure says ({other_ranks}: the
-    cell's ranks but 0); the fsdp values of its cells beyond world size 1."""
+    """The optimizers and world sizes to run, the cells (by prefix) where it must fail, and per test
+    that must fail there the texts its failure says ({other_ranks}: the cell's ranks but 0); the fsdp
+    values of its cells beyond world size 1. Its components: resume_variants.OVERRIDES[name], or
+    OWN_RUN[name] for a mutant that runs alone."""
 
-    overrides: dict[str, str]
     optimizers: tuple[str, ...]
     failing: tuple[str, ...]
     must_fail: dict[str, tuple[str, ...]]
@@ -61,7 +68,6 @@ class Mutant(NamedTuple):
 
 MUTANTS = {
     "raw_optimizer_state_dict": Mutant(
-        {"checkpointer": "torchmatrix.models.mutants.resume:RawOptimizerStateCheckpointer"},
         ("adamw",),
         CELL_PREFIXES,
         {
@@ -73,7 +79,6 @@ MUTANTS = {
         },
     ),
     "rng_not_restored": Mutant(
-        {"checkpointer": "torchmatrix.models.mutants.resume:RngNotRestoredCheckpointer"},
         ("adamw",),
         PIECE_CELL_PREFIXES,
         {
@@ -83,14 +88,12 @@ MUTANTS = {
         wide_fsdp=PIECE_FSDP,
     ),
     "scheduler_not_restored": Mutant(
-        {"checkpointer": "torchmatrix.models.mutants.resume:SchedulerNotRestoredCheckpointer"},
         ("adamw",),
         PIECE_CELL_PREFIXES,
         {after_load("scheduler"): ("after load: scheduler last_epoch is 0, saved 3",), LOSSES: ("loss at step",)},
         wide_fsdp=PIECE_FSDP,
     ),
     "scheduler_one_step_late": Mutant(
-        {"checkpointer": "torchmatrix.models.mutants.resume:SchedulerOneStepLateCheckpointer"},
         ("adamw",),
         PIECE_CELL_PREFIXES,
         {
@@ -104,13 +107,11 @@ MUTANTS = {
         wide_fsdp=PIECE_FSDP,
     ),
     "param_groups_not_restored": Mutant(
-        {"checkpointer": "torchmatrix.models.mutants.resume:ParamGroupsNotRestoredCheckpointer"},
         ("adamw",),
         CELL_PREFIXES,
         {after_load("param_groups"): ("after load: param group 0 lr is 0.00166",), LOSSES: ("loss at step",)},
     ),
     "data_position_not_restored": Mutant(
-        {"checkpointer": "torchmatrix.models.mutants.resume:DataPositionNotRestoredCheckpointer"},
         ("adamw",),
         PIECE_CELL_PREFIXES,
         {
@@ -120,7 +121,6 @@ MUTANTS = {
         wide_fsdp=PIECE_FSDP,
     ),
     "loader_one_batch_late": Mutant(
-        {"checkpointer": "torchmatrix.models.mutants.resume:LoaderOneBatchLateCheckpointer"},
         ("adamw",),
         PIECE_CELL_PREFIXES,
         {
@@ -130,7 +130,6 @@ MUTANTS = {
         wide_fsdp=PIECE_FSDP,
     ),
     "rank_zero_only": Mutant(
-        {"checkpointer": "torchmatrix.models.mutants.resume:RankZeroOnlyCheckpointer"},
         ("adamw",),
         ("ws2-fsdp1", "ws2-fsdp2", "ws4-fsdp1", "ws4-fsdp2"),
         {
@@ -152,11 +151,6 @@ MUTANTS = {
     # loader whose order changes only at the next epoch boundary (33 batches on at ws1, 17 at ws2:
     # the default `loader_batches` reaches it; the losses, six steps long, never do).
     "owned_state_not_saved": Mutant(
-        {
-            "model": "torchmatrix.models.mutants.resume:own_generator_dropout_model",
-            "dataset": "torchmatrix.models.mutants.resume:ReshufflingTokenDataset",
-            "optimizer_step_counting": "torchmatrix.models.mutants.resume:build_step_counting_precision_aware",
-        },
         ("step_counting",),
         CELL_PREFIXES,
         {
@@ -184,7 +178,6 @@ MUTANTS = {
     # it keeps and no checkpoint saves skips the first step again after the load. One cell: what it
     # loses is the same at every world size.
     "loss_scaler_not_saved": Mutant(
-        {"training_step": "torchmatrix.models.mutants.training_step:UncheckpointedLossScalerStep"},
         ("adamw",),
         ("ws1-none",),
         {LOSSES: ("loss at step", "the runs first part at step 4, in the gradients (")},
@@ -193,7 +186,6 @@ MUTANTS = {
     # A non-persistent buffer the model recomputes after a load, wrongly: every after-load check
     # passes (it is in no state dict), and the losses name the buffer where the runs part.
     "non_persistent_buffer_recomputed_wrongly": Mutant(
-        {"model": "torchmatrix.models.mutants.resume:boost_recomputed_late_model"},
         ("adamw",),
         ("ws1-none",),
         {
@@ -205,12 +197,22 @@ MUTANTS = {
         world_sizes=(1,),
     ),
     "precision_aware_cast_on_load": Mutant(
-        {"optimizer_precision_aware": "torchmatrix.models.mutants.resume:build_cast_on_load_precision_aware"},
-        ("precision_aware",),
+        (CAST_ON_LOAD,),
         CELL_PREFIXES,
         {after_load("optimizer_state"): ("is torch.bfloat16, saved torch.float32",), LOSSES: ("loss at step",)},
     ),
 }
+
+
+# The mutants whose components the `variant` axis cannot pick, with those components: they run alone.
+OWN_RUN = {
+    "owned_state_not_saved": {
+        "model": "torchmatrix.models.mutants.resume:own_generator_dropout_model",
+        "dataset": "torchmatrix.models.mutants.resume:ReshufflingTokenDataset",
+        "optimizer_step_counting": "torchmatrix.models.mutants.resume:build_step_counting_precision_aware",
+    },
+}
+RESUME_OPTIONS = {"steps": 6, "resume_step": 3}
 
 
 def resume_matrix(
@@ -229,15 +231,49 @@ def resume_matrix(
             "optimizer": list(optimizers),
         },
         exclude=[{"fsdp": "none", "world_size": wider}, {"fsdp": list(wide_fsdp), "world_size": 1}],
+        suites={"resume": {"timeout": 240, "axes": ["world_size", "fsdp", "optimizer"], "options": RESUME_OPTIONS}},
+        components=components,
+    )
+
+
+def variant_cells() -> dict[str, set[str]]:
+    """The shared run's cells: variant -> its cell ids without the variant."""
+    cells = {REFERENCE: expected_cells((1, 2), BOTH_OPTIMIZERS)}
+    for name, mutant in MUTANTS.items():
+        if name not in OWN_RUN:
+            cells[name] = expected_cells(mutant.world_sizes, mutant.optimizers, mutant.wide_fsdp)
+    return cells
+
+
+def variants_matrix(cells: dict[str, set[str]]) -> str:
+    """resume over exactly these cells (variant -> ids ws<N>-<fsdp>-sdpa-<optimizer>), as includes of
+    an empty product, with tests/suites/resume_variants.py's components."""
+    matrix = matrix_toml(
+        axes={"world_size": [1], "fsdp": ["none"], "attn": ["sdpa"], "optimizer": ["adamw"], "variant": [REFERENCE]},
+        exclude=[{"variant": REFERENCE}],
         suites={
             "resume": {
                 "timeout": 240,
-                "axes": ["world_size", "fsdp", "optimizer"],
-                "options": {"steps": 6, "resume_step": 3},
+                "axes": ["world_size", "fsdp", "optimizer", "variant"],
+                "options": {**RESUME_OPTIONS, "bf16_param_optimizers": ["precision_aware", CAST_ON_LOAD]},
             }
         },
-        components=components,
+        components={
+            **REFERENCE_COMPONENTS,
+            "model": "resume_variants:build_model",
+            "checkpointer": "resume_variants:Checkpointer",
+            "training_step": "resume_variants:build_training_step",
+            f"optimizer_{CAST_ON_LOAD}": "torchmatrix.models.mutants.resume:build_cast_on_load_precision_aware",
+        },
     )
+    for variant, ids in cells.items():
+        for cell in sorted(ids):
+            world_size, fsdp, attn, optimizer = cell.split("-")
+            size = int(world_size.removeprefix("ws"))
+            matrix += include_table(
+                {"world_size": size, "fsdp": fsdp, "attn": attn, "optimizer": optimizer, "variant": variant}
+            )
+    return matrix
 
 
 def expected_cells(
@@ -260,31 +296,81 @@ def first_batch_of_epoch_1(cell: str) -> dict[str, str]:
     return {"epoch_start": str(epoch_start), "ordinal": f"{after}th"}
 
 
-def test_reference_components_pass_every_cell(tmp_path):
-    done, outcomes = run_suites(tmp_path / "reference", resume_matrix(REFERENCE_COMPONENTS, BOTH_OPTIMIZERS, (1, 2)))
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert set(outcomes) == expected_cells((1, 2), BOTH_OPTIMIZERS), done.stdout
+class Results(NamedTuple):
+    """A run's exit code and output, and per cell id (without the variant) its outcomes and failures."""
+
+    returncode: int
+    output: str
+    outcomes: dict[str, dict[str, str]]
+    failures: dict[str, dict[str, str]]
+
+
+def by_variant(per_cell: dict[str, dict]) -> dict[str, dict[str, dict]]:
+    """{cell id with its variant: x} as {variant: {cell id without it: x}}."""
+    grouped: dict[str, dict[str, dict]] = {}
+    for cell_id, value in per_cell.items():
+        cell, _, variant = cell_id.rpartition("-")
+        grouped.setdefault(variant, {})[cell] = value
+    return grouped
+
+
+@pytest.fixture(scope="module")
+def shared_run(tmp_path_factory):
+    """The one run of the reference and every mutant the variant axis picks: exit code, output,
+    {variant: Results}, and the run's JUnit."""
+    root = tmp_path_factory.mktemp("variants")
+    done, outcomes = run_suites(root, variants_matrix(variant_cells()), REPO / "tests" / "suites", timeout=1800)
+    failures = by_variant(cell_failures(root / "reports" / "latest" / "torch-system"))
+    output = done.stdout + done.stderr
+    results = {
+        variant: Results(done.returncode, output, cells, failures.get(variant, {}))
+        for variant, cells in by_variant(outcomes).items()
+    }
+    return done.returncode, output, results, JUnitXml.fromfile(str(root / "reports" / "latest" / "junit.xml"))
+
+
+def test_the_shared_run_has_every_planned_cell_and_fails(shared_run):
+    returncode, output, results, _ = shared_run
+    assert returncode == 1, output
+    assert {variant: set(result.outcomes) for variant, result in results.items()} == variant_cells(), output
+
+
+def test_reference_components_pass_every_cell(shared_run):
+    _, output, results, junit = shared_run
+    outcomes = results[REFERENCE].outcomes
+    assert set(outcomes) == expected_cells((1, 2), BOTH_OPTIMIZERS), output
     for cell, tests in outcomes.items():
+        tests = dict(tests)
         assert {after_load(piece) for piece in ("parameters", "optimizer_state", "rng")} <= set(tests), tests
         assert tests.pop(NO_EXTRA_STATE) == "skipped", (
             f"{cell}: the reference checkpointer's save returns no extra state"
         )
         assert tests.pop(NO_IMPLEMENTATIONS) == "skipped", f"{cell}: the matrix has no optimizer_impl axis"
         assert tests and set(tests.values()) == {"passed"}, f"{cell}: {tests}"
-    junit = JUnitXml.fromfile(str(tmp_path / "reference" / "reports" / "latest" / "junit.xml"))
-    for suite in junit:
+    reference_suites = [suite for suite in junit if suite.name.endswith(f"-{REFERENCE}")]
+    assert len(reference_suites) == len(outcomes), [suite.name for suite in junit]
+    for suite in reference_suites:
         ulps = {prop.name: prop.value for prop in suite.properties() if prop.name.endswith("::loss_max_ulp")}
         assert ulps == {f"resume::{LOSSES}::loss_max_ulp": "0"}, f"{suite.name}: {ulps}"
 
 
+def mutant_results(mutant: str, shared_run, root) -> Results:
+    """The mutant's cells: from the shared run, or from a run of its own (OWN_RUN)."""
+    if mutant not in OWN_RUN:
+        return shared_run[2][mutant]
+    optimizers, _, _, world_sizes, wide_fsdp = MUTANTS[mutant]
+    matrix = resume_matrix({**REFERENCE_COMPONENTS, **OWN_RUN[mutant]}, optimizers, world_sizes, wide_fsdp)
+    done, outcomes = run_suites(root, matrix)
+    failures = cell_failures(root / "reports" / "latest" / "torch-system")
+    return Results(done.returncode, done.stdout + done.stderr, outcomes, failures)
+
+
 @pytest.mark.parametrize("mutant", list(MUTANTS))
-def test_suite_catches_mutant_in_every_cell(tmp_path, mutant):
-    overrides, optimizers, failing, must_fail, world_sizes, wide_fsdp = MUTANTS[mutant]
-    matrix = resume_matrix({**REFERENCE_COMPONENTS, **overrides}, optimizers, world_sizes, wide_fsdp)
-    done, outcomes = run_suites(tmp_path / mutant, matrix)
-    failures = cell_failures(tmp_path / mutant / "reports" / "latest" / "torch-system")
-    assert done.returncode == 1, f"{mutant}: expected the run to fail\n{done.stdout}{done.stderr}"
-    assert set(outcomes) == expected_cells(world_sizes, optimizers, wide_fsdp), done.stdout
+def test_suite_catches_mutant_in_every_cell(shared_run, tmp_path, mutant):
+    optimizers, failing, must_fail, world_sizes, wide_fsdp = MUTANTS[mutant]
+    returncode, output, outcomes, failures = mutant_results(mutant, shared_run, tmp_path / mutant)
+    assert returncode == 1, f"{mutant}: expected the run to fail\n{output}"
+    assert set(outcomes) == expected_cells(world_sizes, optimizers, wide_fsdp), output
     for cell, tests in outcomes.items():
         assert "error" not in tests.values(), (
             f"{mutant} in {cell} crashed the suite instead of failing its checks: {tests}"

@@ -2,16 +2,19 @@
 torch-optimi's Kahan AdamW and torchao's AdamW8bit at two ranks with FSDP2 pass both suites
 (but torchao's 2->1 reshard) with quantized state compared through the default state adapter; a
 checkpointer that drops each library family's scale or compensation (or keeps only rank 0's
-load) fails resume right after the load. The full matrix and its table are in docs/how-to/third-party-optimizers.md."""
+load) fails resume right after the load, and optimi listed as quantized fails the guard: those in
+one run (axis `variant` picks model and checkpointer per cell). The full matrix and its table are in docs/how-to/third-party-optimizers.md."""
 
 from __future__ import annotations
+
+import importlib.util
 
 import pytest
 
 from torchmatrix.matrix.config import load_matrix
 
 from helpers.checkout import REPO
-from helpers.matrix_files import matrix_toml
+from helpers.matrix_files import include_table, matrix_toml
 from helpers.run_results import cell_failures, run_suites
 
 pytestmark = pytest.mark.slow
@@ -65,53 +68,100 @@ def test_optimi_kahan_and_torchao_8bit_as_they_are(tmp_path):
     assert "tensors differ after load: optimizer.embed.weight.exp_avg: values differ" in message[RESHARD_SHRINK]
 
 
+# One run of resume for the mutants and the guard below: axis `variant` picks the model and the
+# checkpointer per cell (tests/suites/resume_variants.py), so one rank pool per world size serves them all.
+# mutant -> (its package, optimizer, cell, variant)
 MUTANTS = {
-    "torchao_scale_dropped": ("torchao", "ao_adamw8bit", "ws1-none", "TorchaoScaleDroppedCheckpointer"),
-    "bitsandbytes_absmax_dropped": ("bitsandbytes", "bnb_adamw8bit", "ws1-none", "BnbAbsmaxDroppedCheckpointer"),
-    "optimi_kahan_dropped": ("optimi", "optimi_adamw_kahan", "ws1-none", "KahanCompensationDroppedCheckpointer"),
+    "torchao_scale_dropped": ("torchao", "ao_adamw8bit", "ws1-none", "torchao_scale_dropped"),
+    "bitsandbytes_absmax_dropped": ("bitsandbytes", "bnb_adamw8bit", "ws1-none", "bitsandbytes_absmax_dropped"),
+    "optimi_kahan_dropped": ("optimi", "optimi_adamw_kahan", "ws1-none", "optimi_kahan_dropped"),
+    "rank_zero_only": ("optimi", "optimi_adamw_kahan", "ws2-fsdp2", "third_party_rank_zero_only"),
 }
+# optimi's factory under a name `quantized_state_optimizers` lists: its state is plain, so the guard must fail.
+LISTED_QUANTIZED = "optimi_listed_quantized"
+GUARD = ("optimi", LISTED_QUANTIZED, "ws1-none", "third_party")
 
 
-@pytest.mark.parametrize("mutant", list(MUTANTS))
-def test_resume_catches_a_checkpointer_that_drops_the_scale(tmp_path, mutant):
-    package, optimizer, cell, checkpointer = MUTANTS[mutant]
-    pytest.importorskip(package)
-    text = third_party_matrix(
-        [optimizer], ("resume",), (cell,), checkpointer=f"torchmatrix.models.mutants.quantized_state:{checkpointer}"
+def planned_cells() -> dict[str, tuple[str, str, str, str]]:
+    """The shared run's cells whose package is installed: cell id -> (package, optimizer, cell, variant)."""
+    planned = {}
+    for package, optimizer, cell, variant in [*MUTANTS.values(), GUARD]:
+        if importlib.util.find_spec(package) is not None:
+            planned[cell_id(package, optimizer, cell, variant)] = (package, optimizer, cell, variant)
+    return planned
+
+
+def mutants_matrix(cells) -> str:
+    """resume over exactly `cells` (planned_cells' values), with examples/optimizers' components and
+    options, `LISTED_QUANTIZED` listed as quantized."""
+    options = dict(OPTIMIZERS.suites["resume"].options)
+    options["quantized_state_optimizers"] = [*options["quantized_state_optimizers"], LISTED_QUANTIZED]
+    options["bf16_param_optimizers"] = [*options["bf16_param_optimizers"], LISTED_QUANTIZED]
+    matrix = matrix_toml(
+        axes={
+            "world_size": [1],
+            "fsdp": ["none"],
+            "attn": ["sdpa"],
+            "optimizer": ["optimi_adamw_kahan"],
+            "variant": ["third_party"],
+        },
+        exclude=[{"variant": "third_party"}],
+        suites={"resume": {"timeout": 300, "axes": ["world_size", "fsdp", "optimizer", "variant"], "options": options}},
+        components={
+            **OPTIMIZERS.components,
+            "model": "resume_variants:build_model",
+            "checkpointer": "resume_variants:Checkpointer",
+            f"optimizer_{LISTED_QUANTIZED}": OPTIMIZERS.components["optimizer_optimi_adamw_kahan"],
+        },
     )
-    done, outcomes = run_suites(tmp_path, text)
-    cell_id = f"{cell}-sdpa-{optimizer}"
+    for _, optimizer, cell, variant in cells:
+        world_size, fsdp = cell.split("-")
+        size = int(world_size.removeprefix("ws"))
+        matrix += include_table(
+            {"world_size": size, "fsdp": fsdp, "attn": "sdpa", "optimizer": optimizer, "variant": variant}
+        )
+    return matrix
+
+
+@pytest.fixture(scope="module")
+def mutants_run(tmp_path_factory):
+    """The one run of every mutant and the guard whose package is here: the process, outcomes, failures."""
+    root = tmp_path_factory.mktemp("mutants")
+    cells = planned_cells()
+    done, outcomes = run_suites(root, mutants_matrix(cells.values()), REPO / "tests" / "suites", timeout=1800)
+    assert set(outcomes) == set(cells), done.stdout + done.stderr
+    return done, outcomes, cell_failures(root / "reports" / "latest" / "torch-system")
+
+
+def cell_id(package: str, optimizer: str, cell: str, variant: str) -> str:
+    """The shared run's id of the cell an entry of MUTANTS (or GUARD) names."""
+    return f"{cell}-sdpa-{optimizer}-{variant}"
+
+
+@pytest.mark.parametrize("mutant", [name for name in MUTANTS if name != "rank_zero_only"])
+def test_resume_catches_a_checkpointer_that_drops_the_scale(mutants_run, mutant):
+    pytest.importorskip(MUTANTS[mutant][0])
+    done, outcomes, failures = mutants_run
+    cell = cell_id(*MUTANTS[mutant])
     assert done.returncode == 1, done.stdout + done.stderr
-    assert outcomes[cell_id][STATE_AFTER_LOAD] == "failure", outcomes
-    assert (
-        "after load: optimizer state "
-        in cell_failures(tmp_path / "reports" / "latest" / "torch-system")[cell_id][STATE_AFTER_LOAD]
-    )
+    assert outcomes[cell][STATE_AFTER_LOAD] == "failure", outcomes
+    assert "after load: optimizer state " in failures[cell][STATE_AFTER_LOAD]
 
 
-def test_resume_catches_a_checkpointer_that_loads_only_rank_zeros_shard(tmp_path):
+def test_resume_catches_a_checkpointer_that_loads_only_rank_zeros_shard(mutants_run):
     pytest.importorskip("optimi")
-    text = third_party_matrix(
-        ["optimi_adamw_kahan"],
-        ("resume",),
-        ("ws2-fsdp2",),
-        checkpointer="torchmatrix.models.mutants.resume:RankZeroOnlyCheckpointer",
-    )
-    done, outcomes = run_suites(tmp_path, text)
-    assert done.returncode == 1, done.stdout + done.stderr
-    failures = cell_failures(tmp_path / "reports" / "latest" / "torch-system")["ws2-fsdp2-sdpa-optimi_adamw_kahan"]
-    assert "rank 1: after load: optimizer state " in failures[STATE_AFTER_LOAD], failures
+    done, outcomes, failures = mutants_run
+    cell = cell_id(*MUTANTS["rank_zero_only"])
+    assert outcomes[cell][STATE_AFTER_LOAD] == "failure", outcomes
+    assert "rank 1: after load: optimizer state " in failures[cell][STATE_AFTER_LOAD], failures[cell]
 
 
-def test_an_optimizer_listed_as_quantized_whose_state_is_plain_fails_the_guard(tmp_path):
+def test_an_optimizer_listed_as_quantized_whose_state_is_plain_fails_the_guard(mutants_run):
     """optimi keeps plain bf16/fp32 state: listed in `quantized_state_optimizers`, its cell must
     fail the suite's guard rather than pass on unquantized state."""
     pytest.importorskip("optimi")
-    text = third_party_matrix(["optimi_adamw_kahan"], ("resume",), ("ws1-none",))
-    text = text.replace("quantized_state_optimizers = [", 'quantized_state_optimizers = ["optimi_adamw_kahan", ')
-    done, outcomes = run_suites(tmp_path, text)
-    assert done.returncode == 1, done.stdout + done.stderr
+    done, outcomes, failures = mutants_run
+    cell = cell_id(*GUARD)
     guard = "test_rebuilt_run_starts_from_other_weights"
-    assert outcomes["ws1-none-sdpa-optimi_adamw_kahan"][guard] == "failure", outcomes
-    message = cell_failures(tmp_path / "reports" / "latest" / "torch-system")["ws1-none-sdpa-optimi_adamw_kahan"][guard]
-    assert "hold no quantized optimizer state at the checkpoint step" in message
+    assert outcomes[cell][guard] == "failure", outcomes
+    assert "hold no quantized optimizer state at the checkpoint step" in failures[cell][guard]
