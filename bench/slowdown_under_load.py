@@ -53,9 +53,9 @@ def test_step(cell, ranks, suite_options, index):
     ranks.run(burn, options["iterations"] * options.get("repeat", 1), options["size"])
 '''
 
-SIZES = {  # each test uses ~2 s of CPU (tiny) or more, over the rule's 0.5 s floor; a 2x cost adds over its 5 s
+SIZES = {  # each test uses ~1.5 s of CPU (tiny) or more, over the rule's 0.5 s floor; a 2x cost adds over its 5 s
     "full": {"tests": 6, "iterations": 800, "size": 384, "world_sizes": [1, 2]},
-    "tiny": {"tests": 3, "iterations": 1100, "size": 320, "world_sizes": [1]},  # the rule's 3 timed tests, one rank
+    "tiny": {"tests": 4, "iterations": 500, "size": 320, "world_sizes": [2]},
 }
 
 
