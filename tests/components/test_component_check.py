@@ -5,6 +5,7 @@ a component whose package is missing is a warning saying whether its cells will 
 from __future__ import annotations
 
 import inspect
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -149,14 +150,35 @@ def the_one_problem(checks: CaseChecks, case: str) -> str:
     return found.problems[0]
 
 
+def packing_problems(packed: list[list[str]]) -> list[str]:
+    """What is wrong with a packing of CASES: a case missing or twice, an ALONE case sharing, two cases of one key."""
+    problems = [] if sorted(name for batch in packed for name in batch) == sorted(CASES) else ["not each case once"]
+    for batch in packed:
+        keys = [key for name in batch for key in CASES[name]]
+        if len(batch) > 1 and set(batch) & ALONE:
+            problems.append(f"{batch}: a case that needs a child of its own shares one")
+        if len(keys) != len(set(keys)):
+            problems.append(f"{batch}: two cases change one component")
+    return problems
+
+
 def test_the_cases_share_children_without_two_changing_one_key():
     packed = batches()
-    assert sorted(name for batch in packed for name in batch) == sorted(CASES)
-    for batch in packed:
-        assert len(batch) == 1 or not set(batch) & ALONE, batch
-        keys = [key for name in batch for key in CASES[name]]
-        assert len(keys) == len(set(keys)), batch
+    assert packing_problems(packed) == []
     assert len(packed) < len(CASES) / 2, packed
+    clashing = [["no_such_module", "misspelt_attribute"], *([name] for name in CASES if "model" not in CASES[name])]
+    assert packing_problems(clashing) != [], "a packing where two cases change the model must be refused"
+
+
+def test_a_line_about_a_component_no_case_of_the_batch_changed_fails_the_batch(tmp_path, monkeypatch):
+    """A shared check whose answer names an unchanged component (a case leaking into GOOD's keys) is not split up."""
+    checks = CaseChecks(tmp_path)
+    index, batch = next((i, batch) for i, batch in enumerate(checks.batches) if "misspelt_attribute" in batch)
+    unchanged = next(key for key in GOOD if all(key not in CASES[name] for name in batch))
+    stray = ComponentCheck(problems=[f"{tmp_path / f'batch-{index}' / 'matrix.toml'}: components.{unchanged}: broken"])
+    monkeypatch.setattr(sys.modules[__name__], "checked", lambda *args, **kwargs: stray)
+    with pytest.raises(AssertionError, match="lines about components no case of the batch changed"):
+        checks["misspelt_attribute"]
 
 
 def test_components_that_follow_the_protocol_pass(checks):
