@@ -18,6 +18,7 @@ from torchmatrix.matrix.config import load_matrix
 from torchmatrix.sessions import first_missing
 
 from helpers.checkout import REPO, checkout_env
+from helpers.fake_releases import fake_torch_wheel, offering, torch_site
 from helpers.matrix_files import write_demo_project
 
 UV_NOISE = "uv binary not found."
@@ -100,9 +101,9 @@ def test_no_session_says_uv_binary_not_found(tmp_path):
 
 @pytest.mark.slow
 def test_a_broken_component_through_nox_is_one_error_exit_2_and_no_run_directory(tmp_path):
-    from torchmatrix.env.devices import probe
-
-    version = probe().base_version
+    """The session installs a fake release of this torch (tests/helpers/fake_releases.py) in seconds."""
+    version = "2.97.0"
+    offered = fake_torch_wheel(tmp_path / "releases", version, torch_site())
     project = write_demo_project(
         tmp_path / "project",
         torch=[version],
@@ -111,7 +112,12 @@ def test_a_broken_component_through_nox_is_one_error_exit_2_and_no_run_directory
     )
     (project / "reports" / "earlier").mkdir(parents=True)
     (project / "reports" / "earlier" / "junit.xml").write_text("<testsuites/>")
-    env = {**checkout_env(), "TORCHMATRIX_CONFIG": str(project / "matrix.toml"), "TORCHMATRIX_RUN_ID": "broken"}
+    env = {
+        **offering(offered.parent, checkout_env()),
+        "TORCHMATRIX_WHEELHOUSE": str(tmp_path / "wheelhouse"),
+        "TORCHMATRIX_CONFIG": str(project / "matrix.toml"),
+        "TORCHMATRIX_RUN_ID": "broken",
+    }
     done = nox(REPO / "noxfile.py", "--envdir", str(tmp_path / "nox"), "-s", "gpu_matrix", env=env, timeout=900)
     output = done.stdout + done.stderr
     assert done.returncode == 2, output[-3000:]

@@ -12,8 +12,6 @@ format older releases refuse, from 2.95.0 on, makes the rollback direction break
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import json
 import os
 import shutil
@@ -22,18 +20,16 @@ import subprocess
 import sys
 import tempfile
 import time
-import zipfile
 from pathlib import Path
 
 import pytest
 
-from torchmatrix.env.torch_install import pip_index_options
 from torchmatrix.matrix.config import ReportSettings
 from torchmatrix.reports.records import RunResults, TestRecord
 from torchmatrix.reports.results_json import write_json
 from torchmatrix.status import Confirmation
 
-from helpers.checkout import unconstrained_pip
+from helpers.fake_releases import fake_torch_wheel, offering, torch_site
 from helpers.matrix_files import REFERENCE_COMPONENTS, write_matrix
 
 pytestmark = pytest.mark.slow
@@ -115,45 +111,6 @@ class Checkpointer(NewFormatCheckpointer):
 DIRECTION_CELL = {"world_size": "1", "fsdp": "none", "attn": "sdpa", "optimizer": "adamw"}
 
 
-def _record_line(name: str, data: bytes) -> str:
-    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-    return f"{name},sha256={digest},{len(data)}"
-
-
-def fake_torch_wheel(
-    directory: Path, version: str, torch_site: Path, requires: tuple[str, ...] = (), import_error: str = ""
-) -> Path:
-    """A wheel named torch `version` whose only content is a .pth putting `torch_site` on sys.path
-    (with `import_error`, also a torch package, found first, that raises it)."""
-    info = f"torch-{version}.dist-info"
-    kind, _, message = import_error.partition(": ")
-    broken = {"torch/__init__.py": f"raise {kind}({message!r})\n".encode()} if import_error else {}
-    files = {
-        **broken,
-        "torch_release_shim.pth": f"{torch_site}\n".encode(),
-        f"{info}/METADATA": (
-            f"Metadata-Version: 2.1\nName: torch\nVersion: {version}\n"
-            + "".join(f"Requires-Dist: {r}\n" for r in requires)
-        ).encode(),
-        f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: torchmatrix-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-    }
-    record = "\n".join([*(_record_line(n, d) for n, d in files.items()), f"{info}/RECORD,,"]) + "\n"
-    path = directory / f"torch-{version}-py3-none-any.whl"
-    with zipfile.ZipFile(path, "w") as wheel:
-        for name, data in [*files.items(), (f"{info}/RECORD", record.encode())]:
-            wheel.writestr(name, data)
-    return path
-
-
-def _find_links() -> list[str]:
-    """pip's configured find-links (file and environment), which the fake releases join."""
-    listing = subprocess.run(
-        [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, check=False
-    ).stdout
-    options = pip_index_options(listing)
-    return [options[i + 1] for i, option in enumerate(options) if option == "--find-links"]
-
-
 @pytest.fixture(scope="module")
 def workdir():
     """A directory of the module's own: pytest's rotation of old base temps (other pytest sessions
@@ -164,26 +121,16 @@ def workdir():
 
 
 @pytest.fixture(scope="module")
-def torch_site() -> Path:
-    """The site-packages this test's torch comes from. torchmatrix is installed there editable, through
-    a .pth hook that a plain path entry does not run, so it stays unimportable where this directory is
-    only on sys.path (the reproducer test checks that it is)."""
-    import torch
-
-    return Path(torch.__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def project(workdir, torch_site) -> dict:
+def project(workdir) -> dict:
     """The throwaway project, its fake releases and the environment every bisect of the module shares."""
     root = workdir / "project"
     wheels = root / "fake-releases"
-    wheels.mkdir(parents=True)
+    site = torch_site()
     for version in RELEASES:
         fake_torch_wheel(
             wheels,
             version,
-            torch_site,
+            site,
             (MISSING_REQUIREMENT,) if version == UNINSTALLABLE else (),
             IMPORT_ERROR if version == UNIMPORTABLE else "",
         )
@@ -198,8 +145,7 @@ def project(workdir, torch_site) -> dict:
         components={"reducer": "release_switch:reduce_sum"},
     )
     env = {
-        **unconstrained_pip(os.environ),
-        "PIP_FIND_LINKS": " ".join([str(wheels), *_find_links()]),
+        **offering(wheels, os.environ),
         "TORCHMATRIX_WHEELHOUSE": str(root / "wheelhouse"),
         "RELEASE_SWITCH_FIRST_BAD": "2.95.0",
         "RELEASE_SWITCH_STATE": str(root / "flaky-state"),

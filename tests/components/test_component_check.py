@@ -5,6 +5,9 @@ a component whose package is missing is a warning saying whether its cells will 
 from __future__ import annotations
 
 import inspect
+import sys
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -19,32 +22,6 @@ NEEDS_A_MISSING_PACKAGE = (
     "import a_package_nobody_installed\n\ndef build_model(cell, *, dtype, dropout=0.0):\n    pass\n"
 )
 
-
-def checked(project: Project, optional: str = "", **changes: str) -> ComponentCheck:
-    components = {key: value for key, value in {**GOOD, **changes}.items() if value}
-    project.write("suites/test_resume.py", "")
-    project.write("userstack/__init__.py", "")
-    project.write("userstack/stack.py", USER_STACK)
-    project.write("userstack/heavy.py", NEEDS_A_MISSING_PACKAGE)
-    return check_components(load_matrix(project.write("matrix.toml", resume_matrix(components, optional))), "system")
-
-
-def problems_with(project: Project, **changes: str) -> list[str]:
-    return checked(project, **changes).problems
-
-
-def the_one_problem(project: Project, key: str, **changes: str) -> str:
-    problems = problems_with(project, **changes)
-    assert len(problems) == 1, problems
-    assert problems[0].startswith(f"{project.root / 'matrix.toml'}: components.{key}: "), problems[0]
-    assert "\n" not in problems[0]
-    return problems[0]
-
-
-def test_components_that_follow_the_protocol_pass(project):
-    assert problems_with(project) == []
-
-
 NOISY_MODULE = """
 import atexit
 import sys
@@ -53,100 +30,253 @@ sys.stdout.write("loading...")  # no newline: the answer line would start with i
 atexit.register(print, '{"device_type": "cpu", "problems": [["model", "forged at exit"]], "missing": []}')
 """
 
+CASES = {  # each case: the components it changes from GOOD ("" leaves one out)
+    "good": {},
+    "noisy": {"model": "userstack.noisy:build_modle"},
+    "exits_at_import": {"model": "userstack.quits:build_model"},
+    "no_such_module": {"model": "userstack.stak:build_model"},
+    "misspelt_attribute": {"model": "userstack.stack:build_modle"},
+    "without_dropout": {"model": "userstack.stack:build_model_without_dropout"},
+    "positional_dtype": {"model": "userstack.stack:build_model_positional_dtype"},
+    "heavy": {"model": "userstack.heavy:build_model"},
+    "heavy_optional_here": {"model": "userstack.heavy:build_model"},
+    "heavy_optional_elsewhere": {"model": "userstack.heavy:build_model"},
+    "optimizer_is_parallelize": {"optimizer_adamw": "userstack.stack:parallelize"},
+    "container_without_state": {"optimizer_adamw": "userstack.stack:OptimizersContainer"},
+    "container_from_the_model": {"optimizer_adamw": "userstack.stack:build_container_from_the_model"},
+    "groups_without_lr": {"optimizer_adamw": "userstack.stack:build_groups_without_lr"},
+    "raises_on_the_dummy": {"optimizer_adamw": "userstack.stack:build_optimizer_that_needs_a_gpu"},
+    "optimizer_by_name": {"optimizer_adamw": "userstack.stack:build_optimizer_by_name"},
+    "optimizer_needing_names": {"optimizer_adamw": "userstack.stack:build_optimizer_needing_names"},
+    "checkpointer_without_load": {"checkpointer": "userstack.stack:CheckpointerWithoutLoad"},
+    "checkpointer_missing": {"checkpointer": ""},
+    "scaled_backward": {"training_step": "userstack.stack:ScaledBackwardStep"},
+    "backward_without_the_loss": {"training_step": "userstack.stack:BackwardWithoutTheLoss"},
+    "not_callable": {"dataset": "userstack.stack:NOT_A_FACTORY"},
+    "long_annotations": {"parallelize": "userstack.stack:parallelize_with_long_annotations"},
+}
+OPTIONAL = {
+    "heavy_optional_here": 'model = { device = ["cpu"] }',
+    "heavy_optional_elsewhere": 'model = { device = ["cuda"] }',
+}
+ALONE = {"good", "exits_at_import", *OPTIONAL}
+"""Cases checked in a child of their own: every key unchanged, a module that ends the child at import,
+an `[optional]` table. The others share a child with cases that change other keys."""
 
-def test_what_a_component_module_prints_at_import_and_at_exit_does_not_reach_the_answer(project):
+
+def batches() -> list[list[str]]:
+    """The cases packed into as few checks as their keys allow: the child checks each component on its
+    own (component_check.problems_of), so cases changing different keys can share one child interpreter
+    (about 6 CPU seconds each: torch imported, an optimizer built)."""
+    packed: list[list[str]] = []
+    for name, changes in CASES.items():
+        fits = [
+            batch
+            for batch in packed
+            if name not in ALONE and batch[0] not in ALONE and not any(set(changes) & set(CASES[n]) for n in batch)
+        ]
+        if fits:
+            fits[0].append(name)
+        else:
+            packed.append([name])
+    return packed
+
+
+def checked(project: Project, optional: str = "", **changes: str) -> ComponentCheck:
+    components = {key: value for key, value in {**GOOD, **changes}.items() if value}
+    project.write("suites/test_resume.py", "")
+    project.write("userstack/__init__.py", "")
+    project.write("userstack/stack.py", USER_STACK)
+    project.write("userstack/heavy.py", NEEDS_A_MISSING_PACKAGE)
     project.write("userstack/noisy.py", NOISY_MODULE + USER_STACK)
-    problems = problems_with(project, model="userstack.noisy:build_modle")
+    project.write("userstack/quits.py", "import sys\n\nprint('{}')\nsys.exit(3)\n")
+    return check_components(load_matrix(project.write("matrix.toml", resume_matrix(components, optional))), "system")
+
+
+@dataclass
+class CaseCheck:
+    """What the check said about one case: its matrix.toml, and the lines naming the keys it changes
+    (every line, for a case checked alone)."""
+
+    matrix: Path
+    problems: list[str]
+    warnings: list[str]
+
+
+class CaseChecks:
+    """Each batch of cases checked once, when a test first asks for one of its cases."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.batches = batches()
+        self.found: dict[str, CaseCheck] = {}
+
+    def __getitem__(self, name: str) -> CaseCheck:
+        if name not in self.found:
+            index, batch = next((i, batch) for i, batch in enumerate(self.batches) if name in batch)
+            self.found.update(self._check(index, batch))
+        return self.found[name]
+
+    def _check(self, index: int, batch: list[str]) -> dict[str, CaseCheck]:
+        project = Project(self.root / f"batch-{index}")
+        changes = {key: value for name in batch for key, value in CASES[name].items()}
+        check = checked(project, OPTIONAL.get(batch[0], ""), **changes)
+        matrix = project.root / "matrix.toml"
+        if len(batch) == 1:
+            return {batch[0]: CaseCheck(matrix, check.problems, check.warnings)}
+
+        def naming(lines: list[str], keys) -> list[str]:
+            return [line for line in lines if any(line.startswith(f"{matrix}: components.{key}: ") for key in keys)]
+
+        stray = [line for line in check.problems + check.warnings if line not in naming([line], changes)]
+        assert stray == [], f"lines about components no case of the batch changed: {stray}"
+        return {
+            name: CaseCheck(matrix, naming(check.problems, CASES[name]), naming(check.warnings, CASES[name]))
+            for name in batch
+        }
+
+
+@pytest.fixture(scope="module")
+def checks(tmp_path_factory) -> CaseChecks:
+    return CaseChecks(tmp_path_factory.mktemp("component-checks"))
+
+
+def the_one_problem(checks: CaseChecks, case: str) -> str:
+    (key,) = CASES[case]
+    found = checks[case]
+    assert len(found.problems) == 1, found.problems
+    assert found.problems[0].startswith(f"{found.matrix}: components.{key}: "), found.problems[0]
+    assert "\n" not in found.problems[0]
+    return found.problems[0]
+
+
+def packing_problems(packed: list[list[str]]) -> list[str]:
+    """What is wrong with a packing of CASES: a case missing or twice, an ALONE case sharing, two cases of one key."""
+    problems = [] if sorted(name for batch in packed for name in batch) == sorted(CASES) else ["not each case once"]
+    for batch in packed:
+        keys = [key for name in batch for key in CASES[name]]
+        if len(batch) > 1 and set(batch) & ALONE:
+            problems.append(f"{batch}: a case that needs a child of its own shares one")
+        if len(keys) != len(set(keys)):
+            problems.append(f"{batch}: two cases change one component")
+    return problems
+
+
+def test_the_cases_share_children_without_two_changing_one_key():
+    packed = batches()
+    assert packing_problems(packed) == []
+    assert len(packed) < len(CASES) / 2, packed
+    clashing = [["no_such_module", "misspelt_attribute"], *([name] for name in CASES if "model" not in CASES[name])]
+    assert packing_problems(clashing) != [], "a packing where two cases change the model must be refused"
+
+
+def test_a_line_about_a_component_no_case_of_the_batch_changed_fails_the_batch(tmp_path, monkeypatch):
+    """A shared check whose answer names an unchanged component (a case leaking into GOOD's keys) is not split up."""
+    checks = CaseChecks(tmp_path)
+    index, batch = next((i, batch) for i, batch in enumerate(checks.batches) if "misspelt_attribute" in batch)
+    unchanged = next(key for key in GOOD if all(key not in CASES[name] for name in batch))
+    stray = ComponentCheck(problems=[f"{tmp_path / f'batch-{index}' / 'matrix.toml'}: components.{unchanged}: broken"])
+    monkeypatch.setattr(sys.modules[__name__], "checked", lambda *args, **kwargs: stray)
+    with pytest.raises(AssertionError, match="lines about components no case of the batch changed"):
+        checks["misspelt_attribute"]
+
+
+def test_components_that_follow_the_protocol_pass(checks):
+    assert checks["good"].problems == []
+
+
+def test_what_a_component_module_prints_at_import_and_at_exit_does_not_reach_the_answer(checks):
+    problems = checks["noisy"].problems
     assert len(problems) == 1 and "has no attribute 'build_modle'" in problems[0], problems
 
 
-def test_a_module_that_exits_at_import_leaves_no_answer_and_says_so(project):
-    project.write("userstack/quits.py", "import sys\n\nprint('{}')\nsys.exit(3)\n")
-    (problem,) = problems_with(project, model="userstack.quits:build_model")
-    assert problem.startswith(f"{project.root / 'matrix.toml'}: components: the check could not run with ")
+def test_a_module_that_exits_at_import_leaves_no_answer_and_says_so(checks):
+    found = checks["exits_at_import"]
+    (problem,) = found.problems
+    assert problem.startswith(f"{found.matrix}: components: the check could not run with ")
     assert problem.endswith("exit code 3, no answer")
 
 
-def test_a_module_that_does_not_exist(project):
-    problem = the_one_problem(project, "model", model="userstack.stak:build_model")
+def test_a_module_that_does_not_exist(checks):
+    problem = the_one_problem(checks, "no_such_module")
     assert "no module 'userstack.stak'" in problem and "fix the module path" in problem
 
 
-def test_a_missing_attribute_names_the_close_one(project):
-    problem = the_one_problem(project, "model", model="userstack.stack:build_modle")
+def test_a_missing_attribute_names_the_close_one(checks):
+    problem = the_one_problem(checks, "misspelt_attribute")
     assert "has no attribute 'build_modle'; did you mean 'build_model'?" in problem
 
 
-def test_a_signature_that_lacks_an_argument_some_suites_pass(project):
-    problem = the_one_problem(project, "model", model="userstack.stack:build_model_without_dropout")
+def test_a_signature_that_lacks_an_argument_some_suites_pass(checks):
+    problem = the_one_problem(checks, "without_dropout")
     assert "cannot take cell, *, dtype, dropout" in problem
     assert "make it accept model(cell, *, dtype, dropout=...)" in problem
 
 
-def test_a_keyword_the_suites_pass_taken_positionally_is_fine(project):
-    assert problems_with(project, model="userstack.stack:build_model_positional_dtype") == []
+def test_a_keyword_the_suites_pass_taken_positionally_is_fine(checks):
+    assert checks["positional_dtype"].problems == []
 
 
-def test_an_optimizer_factory_that_cannot_take_the_optimizer_call(project):
-    problem = the_one_problem(project, "optimizer_adamw", optimizer_adamw="userstack.stack:parallelize")
+def test_an_optimizer_factory_that_cannot_take_the_optimizer_call(checks):
+    problem = the_one_problem(checks, "optimizer_is_parallelize")
     assert (
         "make it accept optimizer_adamw(params, *, lr, betas=..., eps=..., weight_decay=..., named_parameters=..., model=..., implementation=...)"
         in problem
     )
 
 
-def test_a_class_without_a_method_the_suites_call(project):
-    problem = the_one_problem(project, "checkpointer", checkpointer="userstack.stack:CheckpointerWithoutLoad")
+def test_a_class_without_a_method_the_suites_call(checks):
+    problem = the_one_problem(checks, "checkpointer_without_load")
     assert "has no method 'load'; the suites call checkpointer().load(directory, *, model" in problem
 
 
-def test_a_training_step_may_leave_out_members_the_suites_have_defaults_for(project):
-    assert problems_with(project, training_step="userstack.stack:ScaledBackwardStep") == []
+def test_a_training_step_may_leave_out_members_the_suites_have_defaults_for(checks):
+    assert checks["scaled_backward"].problems == []
 
 
-def test_a_training_step_member_that_cannot_take_the_suites_call_is_refused(project):
-    problem = the_one_problem(project, "training_step", training_step="userstack.stack:BackwardWithoutTheLoss")
+def test_a_training_step_member_that_cannot_take_the_suites_call_is_refused(checks):
+    problem = the_one_problem(checks, "backward_without_the_loss")
     assert "make it accept training_step(*, model, optimizer, cell=...).backward(loss)" in problem, problem
 
 
-def test_something_that_is_not_callable(project):
-    problem = the_one_problem(project, "dataset", dataset="userstack.stack:NOT_A_FACTORY")
+def test_something_that_is_not_callable(checks):
+    problem = the_one_problem(checks, "not_callable")
     assert "int is not callable" in problem
 
 
-def test_a_component_a_registered_suite_needs_is_missing(project):
-    problem = the_one_problem(project, "checkpointer", checkpointer="")
+def test_a_component_a_registered_suite_needs_is_missing(checks):
+    problem = the_one_problem(checks, "checkpointer_missing")
     assert "missing, and suite resume calls it" in problem
 
 
-def test_a_missing_third_party_package_is_a_warning_that_its_cells_will_error(project):
-    check = checked(project, model="userstack.heavy:build_model")
-    assert check.problems == []
-    assert check.warnings == [
-        f"{project.root / 'matrix.toml'}: components.model: model = userstack.heavy:build_model needs "
+def test_a_missing_third_party_package_is_a_warning_that_its_cells_will_error(checks):
+    found = checks["heavy"]
+    assert found.problems == []
+    assert found.warnings == [
+        f"{found.matrix}: components.model: model = userstack.heavy:build_model needs "
         "'a_package_nobody_installed', which is not installed here: its cells will error; install it, or declare "
         'the component optional: [optional] model = { device = ["cpu"] }'
     ]
 
 
-def test_a_missing_package_of_a_component_optional_here_is_a_warning_that_its_cells_will_skip(project):
-    check = checked(project, optional='model = { device = ["cpu"] }', model="userstack.heavy:build_model")
-    assert check.problems == []
-    assert check.warnings == [
-        f"{project.root / 'matrix.toml'}: components.model: model = userstack.heavy:build_model needs "
+def test_a_missing_package_of_a_component_optional_here_is_a_warning_that_its_cells_will_skip(checks):
+    found = checks["heavy_optional_here"]
+    assert found.problems == []
+    assert found.warnings == [
+        f"{found.matrix}: components.model: model = userstack.heavy:build_model needs "
         "'a_package_nobody_installed', which is not installed here: its cells will skip, as [optional] allows here"
     ]
 
 
-def test_a_component_optional_only_elsewhere_still_errors(project):
-    check = checked(project, optional='model = { device = ["cuda"] }', model="userstack.heavy:build_model")
-    assert len(check.warnings) == 1 and "its cells will error" in check.warnings[0], check.warnings
+def test_a_component_optional_only_elsewhere_still_errors(checks):
+    warnings = checks["heavy_optional_elsewhere"].warnings
+    assert len(warnings) == 1 and "its cells will error" in warnings[0], warnings
 
 
-def test_an_optimizer_container_without_state_or_param_groups_is_refused(project):
-    problems = problems_with(project, optimizer_adamw="userstack.stack:OptimizersContainer")
-    where = f"{project.root / 'matrix.toml'}: components.optimizer_adamw: what it returns (OptimizersContainer) lacks"
-    assert problems == [
+def test_an_optimizer_container_without_state_or_param_groups_is_refused(checks):
+    found = checks["container_without_state"]
+    where = f"{found.matrix}: components.optimizer_adamw: what it returns (OptimizersContainer) lacks"
+    assert found.problems == [
         f"{where} a `.state` mapping (the suites read optimizer.state[param]); return a torch.optim.Optimizer, "
         "or an object with it",
         f"{where} `.param_groups`, a list of dicts (the suites save, load and compare them); return a "
@@ -154,13 +284,13 @@ def test_an_optimizer_container_without_state_or_param_groups_is_refused(project
     ]
 
 
-def test_an_optimizer_container_built_from_the_model_passes(project):
+def test_an_optimizer_container_built_from_the_model_passes(checks):
     """The dummy build passes a module as `model=`; the container's state and lr are read off its inner optimizers."""
-    assert problems_with(project, optimizer_adamw="userstack.stack:build_container_from_the_model") == []
+    assert checks["container_from_the_model"].problems == []
 
 
-def test_param_groups_without_lr_are_refused(project):
-    problem = the_one_problem(project, "optimizer_adamw", optimizer_adamw="userstack.stack:build_groups_without_lr")
+def test_param_groups_without_lr_are_refused(checks):
+    problem = the_one_problem(checks, "groups_without_lr")
     assert "what it returns (AdamW) lacks `lr` in each of its param_groups" in problem
 
 
@@ -180,22 +310,22 @@ def test_an_object_without_the_optimizer_methods_is_refused_naming_them():
     ]
 
 
-def test_a_factory_that_raises_on_the_dummy_parameter_is_left_to_the_cells(project):
-    assert problems_with(project, optimizer_adamw="userstack.stack:build_optimizer_that_needs_a_gpu") == []
+def test_a_factory_that_raises_on_the_dummy_parameter_is_left_to_the_cells(checks):
+    assert checks["raises_on_the_dummy"].problems == []
 
 
-def test_an_optimizer_factory_taking_named_parameters_gets_them(project):
+def test_an_optimizer_factory_taking_named_parameters_gets_them(checks):
     """The dummy build passes them (the factory asserts their names), so a factory that takes
     them but mishandles them is refused like any other."""
-    assert problems_with(project, optimizer_adamw="userstack.stack:build_optimizer_by_name") == []
+    assert checks["optimizer_by_name"].problems == []
 
 
-def test_named_parameters_may_be_required_since_a_factory_naming_them_always_gets_them(project):
-    assert problems_with(project, optimizer_adamw="userstack.stack:build_optimizer_needing_names") == []
+def test_named_parameters_may_be_required_since_a_factory_naming_them_always_gets_them(checks):
+    assert checks["optimizer_needing_names"].problems == []
 
 
-def test_a_signature_problem_names_the_parameters_without_their_annotations(project):
-    problem = the_one_problem(project, "parallelize", parallelize="userstack.stack:parallelize_with_long_annotations")
+def test_a_signature_problem_names_the_parameters_without_their_annotations(checks):
+    problem = the_one_problem(checks, "long_annotations")
     assert "its signature (model, parallel_dims, job_config) cannot take model, cell, *, device" in problem
     assert "Sharding" not in problem and len(problem) < 500, problem
 
@@ -233,7 +363,7 @@ def test_the_reference_components_and_the_hf_example_follow_the_protocol():
 
 @pytest.mark.slow
 def test_run_stops_with_one_line_and_exit_2_before_any_cell(project):
-    problems_with(project, model="userstack.stack:build_modle")
+    assert len(checked(project, model="userstack.stack:build_modle").problems) == 1
     done = project.torchmatrix("run", "--torch", "system", "--reports", "out", timeout=120)
     assert done.returncode == 2, done.stdout + done.stderr
     assert done.stderr.strip() == (

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import io
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -22,6 +23,7 @@ from torchmatrix.env.torch_install import index_has, install_torch, pip_index_op
 from torchmatrix.matrix.config import TorchInstall, load_matrix
 
 from helpers.checkout import REPO, checkout_env
+from helpers.fake_releases import fake_torch_wheel, offering, torch_requirements, torch_site
 from helpers.matrix_files import write_demo_project
 
 PIP_TRANSCRIPT = """\
@@ -357,16 +359,17 @@ def test_a_version_the_index_lacks_fails_fast_with_pips_reason(tmp_path):
 
 @pytest.mark.slow
 def test_a_second_venv_for_a_version_seen_before_downloads_nothing(tmp_path):
-    """pip's downloads land in the wheelhouse; a fresh venv for the same version installs from it."""
-    from torchmatrix.env.devices import probe
-
-    version = probe().base_version
+    """pip's downloads land in the wheelhouse; a fresh venv for the same version installs from it.
+    The release is a fake one with torch's own dependencies (tests/helpers/fake_releases.py): the
+    same downloads and installs as the real wheel, without unpacking torch into two venvs."""
+    version = "2.97.0"
+    offered = fake_torch_wheel(tmp_path / "releases", version, torch_site(), torch_requirements())
     project = write_demo_project(tmp_path / "project", torch=[version], axes={"world_size": [1]})
     wheels = tmp_path / "wheelhouse"
     logs = []
     for attempt in ("cold", "warm"):
         env = {
-            **checkout_env(),
+            **offering(offered.parent, checkout_env()),
             "TORCHMATRIX_CONFIG": str(project / "matrix.toml"),
             "TORCHMATRIX_RUN_ID": attempt,
             "TORCHMATRIX_WHEELHOUSE": str(wheels),
@@ -382,7 +385,12 @@ def test_a_second_venv_for_a_version_seen_before_downloads_nothing(tmp_path):
         assert done.returncode == 0, done.stderr[-3000:]
         logs.append((project / "reports" / attempt / f"torch-{version}" / "logs" / "install.log").read_text())
     torch_wheel = f"torch-{version}"
-    assert any(path.name.startswith(torch_wheel) for path in (wheels / f"torch-{version}-default").iterdir())
+    kept = {path.name for path in (wheels / f"torch-{version}-default").iterdir()}
+    assert any(name.startswith(torch_wheel) for name in kept)
+    needed = {
+        re.split(r"[<>=!~;\[ ]", requirement)[0].lower().replace("-", "_") for requirement in torch_requirements()
+    }
+    assert needed and all(any(name.lower().startswith(f"{package}-") for name in kept) for package in needed), kept
     cold, warm = logs
     assert "File was already downloaded" not in cold.split("# installing")[0].split(torch_wheel)[0]
     downloaded_again = [line for line in warm.splitlines() if line.strip().startswith(("Downloading", "Saved"))]

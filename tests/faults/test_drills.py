@@ -18,6 +18,7 @@ from junitparser import JUnitXml
 from lxml import etree
 
 from helpers.checkout import REPO, checkout_env
+from helpers.fake_releases import fake_torch_wheel, offering, torch_site
 from helpers.matrix_files import matrix_toml
 from helpers.projects import Project
 
@@ -232,20 +233,22 @@ def test_an_unwritable_reports_directory_is_refused_before_any_cell(slow_project
 
 
 def nox_matrix(version: str) -> str:
-    """This torch as the baseline, and a pin no index has."""
+    """`version` as the baseline, and a pin no index has."""
     return matrix_toml(
         torch=[version, "9.9.9"], baseline=version, axes={"world_size": [1, 2]}, suites={"slow": {"timeout": 60}}
     )
 
 
 def test_a_torch_that_does_not_exist_errors_its_cells_and_the_other_version_runs(slow_project, tmp_path):
-    from torchmatrix.env.devices import probe
-
-    version = probe().base_version
+    """The version that installs is a fake release of this torch (tests/helpers/fake_releases.py):
+    nox installs it in seconds instead of unpacking torch again."""
+    version = "2.97.0"
+    offered = fake_torch_wheel(tmp_path / "releases", version, torch_site())
     slow_project.write("matrix.toml", nox_matrix(version))
     slow_project.write("suites/test_slow.py", SLOW_SUITE.replace('SECONDS[cell["step"]]', "0"))
     env = {
-        **checkout_env(),
+        **offering(offered.parent, checkout_env()),
+        "TORCHMATRIX_WHEELHOUSE": str(tmp_path / "wheelhouse"),
         "TORCHMATRIX_CONFIG": str(slow_project.root / "matrix.toml"),
         "TORCHMATRIX_RUN_ID": "nox-drill",
     }

@@ -20,20 +20,20 @@ LONGEST_FIRST = (
     "suites/test_resume_mutants.py",
     "suites/test_grad_ckpt_mutants.py",
     "suites/test_dtensor_mutants.py",
-    "env/test_torch_install.py",
     "faults/test_drills.py",
     "suites/test_torchtitan_example.py",
     "sensitivity/test_sensitivity.py",
-    "components/test_component_check.py",
     "suites/test_mesh_mutants.py",
     "suites/test_optimizer_impl_mutants.py",
     "test_benches.py",
-    "run/test_slowdown_bench.py",
     "suites/test_grad_ckpt_compile_mutants.py",
     "scale/test_scale_out.py",
+    "env/test_torch_install.py",
     "suites/test_parallel_equivalence_mutants.py",
     "suites/test_hf_llama_example.py",
     "suites/test_grad_ckpt_forms.py",
+    "components/test_component_check.py",
+    "run/test_slowdown_bench.py",
 )
 
 
