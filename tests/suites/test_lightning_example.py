@@ -2,7 +2,10 @@
 Lightning Fabric's FSDPStrategy at world size 2, the loss and `fabric.backward` taken from the
 example's `training_step` component (a plain `loss.backward()` is refused under FSDPStrategy), and
 the real Lightning bug the suites found kept red: the sharded `Fabric.load` leaves the scheduler
-and the loader as built (examples/lightning/prove_load_bug.py shows it without torchmatrix).
+and the loader as built (examples/lightning/prove_load_bug.py shows it without torchmatrix). And
+dtensor_optim's reshard at world size 2: Fabric builds its mesh over the whole default group, so
+each side runs in a world of its own, where `fabric.save` / `fabric.load` reshard the FSDP2
+checkpoint and the two steps after the load equal the run that never stopped.
 
 Needs lightning (`pip install lightning==2.6.6`, which `nox -s tests` installs); without it the
 test skips saying so. The whole matrix and what it finds: docs/how-to/lightning.md."""
@@ -12,6 +15,7 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
+from junitparser import JUnitXml
 
 from torchmatrix.matrix.config import load_matrix
 
@@ -56,3 +60,32 @@ def test_resume_names_what_the_sharded_fabric_load_leaves_as_built(tmp_path):
         assert line in messages[test], messages[test]
     for piece in ("parameters", "optimizer_state", "param_groups"):
         assert outcomes[CELL][AFTER_LOAD.format(piece)] == "passed", outcomes[CELL]
+
+
+RESHARDS = {
+    f"test_reshard_load_is_exact[model_kind=model,reshard={reshard}]": pair
+    for reshard, pair in (("shrink", "2->1"), ("grow", "1->2"))
+}
+
+
+def test_fabric_reshards_in_worlds_of_their_own_and_trains_on_as_if_it_never_stopped(tmp_path):
+    matrix = matrix_toml(
+        axes={"world_size": [2], "fsdp": ["fsdp2"], "optimizer": ["adamw"]},
+        suites={"dtensor_optim": {"timeout": 300, "axes": ["world_size", "fsdp", "optimizer"]}},
+        components=LIGHTNING.components,
+    )
+    done, outcomes = run_suites(tmp_path, matrix, EXAMPLE, tests=[f"dtensor_optim::{test}" for test in RESHARDS])
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert outcomes == {"ws2-fsdp2-adamw": dict.fromkeys(RESHARDS, "passed")}, outcomes
+    junit = JUnitXml.fromfile(str(tmp_path / "reports" / "latest" / "junit.xml"))
+    properties = {
+        prop.name.split("::", 1)[1]: prop.value for suite in junit for prop in suite.properties() if "::" in prop.name
+    }
+    for test, pair in RESHARDS.items():
+        assert properties[f"{test}::reshard_source"] == "checkpointer"
+        assert properties[f"{test}::reshard_worlds"].startswith("worlds of their own"), properties
+        assert "parallel:parallelize takes no `mesh`" in properties[f"{test}::reshard_worlds"]
+        compared = int(properties[f"{test}::reshard_tensors_compared"])
+        assert compared > 0 and properties[f"{test}::reshard_continued"] == (
+            f"{pair}: 2 steps, {compared} tensors and every loss compared bit for bit"
+        ), properties
