@@ -42,6 +42,19 @@ def local_part(value: torch.Tensor) -> torch.Tensor:
     return value.to_local() if isinstance(value, DTensor) else value
 
 
+def quantized_state_kinds(optimizer) -> list[str]:
+    """The classes of the state tensors held as tensor subclasses (torchao's OptimState8bit, ...):
+    the suites compare their dequantized values, which do not pin the codes and scales stored."""
+    return sorted(
+        {
+            type(local_part(value)).__name__
+            for state in optimizer_state_of(optimizer).values()
+            for value in state.values()
+            if isinstance(value, torch.Tensor) and is_subclass(local_part(value))
+        }
+    )
+
+
 def is_subclass(tensor: torch.Tensor) -> bool:
     return type(tensor) not in (torch.Tensor, torch.nn.Parameter)
 

@@ -67,7 +67,7 @@ from .checkpointer_forms import RunCheckpointer, reshards_itself
 from .dcp_layout import ExpectedState, find_checkpoint, read_layouts, storage_findings
 from .mesh_placements import TensorParallelPlan, placement_problems
 from .model_output import call_model, loss_of
-from .optimizer_state import inner_optimizers, optimizer_state_of, param_groups_of, state_adapter
+from .optimizer_state import inner_optimizers, optimizer_state_of, param_groups_of, quantized_state_kinds, state_adapter
 from .parallelize_component import parallelized
 from .scheduler_component import build_scheduler
 from .training_step import build_training_step
@@ -830,16 +830,17 @@ def load_side(
     if losses is None or reference is None or errors:
         return result
     at_save, reference_losses, reference_end = reference
+    quantized = quantized_state_kinds(optimizer)
     result["losses_diverged"] = [
         f"loss of step {step} after the load {float(after):.9g}, never stopped {float(straight):.9g}"
         for step, (after, straight) in enumerate(zip(losses, reference_losses), 1)
-        if not bits_equal(after, straight)
+        if not quantized and not bits_equal(after, straight)
     ]
     saved_file = saved_state_file(checkpoint_dir)
     if rank == 0 and state is not None and continued is not None and saved_file.exists():
         saved = torch.load(saved_file)
         result.update(_compare(saved, state))
-        result.update(continuation(saved, at_save, continued, reference_end, src, dst))
+        result.update(continuation(saved, at_save, continued, reference_end, src, dst, quantized))
     return result
 
 
@@ -863,9 +864,17 @@ def continuation(
     reference_end: dict[str, torch.Tensor],
     src: World,
     dst: World,
+    quantized: list[str],
 ) -> dict:
     """The training after the load against the run that never stopped: compared bit for bit where that
     run's replayed step reproduced the saved state bit for bit, else not compared, saying why."""
+    if quantized:
+        why = (
+            f"not compared: the optimizer keeps its state as {', '.join(quantized)}, which the suite reads "
+            f"dequantized; equal values there do not pin the codes and scales stored per shard, so no "
+            f"bit-for-bit claim on the steps after a load at {dst} ranks follows"
+        )
+        return {"continued": why, "continued_mismatches": []}
     replay = _compare(saved, at_save, "saved", "after the replayed step")
     if replay["mismatches"]:
         why = (

@@ -14,8 +14,9 @@ from torch import nn
 
 import suites.test_resume as resume_suite  # its test functions, called here (imported by name, pytest would collect them)
 from suites.dcp_layout import TensorLayout, find_checkpoint, layouts_by_suffix
+from suites.optimizer_state import quantized_state_kinds
 from suites.test_dtensor_optim import _compare as reshard_load_mismatches
-from suites.test_dtensor_optim import layout_problems, param_shaped_states
+from suites.test_dtensor_optim import continuation, layout_problems, param_shaped_states
 from suites.test_grad_ckpt import (
     BF16_RTOL,
     EXACT,
@@ -151,6 +152,29 @@ def test_dtensor_optim_reshard_load_fails_on_a_negative_zero_and_a_changed_nan()
         "optimizer.w.exp_avg: 1/2 elements differ in their bits only (-0.0 for 0.0, or another NaN payload)",
     ]
     assert reshard_load_mismatches(saved, {key: value.clone() for key, value in saved.items()})["mismatches"] == []
+
+
+class CodesAndScales(torch.Tensor):
+    """Stands in for torchao's OptimState8bit: a tensor subclass the suites read dequantized."""
+
+
+def test_quantized_state_leaves_the_steps_after_a_reshard_uncompared_and_says_so():
+    """Equal dequantized values do not pin the codes and scales a quantized state stores per shard: the
+    steps after a reshard load are not compared, whatever they give, and the reason names the class."""
+    weight = nn.Parameter(torch.ones(2))
+    optimizer = torch.optim.SGD([weight], lr=0.1)
+    optimizer.state[weight]["momentum_buffer"] = torch.zeros(2)
+    assert quantized_state_kinds(optimizer) == []
+    optimizer.state[weight]["exp_avg"] = torch.Tensor._make_subclass(CodesAndScales, torch.zeros(2))
+    assert quantized_state_kinds(optimizer) == ["CodesAndScales"]
+    saved = {"optimizer.w.exp_avg": torch.zeros(2)}
+    src, dst = "1", "2"
+    differing_end = {"optimizer.w.exp_avg": torch.ones(2)}
+    plain = continuation(saved, dict(saved), dict(saved), differing_end, src, dst, [])
+    assert plain["continued_mismatches"], "plain state: the steps after the load are compared"
+    quantized = continuation(saved, dict(saved), dict(saved), differing_end, src, dst, ["CodesAndScales"])
+    assert quantized["continued_mismatches"] == []
+    assert quantized["continued"].startswith("not compared: the optimizer keeps its state as CodesAndScales")
 
 
 def test_resume_fails_on_a_state_that_came_back_with_a_negative_zero():
