@@ -294,8 +294,9 @@ class CellPlan:
 
     def usage(self) -> Usage | None:
         """User + system CPU seconds this process and its local ranks (the cell's and those of the
-        worlds beside it) have used so far (what a test costs whatever else loads the machine), the warnings the ranks raised since the last call
-        and each rank's compile seconds; None while the ranks are down."""
+        worlds beside it) have used so far (what a test costs whatever else loads the machine), the
+        warnings the ranks raised since the last call and each rank's compile seconds; None while the
+        ranks are down."""
         own = sum(os.times()[:2])
         if self.plan.launched:
             return Usage(own, Counter(), (compile_seconds(),))
