@@ -171,9 +171,11 @@ def test_quantized_state_leaves_the_steps_after_a_reshard_uncompared_and_says_so
     src, dst = "1", "2"
     differing_end = {"optimizer.w.exp_avg": torch.ones(2)}
     plain = continuation(saved, dict(saved), dict(saved), differing_end, src, dst, [])
-    assert plain["continued_mismatches"], "plain state: the steps after the load are compared"
+    assert plain["continued_compared"] and plain["continued_mismatches"], (
+        "plain state: the steps after the load are compared"
+    )
     quantized = continuation(saved, dict(saved), dict(saved), differing_end, src, dst, ["CodesAndScales"])
-    assert quantized["continued_mismatches"] == []
+    assert quantized["continued_mismatches"] == [] and not quantized["continued_compared"]
     assert quantized["continued"].startswith("not compared: the optimizer keeps its state as CodesAndScales")
 
 
