@@ -822,6 +822,7 @@ def load_side(
         "".join(f"{line}\n" for line in result["layout_after_load"])
     )
     state = attempt(errors, f"full state after load at {dst} ranks", _full_state, model, optimizer, recipe)
+    hyperparameters = group_hyperparameters(optimizer)
     losses = attempt(errors, f"training after load at {dst} ranks", recipe.train_on, model, optimizer, dst)
     result["problems"] = layout_problems(model, optimizer, dtensors_expected=dtensors_expected)
     continued = attempt(errors, f"full state after training at {dst} ranks", _full_state, model, optimizer, recipe)
@@ -830,7 +831,7 @@ def load_side(
     )
     if losses is None or reference is None or errors:
         return result
-    at_save, reference_losses, reference_end = reference
+    at_save, reference_hyperparameters, reference_losses, reference_end = reference
     quantized = quantized_state_kinds(optimizer)
     result["losses_diverged"] = [
         f"loss of step {step} after the load {float(after):.9g}, never stopped {float(straight):.9g}"
@@ -841,21 +842,23 @@ def load_side(
     if rank == 0 and state is not None and continued is not None and saved_file.exists():
         saved = torch.load(saved_file)
         result.update(_compare(saved, state))
-        result.update(continuation(saved, at_save, continued, reference_end, src, dst, quantized))
+        lr_differs = settings_differ(hyperparameters, reference_hyperparameters)
+        result.update(continuation(saved, at_save, continued, reference_end, src, dst, quantized, lr_differs))
     return result
 
 
 def never_stopped(
     recipe: Recipe, dst: World, mesh: DeviceMesh | None, own_worlds: bool
-) -> tuple[dict[str, torch.Tensor], list[torch.Tensor], dict[str, torch.Tensor]]:
+) -> tuple[dict[str, torch.Tensor], list[dict], list[torch.Tensor], dict[str, torch.Tensor]]:
     """The run that never stopped, in world `dst`: built from the save's seed, its step before the save
     replayed here (the same batch on every rank, so its mean gradient is the saved run's), then the
     steps the loaded stack trains. Its full tensors at the save point, its losses, its full tensors at the end."""
     model, optimizer = recipe.build(SAVE_SEED, mesh, dst.of(recipe.cell) if own_worlds else None)
     recipe.train_step(model, optimizer, SAVE_SEED, dst, alike=True)
     at_save = _full_state(model, optimizer, recipe)
+    hyperparameters = group_hyperparameters(optimizer)
     losses = recipe.train_on(model, optimizer, dst)
-    return at_save, losses, _full_state(model, optimizer, recipe)
+    return at_save, hyperparameters, losses, _full_state(model, optimizer, recipe)
 
 
 def continuation(
@@ -866,6 +869,7 @@ def continuation(
     src: World,
     dst: World,
     quantized: list[str],
+    hyperparameters_differ: tuple[dict, dict] | None = None,
 ) -> dict:
     """The training after the load against the run that never stopped: compared bit for bit where that
     run's replayed step reproduced the saved state bit for bit, else not compared, saying why."""
@@ -874,6 +878,13 @@ def continuation(
             f"not compared: the optimizer keeps its state as {', '.join(quantized)}, which the suite reads "
             f"dequantized; equal values there do not pin the codes and scales stored per shard, so no "
             f"bit-for-bit claim on the steps after a load at {dst} ranks follows"
+        )
+        return {"continued": why, "continued_mismatches": [], "continued_compared": False}
+    if hyperparameters_differ:
+        loaded, straight = hyperparameters_differ
+        why = (
+            f"not compared: the optimizer's param-group settings after the load ({loaded}) are not the run that "
+            f"never stopped's ({straight}): the stack's scheduler sets them, which resume checks, not dtensor_optim"
         )
         return {"continued": why, "continued_mismatches": [], "continued_compared": False}
     replay = _compare(saved, at_save, "saved", "after the replayed step")
@@ -937,6 +948,24 @@ def _load(
     set_model_state_dict(model, state["model"])
     set_optimizer_state_dict(model, inner_optimizers(optimizer), state["optimizer"])
     return model, optimizer
+
+
+def group_hyperparameters(optimizer: torch.optim.Optimizer) -> list[dict]:
+    """Each param group's scalar settings (lr, betas, ...) as the next step will use them."""
+    return [
+        {key: value for key, value in group.items() if key != "params" and isinstance(value, (int, float, tuple))}
+        for part in inner_optimizers(optimizer)
+        for group in part.param_groups
+    ]
+
+
+def settings_differ(loaded: list[dict], straight: list[dict]) -> tuple[dict, dict] | None:
+    """The first param group whose settings, of those both runs hold, differ: (after the load, never stopped)."""
+    for after, before in zip(loaded, straight):
+        common = after.keys() & before.keys()
+        if any(after[key] != before[key] for key in common):
+            return {key: after[key] for key in sorted(common)}, {key: before[key] for key in sorted(common)}
+    return None
 
 
 def _full_state(model: nn.Module, optimizer: torch.optim.Optimizer, recipe: Recipe) -> dict[str, torch.Tensor]:
