@@ -871,8 +871,9 @@ def continuation(
     quantized: list[str],
     hyperparameters_differ: tuple[dict, dict] | None = None,
 ) -> dict:
-    """The training after the load against the run that never stopped: compared bit for bit where that
-    run's replayed step reproduced the saved state bit for bit, else not compared, saying why."""
+    """The training after the load against the run that never stopped: compared bit for bit where the
+    state is plain, both runs' param-group settings agree and that run's replayed step reproduced the
+    saved state bit for bit; else not compared, saying why."""
     if quantized:
         why = (
             f"not compared: the optimizer keeps its state as {', '.join(quantized)}, which the suite reads "

@@ -16,7 +16,7 @@ import suites.test_resume as resume_suite  # its test functions, called here (im
 from suites.dcp_layout import TensorLayout, find_checkpoint, layouts_by_suffix
 from suites.optimizer_state import quantized_state_kinds
 from suites.test_dtensor_optim import _compare as reshard_load_mismatches
-from suites.test_dtensor_optim import continuation, layout_problems, param_shaped_states
+from suites.test_dtensor_optim import continuation, layout_problems, param_shaped_states, settings_differ
 from suites.test_grad_ckpt import (
     BF16_RTOL,
     EXACT,
@@ -177,6 +177,21 @@ def test_quantized_state_leaves_the_steps_after_a_reshard_uncompared_and_says_so
     quantized = continuation(saved, dict(saved), dict(saved), differing_end, src, dst, ["CodesAndScales"])
     assert quantized["continued_mismatches"] == [] and not quantized["continued_compared"]
     assert quantized["continued"].startswith("not compared: the optimizer keeps its state as CodesAndScales")
+
+
+def test_param_group_settings_that_differ_after_a_reshard_leave_the_steps_after_it_uncompared():
+    """A scheduler the checkpointer built and loaded may leave another lr than the never-stopped run
+    has: only the settings both hold are compared, and a difference is named in the reason."""
+    loaded, straight = [{"lr": 0.5, "initial_lr": 1.0, "betas": (0.9, 0.95)}], [{"lr": 1.0, "betas": (0.9, 0.95)}]
+    assert settings_differ([{"lr": 1.0, "initial_lr": 1.0}], straight) is None
+    differ = settings_differ(loaded, straight)
+    assert differ == ({"betas": (0.9, 0.95), "lr": 0.5}, {"betas": (0.9, 0.95), "lr": 1.0})
+    saved = {"optimizer.w.exp_avg": torch.zeros(2)}
+    result = continuation(saved, dict(saved), dict(saved), {"optimizer.w.exp_avg": torch.ones(2)}, "1", "2", [], differ)
+    assert not result["continued_compared"] and result["continued_mismatches"] == []
+    assert "'lr': 0.5" in result["continued"] and result["continued"].startswith(
+        "not compared: the optimizer's param-group"
+    )
 
 
 def test_resume_fails_on_a_state_that_came_back_with_a_negative_zero():
