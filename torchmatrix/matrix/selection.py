@@ -65,7 +65,8 @@ class CellSelection:
         """The selection of these cells out of `among`: a `-k` of their ids, each excluding the other
         ids of `among` that contain it (ws1-none-sdpa-adamw is inside ws1-none-sdpa-adamw-aot_eager)."""
         chosen = [cell.id for cell in cells]
-        others = [cell.id for cell in among if cell.id not in set(chosen)]
+        chosen_ids = frozenset(chosen)
+        others = [cell.id for cell in among if cell.id not in chosen_ids]
         terms = []
         for cell_id in chosen:
             longer = [other for other in others if cell_id in other]
