@@ -842,8 +842,8 @@ def load_side(
     if rank == 0 and state is not None and continued is not None and saved_file.exists():
         saved = torch.load(saved_file)
         result.update(_compare(saved, state))
-        lr_differs = settings_differ(hyperparameters, reference_hyperparameters)
-        result.update(continuation(saved, at_save, continued, reference_end, src, dst, quantized, lr_differs))
+        differing_settings = settings_differ(hyperparameters, reference_hyperparameters)
+        result.update(continuation(saved, at_save, continued, reference_end, src, dst, quantized, differing_settings))
     return result
 
 
