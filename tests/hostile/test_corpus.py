@@ -693,6 +693,15 @@ def test_hostile_input_is_refused_with_one_line(tmp_path, case, cli_forks):
     assert not escaped, (case.what, escaped)
 
 
+def test_a_command_in_a_fork_answers_as_in_a_fresh_interpreter(tmp_path, cli_forks):
+    """The forks stand in for `python -m torchmatrix` above: the same exit code and the same output."""
+    project = Project(tmp_path / "project")
+    _write(project, CASES[0])
+    fresh = project.torchmatrix(*CASES[0].args)
+    forked = cli_forks.run(project.root, *CASES[0].args, timeout=120)
+    assert (forked.returncode, forked.stdout, forked.stderr) == (fresh.returncode, fresh.stdout, fresh.stderr)
+
+
 def test_merge_of_a_hostile_plan_writes_nothing_outside_out(tmp_path):
     project = Project(tmp_path / "a" / "b" / "project")
     _write(project, CASES[0])
