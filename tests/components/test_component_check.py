@@ -1,6 +1,8 @@
 """The pre-run component check: a user's components in a temporary package, checked against the
 protocol in a child interpreter, each problem one line naming matrix.toml, the key and the fix;
-a component whose package is missing is a warning saying whether its cells will error or skip."""
+a component whose package is missing is a warning saying whether its cells will error or skip.
+The training side's forms (issue 30) too: a checkpointer per-call or bound to its objects and a
+process group, a scheduler builder."""
 
 from __future__ import annotations
 
@@ -30,6 +32,67 @@ sys.stdout.write("loading...")  # no newline: the answer line would start with i
 atexit.register(print, '{"device_type": "cpu", "problems": [["model", "forged at exit"]], "missing": []}')
 """
 
+TRAINING_STACK = """
+import torch
+
+
+class CheckpointManager:
+    def __init__(self, directory, *, model, optimizer, scheduler, loader, process_group=None):
+        self.directory = directory
+
+    def save(self, step):
+        return {"tokens_seen": 0}
+
+    def load(self):
+        return {"step": 0, "tokens_seen": 0}
+
+
+class MeshCheckpointManager(CheckpointManager):
+    def __init__(self, directory, *, model, optimizer, scheduler, loader, mesh):
+        self.directory = directory
+
+
+class ManagerWithoutDirectory:
+    def __init__(self, *, model, optimizer, scheduler, loader):
+        pass
+
+    def save(self, step):
+        pass
+
+    def load(self):
+        return 0
+
+
+class ManagerSavingPerCall(CheckpointManager):
+    def save(self, directory, *, model, optimizer, scheduler, loader, step):
+        pass
+
+
+class ManagerWithoutLoad:
+    def __init__(self, directory, *, model, optimizer, scheduler, loader):
+        pass
+
+    def save(self, step):
+        pass
+
+
+def cosine(optimizer, *, warmup_steps, total_steps):
+    return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=total_steps)
+
+
+def by_cell(optimizer, *, cell):
+    return torch.optim.lr_scheduler.ConstantLR(optimizer)
+
+
+def needs_the_lr_too(optimizer, lr):
+    return torch.optim.lr_scheduler.ConstantLR(optimizer)
+
+
+def returns_a_number(optimizer, *, warmup_steps):
+    return warmup_steps
+"""
+
+
 CASES = {  # each case: the components it changes from GOOD ("" leaves one out)
     "good": {},
     "noisy": {"model": "userstack.noisy:build_modle"},
@@ -54,6 +117,23 @@ CASES = {  # each case: the components it changes from GOOD ("" leaves one out)
     "backward_without_the_loss": {"training_step": "userstack.stack:BackwardWithoutTheLoss"},
     "not_callable": {"dataset": "userstack.stack:NOT_A_FACTORY"},
     "long_annotations": {"parallelize": "userstack.stack:parallelize_with_long_annotations"},
+    "bound_checkpointer_and_scheduler": {
+        "checkpointer": "userstack.training:CheckpointManager",
+        "scheduler": "userstack.training:cosine",
+    },
+    "mesh_checkpointer_and_scheduler_by_cell": {
+        "checkpointer": "userstack.training:MeshCheckpointManager",
+        "scheduler": "userstack.training:by_cell",
+    },
+    "checkpointer_without_directory": {
+        "checkpointer": "userstack.training:ManagerWithoutDirectory",
+        "scheduler": "userstack.training:needs_the_lr_too",
+    },
+    "checkpointer_saving_per_call": {
+        "checkpointer": "userstack.training:ManagerSavingPerCall",
+        "scheduler": "userstack.training:returns_a_number",
+    },
+    "bound_checkpointer_without_load": {"checkpointer": "userstack.training:ManagerWithoutLoad"},
 }
 OPTIONAL = {
     "heavy_optional_here": 'model = { device = ["cpu"] }',
@@ -87,6 +167,7 @@ def checked(project: Project, optional: str = "", **changes: str) -> ComponentCh
     project.write("suites/test_resume.py", "")
     project.write("userstack/__init__.py", "")
     project.write("userstack/stack.py", USER_STACK)
+    project.write("userstack/training.py", TRAINING_STACK)
     project.write("userstack/heavy.py", NEEDS_A_MISSING_PACKAGE)
     project.write("userstack/noisy.py", NOISY_MODULE + USER_STACK)
     project.write("userstack/quits.py", "import sys\n\nprint('{}')\nsys.exit(3)\n")
@@ -247,6 +328,53 @@ def test_something_that_is_not_callable(checks):
 def test_a_component_a_registered_suite_needs_is_missing(checks):
     problem = the_one_problem(checks, "checkpointer_missing")
     assert "missing, and suite resume calls it" in problem
+
+
+def the_line_about(found: CaseCheck, key: str) -> str:
+    """The one line of a case's check about `key`."""
+    lines = [line for line in found.problems if line.startswith(f"{found.matrix}: components.{key}: ")]
+    assert len(lines) == 1 and "\n" not in lines[0], found.problems
+    return lines[0]
+
+
+def test_bound_checkpointers_and_scheduler_builders_that_follow_the_protocol_pass(checks):
+    """With a process group or a mesh; scheduler builders get only the keywords they name."""
+    assert checks["bound_checkpointer_and_scheduler"].problems == []
+    assert checks["mesh_checkpointer_and_scheduler_by_cell"].problems == []
+
+
+@pytest.mark.parametrize(
+    ("case", "checkpointer_says", "scheduler_says"),
+    [
+        (
+            "checkpointer_without_directory",
+            (
+                "cannot take directory, *, model, optimizer, scheduler, loader",
+                "make it accept checkpointer(directory, *, model, optimizer, scheduler, loader",
+            ),
+            ("cannot take optimizer", "make it accept scheduler(optimizer, *, warmup_steps=..."),
+        ),
+        (
+            "checkpointer_saving_per_call",
+            ("cannot take step", ").save(step)"),
+            ("what it returns (int) lacks step, state_dict, load_state_dict",),
+        ),
+    ],
+)
+def test_a_wrong_bound_checkpointer_and_scheduler_builder_get_a_line_each(
+    checks, case, checkpointer_says, scheduler_says
+):
+    found = checks[case]
+    assert len(found.problems) == 2, found.problems
+    for key, says in (("checkpointer", checkpointer_says), ("scheduler", scheduler_says)):
+        problem = the_line_about(found, key)
+        assert all(text in problem for text in says), problem
+
+
+def test_a_bound_checkpointer_without_load(checks):
+    problem = the_line_about(checks["bound_checkpointer_without_load"], "checkpointer")
+    assert "has no method 'load'; the suites call checkpointer(directory, *, model" in problem, problem
+    assert problem.endswith(".load()"), problem
 
 
 def test_a_missing_third_party_package_is_a_warning_that_its_cells_will_error(checks):

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from helpers.checkout import checkout_env
+from helpers.cli_forks import CliForks
 from helpers.projects import Project
 
 MATRIX = """
@@ -666,12 +667,19 @@ def _digest(project: Project) -> str:
     return load_matrix(project.root / "matrix.toml").digest
 
 
+@pytest.fixture(scope="module")
+def cli_forks(tmp_path_factory):
+    forks = CliForks(tmp_path_factory.mktemp("cli-forks"))
+    yield forks
+    forks.close()
+
+
 @pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
-def test_hostile_input_is_refused_with_one_line(tmp_path, case):
+def test_hostile_input_is_refused_with_one_line(tmp_path, case, cli_forks):
     project = Project(tmp_path / "project")
     _write(project, case)
     before = set(tmp_path.rglob("*"))
-    done = project.torchmatrix(*case.args, timeout=120)
+    done = cli_forks.run(project.root, *case.args, timeout=120)
     assert done.returncode == case.exit_code, (case.what, done.stdout, done.stderr)
     assert "Traceback" not in done.stderr, case.what
     lines = done.stderr.strip().splitlines()
@@ -683,6 +691,15 @@ def test_hostile_input_is_refused_with_one_line(tmp_path, case):
         assert case.message in lines[0], (case.what, done.stderr)
     escaped = {path for path in set(tmp_path.rglob("*")) - before if not path.is_relative_to(project.root / "reports")}
     assert not escaped, (case.what, escaped)
+
+
+def test_a_command_in_a_fork_answers_as_in_a_fresh_interpreter(tmp_path, cli_forks):
+    """The forks stand in for `python -m torchmatrix` above: the same exit code and the same output."""
+    project = Project(tmp_path / "project")
+    _write(project, CASES[0])
+    fresh = project.torchmatrix(*CASES[0].args)
+    forked = cli_forks.run(project.root, *CASES[0].args, timeout=120)
+    assert (forked.returncode, forked.stdout, forked.stderr) == (fresh.returncode, fresh.stdout, fresh.stderr)
 
 
 def test_merge_of_a_hostile_plan_writes_nothing_outside_out(tmp_path):
