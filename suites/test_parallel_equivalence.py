@@ -2,7 +2,8 @@
 
 - Reference: the `model` built again from the same seed and wrapped for the same cell without
   parallelism (`fsdp = "none"`, `mesh = "flat"`), on every rank, so no cell depends on another and
-  `--shard`/`merge` work as for any suite; it runs every shard of the global batch and takes their mean.
+  `--shard`/`merge` work as for any suite; it runs every shard of the global batch and takes their mean,
+  on rank 0 alone (every rank's reference would compute the same bits), which sends it to the others.
 - Compared per step (table and derivations: docs/explanation/parallel-equivalence.md): each rank's
   loss (bit for bit; under tensor parallelism within suites/loss_rounding.py's first-order bound);
   the reduced gradient (the declared `reduce_dtype`'s reduction bound, suites/summation_bounds.py, and
@@ -351,6 +352,13 @@ class Lockstep:
         return {name: param.detach().clone() for name, param in named_parameters_as_built(self.reference)}
 
     def reference_gradient(self, step: int) -> tuple[dict, dict, list, list]:
+        """`reference_gradient_here` run on rank 0 alone and sent to every rank: every rank's reference
+        is the same model fed the same batches and stepped with the same full gradients, so the others
+        would compute the same bits, compiling and running the whole global batch again each."""
+        mean, magnitude, losses, loss_bounds = from_rank_zero(lambda: on_device(self.reference_gradient_here(step)))
+        return on_device(mean, self.device), on_device(magnitude, self.device), losses, loss_bounds
+
+    def reference_gradient_here(self, step: int) -> tuple[dict, dict, list, list]:
         """Single-process: every shard of the step's global batch, one after another; their mean
         gradient (summed in shard order, divided once), sum_d |g_d| in float64, their losses, and how
         far each loss may move to first order when the linear layers sum in another order."""
@@ -439,6 +447,38 @@ class Lockstep:
 
     def reduction(self) -> MeanReduction:
         return MeanReduction(self.shards, self.options.reduce_dtype)
+
+
+def from_rank_zero(compute):
+    """compute() on rank 0, its value broadcast to every rank of the default group; an exception there
+    is raised on every rank (with rank 0's text), so none waits on a broadcast that never comes."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return compute()
+    reply: list = [None]
+    if dist.get_rank() == 0:
+        try:
+            reply = [("ok", compute())]
+        except Exception as error:
+            reply = [("error", f"{type(error).__name__}: {error}")]
+            dist.broadcast_object_list(reply, src=0)
+            raise
+    dist.broadcast_object_list(reply, src=0)
+    kind, value = reply[0]
+    if kind == "error":
+        raise RuntimeError(f"the single-process reference raised on rank 0, which computes it for every rank: {value}")
+    return value
+
+
+def on_device(value, device: torch.device | str = "cpu"):
+    """`value` with every tensor in it (in tuples, lists and dicts) moved to `device`: a broadcast
+    object holds CPU tensors, which every rank can unpickle."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, dict):
+        return {key: on_device(item, device) for key, item in value.items()}
+    if isinstance(value, (tuple, list)):
+        return type(value)(on_device(item, device) for item in value)
+    return value
 
 
 def scalar(norm) -> torch.Tensor:

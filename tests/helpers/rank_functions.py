@@ -111,3 +111,21 @@ def process_placement():
         "nice": os.getpriority(os.PRIO_PROCESS, 0),
         "session_leader": os.getsid(0) == os.getpid(),
     }
+
+
+def rank_zero_broadcast(raise_on_rank_zero):
+    """suites.test_parallel_equivalence.from_rank_zero over a computation that names the rank it ran on
+    (or raises there); this rank's value, or the text of what it raised."""
+    import torch.distributed as dist
+
+    from suites.test_parallel_equivalence import from_rank_zero
+
+    def compute():
+        if raise_on_rank_zero:
+            raise ValueError(f"injected failure in the reference on rank {dist.get_rank()}")
+        return {"computed_on": dist.get_rank()}
+
+    try:
+        return from_rank_zero(compute)
+    except Exception as error:
+        return f"{type(error).__name__}: {error}"
