@@ -269,26 +269,29 @@ def test_sigterm_ends_the_steps_processes_and_exits_130_with_what_was_decided(pr
 
 @pytest.fixture(scope="module")
 def plain_venv(project) -> Path:
-    """A venv with pytest and no torchmatrix, for the reproducer; torch comes from the fake releases."""
+    """A venv without torchmatrix, for the reproducer: a fake release brings torch and, from torch's
+    own site-packages, pytest. It has no pip of its own (seeding one costs seconds); this one installs into it."""
     venv = project["root"] / "plain-venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    environment = {key: value for key, value in project["env"].items() if key != "PYTHONPATH"}
-    subprocess.run(
-        [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "pytest"],
-        check=True,
-        env=environment,
-        capture_output=True,
-    )
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    if not (torch_site() / "pytest").is_dir():  # pytest installed apart from torch
+        pip_install(venv, project, "pytest")
     return venv
 
 
-def install_release(venv: Path, project: dict, version: str) -> None:
+def pip_install(venv: Path, project: dict, *arguments: str) -> None:
+    """`pip install` into `venv` with this interpreter's pip, outside the test's PYTHONPATH."""
     subprocess.run(
-        [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--force-reinstall", "--no-deps", "--no-index",
-         "--find-links", str(project["wheels"]), f"torch=={version}"],
+        [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q", *arguments],
         check=True,
         capture_output=True,
-        env=project["env"],
+        env={key: value for key, value in project["env"].items() if key != "PYTHONPATH"},
+    )
+
+
+def install_release(venv: Path, project: dict, version: str) -> None:
+    pip_install(
+        venv, project, "--force-reinstall", "--no-deps", "--no-index", "--find-links", str(project["wheels"]),
+        f"torch=={version}",
     )  # fmt: skip
 
 
