@@ -1,6 +1,8 @@
 """A user's own repository, outside this checkout: torchmatrix pip-installed (not editable) into a
 fresh venv, a matrix.toml naming built-in suites by name beside a suite of the user's own, and
-the user's components in their own package. `torchmatrix run` and `report` are all it takes."""
+the user's components in their own package. `torchmatrix run` and `report` are all it takes.
+torch there is a fake release of the tests' own (tests/helpers/fake_releases.py): unpacking the real
+wheel into one more venv would prove nothing about how torchmatrix installs."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from helpers.checkout import copy_checkout, unconstrained_pip
+from helpers.fake_releases import fake_torch_wheel, torch_site
 
 pytestmark = pytest.mark.slow
 
@@ -92,11 +95,12 @@ def write_user_repository(root: Path) -> Path:
 def test_a_users_repository_runs_builtin_suites_and_its_own(tmp_path):
     checkout = copy_checkout(tmp_path / "torchmatrix-src")
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     python = venv / "bin" / "python"
     environ = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    torch_release = fake_torch_wheel(tmp_path / "releases", "2.13.0", torch_site())
     subprocess.run(
-        [str(python), "-m", "pip", "install", "-q", "torch==2.13.0", "numpy", str(checkout)],
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", str(torch_release), str(checkout)],
         env=unconstrained_pip(environ),
         check=True,
         capture_output=True,

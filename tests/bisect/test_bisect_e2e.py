@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from torchmatrix.matrix.config import ReportSettings
-from torchmatrix.reports.records import RunResults, TestRecord
+from torchmatrix.reports.records import RunResults, TestRecord, VersionInfo
 from torchmatrix.reports.results_json import write_json
 from torchmatrix.status import Confirmation
 
@@ -39,6 +39,7 @@ UNINSTALLABLE = "2.92.0"
 UNIMPORTABLE = "2.91.0"
 IMPORT_ERROR = "ImportError: libcudart.so.13: cannot open shared object file: No such file or directory"
 MISSING_REQUIREMENT = "torchmatrix-test-no-such-package==1"
+ROOT_CAUSE = "AssertionError: assert [2.0] == [1.0]"
 
 SUITE = '''\
 """A reducer component's sum over the ranks equals the sum of the rank values."""
@@ -185,21 +186,40 @@ def test_first_bad_found_with_the_fewest_installs(first_bad_search):
     assert "[3/" in result.stdout and "torch system ws1: failed" in result.stdout  # the matrix's progress line
 
 
+def regression_run(root: Path, good: str, bad: str) -> Path:
+    """A run directory whose upgrade diff has the suite's test passing on `good` and failing alone on
+    `bad`: a search from it starts between the pins (running them is the first search's to prove)."""
+    run = root / "reports" / f"regression-{good}-{bad}"
+    run.mkdir(parents=True)
+    test = ("ws1", "release_switch", "test_sum_over_ranks")
+    records = [
+        TestRecord(good, *test, "passed", 1.0),
+        TestRecord(bad, *test, "failed", 1.0, ROOT_CAUSE, confirmation=Confirmation.FAILS_ALONE.value),
+    ]
+    versions = [VersionInfo(good), VersionInfo(bad)]
+    results = RunResults(
+        "regression", "", [], "", "", good, ReportSettings(), versions, {"ws1": {"world_size": "1"}}, records
+    )
+    write_json(run / "results.json", results, [])
+    return run
+
+
 def test_a_flaky_middle_release_stops_the_search(project, first_bad_search):
+    run = regression_run(project["root"], "2.93.0", "2.98.0")
     result, report = bisect(
-        project, "--good", "2.93.0", "--bad", "2.98.0", RELEASE_SWITCH_FLAKY="2.95.0", RELEASE_SWITCH_FIRST_BAD="2.96.0"
+        project, "--from", str(run), RELEASE_SWITCH_FLAKY="2.95.0", RELEASE_SWITCH_FIRST_BAD="2.96.0"
     )
     assert result.returncode == 1, result.stdout + result.stderr
     line = result.stdout.splitlines()[-1]
     assert "no verdict: torch 2.95.0 flaky" in line and "passed alone" in line, line
     assert "first bad" not in result.stdout
-    assert [step["version"] for step in report["steps"]] == ["2.98.0", "2.93.0", "2.95.0"]
+    assert [step["version"] for step in report["steps"]] == ["2.95.0"]
     assert report["regressions"][0]["stopped_at"] == "2.95.0"
-    assert "step 3: torch 2.95.0: reusing its venv" in result.stdout  # installed by the first search
+    assert "step 1: torch 2.95.0: reusing its venv" in result.stdout  # installed by the first search
 
 
 def test_releases_that_do_not_install_or_import_are_skipped_with_their_reasons(project):
-    result, report = bisect(project, "--good", "2.90.0", "--bad", "2.93.0", RELEASE_SWITCH_FIRST_BAD="2.93.0")
+    result, report = bisect(project, "--from", str(regression_run(project["root"], "2.90.0", "2.93.0")))
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"torch {UNINSTALLABLE} did not install: " in result.stdout
     assert "torchmatrix-test-no-such-package" in result.stdout
@@ -208,9 +228,9 @@ def test_releases_that_do_not_install_or_import_are_skipped_with_their_reasons(p
     assert "first bad: one of 2.91.0, 2.92.0, 2.93.0 (2.90.0 passed; " in line, line
     assert f"2.91.0 installed but does not import torch: {IMPORT_ERROR}" in line, line
     steps = report["steps"]
-    assert [step["version"] for step in steps] == ["2.93.0", "2.90.0", "2.91.0", "2.92.0"]
-    assert steps[2]["imports"] is False and steps[2]["reason"] == IMPORT_ERROR
-    assert steps[3]["installed"] is False and "torchmatrix-test-no-such-package" in steps[3]["reason"]
+    assert [step["version"] for step in steps] == ["2.91.0", "2.92.0"]
+    assert steps[0]["imports"] is False and steps[0]["reason"] == IMPORT_ERROR
+    assert steps[1]["installed"] is False and "torchmatrix-test-no-such-package" in steps[1]["reason"]
 
 
 def _gone(pid: int) -> bool:
@@ -249,26 +269,29 @@ def test_sigterm_ends_the_steps_processes_and_exits_130_with_what_was_decided(pr
 
 @pytest.fixture(scope="module")
 def plain_venv(project) -> Path:
-    """A venv with pytest and no torchmatrix, for the reproducer; torch comes from the fake releases."""
+    """A venv without torchmatrix, for the reproducer: a fake release brings torch and, from torch's
+    own site-packages, pytest. It has no pip of its own (seeding one costs seconds); this one installs into it."""
     venv = project["root"] / "plain-venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    environment = {key: value for key, value in project["env"].items() if key != "PYTHONPATH"}
-    subprocess.run(
-        [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "pytest"],
-        check=True,
-        env=environment,
-        capture_output=True,
-    )
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    if not (torch_site() / "pytest").is_dir():  # pytest installed apart from torch
+        pip_install(venv, project, "pytest")
     return venv
 
 
-def install_release(venv: Path, project: dict, version: str) -> None:
+def pip_install(venv: Path, project: dict, *arguments: str) -> None:
+    """`pip install` into `venv` with this interpreter's pip, outside the test's PYTHONPATH."""
     subprocess.run(
-        [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--force-reinstall", "--no-deps", "--no-index",
-         "--find-links", str(project["wheels"]), f"torch=={version}"],
+        [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q", *arguments],
         check=True,
         capture_output=True,
-        env=project["env"],
+        env={key: value for key, value in project["env"].items() if key != "PYTHONPATH"},
+    )
+
+
+def install_release(venv: Path, project: dict, version: str) -> None:
+    pip_install(
+        venv, project, "--force-reinstall", "--no-deps", "--no-index", "--find-links", str(project["wheels"]),
+        f"torch=={version}",
     )  # fmt: skip
 
 
@@ -297,7 +320,7 @@ def test_the_reproducer_fails_without_torchmatrix_as_the_run_did_and_passes_on_t
     assert (repro / "command.txt").read_text() == "python repro.py\n"
     assert "PyTorch version" in (repro / "collect_env.txt").read_text()
     readme = (repro / "README.md").read_text()
-    root_cause = "AssertionError: assert [2.0] == [1.0]"
+    root_cause = ROOT_CAUSE
     assert "## What was expected" in readme and f"`{root_cause}`" in readme
 
     plain = {key: value for key, value in project["env"].items() if key != "PYTHONPATH"}
