@@ -17,19 +17,28 @@ CHECKPOINTER_VARIANTS = {
 }
 
 
-def marked(optimizer, variant: str):
+BETAS, EPS = (0.9, 0.999), 1e-8
+
+
+def saved_by(variant: str, params, **settings):
+    """The reference optimizer over `params`, marked with the checkpointer variant that saves it."""
+    optimizer = build_precision_aware(params, **settings)
     optimizer.checkpointer_variant = variant
     return optimizer
 
 
-def build_unsharded_save(params, *, lr, implementation=DEFAULT_IMPLEMENTATION):
+def build_unsharded_save(params, *, lr, betas=BETAS, eps=EPS, weight_decay=0.0, implementation=DEFAULT_IMPLEMENTATION):
     """The reference optimizer, saved by the checkpointer that gathers its state whole."""
-    return marked(build_precision_aware(params, lr=lr, implementation=implementation), "unsharded_save")
+    return saved_by(
+        "unsharded_save", params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, implementation=implementation
+    )
 
 
-def build_raw_state_dict(params, *, lr, implementation=DEFAULT_IMPLEMENTATION):
+def build_raw_state_dict(params, *, lr, betas=BETAS, eps=EPS, weight_decay=0.0, implementation=DEFAULT_IMPLEMENTATION):
     """The reference optimizer, saved by the checkpointer that round-trips `optimizer.state_dict()`."""
-    return marked(build_precision_aware(params, lr=lr, implementation=implementation), "raw_state_dict")
+    return saved_by(
+        "raw_state_dict", params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, implementation=implementation
+    )
 
 
 class Checkpointer:
