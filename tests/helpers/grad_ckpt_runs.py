@@ -9,6 +9,7 @@ from helpers.matrix_files import include_table, matrix_toml
 from helpers.projects import Project
 
 REFERENCE = "torchmatrix.models.transformer:build_model"
+PARALLELIZE = "torchmatrix.models.parallel:parallelize"
 GRADIENTS = "test_checkpointing_leaves_loss_and_gradients_unchanged[dropout={}]"
 RECOMPUTE = "test_recompute_reruns_layers_and_rewrites_cache_identically"
 BUFFERS = "test_checkpointing_leaves_every_buffer_unchanged"
@@ -43,44 +44,38 @@ def failure_text(case) -> str:
     return "\n".join(f"{result.message or ''}\n{result.text or ''}" for result in case.result)
 
 
+COMPILED_AXES = ["world_size", "fsdp", "attn", "compile", "compile_nesting"]
+
+
 def compiled_matrix(model: str, cells: list[str]) -> str:
     """grad_ckpt on exactly ``cells`` (ids ws<N>-<fsdp>-sdpa-<backend>-<nesting>), as includes of an empty product."""
-    include = []
-    for cell in cells:
-        world_size, fsdp, attn, backend, nesting = cell.split("-")
-        include.append(
-            {
-                "world_size": int(world_size.removeprefix("ws")),
-                "fsdp": fsdp,
-                "attn": attn,
-                "compile": backend,
-                "compile_nesting": nesting,
-            }
-        )
+    return compiled_includes_matrix(COMPILED_AXES, [cell.split("-") for cell in cells], model, PARALLELIZE)
+
+
+def compiled_variants_matrix(cells: dict[str, list[str]]) -> str:
+    """grad_ckpt on exactly these cells with tests/suites/grad_ckpt_variants.py's components: variant ->
+    its cell ids ws<N>-<fsdp>-sdpa-<backend>-<nesting> (each run as id ...-<nesting>-<variant>)."""
+    values = [[*cell.split("-"), variant] for variant, ids in cells.items() for cell in ids]
+    return compiled_includes_matrix(
+        [*COMPILED_AXES, "variant"], values, "grad_ckpt_variants:build_model", "grad_ckpt_variants:parallelize"
+    )
+
+
+def compiled_includes_matrix(axes: list[str], cells: list[list[str]], model: str, parallelize: str) -> str:
+    """grad_ckpt over axes `axes` on exactly `cells` (each one value per axis), as includes of an empty product."""
+    empty = {"world_size": [1], "fsdp": ["none"], "attn": ["sdpa"], "compile": ["none"], "compile_nesting": ["outside"]}
+    empty.update({axis: [values[axes.index(axis)] for values in cells][:1] for axis in axes if axis not in empty})
     matrix = matrix_toml(
         torch=["2.13.0"],
-        axes={
-            "world_size": [1],
-            "fsdp": ["none"],
-            "attn": ["sdpa"],
-            "compile": ["none"],
-            "compile_nesting": ["outside"],
-        },
+        axes=empty,
         exclude=[{"compile": "none"}],
-        suites={
-            "grad_ckpt": {
-                "path": None,
-                "timeout": 1200,
-                "axes": ["world_size", "fsdp", "attn", "compile", "compile_nesting"],
-            }
-        },
-        components={
-            "model": model,
-            "parallelize": "torchmatrix.models.parallel:parallelize",
-            "batch": "torchmatrix.models.transformer:make_batch",
-        },
+        suites={"grad_ckpt": {"path": None, "timeout": 1200, "axes": axes}},
+        components={"model": model, "parallelize": parallelize, "batch": "torchmatrix.models.transformer:make_batch"},
     )
-    return matrix + "".join(include_table(entry) for entry in include)
+    entries = [dict(zip(axes, values)) for values in cells]
+    for entry in entries:
+        entry["world_size"] = int(entry["world_size"].removeprefix("ws"))
+    return matrix + "".join(include_table(entry) for entry in entries)
 
 
 def compile_seconds(found: dict[str, str]) -> list[float]:

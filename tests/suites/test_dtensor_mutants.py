@@ -4,12 +4,14 @@ precision-aware optimizer passes every cell and each mutant of models/mutants/dt
 fails the checks that should see it.
 
 The optimizer mutants ride along as extra values of the `optimizer` axis (one component each),
-so a single run with one rank pool per world size covers them all; it names the reference
-checkpointer, so the sharded-save check reads what `checkpointer().save` wrote. Two small runs at
-world size 2 prove the rest: the mutant checkpointer that saves optimizer state unsharded is
-caught, and without a checkpointer the suite checks torch's helpers' save and says so; and two more
-(issue 30): state saved sharded but keyed by position is described so, and the reshard goes through
-a bound checkpointer that takes a process group (a mutant of it that never loads the optimizer fails there),
+so a single run with one rank pool per world size covers them all; its checkpointer
+(tests/suites/dtensor_variants.py) is the reference one, so the sharded-save check reads what
+`checkpointer().save` wrote, except in the ws2 cells of two more optimizer values, the reference
+optimizer saved by a per-call mutant checkpointer: one that saves optimizer state unsharded is caught,
+and state saved sharded but keyed by position is described so (issue 30). Small runs at world size 2
+prove the rest: without a checkpointer the suite checks torch's helpers' save and says so; the
+reshard goes through a bound checkpointer that takes a process group (a mutant of it that never
+loads the optimizer fails there),
 and, for a manager without a process group, in worlds of their own (issue 40). After every reshard load
 the training goes on and is compared with the run that never stopped: an optimizer that loads its
 state and then ignores it fails there.
@@ -23,6 +25,7 @@ from pathlib import Path
 import pytest
 from junitparser import JUnitXml
 
+from helpers.checkout import REPO
 from helpers.matrix_files import matrix_toml
 from helpers.run_results import cell_failures, run_suites
 
@@ -43,10 +46,17 @@ MUTANTS = {
 LOAD_MUTANTS = {"shapeless_on_load": "torchmatrix.models.mutants.dtensor_state:ShapelessOnLoadAdamW"}
 # Exact right after the load, wrong in the steps after it: only the training after a reshard sees it.
 CONTINUATION_MUTANTS = {"loaded_moments_ignored": "torchmatrix.models.mutants.dtensor_state:LoadedMomentsIgnoredAdamW"}
-WS2_ONLY = {**LOAD_MUTANTS, **CONTINUATION_MUTANTS}
+# The reference optimizer, saved by a per-call mutant checkpointer (dtensor_variants.CHECKPOINTER_VARIANTS).
+UNSHARDED_SAVE, RAW_STATE_DICT = "unsharded_save", "raw_state_dict"
+CHECKPOINTER_VARIANTS = {
+    UNSHARDED_SAVE: "dtensor_variants:build_unsharded_save",
+    RAW_STATE_DICT: "dtensor_variants:build_raw_state_dict",
+}
+WS2_ONLY = {**LOAD_MUTANTS, **CONTINUATION_MUTANTS, **CHECKPOINTER_VARIANTS}
 RESHARD = "test_reshard_load_is_exact"
 WORLD_SIZES = (2, 4)
 CHECKPOINTER = "torchmatrix.models.checkpoint:Checkpointer"
+VARIANTS_CHECKPOINTER = "dtensor_variants:Checkpointer"
 SAVED = "test_saved_state_is_sharded"
 
 
@@ -87,7 +97,7 @@ def run_root(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def run(run_root) -> tuple[subprocess.CompletedProcess, dict[str, dict[str, str]]]:
     """One run of the suite over reference and mutant cells; per cell id, test -> outcome."""
-    return run_suites(run_root, dtensor_matrix())
+    return run_suites(run_root, dtensor_matrix(checkpointer=VARIANTS_CHECKPOINTER), REPO / "tests" / "suites")
 
 
 def cell_id(world_size: int, optimizer: str) -> str:
@@ -178,9 +188,9 @@ def test_the_sharded_save_check_reads_what_the_checkpointer_wrote(run, run_root)
     """The main run names a checkpointer, so that is the save every cell's check read."""
     sources = layout_sources(run_root)
     assert set(sources) == set(run[1])
-    read = f"checkpointer {CHECKPOINTER} (the DCP checkpoint its save wrote)"
+    read = f"checkpointer {VARIANTS_CHECKPOINTER} (the DCP checkpoint its save wrote)"
     assert all(found == {read} for cell, found in sources.items() if cell.endswith(REFERENCE)), sources
-    failed = f"checkpointer {CHECKPOINTER} (its save failed)"
+    failed = f"checkpointer {VARIANTS_CHECKPOINTER} (its save failed)"
     assert all(found <= {read, failed} for found in sources.values()), sources
 
 
@@ -193,8 +203,9 @@ def failing_run(root: Path, checkpointer: str) -> tuple[dict[str, str], dict[str
     ]
 
 
-def test_suite_catches_a_checkpointer_that_saves_optimizer_state_unsharded(tmp_path):
-    tests, failures = failing_run(tmp_path, "torchmatrix.models.mutants.dtensor_state:UnshardedOptimizerCheckpointer")
+def test_suite_catches_a_checkpointer_that_saves_optimizer_state_unsharded(run, run_root):
+    tests = run[1][cell_id(2, UNSHARDED_SAVE)]
+    failures = cell_failures(run_root / "reports" / "latest" / "torch-system")[cell_id(2, UNSHARDED_SAVE)]
     saved = {test: result for test, result in tests.items() if test.startswith(SAVED)}
     assert len(saved) == 2 and set(saved.values()) == {"failure"}, tests
     assert all("expected 2 chunks, one per rank" in failures[test] for test in saved), failures
@@ -231,14 +242,12 @@ def recorded_per_test(root: Path, name: str) -> dict[str, dict[str, str]]:
     return found
 
 
-def test_state_stored_sharded_but_keyed_by_position_is_described_so(tmp_path):
+def test_state_stored_sharded_but_keyed_by_position_is_described_so(run, run_root):
     """`optimizer.state_dict()` saved as is: sharded (DTensor state), keyed `optimizer.state.<index>.<state>`;
     the check passes and says both, each on its own line."""
-    checkpointer = "torchmatrix.models.mutants.resume:RawOptimizerStateCheckpointer"
-    done, outcomes = run_suites(tmp_path, dtensor_matrix((REFERENCE,), (2,), checkpointer))
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert set(outcomes[cell_id(2, REFERENCE)].values()) == {"passed"}, outcomes
-    layouts = recorded(tmp_path, "state_layout")
+    cell = cell_id(2, RAW_STATE_DICT)
+    assert set(run[1][cell].values()) == {"passed"}, run[1][cell]
+    layouts = set(recorded_per_test(run_root, "state_layout")[cell].values())
     assert len(layouts) == 2, layouts
     for lines in (layout.split(" | ") for layout in layouts):
         assert len(lines) == 2, lines

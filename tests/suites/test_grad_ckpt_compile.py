@@ -2,8 +2,8 @@
 aot_eager cells (outside and inside at world size 1, outside under FSDP2 at world size 2), every
 test passing bit for bit, each cell's compile seconds recorded apart from its test time; and a cell
 naming a backend torch does not have, where every test fails with the compile mode and torch's own
-root cause, not a lost cell. The inductor cell is tests/suites/test_grad_ckpt_inductor.py's, the
-known-bad block tests/suites/test_grad_ckpt_compile_mutants.py's.
+root cause, not a lost cell. The inductor cell, the known-bad block and the parallelize that never
+checkpoints are tests/suites/test_grad_ckpt_compile_mutants.py's.
 """
 
 from __future__ import annotations
