@@ -10,36 +10,32 @@ import json
 import subprocess
 import sys
 from dataclasses import dataclass, field, replace
+from importlib import metadata
 
 from torchmatrix import json_records
 
-PROBE = """
-import json
-from importlib import metadata
+PROBE = "import json; from torchmatrix.env.devices import torch_facts; print(json.dumps(torch_facts()))"
 
 
-def _release():
+def torch_facts() -> dict:
+    """In the environment asked about: its torch build and GPUs, or {"error": why torch does not import}."""
     try:
-        return metadata.version("torch")
+        release = metadata.version("torch")
     except metadata.PackageNotFoundError:
-        return ""
-
-
-try:
-    import torch
-except Exception as error:
-    print(json.dumps({"error": f"{type(error).__name__}: {error}"}))
-else:
+        release = ""
+    try:
+        import torch
+    except Exception as error:
+        return {"error": f"{type(error).__name__}: {error}"}
     cuda = torch.cuda.is_available()
-    print(json.dumps({
+    return {
         "torch": torch.__version__,
         "git_version": getattr(torch.version, "git_version", ""),
         "cuda_version": torch.version.cuda,
         "gpu_count": torch.cuda.device_count() if cuda else 0,
         "gpu_name": torch.cuda.get_device_name(0) if cuda else "",
-        "release": _release(),
-    }))
-"""
+        "release": release,
+    }
 
 
 class ProbeError(RuntimeError):
@@ -138,7 +134,11 @@ def probe(python: str = sys.executable, timeout: float = 120.0) -> Environment:
         raise ProbeError(
             f"{python} could not run the torch probe: {(done.stderr.strip().splitlines() or ['no output'])[-1]}"
         )
-    found = json.loads(lines[-1])
-    if "error" in found:
-        raise ProbeError(f"torch is not importable with {python}: {found['error']}")
-    return Environment(**found)
+    return environment_of(json.loads(lines[-1]), python)
+
+
+def environment_of(facts: dict, python: str) -> Environment:
+    """The environment `torch_facts` described in `python`; ProbeError where its torch does not import."""
+    if "error" in facts:
+        raise ProbeError(f"torch is not importable with {python}: {facts['error']}")
+    return Environment(**facts)

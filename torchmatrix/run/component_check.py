@@ -2,8 +2,9 @@
 
 A wrong import path, a factory that cannot take the suites' arguments or an optimizer factory
 that returns something the suites cannot use would otherwise fail every cell, one traceback
-each, minutes in. The imports run in a child interpreter of the torch environment (like the
-torch probe of devices.py), so the runner never imports torch or the user's code itself. A
+each, minutes in. The imports run in a child interpreter of the torch environment, so the runner
+never imports torch or the user's code itself; that child answers the torch probe too
+(torchmatrix.env.devices), so a run imports torch once before its cells, not twice. A
 component whose package this environment lacks is no problem here but a warning: its cells
 error, or skip where `[optional]` allows (torchmatrix.components.optional).
 """
@@ -36,6 +37,7 @@ from torchmatrix.components.protocol import (
     required_names,
 )
 from torchmatrix.env.component_requirements import uninstalled_here
+from torchmatrix.env.devices import Environment, ProbeError, environment_of, torch_facts
 from torchmatrix.matrix.config import Matrix
 from torchmatrix.run.import_path import user_code_environment
 
@@ -53,6 +55,9 @@ class ComponentCheck:
 
     problems: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    environment: Environment | ProbeError | None = field(default=None, compare=False)
+    """What the child found of torch, as devices.probe would have; None where no child ran (no
+    components, or it gave no answer)."""
 
 
 def check_components(
@@ -99,11 +104,15 @@ def check_components(
         last = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}, no answer"])[-1]
         check.problems.append(f"{where}: components: the check could not run with {python}: {last}")
         return check
+    try:
+        check.environment = environment_of(found["torch"], python)
+    except ProbeError as error:
+        check.environment = error
     check.problems += [f"{where}: components.{key}: {problem}" for key, problem in found["problems"]]
     uninstalled = uninstalled_here()
     missing = {key: f"{key} needs {reason}" for key, reason in uninstalled.items() if key in matrix.components}
     missing.update({key: needs for key, needs in found["missing"] if key not in missing})
-    device_type = found["device_type"]
+    device_type = "cuda" if found["torch"].get("gpu_count") else "cpu"
     check.warnings += [
         f"{where}: components.{key}: "
         + warning_line(
@@ -262,11 +271,13 @@ def parameter_names(signature: inspect.Signature) -> str:
 
 def main() -> None:
     """Child side: read {key: import path} on stdin, write as JSON to the file the parent names
-    (argv[1]) this environment's device type, [[key, problem], ...] and [[key, what its module
-    needs], ...]. Not on stdout: the user's modules may print there, at import or at exit.
+    (argv[1]) this environment's torch facts (first, before any user code runs), [[key, problem], ...]
+    and [[key, what its module needs], ...]. Not on stdout: the user's modules may print there, at
+    import or at exit.
 
     sys.path is the suites' (torchmatrix.run.import_path): the matrix directory first.
     """
+    facts = torch_facts()
     components = json.loads(sys.stdin.read())
     problems, missing = [], []
     for key, path in components.items():
@@ -274,14 +285,5 @@ def main() -> None:
         problems += [[key, problem] for problem in found]
         if needs:
             missing.append([key, needs])
-    answer = {"device_type": device_type(), "problems": problems, "missing": missing}
+    answer = {"torch": facts, "problems": problems, "missing": missing}
     file_writes.write_text(Path(sys.argv[1]), json.dumps(answer))
-
-
-def device_type() -> str:
-    """`cuda` where torch sees a GPU, as torchmatrix.env.devices names it; `cpu` otherwise."""
-    try:
-        import torch
-    except ImportError:
-        return "cpu"
-    return "cuda" if torch.cuda.is_available() else "cpu"

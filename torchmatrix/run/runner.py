@@ -18,7 +18,6 @@ import os
 import shlex
 import shutil
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -222,14 +221,13 @@ def _run_version(request: RunRequest, stream, interrupts: Interrupts) -> ExitCod
 
 
 def _check_and_probe(request: RunRequest) -> Environment | ProbeError | None:
-    """The component check, beside the torch probe (each imports torch in a child); None when
-    nox's install of this torch version failed (its log says why)."""
+    """The component check, whose child answers the torch probe too (one import of torch, not two);
+    the probe alone where no child ran; None when nox's install of this torch version failed (its
+    log says why)."""
     if request.install_log is not None:
         return None
-    with ThreadPoolExecutor(max_workers=1) as children:
-        probed = children.submit(_probe_or_error)
-        _refuse_broken_components(request.matrix, request.version)
-        return probed.result()
+    found = _refuse_broken_components(request.matrix, request.version)
+    return found if found is not None else _probe_or_error()
 
 
 def _claim(request: RunRequest) -> int:
@@ -320,18 +318,20 @@ def _refuse_too_wide_for_cpu(request: RunRequest, cells: list[Cell], environment
         )
 
 
-def _refuse_broken_components(matrix: Matrix, version: str) -> None:
+def _refuse_broken_components(matrix: Matrix, version: str) -> Environment | ProbeError | None:
     """Stop before any cell runs when a component cannot be imported or called as the suites call
-    it; warn about each component whose package this environment lacks."""
+    it; warn about each component whose package this environment lacks; return what the check's
+    child found of torch."""
     check = check_components(matrix, version)
     for line in check.warnings:
         print(f"torchmatrix: warning: {line}", file=sys.stderr)
     if check.problems:
         raise RunError("\n".join(check.problems))
+    return check.environment
 
 
 def _probe_or_error() -> Environment | ProbeError:
-    """The torch probe, run beside the component check (each imports torch in a child)."""
+    """The torch probe alone, for a matrix without components."""
     try:
         return probe()
     except ProbeError as error:
