@@ -681,8 +681,8 @@ def shards_only(local: dict, full: dict) -> dict:
     return {name: grad for name, grad in local.items() if name not in full or grad.shape != full[name].shape}
 
 
-# This rank's last pair of steps, (its arguments, the pair or the error it raised): the dropout
-# gradient test, the recompute test and the module-state tests of a cell ask for the same pair.
+# This rank's last pair of steps on a CPU, (its arguments, the pair or the error it raised): the
+# dropout gradient test, the recompute test and the module-state tests of a cell ask for the same pair.
 _last_steps: list[tuple[tuple, object]] = []
 
 
@@ -695,8 +695,11 @@ def both_steps(
     ignored: tuple[str, ...] = (),
 ) -> tuple[StepRecord, StepRecord]:
     """The step without and the step with activation checkpointing (or the error they raised), run
-    once for the tests of a cell that ask for the same pair: the steps are deterministic, so a rerun
-    would only repeat them."""
+    once on a CPU for the tests of a cell that ask for the same pair: the steps are deterministic, so
+    a rerun would only repeat them. On an accelerator each test runs its own pair: a remembered pair
+    would hold its model's parameters and gradients in the device's memory under the next suites."""
+    if current_device().type != "cpu":
+        return run_both_steps(cell, components, precision, dropout, micro_batches, tuple(ignored))
     key = (cell.id, sorted(components.items()), precision, dropout, micro_batches, tuple(ignored))
     if not _last_steps or _last_steps[0][0] != key:
         try:
