@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from torchmatrix.env.install_estimate import (
+    COPY_BYTES_PER_S,
     CPU_S,
     DOWNLOAD_BYTES_PER_S,
     UNPACK_BYTES_PER_S,
@@ -33,14 +34,14 @@ def pip_report(*urls: str) -> dict:
 
 def test_a_wheel_in_the_wheelhouse_downloads_nothing_but_still_unpacks():
     fresh = estimate_from_report(pip_report(TORCH_URL, NUMPY_URL), cached=[], size_of=SIZES.get)
-    assert fresh == InstallEstimate(download_bytes=917_000_000, unpack_bytes=917_000_000)
+    assert fresh == InstallEstimate(download_bytes=900_000_000, unpack_bytes=917_000_000, copy_bytes=17_000_000)
     cached = estimate_from_report(
         pip_report(TORCH_URL, NUMPY_URL),
         cached=["torch-2.14.1-cp311-cp311-manylinux_2_28_x86_64.whl"],
         size_of=SIZES.get,
     )
-    assert cached == InstallEstimate(download_bytes=17_000_000, unpack_bytes=917_000_000)
-    assert cached.seconds == pytest.approx(CPU_S + 17e6 / DOWNLOAD_BYTES_PER_S + 917e6 / UNPACK_BYTES_PER_S)
+    assert cached == InstallEstimate(download_bytes=0, unpack_bytes=917_000_000, copy_bytes=17_000_000)
+    assert cached.seconds == pytest.approx(CPU_S + 17e6 / COPY_BYTES_PER_S + 917e6 / UNPACK_BYTES_PER_S)
     assert fresh.seconds - cached.seconds == pytest.approx(900e6 / DOWNLOAD_BYTES_PER_S)
     assert estimate_from_report(pip_report(), cached=[], size_of=SIZES.get).seconds == CPU_S, (
         "a venv costs its CPU part"
@@ -57,6 +58,9 @@ def test_a_size_nobody_can_tell_makes_the_estimate_unknown_not_smaller():
 def test_describe_says_what_downloads_and_unpacks():
     assert InstallEstimate(2_800_000_000, 2_900_000_000).describe() == "2.8 GB to download, 2.9 GB to unpack"
     assert InstallEstimate(0, 200_000_000).describe() == "nothing to download, 0.2 GB to unpack"
+    assert InstallEstimate(0, 3_000_000_000, 3_000_000_000).describe() == (
+        "3.0 GB to copy from a local index, 3.0 GB to unpack"
+    )
 
 
 def test_a_local_files_size_is_read_from_disk_and_other_schemes_are_unknown(tmp_path):
@@ -84,7 +88,7 @@ def test_estimate_install_reads_pips_report_and_the_wheelhouse(tmp_path):
     (wheels / local.name).write_bytes(b"n" * 300)
     assert wheelhouse_files(wheels) == [local.name]
     estimate = estimate_install(str(fake_python), ["torch==2.14.1", "numpy"], wheelhouse_files(wheels), {})
-    assert estimate == InstallEstimate(download_bytes=5000, unpack_bytes=5300)
+    assert estimate == InstallEstimate(download_bytes=0, unpack_bytes=5300, copy_bytes=5000), "a file:// index copies"
     failing = tmp_path / "failing"
     failing.write_text(f"#!{sys.executable}\nraise SystemExit(1)\n")
     failing.chmod(0o755)
@@ -99,7 +103,7 @@ def test_pips_own_dry_run_report_has_the_shape_the_estimate_reads(tmp_path):
         check=True,
     )
     estimate = estimate_install(sys.executable, ["--no-index", str(wheel)], [], {"PATH": "/usr/bin:/bin"})
-    assert estimate is not None and estimate.unpack_bytes == estimate.download_bytes == wheel.stat().st_size
+    assert estimate is not None and estimate.unpack_bytes == estimate.copy_bytes == wheel.stat().st_size
 
 
 WHEEL_WRITER = """

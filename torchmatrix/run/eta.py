@@ -3,8 +3,8 @@
 Elapsed time over finished cells alone is far too high at first: cells run side by side, so the
 first to finish carries most of the time since the start (imports, pool starts, its neighbours'
 work). Earlier runs' results.json say how long each suite takes (without one, PRIOR_SUITE_SECONDS
-does); that work spread over the machine's slots is the seed, and it gives way to the observed
-rate as the work gets done. What follows the cells is counted as phases (`LaterPhases`): the
+does); that work spread over the machine's slots, slowed by what else keeps the machine busy
+(`contention`), is the seed, and it gives way to the observed rate as the work gets done. What follows the cells is counted as phases (`LaterPhases`): the
 later versions' installs and starts, each version's read pass, the report. Suite timeouts are
 limits, not estimates, and are never used. The priors' measurements: docs/explanation/performance.md.
 """
@@ -23,23 +23,30 @@ from torchmatrix.reports.results_json import FILE_NAME as RESULTS_FILE
 
 RUNS_CONSIDERED = 5
 PRIOR_SUITE_SECONDS = {
-    "grad_ckpt": 8.0,
-    "resume": 13.5,
-    "dtensor_optim": 2.0,
-    "parallel_equivalence": 2.5,
-    "cross_version": 5.0,
-    "collectives": 1.5,
+    "grad_ckpt": 1.1,
+    "resume": 1.9,
+    "dtensor_optim": 0.4,
+    "parallel_equivalence": 0.35,
+    "cross_version": 1.25,
+    "collectives": 0.25,
 }
 """Slot-seconds of one run of each built-in suite on a one-rank cell (a wider cell costs it per
-rank), torch 2.13.0 CPU on 2 cores at load average 5-12: the seed when reports/ holds no
-earlier run; a suite of your own costs their mean."""
-STARTUP_S = 65.0
-"""A runner's start to its first finished cell beyond that cell's work (component check, torch
-probe, pytest processes importing torch and collecting), until this runner's is observed."""
-READ_CELL_S = 4.5
-"""Slot-seconds of one cell's reads of the other versions' cross_version checkpoints."""
-REPORT_S = 40.0
-"""The report session besides its read passes: its venv, this torchmatrix installed, the reports written."""
+rank), torch 2.13.0 CPU on an idle 2-core machine, eager cells (a compiled cell costs far more:
+its history says how much): the seed when reports/ holds no earlier run; a suite of your own
+costs their mean."""
+STARTUP_S = 15.0
+"""A runner's start to its first finished cell beyond that cell's work (component check, pytest
+processes importing torch and collecting) on an idle machine, until this runner's is observed."""
+READ_CELL_S = 1.5
+"""Slot-seconds of one cell's reads of the other versions' cross_version checkpoints, idle."""
+REPORT_S = 10.0
+"""The report session besides its read passes, idle: its venv, this torchmatrix installed, the reports written."""
+
+
+def contention(load: float, cores: int) -> float:
+    """How many times slower than on an idle machine CPU-bound work runs now: the 1-minute load
+    average per core, never below 1 (an idle machine's, or one this invocation's install left)."""
+    return max(1.0, load / max(cores, 1))
 
 
 def suite_seconds(reports: Path, torch: str, current_run: str) -> dict[str, float]:
@@ -90,16 +97,21 @@ def _suite_run_seconds(path: Path) -> dict[tuple[str, str, str], float]:
 @dataclass(frozen=True)
 class WorkEstimate:
     """Expected slot-seconds of each cell's suite runs (a run counts for the cell that runs it),
-    the slots they share, and whether earlier runs or the priors said so: the seed of the ETA."""
+    the slots they share, whether earlier runs or the priors said so, and how many times slower than
+    idle the machine runs now: the seed of the ETA."""
 
     per_cell: Mapping[str, float]
     slots: int
     from_history: bool = True
+    contention: float = 1.0
 
     @classmethod
-    def of_runs(cls, runs: Iterable[SuiteRun], seconds: Mapping[str, float], slots: int) -> WorkEstimate:
+    def of_runs(
+        cls, runs: Iterable[SuiteRun], seconds: Mapping[str, float], slots: int, contention: float = 1.0
+    ) -> WorkEstimate:
         """The work of `runs` as earlier runs' `seconds` say; a suite they do not name costs its
-        prior, a suite without one the mean of what they name (of the priors, without history)."""
+        prior, a suite without one the mean of what they name (of the priors, without history,
+        which run `contention` times slower than idle)."""
         known = seconds or PRIOR_SUITE_SECONDS
         unknown = mean(known.values())
         per_cell: dict[str, float] = defaultdict(float)
@@ -107,7 +119,8 @@ class WorkEstimate:
             name = run.suite.name
             each = known.get(name, PRIOR_SUITE_SECONDS.get(name, unknown))
             per_cell[run.cell.id] += each * min(run.cell.world_size, slots)
-        return cls(dict(per_cell), slots, from_history=bool(seconds))
+        # Earlier runs' durations are this machine's own, at its load then: only the idle priors are slowed.
+        return cls(dict(per_cell), slots, from_history=bool(seconds), contention=1.0 if seconds else contention)
 
     @property
     def total(self) -> float:
@@ -115,10 +128,11 @@ class WorkEstimate:
 
     def remaining_seconds(self, elapsed: float, done: float, left: float) -> float:
         """Wall seconds for `left` slot-seconds when `done` took `elapsed`: the seed rate (one
-        slot-second per slot) blended with the observed rate, weighted by the share done."""
+        slot-second per slot, slowed by the contention) blended with the observed rate, weighted by
+        the share done."""
         if left <= 0:
             return 0.0
-        seed_rate = 1 / self.slots
+        seed_rate = self.contention / self.slots
         observed_rate = elapsed / done if done > 0 else seed_rate
         weight = done / (done + left)
         return ((1 - weight) * seed_rate + weight * observed_rate) * left
@@ -136,7 +150,9 @@ class LaterPhases:
     read_cells: int = 0
     report: bool = False
 
-    def seconds(self, startup: float, slots: int) -> float:
-        """Wall seconds of these phases, when a runner takes `startup` seconds before its cells' work."""
-        reads = self.read_passes * (startup + self.read_cells * READ_CELL_S / max(slots, 1))
-        return (self.installs or 0.0) + self.versions * startup + reads + (REPORT_S if self.report else 0.0)
+    def seconds(self, startup: float, slots: int, contention: float = 1.0) -> float:
+        """Wall seconds of these phases, when a runner takes `startup` seconds before its cells' work
+        and CPU-bound work runs `contention` times slower than idle (the installs' estimate has its own pace)."""
+        reads = self.read_passes * (startup + self.read_cells * READ_CELL_S * contention / max(slots, 1))
+        report = REPORT_S * contention if self.report else 0.0
+        return (self.installs or 0.0) + self.versions * startup + reads + report

@@ -98,14 +98,15 @@ class Progress:
 
     def _remaining(self, now: float) -> float | None:
         """Seconds left for this version's cells and everything after them; None without an estimate or a finished cell."""
-        startup = STARTUP_S if self.first_finished is None else self.first_finished - self.started_here
+        contention = self.estimate.contention if self.estimate is not None else 1.0
+        startup = STARTUP_S * contention if self.first_finished is None else self.first_finished - self.started_here
         if self.estimate is not None:
             if self.first_finished is None:
                 waiting = max(startup - (now - self.started_here), 0.0)
                 cells = waiting + self.estimate.remaining_seconds(0.0, 0.0, self.work_left)
             else:
                 cells = self.estimate.remaining_seconds(now - self.first_finished, self.work_rated, self.work_left)
-            return cells + self.later.seconds(startup, self.estimate.slots)
+            return cells + self.later.seconds(startup, self.estimate.slots, contention)
         if not self.done_here:
             return None
         return (now - self.started_here) / self.done_here * self.cells_left + self.later.seconds(startup, 1)

@@ -41,7 +41,7 @@ from torchmatrix.ranks.parent_death import PARENT_PID_VARIABLE
 from torchmatrix.reports import junit
 from torchmatrix.run import confirmation, cross_version
 from torchmatrix.run.component_check import check_components
-from torchmatrix.run.eta import LaterPhases, WorkEstimate, suite_seconds
+from torchmatrix.run.eta import LaterPhases, WorkEstimate, contention, suite_seconds
 from torchmatrix.run.import_path import user_code_environment
 from torchmatrix.run.interrupts import Interrupts
 from torchmatrix.run.leftover_processes import adopt_orphans, kill_leftovers
@@ -289,9 +289,11 @@ def _slots(request: RunRequest, environment: Environment) -> int:
 
 
 def _work_estimate(request: RunRequest, runs: list[SuiteRun], environment: Environment) -> WorkEstimate:
-    """The ETA's seed: what the planned suite runs took in earlier runs under --reports, else the priors."""
+    """The ETA's seed: what the planned suite runs took in earlier runs under --reports, else the
+    priors, at the contention the machine's load says now."""
     seconds = suite_seconds(request.reports, request.version, request.run_id)
-    return WorkEstimate.of_runs(runs, seconds, _slots(request, environment))
+    busy = contention(os.getloadavg()[0], len(os.sched_getaffinity(0)))
+    return WorkEstimate.of_runs(runs, seconds, _slots(request, environment), busy)
 
 
 def _later_phases(request: RunRequest, cells: list[Cell], suites: dict) -> LaterPhases:
