@@ -53,9 +53,7 @@ def candidate_python() -> str:
             or subprocess.run(probe, capture_output=True, text=True).stdout.split("+")[0] != CANDIDATE
         ):
             subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-            # --no-compile: byte-compiling torch's 6,700 files costs ~20 CPU s; the modules imported compile on import.
-            packages = [f"torch=={CANDIDATE}", "numpy", "-e", str(REPO)]
-            pip = [str(python), "-m", "pip", "install", "-q", "--no-compile", *packages]
+            pip = [str(python), "-m", "pip", "install", "-q", f"torch=={CANDIDATE}", "numpy", "-e", str(REPO)]
             subprocess.run(pip, env=unconstrained_pip(os.environ), check=True, timeout=1200)
     return str(python)
 
