@@ -8,10 +8,11 @@ The upgrade diff's own rule compares B and C against A. Honest: B flags no suite
 time did not), C flags `work` and only it. Prints, per comparison, each suite's wall and CPU ratios,
 the load average each run recorded in plan.json, and the suites flagged.
 
-    pip install -e . && python bench/slowdown_under_load.py [--tiny] [--hogs N]
+    pip install -e . && python bench/slowdown_under_load.py [--tiny | --smoke] [--hogs N]
 
---tiny runs fewer, shorter tests (what CI runs, through tests/run/test_slowdown_bench.py); it checks the
-wiring and the verdicts, not figures worth quoting.
+--tiny runs fewer, shorter tests; it checks the wiring and the verdicts, not figures worth quoting.
+--smoke runs one short test per suite at world size 1 (what CI runs, through tests/run/test_slowdown_bench.py):
+it proves the bench runs both comparisons and judges; below the rule's floors, its verdict means nothing.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ def test_step(cell, ranks, suite_options, index):
 SIZES = {  # each test uses ~1.5 s of CPU (tiny) or more, over the rule's 0.5 s floor; a 2x cost adds over its 5 s
     "full": {"tests": 6, "iterations": 800, "size": 384, "world_sizes": [1, 2]},
     "tiny": {"tests": 4, "iterations": 500, "size": 320, "world_sizes": [2]},
+    "smoke": {"tests": 1, "iterations": 10, "size": 64, "world_sizes": [1]},  # wiring only: no test crosses a floor
 }
 
 
@@ -124,11 +126,15 @@ def compare(label: str, reference: Path, other: Path) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tiny", action="store_true", help="fewer, shorter tests: checks the verdicts quickly (CI)")
+    sizes = parser.add_mutually_exclusive_group()
+    sizes.add_argument("--tiny", action="store_true", help="fewer, shorter tests: checks the verdicts quickly")
+    sizes.add_argument(
+        "--smoke", action="store_true", help="one short test per suite: runs end to end, judges noise (CI)"
+    )
     parser.add_argument("--hogs", type=int, default=4 * (os.cpu_count() or 1), help="busy processes during run B")
     parser.add_argument("--keep", type=Path, default=None, help="keep the run directories here")
     args = parser.parse_args(argv)
-    scale = SIZES["tiny" if args.tiny else "full"]
+    scale = SIZES["smoke" if args.smoke else "tiny" if args.tiny else "full"]
     with tempfile.TemporaryDirectory(prefix="torchmatrix-slowdown-") as tmp:
         root = args.keep or Path(tmp)
         reports = root / "reports"
