@@ -25,8 +25,10 @@ DOWNLOAD_BYTES_PER_S = 50e6
 COPY_BYTES_PER_S = 300e6
 """Fetching into the wheelhouse from a `file://` index: a copy on local disk (3.0 GB in 10 s, measured
 with torch 2.14.1's CUDA wheels on the 2-core machine)."""
-UNPACK_BYTES_PER_S = 60e6
-"""pip writing a wheel's files into the venv, per byte of wheel."""
+UNPACK_BYTES_PER_S = 100e6
+"""pip writing a wheel's files into the venv, per byte of wheel, on an idle machine: torch 2.14.1's CUDA
+build (3.0 GB of wheels) took 28 s longer than 2.13.0's CPU build (0.22 GB); torch's own thousands of
+small files, the same in both, are in the CPU-bound part."""
 CPU_S = 60.0
 """The part of an install bound by the CPU on an idle machine, whatever its size: the venv, pip's
 resolve (twice: download, then install), byte-compiling torch's Python files, this torchmatrix."""

@@ -34,10 +34,10 @@ PRIOR_SUITE_SECONDS = {
 rank), torch 2.13.0 CPU on an idle 2-core machine, eager cells (a compiled cell costs far more:
 its history says how much): the seed when reports/ holds no earlier run; a suite of your own
 costs their mean."""
-STARTUP_S = 15.0
-"""A runner's start to its first finished cell beyond that cell's work (component check, pytest
-processes importing torch and collecting) on an idle machine, until this runner's is observed."""
-READ_CELL_S = 1.5
+STARTUP_S = 12.0
+"""A runner's start to its first finished cell beyond that cell's work (the CLI, the component check,
+pytest processes importing torch and collecting) on an idle machine, until this runner's is observed."""
+READ_CELL_S = 1.0
 """Slot-seconds of one cell's reads of the other versions' cross_version checkpoints, idle."""
 REPORT_S = 10.0
 """The report session besides its read passes, idle: its venv, this torchmatrix installed, the reports written."""
