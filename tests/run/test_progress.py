@@ -39,3 +39,12 @@ def test_the_line_carries_the_outcome_and_totals():
     )
     line = stream.getvalue()
     assert line.startswith("[1/2] torch 2.13.0 ws1-none: failed (2 tests, 1 skipped): g::a | 0 passed, 1 failed")
+
+
+def test_a_read_pass_says_it_reads_so_its_count_is_not_taken_for_the_matrixs():
+    """cross-read runs each version's reads through the runner: its `[k/N]` series says what it is."""
+    stream = io.StringIO()
+    Progress("2.13.0", 4, stream, reading=True).cell_finished(
+        "ws1-none", [("cross_version::t", Status.PASSED)], {"passed": 1, "failed": 0, "error": 0, "skipped": 0}
+    )
+    assert stream.getvalue().startswith("[1/4] torch 2.13.0 reads ws1-none: passed (1 tests)")

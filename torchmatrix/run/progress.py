@@ -55,9 +55,17 @@ class Progress:
     """
 
     def __init__(
-        self, version: str, total_cells: int, stream: TextIO = sys.stdout, *, part: InvocationPart = InvocationPart()
+        self,
+        version: str,
+        total_cells: int,
+        stream: TextIO = sys.stdout,
+        *,
+        part: InvocationPart = InvocationPart(),
+        reading: bool = False,
     ):
         self.version = version
+        self.subject = f"torch {version} reads" if reading else f"torch {version}"
+        """What each cell line says ran: a read pass's lines say so, so its count is not taken for the matrix's."""
         self.stream = stream
         self.estimate: WorkEstimate | None = None
         self.later = LaterPhases()
@@ -145,7 +153,7 @@ class Progress:
             self.first_finished = now
         width = len(str(self.total))
         self.say(
-            f"[{self.done:>{width}}/{self.total}] torch {self.version} {cell_id}: {cell_outcome(tests)}"
+            f"[{self.done:>{width}}/{self.total}] {self.subject} {cell_id}: {cell_outcome(tests)}"
             f" | {tally(totals)}"
             f" | {format_seconds(now - self.started)} elapsed, {self.eta_text(now)}"
         )

@@ -163,7 +163,7 @@ def _run_version(request: RunRequest, stream, interrupts: Interrupts) -> ExitCod
     runs = plan_runs(cells, suites)
     book = OutcomeBook(runs)
     environment = Environment.without_torch("none (interrupted before the torch probe finished)")
-    progress = Progress(request.version, len(cells), stream, part=request.part)
+    progress = Progress(request.version, len(cells), stream, part=request.part, reading=request.cross_version_reads)
     lock = None
     stopped = None
     load = LoadSampler().start()
@@ -180,7 +180,9 @@ def _run_version(request: RunRequest, stream, interrupts: Interrupts) -> ExitCod
             _refuse_too_wide_for_cpu(request, cells, environment)
         _write_plan(request, cells, book, environment, started, finished=False)
         progress.say(
-            f"torchmatrix: torch {request.version}, {len(cells)} cells, {len(runs)} suite runs, device: {environment.description}{eta}"
+            f"torchmatrix: {progress.subject} the other versions' checkpoints, {len(cells)} cells, device: {environment.description}{eta}"
+            if request.cross_version_reads
+            else f"torchmatrix: torch {request.version}, {len(cells)} cells, {len(runs)} suite runs, device: {environment.description}{eta}"
         )
         if runnable:
             _run_cells(request, cells, runs, book, environment, progress)
@@ -210,8 +212,11 @@ def _run_version(request: RunRequest, stream, interrupts: Interrupts) -> ExitCod
         if lock is not None:
             os.close(lock)
     totals = book.counts(cells)
+    merged = request.run_dir / junit.MERGED_NAME
     progress.say(
-        f"torchmatrix: torch {request.version}: {tally(totals)}; merged report: {request.run_dir / junit.MERGED_NAME}"
+        f"torchmatrix: {progress.subject}: {tally(totals)}; added to {merged}"
+        if request.cross_version_reads
+        else f"torchmatrix: torch {request.version}: {tally(totals)}; merged report: {merged}"
     )
     if interrupts.interrupted:
         return ExitCode.INTERRUPTED
