@@ -25,6 +25,7 @@ from torchmatrix.run.eta import (
     LaterPhases,
     WorkEstimate,
     contention,
+    rerun_seconds,
     suite_seconds,
 )
 from torchmatrix.run.progress import InvocationPart, Progress
@@ -308,3 +309,22 @@ def test_the_performance_page_quotes_the_priors_the_code_uses():
     ]
     for text in quoted:
         assert text in " ".join(section.split()), text
+
+
+def test_the_re_runs_alone_are_counted_while_they_run(clock):
+    """Each failed test re-runs in a fresh process, as many at once as there are slots: their starts
+    and their first durations are in the ETA from the line that announces them until they end."""
+    assert rerun_seconds(3, test_seconds=12.0, startup=10.0, slots=2) == pytest.approx(2 * 10.0 + 12.0 / 2)
+    assert rerun_seconds(1, test_seconds=5.0, startup=10.0, slots=2) == pytest.approx(15.0), "one process, one slot"
+    assert rerun_seconds(0, test_seconds=0.0, startup=10.0, slots=2) == 0.0
+    line = Progress("2.13.0", 1, io.StringIO())
+    line.seed(WorkEstimate({"ws1-a": 4.0}, slots=2), LaterPhases())
+    clock.now += 20.0
+    line.cell_finished("ws1-a", [("g::t", Status.FAILED)], TOTALS)
+    assert line.eta_text() == "ETA 0:00"
+    line.reruns_begin(32.0)
+    assert line.eta_text() == "ETA 0:32"
+    clock.now += 12.0
+    assert line.eta_text() == "ETA 0:20"
+    line.reruns_end()
+    assert line.eta_text() == "ETA 0:00"

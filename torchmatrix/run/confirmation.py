@@ -18,6 +18,7 @@ from torchmatrix.matrix.plan import Group, SuiteRun
 from torchmatrix.messages.consequences import CONSEQUENCE_OF, causes_named, under_their_causes
 from torchmatrix.messages.events import TestOutcome
 from torchmatrix.reports import confirmation_notes
+from torchmatrix.run.eta import rerun_seconds
 from torchmatrix.run.outcomes import OutcomeBook
 from torchmatrix.run.progress import Progress
 from torchmatrix.run.schedule import Scheduler
@@ -84,6 +85,9 @@ def confirm_failures(book: OutcomeBook, limit: int, scheduler: StartsProcesses, 
         return
     chosen, past_limit = found[:limit], found[limit:]
     processes = reruns(chosen)
+    progress.reruns_begin(
+        rerun_seconds(len(processes), sum(retry.outcome.duration for retry in chosen), progress.startup(), slots)
+    )
     progress.say(
         f"torchmatrix: torch {progress.version}: re-running {len(chosen)} failed tests alone, "
         + (
@@ -92,6 +96,7 @@ def confirm_failures(book: OutcomeBook, limit: int, scheduler: StartsProcesses, 
             else f"in {count(len(processes), 'fresh process', 'fresh processes')} (a failure that follows from another runs with it)"
         )
         + (f" ({len(past_limit)} more past --confirm-limit {limit})" if past_limit else "")
+        + f"; {progress.eta_text()}"
     )
     groups = [process.group(index) for index, process in enumerate(processes, 1)]
     books = [OutcomeBook(group.runs) for group in groups]
@@ -104,6 +109,7 @@ def confirm_failures(book: OutcomeBook, limit: int, scheduler: StartsProcesses, 
         max_started=slots,
         on_update=lambda: progress.heartbeat(f"re-running {count(len(chosen), 'failed test')} alone"),
     ).run()
+    progress.reruns_end()
     record(in_process_order, alone, past_limit, limit)
     book.pool_starts += sum(b.pool_starts for b in books)
     verdicts = [retry.outcome.confirmation for retry in in_process_order]

@@ -12,6 +12,7 @@ limits, not estimates, and are never used. The priors' measurements: docs/explan
 from __future__ import annotations
 
 import json
+import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -156,3 +157,12 @@ class LaterPhases:
         reads = self.read_passes * (startup + self.read_cells * READ_CELL_S * contention / max(slots, 1))
         report = REPORT_S * contention if self.report else 0.0
         return (self.installs or 0.0) + self.versions * startup + reads + report
+
+
+def rerun_seconds(processes: int, test_seconds: float, startup: float, slots: int) -> float:
+    """Wall seconds of re-running failed tests alone: each fresh process starts (`startup`), `slots`
+    at a time, and runs its tests again, as long as they took the first time (`test_seconds` in all)."""
+    if processes <= 0:
+        return 0.0
+    width = max(min(slots, processes), 1)
+    return math.ceil(processes / width) * startup + test_seconds / width

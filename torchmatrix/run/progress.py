@@ -82,6 +82,8 @@ class Progress:
         self.last_said = self.started_here
         self.last_eta: tuple[float, float] | None = None
         """When the last ETA was printed, and the seconds it gave."""
+        self.reruns_until: float | None = None
+        """When the failed tests' re-runs alone should end, while they run."""
 
     def seed(self, estimate: WorkEstimate, later: LaterPhases) -> None:
         """Estimate from here on: `estimate` is this version's cell work (each later version's the
@@ -104,10 +106,30 @@ class Progress:
         unestimated = self.later.installs is None and self.later.versions
         return f"ETA {format_seconds(seconds)}" + (" + installs not estimated" if unestimated else "")
 
+    def startup(self) -> float:
+        """Seconds a runner's processes take before their first cell: this runner's, once observed."""
+        if self.first_finished is not None:
+            return self.first_finished - self.started_here
+        return STARTUP_S * (self.estimate.contention if self.estimate is not None else 1.0)
+
+    def reruns_begin(self, seconds: float, now: float | None = None) -> None:
+        """The failed tests' re-runs alone start and should take `seconds`: the ETA counts them until `reruns_end`."""
+        self.reruns_until = (time.time() if now is None else now) + seconds
+
+    def reruns_end(self) -> None:
+        self.reruns_until = None
+
     def _remaining(self, now: float) -> float | None:
-        """Seconds left for this version's cells and everything after them; None without an estimate or a finished cell."""
+        """Seconds left for this version's cells, its re-runs and everything after them; None without
+        an estimate or a finished cell."""
+        reruns = max(self.reruns_until - now, 0.0) if self.reruns_until is not None else 0.0
+        cells_and_after = self._cells_and_after(now)
+        return None if cells_and_after is None else reruns + cells_and_after
+
+    def _cells_and_after(self, now: float) -> float | None:
+        """Seconds left for this version's cells (seeded, then rated as observed) and the phases after them."""
         contention = self.estimate.contention if self.estimate is not None else 1.0
-        startup = STARTUP_S * contention if self.first_finished is None else self.first_finished - self.started_here
+        startup = self.startup()
         if self.estimate is not None:
             if self.first_finished is None:
                 waiting = max(startup - (now - self.started_here), 0.0)
