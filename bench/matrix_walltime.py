@@ -13,7 +13,6 @@ Both run the same cells of the matrix in this environment. Usage:
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import resource
@@ -35,6 +34,7 @@ from torchmatrix.matrix.plan import Group, plan_runs  # noqa: E402
 from torchmatrix.matrix.selection import parse_only, select_cells  # noqa: E402
 from torchmatrix.messages.events import EventReader, TestFinished  # noqa: E402
 from torchmatrix.ranks.per_test_usage import cpu_seconds_once  # noqa: E402
+from torchmatrix.run.leftover_processes import adopt_orphans, reap_children  # noqa: E402
 from torchmatrix.run.runner import events_path, group_command  # noqa: E402
 from torchmatrix.status import Status  # noqa: E402
 
@@ -107,26 +107,10 @@ def torchmatrix_run(matrix, selection_args: list[str], work: Path) -> dict:
     }
 
 
-PR_SET_CHILD_SUBREAPER = 36
-
-
-def adopt_orphans() -> None:
-    """Make this process the reaper of its descendants' orphans (Linux): the rank processes are
-    children of a forkserver nobody waits for, so without this their CPU never reaches RUSAGE_CHILDREN."""
-    if sys.platform == "linux":
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-
-
 def children_cpu_seconds() -> float:
     """User + system CPU seconds of this process's finished children and what they waited for, the
-    adopted orphans reaped first."""
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            break
-        if pid == 0:
-            break
+    adopted orphans (the rank processes, children of a forkserver nobody waits for) reaped first."""
+    reap_children(wait=False)
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
 

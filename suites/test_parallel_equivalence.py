@@ -39,6 +39,7 @@ from torchmatrix.testing import (
 
 from .built_names import module_names, named_parameters_as_built, remember_built
 from .deterministic import deterministic_algorithms
+from .device_copies import on_device
 from .full_tensors import full_gradients, full_parameters, whole
 from .loss_rounding import linear_rounding_bound
 from .parallelize_component import parallelized
@@ -355,7 +356,9 @@ class Lockstep:
         """`reference_gradient_here` run on rank 0 alone and sent to every rank: every rank's reference
         is the same model fed the same batches and stepped with the same full gradients, so the others
         would compute the same bits, compiling and running the whole global batch again each."""
-        mean, magnitude, losses, loss_bounds = from_rank_zero(lambda: on_device(self.reference_gradient_here(step)))
+        mean, magnitude, losses, loss_bounds = from_rank_zero(
+            lambda: on_device(self.reference_gradient_here(step), "cpu")
+        )
         return on_device(mean, self.device), on_device(magnitude, self.device), losses, loss_bounds
 
     def reference_gradient_here(self, step: int) -> tuple[dict, dict, list, list]:
@@ -466,18 +469,6 @@ def from_rank_zero(compute):
     kind, value = reply[0]
     if kind == "error":
         raise RuntimeError(f"the single-process reference raised on rank 0, which computes it for every rank: {value}")
-    return value
-
-
-def on_device(value, device: torch.device | str = "cpu"):
-    """`value` with every tensor in it (in tuples, lists and dicts) moved to `device`: a broadcast
-    object holds CPU tensors, which every rank can unpickle."""
-    if isinstance(value, torch.Tensor):
-        return value.to(device)
-    if isinstance(value, dict):
-        return {key: on_device(item, device) for key, item in value.items()}
-    if isinstance(value, (tuple, list)):
-        return type(value)(on_device(item, device) for item in value)
     return value
 
 

@@ -52,6 +52,7 @@ from torchmatrix.testing import (
 from .built_names import named_modules_as_built, named_parameters_as_built
 from .checkpointer_forms import RunCheckpointer
 from .deterministic import deterministic_algorithms
+from .device_copies import on_device
 from .optimizer_state import (
     brief,
     local_part,
@@ -778,17 +779,6 @@ def batches_ahead(loader, count: int, dataset=None) -> list:
 def copied(value):
     """A tensor cloned (a param group's tensor LR is updated in place by the scheduler); anything else as it is."""
     return value.detach().clone() if isinstance(value, torch.Tensor) else value
-
-
-def on_device(batch, device):
-    """A copy of a loader's batch (a tensor, or a mapping, tuple or list of them) on `device`."""
-    if isinstance(batch, torch.Tensor):
-        return batch.detach().to(device, copy=True)
-    if isinstance(batch, dict):
-        return {key: on_device(value, device) for key, value in batch.items()}
-    if isinstance(batch, (tuple, list)):
-        return type(batch)(on_device(value, device) for value in batch)
-    return batch
 
 
 def local_shard(tensor: torch.Tensor) -> torch.Tensor:

@@ -9,38 +9,21 @@ TORCHMATRIX_TEST_CPU_LOG names a file: CI's cost measured independently of the m
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
-import sys
 import time
 
 import pytest
 
+from torchmatrix.ranks.per_test_usage import process_cpu_seconds
+from torchmatrix.run.leftover_processes import adopt_orphans, reap_children
+
 LOG_VARIABLE = "TORCHMATRIX_TEST_CPU_LOG"
-PR_SET_CHILD_SUBREAPER = 36
-
-
-def cpu_seconds() -> float:
-    """User and system time of this process and of its reaped children, together."""
-    times = os.times()
-    return times.user + times.system + times.children_user + times.children_system
-
-
-def reap_exited_children() -> None:
-    """Wait for every child that has exited (adopted orphans among them), adding their CPU times."""
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
 
 
 def pytest_configure(config):
-    if os.environ.get(LOG_VARIABLE) and sys.platform == "linux":
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    if os.environ.get(LOG_VARIABLE):
+        adopt_orphans()
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -49,12 +32,12 @@ def pytest_runtest_protocol(item, nextitem):
     if not log:
         yield
         return
-    cpu_before, wall_before = cpu_seconds(), time.monotonic()
+    cpu_before, wall_before = process_cpu_seconds(), time.monotonic()
     yield
-    reap_exited_children()
+    reap_children(wait=False)
     record = {
         "test": item.nodeid,
-        "cpu_s": round(cpu_seconds() - cpu_before, 2),
+        "cpu_s": round(process_cpu_seconds() - cpu_before, 2),
         "wall_s": round(time.monotonic() - wall_before, 2),
     }
     with open(log, "a", encoding="utf-8") as out:

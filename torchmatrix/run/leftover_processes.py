@@ -52,15 +52,16 @@ def kill_leftovers() -> int:
                 killed += 1
             except ProcessLookupError:
                 pass
-        _reap()
+        reap_children()
     return killed
 
 
-def _reap() -> None:
-    """Collect the exit of every child that ended, so none stays a zombie."""
+def reap_children(*, wait: bool = True) -> None:
+    """Collect the exit of every child that ended, so none stays a zombie (and its CPU time reaches
+    RUSAGE_CHILDREN); `wait=False` takes only those already ended, never blocking."""
     while True:
         try:
-            pid, _ = os.waitpid(-1, 0)
+            pid, _ = os.waitpid(-1, 0 if wait else os.WNOHANG)
         except ChildProcessError:
             return
         if pid == 0:
