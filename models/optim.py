@@ -55,7 +55,7 @@ def adamw_as_torch_builds_it(params, implementation: str, **hyperparameters) -> 
 def fused_unavailable(params) -> str | None:
     """Why torch's fused AdamW cannot run on these params here, in torch's own words where it has
     them (its device and dtype check); None when it can."""
-    tensors = [p for item in params for p in (item["params"] if isinstance(item, dict) else [item])]
+    tensors = param_tensors(params)
     if any(p.device.type == "cpu" for p in tensors) and torch.__version__ < (2, 4):
         return f"fused AdamW on CPU exists from torch 2.4; this is torch {torch.__version__}"
     from torch.optim import optimizer
@@ -69,6 +69,11 @@ def fused_unavailable(params) -> str | None:
     return None
 
 
+def param_tensors(params) -> list[torch.Tensor]:
+    """The tensors of an optimizer's `params` argument, whether it lists tensors or param groups."""
+    return [p for item in params for p in (item["params"] if isinstance(item, dict) else [item])]
+
+
 class CompiledStepAdamW(torch.optim.AdamW):
     """torch.optim.AdamW whose `step` runs through `torch.compile`, as torch's compiled-optimizer
     recipe has it: inside the step the LR is a tensor (float64, so a Python float round-trips
@@ -77,10 +82,14 @@ class CompiledStepAdamW(torch.optim.AdamW):
     the optimizer and of its LR scheduler (`base_lrs`), which DCP keys apart from floats, so a
     checkpoint of this implementation and one of an eager one would not load into each other. The
     kernels under the compile are the device's default (single-tensor on CPU, foreach on CUDA); it
-    is still a torch.optim.Optimizer, which DCP's state-dict helpers and the suites need."""
+    is still a torch.optim.Optimizer, which DCP's state-dict helpers and the suites need. It is built
+    `capturable` where Dynamo's first compiled step would switch that on (every param on CUDA or
+    XPU), so the flags keeps_its_implementation restores after a load are the ones the step ran with."""
 
     def __init__(self, params, *, lr, backend: str = "inductor", **hyperparameters):
-        super().__init__(params, lr=lr, **hyperparameters)
+        params = list(params)
+        capturable = all(p.is_cuda or p.is_xpu for p in param_tensors(params))
+        super().__init__(params, lr=lr, capturable=capturable, **hyperparameters)
         self._compiled_step = compiled_with_tensor_lr(self, super().step, backend)
 
     def step(self, closure=None):

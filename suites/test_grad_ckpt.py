@@ -57,6 +57,7 @@ from torchmatrix.testing import (
 from .built_names import named_buffers_as_built, named_modules_as_built, named_parameters_as_built
 from .cache_tree import CACHE_STATE_DEPTH, OPAQUE, cache_contents, cache_marks, cache_snapshot, cache_writes
 from .checkpoint_units import CheckpointUnits, counted_checkpoints, watched_sites
+from .compiled_rng import GRAPH_SAFE_RNG_OFF, graph_safe_rng_applies, one_random_stream
 from .deterministic import deterministic_algorithms
 from .full_tensors import full_gradients
 from .model_output import cache_on, call_model
@@ -101,6 +102,7 @@ class Precision:
     dtype: str
     compute: str | None = None
     compiler: str | None = None
+    graph_safe_rng_off: bool = False
 
     @property
     def bf16(self) -> bool:
@@ -130,6 +132,9 @@ class Precision:
         return replace(self, compiler=None if backend in (None, *KERNEL_KEEPING_BACKENDS) else backend)
 
     def describe(self) -> str:
+        return self.tolerance() + (f", {GRAPH_SAFE_RNG_OFF}" if self.graph_safe_rng_off else "")
+
+    def tolerance(self) -> str:
         label = self.dtype if self.compute in (None, self.dtype) else f"{self.dtype} params, {self.compute} compute"
         if self.exact:
             return f"{label}, bit for bit"
@@ -595,6 +600,7 @@ def train_step(
             declared = getattr(model, "compute_dtype", None)
             precision = precision.computing(None if declared is None else str(declared).removeprefix("torch."))
             precision = precision.compiled_by(cell.get("compile") if compiled else None)
+            precision = replace(precision, graph_safe_rng_off=graph_safe_rng_applies(device, compiled))
         with failing_stage(
             cell, f"parallelize (fsdp={cell['fsdp']}, mesh={cell.get('mesh', 'flat')}) {mode} activation checkpointing"
         ):
@@ -716,9 +722,10 @@ def both_steps(
 def run_both_steps(
     cell, components: dict, precision: Precision, dropout: float, micro_batches: int, ignored: tuple[str, ...]
 ) -> tuple[StepRecord, StepRecord]:
-    """The step without and the step with activation checkpointing, under deterministic kernels; the
-    checkpointed one runs first, so the other can watch its units' arguments for the cache hook."""
-    with deterministic_algorithms():
+    """The step without and the step with activation checkpointing, under deterministic kernels and
+    one random stream; the checkpointed one runs first, so the other can watch its units' arguments
+    for the cache hook."""
+    with deterministic_algorithms(), one_random_stream(current_device(), compile_mode(cell) is not None):
         with_ckpt = train_step(cell, components, precision, dropout, True, micro_batches, ignored)
         without_ckpt = train_step(
             cell, components, precision, dropout, False, micro_batches, ignored, with_ckpt.unit_sites

@@ -487,6 +487,9 @@ def test_the_reference_components_and_the_hf_example_follow_the_protocol():
     assert check.problems == []
     assert all("its cells will skip" in line for line in check.warnings), check.warnings
     assert check_components(load_matrix(REPO / "examples" / "hf_llama" / "matrix.toml"), "2.13.0").problems == []
+    one_gpu = load_matrix(REPO / "examples" / "one_gpu" / "matrix.toml")
+    assert check_components(one_gpu, "2.13.0").problems == []
+    assert {cell.world_size for cell in one_gpu.cells()} == {1}, "one GPU runs world size 1 alone"
 
 
 @pytest.mark.slow
