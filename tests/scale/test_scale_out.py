@@ -55,13 +55,14 @@ def statuses(run_dir) -> dict[tuple[str, str], str]:
 
 @pytest.fixture(scope="module")
 def sharded(tmp_path_factory):
-    """The same matrix run once whole and once as 4 shards, each its own process and run directory."""
+    """The same matrix run once whole and once as 4 shards, each its own process and run directory
+    (no failure re-run alone: merge is compared, not confirmation)."""
     project = Project(tmp_path_factory.mktemp("scale") / "project")
     project.write("matrix.toml", scale_out_matrix())
     project.write("suites/__init__.py", "")
     project.write("suites/test_demo.py", DEMO)
     project.write("suites/test_per_cell.py", PER_CELL)
-    single = project.torchmatrix("run", "--torch", "system", "--run-id", "single")
+    single = project.torchmatrix("run", "--torch", "system", "--run-id", "single", "--confirm-limit", "0")
     assert single.returncode == 1, single.stderr
     for index in range(1, 5):
         done = project.torchmatrix(
@@ -74,6 +75,8 @@ def sharded(tmp_path_factory):
             f"artifacts/job{index}",
             "--run-id",
             "shard",
+            "--confirm-limit",
+            "0",
         )
         assert done.returncode in (0, 1), done.stderr
     return project
