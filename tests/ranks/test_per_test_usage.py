@@ -5,12 +5,13 @@ versions (a warning on one version only is new there, or gone)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 
-from torchmatrix.ranks.per_test_usage import module_of, normalised, process_cpu_seconds
+from torchmatrix.ranks.per_test_usage import cpu_seconds_of, module_of, normalised, process_cpu_seconds
 from torchmatrix.reports.records import TestRecord
 from torchmatrix.reports.warning_changes import new_and_gone
 
@@ -41,8 +42,17 @@ def test_warns(cell, ranks):
     warnings.warn("in the pytest process, see line 12", UserWarning)
 
 
+def _spin_then_fail():
+    _spin()
+    raise RuntimeError("the rank failed after its work")
+
+
 def test_burns_cpu(cell, ranks):
     ranks.run(_spin)
+
+
+def test_burns_cpu_then_fails(cell, ranks):
+    ranks.run(_spin_then_fail)
 """
 
 
@@ -60,6 +70,13 @@ def test_a_ranks_cpu_counts_the_children_it_waited_for():
     spin = "import time\nuntil = time.process_time() + 0.3\nwhile time.process_time() < until: pass"
     subprocess.run([sys.executable, "-c", spin], check=True)
     assert process_cpu_seconds() - before >= 0.3
+
+
+def test_a_process_cpu_read_from_outside_is_what_it_counts_itself():
+    """The pool reads a rank's CPU this way just before it stops the rank."""
+    subprocess.run([sys.executable, "-c", "pass"], check=True)
+    assert abs(cpu_seconds_of(os.getpid()) - process_cpu_seconds()) < 0.05
+    assert cpu_seconds_of(2**22 + 1) == 0.0, "no such process: nothing to count"
 
 
 def record(torch: str, cell: str, *warnings: tuple[str, str, str, int]) -> TestRecord:
@@ -88,8 +105,8 @@ def test_ranks_and_pytest_warnings_and_cpu_time_reach_results_json(tmp_path):
     project.write("matrix.toml", matrix_toml(axes={"world_size": [2]}, suites={"usage": {"timeout": 60}}))
     project.write("suites/__init__.py", "")
     project.write("suites/test_usage.py", SUITE)
-    done = project.torchmatrix("run", "--torch", "system", "--reports", "out")
-    assert done.returncode == 0, done.stdout + done.stderr
+    done = project.torchmatrix("run", "--torch", "system", "--reports", "out", "--confirm-limit", "0")
+    assert done.returncode == 1, done.stdout + done.stderr
     assert project.torchmatrix("report", "out/latest").returncode == 0
     tests = {t["test"]: t for t in json.loads((project.root / "out" / "latest" / "results.json").read_text())["tests"]}
     warned = {(w["category"], w["module"], w["message"]): w["count"] for w in tests["test_warns"]["warnings"]}
@@ -101,3 +118,6 @@ def test_ranks_and_pytest_warnings_and_cpu_time_reach_results_json(tmp_path):
     assert tests["test_burns_cpu"]["warnings"] == []
     spin, warn = tests["test_burns_cpu"]["figures"]["cpu_seconds"], tests["test_warns"]["figures"]["cpu_seconds"]
     assert spin > 0.5 and spin > 4 * warn, (spin, warn)
+    failed = tests["test_burns_cpu_then_fails"]
+    assert failed["status"] == "failed", failed
+    assert failed["figures"]["cpu_seconds"] > spin / 2, "the ranks a failure stopped still count what they used"

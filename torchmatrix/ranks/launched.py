@@ -29,6 +29,7 @@ class LaunchedRank:
         self.backend = backend
         self.collective_timeout_s = collective_timeout_s
         self.starts = 0
+        self.retired_cpu_seconds = 0.0  # the launcher's processes are counted where they run
 
     @property
     def running(self) -> bool:

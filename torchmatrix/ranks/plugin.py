@@ -294,29 +294,29 @@ class CellPlan:
 
     def usage(self) -> Usage | None:
         """User + system CPU seconds this process and its local ranks (the cell's and those of the
-        worlds beside it) have used so far (what a test costs whatever else loads the machine), the
-        warnings the ranks raised since the last call and each rank's compile seconds; None while the
-        ranks are down."""
+        worlds beside it, running or stopped) have used so far (what a test costs whatever else loads
+        the machine), the warnings the running ranks raised since the last call and each running rank
+        of the cell's compile seconds; None before the cell's ranks first started."""
         own = sum(os.times()[:2])
         if self.plan.launched:
             return Usage(own, Counter(), (compile_seconds(),))
-        if self.pool is None or not self.pool.running:
+        if self.pool is None:
             return None
+        groups = [self.pool, *self.worlds.values()]
         try:
-            ranks = self.pool.run(rank_usage, (), deadline=time.monotonic() + USAGE_QUERY_SECONDS)
-            worlds = [
-                world.run(rank_usage, (), deadline=time.monotonic() + USAGE_QUERY_SECONDS)
-                for world in self.worlds.values()
-                if world.running
+            replies = [
+                group.run(rank_usage, (), deadline=time.monotonic() + USAGE_QUERY_SECONDS) if group.running else []
+                for group in groups
             ]
         except RankFailure:
             return None
-        every_rank = ranks + [rank for world in worlds for rank in world]
+        every_rank = [rank for reply in replies for rank in reply]
         raised = Counter()
         for rank in every_rank:
             raised.update({(w["category"], w["module"], w["message"]): w["count"] for w in rank["warnings"]})
-        compiled = tuple(rank["compile_seconds"] for rank in ranks)
-        return Usage(own + sum(rank["cpu_seconds"] for rank in every_rank), raised, compiled)
+        compiled = tuple(rank["compile_seconds"] for rank in replies[0])
+        retired = sum(group.retired_cpu_seconds for group in groups)
+        return Usage(own + retired + sum(rank["cpu_seconds"] for rank in every_rank), raised, compiled)
 
     def _key(self, item) -> str | None:
         cell = getattr(item, "callspec", None) and item.callspec.params.get("cell")

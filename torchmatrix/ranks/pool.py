@@ -26,6 +26,7 @@ from pathlib import Path
 
 from torchmatrix import file_writes
 from torchmatrix.ranks import worker, zygote
+from torchmatrix.ranks.per_test_usage import cpu_seconds_of
 
 START_TIMEOUT_S = 300.0
 GRACE_AFTER_ERROR_S = 5.0
@@ -71,6 +72,7 @@ class RankPool:
         self.threads_per_rank = threads_per_rank
         self.cores = list(cores)
         self.starts = 0
+        self.retired_cpu_seconds = 0.0
         self._procs: list[BaseProcess] = []
         self._conns: list[Connection] = []
         self._dir: Path | None = None
@@ -157,7 +159,9 @@ class RankPool:
 
     def close(self, *, graceful: bool = True) -> None:
         """Stop every rank (asking first when `graceful`), reap it, and remove the ranks' logs and
-        stack files (a failure report has quoted them by then); safe to call twice."""
+        stack files (a failure report has quoted them by then); safe to call twice. What the ranks
+        used goes to `retired_cpu_seconds` first, so the test that failed them still counts it."""
+        self.retired_cpu_seconds += sum(cpu_seconds_of(proc.pid) for proc in self._procs)
         for conn in self._conns:
             if graceful:
                 try:

@@ -21,6 +21,7 @@ class RankGroup(Protocol):
 
     world_size: int
     starts: int
+    retired_cpu_seconds: float  # what ranks it has stopped used, so a test that failed them still counts it
 
     @property
     def running(self) -> bool:
