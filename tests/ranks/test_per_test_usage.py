@@ -19,6 +19,7 @@ from helpers.matrix_files import matrix_toml
 from helpers.projects import Project
 
 SUITE = """
+import os
 import warnings
 
 import torch.distributed as dist
@@ -47,8 +48,19 @@ def _spin_then_fail():
     raise RuntimeError("the rank failed after its work")
 
 
+def _spin_then_exit_on_rank_1():
+    _spin()
+    if dist.get_rank() == 1:
+        os._exit(1)
+    return 0
+
+
 def test_burns_cpu(cell, ranks):
     ranks.run(_spin)
+
+
+def test_loses_a_rank_after_burning_cpu(cell, ranks):
+    ranks.run(_spin_then_exit_on_rank_1)
 
 
 def test_burns_cpu_then_fails(cell, ranks):
@@ -76,7 +88,7 @@ def test_a_process_cpu_read_from_outside_is_what_it_counts_itself():
     """The pool reads a rank's CPU this way just before it stops the rank."""
     subprocess.run([sys.executable, "-c", "pass"], check=True)
     assert abs(cpu_seconds_of(os.getpid()) - process_cpu_seconds()) < 0.05
-    assert cpu_seconds_of(2**22 + 1) == 0.0, "no such process: nothing to count"
+    assert cpu_seconds_of(2**22 + 1) is None, "no such process: nothing to read"
 
 
 def record(torch: str, cell: str, *warnings: tuple[str, str, str, int]) -> TestRecord:
@@ -121,3 +133,6 @@ def test_ranks_and_pytest_warnings_and_cpu_time_reach_results_json(tmp_path):
     failed = tests["test_burns_cpu_then_fails"]
     assert failed["status"] == "failed", failed
     assert failed["figures"]["cpu_seconds"] > spin / 2, "the ranks a failure stopped still count what they used"
+    lost = tests["test_loses_a_rank_after_burning_cpu"]
+    assert lost["status"] == "failed", lost
+    assert lost["figures"].get("cpu_seconds", spin) > spin / 2, "a dead rank's CPU is read, or the test has no figure"

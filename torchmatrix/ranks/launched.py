@@ -30,6 +30,7 @@ class LaunchedRank:
         self.collective_timeout_s = collective_timeout_s
         self.starts = 0
         self.retired_cpu_seconds = 0.0  # the launcher's processes are counted where they run
+        self.unread_ranks = 0
 
     @property
     def running(self) -> bool:

@@ -79,12 +79,14 @@ RANK_WARNINGS = WarningLog()
 
 class Usage(NamedTuple):
     """What the ranks and pytest have used so far: CPU seconds together, the warnings since the last
-    query, and each rank's compile seconds (ranks compile side by side, so a test's figure is the
-    slowest rank's growth)."""
+    query, each rank's compile seconds (ranks compile side by side, so a test's figure is the
+    slowest rank's growth), and how many stopped ranks' CPU could not be read (a test during which
+    that grew has no true figure)."""
 
     cpu_seconds: float
     warnings: Counter
     compile_seconds: tuple[float, ...]
+    unread_ranks: int = 0
 
     def compiled_since(self, before: Usage) -> float:
         """The most seconds any rank spent compiling since ``before`` (0 where a rank restarted)."""
@@ -122,12 +124,12 @@ def process_cpu_seconds() -> float:
     return times.user + times.system + times.children_user + times.children_system
 
 
-def cpu_seconds_of(pid: int) -> float:
-    """What process_cpu_seconds would say in process `pid`, read from /proc; 0.0 where it cannot be read."""
+def cpu_seconds_of(pid: int) -> float | None:
+    """What process_cpu_seconds would say in process `pid`, read from /proc; None where it cannot be read."""
     try:
         with open(f"/proc/{pid}/stat") as stat:
             fields = stat.read().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
-        return 0.0
+        return None
     # fields[0] is the state (field 3 of proc(5)); utime, stime, cutime and cstime are fields 14 to 17
     return sum(int(tick) for tick in fields[11:15]) / os.sysconf("SC_CLK_TCK")

@@ -263,8 +263,9 @@ class CellPlan:
         if where and (reports or stopped is not None):
             outcome = as_simulation_limit(_outcome(reports, self.plan.output_cap, stopped), self.plan.device_type)
             after = self.usage() if before is not None else None
-            if after is not None:
+            if after is not None and after.unread_ranks == before.unread_ranks:
                 outcome["properties"].append([CPU_SECONDS, round(after.cpu_seconds - before.cpu_seconds, 3)])
+            if after is not None:
                 if compiled := after.compiled_since(before):
                     outcome["properties"].append([COMPILE_SECONDS, round(compiled, 3)])
                 own_warnings.update(after.warnings)
@@ -316,7 +317,8 @@ class CellPlan:
             raised.update({(w["category"], w["module"], w["message"]): w["count"] for w in rank["warnings"]})
         compiled = tuple(rank["compile_seconds"] for rank in replies[0])
         retired = sum(group.retired_cpu_seconds for group in groups)
-        return Usage(own + retired + sum(rank["cpu_seconds"] for rank in every_rank), raised, compiled)
+        unread = sum(group.unread_ranks for group in groups)
+        return Usage(own + retired + sum(rank["cpu_seconds"] for rank in every_rank), raised, compiled, unread)
 
     def _key(self, item) -> str | None:
         cell = getattr(item, "callspec", None) and item.callspec.params.get("cell")

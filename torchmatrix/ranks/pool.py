@@ -73,6 +73,7 @@ class RankPool:
         self.cores = list(cores)
         self.starts = 0
         self.retired_cpu_seconds = 0.0
+        self.unread_ranks = 0
         self._procs: list[BaseProcess] = []
         self._conns: list[Connection] = []
         self._dir: Path | None = None
@@ -160,8 +161,14 @@ class RankPool:
     def close(self, *, graceful: bool = True) -> None:
         """Stop every rank (asking first when `graceful`), reap it, and remove the ranks' logs and
         stack files (a failure report has quoted them by then); safe to call twice. What the ranks
-        used goes to `retired_cpu_seconds` first, so the test that failed them still counts it."""
-        self.retired_cpu_seconds += sum(cpu_seconds_of(proc.pid) for proc in self._procs)
+        used goes to `retired_cpu_seconds` first (or counts in `unread_ranks`), so the test that failed
+        them still counts it."""
+        for proc in self._procs:
+            used = cpu_seconds_of(proc.pid)
+            if used is None:
+                self.unread_ranks += 1
+            else:
+                self.retired_cpu_seconds += used
         for conn in self._conns:
             if graceful:
                 try:

@@ -22,6 +22,7 @@ class RankGroup(Protocol):
     world_size: int
     starts: int
     retired_cpu_seconds: float  # what ranks it has stopped used, so a test that failed them still counts it
+    unread_ranks: int  # stopped ranks whose CPU could not be read (no /proc, or gone first)
 
     @property
     def running(self) -> bool:
