@@ -111,9 +111,9 @@ def cell_id(package: str, optimizer: str, cell: str, variant: str) -> str:
 
 
 def test_optimi_kahan_and_torchao_8bit_as_they_are(shared_run):
-    """Both resume exactly and keep DTensor state laid out like the param at ws2-FSDP2 (ws1 is the
-    mutants' cells); torchao's 2->1 reshard load is not exact: state kept plain fp32 on 2 ranks (under 4096
-    elements per rank) is quantized when loaded into 1 rank."""
+    """Both resume exactly and keep DTensor state laid out like the param at ws2-FSDP2 (the ws1
+    cells are the mutants'); torchao's 2->1 reshard load is not exact: state kept plain fp32 on 2
+    ranks (under 4096 elements per rank) is quantized when loaded into 1 rank."""
     pytest.importorskip("torchao")
     pytest.importorskip("optimi")
     done, outcomes, failures = shared_run
