@@ -4,7 +4,8 @@ model) replace the reference ones (`reference`: none), so one rank pool per worl
 
 - `build_model` builds the variant's model and labels it with the variant;
 - `Checkpointer` is the per-call checkpointer of the variant of the model each call is given (the
-  one object both `save` and `load` receive: the cell is not among their arguments);
+  one object both `save` and `load` receive: the cell is not among their arguments), the reference's
+  for a model that names none (dtensor_optim's uneven probe);
 - `build_training_step` is the variant's training step, the suites' plain one by default.
 """
 
@@ -86,7 +87,8 @@ class Checkpointer:
 
     def of(self, model):
         if self.chosen is None:
-            self.chosen = load(component_of(model.variant, "checkpointer"))()
+            variant = getattr(model, "variant", REFERENCE)  # dtensor_optim's own probe model names none
+            self.chosen = load(component_of(variant, "checkpointer"))()
         return self.chosen
 
     def save(self, directory: str, *, model, optimizer, scheduler, loader, step: int):

@@ -2,8 +2,9 @@
 torch-optimi's Kahan AdamW and torchao's AdamW8bit at two ranks with FSDP2 pass both suites
 (but torchao's 2->1 reshard) with quantized state compared through the default state adapter; a
 checkpointer that drops each library family's scale or compensation (or keeps only rank 0's
-load) fails resume right after the load, and optimi listed as quantized fails the guard: those in
-one run (axis `variant` picks model and checkpointer per cell). The full matrix and its table are in docs/how-to/third-party-optimizers.md."""
+load) fails resume right after the load, and optimi listed as quantized fails the guard. All in
+one run: axis `variant` picks model and checkpointer per cell, `third_party` being the example's
+own. The full matrix and its table are in docs/how-to/third-party-optimizers.md."""
 
 from __future__ import annotations
 
@@ -20,56 +21,18 @@ from helpers.run_results import cell_failures, run_suites
 pytestmark = pytest.mark.slow
 
 OPTIMIZERS = load_matrix(REPO / "examples" / "optimizers" / "matrix.toml")
-EXCLUDE = [{"fsdp": "none", "world_size": 2}, {"fsdp": "fsdp2", "world_size": 1}]
 STATE_AFTER_LOAD = "test_state_restored_right_after_load[piece=optimizer_state]"
-
-
-def third_party_matrix(
-    optimizers: list[str], suites: tuple[str, ...], cells=("ws1-none", "ws2-fsdp2"), **overrides: str
-) -> str:
-    """`cells` (ws1 without FSDP, ws2 with FSDP2) over `optimizers`, with examples/optimizers' components and options."""
-    world_sizes = [int(cell.split("-")[0].removeprefix("ws")) for cell in cells]
-    fsdp = [cell.split("-")[1] for cell in cells]
-    return matrix_toml(
-        axes={"world_size": world_sizes, "fsdp": fsdp, "attn": ["sdpa"], "optimizer": optimizers},
-        exclude=[rule for rule in EXCLUDE if rule["fsdp"] in fsdp and rule["world_size"] in world_sizes],
-        suites={
-            name: {
-                "timeout": 300,
-                "axes": ["world_size", "fsdp", "optimizer"],
-                "options": OPTIMIZERS.suites[name].options,
-            }
-            for name in suites
-        },
-        components={**OPTIMIZERS.components, **overrides},
-    )
-
-
 RESHARD_SHRINK = "test_reshard_load_is_exact[model_kind=model,reshard=shrink]"
 
 
-def test_optimi_kahan_and_torchao_8bit_as_they_are(tmp_path):
-    """Both resume exactly and keep DTensor state laid out like the param at ws2-FSDP2 (ws1 is the
-    mutants' cell below);
-    torchao's 2->1 reshard load is not exact: state kept plain fp32 on 2 ranks (under 4096
-    elements per rank) is quantized when loaded into 1 rank."""
-    pytest.importorskip("torchao")
-    pytest.importorskip("optimi")
-    optimizers = ["optimi_adamw_kahan", "ao_adamw8bit"]
-    done, outcomes = run_suites(tmp_path, third_party_matrix(optimizers, ("resume", "dtensor_optim"), ("ws2-fsdp2",)))
-    assert set(outcomes) == {f"ws2-fsdp2-sdpa-{o}" for o in optimizers}
-    assert outcomes["ws2-fsdp2-sdpa-ao_adamw8bit"]["test_rebuilt_run_starts_from_other_weights"] == "passed"
-    failed = {
-        (cell, test) for cell, tests in outcomes.items() for test, outcome in tests.items() if outcome != "passed"
-    }
-    skipped = {(cell, test) for cell, test in failed if outcomes[cell][test] == "skipped"}
-    assert failed - skipped == {("ws2-fsdp2-sdpa-ao_adamw8bit", RESHARD_SHRINK)}, done.stdout
-    message = cell_failures(tmp_path / "reports" / "latest" / "torch-system")["ws2-fsdp2-sdpa-ao_adamw8bit"]
-    assert "tensors differ after load: optimizer.embed.weight.exp_avg: values differ" in message[RESHARD_SHRINK]
-
-
-# One run of resume for the mutants and the guard below: axis `variant` picks the model and the
-# checkpointer per cell (tests/suites/resume_variants.py), so one rank pool per world size serves them all.
+# The example's own cells, run through both suites: name -> (its package, optimizer, cell, variant).
+# Listed first, they run dtensor_optim for every cell of their world size, FSDP and optimizer.
+AS_THEY_ARE = {
+    "torchao": ("torchao", "ao_adamw8bit", "ws2-fsdp2", "third_party"),
+    "optimi": ("optimi", "optimi_adamw_kahan", "ws2-fsdp2", "third_party"),
+}
+# Resume's mutants beside them: axis `variant` picks the model and the checkpointer per cell
+# (tests/suites/resume_variants.py), so one rank pool per world size serves them all.
 # mutant -> (its package, optimizer, cell, variant)
 MUTANTS = {
     "torchao_scale_dropped": ("torchao", "ao_adamw8bit", "ws1-none", "torchao_scale_dropped"),
@@ -85,15 +48,16 @@ GUARD = ("optimi", LISTED_QUANTIZED, "ws1-none", "third_party")
 def planned_cells() -> dict[str, tuple[str, str, str, str]]:
     """The shared run's cells whose package is installed: cell id -> (package, optimizer, cell, variant)."""
     planned = {}
-    for package, optimizer, cell, variant in [*MUTANTS.values(), GUARD]:
+    for package, optimizer, cell, variant in [*AS_THEY_ARE.values(), *MUTANTS.values(), GUARD]:
         if importlib.util.find_spec(package) is not None:
             planned[cell_id(package, optimizer, cell, variant)] = (package, optimizer, cell, variant)
     return planned
 
 
-def mutants_matrix(cells) -> str:
-    """resume over exactly `cells` (planned_cells' values), with examples/optimizers' components and
-    options, `LISTED_QUANTIZED` listed as quantized."""
+def shared_matrix(cells) -> str:
+    """resume over exactly `cells` (planned_cells' values), dtensor_optim once per world size, FSDP
+    and optimizer among them, with examples/optimizers' components and options, `LISTED_QUANTIZED`
+    listed as quantized."""
     options = dict(OPTIMIZERS.suites["resume"].options)
     options["quantized_state_optimizers"] = [*options["quantized_state_optimizers"], LISTED_QUANTIZED]
     options["bf16_param_optimizers"] = [*options["bf16_param_optimizers"], LISTED_QUANTIZED]
@@ -106,7 +70,14 @@ def mutants_matrix(cells) -> str:
             "variant": ["third_party"],
         },
         exclude=[{"variant": "third_party"}],
-        suites={"resume": {"timeout": 300, "axes": ["world_size", "fsdp", "optimizer", "variant"], "options": options}},
+        suites={
+            "resume": {"timeout": 300, "axes": ["world_size", "fsdp", "optimizer", "variant"], "options": options},
+            "dtensor_optim": {
+                "timeout": 300,
+                "axes": ["world_size", "fsdp", "optimizer"],
+                "options": OPTIMIZERS.suites["dtensor_optim"].options,
+            },
+        },
         components={
             **OPTIMIZERS.components,
             "model": "resume_variants:build_model",
@@ -124,43 +95,66 @@ def mutants_matrix(cells) -> str:
 
 
 @pytest.fixture(scope="module")
-def mutants_run(tmp_path_factory):
-    """The one run of every mutant and the guard whose package is here: the process, outcomes, failures."""
-    root = tmp_path_factory.mktemp("mutants")
+def shared_run(tmp_path_factory):
+    """The one run of the example's cells, every mutant and the guard whose package is here: the
+    process, outcomes, failures."""
+    root = tmp_path_factory.mktemp("shared")
     cells = planned_cells()
-    done, outcomes = run_suites(root, mutants_matrix(cells.values()), REPO / "tests" / "suites", timeout=1800)
+    done, outcomes = run_suites(root, shared_matrix(cells.values()), REPO / "tests" / "suites", timeout=1800)
     assert set(outcomes) == set(cells), done.stdout + done.stderr
     return done, outcomes, cell_failures(root / "reports" / "latest" / "torch-system")
 
 
 def cell_id(package: str, optimizer: str, cell: str, variant: str) -> str:
-    """The shared run's id of the cell an entry of MUTANTS (or GUARD) names."""
+    """The shared run's id of the cell an entry of AS_THEY_ARE, MUTANTS (or GUARD) names."""
     return f"{cell}-sdpa-{optimizer}-{variant}"
 
 
+def test_optimi_kahan_and_torchao_8bit_as_they_are(shared_run):
+    """Both resume exactly and keep DTensor state laid out like the param at ws2-FSDP2 (the ws1
+    cells are the mutants'); torchao's 2->1 reshard load is not exact: state kept plain fp32 on 2
+    ranks (under 4096 elements per rank) is quantized when loaded into 1 rank."""
+    pytest.importorskip("torchao")
+    pytest.importorskip("optimi")
+    done, outcomes, failures = shared_run
+    cells = {name: cell_id(*AS_THEY_ARE[name]) for name in AS_THEY_ARE}
+    assert outcomes[cells["torchao"]]["test_rebuilt_run_starts_from_other_weights"] == "passed"
+    for cell in cells.values():  # both suites ran there
+        assert {"test_rebuilt_run_starts_from_other_weights", RESHARD_SHRINK} <= set(outcomes[cell]), outcomes
+    failed = {
+        (cell, test)
+        for cell in cells.values()
+        for test, outcome in outcomes[cell].items()
+        if outcome not in ("passed", "skipped")
+    }
+    assert failed == {(cells["torchao"], RESHARD_SHRINK)}, done.stdout
+    message = failures[cells["torchao"]][RESHARD_SHRINK]
+    assert "tensors differ after load: optimizer.embed.weight.exp_avg: values differ" in message
+
+
 @pytest.mark.parametrize("mutant", [name for name in MUTANTS if name != "rank_zero_only"])
-def test_resume_catches_a_checkpointer_that_drops_the_scale(mutants_run, mutant):
+def test_resume_catches_a_checkpointer_that_drops_the_scale(shared_run, mutant):
     pytest.importorskip(MUTANTS[mutant][0])
-    done, outcomes, failures = mutants_run
+    done, outcomes, failures = shared_run
     cell = cell_id(*MUTANTS[mutant])
     assert done.returncode == 1, done.stdout + done.stderr
     assert outcomes[cell][STATE_AFTER_LOAD] == "failure", outcomes
     assert "after load: optimizer state " in failures[cell][STATE_AFTER_LOAD]
 
 
-def test_resume_catches_a_checkpointer_that_loads_only_rank_zeros_shard(mutants_run):
+def test_resume_catches_a_checkpointer_that_loads_only_rank_zeros_shard(shared_run):
     pytest.importorskip("optimi")
-    done, outcomes, failures = mutants_run
+    done, outcomes, failures = shared_run
     cell = cell_id(*MUTANTS["rank_zero_only"])
     assert outcomes[cell][STATE_AFTER_LOAD] == "failure", outcomes
     assert "rank 1: after load: optimizer state " in failures[cell][STATE_AFTER_LOAD], failures[cell]
 
 
-def test_an_optimizer_listed_as_quantized_whose_state_is_plain_fails_the_guard(mutants_run):
+def test_an_optimizer_listed_as_quantized_whose_state_is_plain_fails_the_guard(shared_run):
     """optimi keeps plain bf16/fp32 state: listed in `quantized_state_optimizers`, its cell must
     fail the suite's guard rather than pass on unquantized state."""
     pytest.importorskip("optimi")
-    done, outcomes, failures = mutants_run
+    done, outcomes, failures = shared_run
     cell = cell_id(*GUARD)
     guard = "test_rebuilt_run_starts_from_other_weights"
     assert outcomes[cell][guard] == "failure", outcomes
