@@ -77,6 +77,7 @@ def run_both(root: Path, checkpointer: str, candidate_python: str, *, cell: dict
         + PROJECT_IS_THIS_CHECKOUT
     )
     common = ["--config", str(matrix), "--reports", str(root / "reports"), "--run-id", "run", "--confirm-limit", "0"]
+    common += ["--slots", "1"]  # the cells share one pytest process: one import of torch, not one per cell
     run_dir = root / "reports" / "run"
     assert torchmatrix(sys.executable, "run", "--torch", BASELINE, *common).returncode == 0
     assert torchmatrix(candidate_python, "run", "--torch", CANDIDATE, *common).returncode == 0
