@@ -3,8 +3,8 @@ once, beside this one's, ~1 min and 5.5 GB the first time) each run the cross_ve
 smallest cell, then `cross-read` has each load the other's writes.
 
 With the reference checkpointer both directions load exactly, in the eager cell and a compiled one
-(parameter names with `_orig_mod.`), both cells in one pair of runs; before 2.14.1 has run, a read pass
-reports 2.14.1's writes as missing (not checked, never passed); with a checkpointer that refuses a
+(parameter names with `_orig_mod.`), both cells in one pair of runs; where 2.14.1's writes are missing,
+2.13.0's read pass reports them not checked, never passed; with a checkpointer that refuses a
 checkpoint another torch wrote, the rollback section names its root cause (the failed read confirmed
 alone, with its `reproduce:` command) and `compare` and `report --check-upgrade` exit 1.
 """
@@ -64,9 +64,7 @@ def torchmatrix(python: str, *args: str) -> subprocess.CompletedProcess:
     )
 
 
-def run_both(
-    root: Path, checkpointer: str, candidate_python: str, *, read_between: bool = False, cell: dict = CELL
-) -> Path:
+def run_both(root: Path, checkpointer: str, candidate_python: str, *, cell: dict = CELL) -> Path:
     """Run both versions' cross_version suite on ``cell`` into one run directory, then the read pass;
     return the run directory."""
     root.mkdir(parents=True)
@@ -79,21 +77,18 @@ def run_both(
         + PROJECT_IS_THIS_CHECKOUT
     )
     common = ["--config", str(matrix), "--reports", str(root / "reports"), "--run-id", "run", "--confirm-limit", "0"]
+    common += ["--slots", "1"]  # the cells share one pytest process: one import of torch, not one per cell
     run_dir = root / "reports" / "run"
     assert torchmatrix(sys.executable, "run", "--torch", BASELINE, *common).returncode == 0
-    if read_between:
-        cross_read(run_dir, candidate_python)
-        torchmatrix(sys.executable, "report", str(run_dir))
-        (root / "before-candidate.json").write_text((run_dir / "results.json").read_text())
     assert torchmatrix(candidate_python, "run", "--torch", CANDIDATE, *common).returncode == 0
     cross_read(run_dir, candidate_python)
     return run_dir
 
 
-def cross_read(run_dir: Path, candidate_python: str, config: Path | None = None) -> subprocess.CompletedProcess:
+def cross_read(run_dir: Path, candidate_python: str) -> subprocess.CompletedProcess:
     """The read pass with the project's matrix (beside reports/) and each version's interpreter
     named (neither is a gpu_matrix venv here; the run's plan.json names them too, and is ignored)."""
-    config = config or run_dir.parent.parent / "matrix.toml"
+    config = run_dir.parent.parent / "matrix.toml"
     interpreters = ["--python", f"{BASELINE}={sys.executable}", "--python", f"{CANDIDATE}={candidate_python}"]
     return torchmatrix(sys.executable, "cross-read", str(run_dir), "--config", str(config), *interpreters)
 
@@ -107,7 +102,7 @@ def directions(results: Path) -> dict[str, dict]:
 def reference(tmp_path_factory, candidate_python) -> Path:
     root = tmp_path_factory.mktemp("reference")
     checkpointer = REFERENCE_COMPONENTS["checkpointer"]
-    return run_both(root / "p", checkpointer, candidate_python, read_between=True, cell=REFERENCE_CELLS)
+    return run_both(root / "p", checkpointer, candidate_python, cell=REFERENCE_CELLS)
 
 
 @pytest.fixture(scope="module")
@@ -118,8 +113,14 @@ def mutant(tmp_path_factory, candidate_python) -> Path:
     )
 
 
-def test_reference_checkpoints_load_exactly_both_ways(reference):
-    done = torchmatrix(sys.executable, "report", str(reference), "--check-upgrade")
+@pytest.fixture(scope="module")
+def reference_upgrade_check(reference) -> subprocess.CompletedProcess:
+    """`report --check-upgrade` of the reference's run, once for the tests that read its exit and pages."""
+    return torchmatrix(sys.executable, "report", str(reference), "--check-upgrade")
+
+
+def test_reference_checkpoints_load_exactly_both_ways(reference, reference_upgrade_check):
+    done = reference_upgrade_check
     assert done.returncode == 0, done.stdout + done.stderr
     found = directions(reference / "results.json")
     for name in ("rollback", "forward"):
@@ -131,11 +132,11 @@ def test_reference_checkpoints_load_exactly_both_ways(reference):
     )
 
 
-def test_a_compiled_models_checkpoint_loads_exactly_both_ways(reference):
+def test_a_compiled_models_checkpoint_loads_exactly_both_ways(reference, reference_upgrade_check):
     """Its blocks are torch.compile modules (parameter names with `_orig_mod.`); the checkpoint written
     by either version loads exactly under the other (the directions' passed cells name it, beside the
     eager one: test_reference_checkpoints_load_exactly_both_ways), each write compiled."""
-    done = torchmatrix(sys.executable, "report", str(reference), "--check-upgrade")
+    done = reference_upgrade_check
     assert done.returncode == 0, done.stdout + done.stderr
     tests = json.loads((reference / "results.json").read_text())["tests"]
     reads = [t for t in tests if t["cell"] == COMPILED and t["test"].startswith("test_loads_checkpoint_written_by")]
@@ -144,18 +145,22 @@ def test_a_compiled_models_checkpoint_loads_exactly_both_ways(reference):
     assert len(writes) == 2 and all(t["figures"].get("compile_seconds", 0) > 0 for t in writes), writes
 
 
-def test_missing_writes_are_not_checked_never_passed(reference, candidate_python, tmp_path):
-    before = json.loads((reference.parent.parent / "before-candidate.json").read_text())["tests"]
-    early = [t for t in before if t["test"] == f"test_loads_checkpoint_written_by[writer={CANDIDATE}]"]
+def test_missing_writes_are_not_checked_never_passed(reference, tmp_path):
+    """A copy of the reference's run without 2.14.1's checkpoints, re-read by 2.13.0 alone (2.14.1 has no
+    interpreter here, so its forward reads stay as the reference's pass left them)."""
+    copy = tmp_path / "run"
+    shutil.copytree(reference, copy, symlinks=True)
+    shutil.rmtree(copy / f"torch-{CANDIDATE}" / "checkpoints")
+    config = reference.parent.parent / "matrix.toml"
+    only_baseline = ["--python", f"{BASELINE}={sys.executable}", "--envdir", str(tmp_path / "no-venvs")]
+    assert torchmatrix(sys.executable, "cross-read", str(copy), "--config", str(config), *only_baseline).returncode == 0
+    assert torchmatrix(sys.executable, "report", str(copy), "--check-upgrade").returncode == 0
+    tests = json.loads((copy / "results.json").read_text())["tests"]
+    early = [t for t in tests if t["test"] == f"test_loads_checkpoint_written_by[writer={CANDIDATE}]"]
     assert sorted(t["cell"] for t in early) == sorted([EAGER, COMPILED]), early
     for read in early:
         assert read["status"] == "skipped", read
         assert read["message"].startswith("not checked: torch 2.14.1 wrote no checkpoint"), read
-    copy = tmp_path / "run"
-    shutil.copytree(reference, copy, symlinks=True)
-    shutil.rmtree(copy / f"torch-{CANDIDATE}" / "checkpoints")
-    cross_read(copy, candidate_python, config=reference.parent.parent / "matrix.toml")
-    assert torchmatrix(sys.executable, "report", str(copy), "--check-upgrade").returncode == 0
     found = directions(copy / "results.json")
     assert not found["rollback"]["passed"] and not found["rollback"]["broken"], found["rollback"]
     (reason,) = found["rollback"]["not_checked"]  # the cells with the same reason, together

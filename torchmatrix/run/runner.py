@@ -433,7 +433,9 @@ def _run_cells(
             **kwargs,
         )
 
-    groups = group_runs(runnable, slots, fillers=not gpu_count)
+    # A read takes about a second; on CPU another pytest process per slot would only add a torch import.
+    group_slots = 1 if request.cross_version_reads and not gpu_count else slots
+    groups = group_runs(runnable, group_slots, fillers=not gpu_count)
     if request.selection.tests:
         groups = [replace(group, only_tests=request.selection.tests) for group in groups]
     report_finished_cells()
