@@ -151,6 +151,10 @@ def test_a_busy_machine_slows_the_idle_priors_but_not_its_own_history():
 def test_the_phases_after_the_cells_count_installs_starts_reads_and_the_report():
     after = LaterPhases(versions=1, installs=120.0, read_passes=2, read_cells=4, report=True)
     assert after.seconds(startup=30.0, slots=2) == pytest.approx(120 + 30 + 2 * (30 + 4 * READ_CELL_S / 2) + REPORT_S)
+    on_cpu = LaterPhases(read_passes=1, read_cells=4, reads_side_by_side=False)
+    assert on_cpu.seconds(startup=30.0, slots=2) == pytest.approx(30 + 4 * READ_CELL_S), (
+        "a CPU read pass reads in one process"
+    )
     assert LaterPhases().seconds(startup=30.0, slots=2) == 0.0, "the last version, no report: nothing after"
     assert LaterPhases(versions=1, installs=None).seconds(startup=30.0, slots=2) == 30.0, (
         "unknown installs are not guessed"

@@ -150,11 +150,13 @@ class LaterPhases:
     read_passes: int = 0
     read_cells: int = 0
     report: bool = False
+    reads_side_by_side: bool = True  # on GPUs; a CPU read pass reads in one process (runner.py)
 
     def seconds(self, startup: float, slots: int, contention: float = 1.0) -> float:
         """Wall seconds of these phases, when a runner takes `startup` seconds before its cells' work
         and CPU-bound work runs `contention` times slower than idle (the installs' estimate has its own pace)."""
-        reads = self.read_passes * (startup + self.read_cells * READ_CELL_S * contention / max(slots, 1))
+        read_slots = max(slots, 1) if self.reads_side_by_side else 1
+        reads = self.read_passes * (startup + self.read_cells * READ_CELL_S * contention / read_slots)
         report = REPORT_S * contention if self.report else 0.0
         return (self.installs or 0.0) + self.versions * startup + reads + report
 

@@ -174,7 +174,7 @@ def _run_version(request: RunRequest, stream, interrupts: Interrupts) -> ExitCod
         eta = ""
         if runnable:
             estimate = _work_estimate(request, runs, environment)
-            progress.seed(estimate, _later_phases(request, cells, suites))
+            progress.seed(estimate, _later_phases(request, cells, suites, environment))
             source = "the last runs' durations" if estimate.from_history else "per-suite priors, no earlier run here"
             eta = f"; {progress.eta_text()} ({source})"
             _refuse_too_wide_for_cpu(request, cells, environment)
@@ -301,7 +301,7 @@ def _work_estimate(request: RunRequest, runs: list[SuiteRun], environment: Envir
     return WorkEstimate.of_runs(runs, seconds, _slots(request, environment), busy)
 
 
-def _later_phases(request: RunRequest, cells: list[Cell], suites: dict) -> LaterPhases:
+def _later_phases(request: RunRequest, cells: list[Cell], suites: dict, environment: Environment) -> LaterPhases:
     """What the invocation runs after this version's cells: the later versions' installs and
     starts, then, when the report session follows, each version's read pass (a run with the
     cross_version suite) and the report."""
@@ -309,7 +309,14 @@ def _later_phases(request: RunRequest, cells: list[Cell], suites: dict) -> Later
     if request.cross_version_reads:
         return LaterPhases()
     reads = part.count if part.report_follows and cross_version.SUITE in suites else 0
-    return LaterPhases(part.versions_after, part.installs_after, reads, len(cells), part.report_follows)
+    return LaterPhases(
+        part.versions_after,
+        part.installs_after,
+        reads,
+        len(cells),
+        part.report_follows,
+        reads_side_by_side=bool(environment.gpu_count),
+    )
 
 
 def _refuse_too_wide_for_cpu(request: RunRequest, cells: list[Cell], environment: Environment) -> None:
@@ -433,7 +440,8 @@ def _run_cells(
             **kwargs,
         )
 
-    # A read takes about a second; on CPU another pytest process per slot would only add a torch import.
+    # A read takes about a second; on CPU another pytest process per slot would only add a torch import
+    # (the ETA counts such a read pass's reads one after another: LaterPhases.reads_side_by_side).
     group_slots = 1 if request.cross_version_reads and not gpu_count else slots
     groups = group_runs(runnable, group_slots, fillers=not gpu_count)
     if request.selection.tests:
