@@ -8,7 +8,10 @@ from torchmatrix.matrix.config import Suite
 from torchmatrix.matrix.plan import SuiteRun
 from torchmatrix.messages.consequences import CONSEQUENCE_OF
 from torchmatrix.messages.events import TestOutcome
-from torchmatrix.run.confirmation import Retry, reruns
+from torchmatrix.reports.confirmation_notes import INTERRUPTED, why_not_rerun
+from torchmatrix.run.confirmation import Retry, record, reruns
+from torchmatrix.run.outcomes import OutcomeBook
+from torchmatrix.status import Confirmation
 
 RESUME = Suite("resume", "suites/test_resume.py", 600.0, ("world_size",))
 SCHEDULER = "test_state_restored_right_after_load[piece=scheduler]"
@@ -44,3 +47,15 @@ def test_chains_join_the_first_cause_and_a_cycle_reruns_each_alone():
         [SCHEDULER, LOSSES, FINAL]
     ]
     assert processes_of([retry(LOSSES, FINAL), retry(FINAL, LOSSES)]) == [[LOSSES], [FINAL]]
+
+
+def test_a_rerun_the_run_was_stopped_before_says_so_and_one_that_reported_keeps_its_verdict():
+    """Ctrl-C or SIGTERM during the re-runs alone: every failure still gets a note, and it is not
+    'confirmation switched off'."""
+    stopped, finished = retry(FINAL), retry(LOSSES, world_size=4)
+    alone = [OutcomeBook([stopped.run]), OutcomeBook([finished.run])]
+    alone[1].tests[finished.run.key].append(TestOutcome("resume", LOSSES, "failed", message="AssertionError: x"))
+    record([stopped, finished], alone, [], limit=10, unreported=INTERRUPTED)
+    assert (stopped.outcome.confirmation, stopped.outcome.confirmation_note) == (Confirmation.NOT_RERUN, INTERRUPTED)
+    assert why_not_rerun(stopped.outcome.confirmation, stopped.outcome.confirmation_note) == INTERRUPTED
+    assert finished.outcome.confirmation == Confirmation.FAILS_ALONE

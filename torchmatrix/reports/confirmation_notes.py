@@ -14,6 +14,7 @@ import re
 from torchmatrix.status import Confirmation
 
 REPORTED_NOTHING = "the confirmation process reported nothing for this test"
+INTERRUPTED = "the run was stopped (Ctrl-C or SIGTERM) before this test's re-run alone reported"
 NOT_RECORDED = "confirmation switched off by --confirm-limit 0, or a suite that never collected"
 NO_REASON = "no reason recorded"
 OLD_PAST_LIMIT = re.compile(r"^more than (\d+) failures to re-run")

@@ -102,13 +102,17 @@ def confirm_failures(book: OutcomeBook, limit: int, scheduler: StartsProcesses, 
     books = [OutcomeBook(group.runs) for group in groups]
     in_process_order = [retry for process in processes for retry in process.retries]
     alone = [book for process, book in zip(processes, books) for _ in process.retries]
-    scheduler(
-        groups,
-        book=None,
-        books={g.name: b for g, b in zip(groups, books)},
-        max_started=slots,
-        on_update=lambda: progress.heartbeat(f"re-running {count(len(chosen), 'failed test')} alone"),
-    ).run()
+    try:
+        scheduler(
+            groups,
+            book=None,
+            books={g.name: b for g, b in zip(groups, books)},
+            max_started=slots,
+            on_update=lambda: progress.heartbeat(f"re-running {count(len(chosen), 'failed test')} alone"),
+        ).run()
+    except KeyboardInterrupt:
+        record(in_process_order, alone, past_limit, limit, unreported=confirmation_notes.INTERRUPTED)
+        raise
     progress.reruns_end()
     record(in_process_order, alone, past_limit, limit)
     book.pool_starts += sum(b.pool_starts for b in books)
@@ -132,12 +136,19 @@ def retries(book: OutcomeBook) -> list[Retry]:
     ]
 
 
-def record(chosen: Sequence[Retry], alone: Sequence[OutcomeBook], past_limit: Sequence[Retry], limit: int) -> None:
+def record(
+    chosen: Sequence[Retry],
+    alone: Sequence[OutcomeBook],
+    past_limit: Sequence[Retry],
+    limit: int,
+    unreported: str = confirmation_notes.REPORTED_NOTHING,
+) -> None:
     """Mark each re-run test with what its run alone showed (`alone`: the books of the
-    confirmation processes, in the order of `chosen`), and those past the limit as not re-run."""
+    confirmation processes, in the order of `chosen`; `unreported`: the note of one whose process
+    reported nothing), and those past the limit as not re-run."""
     for retry, book in zip(chosen, alone):
         outcome = next((o for o in book.tests[retry.run.key] if o.test == retry.outcome.test), None)
-        _mark(retry.outcome, _verdict(outcome), _alone_text(outcome))
+        _mark(retry.outcome, _verdict(outcome), _alone_text(outcome, unreported))
     for retry in past_limit:
         _mark(retry.outcome, Confirmation.NOT_RERUN, confirmation_notes.past_limit(limit))
 
@@ -147,9 +158,9 @@ def _mark(outcome: TestOutcome, verdict: Confirmation, note: str) -> None:
     outcome.confirmation_note = note
 
 
-def _alone_text(outcome: TestOutcome | None) -> str:
+def _alone_text(outcome: TestOutcome | None, unreported: str) -> str:
     if outcome is None:
-        return confirmation_notes.REPORTED_NOTHING
+        return unreported
     if outcome.status.is_failing:
         return f"{outcome.status}: {outcome.message}"
     return f"{outcome.status}" + (f": {outcome.message}" if outcome.message else "")
