@@ -9,6 +9,7 @@ counted by process group and session (not by name).
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -18,6 +19,9 @@ import time
 from pathlib import Path
 
 import pytest
+
+from torchmatrix.reports.confirmation_notes import INTERRUPTED
+from torchmatrix.status import Confirmation
 
 from helpers.checkout import checkout_env
 from helpers.matrix_files import matrix_toml
@@ -226,6 +230,42 @@ def test_two_quick_interrupts_keep_every_test_of_the_cell(tmp_path):
     assert "torchmatrix: torch system: 0 passed, 0 failed, 3 errors, 0 skipped;" in out, (
         "the tally is what the XML holds"
     )
+
+
+FAILS_THEN_WAITS_ALONE = """
+import os
+import time
+
+
+def test_fails_then_waits_alone(cell):
+    first_run = os.environ["TORCHMATRIX_FIRST_RUN"]
+    if os.path.exists(first_run):
+        open(os.environ["TORCHMATRIX_RERUN_STARTED"], "w").close()
+        time.sleep(120)
+    open(first_run, "w").close()
+    raise AssertionError("fails in the run")
+"""
+
+
+def test_a_signal_during_the_reruns_alone_notes_the_unconfirmed_failure_as_stopped(tmp_path):
+    project = Project(tmp_path / "project")
+    project.write("matrix.toml", matrix_toml(axes={"world_size": [1]}, suites={"waits": {}}))
+    project.write("suites/test_waits.py", FAILS_THEN_WAITS_ALONE)
+    started = project.root / "rerun-started"
+    env = {"TORCHMATRIX_FIRST_RUN": str(project.root / "first-run"), "TORCHMATRIX_RERUN_STARTED": str(started)}
+    runner = _start(project, "stopped", env=env)
+    try:
+        _wait_for(started.exists, 240, "the re-run alone to start")
+        runner.send_signal(signal.SIGTERM)
+        _, err = runner.communicate(timeout=120)
+    finally:
+        if runner.poll() is None:
+            os.killpg(runner.pid, signal.SIGKILL)
+    assert runner.returncode == 130, err
+    assert project.torchmatrix("report", "reports/stopped").returncode in (0, 1)
+    [test] = json.loads((project.root / "reports" / "stopped" / "results.json").read_text())["tests"]
+    assert test["status"] == "failed", test
+    assert (test["confirmation"], test["confirmation_note"]) == (Confirmation.NOT_RERUN, INTERRUPTED), test
 
 
 SLOW_COMPONENT = """

@@ -10,6 +10,7 @@ from torchmatrix.messages.consequences import CONSEQUENCE_OF
 from torchmatrix.messages.events import TestOutcome
 from torchmatrix.reports.confirmation_notes import INTERRUPTED, why_not_rerun
 from torchmatrix.run.confirmation import Retry, record, reruns
+from torchmatrix.run.interrupts import STOPPED
 from torchmatrix.run.outcomes import OutcomeBook
 from torchmatrix.status import Confirmation
 
@@ -52,10 +53,13 @@ def test_chains_join_the_first_cause_and_a_cycle_reruns_each_alone():
 def test_a_rerun_the_run_was_stopped_before_says_so_and_one_that_reported_keeps_its_verdict():
     """Ctrl-C or SIGTERM during the re-runs alone: every failure still gets a note, and it is not
     'confirmation switched off'."""
-    stopped, finished = retry(FINAL), retry(LOSSES, world_size=4)
-    alone = [OutcomeBook([stopped.run]), OutcomeBook([finished.run])]
-    alone[1].tests[finished.run.key].append(TestOutcome("resume", LOSSES, "failed", message="AssertionError: x"))
-    record([stopped, finished], alone, [], limit=10, unreported=INTERRUPTED)
-    assert (stopped.outcome.confirmation, stopped.outcome.confirmation_note) == (Confirmation.NOT_RERUN, INTERRUPTED)
-    assert why_not_rerun(stopped.outcome.confirmation, stopped.outcome.confirmation_note) == INTERRUPTED
+    stopped, unstarted, finished = retry(FINAL), retry(SCHEDULER, world_size=1), retry(LOSSES, world_size=4)
+    alone = [OutcomeBook([stopped.run]), OutcomeBook([unstarted.run]), OutcomeBook([finished.run])]
+    alone[0].tests[stopped.run.key].append(TestOutcome("resume", FINAL, "error", message=STOPPED))
+    alone[2].tests[finished.run.key].append(TestOutcome("resume", LOSSES, "failed", message="AssertionError: x"))
+    record([stopped, unstarted, finished], alone, [], limit=10, unreported=INTERRUPTED)
+    for cut_short in (stopped, unstarted):
+        verdict = (cut_short.outcome.confirmation, cut_short.outcome.confirmation_note)
+        assert verdict == (Confirmation.NOT_RERUN, INTERRUPTED), "stopped is not 'fails alone'"
+        assert why_not_rerun(*verdict) == INTERRUPTED
     assert finished.outcome.confirmation == Confirmation.FAILS_ALONE

@@ -19,6 +19,7 @@ from torchmatrix.messages.consequences import CONSEQUENCE_OF, causes_named, unde
 from torchmatrix.messages.events import TestOutcome
 from torchmatrix.reports import confirmation_notes
 from torchmatrix.run.eta import rerun_seconds
+from torchmatrix.run.interrupts import STOPPED
 from torchmatrix.run.outcomes import OutcomeBook
 from torchmatrix.run.progress import Progress
 from torchmatrix.run.schedule import Scheduler
@@ -145,9 +146,11 @@ def record(
 ) -> None:
     """Mark each re-run test with what its run alone showed (`alone`: the books of the
     confirmation processes, in the order of `chosen`; `unreported`: the note of one whose process
-    reported nothing), and those past the limit as not re-run."""
+    reported nothing, or that a signal stopped), and those past the limit as not re-run."""
     for retry, book in zip(chosen, alone):
         outcome = next((o for o in book.tests[retry.run.key] if o.test == retry.outcome.test), None)
+        if outcome is not None and outcome.message == STOPPED:
+            outcome = None  # stopped, not failed: no verdict
         _mark(retry.outcome, _verdict(outcome), _alone_text(outcome, unreported))
     for retry in past_limit:
         _mark(retry.outcome, Confirmation.NOT_RERUN, confirmation_notes.past_limit(limit))

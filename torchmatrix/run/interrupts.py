@@ -12,6 +12,8 @@ import signal
 import sys
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
+STOPPED = "interrupted (Ctrl-C or SIGTERM) before this suite finished"
+"""The error of every test a signal left unfinished."""
 
 
 class Interrupts:

@@ -43,7 +43,7 @@ from torchmatrix.run import confirmation, cross_version
 from torchmatrix.run.component_check import check_components
 from torchmatrix.run.eta import LaterPhases, WorkEstimate, contention, suite_seconds
 from torchmatrix.run.import_path import user_code_environment
-from torchmatrix.run.interrupts import Interrupts
+from torchmatrix.run.interrupts import STOPPED, Interrupts
 from torchmatrix.run.leftover_processes import adopt_orphans, kill_leftovers
 from torchmatrix.run.load_sampler import LoadSampler
 from torchmatrix.run.outcomes import OutcomeBook
@@ -189,7 +189,7 @@ def _run_version(request: RunRequest, stream, interrupts: Interrupts) -> ExitCod
         interrupts.writing_reports()
     except KeyboardInterrupt:
         interrupts.writing_reports()
-        stopped = "interrupted (Ctrl-C or SIGTERM) before this suite finished"
+        stopped = STOPPED
     except OSError as error:
         interrupts.writing_reports()
         stopped = f"the runner could not write to {request.run_dir} ({_os_error(error)})"

@@ -23,6 +23,7 @@ from torchmatrix import file_writes
 from torchmatrix.matrix.plan import Group
 from torchmatrix.messages.events import EventReader
 from torchmatrix.messages.grant import Grant
+from torchmatrix.run.interrupts import STOPPED
 from torchmatrix.run.leftover_processes import descendants
 from torchmatrix.run.outcomes import OutcomeBook
 from torchmatrix.status import Status
@@ -148,7 +149,7 @@ class Scheduler:
             for book in {id(b): b for b in [self.book, *self.books.values()] if b is not None}.values():
                 for key in book.runs:
                     if not book.is_done(key):
-                        book.fail_run(key, Status.ERROR, "interrupted (Ctrl-C or SIGTERM) before this suite finished")
+                        book.fail_run(key, Status.ERROR, STOPPED)
             raise
 
     def _used_slots(self) -> int:
