@@ -171,6 +171,19 @@ def _start(project: Project, run_id: str, *extra: str, env: dict | None = None) 
     )
 
 
+def _signalled(runner: subprocess.Popen, ready, what: str, *signums: int) -> tuple[str, str]:
+    """The runner's output after `signums` (0.05 s apart) once `ready()` holds; killed if it outlives that."""
+    try:
+        _wait_for(ready, 240, what)
+        for index, signum in enumerate(signums):
+            time.sleep(0.05 if index else 0)
+            runner.send_signal(signum)
+        return runner.communicate(timeout=120)
+    finally:
+        if runner.poll() is None:
+            os.killpg(runner.pid, signal.SIGKILL)
+
+
 def _wait_for(condition, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -213,15 +226,9 @@ def test_a_second_runner_and_a_report_during_the_run_are_refused(tmp_path):
 def test_two_quick_interrupts_keep_every_test_of_the_cell(tmp_path):
     project = _gated_project(tmp_path / "project")
     runner = _start(project, "twice")
-    try:
-        _wait_for(lambda: _test_started(project, "twice"), 240, "the test to start")
-        runner.send_signal(signal.SIGINT)
-        time.sleep(0.05)
-        runner.send_signal(signal.SIGINT)
-        out, err = runner.communicate(timeout=120)
-    finally:
-        if runner.poll() is None:
-            os.killpg(runner.pid, signal.SIGKILL)
+    out, err = _signalled(
+        runner, lambda: _test_started(project, "twice"), "the test to start", signal.SIGINT, signal.SIGINT
+    )
     assert runner.returncode == 130, err
     assert "Traceback" not in err
     assert cell_outcomes(project.root / "reports" / "twice" / "torch-system") == {
@@ -254,13 +261,7 @@ def test_a_signal_during_the_reruns_alone_notes_the_unconfirmed_failure_as_stopp
     started = project.root / "rerun-started"
     env = {"TORCHMATRIX_FIRST_RUN": str(project.root / "first-run"), "TORCHMATRIX_RERUN_STARTED": str(started)}
     runner = _start(project, "stopped", env=env)
-    try:
-        _wait_for(started.exists, 240, "the re-run alone to start")
-        runner.send_signal(signal.SIGTERM)
-        _, err = runner.communicate(timeout=120)
-    finally:
-        if runner.poll() is None:
-            os.killpg(runner.pid, signal.SIGKILL)
+    _, err = _signalled(runner, started.exists, "the re-run alone to start", signal.SIGTERM)
     assert runner.returncode == 130, err
     assert project.torchmatrix("report", "reports/stopped").returncode in (0, 1)
     [test] = json.loads((project.root / "reports" / "stopped" / "results.json").read_text())["tests"]
@@ -301,13 +302,7 @@ def test_a_signal_during_the_component_check_exits_130_with_every_cell_reported(
             "PYTHONPATH": f"{project.root}{os.pathsep}{checkout_env()['PYTHONPATH']}",
         },
     )
-    try:
-        _wait_for(checking.exists, 240, "the component check to import the component")
-        runner.send_signal(signum)
-        out, err = runner.communicate(timeout=120)
-    finally:
-        if runner.poll() is None:
-            os.killpg(runner.pid, signal.SIGKILL)
+    out, err = _signalled(runner, checking.exists, "the component check to import the component", signum)
     assert runner.returncode == 130, err
     assert "Traceback" not in err, err
     report = project.torchmatrix("report", "reports/early")
