@@ -263,9 +263,9 @@ class CellPlan:
         if where and (reports or stopped is not None):
             outcome = as_simulation_limit(_outcome(reports, self.plan.output_cap, stopped), self.plan.device_type)
             after = self.usage() if before is not None else None
-            if after is not None and after.unread_ranks == before.unread_ranks:
-                outcome["properties"].append([CPU_SECONDS, round(after.cpu_seconds - before.cpu_seconds, 3)])
             if after is not None:
+                if after.unread_ranks == before.unread_ranks:  # else a stopped rank's CPU is missing from it
+                    outcome["properties"].append([CPU_SECONDS, round(after.cpu_seconds - before.cpu_seconds, 3)])
                 if compiled := after.compiled_since(before):
                     outcome["properties"].append([COMPILE_SECONDS, round(compiled, 3)])
                 own_warnings.update(after.warnings)
