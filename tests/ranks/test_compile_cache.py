@@ -75,3 +75,36 @@ def test_each_cell_compiles_into_its_own_cache_directory_of_its_torch_version(pr
         properties
     )
     assert all(seconds > 0 for seconds in compiled.values()), compiled
+
+
+ISA_SUITE = """
+import torch.distributed as dist
+
+
+def _pick():
+    from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+    return str(pick_vec_isa())
+
+
+def test_picks_the_vector_isa(cell, ranks):
+    picked = ranks.run(_pick)
+    assert len(set(picked)) == 1, picked
+"""
+
+
+def test_inductors_isa_probe_builds_once_per_version_beside_the_cells(project):
+    from torch._inductor.cpu_vec_isa import VecISA
+
+    project.write("matrix.toml", matrix_toml(axes={"world_size": [2], "flavor": ["a", "b"]}, suites={"isa": {}}))
+    project.write("suites/__init__.py", "")
+    project.write("suites/test_isa.py", ISA_SUITE)
+    done = project.torchmatrix("run", "--torch", "system", "--reports", "out", "--run-id", "r1")
+    assert done.returncode == 0, done.stdout + done.stderr
+    caches = (project.root / "out" / "r1" / "torch-system" / "compile-cache").resolve()
+    probes = sorted(
+        path.relative_to(caches).parts[0] for path in caches.rglob("*.cpp") if path.read_text() == VecISA._avx_code
+    )
+    if not probes:
+        pytest.skip("this machine's Inductor probes no vector ISA (no compiler, or not x86/aarch64 Linux)")
+    assert set(probes) == {".vec-isa-probe"}, f"a rank built Inductor's ISA probe in its cell's folder: {probes}"

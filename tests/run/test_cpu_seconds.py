@@ -69,7 +69,8 @@ def test_cpu_seconds_count_each_execution_once_within_what_the_processes_used(tm
         for p in suite.properties()
         if p.name.endswith(f"::{CPU_SECONDS}")
     )
-    assert 2 * BURN_SECONDS <= once <= used, (once, used)
+    # os.times() counts in clock ticks the kernel samples, so a burn of 1 s of process_time reads 0.99 s at times
+    assert 0.9 * 2 * BURN_SECONDS <= once <= used, (once, used)
     assert per_testcase == pytest.approx(len(CELLS) * once, rel=0.01), (
         "each execution repeated in every cell it stands for"
     )

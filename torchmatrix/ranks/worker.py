@@ -21,6 +21,7 @@ from torchmatrix.ranks.compile_time import reset_keeping_time
 from torchmatrix.ranks.parent_death import exit_with_parent
 from torchmatrix.ranks.per_test_usage import RANK_WARNINGS
 from torchmatrix.ranks.root_cause import root_cause
+from torchmatrix.ranks.vec_isa_probe import share_vec_isa_probe
 
 COLLECTIVE_TIMEOUT_VARIABLE = "TORCHMATRIX_COLLECTIVE_TIMEOUT_S"
 COMPILE_CACHE_VARIABLE = "TORCHINDUCTOR_CACHE_DIR"
@@ -156,6 +157,7 @@ def main(
         import torch
 
         torch.set_num_threads(int(env["OMP_NUM_THREADS"]))  # torch read the variable at import, in the zygote
+        share_vec_isa_probe(COMPILE_CACHE_VARIABLE)
         _join_process_group(conn, rank, world_size)
     except BaseException as error:
         conn.send_bytes(pickle.dumps(error_reply(error)))

@@ -8,11 +8,21 @@ threads, so the ranks forked from it can.
 
 from __future__ import annotations
 
+import contextlib
+import faulthandler
+import gc
+import importlib
 import multiprocessing
-from multiprocessing import forkserver
+import os
+import signal
+import sys
+import threading
+import traceback
+from multiprocessing import forkserver, resource_tracker, util
 
+GUARD = "torchmatrix.ranks.zygote_guard"
 PRELOAD = [
-    "torchmatrix.ranks.zygote_guard",
+    GUARD,
     "torch",
     "torch.distributed",
     "torch.distributed.checkpoint",
@@ -33,6 +43,76 @@ def context() -> multiprocessing.context.BaseContext:
 
 
 def start() -> None:
-    """Start the zygote now, so its imports overlap pytest's collection instead of the first pool start."""
+    """Start the zygote now, as a fork of this process once it has imported the preload itself.
+
+    The pytest process imports torch to collect the suites anyway; a fresh forkserver imported it
+    a second time (about 3 CPU seconds per pytest process). Forking is as safe as the forkserver's
+    own forks of the ranks only before this process runs anything: so only here, at start, and only
+    while it runs no other thread. A zygote that dies later is started fresh by multiprocessing."""
     context()
-    forkserver.ensure_running()
+    for name in PRELOAD:
+        if name != GUARD:  # the guard ties the zygote, not this process, to its parent
+            with contextlib.suppress(ImportError):
+                importlib.import_module(name)
+    if not sys.platform.startswith("linux") or threading.active_count() > 1:
+        forkserver.ensure_running()
+        return
+    resource_tracker.ensure_running()  # its own interpreter, as always: only the forkserver is forked
+    spawn = util.spawnv_passfds
+    util.spawnv_passfds = _forked_or(spawn)
+    try:
+        forkserver.ensure_running()
+    finally:
+        util.spawnv_passfds = spawn
+
+
+def _forked_or(spawn):
+    """`util.spawnv_passfds(path, args, passfds)` for a `python -c COMMAND` as a fork of this process
+    running COMMAND, with only `passfds` and the standard streams open; anything else as `spawn`."""
+
+    def spawn_or_fork(path, args, passfds):
+        if len(args) < 2 or args[-2] != "-c":
+            return spawn(path, args, passfds)
+        forked = []
+
+        def fork():  # in a thread of its own: the zygote's stack (in every rank's crash dump) starts here
+            pid = os.fork()
+            if pid == 0:
+                util.spawnv_passfds = spawn
+                forkserver._forkserver._lock = threading.Lock()  # the parent's ensure_running holds it
+                _run_as_fresh_interpreter(args[-1], passfds)
+            forked.append(pid)
+
+        thread = threading.Thread(target=fork, name="zygote-fork")
+        thread.start()
+        thread.join()
+        return forked[0]
+
+    return spawn_or_fork
+
+
+def _run_as_fresh_interpreter(command: str, passfds) -> None:
+    """In the fork: drop what this process holds that a fresh interpreter would not (open files,
+    signal handlers, faulthandler), run `command`, and leave without running any of the parent's
+    exit handlers."""
+    code = 1
+    try:
+        gc.freeze()  # the parent's objects are never finalized here, so no stale descriptor is closed twice
+        faulthandler.disable()
+        for signum in signal.valid_signals():
+            with contextlib.suppress(OSError, ValueError):
+                if callable(signal.getsignal(signum)):
+                    signal.signal(signum, signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL)
+        keep = {0, 1, 2, *passfds}
+        for fd in [int(name) for name in os.listdir("/proc/self/fd")]:
+            if fd not in keep:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        exec(compile(command, "<zygote>", "exec"), {"__name__": "__mp_main__"})
+        code = 0
+    except SystemExit as exit:
+        code = exit.code if isinstance(exit.code, int) else int(exit.code is not None)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        os._exit(code)

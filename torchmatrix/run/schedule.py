@@ -146,6 +146,10 @@ class Scheduler:
                 process.kill()
             if not isinstance(error, KeyboardInterrupt):
                 raise
+            now = time.monotonic()
+            for process in self.waiting + self.active:  # what each wrote since the last poll: its tests' names
+                for event in process.events.read_new():
+                    self._book(process).feed(event, now)
             for book in {id(b): b for b in [self.book, *self.books.values()] if b is not None}.values():
                 for key in book.runs:
                     if not book.is_done(key):
