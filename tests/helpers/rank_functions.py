@@ -129,3 +129,19 @@ def rank_zero_broadcast(raise_on_rank_zero):
         return from_rank_zero(compute)
     except Exception as error:
         return f"{type(error).__name__}: {error}"
+
+
+def inherited_state(caller_file: str) -> dict:
+    """What a rank carries over from the process that started its zygote: torch's distributed stack
+    (wanted), its SIGTERM handler and the file `caller_file` it holds open (not wanted)."""
+    open_files = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            open_files.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            pass
+    return {
+        "fsdp_preloaded": "torch.distributed.fsdp" in sys.modules,
+        "sigterm": "default" if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL else "changed",
+        "caller_file_open": caller_file in open_files,
+    }

@@ -197,3 +197,42 @@ def test_a_zygote_that_cannot_start_fails_the_pool_with_a_rank_failure(tmp_path)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
     assert "could not fork rank 0: the zygote (torchmatrix.ranks.zygote) is gone or refused" in done.stdout, done.stderr
+
+
+ZYGOTE_FORKED_HERE = """
+import json, os, signal, sys, time
+
+signal.signal(signal.SIGTERM, lambda *_: None)  # as a pytest plugin might
+held = open(sys.argv[1], "w")
+from multiprocessing import forkserver
+
+from torchmatrix.ranks import zygote
+from torchmatrix.ranks.pool import RankPool
+from helpers import rank_functions as rf
+
+zygote.start()
+server = forkserver._forkserver._forkserver_pid
+pool = RankPool(1, device_type="cpu", backend="gloo", collective_timeout_s=60)
+try:
+    (rank,) = pool.run(rf.inherited_state, (held.name,), deadline=time.monotonic() + 60)
+finally:
+    stat = open(f"/proc/{server}/stat").read().rsplit(")", 1)[1].split()
+    pool.close()
+own_cpu = (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")  # utime and stime, not its ranks'
+print(json.dumps({"me": os.getpid(), "server_parent": int(stat[1]), "server_cpu": own_cpu, "rank": rank}))
+"""
+
+
+def test_the_zygote_is_this_process_forked_once_it_imported_torch_and_holds_nothing_of_it(tmp_path):
+    """zygote.start() forks the calling process (the pytest process) instead of starting an
+    interpreter that imports torch again; the ranks it forks keep none of the caller's open
+    files or signal handlers."""
+    import json
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), *sys.path])}
+    done = subprocess.run([sys.executable, "-c", ZYGOTE_FORKED_HERE, str(tmp_path / "held")], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.splitlines()[-1])
+    assert seen["server_parent"] == seen["me"], "the zygote is a fork of the process that started it"
+    assert seen["server_cpu"] < 1.0, f"the zygote used {seen['server_cpu']} CPU s: it imported torch again"
+    assert seen["rank"] == {"fsdp_preloaded": True, "sigterm": "default", "caller_file_open": False}

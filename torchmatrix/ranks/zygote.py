@@ -48,22 +48,28 @@ def start() -> None:
     The pytest process imports torch to collect the suites anyway; a fresh forkserver imported it
     a second time (about 3 CPU seconds per pytest process). Forking is as safe as the forkserver's
     own forks of the ranks only before this process runs anything: so only here, at start, and only
-    while it runs no other thread. A zygote that dies later is started fresh by multiprocessing."""
-    context()
-    for name in PRELOAD:
-        if name != GUARD:  # the guard ties the zygote, not this process, to its parent
-            with contextlib.suppress(ImportError):
-                importlib.import_module(name)
+    while it runs no other thread. A zygote that dies later is started fresh by multiprocessing.
+
+    The forked zygote leaves out the guard: it waits on multiprocessing's alive pipe from its first
+    instant (no import phase), so it ends with this process anyway; and the parent-death signal the
+    guard sets would fire as soon as the short-lived thread that forked it ends."""
+    ctx = context()
+    forked_preload = [name for name in PRELOAD if name != GUARD]
+    for name in forked_preload:
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
     if not sys.platform.startswith("linux") or threading.active_count() > 1:
         forkserver.ensure_running()
         return
     resource_tracker.ensure_running()  # its own interpreter, as always: only the forkserver is forked
     spawn = util.spawnv_passfds
     util.spawnv_passfds = _forked_or(spawn)
+    ctx.set_forkserver_preload(forked_preload)
     try:
         forkserver.ensure_running()
     finally:
         util.spawnv_passfds = spawn
+        ctx.set_forkserver_preload(PRELOAD)
 
 
 def _forked_or(spawn):
