@@ -230,7 +230,13 @@ def test_the_zygote_is_this_process_forked_once_it_imported_torch_and_holds_noth
     import json
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), *sys.path])}
-    done = subprocess.run([sys.executable, "-c", ZYGOTE_FORKED_HERE, str(tmp_path / "held")], env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", ZYGOTE_FORKED_HERE, str(tmp_path / "held")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout.splitlines()[-1])
     assert seen["server_parent"] == seen["me"], "the zygote is a fork of the process that started it"
