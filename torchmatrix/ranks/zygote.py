@@ -14,6 +14,7 @@ import gc
 import importlib
 import multiprocessing
 import os
+import queue
 import signal
 import sys
 import threading
@@ -48,51 +49,48 @@ def start() -> None:
     The pytest process imports torch to collect the suites anyway; a fresh forkserver imported it
     a second time (about 3 CPU seconds per pytest process). Forking is as safe as the forkserver's
     own forks of the ranks only before this process runs anything: so only here, at start, and only
-    while it runs no other thread. A zygote that dies later is started fresh by multiprocessing.
-
-    The forked zygote leaves out the guard: it waits on multiprocessing's alive pipe from its first
-    instant (no import phase), so it ends with this process anyway; and the parent-death signal the
-    guard sets would fire as soon as the short-lived thread that forked it ends."""
-    ctx = context()
-    forked_preload = [name for name in PRELOAD if name != GUARD]
-    for name in forked_preload:
-        with contextlib.suppress(ImportError):
-            importlib.import_module(name)
+    while it runs no other thread. A zygote that dies later is started fresh by multiprocessing."""
+    context()
+    for name in PRELOAD:
+        if name != GUARD:  # the guard ties the zygote, not this process, to its parent
+            with contextlib.suppress(ImportError):
+                importlib.import_module(name)
     if not sys.platform.startswith("linux") or threading.active_count() > 1:
         forkserver.ensure_running()
         return
     resource_tracker.ensure_running()  # its own interpreter, as always: only the forkserver is forked
     spawn = util.spawnv_passfds
     util.spawnv_passfds = _forked_or(spawn)
-    ctx.set_forkserver_preload(forked_preload)
     try:
         forkserver.ensure_running()
     finally:
         util.spawnv_passfds = spawn
-        ctx.set_forkserver_preload(PRELOAD)
 
 
 def _forked_or(spawn):
     """`util.spawnv_passfds(path, args, passfds)` for a `python -c COMMAND` as a fork of this process
-    running COMMAND, with only `passfds` and the standard streams open; anything else as `spawn`."""
+    running COMMAND, with only `passfds` and the standard streams open; anything else as `spawn`.
+
+    The fork happens in a thread that then waits for good: the zygote's stack (in every rank's
+    crash dump and hang stacks) starts there rather than under pytest's, and the parent-death signal
+    the guard sets fires when the thread that forked ends, which is when this process does."""
 
     def spawn_or_fork(path, args, passfds):
         if len(args) < 2 or args[-2] != "-c":
             return spawn(path, args, passfds)
-        forked = []
+        forked = queue.SimpleQueue()
 
-        def fork():  # in a thread of its own: the zygote's stack (in every rank's crash dump) starts here
+        def fork_and_stay():
             pid = os.fork()
             if pid == 0:
                 util.spawnv_passfds = spawn
                 forkserver._forkserver._lock = threading.Lock()  # the parent's ensure_running holds it
                 _run_as_fresh_interpreter(args[-1], passfds)
-            forked.append(pid)
+            forked.put(pid)
+            threading.Event().wait()
 
-        thread = threading.Thread(target=fork, name="zygote-fork")
-        thread.start()
-        thread.join()
-        return forked[0]
+        threading.Thread(target=fork_and_stay, name="zygote-parent", daemon=True).start()
+        return forked.get()
 
     return spawn_or_fork
 
