@@ -1,9 +1,10 @@
-"""The zygote rank processes are forked from: one interpreter per pytest process that has imported
-torch's distributed stack once, so a rank starts in milliseconds instead of importing torch again
-(seconds of CPU per rank, paid by every rank of a cell at once on the same cores).
+"""The zygote rank processes are forked from: one per pytest process, with torch's distributed stack
+imported, so a rank starts in milliseconds instead of importing torch again (seconds of CPU per
+rank, paid by every rank of a cell at once on the same cores).
 
-It is multiprocessing's forkserver with torch preloaded. It never initializes CUDA or OpenMP
-threads, so the ranks forked from it can.
+It is multiprocessing's forkserver with torch preloaded, itself forked from the pytest process once
+that has imported the preload (`start`). It never initializes CUDA or OpenMP threads, so the ranks
+forked from it can.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import signal
 import sys
 import threading
 import traceback
+import warnings
 from multiprocessing import forkserver, resource_tracker, util
 
 GUARD = "torchmatrix.ranks.zygote_guard"
@@ -81,7 +83,13 @@ def _forked_or(spawn):
         forked = queue.SimpleQueue()
 
         def fork_and_stay():
-            pid = os.fork()
+            try:
+                with warnings.catch_warnings():  # Python 3.12+ warns of forking with threads: torch's, this one
+                    warnings.simplefilter("ignore", DeprecationWarning)
+                    pid = os.fork()
+            except OSError as error:  # out of memory or processes: multiprocessing raises it as it would
+                forked.put(error)
+                return
             if pid == 0:
                 util.spawnv_passfds = spawn
                 forkserver._forkserver._lock = threading.Lock()  # the parent's ensure_running holds it
@@ -90,7 +98,10 @@ def _forked_or(spawn):
             threading.Event().wait()
 
         threading.Thread(target=fork_and_stay, name="zygote-parent", daemon=True).start()
-        return forked.get()
+        pid = forked.get()
+        if isinstance(pid, OSError):
+            raise pid
+        return pid
 
     return spawn_or_fork
 
