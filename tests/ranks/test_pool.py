@@ -217,9 +217,11 @@ try:
     (rank,) = pool.run(rf.inherited_state, (held.name,), deadline=time.monotonic() + 60)
 finally:
     stat = open(f"/proc/{server}/stat").read().rsplit(")", 1)[1].split()
+    server_argv = open(f"/proc/{server}/cmdline").read()
     pool.close()
 own_cpu = (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")  # utime and stime, not its ranks'
-print(json.dumps({"me": os.getpid(), "server_parent": int(stat[1]), "server_cpu": own_cpu, "rank": rank}))
+same_argv = server_argv == open("/proc/self/cmdline").read()
+print(json.dumps({"me": os.getpid(), "server_parent": int(stat[1]), "same_argv": same_argv, "server_cpu": own_cpu, "rank": rank}))
 """
 
 
@@ -239,6 +241,7 @@ def test_the_zygote_is_this_process_forked_once_it_imported_torch_and_holds_noth
     )
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout.splitlines()[-1])
-    assert seen["server_parent"] == seen["me"], "the zygote is a fork of the process that started it"
+    assert seen["server_parent"] == seen["me"]
+    assert seen["same_argv"], "the zygote is a fork of the process that started it, not an interpreter of its own"
     assert seen["server_cpu"] < 1.0, f"the zygote used {seen['server_cpu']} CPU s: it imported torch again"
     assert seen["rank"] == {"fsdp_preloaded": True, "sigterm": "default", "caller_file_open": False}

@@ -148,8 +148,7 @@ class Scheduler:
                 raise
             now = time.monotonic()
             for process in self.waiting + self.active:  # what each wrote since the last poll: its tests' names
-                for event in process.events.read_new():
-                    self._book(process).feed(event, now)
+                self._read_events(process, now)
             for book in {id(b): b for b in [self.book, *self.books.values()] if b is not None}.values():
                 for key in book.runs:
                     if not book.is_done(key):
@@ -188,12 +187,17 @@ class Scheduler:
     def _book(self, process: GroupProcess) -> OutcomeBook:
         return self.books.get(process.group.name, self.book)
 
+    def _read_events(self, process: GroupProcess, now: float) -> None:
+        """Feed what `process` wrote to its event log since the last read into its book."""
+        book = self._book(process)
+        for event in process.events.read_new():
+            book.feed(event, now)
+
     def _poll(self) -> None:
         now = time.monotonic()
         for process in self.active + self.waiting:
             book = self._book(process)
-            for event in process.events.read_new():
-                book.feed(event, now)
+            self._read_events(process, now)
             code = process.proc.poll()
             if code is None:
                 hung = self._hung_test(process, now) if process in self.active else None
@@ -202,8 +206,7 @@ class Scheduler:
                 process.kill()
                 book.close_group(process.keys, hung, process.log_tail())
             else:
-                for event in process.events.read_new():
-                    book.feed(event, now)
+                self._read_events(process, now)
                 book.close_group(process.keys, f"{exit_reason(code)} before this suite reported", process.log_tail())
             if process in self.active:
                 self.active.remove(process)
