@@ -80,7 +80,8 @@ def test_each_cell_compiles_into_its_own_cache_directory_of_its_torch_version(pr
     assert all(seconds > 0 for seconds in compiled.values()), compiled
 
 
-ISA_SUITE = """
+BUILDS_SUITE = """
+import torch
 import torch.distributed as dist
 
 
@@ -90,27 +91,43 @@ def _pick():
     return str(pick_vec_isa())
 
 
+def _compile_with_inductor():
+    return torch.compile(lambda x: (x * 2).sin() + x.cos())(torch.arange(5.0)).sum().item()
+
+
 def test_picks_the_vector_isa(cell, ranks):
     picked = ranks.run(_pick)
     assert len(set(picked)) == 1, picked
+
+
+def test_compiles_the_same_kernel_on_every_rank(cell, ranks):
+    assert len(set(ranks.run(_compile_with_inductor))) == 1
 """
 
 
 @pytest.mark.skipif(
     not sys.platform.startswith("linux") or platform.machine() != "x86_64" or not shutil.which("g++"),
-    reason="Inductor builds its vector-ISA probe on x86-64 Linux with a C++ compiler only",
+    reason="Inductor builds its vector-ISA probe and CPU kernels on x86-64 Linux with a C++ compiler only",
 )
-def test_inductors_isa_probe_builds_once_per_version_beside_the_cells(project):
+def test_inductor_builds_its_isa_probe_once_per_version_and_a_kernel_once_per_cell(project):
     from torch._inductor.cpu_vec_isa import VecISA
 
-    project.write("matrix.toml", matrix_toml(axes={"world_size": [2], "flavor": ["a", "b"]}, suites={"isa": {}}))
+    project.write("matrix.toml", matrix_toml(axes={"world_size": [2], "flavor": ["a", "b"]}, suites={"builds": {}}))
     project.write("suites/__init__.py", "")
-    project.write("suites/test_isa.py", ISA_SUITE)
+    project.write("suites/test_builds.py", BUILDS_SUITE)
     done = project.torchmatrix("run", "--torch", "system", "--reports", "out", "--run-id", "r1")
     assert done.returncode == 0, done.stdout + done.stderr
     caches = (project.root / "out" / "r1" / "torch-system" / "compile-cache").resolve()
-    probes = sorted(
-        path.relative_to(caches).parts[0] for path in caches.rglob("*.cpp") if path.read_text() == VecISA._avx_code
-    )
+    isa_code = VecISA._avx_code
+    probes = sorted(path.relative_to(caches).parts[0] for path in caches.rglob("*.cpp") if path.read_text() == isa_code)
     assert probes, "the ranks' ISA probe was built outside the run's compile caches"
     assert set(probes) == {".vec-isa-probe"}, f"a rank built Inductor's ISA probe in its cell's folder: {probes}"
+    builds = sorted(
+        path.relative_to(caches).parts[:2] for path in caches.glob("ws2-*/**/*.*") if path.suffix in (".cpp", ".so")
+    )
+    assert {folder for _, folder in builds} == {"kernels"}, f"a rank built a kernel in its own folder: {builds}"
+    assert {cell for cell, _ in builds} == {"ws2-a", "ws2-b"}, (
+        f"a cell's kernel sources are not in its folder: {builds}"
+    )
+    graph_caches = sorted(path.relative_to(caches).parts[:2] for path in caches.glob("ws2-*/*/fxgraph"))
+    assert graph_caches == [(cell, f"rank{rank}") for cell in ("ws2-a", "ws2-b") for rank in (0, 1)], graph_caches

@@ -17,11 +17,11 @@ import traceback
 from multiprocessing.connection import Connection
 
 from torchmatrix import file_writes
+from torchmatrix.ranks import shared_builds
 from torchmatrix.ranks.compile_time import reset_keeping_time
 from torchmatrix.ranks.parent_death import exit_with_parent
 from torchmatrix.ranks.per_test_usage import RANK_WARNINGS
 from torchmatrix.ranks.root_cause import root_cause
-from torchmatrix.ranks.vec_isa_probe import share_vec_isa_probe
 
 COLLECTIVE_TIMEOUT_VARIABLE = "TORCHMATRIX_COLLECTIVE_TIMEOUT_S"
 COMPILE_CACHE_VARIABLE = "TORCHINDUCTOR_CACHE_DIR"
@@ -39,19 +39,24 @@ def current_device():
 def in_compile_cache(directory: str, fn, args: tuple, world: str = ""):
     """fn(*args) with torch.compile's on-disk caches (Inductor's FX graph and AOTAutograd caches,
     Triton's under it) in this rank's own folder of the cell's `directory` (`rank<N><world>`: a rank
-    of a world beside the cell's, `world` "-of-<size>", never shares rank N's of the cell).
+    of a world beside the cell's, `world` "-of-<size>", never shares rank N's of the cell), and
+    what Inductor builds from source alone in the folders its ranks share (`shared_builds`).
 
     Inductor reads TORCHINDUCTOR_CACHE_DIR at every cache access (torch/_inductor/runtime/
     cache_dir_utils.py), not once at import, so setting it here re-homes every later compile of
     this long-lived rank; torch.compiler.reset() then drops what the rank compiled for the previous
-    cell, so not even in memory does one cell reuse another's kernels. Shared directories gave
+    cell, so not even in memory does one cell reuse another's graphs. Shared graph caches gave
     wrong kernels: torchao's optimizers sharing one crashed on kernels compiled for another
     optimizer's state subclass, and the two ranks of an FSDP2 cell sharing one ran AdamWFp8
     kernels compiled for the other rank's shard size ("expected size 5==6").
     """
-    directory = os.path.join(directory, f"rank{os.environ.get('RANK', '0')}{world}")
-    if os.environ.get(COMPILE_CACHE_VARIABLE) != directory:
-        os.environ[COMPILE_CACHE_VARIABLE] = directory
+    rank_folder = os.path.join(directory, f"rank{os.environ.get('RANK', '0')}{world}")
+    if os.environ.get(COMPILE_CACHE_VARIABLE) != rank_folder:
+        os.environ[COMPILE_CACHE_VARIABLE] = rank_folder
+        shared_builds.place(
+            probe=os.path.join(os.path.dirname(directory), shared_builds.PROBE_FOLDER),
+            kernels=os.path.join(directory, shared_builds.KERNELS_FOLDER),
+        )
         if "torch" in sys.modules:
             reset_keeping_time()
     return fn(*args)
@@ -157,7 +162,7 @@ def main(
         import torch
 
         torch.set_num_threads(int(env["OMP_NUM_THREADS"]))  # torch read the variable at import, in the zygote
-        share_vec_isa_probe(COMPILE_CACHE_VARIABLE)
+        shared_builds.share_inductor_builds(COMPILE_CACHE_VARIABLE)
         _join_process_group(conn, rank, world_size)
     except BaseException as error:
         conn.send_bytes(pickle.dumps(error_reply(error)))

@@ -1,0 +1,95 @@
+"""What Inductor builds from source alone, built once where every rank would build it again.
+
+With a compile cache per cell and rank (`worker.in_compile_cache`), each rank built the same files:
+Inductor's CPU vector-ISA probe before its first kernel, and every kernel of the cell's graphs (the
+four ranks of a tensor-parallel cell compile identical blocks: about 15 of a process's 26 CPU
+seconds to compile the reference decoder, torch 2.13.0). Both are named by a hash of their source
+and compile command, so sharing them shares no graph: Inductor's FX graph and AOTAutograd caches,
+whose entries are guarded and were measured wrong when shared, stay in the rank's own folder.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+import threading
+from dataclasses import dataclass
+
+PROBE_FOLDER = ".vec-isa-probe"  # beside the cells' folders; a cell id starts with its world size, never a dot
+KERNELS_FOLDER = "kernels"  # in a cell's folder, beside its ranks' folders (`rank<N>…`)
+
+
+@dataclass
+class _Places:
+    """Where this process's shared builds go: set per cell by `place`, read at each build."""
+
+    cache_variable: str = ""
+    probe: str | None = None
+    kernels: str | None = None
+
+
+_places = _Places()
+_swap = threading.RLock()  # one redirection at a time; a build inside another's keeps the outer folder
+_redirected = False
+
+
+def place(*, probe: str, kernels: str) -> None:
+    """From now on this process builds the ISA probe in `probe` and its kernels in `kernels`."""
+    _places.probe, _places.kernels = probe, kernels
+
+
+def share_inductor_builds(cache_variable: str) -> None:
+    """Make Inductor build its ISA probe in the probe folder, and write its source-addressed files
+    (kernel sources, the libraries built beside them) and take their build locks in the kernels
+    folder; the rest of its cache stays where `cache_variable` says. A torch without one of these
+    hooks keeps that build in the rank's folder."""
+    _places.cache_variable = cache_variable
+    try:
+        from torch._inductor import codecache, cpu_vec_isa
+    except ImportError:
+        return
+    probe = getattr(cpu_vec_isa, "valid_vec_isa_list", None)
+    if probe is not None:
+        cpu_vec_isa.valid_vec_isa_list = functools.cache(_built_in(lambda *_: _places.probe, probe))
+    write, lock_dir = getattr(codecache, "write", None), getattr(codecache, "get_lock_dir", None)
+    if write is not None and lock_dir is not None:
+        codecache.write = _built_in(_source_addressed(write), write)
+        codecache.get_lock_dir = _built_in(lambda *_: _places.kernels, lock_dir)
+
+
+def _source_addressed(write):
+    """The kernels folder for a `write` that names its file by the content's hash; None for one
+    given its key or folder (a compiled graph's file, named by its guarded cache key)."""
+    signature = inspect.signature(write)
+
+    def folder(args, kwargs):
+        call = signature.bind_partial(*args, **kwargs).arguments
+        return None if call.get("key") or call.get("specified_dir") else _places.kernels
+
+    return folder
+
+
+def _built_in(folder_for, fn):
+    """fn, run with Inductor's cache variable naming `folder_for(args, kwargs)` (None: unchanged)."""
+
+    @functools.wraps(fn)
+    def in_shared_folder(*args, **kwargs):
+        global _redirected
+        folder = folder_for(args, kwargs)
+        with _swap:
+            if folder is None or _redirected:
+                return fn(*args, **kwargs)
+            own = os.environ.get(_places.cache_variable)
+            os.environ[_places.cache_variable] = folder
+            _redirected = True
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                _redirected = False
+                if own is None:
+                    del os.environ[_places.cache_variable]
+                else:
+                    os.environ[_places.cache_variable] = own
+
+    return in_shared_folder
