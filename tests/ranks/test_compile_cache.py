@@ -1,8 +1,9 @@
-"""Compiled kernels never cross cells, ranks or torch versions: each rank of each cell compiles into
+"""Compiled graphs never cross cells, ranks or torch versions: each rank of each cell compiles into
 its own TORCHINDUCTOR_CACHE_DIR under the run's directory for the version, even when one long-lived
 rank process serves both cells, and Inductor itself (which reads the variable at each cache access)
-sees that directory; every suite of a cell reuses it. A test that compiled records its compile
-seconds apart from its duration; one that did not records none."""
+sees that directory; every suite of a cell reuses it. What Inductor builds from source alone is
+built once: a cell's kernels by one of its ranks, the ISA probe once per version. A test that
+compiled records its compile seconds apart from its duration; one that did not records none."""
 
 from __future__ import annotations
 
