@@ -48,6 +48,7 @@ from torchmatrix.run.leftover_processes import adopt_orphans, kill_leftovers
 from torchmatrix.run.load_sampler import LoadSampler
 from torchmatrix.run.outcomes import OutcomeBook
 from torchmatrix.run.progress import InvocationPart, Progress
+from torchmatrix.run.pytest_forks import PytestForks
 from torchmatrix.run.run_directory import point_latest
 from torchmatrix.run.schedule import GroupProcess, Scheduler
 from torchmatrix.status import Status, count, tally
@@ -433,7 +434,7 @@ def _run_cells(
     def scheduler(groups: list[Group], **kwargs) -> Scheduler:
         return Scheduler(
             [_with_launcher(group, node_size, request.multinode_launcher) for group in groups],
-            start=lambda group: _start_group(request, group, environment),
+            start=lambda group: _start_group(request, group, environment, forks),
             slots=slots,
             gpu_ids=list(range(gpu_count)),
             core_ids=cores,
@@ -452,9 +453,13 @@ def _run_cells(
             f"torchmatrix: torch {request.version}: starting {count(len(groups), 'pytest process', 'pytest processes')} "
             f"on {slots} slots; each imports torch and collects the suites before its first cell reports"
         )
-    scheduler(groups, book=book, on_update=report_finished_cells).run()
-    report_finished_cells()
-    confirmation.confirm_failures(book, request.confirm_limit, scheduler, progress, slots)
+    forks = PytestForks(request.version_dir / "logs" / "pytest-forks.log")
+    try:
+        scheduler(groups, book=book, on_update=report_finished_cells).run()
+        report_finished_cells()
+        confirmation.confirm_failures(book, request.confirm_limit, scheduler, progress, slots)
+    finally:
+        forks.close()
 
 
 def _with_launcher(group: Group, node_size: int | None, template: str | None) -> Group:
@@ -520,7 +525,7 @@ def events_path(logs: Path, group: Group) -> Path:
     return logs / f"{group.name}.events.jsonl"
 
 
-def _start_group(request: RunRequest, group: Group, environment: Environment) -> GroupProcess:
+def _start_group(request: RunRequest, group: Group, environment: Environment, forks: PytestForks) -> GroupProcess:
     """Start `pytest -p torchmatrix.ranks.plugin` on the group's suites, waiting at its gate."""
     logs = request.version_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)  # a test may have removed the reports directory
@@ -541,6 +546,7 @@ def _start_group(request: RunRequest, group: Group, environment: Environment) ->
         log=logs / f"{group.name}.log",
         events=events_path(logs, group),
         gate=gate,
+        forks=forks,
     )
 
 

@@ -26,6 +26,7 @@ from torchmatrix.messages.grant import Grant
 from torchmatrix.run.interrupts import STOPPED
 from torchmatrix.run.leftover_processes import descendants
 from torchmatrix.run.outcomes import OutcomeBook
+from torchmatrix.run.pytest_forks import ForkedProcess, PytestForks
 from torchmatrix.status import Status
 
 BACKSTOP_GRACE_S = 60.0
@@ -39,7 +40,7 @@ class GroupProcess:
     """One pytest process running a group, with its log, event stream and gate."""
 
     group: Group
-    proc: subprocess.Popen
+    proc: subprocess.Popen | ForkedProcess
     log: Path
     events: EventReader
     gate: Path
@@ -49,12 +50,24 @@ class GroupProcess:
 
     @classmethod
     def start(
-        cls, group: Group, command: list[str], *, cwd: Path, env: dict, log: Path, events: Path, gate: Path
+        cls,
+        group: Group,
+        command: list[str],
+        *,
+        cwd: Path,
+        env: dict,
+        log: Path,
+        events: Path,
+        gate: Path,
+        forks: PytestForks | None = None,
     ) -> GroupProcess:
+        """Start `command`, forked from the run's preloaded interpreter where `forks` can, else as a new process."""
         with file_writes.open_stream(log, "wb") as out:
-            proc = subprocess.Popen(
-                command, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-            )
+            proc = forks.start(command, cwd=cwd, env=env, log=log) if forks else None
+            if proc is None:
+                proc = subprocess.Popen(
+                    command, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                )
         return cls(group, proc, log, EventReader(events), gate)
 
     def open(self, grant: Grant, slots: int) -> None:
