@@ -1,0 +1,120 @@
+"""A run's pytest processes are forks of one interpreter that imported torch once
+(torchmatrix/run/pytest_forks.py): children of the runner, each in its own session and with its
+own log, as `python -m pytest` would be, and ended with the exit code pytest gave. A process that
+would run in another environment than the interpreter's is started as before."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from junitparser import JUnitXml
+
+from helpers.matrix_files import matrix_toml
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="pytest processes are forked on Linux only"),
+]
+
+SERVE = "from torchmatrix.run.pytest_forks import serve; serve()"
+
+SUITE = """
+import json, os, sys
+
+import torch.distributed as dist
+
+
+def _rank():
+    return dist.get_rank()
+
+
+def test_where_it_runs(cell, ranks):
+    assert ranks.run(_rank) == list(range(cell.world_size))
+    seen = {
+        "pid": os.getpid(),
+        "ppid": os.getppid(),
+        "sid": os.getsid(0),
+        "runner": int(os.environ["TORCHMATRIX_PARENT_PID"]),
+        "cmdline": open("/proc/self/cmdline").read().split(chr(0)),
+        "argv": sys.argv,
+        "path0": sys.path[0],
+        "cwd": os.getcwd(),
+        "stdin": os.readlink("/proc/self/fd/0"),
+    }
+    with open(os.path.join(os.environ["FORKS_OUT"], f"ws{cell.world_size}.json"), "w") as out:
+        json.dump(seen, out)
+
+
+def test_fails_at_two_ranks(cell):
+    assert cell.world_size == 1
+"""
+
+
+def test_each_world_sizes_pytest_process_is_a_fork_the_runner_adopted(project, tmp_path, monkeypatch):
+    out = tmp_path / "seen"
+    out.mkdir()
+    monkeypatch.setenv("FORKS_OUT", str(out))
+    project.write("matrix.toml", matrix_toml(axes={"world_size": [1, 2]}, suites={"where": {}}))
+    project.write("suites/__init__.py", "")
+    project.write("suites/test_where.py", SUITE)
+    done = project.torchmatrix("run", "--torch", "system", "--reports", "out", "--run-id", "r1", "--confirm-limit", "0")
+    assert done.returncode == 1, done.stdout + done.stderr
+
+    seen = {size: json.loads((out / f"ws{size}.json").read_text()) for size in (1, 2)}
+    assert seen[1]["pid"] != seen[2]["pid"]
+    for process in seen.values():
+        assert process["cmdline"][1:3] == ["-c", SERVE], "started as a new interpreter, not forked"
+        assert process["ppid"] == process["runner"], "the runner did not adopt its pytest process"
+        assert process["sid"] == process["pid"], "the pytest process shares a session"
+        assert process["argv"][0].endswith(os.path.join("pytest", "__main__.py")), process["argv"]
+        assert "--torchmatrix-plan" in process["argv"]
+        assert process["path0"] == process["cwd"] == str(project.root.resolve())
+        assert process["stdin"] == os.devnull
+
+    failed = [
+        case.name
+        for suite in JUnitXml.fromfile(str(project.root / "out" / "r1" / "junit.xml"))
+        for case in suite
+        if case.result
+    ]
+    assert failed == ["test_fails_at_two_ranks[torch=system,ws2]"], failed
+    logs = project.root / "out" / "r1" / "torch-system" / "logs"
+    assert "1 failed, 1 passed" in (logs / "ws2.log").read_text()
+
+
+FORKS_HERE = """
+import json, os, sys
+from pathlib import Path
+
+from torchmatrix.run.leftover_processes import adopt_orphans
+from torchmatrix.run.pytest_forks import PytestForks
+
+adopt_orphans()
+here = Path(sys.argv[1])
+forks = PytestForks(here / "forks.log")
+command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "no_such_test_file.py"]
+env = dict(os.environ)
+try:
+    (here / "a.log").touch()
+    forked = forks.start(command, cwd=here, env=env, log=here / "a.log")
+    code = forked.wait() if forked else None
+    elsewhere = forks.start(command, cwd=here, env={**env, "ANOTHER": "1"}, log=here / "a.log")
+    launched = forks.start(["torchrun", *command[1:]], cwd=here, env=env, log=here / "a.log")
+finally:
+    forks.close()
+print(json.dumps({"forked": forked is not None, "code": code, "elsewhere": elsewhere is None, "launched": launched is None}))
+"""
+
+
+def test_a_fork_ends_with_pytests_exit_code_and_another_environment_is_not_forked(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-c", FORKS_HERE, str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert result == {"forked": True, "code": 4, "elsewhere": True, "launched": True}, result
+    assert "file or directory not found: no_such_test_file.py" in (tmp_path / "a.log").read_text()
