@@ -451,7 +451,7 @@ def _run_cells(
     if groups:
         progress.say(
             f"torchmatrix: torch {request.version}: starting {count(len(groups), 'pytest process', 'pytest processes')} "
-            f"on {slots} slots; each imports torch and collects the suites before its first cell reports"
+            f"on {slots} slots; the first cell reports once torch is imported and the suites are collected"
         )
     forks = PytestForks(request.version_dir / "logs" / "pytest-forks.log")
     try:
