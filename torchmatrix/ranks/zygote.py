@@ -23,6 +23,8 @@ import traceback
 import warnings
 from multiprocessing import forkserver, resource_tracker, util
 
+from torchmatrix.ranks.fresh_fork import close_files_except, exit_code
+
 GUARD = "torchmatrix.ranks.zygote_guard"
 PRELOAD = [
     GUARD,
@@ -118,15 +120,11 @@ def _run_as_fresh_interpreter(command: str, passfds) -> None:
             with contextlib.suppress(OSError, ValueError):
                 if callable(signal.getsignal(signum)):
                     signal.signal(signum, signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL)
-        keep = {0, 1, 2, *passfds}
-        for fd in [int(name) for name in os.listdir("/proc/self/fd")]:
-            if fd not in keep:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
+        close_files_except({0, 1, 2, *passfds})
         exec(compile(command, "<zygote>", "exec"), {"__name__": "__mp_main__"})
         code = 0
     except SystemExit as exit:
-        code = exit.code if isinstance(exit.code, int) else int(exit.code is not None)
+        code = exit_code(exit)
     except BaseException:
         traceback.print_exc()
     finally:

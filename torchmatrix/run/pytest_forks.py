@@ -30,6 +30,7 @@ import threading
 from pathlib import Path
 
 from torchmatrix import file_writes
+from torchmatrix.ranks.fresh_fork import close_files_except, exit_code
 
 SERVE = "from torchmatrix.run.pytest_forks import serve; serve()"
 ANSWER_TIMEOUT_S = 300.0  # the first answer waits for the torch import; a hung import falls back
@@ -173,16 +174,13 @@ def _run_pytest(request: dict) -> None:
         os.dup2(log, 1)
         os.dup2(log, 2)
         os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-        for fd in [int(name) for name in os.listdir("/proc/self/fd")]:
-            if fd > 2:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
+        close_files_except({0, 1, 2})
         sys.path[0] = os.getcwd()  # as `python -m` sets it; `-c` left ""
         sys.argv = ["pytest", *request["args"]]
         runpy.run_module("pytest", run_name="__main__", alter_sys=True)
         code = 0
     except SystemExit as exit:
-        code = exit.code if isinstance(exit.code, int) else int(exit.code is not None)
+        code = exit_code(exit)
     except BaseException:
         import traceback
 
