@@ -19,11 +19,10 @@ import queue
 import signal
 import sys
 import threading
-import traceback
 import warnings
 from multiprocessing import forkserver, resource_tracker, util
 
-from torchmatrix.ranks.fresh_fork import close_files_except, exit_code
+from torchmatrix.ranks.fresh_fork import close_files_except, run_then_leave
 
 GUARD = "torchmatrix.ranks.zygote_guard"
 PRELOAD = [
@@ -112,20 +111,15 @@ def _run_as_fresh_interpreter(command: str, passfds) -> None:
     """In the fork: drop what this process holds that a fresh interpreter would not (open files,
     signal handlers, faulthandler), run `command`, and leave without running any of the parent's
     exit handlers."""
-    code = 1
-    try:
-        gc.freeze()  # the parent's objects are never finalized here, so no stale descriptor is closed twice
-        faulthandler.disable()
-        for signum in signal.valid_signals():
-            with contextlib.suppress(OSError, ValueError):
-                if callable(signal.getsignal(signum)):
-                    signal.signal(signum, signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL)
-        close_files_except({0, 1, 2, *passfds})
-        exec(compile(command, "<zygote>", "exec"), {"__name__": "__mp_main__"})
-        code = 0
-    except SystemExit as exit:
-        code = exit_code(exit)
-    except BaseException:
-        traceback.print_exc()
-    finally:
-        os._exit(code)
+    run_then_leave(lambda: _exec_as_fresh_interpreter(command, passfds))
+
+
+def _exec_as_fresh_interpreter(command: str, passfds) -> None:
+    gc.freeze()  # the parent's objects are never finalized here, so no stale descriptor is closed twice
+    faulthandler.disable()
+    for signum in signal.valid_signals():
+        with contextlib.suppress(OSError, ValueError):
+            if callable(signal.getsignal(signum)):
+                signal.signal(signum, signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL)
+    close_files_except({0, 1, 2, *passfds})
+    exec(compile(command, "<zygote>", "exec"), {"__name__": "__mp_main__"})

@@ -30,7 +30,7 @@ import threading
 from pathlib import Path
 
 from torchmatrix import file_writes
-from torchmatrix.ranks.fresh_fork import close_files_except, exit_code
+from torchmatrix.ranks.fresh_fork import close_files_except, run_then_leave
 
 SERVE = "from torchmatrix.run.pytest_forks import serve; serve()"
 ANSWER_TIMEOUT_S = 300.0  # the first answer waits for the torch import; a hung import falls back
@@ -167,26 +167,19 @@ def _fork(request: dict) -> int:
 def _run_pytest(request: dict) -> None:
     """In the grandchild: become what `python -m pytest ARGS` started by the runner would be (its own
     session, output into the log, nothing of the interpreter's open), run pytest, exit as it would."""
-    code = 1
-    try:
-        os.setsid()
-        log = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)
-        os.dup2(log, 1)
-        os.dup2(log, 2)
-        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-        close_files_except({0, 1, 2})
-        sys.path[0] = os.getcwd()  # as `python -m` sets it; `-c` left ""
-        sys.argv = ["pytest", *request["args"]]
-        runpy.run_module("pytest", run_name="__main__", alter_sys=True)
-        code = 0
-    except SystemExit as exit:
-        code = exit_code(exit)
-    except BaseException:
-        import traceback
+    run_then_leave(lambda: _pytest_into_log(request), _exit_as_an_interpreter)
 
-        traceback.print_exc()
-    finally:
-        _exit_as_an_interpreter(code)
+
+def _pytest_into_log(request: dict) -> None:
+    os.setsid()
+    log = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+    close_files_except({0, 1, 2})
+    sys.path[0] = os.getcwd()  # as `python -m` sets it; `-c` left ""
+    sys.argv = ["pytest", *request["args"]]
+    runpy.run_module("pytest", run_name="__main__", alter_sys=True)
 
 
 def _exit_as_an_interpreter(code: int) -> None:
