@@ -93,28 +93,33 @@ from pathlib import Path
 from torchmatrix.run.leftover_processes import adopt_orphans
 from torchmatrix.run.pytest_forks import PytestForks
 
-adopt_orphans()
 here = Path(sys.argv[1])
-forks = PytestForks(here / "forks.log")
 command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "no_such_test_file.py"]
 env = dict(os.environ)
+(here / "a.log").touch()
+orphaned = PytestForks(here / "forks.log").start(command, cwd=here, env=env, log=here / "a.log")
+adopt_orphans()
+forks = PytestForks(here / "forks.log")
 try:
-    (here / "a.log").touch()
     forked = forks.start(command, cwd=here, env=env, log=here / "a.log")
     code = forked.wait() if forked else None
     elsewhere = forks.start(command, cwd=here, env={**env, "ANOTHER": "1"}, log=here / "a.log")
     launched = forks.start(["torchrun", *command[1:]], cwd=here, env=env, log=here / "a.log")
 finally:
     forks.close()
-print(json.dumps({"forked": forked is not None, "code": code, "elsewhere": elsewhere is None, "launched": launched is None}))
+print(json.dumps({
+    "forked": forked is not None, "code": code, "elsewhere": elsewhere is None, "launched": launched is None,
+    "orphaned": orphaned is None,
+}))
 """
 
 
-def test_a_fork_ends_with_pytests_exit_code_and_another_environment_is_not_forked(tmp_path):
+def test_a_fork_ends_with_pytests_exit_code_and_is_made_only_where_it_would_be_the_runners(tmp_path):
+    """Not for another environment, a launcher's command, or a runner its forks would not be re-parented to."""
     done = subprocess.run(
         [sys.executable, "-c", FORKS_HERE, str(tmp_path)], capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.splitlines()[-1])
-    assert result == {"forked": True, "code": 4, "elsewhere": True, "launched": True}, result
+    assert result == {"forked": True, "code": 4, "elsewhere": True, "launched": True, "orphaned": True}, result
     assert "file or directory not found: no_such_test_file.py" in (tmp_path / "a.log").read_text()

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 PR_SET_CHILD_SUBREAPER = 36
+PR_GET_CHILD_SUBREAPER = 37
 SWEEPS = 5  # a process forking while it is killed leaves children for the next sweep
 
 
@@ -37,6 +38,16 @@ def adopt_orphans() -> None:
     """Make this process the one orphans below it are re-parented to (Linux), so `kill_leftovers` finds them."""
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def adopts_orphans() -> bool:
+    """Whether orphans below this process are re-parented to it (`adopt_orphans` ran, on Linux)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    flag = ctypes.c_int(0)
+    return ctypes.CDLL(None, use_errno=True).prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(flag), 0, 0, 0) == 0 and bool(
+        flag.value
+    )
 
 
 def kill_leftovers() -> int:

@@ -7,8 +7,8 @@ beside it (`serve`) and asks it for each pytest process; it forks twice, so the 
 re-parented to the runner (a child subreaper, `leftover_processes.adopt_orphans`), which waits for
 it, kills it and reads its exit code as it would a process it started itself.
 
-A process is forked only where that is the same as starting it: on Linux, in the interpreter's
-own environment and directory, while the interpreter runs no other thread and has not initialized
+A process is forked only where that is the same as starting it: on Linux with the runner a child
+subreaper, in the interpreter's own environment and directory, while the interpreter runs no other thread and has not initialized
 CUDA (it never calls into it). Anything else, and a launcher's processes (torchrun, srun), starts
 as before.
 """
@@ -30,13 +30,13 @@ import threading
 from pathlib import Path
 
 from torchmatrix import file_writes
+from torchmatrix.ranks import zygote
 from torchmatrix.ranks.fresh_fork import close_files_except, run_then_leave
+from torchmatrix.run.leftover_processes import adopts_orphans
 
 SERVE = "from torchmatrix.run.pytest_forks import serve; serve()"
 ANSWER_TIMEOUT_S = 300.0  # the first answer waits for the torch import; a hung import falls back
-PRELOAD = ["torch", "torch.distributed", "torch.distributed.checkpoint", "torch.distributed.checkpoint.state_dict",
-           "torch.distributed.fsdp", "torch.distributed.tensor", "torch.utils.checkpoint", "torch._inductor",
-           "pytest"]  # fmt: skip
+PRELOAD = [*(name for name in zygote.PRELOAD if name != zygote.GUARD), "pytest"]  # not the plugin: pytest imports it
 
 
 class ForkedProcess:
@@ -69,7 +69,7 @@ class PytestForks:
         self.log = log
         self.server: subprocess.Popen | None = None
         self.started_in: tuple[Path, dict] | None = None
-        self.usable = sys.platform.startswith("linux")
+        self.usable = adopts_orphans()  # else a fork would be re-parented to init, not to this runner
 
     def start(self, command: list[str], *, cwd: Path, env: dict, log: Path) -> ForkedProcess | None:
         """`command` (`python -m pytest ARGS`) as a fork writing to `log`, or None."""
