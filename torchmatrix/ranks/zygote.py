@@ -54,10 +54,7 @@ def start() -> None:
     own forks of the ranks only before this process runs anything: so only here, at start, and only
     while it runs no other thread. A zygote that dies later is started fresh by multiprocessing."""
     context()
-    for name in PRELOAD:
-        if name != GUARD:  # the guard ties the zygote, not this process, to its parent
-            with contextlib.suppress(ImportError):
-                importlib.import_module(name)
+    import_preload()
     if not sys.platform.startswith("linux") or threading.active_count() > 1:
         forkserver.ensure_running()
         return
@@ -68,6 +65,15 @@ def start() -> None:
         forkserver.ensure_running()
     finally:
         util.spawnv_passfds = spawn
+
+
+def import_preload() -> None:
+    """Import into this process what the zygote preloads, but the guard (it ties the zygote, not
+    this process, to its parent); a module that does not import is left to fail where it is used."""
+    for name in PRELOAD:
+        if name != GUARD:
+            with contextlib.suppress(ImportError):
+                importlib.import_module(name)
 
 
 def _forked_or(spawn):

@@ -45,9 +45,8 @@ def adopts_orphans() -> bool:
     if not sys.platform.startswith("linux"):
         return False
     flag = ctypes.c_int(0)
-    return ctypes.CDLL(None, use_errno=True).prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(flag), 0, 0, 0) == 0 and bool(
-        flag.value
-    )
+    asked = ctypes.CDLL(None, use_errno=True).prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(flag), 0, 0, 0)
+    return asked == 0 and flag.value != 0
 
 
 def kill_leftovers() -> int:

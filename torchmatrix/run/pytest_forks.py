@@ -36,7 +36,6 @@ from torchmatrix.run.leftover_processes import adopts_orphans
 
 SERVE = "from torchmatrix.run.pytest_forks import serve; serve()"
 ANSWER_TIMEOUT_S = 300.0  # the first answer waits for the torch import; a hung import falls back
-PRELOAD = [*(name for name in zygote.PRELOAD if name != zygote.GUARD), "pytest"]  # not the plugin: pytest imports it
 
 
 class ForkedProcess:
@@ -131,9 +130,9 @@ def serve() -> None:
     from torchmatrix.ranks.parent_death import exit_with_parent
 
     exit_with_parent()
-    for name in PRELOAD:
-        with contextlib.suppress(Exception):  # a broken torch fails in each pytest process, as before
-            importlib.import_module(name)
+    with contextlib.suppress(Exception):  # a broken torch fails in each pytest process, as before
+        zygote.import_preload()
+        importlib.import_module("pytest")  # not the plugin: pytest imports it, to rewrite its asserts
     gc.freeze()  # what it imported is never collected in a fork, nor copied by a collection's writes
     for line in sys.stdin:
         pid = _fork(json.loads(line)) if threading.active_count() == 1 else 0

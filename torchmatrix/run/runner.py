@@ -431,6 +431,8 @@ def _run_cells(
                 progress.cell_finished(cell.id, tests, book.counts(finished))
         progress.heartbeat(f"{count(len(cells) - len(finished), 'cell')} to finish")
 
+    forks = PytestForks(request.version_dir / "logs" / "pytest-forks.log")
+
     def scheduler(groups: list[Group], **kwargs) -> Scheduler:
         return Scheduler(
             [_with_launcher(group, node_size, request.multinode_launcher) for group in groups],
@@ -453,7 +455,6 @@ def _run_cells(
             f"torchmatrix: torch {request.version}: starting {count(len(groups), 'pytest process', 'pytest processes')} "
             f"on {slots} slots; the first cell reports once torch is imported and the suites are collected"
         )
-    forks = PytestForks(request.version_dir / "logs" / "pytest-forks.log")
     try:
         scheduler(groups, book=book, on_update=report_finished_cells).run()
         report_finished_cells()
