@@ -15,7 +15,8 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-NOT_COMPILED = "none"
+from torchmatrix.components.compile_axis import COMPILE_AXIS, NOT_COMPILED
+
 NESTINGS = ("outside", "inside")
 GRAPHS_PER_BLOCK = 8
 """A block's graphs in one process: the suites build it checkpointed and not, with dropout and
@@ -24,7 +25,7 @@ without, and each compiles static and, once a sequence length changes, dynamic."
 
 def compile_mode(cell: Mapping[str, object]) -> tuple[str, str] | None:
     """The cell's (backend, nesting), or None for an eager cell; any backend name passes through to torch.compile."""
-    backend = str(cell.get("compile", NOT_COMPILED))
+    backend = str(cell.get(COMPILE_AXIS, NOT_COMPILED))
     if backend == NOT_COMPILED:
         return None
     nesting = str(cell.get("compile_nesting", NESTINGS[0]))

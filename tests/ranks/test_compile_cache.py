@@ -2,8 +2,9 @@
 its own TORCHINDUCTOR_CACHE_DIR under the run's directory for the version, even when one long-lived
 rank process serves both cells, and Inductor itself (which reads the variable at each cache access)
 sees that directory; every suite of a cell reuses it. What Inductor builds from source alone is
-built once: a cell's kernels by one of its ranks, the ISA probe once per version. A test that
-compiled records its compile seconds apart from its duration; one that did not records none."""
+built once: a cell's kernels by one of its ranks, the ISA probe once per version, and the ranks of a
+process whose cells compile start with the compiler imported and probed. A test that compiled
+records its compile seconds apart from its duration; one that did not records none."""
 
 from __future__ import annotations
 
@@ -132,3 +133,60 @@ def test_inductor_builds_its_isa_probe_once_per_version_and_a_kernel_once_per_ce
     )
     graph_caches = sorted(path.relative_to(caches).parts[:2] for path in caches.glob("ws2-*/*/fxgraph"))
     assert graph_caches == [(cell, f"rank{rank}") for cell in ("ws2-a", "ws2-b") for rank in (0, 1)], graph_caches
+
+
+WARMED_SUITE = """
+import subprocess
+import sys
+
+
+def _prepared_compiler():
+    from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+    started = []
+
+    def refuse(*args, **kwargs):
+        started.append(str(args[0] if args else kwargs.get("args")))
+        raise subprocess.CalledProcessError(1, "refused: the rank must not start a process")
+
+    run, popen = subprocess.run, subprocess.Popen
+    subprocess.run = subprocess.Popen = refuse
+    try:
+        isa = str(pick_vec_isa()) if "torch._inductor.compile_fx" in sys.modules else ""
+    finally:
+        subprocess.run, subprocess.Popen = run, popen
+    return {"compiler_imported": "torch._inductor.compile_fx" in sys.modules, "isa": isa, "started": started}
+
+
+def test_prepared(cell, ranks):
+    import json, os
+
+    with open(os.path.join(os.environ["WARMUP_OUT"], cell.id + ".json"), "w") as out:
+        json.dump(ranks.run(_prepared_compiler), out)
+"""
+
+
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux") or platform.machine() != "x86_64" or not shutil.which("g++"),
+    reason="Inductor probes vector ISAs on x86-64 Linux with a C++ compiler only",
+)
+def test_ranks_of_a_compiling_cell_start_with_the_compiler_imported_and_the_isa_probed(project, tmp_path, monkeypatch):
+    out = tmp_path / "seen"
+    out.mkdir()
+    monkeypatch.setenv("WARMUP_OUT", str(out))
+    matrix = matrix_toml(
+        axes={"world_size": [1, 2], "compile": ["none", "inductor"]},
+        exclude=[{"world_size": 1, "compile": "inductor"}, {"world_size": 2, "compile": "none"}],
+        suites={"warmed": {}},
+    )
+    project.write("matrix.toml", matrix)
+    project.write("suites/__init__.py", "")
+    project.write("suites/test_warmed.py", WARMED_SUITE)
+    done = project.torchmatrix("run", "--torch", "system", "--reports", "out", "--run-id", "r1")
+    assert done.returncode == 0, done.stdout + done.stderr
+    eager, compiling = (json.loads((out / f"{cell}.json").read_text()) for cell in ("ws1-none", "ws2-inductor"))
+    assert [rank["compiler_imported"] for rank in eager] == [False], "a process of eager cells imported the compiler"
+    assert all(rank["compiler_imported"] and rank["isa"] for rank in compiling), compiling
+    assert not any(rank["started"] for rank in compiling), f"a rank probed the ISA itself: {compiling}"
+    caches = (project.root / "out" / "r1" / "torch-system" / "compile-cache").resolve()
+    assert list((caches / ".vec-isa-probe").rglob("*.so")), "the probe was not built in the version's probe folder"

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 IMPLEMENTATION_AXIS = "optimizer_impl"
 DEFAULT_IMPLEMENTATION = "default"
-IMPLEMENTATIONS = (DEFAULT_IMPLEMENTATION, "forloop", "foreach", "fused", "compiled")
+COMPILED_STEP = "compiled"  # the step under torch.compile
+IMPLEMENTATIONS = (DEFAULT_IMPLEMENTATION, "forloop", "foreach", "fused", COMPILED_STEP)
 """`default` leaves the choice to the factory; the others name one implementation each."""
 
 

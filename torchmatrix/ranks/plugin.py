@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from torchmatrix.components.calling import accepts
+from torchmatrix.components.compile_axis import compiles
 from torchmatrix.components.loading import load
 from torchmatrix.components.optimizer_implementations import (
     DEFAULT_IMPLEMENTATION,
@@ -45,7 +46,7 @@ from torchmatrix.messages.events import (
 )
 from torchmatrix.messages.grant import Grant
 from torchmatrix.messages.group_plan import GroupPlan
-from torchmatrix.ranks import zygote
+from torchmatrix.ranks import compiler_warmup, shared_builds, zygote
 from torchmatrix.ranks.compile_time import COMPILE_SECONDS, compile_seconds
 from torchmatrix.ranks.launched import launched_rank
 from torchmatrix.ranks.output_cap import DEFAULT_CAP_BYTES, cap_text
@@ -63,7 +64,7 @@ from torchmatrix.ranks.pool import RankFailure
 from torchmatrix.ranks.rank_group import RankGroup, open_ranks
 from torchmatrix.ranks.root_cause import root_cause
 from torchmatrix.ranks.simulation_limits import as_simulation_limit
-from torchmatrix.ranks.worker import in_compile_cache
+from torchmatrix.ranks.worker import COMPILE_CACHE_VARIABLE, in_compile_cache
 from torchmatrix.status import Status
 
 PLAN_KEY = pytest.StashKey["CellPlan"]()
@@ -116,10 +117,16 @@ class CellPlan:
         self.pool: RankGroup | None = None
         self.worlds: dict[int, RankGroup] = {}
         rank = launched_rank() if plan.launched else 0
+        self.compile_caches = compile_cache_root(plan)
         if not plan.launched:
+            if any(compiles(cell) for _, cell in plan.runs):
+                compiler_warmup.warm_up(
+                    self.compile_caches / shared_builds.PROBE_FOLDER,
+                    cache_variable=COMPILE_CACHE_VARIABLE,
+                    device_type=plan.device_type,
+                )
             zygote.start()
         self.events = EventLog(plan.events if rank == 0 else f"{plan.events}.rank{rank}")
-        self.compile_caches = compile_cache_root(plan)
         self._reports: dict[str, list] = {}
         self.shared: dict[tuple[str, str, str], object] = {}
 
