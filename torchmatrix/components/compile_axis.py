@@ -10,8 +10,14 @@ from torchmatrix.components.optimizer_implementations import COMPILED_STEP, impl
 
 COMPILE_AXIS = "compile"
 NOT_COMPILED = "none"
+DEFAULT_BACKEND = "inductor"  # torch.compile's, which the compiled optimizer step uses
 
 
-def compiles(cell: Mapping[str, object]) -> bool:
-    """Whether the cell runs torch.compile: its blocks (`compile`) or its optimizer's step (`optimizer_impl`)."""
-    return str(cell.get(COMPILE_AXIS, NOT_COMPILED)) != NOT_COMPILED or implementation_of(cell) == COMPILED_STEP
+def compile_backends(cell: Mapping[str, object]) -> frozenset[str]:
+    """The torch.compile backends the cell runs: its blocks' (`compile`) and its optimizer step's
+    (`optimizer_impl = "compiled"`); none for an eager cell."""
+    backends = {
+        str(cell.get(COMPILE_AXIS, NOT_COMPILED)),
+        DEFAULT_BACKEND if implementation_of(cell) == COMPILED_STEP else NOT_COMPILED,
+    }
+    return frozenset(backends - {NOT_COMPILED})

@@ -17,15 +17,18 @@ from pathlib import Path
 COMPILER_MODULES = ("torch._dynamo", "torch._inductor.compile_fx", "torch._functorch.aot_autograd")
 
 
-def warm_up(probe_folder: Path, *, cache_variable: str, device_type: str) -> None:
-    """Import the compiler, compute its source keys and run the ISA probe, with Inductor's cache in
-    `probe_folder` (where the ranks' probe goes, torchmatrix.ranks.shared_builds) and this process's
-    own left as it was. Triton's key only on a CPU run: importing a GPU backend's compiler before the
-    ranks fork is not proven free of CUDA. A torch without one of these leaves it to the ranks."""
+def warm_up(probe_folder: Path, *, cache_variable: str, device_type: str, inductor: bool) -> None:
+    """Import the compiler and, for `inductor`, compute its source keys and run its ISA probe, with its
+    cache in `probe_folder` (where the ranks' probe goes, torchmatrix.ranks.shared_builds) and this
+    process's own left as it was; other backends (aot_eager) use neither. Triton's key only on a CPU
+    run: importing a GPU backend's compiler before the ranks fork is not proven free of CUDA. A torch
+    without one of these leaves it to the ranks."""
     with _cache_in(cache_variable, probe_folder):
         for name in COMPILER_MODULES:
             with contextlib.suppress(ImportError):
                 importlib.import_module(name)
+        if not inductor:
+            return
         try:
             from torch._inductor import codecache, cpu_vec_isa
         except ImportError:

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from torchmatrix.components.calling import accepts
-from torchmatrix.components.compile_axis import compiles
+from torchmatrix.components.compile_axis import DEFAULT_BACKEND, compile_backends
 from torchmatrix.components.loading import load
 from torchmatrix.components.optimizer_implementations import (
     DEFAULT_IMPLEMENTATION,
@@ -119,11 +119,13 @@ class CellPlan:
         rank = launched_rank() if plan.launched else 0
         self.compile_caches = compile_cache_root(plan)
         if not plan.launched:
-            if any(compiles(cell) for _, cell in plan.runs):
+            backends = frozenset().union(*(compile_backends(cell) for _, cell in plan.runs))
+            if backends:
                 compiler_warmup.warm_up(
                     self.compile_caches / shared_builds.PROBE_FOLDER,
                     cache_variable=COMPILE_CACHE_VARIABLE,
                     device_type=plan.device_type,
+                    inductor=DEFAULT_BACKEND in backends,
                 )
             zygote.start()
         self.events = EventLog(plan.events if rank == 0 else f"{plan.events}.rank{rank}")
