@@ -49,7 +49,9 @@ def main() -> int:
         help="cells of the matrix after that the budget leaves out (a -k expression on cell ids): the matrix "
         "after runs a second time without them, and that run is measured against the budget too",
     )
-    parser.add_argument("--tiny", action="store_true", help="throwaway matrices of one cell and two, the second apart (what CI runs)")
+    parser.add_argument(
+        "--tiny", action="store_true", help="throwaway matrices of one cell and two, the second apart (what CI runs)"
+    )
     parser.add_argument("--keep", metavar="DIR", help="run both matrices under DIR and keep their run directories")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="torchmatrix-growth-") as tmp:
@@ -67,11 +69,17 @@ def main() -> int:
             runs.append((f"after without `{args.apart}`", after, ["-k", f"not ({args.apart})"]))
         rows = []
         for index, (name, config, selection) in enumerate(runs):
-            print(f"{name}: python -m torchmatrix run --torch system --config {config} {' '.join(selection)}", flush=True)
-            rows.append((name, config, torchmatrix_run(load_matrix(config), selection, work / f"run{index}" / "reports")))
+            print(
+                f"{name}: python -m torchmatrix run --torch system --config {config} {' '.join(selection)}", flush=True
+            )
+            rows.append(
+                (name, config, torchmatrix_run(load_matrix(config), selection, work / f"run{index}" / "reports"))
+            )
         after_cells = cell_costs(work / "run1" / "reports" / "bench")
     print()
-    print("| matrix | test CPU s | runner CPU s | CPU s in all | wall time | cells | tests executed | testcases reported | failed |")
+    print(
+        "| matrix | test CPU s | runner CPU s | CPU s in all | wall time | cells | tests executed | testcases reported | failed |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for name, config, result in rows:
         print(
