@@ -3,8 +3,9 @@
 A fresh rank's first compile imported Dynamo and Inductor, hashed torch's and Triton's sources into
 its cache keys, and ran Inductor's vector-ISA probe, which dlopens a test library in a child
 interpreter for each ISA; the pool forks fresh ranks for every pytest process and after every
-failed test, so the four ranks of the modern-stack cell did it all 24 times a run. Done here, before
-the zygote forks, every rank inherits the results. Nothing here starts a thread or touches CUDA.
+failed test, so the modern-stack cell's ranks did it 24 times a run (six pool starts of four).
+Done here, before the zygote forks, every rank inherits the results. Nothing here starts a thread
+or touches CUDA.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """A forked process that goes on as a started one would: with only the files it was handed open,
-and leaving with the status an interpreter would (the zygote, and the run's pytest forks)."""
+and leaving with the status an interpreter would (the zygote, and the run's preloaded forks)."""
 
 from __future__ import annotations
 

@@ -4,7 +4,8 @@ A wrong import path, a factory that cannot take the suites' arguments or an opti
 that returns something the suites cannot use would otherwise fail every cell, one traceback
 each, minutes in. The imports run in a child interpreter of the torch environment, so the runner
 never imports torch or the user's code itself; that child answers the torch probe too
-(torchmatrix.env.devices), so a run imports torch once before its cells, not twice. A
+(torchmatrix.env.devices), and a run forks it from its preloaded interpreter
+(torchmatrix.run.preloaded_forks), which has imported torch already for the pytest processes. A
 component whose package this environment lacks is no problem here but a warning: its cells
 error, or skip where `[optional]` allows (torchmatrix.components.optional).
 """
@@ -40,6 +41,7 @@ from torchmatrix.env.component_requirements import uninstalled_here
 from torchmatrix.env.devices import Environment, ProbeError, environment_of, torch_facts
 from torchmatrix.matrix.config import Matrix
 from torchmatrix.run.import_path import user_code_environment
+from torchmatrix.run.preloaded_forks import PreloadedForks, run_to_end
 
 CHILD = "from torchmatrix.run.component_check import main; main()"
 ANSWER_NAME = "answer.json"
@@ -56,17 +58,25 @@ class ComponentCheck:
     problems: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     environment: Environment | ProbeError | None = field(default=None, compare=False)
-    """What the child found of torch, as devices.probe would have; None where no child ran (no
-    components, or it gave no answer)."""
+    """What the child found of torch, as devices.probe would have; None where it gave no answer."""
 
 
 def check_components(
-    matrix: Matrix, torch_version: str, python: str = sys.executable, timeout: float = 300.0
+    matrix: Matrix,
+    torch_version: str,
+    python: str = sys.executable,
+    timeout: float = 300.0,
+    *,
+    env: dict | None = None,
+    forks: PreloadedForks | None = None,
 ) -> ComponentCheck:
-    """Check every component in a child interpreter of `python`, the environment of `torch_version`.
+    """Check every component in a child interpreter of `python`, the environment of `torch_version`,
+    forked from `forks` where it can be; the child answers the torch probe even for a matrix without
+    components.
 
     Components a registered suite needs but `[components]` lacks are problems too; the import
-    checks run with the working directory the suites run in (the matrix file's directory).
+    checks run with the working directory the suites run in (the matrix file's directory) and
+    `env` (by default the suites' variables, torchmatrix.run.import_path).
     """
     needed = required_names(
         [Path(suite.path).stem.removeprefix("test_") for suite in matrix.suites.values()],
@@ -80,28 +90,30 @@ def check_components(
             if key not in matrix.components
         ]
     )
-    if not matrix.components:
-        return check
     with tempfile.TemporaryDirectory(prefix="torchmatrix-component-check-") as directory:
-        answer = Path(directory) / ANSWER_NAME
+        answer, components, output, errors = (
+            Path(directory) / name for name in (ANSWER_NAME, "components.json", "output.log", "errors.log")
+        )
+        file_writes.write_text(components, json.dumps(matrix.components))
         try:
-            done = subprocess.run(
-                [python, "-c", CHILD, str(answer)],
-                input=json.dumps(matrix.components),
+            code = run_to_end(
+                [python, "-c", CHILD, str(answer), str(components)],
                 cwd=matrix.root,
-                env=user_code_environment(matrix.root, os.environ),
-                capture_output=True,
-                text=True,
+                env=env if env is not None else user_code_environment(matrix.root, os.environ),
+                log=output,
+                errors=errors,
                 timeout=timeout,
+                forks=forks,
             )
         except subprocess.TimeoutExpired:
             check.problems.append(
                 f"{where}: components: importing them took over {timeout:.0f}s; check what their modules do at import"
             )
             return check
+        said = errors.read_text(encoding="utf-8", errors="replace").strip().splitlines()
         found = _read_answer(answer)
     if found is None:
-        last = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}, no answer"])[-1]
+        last = (said or [f"exit code {code}, no answer"])[-1]
         check.problems.append(f"{where}: components: the check could not run with {python}: {last}")
         return check
     try:
@@ -270,15 +282,15 @@ def parameter_names(signature: inspect.Signature) -> str:
 
 
 def main() -> None:
-    """Child side: read {key: import path} on stdin, write as JSON to the file the parent names
-    (argv[1]) this environment's torch facts (first, before any user code runs), [[key, problem], ...]
-    and [[key, what its module needs], ...]. Not on stdout: the user's modules may print there, at
-    import or at exit.
+    """Child side: read {key: import path} from the file the parent names second (argv[2]), write as
+    JSON to the file it names first (argv[1]) this environment's torch facts (first, before any user
+    code runs), [[key, problem], ...] and [[key, what its module needs], ...]. Not on stdout: the
+    user's modules may print there, at import or at exit.
 
     sys.path is the suites' (torchmatrix.run.import_path): the matrix directory first.
     """
     facts = torch_facts()
-    components = json.loads(sys.stdin.read())
+    components = json.loads(Path(sys.argv[2]).read_text(encoding="utf-8"))
     problems, missing = [], []
     for key, path in components.items():
         found, needs = problems_of(key, path)

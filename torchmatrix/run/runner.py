@@ -23,7 +23,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from torchmatrix import file_writes
-from torchmatrix.env.devices import Environment, ProbeError, probe
+from torchmatrix.env.devices import Environment, ProbeError
 from torchmatrix.exit_codes import ExitCode
 from torchmatrix.matrix.cells import Cell
 from torchmatrix.matrix.config import Matrix
@@ -47,8 +47,8 @@ from torchmatrix.run.interrupts import STOPPED, Interrupts
 from torchmatrix.run.leftover_processes import adopt_orphans, kill_leftovers
 from torchmatrix.run.load_sampler import LoadSampler
 from torchmatrix.run.outcomes import OutcomeBook
+from torchmatrix.run.preloaded_forks import PreloadedForks
 from torchmatrix.run.progress import InvocationPart, Progress
-from torchmatrix.run.pytest_forks import PytestForks
 from torchmatrix.run.run_directory import point_latest
 from torchmatrix.run.schedule import GroupProcess, Scheduler
 from torchmatrix.status import Status, count, tally
@@ -168,8 +168,9 @@ def _run_version(request: RunRequest, stream, interrupts: Interrupts) -> ExitCod
     lock = None
     stopped = None
     load = LoadSampler().start()
+    forks = PreloadedForks(request.version_dir / "logs" / "preloaded-forks.log")
     try:
-        probed = _check_and_probe(request)
+        probed = _check_and_probe(request, forks)
         lock = _claim(request)
         environment, runnable = _environment(request, book, probed)
         eta = ""
@@ -186,7 +187,7 @@ def _run_version(request: RunRequest, stream, interrupts: Interrupts) -> ExitCod
             else f"torchmatrix: torch {request.version}, {len(cells)} cells, {len(runs)} suite runs, device: {environment.description}{eta}"
         )
         if runnable:
-            _run_cells(request, cells, runs, book, environment, progress)
+            _run_cells(request, cells, runs, book, environment, progress, forks)
         interrupts.writing_reports()
     except KeyboardInterrupt:
         interrupts.writing_reports()
@@ -198,6 +199,8 @@ def _run_version(request: RunRequest, stream, interrupts: Interrupts) -> ExitCod
         if lock is not None:
             os.close(lock)
         raise
+    finally:
+        forks.close()
     try:
         if lock is None:
             lock = _claim(request)
@@ -226,14 +229,13 @@ def _run_version(request: RunRequest, stream, interrupts: Interrupts) -> ExitCod
     return ExitCode.FAILED if any(count for status, count in totals.items() if status.is_failing) else ExitCode.PASSED
 
 
-def _check_and_probe(request: RunRequest) -> Environment | ProbeError | None:
-    """The component check, whose child answers the torch probe too (one import of torch, not two);
-    the probe alone where no child ran; None when nox's install of this torch version failed (its
-    log says why)."""
+def _check_and_probe(request: RunRequest, forks: PreloadedForks) -> Environment | ProbeError | None:
+    """The component check, whose child answers the torch probe too, forked from the run's preloaded
+    interpreter in the suites' environment, so the pytest processes fork from the same one; None when
+    nox's install of this torch version failed (its log says why)."""
     if request.install_log is not None:
         return None
-    found = _refuse_broken_components(request.matrix, request.version)
-    return found if found is not None else _probe_or_error()
+    return _refuse_broken_components(request, forks)
 
 
 def _claim(request: RunRequest) -> int:
@@ -333,24 +335,16 @@ def _refuse_too_wide_for_cpu(request: RunRequest, cells: list[Cell], environment
         )
 
 
-def _refuse_broken_components(matrix: Matrix, version: str) -> Environment | ProbeError | None:
+def _refuse_broken_components(request: RunRequest, forks: PreloadedForks) -> Environment | ProbeError | None:
     """Stop before any cell runs when a component cannot be imported or called as the suites call
     it; warn about each component whose package this environment lacks; return what the check's
     child found of torch."""
-    check = check_components(matrix, version)
+    check = check_components(request.matrix, request.version, env=_suite_environment(request), forks=forks)
     for line in check.warnings:
         print(f"torchmatrix: warning: {line}", file=sys.stderr)
     if check.problems:
         raise RunError("\n".join(check.problems))
     return check.environment
-
-
-def _probe_or_error() -> Environment | ProbeError:
-    """The torch probe alone, for a matrix without components."""
-    try:
-        return probe()
-    except ProbeError as error:
-        return error
 
 
 def _environment(
@@ -398,6 +392,7 @@ def _run_cells(
     book: OutcomeBook,
     environment: Environment,
     progress: Progress,
+    forks: PreloadedForks,
 ) -> None:
     gpu_count = environment.gpu_count
     node_size = request.gpus_per_node or gpu_count or None
@@ -431,8 +426,6 @@ def _run_cells(
                 progress.cell_finished(cell.id, tests, book.counts(finished))
         progress.heartbeat(f"{count(len(cells) - len(finished), 'cell')} to finish")
 
-    forks = PytestForks(request.version_dir / "logs" / "pytest-forks.log")
-
     def scheduler(groups: list[Group], **kwargs) -> Scheduler:
         return Scheduler(
             [_with_launcher(group, node_size, request.multinode_launcher) for group in groups],
@@ -455,12 +448,9 @@ def _run_cells(
             f"torchmatrix: torch {request.version}: starting {count(len(groups), 'pytest process', 'pytest processes')} "
             f"on {slots} slots; the first cell reports once torch is imported and the suites are collected"
         )
-    try:
-        scheduler(groups, book=book, on_update=report_finished_cells).run()
-        report_finished_cells()
-        confirmation.confirm_failures(book, request.confirm_limit, scheduler, progress, slots)
-    finally:
-        forks.close()
+    scheduler(groups, book=book, on_update=report_finished_cells).run()
+    report_finished_cells()
+    confirmation.confirm_failures(book, request.confirm_limit, scheduler, progress, slots)
 
 
 def _with_launcher(group: Group, node_size: int | None, template: str | None) -> Group:
@@ -526,7 +516,13 @@ def events_path(logs: Path, group: Group) -> Path:
     return logs / f"{group.name}.events.jsonl"
 
 
-def _start_group(request: RunRequest, group: Group, environment: Environment, forks: PytestForks) -> GroupProcess:
+def _suite_environment(request: RunRequest) -> dict[str, str]:
+    """The variables the run's pytest processes and its component check get: the suites' import path,
+    and this runner's pid, with which a pytest process ends when the runner does."""
+    return {**user_code_environment(request.matrix.root, os.environ), PARENT_PID_VARIABLE: str(os.getpid())}
+
+
+def _start_group(request: RunRequest, group: Group, environment: Environment, forks: PreloadedForks) -> GroupProcess:
     """Start `pytest -p torchmatrix.ranks.plugin` on the group's suites, waiting at its gate."""
     logs = request.version_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)  # a test may have removed the reports directory
@@ -534,11 +530,10 @@ def _start_group(request: RunRequest, group: Group, environment: Environment, fo
     command = group_command(
         request.matrix, request.version, group, environment, logs, gate=gate, output_cap=request.output_cap
     )
-    env = user_code_environment(request.matrix.root, os.environ)
+    env = _suite_environment(request)
     if group.launcher:
+        del env[PARENT_PID_VARIABLE]
         env["TORCHMATRIX_DEVICE"] = environment.device_type
-    else:
-        env[PARENT_PID_VARIABLE] = str(os.getpid())
     return GroupProcess.start(
         group,
         command,

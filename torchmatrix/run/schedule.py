@@ -26,7 +26,7 @@ from torchmatrix.messages.grant import Grant
 from torchmatrix.run.interrupts import STOPPED
 from torchmatrix.run.leftover_processes import descendants
 from torchmatrix.run.outcomes import OutcomeBook
-from torchmatrix.run.pytest_forks import ForkedProcess, PytestForks
+from torchmatrix.run.preloaded_forks import ForkedProcess, PreloadedForks
 from torchmatrix.status import Status
 
 BACKSTOP_GRACE_S = 60.0
@@ -59,7 +59,7 @@ class GroupProcess:
         log: Path,
         events: Path,
         gate: Path,
-        forks: PytestForks | None = None,
+        forks: PreloadedForks | None = None,
     ) -> GroupProcess:
         """Start `command`, forked from the run's preloaded interpreter where `forks` can, else as a new process."""
         with file_writes.open_stream(log, "wb") as out:

@@ -1,7 +1,7 @@
-"""A run's pytest processes are forks of one interpreter that imported torch once
-(torchmatrix/run/pytest_forks.py): children of the runner, each in its own session and with its
-own log, as `python -m pytest` would be, and ended with the exit code pytest gave. A process that
-would run in another environment than the interpreter's is started as before."""
+"""A run's component check and pytest processes are forks of one interpreter that imported torch
+once (torchmatrix/run/preloaded_forks.py): children of the runner, each in its own session and with
+its own log, as `python -m pytest` or `python -c` would be, and ended with the exit code they gave.
+A process that would run in another environment than the interpreter's is started as before."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ pytestmark = [
     pytest.mark.skipif(not sys.platform.startswith("linux"), reason="pytest processes are forked on Linux only"),
 ]
 
-SERVE = "from torchmatrix.run.pytest_forks import serve; serve()"
+SERVE = "from torchmatrix.run.preloaded_forks import serve; serve()"
 
 SUITE = """
 import json, os, sys
@@ -54,11 +54,24 @@ def test_fails_at_two_ranks(cell):
 """
 
 
-def test_each_world_sizes_pytest_process_is_a_fork_the_runner_adopted(project, tmp_path, monkeypatch):
+RECORDER = """
+import json, os
+
+with open(os.path.join(os.environ["FORKS_OUT"], "imports.jsonl"), "a") as out:
+    out.write(json.dumps({"cmdline": open("/proc/self/cmdline").read().split(chr(0)), "ppid": os.getppid()}) + "\\n")
+SEEN = None
+"""
+
+
+def test_the_component_check_and_each_world_sizes_pytest_process_are_forks_the_runner_adopted(
+    project, tmp_path, monkeypatch
+):
     out = tmp_path / "seen"
     out.mkdir()
     monkeypatch.setenv("FORKS_OUT", str(out))
-    project.write("matrix.toml", matrix_toml(axes={"world_size": [1, 2]}, suites={"where": {}}))
+    matrix = matrix_toml(axes={"world_size": [1, 2]}, suites={"where": {}}, components={"recorder": "recorder:SEEN"})
+    project.write("matrix.toml", matrix)
+    project.write("recorder.py", RECORDER)
     project.write("suites/__init__.py", "")
     project.write("suites/test_where.py", SUITE)
     done = project.torchmatrix("run", "--torch", "system", "--reports", "out", "--run-id", "r1", "--confirm-limit", "0")
@@ -66,6 +79,9 @@ def test_each_world_sizes_pytest_process_is_a_fork_the_runner_adopted(project, t
 
     seen = {size: json.loads((out / f"ws{size}.json").read_text()) for size in (1, 2)}
     assert seen[1]["pid"] != seen[2]["pid"]
+    check = json.loads((out / "imports.jsonl").read_text().splitlines()[0])
+    assert check["cmdline"][1:3] == ["-c", SERVE], "the component check started a new interpreter"
+    assert check["ppid"] == seen[1]["runner"], "the runner did not adopt its component check"
     for process in seen.values():
         assert process["cmdline"][1:3] == ["-c", SERVE], "started as a new interpreter, not forked"
         assert process["ppid"] == process["runner"], "the runner did not adopt its pytest process"
@@ -87,39 +103,60 @@ def test_each_world_sizes_pytest_process_is_a_fork_the_runner_adopted(project, t
 
 
 FORKS_HERE = """
-import json, os, sys
+import json, os, subprocess, sys
 from pathlib import Path
 
 from torchmatrix.run.leftover_processes import adopt_orphans
-from torchmatrix.run.pytest_forks import PytestForks
+from torchmatrix.run.preloaded_forks import PreloadedForks, run_to_end
 
 here = Path(sys.argv[1])
 command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "no_such_test_file.py"]
 env = dict(os.environ)
 (here / "a.log").touch()
-orphaned = PytestForks(here / "forks.log").start(command, cwd=here, env=env, log=here / "a.log")
+orphaned = PreloadedForks(here / "forks.log").start(command, cwd=here, env=env, log=here / "a.log")
 adopt_orphans()
-forks = PytestForks(here / "forks.log")
+forks = PreloadedForks(here / "forks.log")
 try:
     forked = forks.start(command, cwd=here, env=env, log=here / "a.log")
     code = forked.wait() if forked else None
     elsewhere = forks.start(command, cwd=here, env={**env, "ANOTHER": "1"}, log=here / "a.log")
     launched = forks.start(["torchrun", *command[1:]], cwd=here, env=env, log=here / "a.log")
+    said = "import sys; open(sys.argv[1], 'w').write(open('/proc/self/cmdline').read()); print('said'); sys.exit(3)"
+    code_c = run_to_end(
+        [sys.executable, "-c", said, str(here / "c.txt")], cwd=here, env=env, log=here / "c.log", errors=here / "c.log", timeout=60, forks=forks
+    )
+    try:
+        run_to_end([sys.executable, "-c", "import time; time.sleep(60)"], cwd=here, env=env, log=here / "c.log", errors=here / "c.log", timeout=1, forks=forks)
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        timed_out = True
 finally:
     forks.close()
 print(json.dumps({
     "forked": forked is not None, "code": code, "elsewhere": elsewhere is None, "launched": launched is None,
-    "orphaned": orphaned is None,
+    "orphaned": orphaned is None, "code_c": code_c, "c_forked": "serve()" in (here / "c.txt").read_text(),
+    "timed_out": timed_out,
 }))
 """
 
 
-def test_a_fork_ends_with_pytests_exit_code_and_is_made_only_where_it_would_be_the_runners(tmp_path):
-    """Not for another environment, a launcher's command, or a runner its forks would not be re-parented to."""
+def test_a_fork_ends_with_its_commands_exit_code_and_is_made_only_where_it_would_be_the_runners(tmp_path):
+    """`python -m pytest` and `python -c` alike (one past its timeout is killed); not for another
+    environment, a launcher's command, or a runner its forks would not be re-parented to."""
     done = subprocess.run(
         [sys.executable, "-c", FORKS_HERE, str(tmp_path)], capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.splitlines()[-1])
-    assert result == {"forked": True, "code": 4, "elsewhere": True, "launched": True, "orphaned": True}, result
+    assert result == {
+        "forked": True,
+        "code": 4,
+        "elsewhere": True,
+        "launched": True,
+        "orphaned": True,
+        "code_c": 3,
+        "c_forked": True,
+        "timed_out": True,
+    }, result
     assert "file or directory not found: no_such_test_file.py" in (tmp_path / "a.log").read_text()
+    assert (tmp_path / "c.log").read_text().startswith("said\n")
