@@ -103,7 +103,7 @@ def test_the_component_check_and_each_world_sizes_pytest_process_are_forks_the_r
 
 
 FORKS_HERE = """
-import json, os, subprocess, sys
+import json, os, subprocess, sys, tempfile, time
 from pathlib import Path
 
 from torchmatrix.run.leftover_processes import adopt_orphans
@@ -132,17 +132,31 @@ try:
         timed_out = True
 finally:
     forks.close()
+hung = PreloadedForks(here / "hung.log")  # an interpreter whose imports never end: it never answers
+hung.server = subprocess.Popen(
+    [sys.executable, "-c", "import time; time.sleep(120)"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    start_new_session=True,
+)
+hung.server_output, hung.started_in = tempfile.TemporaryFile(), (here, env)
+started = time.monotonic()
+try:
+    run_to_end([sys.executable, "-c", "pass"], cwd=here, env=env, log=here / "h.log", errors=here / "h.log", timeout=2, forks=hung)
+    hung_timed_out = False
+except subprocess.TimeoutExpired:
+    hung_timed_out = True
+hung_seconds = time.monotonic() - started
 print(json.dumps({
     "forked": forked is not None, "code": code, "elsewhere": elsewhere is None, "launched": launched is None,
     "orphaned": orphaned is None, "code_c": code_c, "c_forked": "serve()" in (here / "c.txt").read_text(),
-    "timed_out": timed_out,
+    "timed_out": timed_out, "hung_timed_out": hung_timed_out, "hung_within_timeout": hung_seconds < 10,
 }))
 """
 
 
 def test_a_fork_ends_with_its_commands_exit_code_and_is_made_only_where_it_would_be_the_runners(tmp_path):
-    """`python -m pytest` and `python -c` alike (one past its timeout is killed); not for another
-    environment, a launcher's command, or a runner its forks would not be re-parented to."""
+    """`python -m pytest` and `python -c` alike (one past its timeout is killed, and an interpreter that
+    never answers costs no more than the timeout); not for another environment, a launcher's command,
+    or a runner its forks would not be re-parented to."""
     done = subprocess.run(
         [sys.executable, "-c", FORKS_HERE, str(tmp_path)], capture_output=True, text=True, timeout=120
     )
@@ -157,6 +171,8 @@ def test_a_fork_ends_with_its_commands_exit_code_and_is_made_only_where_it_would
         "code_c": 3,
         "c_forked": True,
         "timed_out": True,
+        "hung_timed_out": True,
+        "hung_within_timeout": True,
     }, result
     assert "file or directory not found: no_such_test_file.py" in (tmp_path / "a.log").read_text()
     assert (tmp_path / "c.log").read_text().startswith("said\n")

@@ -83,10 +83,18 @@ class PreloadedForks:
         self.usable = adopts_orphans()  # else a fork would be re-parented to init, not to this runner
 
     def start(
-        self, command: list[str], *, cwd: Path, env: dict, log: Path, errors: Path | None = None
+        self,
+        command: list[str],
+        *,
+        cwd: Path,
+        env: dict,
+        log: Path,
+        errors: Path | None = None,
+        answer_timeout: float = ANSWER_TIMEOUT_S,
     ) -> ForkedProcess | None:
         """`command` (`python -m MODULE ARGS` or `python -c CODE ARGS`) as a fork appending its output
-        to `log` and its errors to `errors` (default: `log`; both exist), or None."""
+        to `log` and its errors to `errors` (default: `log`; both exist), or None; None too where the
+        interpreter has not answered within `answer_timeout` seconds (its imports hung)."""
         if not self.usable or len(command) < 3 or command[0] != sys.executable or command[1] not in ("-m", "-c"):
             return None
         if self.server is None:
@@ -97,7 +105,7 @@ class PreloadedForks:
         try:
             self.server.stdin.write(json.dumps(request) + "\n")
             self.server.stdin.flush()
-            answer = self._answer()
+            answer = self._answer(answer_timeout)
         except (OSError, ValueError):
             answer = None
         if answer is None:
@@ -122,9 +130,9 @@ class PreloadedForks:
             start_new_session=True,
         )
 
-    def _answer(self) -> int | None:
+    def _answer(self, timeout: float) -> int | None:
         """The forked pid, 0 where the interpreter declined this request, None where it is gone or hung."""
-        ready, _, _ = select.select([self.server.stdout], [], [], ANSWER_TIMEOUT_S)
+        ready, _, _ = select.select([self.server.stdout], [], [], timeout)
         line = self.server.stdout.readline() if ready else ""
         return int(line) if line.strip().lstrip("-").isdigit() else None
 
@@ -162,16 +170,18 @@ def run_to_end(
     forks: PreloadedForks | None,
 ) -> int:
     """`command`'s exit code, its output appended to `log` and its errors to `errors`: forked where
-    `forks` can, else started. After `timeout` seconds its process group is killed and
-    subprocess.TimeoutExpired raised."""
+    `forks` can, else started. `timeout` seconds after the call (waiting for the fork included) its
+    process group is killed and subprocess.TimeoutExpired raised."""
+    deadline = time.monotonic() + timeout
     with file_writes.open_stream(log, "ab") as out, file_writes.open_stream(errors, "ab") as err:
-        process = forks.start(command, cwd=cwd, env=env, log=log, errors=errors) if forks else None
-        if process is None:
-            process = subprocess.Popen(
-                command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True
-            )
+        forked = (
+            forks.start(command, cwd=cwd, env=env, log=log, errors=errors, answer_timeout=timeout) if forks else None
+        )
+        process = forked or subprocess.Popen(
+            command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True
+        )
     try:
-        return process.wait(timeout)
+        return process.wait(max(0.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(process.pid, signal.SIGKILL)
