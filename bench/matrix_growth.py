@@ -52,7 +52,7 @@ def main() -> int:
     parser.add_argument(
         "--tiny", action="store_true", help="throwaway matrices of one cell and two, the second apart (what CI runs)"
     )
-    parser.add_argument("--keep", metavar="DIR", help="run both matrices under DIR and keep their run directories")
+    parser.add_argument("--keep", metavar="DIR", help="run the matrices under DIR and keep their run directories")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="torchmatrix-growth-") as tmp:
         work = Path(args.keep).resolve() if args.keep else Path(tmp)
