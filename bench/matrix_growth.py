@@ -8,12 +8,14 @@ the tests' (what results.json records per test: every rank, each execution once)
 (the run's processes the OS credits to this one: the runner and its pytest processes, which prepare
 the compiler once for their ranks; not the ranks, which the zygote forks). `--apart EXPR` names
 cells the budget leaves out, such as an include cell that alone costs more than the budget allows:
-the matrix after then runs again without them, and both runs get their ratios. Then, for the whole
-matrix after, where its CPU seconds went: each cell's, split by suite, with the seconds its ranks
-spent in torch.compile (recorded apart, ranks/compile_time.py), costliest first:
+the matrix after then runs again without them, and both runs get their ratios. `--rounds N` runs
+them all N times in turn and takes the ratios of the sums: the machine's speed drifts by a fifth
+over minutes. Then, for the whole matrix after (its first round), where its CPU seconds went: each
+cell's, split by suite, with the seconds its ranks spent in torch.compile (recorded apart,
+ranks/compile_time.py), costliest first:
 
     git show <rev>:matrix.toml > before.toml
-    python bench/matrix_growth.py --before before.toml --after matrix.toml --apart inductor --keep runs/
+    python bench/matrix_growth.py --before before.toml --after matrix.toml --apart inductor --rounds 2 --keep runs/
 """
 
 from __future__ import annotations
@@ -50,16 +52,26 @@ def main() -> int:
         "after runs a second time without them, and that run is measured against the budget too",
     )
     parser.add_argument(
-        "--tiny", action="store_true", help="throwaway matrices of one cell and two, the second apart (what CI runs)"
+        "--tiny",
+        action="store_true",
+        help="throwaway matrices of one cell and two, the second apart, two rounds (what CI runs)",
     )
     parser.add_argument("--keep", metavar="DIR", help="run the matrices under DIR and keep their run directories")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run the matrices N times in turn and hold their sums to the budget: this machine's speed drifts "
+        "by a fifth over minutes, and alternating spreads the drift over both sides (default: 1)",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="torchmatrix-growth-") as tmp:
         work = Path(args.keep).resolve() if args.keep else Path(tmp)
         if args.tiny:
             before = write_tiny_project(work / "before", world_sizes=(1,))
             after = write_tiny_project(work / "after", world_sizes=(1, 2))
-            args.apart = args.apart or "ws2"
+            args.apart, args.rounds = args.apart or "ws2", max(args.rounds, 2)
         elif args.before is None:
             parser.error("--before FILE is required (the matrix file as it was), unless --tiny")
         else:
@@ -68,14 +80,15 @@ def main() -> int:
         if args.apart:
             runs.append((f"after without `{args.apart}`", after, ["-k", f"not ({args.apart})"]))
         rows = []
-        for index, (name, config, selection) in enumerate(runs):
-            print(
-                f"{name}: python -m torchmatrix run --torch system --config {config} {' '.join(selection)}", flush=True
-            )
-            rows.append(
-                (name, config, torchmatrix_run(load_matrix(config), selection, work / f"run{index}" / "reports"))
-            )
-        after_cells = cell_costs(work / "run1" / "reports" / "bench")
+        for round_ in range(1, args.rounds + 1):
+            for index, (name, config, selection) in enumerate(runs):
+                print(
+                    f"{name}: python -m torchmatrix run --torch system --config {config} {' '.join(selection)}",
+                    flush=True,
+                )
+                reports = work / f"round{round_}-run{index}" / "reports"
+                rows.append((name, config, torchmatrix_run(load_matrix(config), selection, reports)))
+        after_cells = cell_costs(work / "round1-run1" / "reports" / "bench")
     print()
     print(
         "| matrix | test CPU s | runner CPU s | CPU s in all | wall time | cells | tests executed | testcases reported | failed |"
@@ -87,10 +100,12 @@ def main() -> int:
             f"{all_cpu_seconds(result):.1f} | {result['seconds']:.1f} s | {result['cells']} | {result['tests']} | "
             f"{result['testcases_reported']} | {result['failed']} |"
         )
-    for name, _, result in rows[1:]:
+    rounds = f" over {args.rounds} rounds" if args.rounds > 1 else ""
+    for name, _, _ in runs[1:]:
         print()
         for figure, measure in FIGURES.items():
-            print(ratio_line(f"{name}: {figure}", measure(rows[0][2]), measure(result)))
+            before_sum, after_sum = (sum(measure(r) for n, _, r in rows if n == side) for side in ("before", name))
+            print(ratio_line(f"{name}: {figure}{rounds}", before_sum, after_sum))
     print()
     print("| cell (after) | test CPU s | compile s | test CPU s by suite |")
     print("|---|---|---|---|")

@@ -20,7 +20,7 @@ BENCHES = {
     "env_overhead": r"\| `torchmatrix run --shard <empty shard>` on the torch here \| [\d.]+ s \|",
     "matrix_growth": r"\| after \(matrix\.toml\) \| [\d.]+ \| [\d.]+ \| [\d.]+ \| [\d.]+ s \| 2 \| 2 \| 2 \| 0 \|\n"
     r"\| after without `ws2` \(matrix\.toml\) \| [\d.]+ \| [\d.]+ \| [\d.]+ \| [\d.]+ s \| 1 \| 1 \| 1 \| 0 \|[\s\S]*"
-    r"after without `ws2`: wall time: ratio after / before = [\d.]+[\s\S]*\| `ws2` \| [\d.]+ \| [\d.]+ \|",
+    r"after without `ws2`: wall time over 2 rounds: ratio after / before = [\d.]+[\s\S]*\| `ws2` \| [\d.]+ \| [\d.]+ \|",
     "matrix_walltime": r"\| torchmatrix run \| [\d.]+ s \| 1 \| 1 \(1 testcases reported\) \| \d+ \| 0 \|",
     "per_test_overhead": r"worst mean overhead per test: [\d.]+ ms",
     "plan_scale": r"\| OutcomeBook \+ cell_done for every cell \| [\d.]+ s \| [\d.]+ s \|",
