@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import os
 from pathlib import Path
+
+from torchmatrix.ranks import shared_builds
 
 COMPILER_MODULES = ("torch._dynamo", "torch._inductor.compile_fx", "torch._functorch.aot_autograd")
 
@@ -24,7 +25,7 @@ def warm_up(probe_folder: Path, *, cache_variable: str, device_type: str, induct
     process's own left as it was; other backends (aot_eager) use neither. Triton's key only on a CPU
     run: importing a GPU backend's compiler before the ranks fork is not proven free of CUDA. A torch
     without one of these leaves it to the ranks."""
-    with _cache_in(cache_variable, probe_folder):
+    with shared_builds.cache_in(cache_variable, str(probe_folder)):
         for name in COMPILER_MODULES:
             with contextlib.suppress(ImportError):
                 importlib.import_module(name)
@@ -42,16 +43,3 @@ def warm_up(probe_folder: Path, *, cache_variable: str, device_type: str, induct
         probe = getattr(cpu_vec_isa, "valid_vec_isa_list", None)
         if probe is not None:
             probe()
-
-
-@contextlib.contextmanager
-def _cache_in(variable: str, folder: Path):
-    own = os.environ.get(variable)
-    os.environ[variable] = str(folder)
-    try:
-        yield
-    finally:
-        if own is None:
-            del os.environ[variable]
-        else:
-            os.environ[variable] = own

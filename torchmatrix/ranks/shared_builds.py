@@ -10,6 +10,7 @@ whose entries are guarded and were measured wrong when shared, stay in the rank'
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import os
@@ -80,16 +81,25 @@ def _built_in(folder_for, fn):
         with _swap:
             if folder is None or _redirected:
                 return fn(*args, **kwargs)
-            own = os.environ.get(_places.cache_variable)
-            os.environ[_places.cache_variable] = folder
             _redirected = True
             try:
-                return fn(*args, **kwargs)
+                with cache_in(_places.cache_variable, folder):
+                    return fn(*args, **kwargs)
             finally:
                 _redirected = False
-                if own is None:
-                    del os.environ[_places.cache_variable]
-                else:
-                    os.environ[_places.cache_variable] = own
 
     return in_shared_folder
+
+
+@contextlib.contextmanager
+def cache_in(variable: str, folder: str):
+    """Inductor's cache variable `variable` naming `folder` for the block, then as it was (unset included)."""
+    own = os.environ.get(variable)
+    os.environ[variable] = folder
+    try:
+        yield
+    finally:
+        if own is None:
+            del os.environ[variable]
+        else:
+            os.environ[variable] = own
