@@ -22,7 +22,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 from torch.utils.checkpoint import checkpoint
 
-from torchmatrix.testing import DEFAULT_IMPLEMENTATION, cell_layout, implementation_of
+from torchmatrix.matrix.meshes import FLAT, mesh_kind
+from torchmatrix.testing import DEFAULT_IMPLEMENTATION, implementation_of
 
 from .block_compile import compile_mode
 
@@ -304,11 +305,12 @@ def layers_per_stack(cell: Mapping[str, object]) -> int:
     """How deep each stack of the cell's decoder is: ``SHALLOW_LAYERS_PER_STACK`` where the cell compiles
     its blocks (``compile``), whose compile time on CPU is most of the cell's, steps an implementation
     other than the default (``optimizer_impl``: forloop, foreach, fused, the compiled step) or shards over
-    a 2-D mesh (``mesh``: every layer is split and sharded alike, over four ranks), else ``LAYERS_PER_STACK``."""
+    a 2-D mesh (``mesh``: every layer is split and sharded alike, over four ranks), else ``LAYERS_PER_STACK``.
+    Read from the cell alone, never the world: the single-process reference builds it in a world of one."""
     shallow = (
         compile_mode(cell) is not None
         or implementation_of(cell) != DEFAULT_IMPLEMENTATION
-        or len(cell_layout(cell).shape) > 1
+        or mesh_kind(cell) != FLAT
     )
     return SHALLOW_LAYERS_PER_STACK if shallow else LAYERS_PER_STACK
 

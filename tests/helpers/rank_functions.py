@@ -113,24 +113,6 @@ def process_placement():
     }
 
 
-def rank_zero_broadcast(raise_on_rank_zero):
-    """suites.test_parallel_equivalence.from_rank_zero over a computation that names the rank it ran on
-    (or raises there); this rank's value, or the text of what it raised."""
-    import torch.distributed as dist
-
-    from suites.test_parallel_equivalence import from_rank_zero
-
-    def compute():
-        if raise_on_rank_zero:
-            raise ValueError(f"injected failure in the reference on rank {dist.get_rank()}")
-        return {"computed_on": dist.get_rank()}
-
-    try:
-        return from_rank_zero(compute)
-    except Exception as error:
-        return f"{type(error).__name__}: {error}"
-
-
 def inherited_state(caller_file: str) -> dict:
     """What a rank carries over from the process that started its zygote: torch's distributed stack
     (wanted), its SIGTERM handler and the file `caller_file` it holds open (not wanted)."""

@@ -4,24 +4,46 @@ models/mutants/parallel_equivalence.py, so one rank pool per world size serves t
 
 from __future__ import annotations
 
-from torchmatrix.models import parallel
-from torchmatrix.models.mutants.parallel_equivalence import (
-    clip_grad_norm_of_local_shards,
-    parallelize_reducing_in_bf16,
-)
+from torchmatrix.models import parallel, transformer
+from torchmatrix.models.mutants import parallel_equivalence as mutants
 from torchmatrix.suites import gradient_clipping
 
 REFERENCE, LOCAL_NORM, BF16_REDUCTIONS = "reference", "local_norm", "bf16_reductions"
-VARIANTS = (REFERENCE, LOCAL_NORM, BF16_REDUCTIONS)
+LOSS_OVER_WORLD, BACKWARD_OVER_WORLD, MESH_OVER_WORLD, MODEL_OVER_WORLD = (
+    "loss_over_world",
+    "backward_over_world",
+    "mesh_over_world",
+    "model_over_world",
+)
+TRAINING_STEPS = {
+    LOSS_OVER_WORLD: mutants.LossAveragedOverWorldStep,
+    BACKWARD_OVER_WORLD: mutants.BackwardScaledByWorldStep,
+    MESH_OVER_WORLD: mutants.LossOverOwnMeshStep,
+}
+
+
+def build_model(cell, **keywords):
+    """The reference decoder, or under variant model_over_world the one whose loss divides by the world's size."""
+    if cell["variant"] == MODEL_OVER_WORLD:
+        return mutants.build_model_averaging_over_world(cell, **keywords)
+    return transformer.build_model(cell, **keywords)
 
 
 def parallelize(model, cell, *, device, activation_checkpointing=False, mesh=None):
     """The reference parallelize, or under variant bf16_reductions the one that reduces in bf16."""
-    chosen = parallelize_reducing_in_bf16 if cell["variant"] == BF16_REDUCTIONS else parallel.parallelize
+    chosen = mutants.parallelize_reducing_in_bf16 if cell["variant"] == BF16_REDUCTIONS else parallel.parallelize
     return chosen(model, cell, device=device, activation_checkpointing=activation_checkpointing, mesh=mesh)
 
 
 def clip_grad_norm(model, *, max_norm, cell):
     """The reference clip, or under variant local_norm the one that clips by this rank's shards."""
-    chosen = clip_grad_norm_of_local_shards if cell["variant"] == LOCAL_NORM else gradient_clipping.clip_grad_norm
+    chosen = (
+        mutants.clip_grad_norm_of_local_shards if cell["variant"] == LOCAL_NORM else gradient_clipping.clip_grad_norm
+    )
     return chosen(model, max_norm=max_norm)
+
+
+def training_step(model, optimizer, cell):
+    """The plain step (None), or under a variant that reads the world the step that does."""
+    step = TRAINING_STEPS.get(cell["variant"])
+    return step(model, optimizer) if step else None

@@ -47,6 +47,37 @@ MUTANTS = {
         DECLARED_DTYPE: "nonzero elements lie on the bfloat16 grid",
     },
 }
+# Components that divide by the world's size once more: a reference in the cell's world divided alike.
+# The loss and the gradient follow from it, and the norm against the single-process mean's.
+DIVIDED_LOSS = {
+    LOSSES: "the parallel forward computes another loss than the single-process forward of the same shard",
+    GRADIENTS: "after the data-parallel reduction the gradient differs from the single-process mean gradient",
+    NORM: "|returned - single-process|",
+}
+WORLD_READERS = {
+    "loss_over_world": DIVIDED_LOSS,
+    "mesh_over_world": DIVIDED_LOSS,
+    "model_over_world": DIVIDED_LOSS,
+    "backward_over_world": {test: text for test, text in DIVIDED_LOSS.items() if test != LOSSES},
+}
+MUTANTS.update(WORLD_READERS)
+KINDS = dict.fromkeys(MUTANTS, CELL_KINDS) | {
+    "mesh_over_world": ("ws2-fsdp2-flat", TENSOR_PARALLEL),
+    "model_over_world": ("ws2-fsdp2-flat", TENSOR_PARALLEL),
+    "backward_over_world": ("ws2-fsdp1-flat", "ws2-fsdp2-flat", "ws4-fsdp2-hsdp"),
+}
+"""The cell kinds each variant runs in. A gradient divided in backward leaves the loss as it was, and
+under tensor parallelism no gradient, nor the norm, is compared with the single process: that cell
+would pass it (issue 56's tensor-parallel bound is still open), so it does not run there."""
+CAUGHT_UNDER_TENSOR_PARALLELISM = {
+    "local_norm": {NORM, CLIP},
+    "bf16_reductions": {DECLARED_DTYPE},
+    "loss_over_world": {LOSSES},
+    "mesh_over_world": {LOSSES},
+    "model_over_world": {LOSSES},
+}
+"""What catches each variant in the tensor-parallel cell, which compares neither the gradients nor
+their norm with the single process's (no bound on the gradients follows from the reduction order)."""
 
 
 @pytest.fixture(scope="module")
@@ -70,13 +101,17 @@ def run(tmp_path_factory):
             {"compile": "aot_eager", "world_size": 4},
             {"compile": "aot_eager", "fsdp": "fsdp1"},
             {"compile": "aot_eager", "variant": list(MUTANTS)},
+            {"variant": ["mesh_over_world", "model_over_world"], "fsdp": "fsdp1"},
+            {"variant": ["mesh_over_world", "model_over_world"], "mesh": "hsdp"},
+            {"variant": "backward_over_world", "mesh": "fsdp_tp"},
         ],
         suites={"parallel_equivalence": {"path": None, "timeout": 300}},
         components={
-            "model": "torchmatrix.models.transformer:build_model",
+            "model": "parallel_variants:build_model",
             "batch": "torchmatrix.models.transformer:make_batch",
             "parallelize": "parallel_variants:parallelize",
             "clip_grad_norm": "parallel_variants:clip_grad_norm",
+            "training_step": "parallel_variants:training_step",
             "optimizer_adamw": "torchmatrix.models.optim:build_adamw",
         },
     )
@@ -92,7 +127,7 @@ def cells_of(outcomes: dict, variant: str) -> dict[str, dict[str, str]]:
         for cell, tests in outcomes.items()
         if cell.endswith(f"-{variant}-{EAGER}")
     }
-    assert set(found) == set(CELL_KINDS), sorted(outcomes)
+    assert set(found) == set(KINDS.get(variant, CELL_KINDS)), sorted(outcomes)
     return found
 
 
@@ -137,8 +172,11 @@ def test_suite_catches_mutant_in_every_cell(run, variant):
     done, outcomes, failures, _ = run
     for kind, tests in cells_of(outcomes, variant).items():
         cell = f"{kind}-sdpa-adamw-{variant}-{EAGER}"
-        skipped = COMPARED_FOR_THE_RECORD if kind == TENSOR_PARALLEL else set()
-        must_fail = {test: text for test, text in MUTANTS[variant].items() if test not in skipped}
+        must_fail = {
+            test: text
+            for test, text in MUTANTS[variant].items()
+            if kind != TENSOR_PARALLEL or test in CAUGHT_UNDER_TENSOR_PARALLELISM[variant]
+        }
         assert must_fail, f"{variant} in {kind}: no test left to catch it"
         for test, text in must_fail.items():
             assert tests[test] == "failure", f"{variant} in {kind}: expected {test} to fail, outcomes {tests}"

@@ -1,0 +1,230 @@
+"""parallel_equivalence's training, in three passes over two worlds: the single-process reference
+opens in a world of one rank of its own (its first gradient sets `max_norm`), the cell trains in its
+own world as it would alone and writes what it computed, then the reference trains again beside
+those records, step by step, and compares. Neither side ever runs in the other's world."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from torchmatrix.testing import (
+    ParallelEquivalenceOptions,
+    UnavailableImplementation,
+    build_optimizer,
+    call_accepting,
+    current_device,
+    data_parallel_rank,
+    data_parallel_size,
+    load,
+)
+
+from .deterministic import deterministic_algorithms
+from .full_tensors import full_gradients, full_parameters, whole
+from .parallelize_component import parallelized
+from .single_process_reference import (
+    DEFAULT_CLIP,
+    SingleProcessReference,
+    batch_seed,
+    optimizer_hyperparameters,
+    seeded_model,
+)
+from .step_comparisons import (
+    GRID_EVIDENCE,
+    clip_comparison,
+    exact_norm,
+    gradient_comparison,
+    narrow_grid_lines,
+    parameter_differences,
+)
+from .summation_bounds import MeanReduction, clip_relative_bound, norm_relative_bound
+from .training_step import build_training_step
+from .ulp import ulp_distance
+
+CELL_STEPS = "cell-steps.pt"
+"""What the cell computed, gathered (rank 0 writes it): the reference reads it in its own world."""
+CLIP_EPSILON = 1e-6
+"""What torch.nn.utils.clip_grad_norm_ adds to the norm before dividing max_norm by it."""
+
+
+def lockstep_records(ranks, cell: dict, options: ParallelEquivalenceOptions, components: dict, directory) -> list:
+    """One record per rank of the cell: each step's loss, reduced gradient, norm, clipping and
+    parameters against the single-process reference's; `[{"unavailable": reason}]` where the cell's
+    optimizer implementation cannot be built here."""
+    single = ranks.in_world(1)
+    shards = data_parallel_size(cell)  # here, outside any world, from the cell's world_size and mesh
+    opening = single.run(open_single_process, cell, options, components, shards)[0]
+    if "unavailable" in opening:
+        return [opening]
+    trained = ranks.run(train_cell, cell, options, components, opening["max_norm"], str(directory))
+    if "unavailable" in trained[0]:
+        return [trained[0]]
+    return single.run(compare_in_lockstep, cell, options, components, opening["max_norm"], trained, str(directory))[0]
+
+
+# ---- in the reference's world of one rank -----------------------------------------------------
+
+
+def open_single_process(cell: dict, options: ParallelEquivalenceOptions, components: dict, shards: int) -> dict:
+    """The reference's first mean gradient sets `max_norm` (`clip_fraction` of its norm), so that the
+    first step clips on both sides and a wrong norm changes the training."""
+    with deterministic_algorithms():
+        try:
+            reference = SingleProcessReference(cell, options, components, shards)
+        except UnavailableImplementation as unavailable:
+            return {"unavailable": str(unavailable)}
+        mean = reference.gradient(0, loss_bounds=False)[0]
+        return {"max_norm": options.clip_fraction * exact_norm(mean)}
+
+
+def compare_in_lockstep(
+    cell: dict, options: ParallelEquivalenceOptions, components: dict, max_norm: float, trained: list, directory: str
+) -> list[dict]:
+    """The reference trains beside the cell's records, stepping its optimizer with the clipped
+    gradient the cell stepped with, and compares each step; stops after the first step whose
+    parameters differ (later steps would compare gradients taken at different points)."""
+    with deterministic_algorithms():
+        shards, tensor_parallel = trained[0]["shards"], trained[0]["tensor_parallel"]
+        reference = SingleProcessReference(cell, options, components, shards)
+        recorded = torch.load(Path(directory) / CELL_STEPS, weights_only=True)
+        reduction = MeanReduction(shards, options.reduce_dtype)
+        initial = parameter_differences(recorded["initial"], reference.parameters())
+        per_rank: list[list[dict]] = [[] for _ in trained]
+        for index, computed in enumerate(recorded["steps"]):
+            mean, magnitude, losses, loss_bounds = reference.gradient(index, loss_bounds=tensor_parallel)
+            shared = step_comparison(computed, mean, magnitude, reduction, max_norm, options.reduce_dtype)
+            shared["norm"]["single_process_clip"] = reference.clip_norm(mean, max_norm)
+            reference.step_with(computed["clipped"])
+            shared["parameters"] = parameter_differences(computed["parameters"], reference.parameters())
+            for rank, run in enumerate(trained):
+                per_rank[rank].append(rank_comparison(shared, run, index, losses, loss_bounds, tensor_parallel))
+            if shared["parameters"]:
+                break
+        elements = per_rank[0][0]["elements"] if per_rank[0] else 0
+        return [
+            {
+                "shards": shards,
+                "tensor_parallel": tensor_parallel,
+                "initial_parameters": initial,
+                "steps": steps,
+                "elements": elements,
+                "max_norm": max_norm,
+                "norm_tolerance": norm_relative_bound(elements),
+                "clip_tolerance": clip_relative_bound(elements),
+            }
+            for steps in per_rank
+        ]
+
+
+def step_comparison(computed: dict, mean: dict, magnitude: dict, reduction: MeanReduction, max_norm, declared) -> dict:
+    """What every rank of the cell shares at one step (the gathered tensors are the same on each),
+    compared with the reference's mean gradient."""
+    reduced, clipped = computed["reduced"], computed["clipped"]
+    exact = exact_norm(reduced)
+    elements = sum(gradient.numel() for gradient in reduced.values())
+    coefficient = min(1.0, max_norm / (exact + CLIP_EPSILON))
+    gradient = gradient_comparison(reduced, mean, magnitude, reduction)
+    return {
+        "gradient": gradient,
+        "narrow_grid": narrow_grid_lines(reduced, declared),
+        "grid_checked": any(int(g.count_nonzero()) >= GRID_EVIDENCE for g in reduced.values()),
+        "norm": {"exact": exact, "single_process": exact_norm(mean), "gradient_distance": gradient["bound_norm"]},
+        "clip": clip_comparison(reduced, clipped, coefficient, clip_relative_bound(elements)),
+        "elements": elements,
+    }
+
+
+def rank_comparison(shared: dict, run: dict, index: int, losses: list, loss_bounds: list, tensor_parallel) -> dict:
+    """One rank's view of a step: its own loss against the reference's loss of its shard, the norm its
+    clip returned against the gathered gradient's and the single-process mean's."""
+    loss = torch.tensor(run["losses"][index], dtype=torch.float32)
+    reference_loss = losses[run["shard"]]
+    returned = run["norms"][index]
+    norm = dict(shared["norm"], returned=returned)
+    exact, single = norm["exact"], norm["single_process"]
+    norm["relative_error"] = abs(returned - exact) / exact if exact else abs(returned)
+    norm["single_process_error"] = abs(returned - single)
+    # ||returned - ||mean|| || <= the norm's own rounding + ||reduced - mean||, the gradient bound's 2-norm;
+    # under tensor parallelism the gradients have no bound, so neither has this.
+    norm["single_process_tolerance"] = (
+        None if tensor_parallel else norm_relative_bound(shared["elements"]) * exact + norm["gradient_distance"]
+    )
+    return {
+        **shared,
+        "norm": norm,
+        "loss": loss.item(),
+        "reference_loss": reference_loss.item(),
+        "loss_ulp": ulp_distance(loss, reference_loss),
+        "loss_bound": loss_bounds[run["shard"]],
+    }
+
+
+# ---- in the cell's world ----------------------------------------------------------------------
+
+
+def train_cell(cell: dict, options: ParallelEquivalenceOptions, components: dict, max_norm: float, directory: str):
+    """Rank function: the cell trains `steps` steps as it would alone; every rank returns its losses
+    and the norms its clip returned, and rank 0 writes the gathered gradients and parameters."""
+    with deterministic_algorithms():
+        try:
+            training = CellTraining(cell, options, components)
+        except UnavailableImplementation as unavailable:
+            return {"unavailable": str(unavailable)}
+        return training.run(max_norm, Path(directory) / CELL_STEPS)
+
+
+class CellTraining:
+    """The cell's parallel training: the model from the suite's seed, wrapped by `parallelize` for the
+    cell, trained on shard `data_parallel_rank` of each global batch."""
+
+    def __init__(self, cell: dict, options: ParallelEquivalenceOptions, components: dict):
+        self.cell = cell
+        self.options = options
+        self.device = current_device()
+        self.shards = data_parallel_size(cell)
+        self.shard = data_parallel_rank(cell)
+        self.make_batch = load(components["batch"])
+        self.clip = load(components.get("clip_grad_norm", DEFAULT_CLIP))
+        self.model = parallelized(components, seeded_model(cell, options, components), cell, device=self.device)
+        factory = load(components[f"optimizer_{cell['optimizer']}"])
+        self.optimizer = build_optimizer(factory, self.model, **optimizer_hyperparameters(cell, options))
+        self.training = build_training_step(components, model=self.model, optimizer=self.optimizer, cell=cell)
+
+    def run(self, max_norm: float, path: Path) -> dict:
+        initial = on_cpu(full_parameters(self.model))
+        losses, norms, steps = [], [], []
+        for step in range(self.options.steps):
+            self.model.train()
+            batch = self.make_batch(
+                self.model, seed=batch_seed(self.options, self.shards, step, self.shard), device=self.device
+            )
+            loss = self.training.loss(batch)
+            self.training.backward(loss)
+            reduced = on_cpu(full_gradients(self.model))
+            norms.append(float(scalar(call_accepting(self.clip, self.model, max_norm=max_norm, cell=self.cell))))
+            clipped = on_cpu(full_gradients(self.model))
+            self.training.optimizer_step()
+            self.optimizer.zero_grad(set_to_none=True)
+            losses.append(loss.detach().float().item())
+            steps.append({"reduced": reduced, "clipped": clipped, "parameters": on_cpu(full_parameters(self.model))})
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            torch.save({"initial": initial, "steps": steps}, path)
+        return {
+            "losses": losses,
+            "norms": norms,
+            "shard": self.shard,
+            "shards": self.shards,
+            "tensor_parallel": self.shards < world,
+        }
+
+
+def on_cpu(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {name: tensor.detach().cpu() for name, tensor in tensors.items()}
+
+
+def scalar(norm) -> torch.Tensor:
+    """The norm a clip returned as a plain tensor: a DTensor's full value (a collective), else itself."""
+    return whole(norm) if isinstance(norm, torch.Tensor) else torch.tensor(norm)
