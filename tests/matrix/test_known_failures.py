@@ -54,6 +54,7 @@ def test_an_entry_covers_its_tests_in_matching_cells_on_its_versions(tmp_path):
     [
         ('[[known_failure]]\ntest = "grad_ckpt"\nreason = "x"\n', "known_failure[0].test: missing or not 'SUITE::TEST'"),
         ('[[known_failure]]\ntest = "nosuch::*"\nreason = "x"\n', "'nosuch::*' names no suite of this matrix; use one of: grad_ckpt, resume"),
+        ('[[known_failure]]\ntest = ["resume::*", "parallel_equivalence::*"]\nreason = "x"\n', "'parallel_equivalence::*' names the built-in suite parallel_equivalence, which this matrix does not run; drop 'parallel_equivalence::*' from this entry (the whole entry if it names no other test), or add [suites.parallel_equivalence]"),
         ('[[known_failure]]\ntest = "resume::*"\n', "known_failure[0].reason: missing; say which upstream bug"),
         ('[[known_failure]]\ntest = "resume::*"\nreason = "x"\nmesh = "hsdp"\n', "known_failure[0].mesh: is not an axis"),
         ('[[known_failure]]\ntest = "resume::*"\nreason = "x"\ntorch = ["2.15.0"]\n', "'2.15.0' is not in [torch].versions"),
