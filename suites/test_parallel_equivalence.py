@@ -124,9 +124,10 @@ def test_losses_match_single_process(cell, lockstep, record_property):
         f"{cell.id}: the parallel forward computes another loss than the single-process forward of the same shard "
         f"({expected}):\n"
         + collapsed(per_rank)
-        + "\n  hint: parallelize changed the computation (a cast, another attention kernel, a tensor-parallel plan "
-        "that drops a partial sum), or the gathered parameters differ from the reference's "
-        "(see test_parameters_match_single_process_step)"
+        + "\n  hint: a component divides by the world's size (dist.get_world_size(), a mesh's size) on top of the "
+        "wrapper's mean (the reference runs in a world of one rank), parallelize changed the computation (a cast, "
+        "another attention kernel, a tensor-parallel plan that drops a partial sum), or the gathered parameters "
+        "differ from the reference's (see test_parameters_match_single_process_step)"
     )
 
 
