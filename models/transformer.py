@@ -161,8 +161,12 @@ class DecoderLayer(nn.Module):
         if self.checkpointing and torch.compiler.is_compiling():
             return self.traced_checkpoint(hidden, cache)
         if self.checkpointing:
-            return checkpoint(self.body, hidden, cache, use_reentrant=False)
+            return self.checkpointed(self.body, hidden, cache)
         return self.body(hidden, cache)
+
+    def checkpointed(self, function, *args):
+        """``function(*args)`` under non-reentrant activation checkpointing: every op recomputed in backward."""
+        return checkpoint(function, *args, use_reentrant=False)
 
     def traced_checkpoint(self, hidden: Tensor, cache: KVCache) -> Tensor:
         """The checkpointed body as torch.compile traces it into the block's graph (compile outside):
@@ -175,7 +179,7 @@ class DecoderLayer(nn.Module):
             local.update(entries)
             return self.compute(hidden, local), dict(local.items())
 
-        hidden, written = checkpoint(region, hidden, dict(cache.items()), use_reentrant=False)
+        hidden, written = self.checkpointed(region, hidden, dict(cache.items()))
         cache.update(written)
         return hidden
 
@@ -308,9 +312,7 @@ def layers_per_stack(cell: Mapping[str, object]) -> int:
     a 2-D mesh (``mesh``: every layer is split and sharded alike, over four ranks), else ``LAYERS_PER_STACK``.
     Read from the cell alone, never the world: the single-process reference builds it in a world of one."""
     shallow = (
-        compile_mode(cell) is not None
-        or implementation_of(cell) != DEFAULT_IMPLEMENTATION
-        or mesh_kind(cell) != FLAT
+        compile_mode(cell) is not None or implementation_of(cell) != DEFAULT_IMPLEMENTATION or mesh_kind(cell) != FLAT
     )
     return SHALLOW_LAYERS_PER_STACK if shallow else LAYERS_PER_STACK
 

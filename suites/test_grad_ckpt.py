@@ -571,6 +571,20 @@ def recompute_origin(layers_run: dict, seen: dict) -> str:
     return f"the checkpointed function around module {module} (it ran last)"
 
 
+@contextmanager
+def static_lengths(static: bool):
+    """Dynamo compiles each sequence length it meets as a graph of its own, instead of a graph with a
+    dynamic length: once a block's code has met a second length (the test at another length, earlier
+    in this process), automatic dynamic shapes would recompile it dynamically in every later test too.
+    Keeps the other comparisons off that path, which fails upstream for tensor-parallel blocks
+    (docs/explanation/compile.md) and which the test at another length takes on purpose."""
+    if not static:
+        yield
+        return
+    with torch._dynamo.config.patch(automatic_dynamic_shapes=False):
+        yield
+
+
 def train_step(
     cell,
     components: dict,
@@ -587,14 +601,15 @@ def train_step(
     rank; failures say which stage broke. ``sites``: the checkpointed run's units, whose arguments the
     run without checkpointing watches for the cache hook. ``another_length``: a forward at another
     sequence length runs between the forwards and the backward, so in a compiled cell the backward's
-    recompute finds a dynamic-shape graph beside the one its forward ran (pytorch#166926)."""
+    recompute finds a dynamic-shape graph beside the one its forward ran (pytorch#166926); without it
+    a compiled cell compiles every length statically."""
     build_model, make_batch = (load(components[name]) for name in ("model", "batch"))
     device = current_device()
     rank = data_parallel_rank(cell)
     mode = "with" if checkpointing else "without"
     compiled = compile_mode(cell) is not None
     torch.manual_seed(SEED)
-    with counted_checkpoints() as units:
+    with counted_checkpoints() as units, static_lengths(compiled and not another_length):
         with failing_stage(cell, f"building the model ({components['model']})"):
             model = build_model(cell, dropout=dropout, dtype=getattr(torch, precision.dtype))
             batches = [
@@ -879,6 +894,25 @@ def saved_bytes_line(result: dict) -> str:
     return f"autograd saved {with_ckpt} bytes for backward with checkpointing and {without_ckpt} without"
 
 
+def not_applied_when_compiled(result: dict) -> str:
+    """Why a compiled step shows no recompute, and what to change: autograd saving as much with
+    checkpointing as without means it was never applied; saving more means it was applied, with a
+    selective-checkpoint policy that saves every op (so nothing is left to recompute)."""
+    without_ckpt, with_ckpt = result["saved_bytes"]
+    if with_ckpt > without_ckpt:
+        return (
+            f"checkpointing was applied but recomputes nothing: {saved_bytes_line(result)}, more with it than "
+            f"without, so its selective-checkpoint policy saves every op (CheckpointPolicy.MUST_SAVE or PREFER_SAVE "
+            f"for all of them) and this compared the compiled step with itself; make the policy recompute "
+            f"(PREFER_RECOMPUTE) at least the ops whose outputs it need not keep"
+        )
+    return (
+        f"checkpointing was not applied: no layer body ran again in backward and {saved_bytes_line(result)}, so "
+        f"this compared the compiled step with itself; `parallelize(..., activation_checkpointing=True)` must "
+        f"checkpoint the decoder layers before compiling them"
+    )
+
+
 def require_gradients_and_recompute(cell, results: list[dict]) -> None:
     """Fail when some rank has no gradient to compare, or no layer body ran again in its backward
     with checkpointing (in a compiled cell: checkpointing saved no activations): either way the
@@ -893,10 +927,8 @@ def require_gradients_and_recompute(cell, results: list[dict]) -> None:
         ]
         if not_applied:
             raise AssertionError(
-                f"cell {cell.id} ({compile_mode(cell)}): ranks {not_applied}: checkpointing was not applied: no layer "
-                f"body ran again in backward and {saved_bytes_line(results[not_applied[0]])}, so this compared the "
-                f"compiled step with itself; `parallelize(..., activation_checkpointing=True)` must checkpoint the "
-                f"decoder layers before compiling them"
+                f"cell {cell.id} ({compile_mode(cell)}): ranks {not_applied}: "
+                + not_applied_when_compiled(results[not_applied[0]])
             )
         return
     not_recomputed = [rank for rank, r in enumerate(results) if not r["recomputed"]]

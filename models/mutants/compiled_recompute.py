@@ -1,5 +1,6 @@
 """Known-bad components for the grad-ckpt suite's compiled cells: a block whose compiled recompute is
-not the graph its forward ran, and a parallelize that compiles blocks it never checkpointed.
+not the graph its forward ran, a parallelize that compiles blocks it never checkpointed, and blocks
+whose selective-checkpoint policy saves every op.
 
 Its checkpointed body branches on a Python counter that forward advances after the body ran, as a
 block reading a per-call schedule (a warm-up step, a position offset) from an attribute does. Torch
@@ -16,9 +17,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from torch import Tensor
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from ..parallel import parallelize
-from ..transformer import KVCache, PrefixExpertDecoder, PrefixLayer, build_model
+from ..transformer import ExpertLayer, KVCache, PrefixExpertDecoder, PrefixLayer, build_model
 
 
 class CallCountingPrefixLayer(PrefixLayer):
@@ -52,3 +54,31 @@ def checkpoint_dropping_parallelize(model, cell, *, device, activation_checkpoin
     body runs again; in a compiled cell, where none runs again anyway, autograd saves as much with
     checkpointing as without, and the suite must fail saying checkpointing was not applied."""
     return parallelize(model, cell, device=device, activation_checkpointing=False, mesh=mesh)
+
+
+def save_every_op(ctx, op, *args, **kwargs) -> CheckpointPolicy:
+    """A selective-checkpoint policy that keeps every op's output: nothing is left to recompute."""
+    return CheckpointPolicy.MUST_SAVE
+
+
+def saving_every_op(self, function, *args):
+    """``DecoderLayer.checkpointed`` under the policy that saves every op."""
+    return checkpoint(
+        function, *args, use_reentrant=False, context_fn=lambda: create_selective_checkpoint_contexts(save_every_op)
+    )
+
+
+class SavingPrefixLayer(PrefixLayer):
+    checkpointed = saving_every_op
+
+
+class SavingExpertLayer(ExpertLayer):
+    checkpointed = saving_every_op
+
+
+def every_op_saving_model(cell: Mapping[str, object], **kwargs) -> PrefixExpertDecoder:
+    """Model factory: the reference decoder checkpointed under a selective-checkpoint policy that saves
+    every op, as a stack whose policy list grew to cover them all. Checkpointing is applied (autograd
+    saves more than without it: the saved outputs and the region's own), and recomputes nothing; in a
+    compiled cell the suite must fail saying so, not that checkpointing was never switched on."""
+    return build_model(cell, prefix_layer=SavingPrefixLayer, expert_layer=SavingExpertLayer, **kwargs)

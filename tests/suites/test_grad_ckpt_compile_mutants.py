@@ -11,6 +11,8 @@ micro-batches), in one real run whose axis `variant` picks the components per ce
   Python body runs again in backward, so the suite shows checkpointing applied by what autograd saved;
   both steps save the same, and the gradient tests fail saying checkpointing was not applied, with the
   saved bytes;
+- blocks checkpointed under a selective-checkpoint policy that saves every op: applied, saving more
+  than without, recomputing nothing; the failure names the policy;
 - the one inductor cell in CI (inductor on CPU compiles C++ for tens of seconds per graph): the reference
   components pass within the derived float32 reordering tolerance that the precision property names,
   with the ULP distance and the compile seconds recorded.
@@ -37,9 +39,10 @@ from helpers.grad_ckpt_runs import (
 pytestmark = pytest.mark.slow
 
 MUTANT, UNAPPLIED, REFERENCE = "recompute_switching_model", "checkpoint_dropping_parallelize", "reference"
+SAVING_EVERY_OP = "every_op_saving_model"
 INSIDE, OUTSIDE = "ws1-none-sdpa-aot_eager-inside", "ws1-none-sdpa-aot_eager-outside"
 INDUCTOR = "ws1-none-sdpa-inductor-outside"
-CELLS = {MUTANT: [INSIDE, OUTSIDE], UNAPPLIED: [OUTSIDE], REFERENCE: [INDUCTOR]}
+CELLS = {MUTANT: [INSIDE, OUTSIDE], UNAPPLIED: [OUTSIDE], SAVING_EVERY_OP: [OUTSIDE], REFERENCE: [INDUCTOR]}
 TESTS = [GRADIENTS.format(0.0), MICRO_BATCHES]
 
 
@@ -94,6 +97,20 @@ def test_compiled_blocks_never_checkpointed_fail_with_the_saved_bytes(compiled_r
             text
         )
         assert "bytes for backward with checkpointing and" in text, text
+
+
+def test_a_policy_saving_every_op_fails_naming_the_policy_not_parallelize(compiled_run):
+    """Checkpointing applied under a selective-checkpoint policy that saves every op: autograd saves more
+    than without it, and the failure sends the user to the policy, not to `activation_checkpointing=True`."""
+    _, cases, _, _ = compiled_run
+    cell = run_id(OUTSIDE, SAVING_EVERY_OP)
+    for test in TESTS:
+        case = cases[cell][test]
+        assert case.is_failure, failure_text(case)
+        text = failure_text(case)
+        assert "ranks [0]: checkpointing was applied but recomputes nothing" in text, text
+        assert "its selective-checkpoint policy saves every op" in text, text
+        assert "activation_checkpointing=True" not in text, text
 
 
 def test_inductor_gradients_match_within_the_named_tolerance(compiled_run):
