@@ -1,0 +1,358 @@
+"""The for-loop twin: the cell's optimizer factory built again in its for-loop implementation over
+the same parameters, stepped from each step's parameters, gradients and state as the cell's optimizer
+had them, and the result compared with the cell's within suites/update_bounds.py's derived bound. A
+cell is then compared with an independent reference every step, not only with itself, so an
+implementation that skips weight decay for some parameters, counts its own steps or corrects its
+bias otherwise fails, naming what differs (docs/explanation/optimizer-implementations.md).
+
+Under FSDP2 the parameters and state are DTensors: AdamW's update is elementwise, so each rank
+compares its own shards, and the bound per element holds for each shard alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from torchmatrix.testing import UnavailableImplementation, build_optimizer, inner_optimizers
+
+from .built_names import named_parameters_as_built
+from .optimizer_state import local_part, optimizer_state_of, param_groups_of
+from .update_bounds import BOUNDED_KEYS, AdamWStep
+
+TWIN_IMPLEMENTATION = "forloop"
+NOT_HYPERPARAMETERS = ("params", "lr", "initial_lr", "foreach", "fused", "capturable")
+"""Param-group entries not compared with the twin's: `lr` follows the cell's scheduler (copied into
+the twin every step), the kernel flags differ by implementation by design."""
+MOMENTS = BOUNDED_KEYS[1:]
+UNSUPPORTED_GROUP_FLAGS = ("amsgrad", "maximize", "differentiable")
+CAUSE_SHARE = 0.99
+"""The share of the differing elements a cause must explain to be named (eps reshapes a few)."""
+CAUSE_SLACK = 0.05
+"""How far from the candidate term, relative to it, an explained element may lie."""
+
+
+@dataclass
+class StepValues:
+    """One rank's local values of every parameter and its AdamW moments, by parameter name, on the
+    CPU, and each parameter's `step` as a number."""
+
+    values: dict[str, dict[str, torch.Tensor]]
+    steps: dict[str, float]
+
+
+@dataclass
+class StepCheck:
+    """One optimizer step compared with a reference: the first thing that differs (None when none
+    does), the largest |cell - reference| / bound, and the bound that step ran under."""
+
+    step: int
+    difference: str | None
+    max_ratio: float
+    bound: str
+
+
+@dataclass
+class KeptStep:
+    """A step of the run kept for a later comparison: what it started from, the gradients it used,
+    what it made, and each parameter's AdamW setting (None where the optimizer is not AdamW-like)."""
+
+    inputs: StepValues
+    grads: dict[str, torch.Tensor]
+    result: StepValues
+    settings: dict[str, AdamWStep] | str
+
+
+def local_copy(tensor: torch.Tensor) -> torch.Tensor:
+    return local_part(tensor).detach().to("cpu", copy=True)
+
+
+def step_values(params: list[tuple[str, torch.nn.Parameter]], optimizer) -> StepValues:
+    """The local values of `params` and of their AdamW state in `optimizer`."""
+    states = optimizer_state_of(optimizer)
+    values, steps = {}, {}
+    for name, param in params:
+        state = states.get(param, {})
+        values[name] = {"param": local_copy(param)} | {key: local_copy(state[key]) for key in MOMENTS if key in state}
+        if "step" in state:
+            steps[name] = float(state["step"])
+    return StepValues(values, steps)
+
+
+def local_grads(params: list[tuple[str, torch.nn.Parameter]]) -> dict[str, torch.Tensor]:
+    """Each parameter's gradient as its local shard, laid out like the parameter (FSDP2's reduce-scatter
+    leaves it so; a gradient in other placements is redistributed first, as AdamW on DTensors does)."""
+    from torch.distributed.tensor import DTensor
+
+    grads = {}
+    for name, param in params:
+        grad = param.grad
+        if isinstance(grad, DTensor) and grad.placements != param.placements:
+            grad = grad.redistribute(param.device_mesh, param.placements)
+        if grad is not None:
+            grads[name] = local_copy(grad)
+    return grads
+
+
+def build_twin(factory, model, implementation: str, **hyperparameters):
+    """The factory's for-loop build over `model`'s parameters, or why there is none to compare with
+    here (the reason the check skips with)."""
+    if implementation == TWIN_IMPLEMENTATION:
+        return "the cell's own implementation is the for-loop reference: nothing to compare it with"
+    try:
+        twin = build_optimizer(factory, model, implementation=TWIN_IMPLEMENTATION, **hyperparameters)
+    except UnavailableImplementation as unavailable:
+        return f"the factory builds no for-loop twin here: {unavailable}"
+    parts = inner_optimizers(twin)
+    flags = sorted({flag for group in param_groups_of(twin) for flag in UNSUPPORTED_GROUP_FLAGS if group.get(flag)})
+    if flags or not all(isinstance(part, torch.optim.AdamW) for part in parts):
+        return (
+            f"the bound is derived for torch.optim.AdamW's update without {', '.join(UNSUPPORTED_GROUP_FLAGS)}; "
+            f"the for-loop build is {', '.join(type(part).__name__ for part in parts)}"
+            + (f" with {', '.join(flags)}" if flags else "")
+        )
+    return twin
+
+
+class OptimizerSteps:
+    """Watches a run's optimizer steps (numbered from 1): keeps those in `keep` for a later
+    comparison, and with a `twin` (build_twin) compares each with the twin's step from the same
+    parameters, gradients and state, leaving the cell's result in place."""
+
+    def __init__(self, model, optimizer, twin=None, keep: tuple[int, ...] = ()):
+        self.optimizer, self.twin, self.keep = optimizer, twin, keep
+        self.params = named_parameters_as_built(model)
+        self.checks: list[StepCheck] = []
+        self.kept: dict[int, KeptStep] = {}
+        self.step = 0
+
+    def before_step(self) -> tuple[StepValues, dict]:
+        """The parameters and state as the optimizer is about to step them, the state also cloned as held."""
+        names = {param: name for name, param in self.params}
+        held = {
+            names[param]: {
+                key: value.detach().clone() if isinstance(value, torch.Tensor) else value
+                for key, value in state.items()
+            }
+            for param, state in optimizer_state_of(self.optimizer).items()
+            if param in names
+        }
+        return step_values(self.params, self.optimizer), held
+
+    def after_step(self, before: tuple[StepValues, dict]) -> None:
+        """Keep and compare the step the optimizer just took from `before`."""
+        self.step += 1
+        inputs, held = before
+        result = step_values(self.params, self.optimizer)
+        if result.steps == inputs.steps and all(
+            torch.equal(result.values[name]["param"], inputs.values[name]["param"]) for name in result.values
+        ):
+            return  # the step was skipped (a loss scaler calibrating): nothing to compare
+        grads = local_grads(self.params)
+        if self.step in self.keep:
+            self.kept[self.step] = KeptStep(inputs, grads, result, adamw_settings(self.params, self.optimizer, result))
+        if self.twin is None:
+            return
+        twin = self.step_twin(inputs, held, result)
+        settings = grouping_difference(self.params, self.optimizer, self.twin) or adamw_settings(
+            self.params, self.twin, twin
+        )
+        if isinstance(settings, str):
+            self.checks.append(StepCheck(self.step, f"step {self.step}: {settings}", float("inf"), ""))
+        else:
+            self.checks.append(compare_step(self.step, result, twin, inputs, grads, settings, "for-loop twin"))
+
+    def step_twin(self, inputs: StepValues, held: dict, result: StepValues) -> StepValues:
+        """Put `inputs` into the parameters and `held` into the twin's state, copy the cell's current
+        LR into the twin's groups, step the twin, read it, and put the cell's `result` back."""
+        holder = {param: part for part in inner_optimizers(self.twin) for param in params_of(part)}
+        with torch.no_grad():
+            for name, param in self.params:
+                local_part(param).copy_(inputs.values[name]["param"])
+                part = holder.get(param)
+                if part is not None:
+                    part.state.pop(param, None)
+                    if name in held:
+                        part.state[param] = {
+                            key: value.clone() if isinstance(value, torch.Tensor) else value
+                            for key, value in held[name].items()
+                        }
+            for cell_group, twin_group in zip(param_groups_of(self.optimizer), param_groups_of(self.twin)):
+                twin_group["lr"] = cell_group["lr"]
+            self.twin.step()
+            twin = step_values(self.params, self.twin)
+            for name, param in self.params:
+                local_part(param).copy_(result.values[name]["param"])
+        return twin
+
+
+def params_of(optimizer) -> list:
+    return [param for group in optimizer.param_groups for param in group["params"]]
+
+
+def grouping_difference(params, optimizer, twin) -> str | None:
+    """How the cell's param groups differ from the for-loop build's (which parameters, or a
+    hyper-parameter but the LR), in a line; None when they agree."""
+    cell_groups, twin_groups = param_groups_of(optimizer), param_groups_of(twin)
+    names = {param: name for name, param in params}
+
+    def grouping(groups):
+        return [[names.get(param) for param in group["params"]] for group in groups]
+
+    if grouping(cell_groups) != grouping(twin_groups):
+        return "the cell's optimizer groups the parameters otherwise than the factory's for-loop build"
+    for index, (cell_group, twin_group) in enumerate(zip(cell_groups, twin_groups)):
+        for key in sorted(cell_group.keys() & twin_group.keys() - set(NOT_HYPERPARAMETERS)):
+            if cell_group[key] != twin_group[key]:
+                return (
+                    f"param group {index} has {key}={cell_group[key]!r} in the cell's optimizer, "
+                    f"{twin_group[key]!r} in the factory's for-loop build"
+                )
+    return None
+
+
+def adamw_settings(params, optimizer, values: StepValues) -> dict[str, AdamWStep] | str:
+    """Per parameter name, the AdamWStep its param group in `optimizer` sets at its step in `values`;
+    or why there is none (a group without AdamW's hyper-parameters)."""
+    names = {param: name for name, param in params}
+    settings = {}
+    for group in param_groups_of(optimizer):
+        if missing := [key for key in ("betas", "eps", "weight_decay") if key not in group]:
+            return f"the optimizer's param groups have no {', '.join(missing)}: not AdamW's update, no bound for it"
+        for param in group["params"]:
+            if param in names:
+                settings[names[param]] = AdamWStep(
+                    lr=float(group["lr"]),
+                    beta1=float(group["betas"][0]),
+                    beta2=float(group["betas"][1]),
+                    eps=float(group["eps"]),
+                    weight_decay=float(group["weight_decay"]),
+                    step=int(values.steps.get(names[param], 0)),
+                    dtype=str(param.dtype).removeprefix("torch."),
+                )
+    return settings
+
+
+def compare_step(
+    step: int,
+    cell: StepValues,
+    reference: StepValues,
+    inputs: StepValues,
+    grads: dict[str, torch.Tensor],
+    settings: dict[str, AdamWStep],
+    what: str,
+) -> StepCheck:
+    """The cell's result of one step against a reference's from the same `inputs` and `grads`: `step`
+    exactly, the parameter and moments within the derived bound; the first parameter (in the model's
+    order) and quantity that differs, its worst element and the likely cause."""
+    worst_ratio, first = 0.0, None
+    for name, setting in settings.items():
+        if name not in grads:
+            continue
+        if cell.steps.get(name) != reference.steps.get(name):
+            first = first or (
+                f"step {step}: step of {name} is {cell.steps.get(name)}, {what} {reference.steps.get(name)} "
+                "(a step count of the implementation's own: counted twice, or kept apart from the state)"
+            )
+            continue
+        values = inputs.values[name]
+        p, g = values["param"], grads[name]
+        m = values.get("exp_avg", torch.zeros_like(p))
+        v = values.get("exp_avg_sq", torch.zeros_like(p))
+        bounds = setting.bounds(p, g, m, v)
+        for key in BOUNDED_KEYS:
+            if key not in cell.values[name] or key not in reference.values[name]:
+                if key in cell.values[name] or key in reference.values[name]:
+                    first = first or f"step {step}: {key} of {name} is held by only one of the cell and the {what}"
+                continue
+            delta = cell.values[name][key].double() - reference.values[name][key].double()
+            ratio = (delta.abs() / bounds[key]).nan_to_num(nan=float("inf"))
+            ratio = torch.where(delta == 0, torch.zeros_like(ratio), ratio)
+            worst_ratio = max(worst_ratio, float(ratio.max()))
+            if first is None and float(ratio.max()) > 1:
+                first = worst_element(step, name, key, delta, ratio, cell, reference, bounds, what)
+                if key == "param":
+                    first += "\n    " + likely_cause(delta, setting.exact(p, g, m, v), bounds["param"])
+    bound = next(iter(settings.values())).describe() if settings else ""
+    return StepCheck(step, first and f"{first}\n    bound: {bound}", worst_ratio, bound)
+
+
+QUANTITY = {"param": "parameter", "exp_avg": "exp_avg (first moment)", "exp_avg_sq": "exp_avg_sq (second moment)"}
+
+
+def worst_element(step, name, key, delta, ratio, cell, reference, bounds, what) -> str:
+    index = tuple(int(i) for i in torch.unravel_index(ratio.argmax(), ratio.shape)) if ratio.dim() else ()
+    differing = int((ratio > 1).sum())
+    return (
+        f"step {step}: {QUANTITY[key]} of {name} differs from the {what} beyond the bound in {differing} of "
+        f"{ratio.numel()} elements; worst at {list(index)}: cell {float(cell.values[name][key][index]):.9g}, "
+        f"{what} {float(reference.values[name][key][index]):.9g}, |diff| {abs(float(delta[index])):.3e}, "
+        f"bound {float(bounds[key][index]):.3e} ({float(ratio[index]):.3g} x)"
+    )
+
+
+def likely_cause(delta: torch.Tensor, exact: dict[str, torch.Tensor], bound: torch.Tensor) -> str:
+    """Which term of the update the parameter's difference follows, over the elements that differ:
+    the decoupled decay lr * wd * p (left out, or applied twice), or the Adam update scaled by one
+    factor (a bias correction or the LR); neither points at the denominator (eps)."""
+    decay, update = exact["decay"], exact["update"]
+    differing = delta.abs() > bound
+
+    def follows(term: torch.Tensor) -> bool:
+        close = (delta - term).abs() <= bound + CAUSE_SLACK * term.abs()
+        return bool(close[differing].double().mean() >= CAUSE_SHARE)
+
+    if follows(decay):
+        return "cause: the difference is +lr * weight_decay * p: the cell's step left out the decoupled weight decay"
+    if follows(-decay):
+        return "cause: the difference is -lr * weight_decay * p: the cell's step applied the weight decay twice"
+    scale = float((delta * update)[differing].sum() / (update * update)[differing].sum().clamp_min(1e-300))
+    if follows(scale * update):
+        return (
+            f"cause: the cell's Adam update lr * m_hat / (sqrt(v_hat) + eps) is {1 - scale:.6g} x the for-loop's: "
+            "a bias correction (or the learning rate) differs"
+        )
+    return (
+        "cause: the difference is neither the weight decay nor the Adam update scaled by one factor: the denominator "
+        "sqrt(v_hat) + eps differs (eps left out, inside the square root, or scaled)"
+    )
+
+
+def failure_lines(checks: list[StepCheck]) -> list[str]:
+    return [check.difference for check in checks if check.difference]
+
+
+def compare_with_kept(kept: KeptStep, other: KeptStep, step: int, what: str) -> StepCheck:
+    """Another run's step from what should be the same state (a checkpoint loaded into another
+    implementation) against the `kept` one: its starting parameters, moments and gradients first,
+    bit for bit (a difference there is the load's or the forward's, not the update's), then the step
+    within the derived bound."""
+    if isinstance(kept.settings, str):
+        return StepCheck(step, None, 0.0, kept.settings)
+    for name, values in kept.inputs.values.items():
+        for key, value in values.items():
+            started = other.inputs.values.get(name, {}).get(key)
+            if started is None or not torch.equal(started, value):
+                return StepCheck(
+                    step,
+                    f"step {step}: started from another {QUANTITY[key]} of {name} than the {what}",
+                    float("inf"),
+                    "",
+                )
+        if kept.inputs.steps.get(name) != other.inputs.steps.get(name):
+            return StepCheck(
+                step,
+                f"step {step}: started from step {other.inputs.steps.get(name)} of {name}, the {what} from {kept.inputs.steps.get(name)}",
+                float("inf"),
+                "",
+            )
+    for name, grad in kept.grads.items():
+        if name not in other.grads or not torch.equal(other.grads[name], grad):
+            return StepCheck(
+                step,
+                f"step {step}: the gradient of {name} differs from the {what}'s: the forward after the load is another one",
+                float("inf"),
+                "",
+            )
+    return compare_step(step, other.result, kept.result, kept.inputs, kept.grads, kept.settings, what)
