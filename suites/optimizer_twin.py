@@ -51,6 +51,7 @@ class StepCheck:
     difference: str | None
     max_ratio: float
     bound: str
+    max_abs: float = 0.0
 
 
 @dataclass
@@ -161,7 +162,8 @@ class OptimizerSteps:
         if isinstance(settings, str):
             self.checks.append(StepCheck(self.step, f"step {self.step}: {settings}", float("inf"), ""))
         else:
-            self.checks.append(compare_step(self.step, result, twin, inputs, grads, settings, "for-loop twin"))
+            sides = ("cell", "for-loop twin")
+            self.checks.append(compare_step(self.step, result, twin, inputs, grads, settings, sides))
 
     def step_twin(self, inputs: StepValues, held: dict, result: StepValues) -> StepValues:
         """Put `inputs` into the parameters and `held` into the twin's state, copy the cell's current
@@ -236,123 +238,128 @@ def adamw_settings(params, optimizer, values: StepValues) -> dict[str, AdamWStep
 
 def compare_step(
     step: int,
-    cell: StepValues,
+    result: StepValues,
     reference: StepValues,
     inputs: StepValues,
     grads: dict[str, torch.Tensor],
     settings: dict[str, AdamWStep],
-    what: str,
+    sides: tuple[str, str],
 ) -> StepCheck:
-    """The cell's result of one step against a reference's from the same `inputs` and `grads`: `step`
+    """One step's `result` against a `reference` step from the same `inputs` and `grads`: `step`
     exactly, the parameter and moments within the derived bound; the first parameter (in the model's
-    order) and quantity that differs, its worst element and the likely cause."""
-    worst_ratio, first = 0.0, None
+    order) and quantity that differs, its worst element and the likely cause. `sides` names the two."""
+    worst_ratio, worst_abs, first = 0.0, 0.0, None
+    subject, what = sides
     for name, setting in settings.items():
         if name not in grads:
             continue
-        if cell.steps.get(name) != reference.steps.get(name):
+        if result.steps.get(name) != reference.steps.get(name):
             first = first or (
-                f"step {step}: step of {name} is {cell.steps.get(name)}, {what} {reference.steps.get(name)} "
-                "(a step count of the implementation's own: counted twice, or kept apart from the state)"
+                f"step {step}: step of {name} is {result.steps.get(name)} in the {subject}, {reference.steps.get(name)} "
+                f"in the {what} (a step count of the implementation's own: counted twice, or kept apart from the state)"
             )
             continue
         values = inputs.values[name]
         p, g = values["param"], grads[name]
-        m = values.get("exp_avg", torch.zeros_like(p))
-        v = values.get("exp_avg_sq", torch.zeros_like(p))
+        m, v = (values.get(key, torch.zeros_like(p)) for key in MOMENTS)
         bounds = setting.bounds(p, g, m, v)
         for key in BOUNDED_KEYS:
-            if key not in cell.values[name] or key not in reference.values[name]:
-                if key in cell.values[name] or key in reference.values[name]:
-                    first = first or f"step {step}: {key} of {name} is held by only one of the cell and the {what}"
+            if key not in result.values[name] or key not in reference.values[name]:
+                if key in result.values[name] or key in reference.values[name]:
+                    first = first or f"step {step}: {key} of {name} is held by only one of the {subject} and the {what}"
                 continue
-            delta = cell.values[name][key].double() - reference.values[name][key].double()
-            ratio = (delta.abs() / bounds[key]).nan_to_num(nan=float("inf"))
-            ratio = torch.where(delta == 0, torch.zeros_like(ratio), ratio)
+            delta = result.values[name][key].double() - reference.values[name][key].double()
+            ratio = torch.where(delta == 0, 0.0, (delta.abs() / bounds[key]).nan_to_num(nan=float("inf")))
             worst_ratio = max(worst_ratio, float(ratio.max()))
+            worst_abs = max(worst_abs, float(delta.abs().max()))
             if first is None and float(ratio.max()) > 1:
-                first = worst_element(step, name, key, delta, ratio, cell, reference, bounds, what)
+                first = worst_element(step, name, key, delta, ratio, (result, reference), bounds[key], sides)
                 if key == "param":
-                    first += "\n    " + likely_cause(delta, setting.exact(p, g, m, v), bounds["param"])
+                    cause = likely_cause(delta, setting.exact(p, g, m, v)["update"], bounds["param"], setting, p, what)
+                    first += f"\n    {cause}"
     bound = next(iter(settings.values())).describe() if settings else ""
-    return StepCheck(step, first and f"{first}\n    bound: {bound}", worst_ratio, bound)
+    return StepCheck(step, first and f"{first}\n    bound: {bound}", worst_ratio, bound, worst_abs)
 
 
 QUANTITY = {"param": "parameter", "exp_avg": "exp_avg (first moment)", "exp_avg_sq": "exp_avg_sq (second moment)"}
 
 
-def worst_element(step, name, key, delta, ratio, cell, reference, bounds, what) -> str:
+def worst_element(step, name, key, delta, ratio, both: tuple[StepValues, StepValues], bound, sides) -> str:
+    """The line naming the quantity that differs, how many elements exceed the bound, and the worst one."""
     index = tuple(int(i) for i in torch.unravel_index(ratio.argmax(), ratio.shape)) if ratio.dim() else ()
-    differing = int((ratio > 1).sum())
+    (subject, what), (result, reference) = sides, both
     return (
-        f"step {step}: {QUANTITY[key]} of {name} differs from the {what} beyond the bound in {differing} of "
-        f"{ratio.numel()} elements; worst at {list(index)}: cell {float(cell.values[name][key][index]):.9g}, "
+        f"step {step}: {QUANTITY[key]} of {name} differs beyond the bound in {int((ratio > 1).sum())} of "
+        f"{ratio.numel()} elements; worst at {list(index)}: {subject} {float(result.values[name][key][index]):.9g}, "
         f"{what} {float(reference.values[name][key][index]):.9g}, |diff| {abs(float(delta[index])):.3e}, "
-        f"bound {float(bounds[key][index]):.3e} ({float(ratio[index]):.3g} x)"
+        f"bound {float(bound[index]):.3e} ({float(ratio[index]):.3g} x)"
     )
 
 
-def likely_cause(delta: torch.Tensor, exact: dict[str, torch.Tensor], bound: torch.Tensor) -> str:
-    """Which term of the update the parameter's difference follows, over the elements that differ:
-    the decoupled decay lr * wd * p (left out, or applied twice), or the Adam update scaled by one
-    factor (a bias correction or the LR); neither points at the denominator (eps)."""
-    decay, update = exact["decay"], exact["update"]
+def likely_cause(delta, update, bound, setting: AdamWStep, param, what: str) -> str:
+    """Which term of the step the parameter's difference follows over the elements that differ: one
+    multiple of the parameter (another weight decay), or of the Adam `update` (a bias correction or
+    the LR); neither points at the denominator, where eps matters for some elements only."""
     differing = delta.abs() > bound
+    param = param.double()
 
-    def follows(term: torch.Tensor) -> bool:
-        close = (delta - term).abs() <= bound + CAUSE_SLACK * term.abs()
-        return bool(close[differing].double().mean() >= CAUSE_SHARE)
+    def fitted(term: torch.Tensor) -> float | None:
+        """The factor c with delta = c * term on the differing elements, if it explains them."""
+        scale = float((delta * term)[differing].sum() / (term * term)[differing].sum().clamp_min(1e-300))
+        close = (delta - scale * term).abs() <= bound + CAUSE_SLACK * (scale * term).abs()
+        return scale if float(close[differing].double().mean()) >= CAUSE_SHARE else None
 
-    if follows(decay):
-        return "cause: the difference is +lr * weight_decay * p: the cell's step left out the decoupled weight decay"
-    if follows(-decay):
-        return "cause: the difference is -lr * weight_decay * p: the cell's step applied the weight decay twice"
-    scale = float((delta * update)[differing].sum() / (update * update)[differing].sum().clamp_min(1e-300))
-    if follows(scale * update):
+    if (scale := fitted(param)) is not None:
+        apart = abs(scale) / setting.lr
+        left_out = abs(apart - setting.weight_decay) <= 1e-2 * setting.weight_decay
         return (
-            f"cause: the cell's Adam update lr * m_hat / (sqrt(v_hat) + eps) is {1 - scale:.6g} x the for-loop's: "
-            "a bias correction (or the learning rate) differs"
+            f"cause: the difference is {scale:.3g} x the parameter: the two steps decay it as with weight decays "
+            f"{apart:.3g} apart (its param group: weight_decay {setting.weight_decay:g})"
+            + ("; one of them leaves the weight decay out" if left_out else "")
+        )
+    if (scale := fitted(update)) is not None:
+        return (
+            f"cause: the Adam update lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps) is {1 - scale:.6g} x the {what}'s "
+            f"at step {setting.step}: a bias correction (or the learning rate) differs"
         )
     return (
-        "cause: the difference is neither the weight decay nor the Adam update scaled by one factor: the denominator "
-        "sqrt(v_hat) + eps differs (eps left out, inside the square root, or scaled)"
+        "cause: the difference is neither a multiple of the parameter (weight decay) nor of the Adam update (bias "
+        "correction, LR): the denominator sqrt(v_hat) + eps differs (eps left out, inside the square root, or scaled)"
     )
 
 
-def failure_lines(checks: list[StepCheck]) -> list[str]:
-    return [check.difference for check in checks if check.difference]
-
-
-def compare_with_kept(kept: KeptStep, other: KeptStep, step: int, what: str) -> StepCheck:
+def compare_with_kept(kept: KeptStep, other: KeptStep, step: int, sides: tuple[str, str]) -> StepCheck:
     """Another run's step from what should be the same state (a checkpoint loaded into another
-    implementation) against the `kept` one: its starting parameters, moments and gradients first,
-    bit for bit (a difference there is the load's or the forward's, not the update's), then the step
-    within the derived bound."""
+    implementation) against the `kept` one: where it started from and its gradients bit for bit (a
+    difference there is the load's or the forward's, not the update's), then the step within the bound."""
+    subject, what = sides
     if isinstance(kept.settings, str):
         return StepCheck(step, None, 0.0, kept.settings)
     for name, values in kept.inputs.values.items():
-        for key, value in values.items():
-            started = other.inputs.values.get(name, {}).get(key)
-            if started is None or not torch.equal(started, value):
-                return StepCheck(
-                    step,
-                    f"step {step}: started from another {QUANTITY[key]} of {name} than the {what}",
-                    float("inf"),
-                    "",
-                )
-        if kept.inputs.steps.get(name) != other.inputs.steps.get(name):
+        started = other.inputs.values.get(name, {})
+        if other.inputs.steps.get(name) != kept.inputs.steps.get(name):
             return StepCheck(
                 step,
-                f"step {step}: started from step {other.inputs.steps.get(name)} of {name}, the {what} from {kept.inputs.steps.get(name)}",
+                f"step {step}: the {subject} started from step {other.inputs.steps.get(name)} of {name}, "
+                f"the {what} from {kept.inputs.steps.get(name)}",
                 float("inf"),
                 "",
             )
+        for key, value in values.items():
+            if key not in started or not torch.equal(started[key], value):
+                return StepCheck(
+                    step,
+                    f"step {step}: the {subject} started from another {QUANTITY[key]} of {name} than the {what}",
+                    float("inf"),
+                    "",
+                )
     for name, grad in kept.grads.items():
         if name not in other.grads or not torch.equal(other.grads[name], grad):
             return StepCheck(
                 step,
-                f"step {step}: the gradient of {name} differs from the {what}'s: the forward after the load is another one",
+                f"step {step}: the gradient of {name} in the {subject} differs from the {what}'s: the forward after "
+                "the load is another one",
                 float("inf"),
                 "",
             )
-    return compare_step(step, other.result, kept.result, kept.inputs, kept.grads, kept.settings, what)
+    return compare_step(step, other.result, kept.result, kept.inputs, kept.grads, kept.settings, sides)

@@ -23,6 +23,18 @@ from helpers.run_results import cell_failures, run_suites
 pytestmark = pytest.mark.slow
 
 MUTANTS = "torchmatrix.models.mutants.optimizer_impl"
+UPDATE_CONTROLS = ("hand_written", "bucketed_fused")  # valid updates the mutants below are compared against
+UPDATE_MUTANTS = (
+    "no_decay_on_vectors",
+    "no_decay_after_first_group",
+    "first_group_bucketed",
+    "double_counting",
+    "own_step_counter",
+    "unrooted_bias_correction",
+    "step_ahead_bias_correction",
+    "eps_inside_sqrt",
+    "eps_before_bias_correction",
+)
 OPTIMIZERS = {
     "adamw": "torchmatrix.models.optim:build_adamw",
     "precision_aware": "torchmatrix.models.optim:build_precision_aware",
@@ -32,6 +44,7 @@ OPTIMIZERS = {
     "one_element_step": f"{MUTANTS}:build_one_element_step",
     "kernels_from_checkpoint": f"{MUTANTS}:build_adamw_taking_checkpoint_kernels",
     "foreach_refusing_dtensors": f"{MUTANTS}:build_foreach_refusing_dtensors",
+    **{name: f"{MUTANTS}:build_{name}" for name in UPDATE_CONTROLS + UPDATE_MUTANTS},
 }
 # optimizer -> the implementations its ws1 cells run
 WS1_IMPLEMENTATIONS = {
@@ -43,6 +56,8 @@ WS1_IMPLEMENTATIONS = {
     "one_element_step": ("fused",),
     "kernels_from_checkpoint": ("forloop",),
     "foreach_refusing_dtensors": (),
+    **{name: ("fused",) for name in UPDATE_CONTROLS + UPDATE_MUTANTS},
+    "own_step_counter": ("forloop",),  # its fused step is right but after a load into it
 }
 # optimizer -> the implementations its ws2 FSDP2 cells run
 WS2_IMPLEMENTATIONS = {"adamw": ("foreach", "fused"), "foreach_refusing_dtensors": ("foreach",)}
