@@ -564,11 +564,12 @@ def loads_into_other_implementations(
             problems.append(f"the first step after the load raised {first_line(error)}")
             loads[other] = {"problems": problems}
             continue
-        if kept is None:  # the never-stopped run skipped that step (a loss scaler calibrating)
+        after_load = run.watch.kept.get(1)
+        if kept is None or after_load is None:  # a step skipped (a loss scaler calibrating): nothing to compare
             loads[other] = {"problems": problems}
             continue
         sides = (f"{other} run after the load", f"{implementation_of(cell)} run that never stopped")
-        check = compare_with_kept(kept, run.watch.kept[1], options.resume_step + 1, sides)
+        check = compare_with_kept(kept, after_load, options.resume_step + 1, sides)
         problems += [f"the first step after the load: {check.difference}"] if check.difference else []
         loads[other] = {"problems": problems, "step_ratio": check.max_ratio}
     return loads
