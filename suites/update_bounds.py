@@ -34,7 +34,7 @@ def bias_correction_roundings(beta: float, step: int) -> float:
     """1 - beta**step computed from a rounded beta: beta**step carries step roundings from beta and one
     of its own (pow), amplified by the condition number of 1 - x; then the subtraction and a cast."""
     power = beta**step
-    return max(1.0, power / (1 - power)) * (step + 1) + 2
+    return power / (1 - power) * (step + 1) + 2
 
 
 @dataclass(frozen=True)
