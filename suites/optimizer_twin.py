@@ -121,15 +121,18 @@ class OptimizerSteps:
     comparison, and with a `twin` (build_twin) compares each with the twin's step from the same
     parameters, gradients and state, leaving the cell's result in place."""
 
-    def __init__(self, model, optimizer, twin=None, keep: tuple[int, ...] = ()):
-        self.optimizer, self.twin, self.keep = optimizer, twin, keep
+    def __init__(self, model, optimizer, twin=None, keep: tuple[int, ...] = (), unavailable: str | None = None):
+        self.optimizer, self.twin, self.keep, self.unavailable = optimizer, twin, keep, unavailable
         self.params = named_parameters_as_built(model)
         self.checks: list[StepCheck] = []
         self.kept: dict[int, KeptStep] = {}
         self.step = 0
 
-    def before_step(self) -> tuple[StepValues, dict]:
-        """The parameters and state as the optimizer is about to step them, the state also cloned as held."""
+    def before_step(self) -> tuple[StepValues, dict] | None:
+        """The parameters and state as the optimizer is about to step them, the state also cloned as
+        held; None where the coming step is neither kept nor compared."""
+        if self.twin is None and self.step + 1 not in self.keep:
+            return None
         names = {param: name for name, param in self.params}
         held = {
             names[param]: {
@@ -141,9 +144,11 @@ class OptimizerSteps:
         }
         return step_values(self.params, self.optimizer), held
 
-    def after_step(self, before: tuple[StepValues, dict]) -> None:
+    def after_step(self, before: tuple[StepValues, dict] | None) -> None:
         """Keep and compare the step the optimizer just took from `before`."""
         self.step += 1
+        if before is None:
+            return
         inputs, held = before
         result = step_values(self.params, self.optimizer)
         if result.steps == inputs.steps and all(
@@ -164,6 +169,20 @@ class OptimizerSteps:
         else:
             sides = ("cell", "for-loop twin")
             self.checks.append(compare_step(self.step, result, twin, inputs, grads, settings, sides))
+
+    def verdict(self) -> dict:
+        """What the twin found over the steps so far, as plain values a rank sends the test:
+        `{"unavailable": why}`, or the first difference of each step that has one, the largest
+        ratio to the bound and |difference|, the last step's bound and how many steps were compared."""
+        if self.twin is None:
+            return {"unavailable": self.unavailable or "no for-loop twin was built for this run"}
+        return {
+            "differences": [check.difference for check in self.checks if check.difference],
+            "max_ratio": max((check.max_ratio for check in self.checks), default=0.0),
+            "max_abs": max((check.max_abs for check in self.checks), default=0.0),
+            "bound": self.checks[-1].bound if self.checks else "",
+            "steps": len(self.checks),
+        }
 
     def step_twin(self, inputs: StepValues, held: dict, result: StepValues) -> StepValues:
         """Put `inputs` into the parameters and `held` into the twin's state, copy the cell's current

@@ -403,7 +403,7 @@ class RankRecord:
     resumed: FinalState
     after_load: dict[str, list[str]]  # piece (and `parameter_shards`) -> what differs right after the load
     other_implementations: dict[str, dict]  # implementation -> {"problems" | "unavailable" | "not_loaded": ...}
-    twin: dict  # the for-loop twin's verdict on the straight run: {"unavailable"} or {"differences", "max_ratio", "bound"}
+    twin: dict  # the for-loop twin's verdict on the straight run (OptimizerSteps.verdict), where it ran
     quantized_at_save: list[str]  # `param.key` of each quantized state at the save
     rng_streams_used: list[str]  # the RNG streams training advanced
     rebuilt_equals_saved: bool  # the rebuilt model held the saved parameters before the load
@@ -447,7 +447,8 @@ def _straight_and_resumed(
         run_a = TrainingRun(cell, options, components, data_path, rank, world_size, seed=options.seed)
     except UnavailableImplementation as unavailable:
         return Unavailable(str(unavailable))
-    run_a.watch_steps(keep=(resume_step + 1,), twin=loads_into_others(cell))
+    if loads_into_others(cell):
+        run_a.watch_steps(keep=(resume_step + 1,), twin=True)
     straight_losses = [run_a.train_step() for _ in range(steps)]
     streams_used = sorted(run_a.rng_streams_advanced)
 
@@ -487,7 +488,7 @@ def _straight_and_resumed(
         resumed=FinalState.of(rebuilt, resumed_losses),
         after_load=after_load,
         other_implementations=other_implementations,
-        twin=run_a.twin_verdict(),
+        twin=run_a.watch.verdict() if run_a.watch else {},
         quantized_at_save=quantized_at_save,
         rng_streams_used=streams_used,
         first_divergence=first_divergence(run_a.trace[resume_step:], rebuilt.trace, resume_step + 1),
@@ -656,7 +657,6 @@ class TrainingRun:
             self.factory, self.model, **self.hyperparameters, implementation=self.implementation
         )
         self.watch: OptimizerSteps | None = None
-        self.twin_unavailable: str | None = None
         self.plain_state = state_adapter(components, cell["optimizer"])
         self.scheduler = build_scheduler(
             components, self.optimizer, warmup_steps=options.warmup_steps, total_steps=options.steps, cell=cell
@@ -738,21 +738,8 @@ class TrainingRun:
         """From now on keep the optimizer steps numbered `keep` (from 1), and with `twin` compare each
         step with the factory's for-loop build (suites/optimizer_twin.py)."""
         built = build_twin(self.factory, self.model, self.implementation, **self.hyperparameters) if twin else None
-        self.twin_unavailable = built if isinstance(built, str) else None
-        self.watch = OptimizerSteps(self.model, self.optimizer, None if isinstance(built, str) else built, keep)
-
-    def twin_verdict(self) -> dict:
-        """What the for-loop twin found over this run's steps, for test_each_step_matches_the_forloop_twin."""
-        if self.twin_unavailable or not self.watch or not self.watch.twin:
-            return {"unavailable": self.twin_unavailable or DEFAULT_LOADS_NOTHING}
-        checks = self.watch.checks
-        return {
-            "differences": [check.difference for check in checks if check.difference],
-            "max_ratio": max((check.max_ratio for check in checks), default=0.0),
-            "max_abs": max((check.max_abs for check in checks), default=0.0),
-            "bound": checks[-1].bound if checks else "",
-            "steps": len(checks),
-        }
+        unavailable = built if isinstance(built, str) else None
+        self.watch = OptimizerSteps(self.model, self.optimizer, None if unavailable else built, keep, unavailable)
 
     def checkpointables(self) -> dict:
         return {"model": self.model, "optimizer": self.optimizer, "scheduler": self.scheduler, "loader": self.loader}
