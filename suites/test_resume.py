@@ -403,7 +403,6 @@ class RankRecord:
     resumed: FinalState
     after_load: dict[str, list[str]]  # piece (and `parameter_shards`) -> what differs right after the load
     other_implementations: dict[str, dict]  # implementation -> {"problems" | "unavailable" | "not_loaded": ...}
-    twin: dict  # the for-loop twin's verdict on the straight run (OptimizerSteps.verdict), where it ran
     quantized_at_save: list[str]  # `param.key` of each quantized state at the save
     rng_streams_used: list[str]  # the RNG streams training advanced
     rebuilt_equals_saved: bool  # the rebuilt model held the saved parameters before the load
@@ -412,6 +411,7 @@ class RankRecord:
     extra_state_saved: list[str] = field(default_factory=list)  # the keys of the checkpointer's extra state
     rng_at_save: dict[str, bytes | None] = field(default_factory=dict)  # each used stream at the save
     rng_after_load: dict[str, bytes | None] = field(default_factory=dict)  # and right after the load
+    twin: dict = field(default_factory=dict)  # the for-loop twin's verdict (OptimizerSteps.verdict), where it ran
 
 
 @dataclass
