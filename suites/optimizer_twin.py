@@ -27,6 +27,7 @@ NOT_HYPERPARAMETERS = ("params", "lr", "initial_lr", "foreach", "fused", "captur
 the twin every step), the kernel flags differ by implementation by design."""
 MOMENTS = BOUNDED_KEYS[1:]
 UNSUPPORTED_GROUP_FLAGS = ("amsgrad", "maximize", "differentiable")
+BOUNDED_DTYPES = (torch.float32, torch.float64)
 CAUSE_SHARE = 0.99
 """The share of the differing elements a cause must explain to be named (eps reshapes a few)."""
 CAUSE_SLACK = 0.05
@@ -105,6 +106,11 @@ def build_twin(factory, model, implementation: str, **hyperparameters):
         twin = build_optimizer(factory, model, implementation=TWIN_IMPLEMENTATION, **hyperparameters)
     except UnavailableImplementation as unavailable:
         return f"the factory builds no for-loop twin here: {unavailable}"
+    if dtypes := sorted({str(p.dtype) for p in model.parameters() if p.dtype not in BOUNDED_DTYPES}):
+        return (
+            f"the bound is derived for float32 and float64 params; these are {', '.join(dtypes)}, whose for-loop "
+            "step rounds every operation to that dtype and whose ill-conditioned scalars leave no useful bound"
+        )
     parts = inner_optimizers(twin)
     flags = sorted({flag for group in param_groups_of(twin) for flag in UNSUPPORTED_GROUP_FLAGS if group.get(flag)})
     if flags or not all(isinstance(part, torch.optim.AdamW) for part in parts):
@@ -273,6 +279,7 @@ def compare_step(
         if name not in grads:
             continue
         if result.steps.get(name) != reference.steps.get(name):
+            worst_ratio = float("inf")
             first = first or (
                 f"step {step}: step of {name} is {result.steps.get(name)} in the {subject}, {reference.steps.get(name)} "
                 f"in the {what} (a step count of the implementation's own: counted twice, or kept apart from the state)"
