@@ -46,7 +46,8 @@ class StepValues:
 @dataclass
 class StepCheck:
     """One optimizer step compared with a reference: the first thing that differs (None when none
-    does), the largest |cell - reference| / bound, and the bound that step ran under."""
+    does), the largest |cell - reference| / bound (inf where `step` differs), the bound that step ran
+    under, and the largest |cell - reference|."""
 
     step: int
     difference: str | None
@@ -58,7 +59,7 @@ class StepCheck:
 @dataclass
 class KeptStep:
     """A step of the run kept for a later comparison: what it started from, the gradients it used,
-    what it made, and each parameter's AdamW setting (None where the optimizer is not AdamW-like)."""
+    what it made, and each parameter's AdamW setting (or why there is none: not AdamW's param groups)."""
 
     inputs: StepValues
     grads: dict[str, torch.Tensor]
@@ -67,6 +68,7 @@ class KeptStep:
 
 
 def local_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a tensor, copied to the CPU (a DTensor's local shard)."""
     return local_part(tensor).detach().to("cpu", copy=True)
 
 
