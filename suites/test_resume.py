@@ -64,6 +64,7 @@ from .optimizer_state import (
     quantized_keys,
     state_adapter,
 )
+from .optimizer_twin import OptimizerSteps, build_twin, compare_with_kept
 from .owned_generators import generator_state, owned_generators, set_generator_state, state_bytes
 from .parallelize_component import parallelized
 from .scheduler_component import build_scheduler, scheduler_position
@@ -280,6 +281,9 @@ def test_checkpoint_loads_into_other_implementations(cell, experiment, record_pr
     loads = experiment[0].other_implementations
     loaded = [name for name, outcome in loads.items() if "problems" in outcome]
     record_property("loaded_into", ", ".join(loaded))
+    ratios = [outcome["step_ratio"] for outcome in loads.values() if "step_ratio" in outcome]
+    if ratios:
+        record_property("step_after_load_max_ratio", f"{max(ratios):.3g}")
     not_loaded = {
         name: outcome.get("unavailable") or outcome.get("not_loaded")
         for name, outcome in loads.items()
@@ -306,6 +310,36 @@ def test_checkpoint_loads_into_other_implementations(cell, experiment, record_pr
         pytest.skip(
             "no other implementation was loaded into here: "
             + "; ".join(f"{name}: {why}" for name, why in not_loaded.items())
+        )
+
+
+def test_each_step_matches_the_forloop_twin(cell, experiment, record_property):
+    """Every optimizer step of the straight run against the factory's for-loop build stepped from the
+    same parameters, gradients and state: `step` equal, parameters and moments within the bound
+    derived from the operations' roundings (suites/update_bounds.py); `twin_max_ratio` records how
+    close to the bound the cell came. Runs in the cells that load into the other implementations."""
+    if IMPLEMENTATION_AXIS not in cell:
+        pytest.skip(
+            f"the matrix has no {IMPLEMENTATION_AXIS} axis: add one to compare each implementation with the for-loop's"
+        )
+    if not loads_into_others(cell):
+        pytest.skip(
+            f"{IMPLEMENTATION_AXIS}={DEFAULT_IMPLEMENTATION} is the factory's own choice of the implementations the other cells compare"
+        )
+    verdicts = [record.twin for record in experiment]
+    if "unavailable" in verdicts[0]:
+        pytest.skip(verdicts[0]["unavailable"])
+    record_property("twin_max_ratio", f"{max(verdict['max_ratio'] for verdict in verdicts):.3g}")
+    record_property("twin_max_abs", f"{max(verdict['max_abs'] for verdict in verdicts):.3g}")
+    record_property("twin_bound", verdicts[0]["bound"])
+    assert verdicts[0]["steps"], f"{cell.id}: no optimizer step was compared with the for-loop twin"
+    lines = [
+        f"  rank {rank}, {verdict['differences'][0]}" for rank, verdict in enumerate(verdicts) if verdict["differences"]
+    ]
+    if lines:
+        raise AssertionError(
+            f"{cell.id}: the {implementation_of(cell)} step differs from the for-loop twin's on the same parameters, "
+            f"gradients and state (the first difference per rank):\n" + "\n".join(lines)
         )
 
 
@@ -377,6 +411,7 @@ class RankRecord:
     extra_state_saved: list[str] = field(default_factory=list)  # the keys of the checkpointer's extra state
     rng_at_save: dict[str, bytes | None] = field(default_factory=dict)  # each used stream at the save
     rng_after_load: dict[str, bytes | None] = field(default_factory=dict)  # and right after the load
+    twin: dict = field(default_factory=dict)  # the for-loop twin's verdict (OptimizerSteps.verdict), where it ran
 
 
 @dataclass
@@ -412,6 +447,8 @@ def _straight_and_resumed(
         run_a = TrainingRun(cell, options, components, data_path, rank, world_size, seed=options.seed)
     except UnavailableImplementation as unavailable:
         return Unavailable(str(unavailable))
+    if loads_into_others(cell):
+        run_a.watch_steps(keep=(resume_step + 1,), twin=True)
     straight_losses = [run_a.train_step() for _ in range(steps)]
     streams_used = sorted(run_a.rng_streams_advanced)
 
@@ -439,7 +476,9 @@ def _straight_and_resumed(
     resumed_losses = [rebuilt.train_step() for _ in range(steps - resume_step)]
     build = (cell, options, components, data_path, rank, world_size)
     other_implementations = (
-        loads_into_other_implementations(build, checkpoint_dir, at_save, run_a.batches, streams_used)
+        loads_into_other_implementations(
+            build, checkpoint_dir, at_save, run_a.batches, streams_used, run_a.watch.kept.get(resume_step + 1)
+        )
         if loads_into_others(cell)
         else {}
     )
@@ -449,6 +488,7 @@ def _straight_and_resumed(
         resumed=FinalState.of(rebuilt, resumed_losses),
         after_load=after_load,
         other_implementations=other_implementations,
+        twin=run_a.watch.verdict() if run_a.watch else {},
         quantized_at_save=quantized_at_save,
         rng_streams_used=streams_used,
         first_divergence=first_divergence(run_a.trace[resume_step:], rebuilt.trace, resume_step + 1),
@@ -487,12 +527,13 @@ COMPILED_NOT_A_TARGET = (
 
 
 def loads_into_other_implementations(
-    build: tuple, checkpoint_dir: str, at_save: dict, straight_batches: list, streams_used: list[str]
+    build: tuple, checkpoint_dir: str, at_save: dict, straight_batches: list, streams_used: list[str], kept
 ) -> dict[str, dict]:
     """Per implementation other than the cell's own (and `default`): `{"unavailable": reason}` where
     its factory cannot build it here, `{"not_loaded": reason}` for `compiled`, else `{"problems":
-    [...]}`: what differs right after loading the cell's checkpoint into a fresh run of it, kernel
-    flags the load changed, and a step after the load that raised."""
+    [...], "step_ratio": ...}`: what differs right after loading the cell's checkpoint into a fresh
+    run of it, kernel flags the load changed, and the first step after the load: raised, or not the
+    never-stopped run's step (`kept`) within the derived bound (suites/optimizer_twin.py)."""
     cell, options, components, data_path, rank, world_size = build
     checkpointer = load(components["checkpointer"])
     loads = {}
@@ -517,11 +558,21 @@ def loads_into_other_implementations(
         differences = after_load_differences(saved, loaded, straight_batches, streams_used, options.resume_step)
         problems = [line for piece in CROSS_LOAD_PIECES for line in differences[piece]]
         problems += kernel_flag_changes(built_flags, kernel_flags(run.optimizer), implementation_of(cell), other)
+        run.watch_steps(keep=(1,))
         try:
             run.train_step()
         except Exception as error:
             problems.append(f"the first step after the load raised {first_line(error)}")
-        loads[other] = {"problems": problems}
+            loads[other] = {"problems": problems}
+            continue
+        after_load = run.watch.kept.get(1)
+        if kept is None or after_load is None:  # a step skipped (a loss scaler calibrating): nothing to compare
+            loads[other] = {"problems": problems}
+            continue
+        sides = (f"{other} run after the load", f"{implementation_of(cell)} run that never stopped")
+        check = compare_with_kept(kept, after_load, options.resume_step + 1, sides)
+        problems += [f"the first step after the load: {check.difference}"] if check.difference else []
+        loads[other] = {"problems": problems, "step_ratio": check.max_ratio}
     return loads
 
 
@@ -599,15 +650,13 @@ class TrainingRun:
         torch.manual_seed(seed)
         model = load(components["model"])(cell, dropout=options.dropout, dtype=param_dtype)
         self.model = parallelized(components, model, cell, device=self.device)
+        self.factory = load(components[f"optimizer_{cell['optimizer']}"])
+        self.hyperparameters = dict(lr=options.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=options.weight_decay)
+        self.implementation = implementation or implementation_of(cell)
         self.optimizer = build_optimizer(
-            load(components[f"optimizer_{cell['optimizer']}"]),
-            self.model,
-            lr=options.lr,
-            betas=(0.9, 0.95),
-            eps=1e-8,
-            weight_decay=options.weight_decay,
-            implementation=implementation or implementation_of(cell),
+            self.factory, self.model, **self.hyperparameters, implementation=self.implementation
         )
+        self.watch: OptimizerSteps | None = None
         self.plain_state = state_adapter(components, cell["optimizer"])
         self.scheduler = build_scheduler(
             components, self.optimizer, warmup_steps=options.warmup_steps, total_steps=options.steps, cell=cell
@@ -675,12 +724,22 @@ class TrainingRun:
             for name, param in named_parameters_as_built(self.model)
             if param.grad is not None
         }
+        before = self.watch.before_step() if self.watch else None
         self.training_step.optimizer_step()
+        if self.watch:
+            self.watch.after_step(before)
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         record["updated"] = digests(self.parameters())
         self.trace.append(record)
         return loss.detach().float().cpu()
+
+    def watch_steps(self, keep: tuple[int, ...], twin: bool = False) -> None:
+        """From now on keep the optimizer steps numbered `keep` (from 1), and with `twin` compare each
+        step with the factory's for-loop build (suites/optimizer_twin.py)."""
+        built = build_twin(self.factory, self.model, self.implementation, **self.hyperparameters) if twin else None
+        unavailable = built if isinstance(built, str) else None
+        self.watch = OptimizerSteps(self.model, self.optimizer, None if unavailable else built, keep, unavailable)
 
     def checkpointables(self) -> dict:
         return {"model": self.model, "optimizer": self.optimizer, "scheduler": self.scheduler, "loader": self.loader}

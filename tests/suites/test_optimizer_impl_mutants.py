@@ -8,6 +8,10 @@ Cells: ws1 without FSDP (resume; dtensor_optim skips there) for the reference in
 compiled and for each mutant in the one implementation it breaks; ws2 FSDP2 for the reference in
 foreach and fused (resume and dtensor_optim, DTensor params: where foreach over DTensors broke), and
 for a foreach whose kernels refuse DTensor params, which must fail, not skip.
+
+The update mutants (weight decay, step count, bias correction, eps) each run in one ws1 cell: today's
+checks pass on them, the for-loop twin and the step after a cross-implementation load fail naming the
+cause; the valid controls beside them (the hand-written update, a bucketed fused step) pass.
 """
 
 from __future__ import annotations
@@ -23,6 +27,18 @@ from helpers.run_results import cell_failures, run_suites
 pytestmark = pytest.mark.slow
 
 MUTANTS = "torchmatrix.models.mutants.optimizer_impl"
+UPDATE_CONTROLS = ("hand_written", "bucketed_fused")  # valid updates the mutants below are compared against
+UPDATE_MUTANTS = (
+    "no_decay_on_vectors",
+    "no_decay_after_first_group",
+    "first_group_bucketed",
+    "double_counting",
+    "own_step_counter",
+    "unrooted_bias_correction",
+    "step_ahead_bias_correction",
+    "eps_inside_sqrt",
+    "eps_before_bias_correction",
+)
 OPTIMIZERS = {
     "adamw": "torchmatrix.models.optim:build_adamw",
     "precision_aware": "torchmatrix.models.optim:build_precision_aware",
@@ -32,6 +48,7 @@ OPTIMIZERS = {
     "one_element_step": f"{MUTANTS}:build_one_element_step",
     "kernels_from_checkpoint": f"{MUTANTS}:build_adamw_taking_checkpoint_kernels",
     "foreach_refusing_dtensors": f"{MUTANTS}:build_foreach_refusing_dtensors",
+    **{name: f"{MUTANTS}:build_{name}" for name in UPDATE_CONTROLS + UPDATE_MUTANTS},
 }
 # optimizer -> the implementations its ws1 cells run
 WS1_IMPLEMENTATIONS = {
@@ -43,6 +60,8 @@ WS1_IMPLEMENTATIONS = {
     "one_element_step": ("fused",),
     "kernels_from_checkpoint": ("forloop",),
     "foreach_refusing_dtensors": (),
+    **{name: ("fused",) for name in UPDATE_CONTROLS + UPDATE_MUTANTS},
+    "own_step_counter": ("forloop",),  # its fused step is right but after a load into it
 }
 # optimizer -> the implementations its ws2 FSDP2 cells run
 WS2_IMPLEMENTATIONS = {"adamw": ("foreach", "fused"), "foreach_refusing_dtensors": ("foreach",)}
@@ -52,6 +71,7 @@ IMPLEMENTATIONS = ("forloop", "foreach", "fused", "compiled")
 
 AFTER_LOAD = "test_state_restored_right_after_load[piece={}]"
 CROSS_LOAD = "test_checkpoint_loads_into_other_implementations"
+TWIN = "test_each_step_matches_the_forloop_twin"
 LOSSES = "test_losses_identical_after_resume"
 FINAL_STATE = "test_final_optimizer_state_identical"
 NO_EXTRA_STATE = AFTER_LOAD.format("extra_state")  # skips: the reference checkpointer's save returns none
@@ -81,6 +101,53 @@ MUST_FAIL = {
             "took the forloop checkpoint's kernel flags",
             "into fused, rank 0: after load: param group 0 has fused=False, built with fused=True",
         ),
+    },
+}
+LEFT_OUT_DECAY = ("one of them leaves the weight decay out",)
+BIAS_CORRECTION = "a bias correction (or the learning rate) differs"
+DENOMINATOR = "the denominator sqrt(v_hat) + eps differs"
+NORM = "parameter of prefix_layers.0.attn_norm.weight differs beyond the bound"
+EMBEDDING = "parameter of embed.weight differs beyond the bound"
+AFTER_THE_LOAD = "the first step after the load: step 4: "
+# update mutant cell -> test -> what its message must say; every other test passes there (the mutant
+# is consistent with itself: today's checks are green on it)
+UPDATE_MUST_FAIL = {
+    "ws1-none-sdpa-no_decay_on_vectors-fused": {
+        TWIN: ("rank 0, step 1: " + NORM, *LEFT_OUT_DECAY),
+        CROSS_LOAD: (AFTER_THE_LOAD + NORM, *LEFT_OUT_DECAY),
+    },
+    "ws1-none-sdpa-no_decay_after_first_group-fused": {
+        TWIN: ("rank 0, step 1: " + NORM, *LEFT_OUT_DECAY),
+        CROSS_LOAD: (AFTER_THE_LOAD + NORM, *LEFT_OUT_DECAY),
+    },
+    "ws1-none-sdpa-first_group_bucketed-fused": {
+        TWIN: ("rank 0, step 1: " + NORM, "weight decays 0.1 apart (its param group: weight_decay 0)"),
+        CROSS_LOAD: (AFTER_THE_LOAD + NORM,),
+    },
+    "ws1-none-sdpa-double_counting-fused": {
+        TWIN: ("rank 0, step 1: step of embed.weight is 2.0 in the cell, 1.0 in the for-loop twin",),
+        CROSS_LOAD: (
+            AFTER_THE_LOAD + "step of embed.weight is 7.0 in the forloop run after the load, 8.0 in the fused run",
+        ),
+    },
+    "ws1-none-sdpa-own_step_counter-forloop": {
+        CROSS_LOAD: ("into fused, rank 0: " + AFTER_THE_LOAD + EMBEDDING, BIAS_CORRECTION),
+    },
+    "ws1-none-sdpa-unrooted_bias_correction-fused": {
+        TWIN: ("rank 0, step 1: " + EMBEDDING, BIAS_CORRECTION),
+        CROSS_LOAD: (AFTER_THE_LOAD + EMBEDDING, BIAS_CORRECTION),
+    },
+    "ws1-none-sdpa-step_ahead_bias_correction-fused": {
+        TWIN: ("rank 0, step 1: " + EMBEDDING, BIAS_CORRECTION),
+        CROSS_LOAD: (AFTER_THE_LOAD + EMBEDDING, BIAS_CORRECTION),
+    },
+    "ws1-none-sdpa-eps_inside_sqrt-fused": {
+        TWIN: ("rank 0, step 1: " + EMBEDDING, DENOMINATOR),
+        CROSS_LOAD: (AFTER_THE_LOAD + EMBEDDING, DENOMINATOR),
+    },
+    "ws1-none-sdpa-eps_before_bias_correction-fused": {
+        TWIN: ("rank 0, step 1: " + EMBEDDING, DENOMINATOR),
+        CROSS_LOAD: (AFTER_THE_LOAD + EMBEDDING, DENOMINATOR),
     },
 }
 # mutant cell -> tests that see nothing wrong there and must pass (what each mutant breaks is only
@@ -177,11 +244,15 @@ def test_every_planned_cell_reports(implementations_run):
     assert not any(errored.values()), f"errors instead of failures: {errored}"
 
 
-@pytest.mark.parametrize("cell", sorted(c for c in expected_cells() if "-adamw-" in c))
+@pytest.mark.parametrize("cell", sorted(c for c in expected_cells() if c.split("-")[3] in ("adamw", *UPDATE_CONTROLS)))
 def test_reference_passes_in_each_implementation(implementations_run, cell):
+    """The reference AdamW in each implementation, and the valid controls (the hand-written update
+    the mutants change, torch's fused kernel stepped in buckets with each group's hyper-parameters)."""
     _, outcomes, failures, _ = implementations_run
     tests = dict(outcomes[cell])
     assert tests.pop(NO_EXTRA_STATE) == "skipped", tests
+    if cell.endswith("-forloop"):  # the twin is the for-loop itself
+        assert tests.pop(TWIN) == "skipped", tests
     assert CROSS_LOAD in tests and AFTER_LOAD.format("optimizer_state_dtype_device") in tests, tests
     if cell.startswith("ws1"):  # dtensor_optim skips cells without FSDP
         tests = {test: result for test, result in tests.items() if result != "skipped" or "model_kind=" not in test}
@@ -200,6 +271,20 @@ def test_each_mutant_fails_its_check_with_its_message(implementations_run, cell)
             assert text in failures[cell][test], f"{cell}, {test} must say {text!r}:\n{failures[cell][test]}"
     for test in MUST_PASS.get(cell, ()):
         assert tests.get(test) == "passed", f"{cell}: {test} sees nothing wrong here, yet: {failures[cell].get(test)}"
+
+
+@pytest.mark.parametrize("cell", sorted(UPDATE_MUST_FAIL))
+def test_each_update_mutant_passes_todays_checks_and_fails_the_comparison_by_cause(implementations_run, cell):
+    """A false green before the twin: every other test passes on the mutant; the for-loop twin (in its
+    own implementation's cell) and the step after a load into another implementation name the cause."""
+    _, outcomes, failures, _ = implementations_run
+    tests = outcomes[cell]
+    for test, texts in UPDATE_MUST_FAIL[cell].items():
+        assert tests.get(test) == "failure", f"{cell}: expected {test} to fail, outcomes {tests}"
+        for text in texts:
+            assert text in failures[cell][test], f"{cell}, {test} must say {text!r}:\n{failures[cell][test]}"
+    others = {test: result for test, result in tests.items() if test not in UPDATE_MUST_FAIL[cell]}
+    assert set(others.values()) <= {"passed", "skipped"}, f"{cell}: {others}\n{failures[cell]}"
 
 
 @pytest.mark.parametrize("cell", sorted(SKIP_REASONS))
