@@ -15,6 +15,7 @@ block is consistent there.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import partial
 
 from torch import Tensor
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
@@ -61,11 +62,13 @@ def save_every_op(ctx, op, *args, **kwargs) -> CheckpointPolicy:
     return CheckpointPolicy.MUST_SAVE
 
 
+SAVING_EVERY_OP = partial(create_selective_checkpoint_contexts, save_every_op)
+"""A module-level context function: Dynamo traces a partial of one, not a closure."""
+
+
 def saving_every_op(self, function, *args):
     """``DecoderLayer.checkpointed`` under the policy that saves every op."""
-    return checkpoint(
-        function, *args, use_reentrant=False, context_fn=lambda: create_selective_checkpoint_contexts(save_every_op)
-    )
+    return checkpoint(function, *args, use_reentrant=False, context_fn=SAVING_EVERY_OP)
 
 
 class SavingPrefixLayer(PrefixLayer):
