@@ -1110,20 +1110,25 @@ def test_forward_at_another_length_leaves_gradients_unchanged(cell, ranks, compo
     failure of that recompile is expected here alone and every other comparison still runs."""
     if compile_mode(cell) is None:
         pytest.skip(ANOTHER_LENGTH_EAGER)
-    precision = precision_from(suite_options)
-    results = ranks.run(compare_gradients, cell, components, precision, 0.0, 1, True)
-    precision = results[0]["precision"]
-    record_property("precision", precision.describe())
+    results = ranks.run(compare_gradients, cell, components, precision_from(suite_options), 0.0, 1, True)
+    record_property("precision", results[0]["precision"].describe())
     record_drift(record_property, results)
+    require_unchanged_gradients(
+        cell, results, "loss", "with a forward at another sequence length before backward, checkpointing changed"
+    )
+
+
+def require_unchanged_gradients(cell, results: list[dict], loss_name: str, headline: str) -> None:
+    """Fail unless checkpointing was applied and left the loss (named `loss_name`) and every gradient
+    as the step without it computed them; `headline` says under what the comparison ran."""
     require_gradients_and_recompute(cell, results)
-    problems = gradient_problems(results, "loss")
+    problems = gradient_problems(results, loss_name)
     if problems:
         raise AssertionError(
             failure_text(
                 cell,
-                precision,
-                "with a forward at another sequence length before backward, checkpointing changed the loss or "
-                "gradients (with checkpointing first, without second)",
+                results[0]["precision"],
+                f"{headline} the loss or gradients (with checkpointing first, without second)",
                 problems,
                 GRADIENTS_HINT,
             )
@@ -1289,21 +1294,12 @@ def test_micro_batches_before_one_backward_leave_gradients_unchanged(
     runs after the later micro-batches' forwards, so state a model keeps across calls (a cache held on
     the module, a per-call counter) that forward→backward never exercises is read by the wrong recompute.
     The summed loss and every gradient must equal eager's as in the single-batch test."""
-    precision = precision_from(suite_options)
     micro_batches = suite_options.micro_batches
-    results = ranks.run(compare_gradients, cell, components, precision, 0.0, micro_batches)
-    precision = results[0]["precision"]
+    results = ranks.run(compare_gradients, cell, components, precision_from(suite_options), 0.0, micro_batches)
     record_property("micro_batches", micro_batches)
-    require_gradients_and_recompute(cell, results)
-    problems = gradient_problems(results, "summed loss")
-    if problems:
-        raise AssertionError(
-            failure_text(
-                cell,
-                precision,
-                f"with {micro_batches} micro-batches forward before one backward, checkpointing changed the loss or "
-                f"gradients (with checkpointing first, without second)",
-                problems,
-                GRADIENTS_HINT,
-            )
-        )
+    require_unchanged_gradients(
+        cell,
+        results,
+        "summed loss",
+        f"with {micro_batches} micro-batches forward before one backward, checkpointing changed",
+    )
