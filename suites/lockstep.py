@@ -45,6 +45,11 @@ from .ulp import ulp_distance
 
 CELL_STEPS = "cell-steps.pt"
 """What the cell computed, gathered (rank 0 writes it): the reference reads it in its own world."""
+OWN_WORLD = "a world of one rank of its own"
+IN_THE_CELLS_WORLD = (
+    "the cell's own world, on every rank ({why_not}): a component that reads the world's size or rank sees the "
+    "cell's there too, so a division by it twice is not caught"
+)
 CLIP_EPSILON = 1e-6
 """What torch.nn.utils.clip_grad_norm_ adds to the norm before dividing max_norm by it."""
 
@@ -53,7 +58,9 @@ def lockstep_records(ranks, cell: dict, options: ParallelEquivalenceOptions, com
     """One record per rank of the cell: each step's loss, reduced gradient, norm, clipping and
     parameters against the single-process reference's; `[{"unavailable": reason}]` where the cell's
     optimizer implementation cannot be built here."""
-    single = ranks.in_world(1)
+    single, why_not = ranks.beside(1)
+    where = OWN_WORLD if single is not None else IN_THE_CELLS_WORLD.format(why_not=why_not)
+    single = single or ranks  # every rank of the cell then computes the same reference: no rank waits alone
     shards = data_parallel_size(cell)  # here, outside any world, from the cell's world_size and mesh
     opening = single.run(open_single_process, cell, options, components, shards)[0]
     if "unavailable" in opening:
@@ -61,7 +68,8 @@ def lockstep_records(ranks, cell: dict, options: ParallelEquivalenceOptions, com
     trained = ranks.run(train_cell, cell, options, components, opening["max_norm"], str(directory))
     if "unavailable" in trained[0]:
         return [trained[0]]
-    return single.run(compare_in_lockstep, cell, options, components, opening["max_norm"], trained, str(directory))[0]
+    records = single.run(compare_in_lockstep, cell, options, components, opening["max_norm"], trained, str(directory))
+    return [{**record, "reference_world": where} for record in records[0]]
 
 
 # ---- in the reference's world of one rank -----------------------------------------------------

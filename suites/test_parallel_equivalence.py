@@ -100,6 +100,7 @@ def test_losses_match_single_process(cell, lockstep, record_property):
     bit where the forward is the single-process one; under tensor parallelism within the first-order
     bound of its linear layers summing in another order (suites/loss_rounding.py)."""
     records = lockstep
+    record_property("reference_world", records[0]["reference_world"])
     steps = [step for record in records for step in record["steps"]]
     record_property("loss_max_abs", max(abs(step["loss"] - step["reference_loss"]) for step in steps))
     if forward_is_single_process(records):

@@ -157,6 +157,7 @@ def test_reference_records_the_derived_tolerance(run):
     junit = run[3]
     assert properties(junit, reference("ws2-fsdp2-flat"))["precision"].endswith(TWO_SHARDS_EXACT)
     assert properties(junit, reference("ws2-fsdp1-flat"))["grad_max_ulp"] == "0"
+    assert properties(junit, reference("ws2-fsdp1-flat"))["reference_world"] == "a world of one rank of its own"
     hsdp = properties(junit, reference("ws4-fsdp2-hsdp"))
     assert "gamma_3" in hsdp["precision"], hsdp
     assert 0 < float(hsdp["grad_max_ratio"]) <= 1, hsdp

@@ -461,18 +461,25 @@ class Ranks:
         exactly those ranks (the cell's own ranks at the cell's size), under the same deadline; for a
         stack that builds its mesh or saves over the whole default group. Skips the test, saying why,
         where no such world can be opened."""
+        other, why_not = self.beside(world_size)
+        if other is None:
+            pytest.skip(why_not)
+        return other
+
+    def beside(self, world_size: int) -> tuple[Ranks | None, str]:
+        """`in_world`'s ranks, or None and why no such world can be opened here (a launcher fixed the world)."""
         home = self.home
         if world_size == home.world_size:
-            return home
+            return home, ""
         if home.worlds is None:
-            pytest.skip(f"these ranks cannot open a world of {world_size} of their own")
+            return None, f"these ranks cannot open a world of {world_size} of their own"
         try:
             pool = home.worlds(world_size)
         except RankFailure as failure:
-            pytest.skip(str(failure))
+            return None, str(failure)
         other = Ranks(pool, home.cell, home.timeout, home.compile_cache, home.worlds)
         other.deadline, other.home, other.world = home.deadline, home, f"-of-{world_size}"
-        return other
+        return other, ""
 
     def run(self, fn, *args) -> list:
         """fn(*args) on every rank, compiling into the cell's own cache; one result per rank, in rank order."""
