@@ -44,6 +44,8 @@ def test_an_entry_covers_its_tests_in_matching_cells_on_its_versions(tmp_path):
         ("test_buffers", "pytorch#1: compiled blocks at a second length"),
     )
     assert expected_failures(entries, "grad_ckpt", covered, "2.14.1") == (), "another version"
+    assert len(expected_failures(entries, "grad_ckpt", covered, "system", "2.13.0")) == 2, "the torch installed here"
+    assert expected_failures(entries, "grad_ckpt", covered, "system", "2.14.1") == (), "another torch installed here"
     assert expected_failures(entries, "resume", covered, "2.13.0") == (), "another suite"
     assert expected_failures(entries, "grad_ckpt", Cell({"world_size": 4, "compile": "none"}), "2.13.0") == ()
     assert expected_failures(entries, "grad_ckpt", Cell({"world_size": 1, "compile": "inductor"}), "2.13.0") == ()

@@ -39,9 +39,11 @@ class KnownFailure:
     torch: tuple[str, ...]
     cells: Mapping[str, Any]
 
-    def applies(self, cell: Cell, torch: str) -> bool:
-        """Whether this entry covers `cell` under torch `torch`."""
-        return (not self.torch or torch in self.torch) and matches_entry(self.cells, cell)
+    def applies(self, cell: Cell, torch: str, release: str = "") -> bool:
+        """Whether this entry covers `cell` under torch `torch` (a label of matrix.toml, "system"
+        included), whose build is `release` (2.13.0 for a `system` that is 2.13.0+cpu)."""
+        named = not self.torch or torch in self.torch or bool(release) and release in self.torch
+        return named and matches_entry(self.cells, cell)
 
 
 def read_known_failure(entry: dict, axes: Mapping[str, Any], suites: tuple[str, ...]) -> KnownFailure:
@@ -84,13 +86,14 @@ def read_known_failure(entry: dict, axes: Mapping[str, Any], suites: tuple[str, 
 
 
 def expected_failures(
-    entries: tuple[KnownFailure, ...], suite: str, cell: Cell, torch: str
+    entries: tuple[KnownFailure, ...], suite: str, cell: Cell, torch: str, release: str = ""
 ) -> tuple[tuple[str, str], ...]:
-    """(test glob without the suite, reason) of every entry covering this suite's run on `cell` under `torch`."""
+    """(test glob without the suite, reason) of every entry covering this suite's run on `cell` under
+    `torch`, whose build is `release`."""
     return tuple(
         (name.partition("::")[2], entry.reason)
         for entry in entries
-        if entry.applies(cell, torch)
+        if entry.applies(cell, torch, release)
         for name in entry.tests
         if fnmatch.fnmatchcase(suite, name.partition("::")[0])
     )

@@ -495,7 +495,11 @@ def group_command(
         known_failures={
             run.key: covered
             for run in group.runs
-            if (covered := expected_failures(matrix.known_failures, run.suite.name, run.cell, version))
+            if (
+                covered := expected_failures(
+                    matrix.known_failures, run.suite.name, run.cell, version, environment.base_version
+                )
+            )
         },
     ).write(plan)
     python = shlex.split(group.launcher) if group.launcher else [sys.executable]
