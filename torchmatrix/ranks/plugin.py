@@ -195,9 +195,11 @@ class CellPlan:
 
     def mark_known_failure(self, item) -> None:
         """A test a `[[known_failure]]` entry covers in this cell runs as a non-strict xfail: its
-        failure reads "expected failure: <reason>", its pass is reported as one."""
+        failure reads "expected failure: <reason>", its pass is reported as one. A name written out
+        with its parameters (`test_x[dropout=0.1]`) matches as written, not as a glob's `[...]` class."""
         for glob, reason in self.plan.known_failures.get(self._key(item), ()):
-            if fnmatch.fnmatchcase(test_name(item), glob):
+            name = test_name(item)
+            if name == glob or fnmatch.fnmatchcase(name, glob):
                 item.add_marker(pytest.mark.xfail(reason=reason, strict=False))
                 return
 
