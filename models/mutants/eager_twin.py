@@ -12,9 +12,12 @@ step run eagerly (suites/eager_twin.py) sees it. Four classes, several shapes ea
 - a branch on a Python-side flag the compiled graph froze, read the same two ways;
 - another op under ``is_compiling()``: the tanh GELU, a skipped scale, a cache read detached.
 
-State that changes between steps lives in persistent buffers or is set from them by the root's
-forward, and is read outside the checkpointed body, so recompute and a resumed run see what forward
-saw. ``graph_breaking_model`` with ``fullgraph_false_parallelize`` is the valid control: a benign graph
+What changes between steps is a step count that advances once per backward (``count_steps``), kept in
+a persistent buffer and read outside the checkpointed body: every forward of one step (micro-batches,
+another sequence length, recompute) and every graph Dynamo traces during it sees the same count, and a
+resumed run restores it. A count advanced per forward would not do: Dynamo traces a block's static and
+dynamic graphs at different forwards, so the checkpointed and plain steps would bake different values
+and grad_ckpt would catch them by accident. ``graph_breaking_model`` with ``fullgraph_false_parallelize`` is the valid control: a benign graph
 break compiled with ``fullgraph=False`` must stay green.
 """
 
@@ -40,8 +43,8 @@ from ..transformer import (
     layers_per_stack,
 )
 
-WARMUP_CALLS = 4
-"""Calls over which the warm-up mutants ramp their residual branch in (a learning-rate warm-up's shape)."""
+WARMUP_STEPS = 4
+"""Steps over which the warm-up mutant ramps its residual branch in (a learning-rate warm-up's shape)."""
 SCHEDULE = {"temperature": 1.0, "gate": False}
 """The module-level schedule the root's forward sets from its step buffer and the in-graph helpers read."""
 
@@ -76,42 +79,53 @@ class RunningStatisticLayer(PrefixLayer):
         return super().forward(hidden, cache)
 
 
-class CountedLayer(PrefixLayer):
-    """A prefix layer that counts its calls in a persistent buffer, read by the warm-up subclasses."""
+def count_steps(module, counted: Tensor) -> None:
+    """Give ``module`` a persistent ``steps`` buffer that advances once per backward, when ``counted``'s
+    gradient is accumulated (a post-accumulate-grad hook, as optimizer-in-backward steps do): every forward
+    of one step, micro-batches and recompute included, reads the same count, and a resumed run restores it."""
+    module.register_buffer("steps", torch.zeros((), dtype=torch.int64))
+
+    def advance(_parameter: Tensor) -> None:
+        with torch.no_grad():
+            module.steps += 1
+
+    counted.register_post_accumulate_grad_hook(advance)
+
+
+class StepCountingLayer(PrefixLayer):
+    """A prefix layer that counts its training steps; its subclasses shape the residual branch by the count,
+    outside the checkpointed body, so recompute reruns what forward ran."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.register_buffer("calls", torch.zeros((), dtype=torch.int64))
+        count_steps(self, self.attn_norm.weight)
 
     def forward(self, hidden: Tensor, cache: KVCache) -> Tensor:
-        out = self.shaped(hidden, super().forward(hidden, cache))
-        with torch.no_grad():
-            self.calls += 1
-        return out
+        return self.shaped(hidden, super().forward(hidden, cache))
 
     def shaped(self, hidden: Tensor, out: Tensor) -> Tensor:
         raise NotImplementedError
 
 
-class ConstantWarmupLayer(CountedLayer):
-    """Ramps its residual branch in over WARMUP_CALLS calls; the factor comes from a method marked
+class ConstantWarmupLayer(StepCountingLayer):
+    """Ramps its residual branch in over WARMUP_STEPS steps; the factor comes from a method marked
     ``assume_constant_result`` ("constant for the run"), which Dynamo calls once, at the first trace."""
 
     @torch.compiler.assume_constant_result
     def warmup(self) -> float:
-        return min(1.0, (int(self.calls) + 1) / WARMUP_CALLS)
+        return min(1.0, (int(self.steps) + 1) / WARMUP_STEPS)
 
     def shaped(self, hidden: Tensor, out: Tensor) -> Tensor:
         return hidden + self.warmup() * (out - hidden)
 
 
-class ConstantFlagLayer(CountedLayer):
-    """Trains its block frozen (gradients stopped at its residual branch) until its first call is done,
+class ConstantFlagLayer(StepCountingLayer):
+    """Trains its block frozen (gradients stopped at its residual branch) until its first step is done,
     the switch read through ``assume_constant_result``: the compiled block stays frozen."""
 
     @torch.compiler.assume_constant_result
     def unfrozen(self) -> bool:
-        return int(self.calls) >= 1
+        return int(self.steps) >= 1
 
     def shaped(self, hidden: Tensor, out: Tensor) -> Tensor:
         return out if self.unfrozen() else hidden + (out - hidden).detach()
@@ -147,17 +161,15 @@ class GatedLayer(PrefixLayer):
 
 
 class ScheduledDecoder(PrefixExpertDecoder):
-    """Sets the module-level schedule from its persistent step buffer before each forward (temperature
-    1, 2, 3, ...; the gate on from the second step), as a trainer's scheduler would."""
+    """Sets the module-level schedule from its step count before each forward (temperature 1, 2, 3, ...;
+    the gate on from the second step), as a trainer's scheduler would."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.register_buffer("steps", torch.zeros((), dtype=torch.int64))
+        count_steps(self, self.embed.weight)
 
     def forward(self, tokens: Tensor, past_key_values: KVCache | None = None) -> DecoderOutput:
         SCHEDULE.update(temperature=1.0 + int(self.steps), gate=int(self.steps) >= 1)
-        with torch.no_grad():
-            self.steps += 1
         return super().forward(tokens, past_key_values)
 
 
