@@ -11,9 +11,15 @@ micro-batches), in one real run whose axis `variant` picks the components per ce
   Python body runs again in backward, so the suite shows checkpointing applied by what autograd saved;
   both steps save the same, and the gradient tests fail saying checkpointing was not applied, with the
   saved bytes;
+- models that compute something else once compiled (models/mutants/eager_twin.py: a buffer updated only
+  when not compiling, a value or a flag Dynamo bakes in at the first trace, another op under
+  `is_compiling()`), each in the aot_eager cell: they pass the checkpointing tests (consistent with
+  themselves) and fail the eager-twin comparison naming the first tensor that differs and its step; the
+  valid control, a block with a benign graph break compiled with `fullgraph=False`, passes all three;
 - the one inductor cell in CI (inductor on CPU compiles C++ for tens of seconds per graph): the reference
   components pass within the derived float32 reordering tolerance that the precision property names,
-  with the ULP distance and the compile seconds recorded.
+  and within the eager twin's derived bound, with the ULP distance, the share of the bound used and the
+  compile seconds recorded.
 
 The reference components pass the aot_eager cells in tests/suites/test_grad_ckpt_compile.py.
 """
@@ -22,10 +28,12 @@ from __future__ import annotations
 
 import pytest
 
+from suites.eager_twin import STEP_RTOL
 from suites.test_grad_ckpt import REORDER_RTOL
 
 from helpers.checkout import REPO
 from helpers.grad_ckpt_runs import (
+    EAGER_TWIN,
     GRADIENTS,
     MICRO_BATCHES,
     compile_seconds,
@@ -39,8 +47,50 @@ pytestmark = pytest.mark.slow
 MUTANT, UNAPPLIED, REFERENCE = "recompute_switching_model", "checkpoint_dropping_parallelize", "reference"
 INSIDE, OUTSIDE = "ws1-none-sdpa-aot_eager-inside", "ws1-none-sdpa-aot_eager-outside"
 INDUCTOR = "ws1-none-sdpa-inductor-outside"
-CELLS = {MUTANT: [INSIDE, OUTSIDE], UNAPPLIED: [OUTSIDE], REFERENCE: [INDUCTOR]}
-TESTS = [GRADIENTS.format(0.0), MICRO_BATCHES]
+# models/mutants/eager_twin.py's factories: what the eager-twin failure must say, first and largest.
+TWIN_MUTANTS = {
+    "eager_counting_model": ("first at step 1 of 3, rank 0: buffer prefix_layers.0.calls: is 0, eager 1",),
+    "eager_statistic_model": (
+        "first at step 1 of 3, rank 0: buffer prefix_layers.0.input_mean_square: is 1.0, eager 1.00",
+    ),
+    "constant_warmup_model": (
+        "first at step 2 of 3, rank 0: the loss: is ",
+        "largest that step: rank 0: gradient of prefix_layers.0.",
+    ),
+    "constant_flag_model": (
+        "first at step 2 of 3, rank 0: gradient of embed.weight: ",
+        "largest that step: rank 0: gradient of prefix_layers.0.q_proj.weight: no gradient in the compiled step, one in the eager twin",
+    ),
+    "tempered_model": (
+        "first at step 2 of 3, rank 0: the loss: is ",
+        "largest that step: rank 0: gradient of prefix_layers.0.",
+    ),
+    "gated_model": (
+        "first at step 2 of 3, rank 0: the loss: is ",
+        "largest that step: rank 0: gradient of prefix_layers.0.",
+    ),
+    "tanh_gelu_model": (
+        "first at step 1 of 3, rank 0: the loss: is ",
+        "largest that step: rank 0: gradient of prefix_layers.0.mlp_in.weight",
+    ),
+    "unscaled_residual_model": (
+        "first at step 1 of 3, rank 0: the loss: is ",
+        "largest that step: rank 0: gradient of prefix_layers.0.",
+    ),
+    "detached_cache_model": (
+        "first at step 1 of 3, rank 0: gradient of embed.weight: ",
+        "largest that step: rank 0: gradient of prefix_layers.0.",
+    ),
+}
+CONTROL = "graph_breaking_model"
+CELLS = {
+    MUTANT: [INSIDE, OUTSIDE],
+    UNAPPLIED: [OUTSIDE],
+    REFERENCE: [INDUCTOR],
+    **{variant: [OUTSIDE] for variant in [*TWIN_MUTANTS, CONTROL]},
+}
+CHECKPOINTING_TESTS = [GRADIENTS.format(0.0), MICRO_BATCHES]
+TESTS = [*CHECKPOINTING_TESTS, EAGER_TWIN]
 
 
 def run_id(cell: str, variant: str) -> str:
@@ -64,7 +114,7 @@ def test_the_run_has_every_planned_cell_and_fails(compiled_run):
 def test_compiled_inside_the_recompute_that_switches_graphs_fails_naming_unit_mode_and_cause(compiled_run):
     _, cases, _, _ = compiled_run
     inside = run_id(INSIDE, MUTANT)
-    for test in TESTS:
+    for test in CHECKPOINTING_TESTS:
         case = cases[inside][test]
         assert case.is_failure, f"{test} passed on a recompute that switched graphs"
         assert case.result[0].message.startswith("torch.utils.checkpoint.CheckpointError: "), case.result[0].message
@@ -86,7 +136,7 @@ def test_compiled_around_the_block_the_recompute_is_the_traced_graph_and_passes(
 def test_compiled_blocks_never_checkpointed_fail_with_the_saved_bytes(compiled_run):
     _, cases, _, _ = compiled_run
     cell = run_id(OUTSIDE, UNAPPLIED)
-    for test in TESTS:
+    for test in CHECKPOINTING_TESTS:
         case = cases[cell][test]
         assert case.is_failure, failure_text(case)
         text = failure_text(case)
@@ -106,6 +156,38 @@ def test_inductor_gradients_match_within_the_named_tolerance(compiled_run):
         properties[cell]
     )
     assert int(properties[cell][prefix + "grad_max_ulp"]) >= 0
+    twin = f"grad_ckpt::{EAGER_TWIN}::"
+    assert (
+        properties[cell][twin + "eager_twin_comparison"]
+        == f"eager twin within s x {STEP_RTOL} x max|eager| per tensor at step s"
+    )
+    assert 0 <= float(properties[cell][twin + "eager_twin_bound_used"]) <= 1, properties[cell]
+
+
+@pytest.mark.parametrize("mutant", sorted(TWIN_MUTANTS))
+def test_a_model_computing_otherwise_once_compiled_passes_checkpointing_and_fails_its_eager_twin(compiled_run, mutant):
+    """Consistent with itself (checkpointed or not, one micro-batch or two), so only the comparison with
+    eager catches it, naming the first tensor that differs, its step and the tensor that differs most."""
+    _, cases, _, _ = compiled_run
+    cell = run_id(OUTSIDE, mutant)
+    for test in CHECKPOINTING_TESTS:
+        assert cases[cell][test].is_passed, failure_text(cases[cell][test])
+    case = cases[cell][EAGER_TWIN]
+    assert case.is_failure, f"{mutant} passed its eager twin"
+    text = failure_text(case)
+    assert (
+        f"cell {cell} (eager twin bit for bit, compile=aot_eager, nesting outside): the compiled steps differ from "
+        "their eager twin (compiled first, eager second): " in text
+    ), text
+    for expected in TWIN_MUTANTS[mutant]:
+        assert expected in text, text
+
+
+def test_a_benign_graph_break_compiled_with_fullgraph_false_stays_green(compiled_run):
+    _, cases, _, properties = compiled_run
+    cell = run_id(OUTSIDE, CONTROL)
+    assert all(case.is_passed for case in cases[cell].values()), {n: failure_text(c) for n, c in cases[cell].items()}
+    assert properties[cell][f"grad_ckpt::{EAGER_TWIN}::eager_twin_max_ulp"] == "0", properties[cell]
 
 
 def test_the_inductor_cell_records_its_compile_seconds(compiled_run):
