@@ -55,7 +55,7 @@ STEP_RTOL = 2**11 * 2**-24
 @dataclass(frozen=True)
 class TwinBound:
     """How close a compiled step must be to its eager twin: bit for bit, or per tensor
-    max|compiled - eager| <= step x STEP_RTOL x max|eager|."""
+    max|compiled - eager| <= step x STEP_RTOL x max|eager|; ``describe`` is what a failure names beside the cell."""
 
     backend: str
     exact: bool

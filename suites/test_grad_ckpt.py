@@ -1235,8 +1235,8 @@ EAGER_TWIN_HINT = (
 
 
 def test_compiled_steps_match_their_eager_twin(cell, ranks, components, suite_options, record_property):
-    """Each of a few compiled steps (forward, backward, the same SGD update on both) must leave the loss, every
-    gradient and every buffer of its eager twin: the same components built again from the same seed and stepped
+    """Each of a few compiled steps (forward, backward, the same SGD update on both) must leave the same loss,
+    gradients and buffers as its eager twin: the same components built again from the same seed and stepped
     under ``torch.compiler.set_stance("force_eager")`` (suites/eager_twin.py). A model that computes something
     else once compiled is consistent with itself everywhere else; the failure names the first tensor that differs."""
     if compile_mode(cell) is None:
