@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch.distributed.tensor import DTensor
 
-from torchmatrix.testing import current_device, data_parallel_rank, load, root_cause
+from torchmatrix.testing import current_device, data_parallel_rank, load, reset_keeping_time, root_cause
 
 from .built_names import named_buffers_as_built, named_parameters_as_built
 from .deterministic import deterministic_algorithms
@@ -176,6 +176,9 @@ def compare_with_eager_twin(cell, components: dict, dtype: str, bound: TwinBound
     build_model, make_batch = (load(components[name]) for name in ("model", "batch"))
     device = current_device()
     rank = data_parallel_rank(cell)
+    # Compile as a fresh training process does: a graph the cell's other tests compiled (for other model
+    # instances, another sequence length, dynamic shapes) would make this step depend on what ran before.
+    reset_keeping_time()
     twins = {}
     for twin in ("compiled", "eager"):
         torch.manual_seed(SEED)
