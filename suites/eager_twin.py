@@ -184,7 +184,7 @@ def compare_with_eager_twin(cell, components: dict, dtype: str, bound: TwinBound
         torch.manual_seed(SEED)
         with stage(cell, f"building the {twin} twin ({components['model']}, then parallelize)"):
             model = build_model(cell, dropout=0.0, dtype=getattr(torch, dtype))
-            model = parallelized(components, model, cell, device=device, activation_checkpointing=True)
+            model = parallelized(components, model, cell, device=device, activation_checkpointing=False)
         model.train()
         twins[twin] = (model, build_training_step(components, model=model, optimizer=None, cell=cell))
     initial = compared(
