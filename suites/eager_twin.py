@@ -183,6 +183,7 @@ def compare_with_eager_twin(cell, components: dict, dtype: str, bound: TwinBound
     for twin in ("compiled", "eager"):
         torch.manual_seed(SEED)
         with stage(cell, f"building the {twin} twin ({components['model']}, then parallelize)"):
+            # No checkpointing: the twins compare compiling; grad_ckpt's other tests compare checkpointing.
             model = build_model(cell, dropout=0.0, dtype=getattr(torch, dtype))
             model = parallelized(components, model, cell, device=device, activation_checkpointing=False)
         model.train()
