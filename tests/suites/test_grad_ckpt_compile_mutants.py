@@ -17,9 +17,10 @@ micro-batches), in one real run whose axis `variant` picks the components per ce
   tensor that differs, its step and the tensor that differs most; the valid control, a block with a
   benign graph break compiled with `fullgraph=False`, passes. They run as a second run, of the eager-twin
   test alone: `--test` narrows a whole run, and in the first one the two checkpointing tests would
-  compile each mutant's static and dynamic-shape graphs for nothing (measured: 282 s for the module
-  that way, against 145 s before the mutants; docs/explanation/compile.md has what a standalone
-  script and a full run showed of their consistency with themselves);
+  compile each mutant's static and dynamic-shape graphs for nothing (the module took 282 s that way
+  and 145 s before the mutants, on the shared 2-core machine at load 7 to 8; as two runs, 123 s against
+  77 s at load 3 to 4); docs/explanation/compile.md has what a standalone script and a run of the
+  checkpointing tests showed of their consistency with themselves;
 - the one inductor cell in CI (inductor on CPU compiles C++ for tens of seconds per graph): the reference
   components pass within the derived float32 reordering tolerance that the precision property names,
   and within the eager twin's derived bound, with the ULP distance, the share of the bound used and the
