@@ -62,7 +62,14 @@ from .cache_tree import CACHE_STATE_DEPTH, OPAQUE, cache_contents, cache_marks, 
 from .checkpoint_units import CheckpointUnits, counted_checkpoints, watched_sites
 from .compiled_rng import GRAPH_SAFE_RNG_OFF, graph_safe_rng_applies, one_random_stream
 from .deterministic import deterministic_algorithms
-from .eager_twin import TWIN_STEPS, compare_with_eager_twin, first_difference, step_lines, twin_bound
+from .eager_twin import (
+    KERNEL_KEEPING_BACKENDS,
+    TWIN_STEPS,
+    compare_with_eager_twin,
+    first_difference,
+    step_lines,
+    twin_bound,
+)
 from .full_tensors import full_gradients
 from .model_output import cache_on, call_model
 from .optimizer_state import plain_equal
@@ -95,7 +102,6 @@ BF16_RTOL = 2 * 2**-7
 # meaningful relative error. aot_eager (and eager) run torch's own kernels on the same inputs in
 # both steps, so they stay bit for bit.
 REORDER_RTOL = 2**10 * 2**-24
-KERNEL_KEEPING_BACKENDS = ("eager", "aot_eager")
 
 
 @dataclass(frozen=True)

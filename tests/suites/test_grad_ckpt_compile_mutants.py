@@ -64,7 +64,7 @@ TWIN_MUTANTS = {
     ),
     "constant_flag_model": (
         "first at step 2 of 3, rank 0: gradient of embed.weight: ",
-        "largest that step: rank 0: gradient of prefix_layers.0.q_proj.weight: no gradient in the compiled step, one in the eager twin",
+        "largest that step: rank 0: gradient of prefix_layers.0.q_proj.weight: none in the compiled step, one in the eager twin",
     ),
     "tempered_model": (
         "first at step 2 of 3, rank 0: the loss: is ",
