@@ -19,7 +19,10 @@
   for bit, a kernel-generating backend is compared within ``REORDER_RTOL``; a test of its own runs a
   forward at another sequence length before backward (pytorch#166926), so an expected failure there
   leaves the other comparisons running; checkpointing is shown applied by autograd saving less for
-  backward; a compiler error fails with the compile mode and its root cause.
+  backward; a compiler error fails with the compile mode and its root cause. Each compiled cell's
+  steps are also compared with their eager twin (suites/eager_twin.py): the same components stepped
+  under ``force_eager``, bit for bit under aot_eager, within ``STEP_RTOL`` per step under a
+  kernel-generating backend, naming the first tensor that differs.
 - The loss and the backward are the stack's `training_step` component's (`loss`, `backward`;
   suites/training_step.py), built with `optimizer=None`: grad_ckpt takes no optimizer step.
 - Model contract (beyond torchmatrix/components/protocol.py): without a `training_step` the loss is read as
@@ -60,6 +63,14 @@ from .cache_tree import CACHE_STATE_DEPTH, OPAQUE, cache_contents, cache_marks, 
 from .checkpoint_units import CheckpointUnits, counted_checkpoints, watched_sites
 from .compiled_rng import GRAPH_SAFE_RNG_OFF, graph_safe_rng_applies, one_random_stream
 from .deterministic import deterministic_algorithms
+from .eager_twin import (
+    KERNEL_KEEPING_BACKENDS,
+    TWIN_STEPS,
+    compare_with_eager_twin,
+    first_difference,
+    step_lines,
+    twin_bound,
+)
 from .full_tensors import full_gradients
 from .model_output import cache_on, call_model
 from .optimizer_state import plain_equal
@@ -92,7 +103,6 @@ BF16_RTOL = 2 * 2**-7
 # meaningful relative error. aot_eager (and eager) run torch's own kernels on the same inputs in
 # both steps, so they stay bit for bit.
 REORDER_RTOL = 2**10 * 2**-24
-KERNEL_KEEPING_BACKENDS = ("eager", "aot_eager")
 
 
 @dataclass(frozen=True)
@@ -1303,3 +1313,58 @@ def test_micro_batches_before_one_backward_leave_gradients_unchanged(
         "summed loss",
         f"with {micro_batches} micro-batches forward before one backward, checkpointing changed",
     )
+
+
+NO_COMPILED_STEP = (
+    'an eager cell (compile = "none"): no compiled step to compare with eager; every compiled cell compares its own'
+)
+NO_BF16_BOUND = (
+    "bfloat16 under a kernel-generating backend: it rounds a fused chain to bf16 once where eager rounds after "
+    "every op, so the twins may differ by a bf16 ulp (2**-8) per op and no useful bound is left"
+)
+EAGER_TWIN_HINT = (
+    "the compiled model must compute what the eager one does: update state inside the traced code, not under "
+    "`if not torch.compiler.is_compiling()`; read a value that changes (a step, a schedule, a flag) where Dynamo "
+    "guards it, not through `assume_constant_result` or a function `allow_in_graph` hides from it"
+)
+
+
+def test_compiled_steps_match_their_eager_twin(cell, ranks, components, suite_options, record_property):
+    """Each of a few compiled steps (forward, backward, the same SGD update on both) must leave the same loss,
+    gradients and buffers as its eager twin: the same components built again from the same seed and stepped
+    under ``torch.compiler.set_stance("force_eager")`` (suites/eager_twin.py). A model that computes something
+    else once compiled is consistent with itself everywhere else; the failure names the first tensor that differs."""
+    if compile_mode(cell) is None:
+        pytest.skip(NO_COMPILED_STEP)
+    precision = precision_from(suite_options)
+    bound = twin_bound(cell, precision.bf16)
+    if bound is None:
+        pytest.skip(NO_BF16_BOUND)
+    results = ranks.run(compare_with_eager_twin, cell, components, precision.dtype, bound)
+    record_property("eager_twin_comparison", bound.describe())
+    record_property("eager_twin_max_ulp", max(r["max_ulp"] for r in results))
+    if not bound.exact:
+        record_property("eager_twin_bound_used", max(r["bound_used"] for r in results))
+    initial = {f"rank {rank}": r["initial"] for rank, r in enumerate(results) if r["initial"]}
+    if initial:
+        raise AssertionError(
+            failure_text(
+                cell,
+                bound,
+                "the twins differ before training: the model factory is not deterministic under torch.manual_seed",
+                initial,
+            )
+        )
+    first = first_difference(results)
+    if first:
+        step, rank, line, largest = first
+        raise AssertionError(
+            failure_text(
+                cell,
+                bound,
+                f"the compiled steps differ from their eager twin (compiled first, eager second): first at step {step} "
+                f"of {TWIN_STEPS}, rank {rank}: {line}; largest that step: {largest}",
+                {f"step {step}": step_lines(results, step)},
+                EAGER_TWIN_HINT,
+            )
+        )

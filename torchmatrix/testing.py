@@ -18,6 +18,8 @@ The plugin's fixtures in a suite's tests: `cell`, `ranks` (`ranks.run(fn, *args)
   `consequence_of(tests)` (a test property: this failure follows from those tests', so the reports
   list it under their cause); `capture_rng_state()`,
   `restore_rng_state(state)`, `rng_streams()` (torch CPU, every CUDA device, `random`, numpy).
+- compiling: `reset_keeping_time()` (`torch.compiler.reset()`, the test's `compile_seconds` kept), for a
+  step that must compile as a fresh process does, not reuse what the cell's earlier tests compiled.
 """
 
 from torchmatrix.components.calling import accepts, build_optimizer, call_accepting, is_bound_checkpointer
@@ -46,6 +48,7 @@ from torchmatrix.matrix.suite_options import (
 from torchmatrix.messages.consequences import CONSEQUENCE_OF, consequence_of
 from torchmatrix.messages.cross_version import EXPECTED_FILE, writes_dir
 from torchmatrix.ranks.cell_mesh import cell_layout, cell_mesh, data_parallel_rank, data_parallel_size, mesh_group
+from torchmatrix.ranks.compile_time import reset_keeping_time
 from torchmatrix.ranks.plugin import planned_options
 from torchmatrix.ranks.rng_state import capture_rng_state, restore_rng_state, rng_streams
 from torchmatrix.ranks.root_cause import root_cause
@@ -85,6 +88,7 @@ __all__ = [
     "load",
     "mesh_group",
     "planned_options",
+    "reset_keeping_time",
     "restore_rng_state",
     "rng_streams",
     "root_cause",

@@ -1,8 +1,8 @@
 """The model and parallelize components for one run of the grad_ckpt suite over the reference
 components and their mutants side by side: axis `variant` names, per cell, a model factory of
-models/mutants/grad_ckpt.py or models/mutants/compiled_recompute.py, a parallelize mutant of
-PARALLELIZE_MUTANTS (with the reference model), or `reference`, so one rank pool per world size
-serves them all."""
+models/mutants/grad_ckpt.py, compiled_recompute.py or eager_twin.py, a variant of PARALLELIZE_MUTANTS
+(its parallelize, with that module's model of the same name or the reference one), or `reference`, so
+one rank pool per world size serves them all."""
 
 from __future__ import annotations
 
@@ -11,21 +11,24 @@ from collections.abc import Mapping
 import torch
 
 from torchmatrix.models import parallel, transformer
-from torchmatrix.models.mutants import compiled_recompute
+from torchmatrix.models.mutants import compiled_recompute, eager_twin
 from torchmatrix.models.mutants import grad_ckpt as mutants
 
 REFERENCE = "reference"
-MODEL_MUTANT_MODULES = (mutants, compiled_recompute)
-PARALLELIZE_MUTANTS = {"checkpoint_dropping_parallelize": compiled_recompute.checkpoint_dropping_parallelize}
+MODEL_MUTANT_MODULES = (mutants, compiled_recompute, eager_twin)
+PARALLELIZE_MUTANTS = {
+    "checkpoint_dropping_parallelize": compiled_recompute.checkpoint_dropping_parallelize,
+    "graph_breaking_model": eager_twin.fullgraph_false_parallelize,
+}
 
 
 def build_model(cell: Mapping[str, object], *, dropout: float = 0.0, dtype: torch.dtype = torch.float32):
-    """The model of the cell's variant: the reference decoder, or the mutant factory of that name."""
+    """The model of the cell's variant: the mutant factory of that name, else the reference decoder."""
     variant = str(cell["variant"])
-    if variant == REFERENCE or variant in PARALLELIZE_MUTANTS:
-        factory = transformer.build_model
-    else:
-        (factory,) = [getattr(module, variant) for module in MODEL_MUTANT_MODULES if hasattr(module, variant)]
+    named = [getattr(module, variant) for module in MODEL_MUTANT_MODULES if hasattr(module, variant)]
+    (factory,) = [found for found in named if found is not PARALLELIZE_MUTANTS.get(variant)] or [
+        transformer.build_model
+    ]
     return factory(cell, dropout=dropout, dtype=dtype)
 
 

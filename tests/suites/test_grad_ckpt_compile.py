@@ -1,6 +1,6 @@
 """The grad-ckpt suite under torch.compile, on the reference components: one real run over
 aot_eager cells (outside and inside at world size 1, outside under FSDP2 at world size 2), every
-test passing bit for bit, each cell's compile seconds recorded apart from its test time; and a cell
+test passing bit for bit (the compiled steps against their eager twin too), each cell's compile seconds recorded apart from its test time; and a cell
 naming a backend torch does not have, where every test fails with the compile mode and torch's own
 root cause, not a lost cell. The inductor cell, the known-bad block and the parallelize that never
 checkpoints are tests/suites/test_grad_ckpt_compile_mutants.py's.
@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 
 from helpers.grad_ckpt_runs import (
+    EAGER_TWIN,
     EVERY_TEST,
     GRADIENTS,
     REFERENCE,
@@ -44,6 +45,9 @@ def test_every_test_passes_bit_for_bit_in_every_aot_eager_cell(reference_run):
             prefix = f"grad_ckpt::{GRADIENTS.format(dropout)}::"
             assert properties[cell][prefix + "precision"] == "float32, bit for bit", cell
             assert properties[cell][prefix + "grad_max_ulp"] == "0", cell
+        twin = f"grad_ckpt::{EAGER_TWIN}::"
+        assert properties[cell][twin + "eager_twin_comparison"] == "eager twin bit for bit", cell
+        assert properties[cell][twin + "eager_twin_max_ulp"] == "0", cell
 
 
 def test_each_compiled_cell_records_its_compile_seconds(reference_run):
