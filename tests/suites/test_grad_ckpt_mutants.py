@@ -16,7 +16,7 @@ from helpers.checkout import REPO
 from helpers.grad_ckpt_runs import (
     ATTRIBUTES,
     BUFFERS,
-    EAGER_TWIN,
+    COMPILED_ONLY,
     EVERY_TEST,
     GRADIENTS,
     MICRO_BATCHES,
@@ -231,7 +231,7 @@ def test_suite_fails_on_state_it_could_not_see_before_in_every_fsdp_value(run, m
         assert tests[must_fail].is_failure, f"{mutant} not caught by {must_fail} in {cell}"
         for reason in reasons:
             assert reason in failure_text(tests[must_fail]), failure_text(tests[must_fail])
-        assert all(case.is_passed for test, case in tests.items() if test not in (must_fail, EAGER_TWIN)), cell
+        assert all(case.is_passed for test, case in tests.items() if test not in (must_fail, *COMPILED_ONLY)), cell
 
 
 def test_reference_model_passes_in_bfloat16_within_the_derived_tolerance(tmp_path):

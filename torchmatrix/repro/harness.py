@@ -53,7 +53,8 @@ def rank_main(rank, world, port, device, tasks, results):
 
 class Ranks:
     """`ranks.run(fn, *args)`: fn on every rank of the cell, one value per rank, as in torchmatrix;
-    `ranks.in_world(n)`: n ranks of their own, whose default process group is exactly them."""
+    `ranks.in_world(n)`: n ranks of their own, whose default process group is exactly them (and
+    `ranks.beside(n)`: those ranks and no reason, since spawned ranks can always open one)."""
 
     def __init__(self, world, device, timeout):
         import torch.multiprocessing as mp
@@ -80,6 +81,9 @@ class Ranks:
         if world_size not in self.worlds:
             self.worlds[world_size] = Ranks(world_size, self.device, self.timeout)
         return self.worlds[world_size]
+
+    def beside(self, world_size):
+        return self.in_world(world_size), ""
 
     def run(self, fn, *args):
         for tasks in self.tasks:
