@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from torchmatrix.components.compile_axis import COMPILE_AXIS, NOT_COMPILED
 from torchmatrix.testing import (
     ParallelEquivalenceOptions,
     build_optimizer,
@@ -20,15 +21,14 @@ from .loss_rounding import linear_rounding_bound
 from .training_step import build_training_step
 
 DEFAULT_CLIP = "torchmatrix.suites.gradient_clipping:clip_grad_norm"
-UNCOMPILED = "none"
 
 
 def reference_cell(cell: dict) -> dict:
     """The cell without parallelism and without compiling: what `parallelize` wraps the reference for.
     The model factory still gets the cell itself, which may size the model by it."""
     plain = {**cell, "fsdp": "none", "mesh": "flat", "world_size": 1}
-    if "compile" in cell:
-        plain["compile"] = UNCOMPILED
+    if COMPILE_AXIS in cell:
+        plain[COMPILE_AXIS] = NOT_COMPILED
     return plain
 
 

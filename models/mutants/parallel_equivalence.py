@@ -18,6 +18,7 @@ from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision, Mix
 from torch.distributed.tensor import DTensor
 
 from torchmatrix.suites.model_output import call_model, loss_of
+from torchmatrix.testing import current_device
 
 from .. import parallel
 from ..transformer import DecoderOutput, PrefixExpertDecoder, build_model
@@ -100,8 +101,7 @@ class LossOverOwnMeshStep:
 
     def __init__(self, model, optimizer):
         self.model = model
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.mesh = init_device_mesh(device, (world_size(),)) if dist.is_initialized() else None
+        self.mesh = init_device_mesh(current_device().type, (world_size(),)) if dist.is_initialized() else None
 
     def loss(self, batch) -> torch.Tensor:
         ranks = self.mesh.size() if self.mesh is not None else 1
