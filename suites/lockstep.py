@@ -31,6 +31,7 @@ from .single_process_reference import (
     optimizer_hyperparameters,
     seeded_model,
 )
+from .gradient_functionals import functional_comparison, functionals_of, reduction_bound
 from .step_comparisons import (
     GRID_EVIDENCE,
     clip_comparison,
@@ -83,16 +84,17 @@ def open_single_process(cell: dict, options: ParallelEquivalenceOptions, compone
             reference = SingleProcessReference(cell, options, components, shards)
         except UnavailableImplementation as unavailable:
             return {"unavailable": str(unavailable)}
-        mean = reference.gradient(0, loss_bounds=False)[0]
+        mean = reference.gradient(0)[0]
         return {"max_norm": options.clip_fraction * exact_norm(mean)}
 
 
 def compare_in_lockstep(
     cell: dict, options: ParallelEquivalenceOptions, components: dict, max_norm: float, trained: list, directory: str
 ) -> list[dict]:
-    """The reference trains beside the cell's records, stepping its optimizer with the clipped
-    gradient the cell stepped with, and compares each step; stops after the first step whose
-    parameters differ (later steps would compare gradients taken at different points)."""
+    """The reference trains beside the cell's records and compares each step; its optimizer steps on
+    the clipped gradient the cell stepped with once that gradient lay within its bound of the
+    reference's own. Stops after the first step whose gradient or parameters differ: the reference
+    never steps on a gradient it could not vouch for, and later steps would start elsewhere."""
     with deterministic_algorithms():
         shards, tensor_parallel = trained[0]["shards"], trained[0]["tensor_parallel"]
         reference = SingleProcessReference(cell, options, components, shards)
@@ -101,14 +103,24 @@ def compare_in_lockstep(
         initial = parameter_differences(recorded["initial"], reference.parameters())
         per_rank: list[list[dict]] = [[] for _ in trained]
         for index, computed in enumerate(recorded["steps"]):
-            mean, magnitude, losses, loss_bounds = reference.gradient(index, loss_bounds=tensor_parallel)
-            shared = step_comparison(computed, mean, magnitude, reduction, max_norm, options.reduce_dtype)
+            mean, magnitude, losses = reference.gradient(index)
+            if tensor_parallel:
+                functionals = functionals_of(mean)
+                loss_bounds, bounds = reference.reordering_bounds(index, functionals)
+                bounds = [bound + reduction_bound(f, magnitude, reduction) for f, bound in zip(functionals, bounds)]
+                gradient = functional_comparison(computed["reduced"], mean, functionals, bounds)
+            else:
+                loss_bounds = [0.0] * shards
+                gradient = gradient_comparison(computed["reduced"], mean, magnitude, reduction)
+            shared = step_comparison(computed, mean, gradient, max_norm, options.reduce_dtype)
             shared["norm"]["single_process_clip"] = reference.clip_norm(mean, max_norm)
-            reference.step_with(computed["clipped"])
-            shared["parameters"] = parameter_differences(computed["parameters"], reference.parameters())
+            vouched = not gradient["problems"]
+            if vouched:  # the reference steps only on a gradient within its bound of its own
+                reference.step_with(computed["clipped"])
+            shared["parameters"] = parameter_differences(computed["parameters"], reference.parameters()) if vouched else []
             for rank, run in enumerate(trained):
-                per_rank[rank].append(rank_comparison(shared, run, index, losses, loss_bounds, tensor_parallel))
-            if shared["parameters"]:
+                per_rank[rank].append(rank_comparison(shared, run, index, losses, loss_bounds))
+            if not vouched or shared["parameters"]:
                 break
         elements = per_rank[0][0]["elements"] if per_rank[0] else 0
         return [
@@ -126,14 +138,13 @@ def compare_in_lockstep(
         ]
 
 
-def step_comparison(computed: dict, mean: dict, magnitude: dict, reduction: MeanReduction, max_norm, declared) -> dict:
-    """What every rank of the cell shares at one step (the gathered tensors are the same on each),
-    compared with the reference's mean gradient."""
+def step_comparison(computed: dict, mean: dict, gradient: dict, max_norm: float, declared: str) -> dict:
+    """What every rank of the cell shares at one step (the gathered tensors are the same on each):
+    `gradient`, its comparison with the reference's mean gradient, and the clipping and dtype checks."""
     reduced, clipped = computed["reduced"], computed["clipped"]
     exact = exact_norm(reduced)
     elements = sum(gradient.numel() for gradient in reduced.values())
     coefficient = min(1.0, max_norm / (exact + CLIP_EPSILON))
-    gradient = gradient_comparison(reduced, mean, magnitude, reduction)
     return {
         "gradient": gradient,
         "narrow_grid": narrow_grid_lines(reduced, declared),
@@ -144,7 +155,7 @@ def step_comparison(computed: dict, mean: dict, magnitude: dict, reduction: Mean
     }
 
 
-def rank_comparison(shared: dict, run: dict, index: int, losses: list, loss_bounds: list, tensor_parallel) -> dict:
+def rank_comparison(shared: dict, run: dict, index: int, losses: list, loss_bounds: list) -> dict:
     """One rank's view of a step: its own loss against the reference's loss of its shard, the norm its
     clip returned against the gathered gradient's and the single-process mean's."""
     loss = torch.tensor(run["losses"][index], dtype=torch.float32)
@@ -154,11 +165,9 @@ def rank_comparison(shared: dict, run: dict, index: int, losses: list, loss_boun
     exact, single = norm["exact"], norm["single_process"]
     norm["relative_error"] = abs(returned - exact) / exact if exact else abs(returned)
     norm["single_process_error"] = abs(returned - single)
-    # ||returned - ||mean|| || <= the norm's own rounding + ||reduced - mean||, the gradient bound's 2-norm;
-    # under tensor parallelism the gradients have no bound, so neither has this.
-    norm["single_process_tolerance"] = (
-        None if tensor_parallel else norm_relative_bound(shared["elements"]) * exact + norm["gradient_distance"]
-    )
+    # |returned - ||mean||| <= the norm's own rounding + | ||reduced|| - ||mean|| |: the 2-norm of the element
+    # bound, or under tensor parallelism the first-order bound of the unit direction's functional.
+    norm["single_process_tolerance"] = norm_relative_bound(shared["elements"]) * exact + norm["gradient_distance"]
     return {
         **shared,
         "norm": norm,

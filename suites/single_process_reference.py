@@ -17,7 +17,8 @@ from torchmatrix.testing import (
 )
 
 from .built_names import module_names, named_parameters_as_built, remember_built
-from .loss_rounding import linear_rounding_bound
+from .gradient_functionals import Functional
+from .reordered_sums import reordered_sums
 from .training_step import build_training_step
 
 DEFAULT_CLIP = "torchmatrix.suites.gradient_clipping:clip_grad_norm"
@@ -80,15 +81,13 @@ class SingleProcessReference:
     def parameters(self) -> dict[str, torch.Tensor]:
         return {name: param.detach().cpu().clone() for name, param in named_parameters_as_built(self.model)}
 
-    def gradient(self, step: int, loss_bounds: bool) -> tuple[dict, dict, list, list]:
+    def gradient(self, step: int) -> tuple[dict, dict, list]:
         """Every shard of the step's global batch, one after another: their mean gradient (summed in
-        shard order, divided once), sum_d |g_d| in float64, their losses, and (where `loss_bounds`) how
-        far each loss may move to first order when the linear layers sum in another order."""
+        shard order, divided once), sum_d |g_d| in float64, and their losses."""
         total: dict[str, torch.Tensor] = {}
         magnitude: dict[str, torch.Tensor] = {}
-        losses, bounds = [], []
+        losses = []
         for shard in range(self.shards):
-            bounds.append(self.loss_bound(step, shard) if loss_bounds else 0.0)
             self.model.zero_grad(set_to_none=True)
             loss = self.training.loss(self.batch(step, shard))
             self.training.backward(loss)
@@ -99,18 +98,31 @@ class SingleProcessReference:
                     total[name] = total[name] + gradient if name in total else gradient.clone()
                     magnitude[name] = magnitude.get(name, 0) + gradient.double().abs()
         self.model.zero_grad(set_to_none=True)
-        return {name: value / self.shards for name, value in total.items()}, magnitude, losses, bounds
+        return {name: value / self.shards for name, value in total.items()}, magnitude, losses
 
-    def loss_bound(self, step: int, shard: int) -> float:
-        """How far this shard's loss may move to first order when the linear layers sum in another
-        order (suites/loss_rounding.py), measured in a pass of its own, eager: its hooks are side effects
-        that a block the model compiles itself would refuse to trace."""
+    def reordering_bounds(self, step: int, functionals: list[Functional]) -> tuple[list[float], list[float]]:
+        """How far, to first order, each shard's loss and each functional of the mean gradient may move
+        when the linear layers sum in another order (suites/reordered_sums.py), in a pass of its own
+        that differentiates autograd's gradient of the loss once more (the stack's `backward` cannot)."""
+        named = [(name, param) for name, param in named_parameters_as_built(self.model) if param.requires_grad]
+        keys = {name: id(param) for name, param in named}
+        loss_bounds, totals = [], [0.0] * len(functionals)
+        for shard in range(self.shards):
+            self.model.zero_grad(set_to_none=True)
+            with reordered_sums(self.model) as sums:
+                loss = self.training.loss(self.batch(step, shard))
+                gradients = torch.autograd.grad(
+                    loss, [param for _, param in named], create_graph=True, allow_unused=True
+                )
+                held = {name: gradient for (name, _), gradient in zip(named, gradients, strict=True) if gradient is not None}
+                for index, functional in enumerate(functionals):
+                    directions = {name: d for name, d in functional.directions.items() if name in held}
+                    value = sum((d.to(held[name]) * held[name]).sum() for name, d in directions.items())
+                    by_parameter = {keys[name]: d for name, d in directions.items()}
+                    totals[index] += sums.functional_bound(value, by_parameter) / self.shards
+            loss_bounds.append(sums.loss_bound)
         self.model.zero_grad(set_to_none=True)
-        with torch.compiler.set_stance("force_eager"), linear_rounding_bound(self.model) as shares:
-            loss = self.training.loss(self.batch(step, shard))
-            self.training.backward(loss)
-        self.model.zero_grad(set_to_none=True)
-        return sum(shares)
+        return loss_bounds, totals
 
     def clip_norm(self, mean: dict, max_norm: float) -> float:
         """What the clip component returns here, in one process, for the model holding the mean gradient."""

@@ -87,11 +87,10 @@ def forward_is_single_process(records: list[dict]) -> bool:
     return not records[0]["tensor_parallel"]
 
 
-GRADIENTS_UNDER_TENSOR_PARALLELISM = (
-    "tensor parallelism sums the forward's and backward's partial products in another order (row-wise "
-    "projections add up tp partial products), and that difference passes through every later layer: no bound "
-    "on the gradients follows from the reduction order, so they were compared for the record only "
-    "(grad_max_abs = {worst:.3e}); the loss, norm, clipping, reduce dtype and optimizer step are checked in this cell"
+TENSOR_PARALLEL_GRADIENTS = (
+    "under tensor parallelism, linear functionals of it (per tensor its sign pattern; over every tensor a random "
+    "±1 direction and the unit direction) each within its first-order bound of the linear layers summing in "
+    "another order (suites/reordered_sums.py)"
 )
 
 
@@ -134,27 +133,31 @@ def test_losses_match_single_process(cell, lockstep, record_property):
 
 def test_reduced_gradients_match_single_process(cell, lockstep, suite_options, record_property):
     """After the data-parallel reduction, the whole gradient equals the single-process mean gradient of
-    the global batch within the derived reduction bound (bit for bit at two shards or fewer)."""
+    the global batch within the derived reduction bound (bit for bit at two shards or fewer); under
+    tensor parallelism through linear functionals, each within its first-order bound."""
     records = lockstep
     reduction = MeanReduction(records[0]["shards"], suite_options.reduce_dtype)
     steps = records[0]["steps"]
-    worst = max(step["gradient"]["max_abs"] for step in steps)
-    record_property("grad_max_abs", worst)
-    if not forward_is_single_process(records):
-        pytest.skip(GRADIENTS_UNDER_TENSOR_PARALLELISM.format(worst=worst))
     record_property("precision", reduction.describe())
-    if reduction.exact:
-        record_property("grad_max_ulp", max(step["gradient"]["max_ulp"] for step in steps))
+    if not forward_is_single_process(records):
+        record_property("grad_functional_max_ratio", max(step["gradient"]["max_ratio"] for step in steps))
+        expected = TENSOR_PARALLEL_GRADIENTS
     else:
-        record_property("grad_max_ratio", max(step["gradient"]["max_ratio"] for step in steps))
+        record_property("grad_max_abs", max(step["gradient"]["max_abs"] for step in steps))
+        if reduction.exact:
+            record_property("grad_max_ulp", max(step["gradient"]["max_ulp"] for step in steps))
+        else:
+            record_property("grad_max_ratio", max(step["gradient"]["max_ratio"] for step in steps))
+        expected = f"within what the reduction order allows: {reduction.describe()}"
     problems = [f"step {index}: {line}" for index, step in enumerate(steps) for line in step["gradient"]["problems"]]
     if problems:
         raise AssertionError(
             f"{cell.id}: after the data-parallel reduction the gradient differs from the single-process mean gradient "
-            f"of the same global batch by more than the reduction order allows ({reduction.describe()}):\n"
+            f"of the same global batch ({expected}):\n"
             + listing(problems)
             + "\n  hint: a reduction in a narrower dtype than declared ([suites.parallel_equivalence.options] reduce_dtype), "
-            "a division by the wrong world size, or a reduction over the wrong ranks"
+            "a division by the wrong world size, a reduction over the wrong ranks, or a tensor-parallel plan that "
+            "reduces an input's gradient twice or never"
         )
 
 
@@ -220,7 +223,7 @@ def norm_problems(index: int, step: dict, record: dict) -> list[str]:
             f"tolerance {record['norm_tolerance']:.3e}"
         )
     tolerance = norm["single_process_tolerance"]
-    if tolerance is not None and norm["single_process_error"] > tolerance:
+    if norm["single_process_error"] > tolerance:
         problems.append(
             f"step {index}: {figures}; |returned - single-process| {norm['single_process_error']:.3e}, "
             f"tolerance {tolerance:.3e}"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from torchmatrix.models import parallel, transformer
 from torchmatrix.models.mutants import parallel_equivalence as mutants
+from torchmatrix.models.mutants import tensor_parallel_plans as plans
 from torchmatrix.suites import gradient_clipping
 
 REFERENCE, LOCAL_NORM, BF16_REDUCTIONS = "reference", "local_norm", "bf16_reductions"
@@ -15,6 +16,14 @@ LOSS_OVER_WORLD, BACKWARD_OVER_WORLD, MESH_OVER_WORLD, MODEL_OVER_WORLD = (
     "mesh_over_world",
     "model_over_world",
 )
+PLANS = {
+    "tp_grad_twice": plans.parallelize_reducing_input_gradients_twice,
+    "tp_grad_over_world": plans.parallelize_reducing_input_gradients_over_world,
+    "tp_grad_never": plans.parallelize_never_reducing_input_gradients,
+    "mlp_only_plan": plans.parallelize_splitting_the_mlp_only,
+}
+"""Tensor-parallel plans: three that sum a column-wise projection's input gradient twice, over the
+world or never, and a valid one of another shape (the control)."""
 TRAINING_STEPS = {
     LOSS_OVER_WORLD: mutants.LossAveragedOverWorldStep,
     BACKWARD_OVER_WORLD: mutants.BackwardScaledByWorldStep,
@@ -30,8 +39,10 @@ def build_model(cell, **keywords):
 
 
 def parallelize(model, cell, *, device, activation_checkpointing=False, mesh=None):
-    """The reference parallelize, or under variant bf16_reductions the one that reduces in bf16."""
+    """The reference parallelize, under variant bf16_reductions the one that reduces in bf16, under a
+    variant of PLANS the one applying that tensor-parallel plan."""
     chosen = mutants.parallelize_reducing_in_bf16 if cell["variant"] == BF16_REDUCTIONS else parallel.parallelize
+    chosen = PLANS.get(cell["variant"], chosen)
     return chosen(model, cell, device=device, activation_checkpointing=activation_checkpointing, mesh=mesh)
 
 

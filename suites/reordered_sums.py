@@ -1,0 +1,127 @@
+"""How far, to first order in the unit roundoff, the loss and linear functionals of the gradient can
+move when every `nn.Linear` sums its contractions in another order, as tensor parallelism does.
+
+A linear call computes three sums: its output y = x Wᵀ (+ b) over K in-features (a row-wise
+projection adds up tp partial products there), its input's gradient dX = dY W over N out-features
+(a column-wise projection all-reduces tp partials there) and its weight's gradient dW = dYᵀ X over T
+token rows. Any evaluation of a sum of n products lies within γ_n Σ|terms| of the exact one (Higham,
+section 3.1), so two evaluations lie within 2 γ_n Σ|terms| of each other, and a scalar φ computed
+from them moves by at most Σ |∂φ/∂s| · 2 γ_n Σ|terms| over every element of every such sum s. For
+φ = <r, gradient> the derivatives with respect to the backward's own sums come from a second
+backward: each linear call's input gradient gets a zero probe added, and ∂φ/∂probe is ∂φ/∂dX.
+Other operations run the same kernels on the same inputs on both sides and add nothing of their own.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from .summation_bounds import UNIT_ROUNDOFF, gamma
+
+
+@dataclass
+class LinearCall:
+    """One call of a linear layer: its output and the zero probe on its input's gradient (None where
+    the input needs none), each with the per-element bound of the sum that computes it."""
+
+    output: torch.Tensor
+    output_bound: torch.Tensor
+    probe: torch.Tensor | None
+    probe_bound: torch.Tensor | None = None
+
+
+@dataclass
+class ReorderedSums:
+    """What one forward and one differentiable backward recorded: every linear call, and per
+    parameter the bound of its own weight or bias gradient's sum over token rows."""
+
+    unit_roundoff: float
+    calls: list[LinearCall] = field(default_factory=list)
+    parameter_bounds: dict[int, torch.Tensor] = field(default_factory=dict)
+    loss_bound: float = 0.0
+    pending_probes: dict[int, torch.Tensor] = field(default_factory=dict)
+
+    def probe_input(self, module: nn.Linear, inputs: tuple):
+        """Forward pre-hook: the input through a view of its own, whose gradient (this call's dX)
+        gets a zero probe added, so a second backward can differentiate by dX."""
+        x = inputs[0]
+        if not x.requires_grad:
+            return None
+        probe = torch.zeros_like(x, requires_grad=True)
+        self.pending_probes[id(module)] = probe
+        alias = x.view_as(x)
+        alias.register_hook(lambda grad: grad + probe)
+        return (alias, *inputs[1:])
+
+    def watch(self, module: nn.Linear, inputs: tuple, output: torch.Tensor) -> None:
+        """Forward hook: the output's bound now, the backward sums' bounds when its gradient arrives."""
+        probe = self.pending_probes.pop(id(module), None)
+        if not output.requires_grad:
+            return
+        x, weight, bias = inputs[0].detach().double().abs(), module.weight.detach().double().abs(), module.bias
+        magnitude = F.linear(x, weight, None if bias is None else bias.detach().double().abs())
+        call = LinearCall(output, 2 * gamma(module.in_features + 1, self.unit_roundoff) * magnitude, probe)
+        self.calls.append(call)
+        output.register_hook(lambda grad: self.backward_sums(module, call, x, magnitude, grad))
+
+    def backward_sums(self, module: nn.Linear, call: LinearCall, x, magnitude, grad: torch.Tensor) -> None:
+        """Output-gradient hook, in the first backward only (a second one passes here too): the loss's
+        share through this output, and the bounds of dX, dW and db."""
+        if call.probe_bound is not None:
+            return
+        dy = grad.detach().double().abs()
+        self.loss_bound += float((dy * call.output_bound).sum())
+        weight = module.weight.detach().double().abs()
+        call.probe_bound = 2 * gamma(module.out_features, self.unit_roundoff) * (dy @ weight)
+        rows_dy, rows_x = dy.reshape(-1, module.out_features), x.reshape(-1, module.in_features)
+        factor = 2 * gamma(rows_dy.shape[0], self.unit_roundoff)
+        self.add_parameter_bound(module.weight, factor * (rows_dy.T @ rows_x))
+        if module.bias is not None:
+            self.add_parameter_bound(module.bias, factor * rows_dy.sum(0))
+
+    def add_parameter_bound(self, parameter: nn.Parameter, bound: torch.Tensor) -> None:
+        key = id(parameter)
+        self.parameter_bounds[key] = self.parameter_bounds[key] + bound if key in self.parameter_bounds else bound
+
+    def functional_bound(self, functional: torch.Tensor, directions: dict[int, torch.Tensor]) -> float:
+        """First-order bound of how far `functional` (Σ_p <directions[p], gradient of p>, built with
+        create_graph) moves: through every linear call's output and input gradient, and directly
+        through each parameter's own gradient sum."""
+        sources = [(call.output, call.output_bound) for call in self.calls]
+        sources += [(call.probe, call.probe_bound) for call in self.calls if call.probe_bound is not None]
+        if not (isinstance(functional, torch.Tensor) and functional.requires_grad):
+            sources = []  # no gradient it weighs depends on any sum: only the parameters' own sums count
+        derivatives = torch.autograd.grad(functional, [t for t, _ in sources], retain_graph=True, allow_unused=True) if sources else []
+        through_sums = sum(
+            float((derivative.detach().double().abs() * limit).sum())
+            for derivative, (_, limit) in zip(derivatives, sources, strict=True)
+            if derivative is not None
+        )
+        return through_sums + sum(
+            float((direction.double().abs() * self.parameter_bounds[key]).sum())
+            for key, direction in directions.items()
+            if key in self.parameter_bounds
+        )
+
+
+@contextmanager
+def reordered_sums(model: nn.Module, dtype: str = "float32"):
+    """Yields a ReorderedSums that records the linear calls of the forward and backward run inside the
+    block. Eager and with SDPA's math kernel: hooks are side effects a compiled block would refuse,
+    and the fused attention kernels have no second derivative."""
+    sums = ReorderedSums(UNIT_ROUNDOFF[dtype])
+    linears = [module for module in model.modules() if isinstance(module, nn.Linear)]
+    handles = [module.register_forward_pre_hook(sums.probe_input) for module in linears]
+    handles += [module.register_forward_hook(sums.watch) for module in linears]
+    try:
+        with torch.compiler.set_stance("force_eager"), sdpa_kernel(SDPBackend.MATH):
+            yield sums
+    finally:
+        for handle in handles:
+            handle.remove()
