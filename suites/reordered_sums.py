@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from .gradient_functionals import Functional
 from .summation_bounds import UNIT_ROUNDOFF, gamma
 
 
@@ -34,6 +35,7 @@ class LinearCall:
     output_bound: torch.Tensor
     probe: torch.Tensor | None
     probe_bound: torch.Tensor | None = None
+    backward_seen: bool = False
 
 
 @dataclass
@@ -73,12 +75,14 @@ class ReorderedSums:
     def backward_sums(self, module: nn.Linear, call: LinearCall, x, magnitude, grad: torch.Tensor) -> None:
         """Output-gradient hook, in the first backward only (a second one passes here too): the loss's
         share through this output, and the bounds of dX, dW and db."""
-        if call.probe_bound is not None:
+        if call.backward_seen:
             return
+        call.backward_seen = True
         dy = grad.detach().double().abs()
         self.loss_bound += float((dy * call.output_bound).sum())
         weight = module.weight.detach().double().abs()
-        call.probe_bound = 2 * gamma(module.out_features, self.unit_roundoff) * (dy @ weight)
+        if call.probe is not None:
+            call.probe_bound = 2 * gamma(module.out_features, self.unit_roundoff) * (dy @ weight)
         rows_dy, rows_x = dy.reshape(-1, module.out_features), x.reshape(-1, module.in_features)
         factor = 2 * gamma(rows_dy.shape[0], self.unit_roundoff)
         self.add_parameter_bound(module.weight, factor * (rows_dy.T @ rows_x))
@@ -125,3 +129,21 @@ def reordered_sums(model: nn.Module, dtype: str = "float32"):
     finally:
         for handle in handles:
             handle.remove()
+
+
+def reordering_bounds(model: nn.Module, named: list, loss_of_model, functionals: list[Functional]):
+    """One forward (`loss_of_model()`) and autograd's gradient of it, differentiated once more: the
+    first-order bound of the loss and of each functional of the gradient of the parameters `named`
+    ((name, parameter) pairs, the names the functionals use)."""
+    named = [(name, param) for name, param in named if param.requires_grad]
+    keys = {name: id(param) for name, param in named}
+    with reordered_sums(model) as sums:
+        loss = loss_of_model()
+        gradients = torch.autograd.grad(loss, [param for _, param in named], create_graph=True, allow_unused=True)
+        held = {name: gradient for (name, _), gradient in zip(named, gradients, strict=True) if gradient is not None}
+        bounds = []
+        for functional in functionals:
+            directions = {name: d for name, d in functional.directions.items() if name in held}
+            value = sum((d.to(held[name]) * held[name]).sum() for name, d in directions.items())
+            bounds.append(sums.functional_bound(value, {keys[name]: d for name, d in directions.items()}))
+    return sums.loss_bound, bounds

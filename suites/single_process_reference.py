@@ -4,6 +4,8 @@ reads the world's size or rank, or builds a mesh over it, sees the single proces
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
 from torchmatrix.components.compile_axis import COMPILE_AXIS, NOT_COMPILED
@@ -18,7 +20,7 @@ from torchmatrix.testing import (
 
 from .built_names import module_names, named_parameters_as_built, remember_built
 from .gradient_functionals import Functional
-from .reordered_sums import reordered_sums
+from .reordered_sums import reordering_bounds
 from .training_step import build_training_step
 
 DEFAULT_CLIP = "torchmatrix.suites.gradient_clipping:clip_grad_norm"
@@ -104,23 +106,15 @@ class SingleProcessReference:
         """How far, to first order, each shard's loss and each functional of the mean gradient may move
         when the linear layers sum in another order (suites/reordered_sums.py), in a pass of its own
         that differentiates autograd's gradient of the loss once more (the stack's `backward` cannot)."""
-        named = [(name, param) for name, param in named_parameters_as_built(self.model) if param.requires_grad]
-        keys = {name: id(param) for name, param in named}
         loss_bounds, totals = [], [0.0] * len(functionals)
         for shard in range(self.shards):
             self.model.zero_grad(set_to_none=True)
-            with reordered_sums(self.model) as sums:
-                loss = self.training.loss(self.batch(step, shard))
-                gradients = torch.autograd.grad(
-                    loss, [param for _, param in named], create_graph=True, allow_unused=True
-                )
-                held = {name: gradient for (name, _), gradient in zip(named, gradients, strict=True) if gradient is not None}
-                for index, functional in enumerate(functionals):
-                    directions = {name: d for name, d in functional.directions.items() if name in held}
-                    value = sum((d.to(held[name]) * held[name]).sum() for name, d in directions.items())
-                    by_parameter = {keys[name]: d for name, d in directions.items()}
-                    totals[index] += sums.functional_bound(value, by_parameter) / self.shards
-            loss_bounds.append(sums.loss_bound)
+            loss_of_model = partial(self.training.loss, self.batch(step, shard))
+            loss_bound, bounds = reordering_bounds(
+                self.model, named_parameters_as_built(self.model), loss_of_model, functionals
+            )
+            loss_bounds.append(loss_bound)
+            totals = [total + bound / self.shards for total, bound in zip(totals, bounds, strict=True)]
         self.model.zero_grad(set_to_none=True)
         return loss_bounds, totals
 
