@@ -35,7 +35,7 @@ SDPA_BACKENDS = {
 }
 ATTENTION_KINDS = ("sdpa", "eager")
 LAYERS_PER_STACK = 3
-SHALLOW_LAYERS_PER_STACK = 1
+SHALLOW_LAYERS_PER_STACK = 2
 """Layers per stack in a cell that compiles its blocks, steps an optimizer implementation other than the
 default, or shards over a 2-D mesh. Compile time grows with every block (a block's graphs specialise on
 its cache entry and index, so identical blocks cannot share one) and every parameter (the compiled step

@@ -93,25 +93,35 @@ class ReorderedSums:
         key = id(parameter)
         self.parameter_bounds[key] = self.parameter_bounds[key] + bound if key in self.parameter_bounds else bound
 
-    def functional_bound(self, functional: torch.Tensor, directions: dict[int, torch.Tensor]) -> float:
-        """First-order bound of how far `functional` (Σ_p <directions[p], gradient of p>, built with
-        create_graph) moves: through every linear call's output and input gradient, and directly
-        through each parameter's own gradient sum."""
+    def functional_bounds(self, values: torch.Tensor, directions: list[dict[int, torch.Tensor]]) -> list[float]:
+        """First-order bound of how far each of `values` (value i = Σ_p <directions[i][p], gradient of p>,
+        built with create_graph) moves: through every linear call's output and input gradient (one
+        backward batched over the values), and directly through each parameter's own gradient sum."""
         sources = [(call.output, call.output_bound) for call in self.calls]
         sources += [(call.probe, call.probe_bound) for call in self.calls if call.probe_bound is not None]
-        if not (isinstance(functional, torch.Tensor) and functional.requires_grad):
-            sources = []  # no gradient it weighs depends on any sum: only the parameters' own sums count
-        derivatives = torch.autograd.grad(functional, [t for t, _ in sources], retain_graph=True, allow_unused=True) if sources else []
-        through_sums = sum(
-            float((derivative.detach().double().abs() * limit).sum())
-            for derivative, (_, limit) in zip(derivatives, sources, strict=True)
-            if derivative is not None
-        )
-        return through_sums + sum(
-            float((direction.double().abs() * self.parameter_bounds[key]).sum())
-            for key, direction in directions.items()
-            if key in self.parameter_bounds
-        )
+        through_sums = [0.0] * len(directions)
+        if values.requires_grad and sources:
+            derivatives = torch.autograd.grad(
+                values,
+                [tensor for tensor, _ in sources],
+                grad_outputs=torch.eye(len(directions), dtype=values.dtype, device=values.device),
+                is_grads_batched=True,
+                retain_graph=True,
+                allow_unused=True,
+            )
+            for derivative, (_, limit) in zip(derivatives, sources, strict=True):
+                if derivative is not None:
+                    weighted = derivative.detach().double().abs() * limit
+                    through_sums = [total + float(w.sum()) for total, w in zip(through_sums, weighted, strict=True)]
+        return [
+            total
+            + sum(
+                float((direction.double().abs() * self.parameter_bounds[key]).sum())
+                for key, direction in weights.items()
+                if key in self.parameter_bounds
+            )
+            for total, weights in zip(through_sums, directions, strict=True)
+        ]
 
 
 @contextmanager
@@ -141,9 +151,12 @@ def reordering_bounds(model: nn.Module, named: list, loss_of_model, functionals:
         loss = loss_of_model()
         gradients = torch.autograd.grad(loss, [param for _, param in named], create_graph=True, allow_unused=True)
         held = {name: gradient for (name, _), gradient in zip(named, gradients, strict=True) if gradient is not None}
-        bounds = []
+        zero = next(iter(held.values())).new_zeros(())  # a functional weighing no gradient still stacks
+        values, directions = [], []
         for functional in functionals:
-            directions = {name: d for name, d in functional.directions.items() if name in held}
-            value = sum((d.to(held[name]) * held[name]).sum() for name, d in directions.items())
-            bounds.append(sums.functional_bound(value, {keys[name]: d for name, d in directions.items()}))
+            weights = {name: d for name, d in functional.directions.items() if name in held}
+            values.append(sum(((d.to(held[name]) * held[name]).sum() for name, d in weights.items()), zero))
+            directions.append({keys[name]: d for name, d in weights.items()})
+        bounds = sums.functional_bounds(torch.stack(values), directions)
     return sums.loss_bound, bounds
+

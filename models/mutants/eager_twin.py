@@ -10,7 +10,8 @@ step run eagerly (suites/eager_twin.py) sees it. Four classes, several shapes ea
   through ``torch.compiler.assume_constant_result``, a module-level schedule read inside a function
   ``torch.compiler.allow_in_graph`` puts in the graph unread;
 - a branch on a Python-side flag the compiled graph froze, read the same two ways;
-- another op under ``is_compiling()``: the tanh GELU, a skipped scale, a cache read detached.
+- another op under ``is_compiling()``: the tanh GELU, a skipped scale, a cache read detached;
+- one that needs depth: a cache entry memoised from the first layer traced, read by every later one.
 
 What changes between steps is a step count that advances once per backward (``count_steps``), kept in
 a persistent buffer and read outside the checkpointed body: every forward of one step (micro-batches,
@@ -211,6 +212,30 @@ class DetachedCacheExpertLayer(ExpertLayer):
         return torch.cat((prefix_keys.detach(), key), dim=2), torch.cat((prefix_values.detach(), value), dim=2)
 
 
+FIRST_ENTRY: list[int] = []
+
+
+@torch.compiler.assume_constant_result
+def prefix_entry(layer_idx: int) -> int:
+    """The prefix cache entry an expert layer reads, memoised from the first call ("the layers are
+    alike"): Dynamo calls it once per trace and bakes the result in, so every expert layer traced
+    after the first reads the first one's entry."""
+    if not FIRST_ENTRY:
+        FIRST_ENTRY.append(layer_idx)
+    return FIRST_ENTRY[0]
+
+
+class FirstEntryExpertLayer(ExpertLayer):
+    """Reads the prefix cache entry `prefix_entry` names when compiling, its own when not. A bug that
+    needs depth: with one layer per stack every index is 0 and the compiled model is the eager one."""
+
+    def keys_values(self, cache: KVCache, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
+        if not torch.compiler.is_compiling():
+            return super().keys_values(cache, key, value)
+        prefix_keys, prefix_values = cache[prefix_entry(self.layer_idx)]
+        return torch.cat((prefix_keys, key), dim=2), torch.cat((prefix_values, value), dim=2)
+
+
 class GraphBreakingLayer(PrefixLayer):
     """Breaks the graph before its body, as a block that logs or calls an untraceable helper does: benign
     where the block is compiled with ``fullgraph=False``."""
@@ -274,6 +299,11 @@ def unscaled_residual_model(cell: Mapping[str, object], **kwargs) -> PrefixExper
 def detached_cache_model(cell: Mapping[str, object], **kwargs) -> PrefixExpertDecoder:
     """Model factory: expert layers read the prefix cache detached when compiled."""
     return build_model(cell, expert_layer=DetachedCacheExpertLayer, **kwargs)
+
+
+def first_entry_model(cell: Mapping[str, object], **kwargs) -> PrefixExpertDecoder:
+    """Model factory: compiled expert layers past the first read the first one's prefix cache entry."""
+    return build_model(cell, expert_layer=FirstEntryExpertLayer, **kwargs)
 
 
 def graph_breaking_model(cell: Mapping[str, object], **kwargs) -> PrefixExpertDecoder:

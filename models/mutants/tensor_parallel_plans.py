@@ -1,7 +1,7 @@
-"""Tensor-parallel plans for the parallel_equivalence suite: three known-bad ones whose column-wise
+"""Tensor-parallel plans for the parallel_equivalence suite: known-bad ones whose column-wise
 projections get their input's gradient summed across tp ranks twice, never, or over the wrong
-ranks (the forward and the loss untouched: only the backward differs), and a valid plan of another
-shape that must stay green. Point `[components] parallelize` at one of the `parallelize_*` here."""
+ranks, or twice in the deeper layers only (the forward and the loss untouched: only the backward
+differs), and a valid plan of another shape that must stay green. Point `[components] parallelize` at one of the `parallelize_*` here."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Replicate
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+from torchmatrix.testing import cell_mesh
 
 from .. import parallel
 
@@ -66,6 +68,27 @@ def averaged_over_world(gradient: torch.Tensor) -> torch.Tensor:
 def relabel_partial_gradient(module, args) -> None:
     args[0].register_hook(
         lambda gradient: DTensor.from_local(gradient.to_local(), gradient.device_mesh, [Replicate()], run_check=False)
+    )
+
+
+def parallelize_reducing_deeper_input_gradients_twice(
+    model, cell, *, device, activation_checkpointing=False, mesh=None
+):
+    """The reference parallelize, but every layer past the first of its stack sums its column-wise
+    projections' input gradients across tp ranks twice, as InputGradientReducedTwice does: a plan
+    built per layer index that is off by one. A bug that needs depth: one layer per stack hides it."""
+    if cell["fsdp"] == "none":
+        return parallel.parallelize(model, cell, device=device, activation_checkpointing=activation_checkpointing)
+    mesh = mesh if mesh is not None else cell_mesh(cell, device.type)
+    tensor_parallel = parallel.TP_DIM in (mesh.mesh_dim_names or ())
+    twice = partial(gradient_hook, partial(all_reduced, group=mesh[parallel.TP_DIM].get_group())) if tensor_parallel else None
+    for layer in model.decoder_layers():
+        if tensor_parallel and layer.layer_idx >= 1:
+            for name, style in parallel.TENSOR_PARALLEL_PLAN.items():
+                if isinstance(style, ColwiseParallel):
+                    getattr(layer, name).register_forward_pre_hook(twice)
+    return parallel.parallelize(
+        model, cell, device=device, activation_checkpointing=activation_checkpointing, mesh=mesh
     )
 
 

@@ -20,10 +20,11 @@ PLANS = {
     "tp_grad_twice": plans.parallelize_reducing_input_gradients_twice,
     "tp_grad_over_world": plans.parallelize_reducing_input_gradients_over_world,
     "tp_grad_never": plans.parallelize_never_reducing_input_gradients,
+    "tp_grad_twice_deeper": plans.parallelize_reducing_deeper_input_gradients_twice,
     "mlp_only_plan": plans.parallelize_splitting_the_mlp_only,
 }
-"""Tensor-parallel plans: three that sum a column-wise projection's input gradient twice, over the
-world or never, and a valid one of another shape (the control)."""
+"""Tensor-parallel plans: ones that sum a column-wise projection's input gradient twice, over the
+world, never, or twice past each stack's first layer, and a valid one of another shape (the control)."""
 TRAINING_STEPS = {
     LOSS_OVER_WORLD: mutants.LossAveragedOverWorldStep,
     BACKWARD_OVER_WORLD: mutants.BackwardScaledByWorldStep,

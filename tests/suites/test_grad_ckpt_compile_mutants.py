@@ -15,7 +15,8 @@ micro-batches), in one real run whose axis `variant` picks the components per ce
   than without, recomputing nothing; the failure names the policy;
 - models that compute something else once compiled (models/mutants/eager_twin.py: a buffer updated only
   when not compiling, a value or a flag Dynamo bakes in at the first trace, another op under
-  `is_compiling()`), each in the aot_eager cell: each fails the eager-twin comparison naming the first
+  `is_compiling()`, a cache entry memoised from the first layer traced, which needs two layers a
+  stack), each in the aot_eager cell: each fails the eager-twin comparison naming the first
   tensor that differs, its step and the tensor that differs most; the valid control, a block with a
   benign graph break compiled with `fullgraph=False`, passes. They run as a second run, of the eager-twin
   test alone: `--test` narrows a whole run, and in the first one the two checkpointing tests would
@@ -88,6 +89,11 @@ TWIN_MUTANTS = {
     "detached_cache_model": (
         "first at step 1 of 3, rank 0: gradient of embed.weight: ",
         "largest that step: rank 0: gradient of prefix_layers.0.",
+    ),
+    # needs depth: the second expert layer reads the first prefix layer's entry (green at one layer a stack)
+    "first_entry_model": (
+        "first at step 1 of 3, rank 0: the loss: is ",
+        "largest that step: rank 0: gradient of expert_layers.1.",
     ),
 }
 CONTROL = "graph_breaking_model"

@@ -61,17 +61,18 @@ WORLD_READERS = {
 }
 MUTANTS.update(WORLD_READERS)
 # Tensor-parallel plans that sum a column-wise projection's input gradient twice, over the whole world,
-# or never: the loss is right, every gradient before that projection is not (its norm too, but the
-# worst-case norm bound is loose enough that the never-reduced half-sums can pass it on some steps).
+# never, or twice past each stack's first layer (which needs two layers a stack): the loss is right,
+# every gradient before that projection is not, nor the norm.
+TENSOR_PARALLEL_PLANS = ("tp_grad_twice", "tp_grad_over_world", "tp_grad_never", "tp_grad_twice_deeper")
 MUTANTS.update(
     dict.fromkeys(
-        ("tp_grad_twice", "tp_grad_over_world", "tp_grad_never"),
+        TENSOR_PARALLEL_PLANS,
         {GRADIENTS: "(its sign pattern)", NORM: "|returned - single-process|"},
     )
 )
 CONTROLS = ("mlp_only_plan",)
 """Valid stacks other than the reference that must pass every test: a tensor-parallel plan that splits the MLP only."""
-TENSOR_PARALLEL_ONLY = ("tp_grad_twice", "tp_grad_over_world", "tp_grad_never", *CONTROLS)
+TENSOR_PARALLEL_ONLY = (*TENSOR_PARALLEL_PLANS, *CONTROLS)
 KINDS = (
     dict.fromkeys(MUTANTS, CELL_KINDS)
     | {
