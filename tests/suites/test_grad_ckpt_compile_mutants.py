@@ -72,7 +72,7 @@ TWIN_MUTANTS = {
     ),
     "tempered_model": (
         "first at step 2 of 3, rank 0: the loss: is ",
-        "largest that step: rank 0: gradient of prefix_layers.0.",
+        "largest that step: rank 0: gradient of prefix_layers.1.",
     ),
     "gated_model": (
         "first at step 2 of 3, rank 0: the loss: is ",
@@ -80,7 +80,7 @@ TWIN_MUTANTS = {
     ),
     "tanh_gelu_model": (
         "first at step 1 of 3, rank 0: the loss: is ",
-        "largest that step: rank 0: gradient of prefix_layers.0.mlp_in.weight",
+        "largest that step: rank 0: gradient of prefix_layers.1.mlp_in.weight",
     ),
     "unscaled_residual_model": (
         "first at step 1 of 3, rank 0: the loss: is ",
@@ -88,7 +88,7 @@ TWIN_MUTANTS = {
     ),
     "detached_cache_model": (
         "first at step 1 of 3, rank 0: gradient of embed.weight: ",
-        "largest that step: rank 0: gradient of prefix_layers.0.",
+        "largest that step: rank 0: gradient of prefix_layers.1.",
     ),
     # needs depth: the second expert layer reads the first prefix layer's entry (green at one layer a stack)
     "first_entry_model": (
