@@ -31,8 +31,10 @@ def held_step_lines(history: dict[int, dict], save_step: int, loaded: dict) -> l
         held = save_step if bits_equal(value, saved[label]) else _only_step_holding(history, save_step, label, value)
         steps_by_kind.setdefault(_kind(label), set()).add(held)
         if held not in (save_step, None):
-            lines.append(f"after load: {label} holds step {held}'s value, the save was at step {save_step}{_why(held, save_step)}")
-    return lines + _torn(steps_by_kind, save_step)
+            lines.append(f"after load: {label} holds step {held}'s value, the save was at step {save_step}")
+    held_elsewhere = sorted({step for steps in steps_by_kind.values() for step in steps} - {save_step, None})
+    causes = [_why(step, save_step) for step in held_elsewhere]
+    return _torn(steps_by_kind, save_step) + lines + causes
 
 
 def _only_step_holding(history: dict[int, dict], save_step: int, label: str, value) -> int | None:
@@ -46,9 +48,13 @@ def _only_step_holding(history: dict[int, dict], save_step: int, label: str, val
 
 
 def _why(held: int, save_step: int) -> str:
+    """The cause of a checkpoint holding step `held`'s values, in one line."""
     if held > save_step:
-        return ": the optimizer step taken after the save reached the checkpoint (its state was written after it changed, not copied at the save)"
-    return ": the checkpoint holds an earlier save's state, written again"
+        return (
+            f"step {held}, taken after the save at step {save_step} returned, reached the checkpoint: the save wrote "
+            "tensors the optimizer changed in place after it, without a copy made at the save (the staging copy skipped?)"
+        )
+    return f"the save at step {save_step} wrote the state of step {held}, an earlier save's, again (a stale staging buffer?)"
 
 
 def _kind(label: str) -> str:
