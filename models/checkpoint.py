@@ -38,15 +38,19 @@ class Checkpointer:
     process_group = None
 
     def save(self, directory: str, *, model, optimizer, scheduler, loader, step: int) -> None:
+        state = self.state_to_save(model=model, optimizer=optimizer, scheduler=scheduler, loader=loader, step=step)
+        dcp.save(state, checkpoint_id=directory, process_group=self.process_group)
+
+    def state_to_save(self, *, model, optimizer, scheduler, loader, step: int) -> dict:
+        """Every piece, keyed as `restore` loads it; the progress checked alike on every rank first."""
         progress = self.progress_state(scheduler, loader, step)
         require_same_on_every_rank(progress, self.process_group)
-        state = {
+        return {
             "model": self.model_state(model),
             "optimizer": self.optimizer_state(model, optimizer),
             "progress": progress,
             self.rng_key(): self.rng_state(),
         }
-        dcp.save(state, checkpoint_id=directory, process_group=self.process_group)
 
     def load(self, directory: str, *, model, optimizer, scheduler, loader) -> int:
         """Restore every piece from `directory` and return the step it was saved at."""

@@ -12,6 +12,10 @@
   rebuilt run already held before the load skips, saying why.
 - Then the resumed losses (`loss_max_ulp` recorded), final parameters and optimizer state must equal
   the straight run's, bit for bit (-0.0 is not 0.0).
+- Run B saves twice (at K - 1 and K, with the same checkpointer) and steps after each save: the loaded
+  checkpoint must hold the state at K, neither the next step's nor the previous save's, and a
+  second save must work. In the cells option `async_save` names, `checkpointer_async` saves and the
+  optimizer steps before the save's future resolves, as the official recipe does (suites/held_steps.py).
 - With an `optimizer_impl` axis the checkpoint of a cell stepping an implementation other than the
   default also loads into each other implementation the factory builds
   (docs/explanation/optimizer-implementations.md).
@@ -37,8 +41,10 @@ from torchmatrix.testing import (
     IMPLEMENTATION_AXIS,
     IMPLEMENTATIONS,
     ResumeOptions,
+    UnavailableCheckpointMode,
     UnavailableImplementation,
     build_optimizer,
+    checkpointer_path,
     capture_rng_state,
     consequence_of,
     data_parallel_rank,
@@ -47,11 +53,13 @@ from torchmatrix.testing import (
     load,
     restore_rng_state,
     rng_streams,
+    saves_asynchronously,
 )
 
 from .built_names import named_modules_as_built, named_parameters_as_built
-from .checkpointer_forms import RunCheckpointer
+from .checkpointer_forms import RunCheckpointer, SaveInFlight
 from .deterministic import deterministic_algorithms
+from .held_steps import held_state, held_step_lines
 from .device_copies import on_device
 from .optimizer_state import (
     brief,
@@ -81,19 +89,48 @@ except ImportError:
 
 
 @pytest.fixture
-def experiment(cell, ranks, suite_options, components, tmp_path, once_per_cell) -> list[RankRecord]:
-    """Both runs of the cell, one record per rank; run once per cell and shared by its tests."""
+def runs(cell, ranks, suite_options, components, tmp_path, once_per_cell) -> list:
+    """Both runs of the cell, one record per rank (or why they stopped); run once per cell and shared by its tests."""
 
-    def both_runs() -> list[RankRecord | Unavailable]:
+    def both_runs() -> list[RankRecord | Unavailable | SaveFailed]:
         options = suite_options
         data_path = str(tmp_path / "tokens.pt")
         write_dataset(components, options, data_path)
-        return ranks.run(straight_and_resumed, dict(cell), options, components, data_path, str(tmp_path / "checkpoint"))
+        asynchronous = saves_asynchronously(cell.id, options.async_save)
+        saving = {**components, "checkpointer": checkpointer_path(components, asynchronous)}
+        checkpoint_dir = str(tmp_path / "checkpoint")
+        return ranks.run(straight_and_resumed, dict(cell), options, saving, data_path, checkpoint_dir, asynchronous)
 
     records = once_per_cell("the training runs", both_runs)
     if isinstance(records[0], Unavailable):
         pytest.skip(records[0].reason)
     return records
+
+
+@pytest.fixture
+def experiment(runs) -> list[RankRecord]:
+    """Both runs' records, where the run got as far as loading a checkpoint."""
+    failed = [record for record in runs if isinstance(record, SaveFailed)]
+    if failed:
+        pytest.skip(f"no checkpoint to load: {failed[0].reason} (test_checkpoint_holds_the_state_at_its_save fails on it)")
+    return runs
+
+
+def test_checkpoint_holds_the_state_at_its_save(cell, runs, suite_options, record_property):
+    """The loaded checkpoint holds the state at its save, not that of the step the trainer took right
+    after it (an asynchronous save in flight, its staging copy skipped) nor the previous save's, and
+    the checkpointer saves a second time. `save_in_flight` records whether an asynchronous upload
+    was still running when the optimizer stepped: where it was not, the step could not reach it."""
+    failed = [f"  rank {rank}: {record.reason}" for rank, record in enumerate(runs) if isinstance(record, SaveFailed)]
+    if failed:
+        raise AssertionError(f"{cell.id}: a save failed:\n" + "\n".join(failed))
+    in_flight = sorted({record.save_in_flight for record in runs} - {"synchronous"})
+    if in_flight:
+        record_property("save_in_flight", ", ".join(in_flight))
+    lines = [f"  rank {rank}: {line}" for rank, record in enumerate(runs) for line in record.held_steps]
+    if lines:
+        step = suite_options.resume_step
+        raise AssertionError(f"{cell.id}, the checkpoint saved at step {step} vs the state at step {step}:\n" + "\n".join(lines))
 
 
 def write_dataset(components: dict, options: ResumeOptions, path: str) -> None:
@@ -412,22 +449,38 @@ class RankRecord:
     rng_at_save: dict[str, bytes | None] = field(default_factory=dict)  # each used stream at the save
     rng_after_load: dict[str, bytes | None] = field(default_factory=dict)  # and right after the load
     twin: dict = field(default_factory=dict)  # the for-loop twin's verdict (OptimizerSteps.verdict), where it ran
+    held_steps: list[str] = field(default_factory=list)  # loaded tensors holding another step's value (held_steps.py)
+    save_in_flight: str = "synchronous"  # whether the upload still ran when the optimizer stepped after the save
 
 
 @dataclass
 class Unavailable:
-    """The cell's optimizer implementation cannot be built here, and why (its tests skip)."""
+    """The cell's optimizer implementation or checkpoint mode is not available here, and why (its tests skip)."""
+
+    reason: str
+
+
+@dataclass
+class SaveFailed:
+    """The checkpointer's second save raised where its first had worked: nothing to load (the tests skip, but one)."""
 
     reason: str
 
 
 def straight_and_resumed(
-    cell: dict, options: ResumeOptions, components: dict, data_path: str, checkpoint_dir: str
-) -> RankRecord | Unavailable:
+    cell: dict, options: ResumeOptions, components: dict, data_path: str, checkpoint_dir: str, asynchronous: bool
+) -> RankRecord | Unavailable | SaveFailed:
     """Rank function: run A (N steps straight) and run B (K steps, save, rebuild, load, N - K steps)."""
     with deterministic_algorithms():
         return _straight_and_resumed(
-            cell, options, components, data_path, checkpoint_dir, data_parallel_rank(cell), data_parallel_size(cell)
+            cell,
+            options,
+            components,
+            data_path,
+            checkpoint_dir,
+            data_parallel_rank(cell),
+            data_parallel_size(cell),
+            asynchronous,
         )
 
 
@@ -439,7 +492,8 @@ def _straight_and_resumed(
     checkpoint_dir: str,
     rank: int,
     world_size: int,
-) -> RankRecord | Unavailable:
+    asynchronous: bool,
+) -> RankRecord | Unavailable | SaveFailed:
     steps, resume_step = options.steps, options.resume_step
     checkpointer = load(components["checkpointer"])
 
@@ -453,13 +507,34 @@ def _straight_and_resumed(
     streams_used = sorted(run_a.rng_streams_advanced)
 
     run_b = TrainingRun(cell, options, components, data_path, rank, world_size, seed=options.seed)
-    for _ in range(resume_step):
+    try:
+        saver = RunCheckpointer(checkpointer, checkpoint_dir, **run_b.checkpointables(), cell=cell)
+    except UnavailableCheckpointMode as unavailable:
+        return Unavailable(str(unavailable))
+    for _ in range(resume_step - 1):
+        run_b.train_step()
+    history = {}
+    if resume_step > 1:  # a first save, so that the checkpoint loaded is the checkpointer's second
+        history[resume_step - 1] = held_state(run_b.parameters(), run_b.optimizer_state())
+        save_and_step(run_b, saver.start_save(resume_step - 1), asynchronous)
+    else:
         run_b.train_step()
     at_save = run_b.state_snapshot()
     quantized_at_save = sorted(
         f"{name}.{key}" for name, state in run_b.named_raw_state().items() for key in quantized_keys(state)
     )
-    extra_saved = RunCheckpointer(checkpointer, checkpoint_dir, **run_b.checkpointables(), cell=cell).save(resume_step)
+    try:
+        extra_saved, in_flight = save_and_step(run_b, saver.start_save(resume_step), asynchronous)
+    except (Exception, CheckpointException) as error:
+        if resume_step == 1:
+            raise
+        return SaveFailed(
+            f"the save at step {resume_step} raised {first_line(error)}, where the same checkpointer's save at step "
+            f"{resume_step - 1} had worked: it cannot save twice (a stager closed after its first use, pytorch#183413)"
+        )
+    saver.close()
+    history[resume_step] = held_state(at_save["parameter_shards"], at_save["optimizer_state"])
+    history[resume_step + 1] = held_state(run_b.parameters(), run_b.optimizer_state())
 
     rebuilt = TrainingRun(cell, options, components, data_path, rank, world_size, seed=options.rebuild_seed)
     saved_shards = at_save["parameter_shards"]
@@ -471,6 +546,7 @@ def _straight_and_resumed(
     if loaded_step != resume_step:
         raise AssertionError(f"checkpointer.load returned step {loaded_step}, saved at step {resume_step}")
     loaded = rebuilt.state_snapshot()
+    held_steps = held_step_lines(history, resume_step, held_state(loaded["parameter_shards"], loaded["optimizer_state"]))
     after_load = after_load_differences(at_save, loaded, run_a.batches, streams_used, resume_step)
     after_load["extra_state"] = extra_state_differences(extra_saved, extra_loaded)
     resumed_losses = [rebuilt.train_step() for _ in range(steps - resume_step)]
@@ -497,7 +573,28 @@ def _straight_and_resumed(
         extra_state_saved=sorted(map(str, extra_saved)),
         rng_at_save={name: at_save["rng"].get(name) for name in streams_used},
         rng_after_load={name: loaded["rng"].get(name) for name in streams_used},
+        held_steps=held_steps,
+        save_in_flight=in_flight,
     )
+
+
+def save_and_step(run: TrainingRun, save: SaveInFlight, asynchronous: bool) -> tuple[dict, str]:
+    """Train the step after a save: a synchronous cell awaits the save first, an asynchronous one
+    (which must get a future) waits only for its staging before the optimizer steps and for its
+    upload after. The extra state the save wrote, and whether its upload still ran at the step."""
+    if not asynchronous:
+        extra = save.result()
+        run.train_step()
+        return extra, "synchronous"
+    if not save.is_asynchronous:
+        raise AssertionError(
+            f"option async_save names this cell, but {save.checkpointer}'s save returned "
+            f"{type(save.returned).__name__}, no future; point [components] checkpointer_async at a checkpointer "
+            "whose save returns one"
+        )
+    uploading = []
+    run.train_step(before_optimizer_step=lambda: (save.wait_for_staging(), uploading.append(save.uploading())))
+    return save.result(), "in flight" if uploading[0] else "done before the step"
 
 
 KERNEL_FLAGS = ("foreach", "fused", "capturable")
@@ -699,9 +796,10 @@ class TrainingRun:
         now = self.rng_streams()
         return {name for name, state in now.items() if self.rng_at_start.get(name) != state}
 
-    def train_step(self) -> torch.Tensor:
+    def train_step(self, before_optimizer_step=None) -> torch.Tensor:
         """One optimizer step; returns this rank's loss as a CPU fp32 scalar. What fed the step and
-        what it made go to `trace` (suites/step_trace.py)."""
+        what it made go to `trace` (suites/step_trace.py). `before_optimizer_step` runs right before
+        the optimizer steps (waiting for an asynchronous save's staging)."""
         self.model.train()
         batch = next(self.loader)
         self.batches.append(on_device(batch, "cpu"))
@@ -725,6 +823,8 @@ class TrainingRun:
             if param.grad is not None
         }
         before = self.watch.before_step() if self.watch else None
+        if before_optimizer_step:
+            before_optimizer_step()
         self.training_step.optimizer_step()
         if self.watch:
             self.watch.after_step(before)

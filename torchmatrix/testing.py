@@ -11,6 +11,8 @@ The plugin's fixtures in a suite's tests: `cell`, `ranks` (`ranks.run(fn, *args)
   `data_parallel_rank(cell)`, `data_parallel_size(cell)` (docs/explanation/2d-meshes.md).
 - optimizer implementations: `implementation_of(cell)`, `IMPLEMENTATION_AXIS`, `IMPLEMENTATIONS`,
   `DEFAULT_IMPLEMENTATION`, `UnavailableImplementation(reason)` (the cell's optimizer tests skip).
+- checkpoint modes: `saves_asynchronously(cell_id, patterns)`, `checkpointer_path(components, asynchronous)`,
+  `UnavailableCheckpointMode(reason)` (a checkpointer that cannot save so here: the cell's resume tests skip).
 - options: the `*Options` dataclasses, `SuiteOptions`, `DTYPES`, `REDUCE_DTYPES`,
   `RESUME_BF16_PARAM_OPTIMIZERS`, `planned_options(config, suite)`.
 - across versions: `writes_dir(run_dir, version, cell_id)` and its `EXPECTED_FILE`.
@@ -23,6 +25,7 @@ The plugin's fixtures in a suite's tests: `cell`, `ranks` (`ranks.run(fn, *args)
 """
 
 from torchmatrix.components.calling import accepts, build_optimizer, call_accepting, is_bound_checkpointer
+from torchmatrix.components.checkpoint_modes import UnavailableCheckpointMode, checkpointer_path, saves_asynchronously
 from torchmatrix.components.loading import load
 from torchmatrix.components.optimizer_implementations import (
     DEFAULT_IMPLEMENTATION,
@@ -71,6 +74,9 @@ __all__ = [
     "ResumeOptions",
     "SuiteOptions",
     "UnavailableImplementation",
+    "UnavailableCheckpointMode",
+    "checkpointer_path",
+    "saves_asynchronously",
     "accepts",
     "build_optimizer",
     "call_accepting",

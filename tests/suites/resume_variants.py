@@ -22,7 +22,9 @@ REFERENCE = "reference"
 REFERENCE_COMPONENTS = {
     "model": "torchmatrix.models.transformer:build_model",
     "checkpointer": "torchmatrix.models.checkpoint:Checkpointer",
+    "checkpointer_async": "torchmatrix.models.async_checkpoint:AsyncCheckpointer",
 }
+ASYNC_MUTANTS = "torchmatrix.models.mutants.async_checkpoint"
 THIRD_PARTY_MODEL = "torchmatrix.models.third_party_optim:build_model"
 # variant -> the components it replaces, by import path
 OVERRIDES = {
@@ -62,6 +64,13 @@ OVERRIDES = {
         "model": THIRD_PARTY_MODEL,
         "checkpointer": "torchmatrix.models.mutants.resume:RankZeroOnlyCheckpointer",
     },
+    # asynchronous saves (tests/suites/test_async_save_mutants.py): mutants, then valid controls
+    "unstaged_cpu_tensors": {"checkpointer_async": f"{ASYNC_MUTANTS}:UnstagedCpuTensorsCheckpointer"},
+    "torn_step": {"checkpointer_async": f"{ASYNC_MUTANTS}:TornStepCheckpointer"},
+    "stager_not_reusable": {"checkpointer_async": f"{ASYNC_MUTANTS}:StagerNotReusableCheckpointer"},
+    "awaited_unstaged": {"checkpointer_async": f"{ASYNC_MUTANTS}:AwaitedUnstagedCheckpointer"},
+    "slow_writer": {"checkpointer_async": f"{ASYNC_MUTANTS}:SlowWriterCheckpointer"},
+    "staged": {"checkpointer_async": "torchmatrix.models.async_checkpoint:StagedAsyncCheckpointer"},
 }
 
 
@@ -82,13 +91,15 @@ class Checkpointer:
     """The per-call checkpointer of the variant its model names, built at the first call and kept,
     as the suites keep a per-call checkpointer for one training run."""
 
+    key = "checkpointer"
+
     def __init__(self):
         self.chosen = None
 
     def of(self, model):
         if self.chosen is None:
             variant = getattr(model, "variant", REFERENCE)  # dtensor_optim's own probe model names none
-            self.chosen = load(component_of(variant, "checkpointer"))()
+            self.chosen = load(component_of(variant, self.key))()
         return self.chosen
 
     def save(self, directory: str, *, model, optimizer, scheduler, loader, step: int):
@@ -98,6 +109,17 @@ class Checkpointer:
 
     def load(self, directory: str, *, model, optimizer, scheduler, loader):
         return self.of(model).load(directory, model=model, optimizer=optimizer, scheduler=scheduler, loader=loader)
+
+
+class AsyncCheckpointer(Checkpointer):
+    """The same for `checkpointer_async`: the variant's asynchronous checkpointer, closed with the run."""
+
+    key = "checkpointer_async"
+
+    def close(self) -> None:
+        close = getattr(self.chosen, "close", None)
+        if callable(close):
+            close()
 
 
 def build_training_step(*, model, optimizer, cell):

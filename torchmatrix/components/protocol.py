@@ -74,7 +74,11 @@ RESUME_BF16_PARAM_OPTIMIZERS = ("precision_aware",)
 """The `optimizer` axis values whose model the resume suite builds with bf16 params unless
 `[suites.resume.options] bf16_param_optimizers` names others; every other optimizer gets fp32."""
 
-SAVE_RETURNS = "None, or a mapping of extra state it wrote (`tokens_seen`, ...), which `load` must return equal"
+SAVE_RETURNS = (
+    "None, or a mapping of extra state it wrote (`tokens_seen`, ...), which `load` must return equal; or, saving "
+    "asynchronously, a future (`result()`, resolving to None or that mapping) or an object with `staging_completion` "
+    "and `upload_completion` futures (DCP's `AsyncSaveResponse`)"
+)
 LOAD_RETURNS = 'the step that was saved, or a mapping with "step" and the extra state `save` returned'
 
 CELL = Argument(
@@ -292,6 +296,18 @@ COMPONENTS: tuple[Component, ...] = (
             Member("save", (Argument("step", "the step being saved", positional=True),), SAVE_RETURNS),
             Member("load", (), LOAD_RETURNS),
         ),
+    ),
+    Component(
+        name="checkpointer_async",
+        form="either form",
+        arguments=(),
+        returns=(
+            "a `checkpointer` (per-call or bound, called as above) whose `save` returns a future; resume saves with it "
+            "in the cells option `async_save` names, steps the optimizer before the future resolves (after "
+            "`staging_completion`, where it has one) and calls its `close()`, where it has one, after the run's last save"
+        ),
+        suites=(RESUME,),
+        default="torchmatrix.models.async_checkpoint:AsyncCheckpointer",
     ),
     Component(
         name="scheduler",

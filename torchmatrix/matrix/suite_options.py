@@ -122,6 +122,8 @@ class ResumeOptions(SuiteOptions):
     """Keyword names a loader's tensor batch is passed to the model as, e.g. ["input_ids", "labels"]."""
     seeding: str = "per_rank"
     """How ranks seed dropout: "per_rank" (each its own) or "replicated" (all alike)."""
+    async_save: tuple[str, ...] = ()
+    """Cells (globs over cell ids) that save with `checkpointer_async` while the next step runs."""
 
     def __post_init__(self):
         _at_least("steps", self.steps, 3, "a number of steps, at least 3")
@@ -156,6 +158,13 @@ class CrossVersionOptions(ResumeOptions):
     checkpoint_classes_from: tuple[str, ...] = ()
     """Top-level packages whose classes a checkpoint read from another version may carry in its pickles
     (e.g. `torchao` for its optimizer state), besides those of `[components]` (suites/checkpoint_pickles.py)."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.async_save:
+            raise OptionError(
+                "async_save", "cross_version saves synchronously", "set async_save under [suites.resume.options]"
+            )
 
 
 @dataclass(frozen=True)

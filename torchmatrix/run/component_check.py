@@ -169,7 +169,7 @@ def problems_of(key: str, import_path: str) -> tuple[list[str], str | None]:
     component = component_for(key)
     if component is None:
         return [], None
-    if component.name == "checkpointer":
+    if component.name in ("checkpointer", "checkpointer_async"):  # the asynchronous one comes in the same two forms
         component = checkpointer_form(obj)
     problems = signature_problems(component, obj, key)
     if not problems and component.name == "optimizer_<value>":
