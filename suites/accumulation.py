@@ -13,7 +13,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from torchmatrix.components.accumulation_axis import param_dtype_of
-from torchmatrix.testing import ParallelEquivalenceOptions, UnavailableImplementation, load
+from torchmatrix.testing import ParallelEquivalenceOptions, UnavailableImplementation, call_accepting, load
 
 from .built_names import named_parameters_as_built
 from .single_process_reference import SingleProcessReference
@@ -50,9 +50,10 @@ def gradient_sync_off(model):
         yield  # one process: nothing to sync
 
 
-def sync_switch(components: dict, model) -> Callable:
-    """`[components] no_sync` (or the default) bound to the cell's model: a context manager per call."""
-    return partial(load(components.get("no_sync", DEFAULT_NO_SYNC)), model)
+def sync_switch(components: dict, model, cell: dict) -> Callable:
+    """`[components] no_sync` (or the default) bound to the cell's model (and the cell, where its
+    signature names it): a context manager per call."""
+    return partial(call_accepting, load(components.get("no_sync", DEFAULT_NO_SYNC)), model, cell=cell)
 
 
 def micro_batch_seeds(options: ParallelEquivalenceOptions, shards: int, step: int, shard: int) -> list[int]:
@@ -145,15 +146,14 @@ class AccumulatingReference(SingleProcessReference):
             name: sum(accumulate(gradients, torch.float32)[name].double().abs() for gradients in self.micro)
             for name in expected
         }
-        lines = []
+        lines, count = [], len(self.micro[0])
         for name in sorted(reduced.keys() & expected.keys()):
             if within(reduced[name], expected[name], magnitude[name], reduction):
                 continue
-            causes = [cause for cause, held in faults.items() if within(reduced[name], held[name], magnitude[name], reduction)]
-            count = len(self.micro[0])
-            lines.append(
-                f"{name}: {causes[0] if causes else unexplained(reduced[name], expected[name], count)}"
-            )
+            causes = [
+                cause for cause, held in faults.items() if within(reduced[name], held[name], magnitude[name], reduction)
+            ]
+            lines.append(f"{name}: {causes[0] if causes else unexplained(reduced[name], expected[name], count)}")
         return lines
 
 
@@ -186,8 +186,7 @@ def accumulation_faults(micro: list[list[dict]], compute_dtype: torch.dtype) -> 
         ),
         "gradient was reduced after every micro-batch, not once: sync was on during micro-batches "
         f"0..{count - 2} (a no_sync that is a no-op, as FSDP1's no_sync() path is under FSDP2)": accumulate(
-            [mean_over_shards([accumulate([gradients[index]], torch.float32) for gradients in micro]) for index in range(count)],
-            torch.float32,
+            [reduced_alone(micro, index) for index in range(count)], torch.float32
         ),
     }
     if compute_dtype != torch.float32:
@@ -197,6 +196,11 @@ def accumulation_faults(micro: list[list[dict]], compute_dtype: torch.dtype) -> 
             f"(pytorch#170648), so updates below {name}'s resolution were lost"
         ] = mean_over_shards([accumulate(gradients, compute_dtype) for gradients in micro])
     return faults
+
+
+def reduced_alone(micro: list[list[dict]], index: int) -> dict[str, torch.Tensor]:
+    """Micro-batch `index`'s mean over the shards, each shard's gradient cast to float32 first (the reduce dtype)."""
+    return mean_over_shards([accumulate([gradients[index]], torch.float32) for gradients in micro])
 
 
 def within(actual: torch.Tensor, expected: torch.Tensor, magnitude: torch.Tensor, reduction: MeanReduction) -> bool:

@@ -208,7 +208,7 @@ class CellTraining:
         factory = load(components[f"optimizer_{cell['optimizer']}"])
         self.optimizer = build_optimizer(factory, self.model, **optimizer_hyperparameters(cell, options))
         self.training = build_training_step(components, model=self.model, optimizer=self.optimizer, cell=cell)
-        self.no_sync = sync_switch(components, self.model)
+        self.no_sync = sync_switch(components, self.model, cell)
 
     def shard_backward(self, step: int) -> torch.Tensor:
         """This rank's shard of the step's global batch, forward and backward: one batch, or where the cell
@@ -217,7 +217,8 @@ class CellTraining:
             seeds = micro_batch_seeds(self.options, self.shards, step, self.shard)
             batches = [self.make_batch(self.model, seed=seed, device=self.device) for seed in seeds]
             return accumulated_backward(self.training, batches, self.no_sync)
-        batch = self.make_batch(self.model, seed=batch_seed(self.options, self.shards, step, self.shard), device=self.device)
+        seed = batch_seed(self.options, self.shards, step, self.shard)
+        batch = self.make_batch(self.model, seed=seed, device=self.device)
         loss = self.training.loss(batch)
         self.training.backward(loss)
         return loss

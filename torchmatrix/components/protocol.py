@@ -228,7 +228,10 @@ COMPONENTS: tuple[Component, ...] = (
     ),
     Component(
         name="no_sync",
-        arguments=(Argument("model", "the wrapped model, before a micro-batch's forward", positional=True),),
+        arguments=(
+            Argument("model", "the wrapped model, before a micro-batch's forward", positional=True),
+            Argument("cell", CELL.meaning, OPTIONAL),
+        ),
         returns=(
             "a context manager under which a forward and backward leave the gradients unreduced (a cell whose "
             "`accumulation` is not none runs every micro-batch but the last under it); optional: without an entry, "
