@@ -7,8 +7,9 @@ compile each layer (cell key ``compile``, models/block_compile.py), then shard e
 the root, each under the mixed-precision policy the cell's ``accumulation`` names (FSDP2's
 ``MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)`` for bf16). Every FSDP unit
 therefore wraps one whole checkpointed layer, so its parameters are gathered before the layer's
-recompute runs during backward (FSDP2: ``fully_shard`` on each block, then on the model; FSDP1: the same units through ``ModuleWrapPolicy``, which is the
-structure ``apply_activation_checkpointing`` after wrapping produces). The mesh decides the
+recompute runs during backward (FSDP2: ``fully_shard`` on each block, then on the model; FSDP1:
+the same units through ``ModuleWrapPolicy``, which is the structure ``apply_activation_checkpointing``
+after wrapping produces). The mesh decides the
 layout: FSDP2 over a ("dp_replicate", "dp_shard") mesh is HSDP, over ("dp_shard", "tp") it
 shards the dp_shard dim of parameters the plan already split on tp.
 """

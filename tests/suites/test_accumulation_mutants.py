@@ -9,6 +9,8 @@ value of axis `variant` (tests/suites/accumulation_variants.py), so one rank poo
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from junitparser import JUnitXml
 
@@ -44,6 +46,8 @@ CAUSES = {
     "ws2-fsdp2-sdpa-adamw-fp32-no_sync_no_op": "gradient was reduced after every micro-batch, not once",
 }
 """Each mutant's cell and the cause its accumulation failure must name, per gradient."""
+LISTED_GRADIENT = re.compile(r"step \d+: [\w.]+: ")
+"""A line of the failure's listing: one gradient at one step."""
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +107,7 @@ def test_suite_names_each_accumulation_mutant_by_cause(run, cell):
     _, outcomes, failures, _ = run
     tests = outcomes[cell]
     assert tests[ACCUMULATION] == "failure", f"{cell}: {tests}"
-    listed = [line for line in failures[cell][ACCUMULATION].splitlines() if line.strip().startswith("step ")]
+    listed = [line for line in failures[cell][ACCUMULATION].splitlines() if LISTED_GRADIENT.search(line)]
     assert listed and all(CAUSES[cell] in line for line in listed), failures[cell][ACCUMULATION]
     others = {test: result for test, result in tests.items() if test != ACCUMULATION and test not in NOT_CAUGHT_HERE}
     assert set(others.values()) == {"passed"}, f"{cell}: {others}\n{failures[cell]}"
