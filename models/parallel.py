@@ -4,10 +4,12 @@
 Order, as torchtitan's parallelize functions and the PyTorch FSDP docs have it: the
 tensor-parallel plan first (on a mesh with a "tp" dim), then checkpointing per layer, then
 compile each layer (cell key ``compile``, models/block_compile.py), then shard each layer, then
-the root. Every FSDP unit therefore wraps one whole checkpointed layer, so its parameters are
-gathered before the layer's recompute runs during backward (FSDP2: ``fully_shard`` on each
-block, then on the model; FSDP1: the same units through ``ModuleWrapPolicy``, which is the
-structure ``apply_activation_checkpointing`` after wrapping produces). The mesh decides the
+the root, each under the mixed-precision policy the cell's ``accumulation`` names (FSDP2's
+``MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)`` for bf16). Every FSDP unit
+therefore wraps one whole checkpointed layer, so its parameters are gathered before the layer's
+recompute runs during backward (FSDP2: ``fully_shard`` on each block, then on the model; FSDP1:
+the same units through ``ModuleWrapPolicy``, which is the structure ``apply_activation_checkpointing``
+after wrapping produces). The mesh decides the
 layout: FSDP2 over a ("dp_replicate", "dp_shard") mesh is HSDP, over ("dp_shard", "tp") it
 shards the dp_shard dim of parameters the plan already split on tp.
 """
@@ -19,10 +21,11 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
+from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecisionPolicy, fully_shard
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel, parallelize_module
 
+from torchmatrix.components.accumulation_axis import accumulation_of, param_dtype_of
 from torchmatrix.testing import cell_mesh
 
 from .block_compile import compile_blocks
@@ -78,8 +81,13 @@ def parallelize(
     switch_checkpointing(model, activation_checkpointing)
     compile_blocks(model, cell)
     if fsdp == "fsdp1":
+        if param_dtype_of(cell) != "float32":
+            raise ValueError(
+                f"cell axis accumulation={accumulation_of(cell)!r} computes in {param_dtype_of(cell)} through FSDP2's "
+                "MixedPrecisionPolicy; use fsdp2 for it, or accumulation='fp32' with fsdp1"
+            )
         return wrap_fsdp1(model, device, mesh)
-    return shard_fsdp2(model, device, data_parallel_mesh(mesh))
+    return shard_fsdp2(model, device, data_parallel_mesh(mesh), mixed_precision_policy(cell))
 
 
 def switch_checkpointing(model: nn.Module, on: bool) -> None:
@@ -129,10 +137,23 @@ def wrap_fsdp1(model: nn.Module, device: torch.device, mesh: DeviceMesh) -> Full
     )
 
 
-def shard_fsdp2(model: nn.Module, device: torch.device, mesh: DeviceMesh) -> nn.Module:
-    """FSDP2: ``fully_shard`` each decoder layer, then the root."""
+def mixed_precision_policy(cell: Mapping[str, object]) -> MixedPrecisionPolicy | None:
+    """FSDP2's policy for the cell: parameters gathered and computed in the cell's ``param_dtype_of``,
+    gradients reduced (and, with sync off, accumulated) in float32; None (fully_shard's fp32 default)
+    where that is float32."""
+    param_dtype = param_dtype_of(cell)
+    if param_dtype == "float32":
+        return None
+    return MixedPrecisionPolicy(param_dtype=getattr(torch, param_dtype), reduce_dtype=torch.float32)
+
+
+def shard_fsdp2(
+    model: nn.Module, device: torch.device, mesh: DeviceMesh, policy: MixedPrecisionPolicy | None = None
+) -> nn.Module:
+    """FSDP2: ``fully_shard`` each decoder layer, then the root, under ``policy`` (None: fully_shard's default)."""
+    keywords = {} if policy is None else {"mp_policy": policy}
     model.to(device)
     for layer in model.decoder_layers():
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        fully_shard(layer, mesh=mesh, **keywords)
+    fully_shard(model, mesh=mesh, **keywords)
     return model

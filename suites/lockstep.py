@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from torchmatrix.components.accumulation_axis import accumulates
 from torchmatrix.testing import (
     ParallelEquivalenceOptions,
     UnavailableImplementation,
@@ -21,6 +22,7 @@ from torchmatrix.testing import (
     load,
 )
 
+from .accumulation import AccumulatingReference, accumulated_backward, micro_batch_seeds, sync_switch
 from .deterministic import deterministic_algorithms
 from .full_tensors import full_gradients, full_parameters, whole
 from .parallelize_component import parallelized
@@ -81,7 +83,7 @@ def open_single_process(cell: dict, options: ParallelEquivalenceOptions, compone
     first step clips on both sides and a wrong norm changes the training."""
     with deterministic_algorithms():
         try:
-            reference = SingleProcessReference(cell, options, components, shards)
+            reference = reference_for(cell)(cell, options, components, shards)
         except UnavailableImplementation as unavailable:
             return {"unavailable": str(unavailable)}
         mean = reference.gradient(0)[0]
@@ -97,7 +99,7 @@ def compare_in_lockstep(
     never steps on a gradient it could not vouch for, and later steps would start elsewhere."""
     with deterministic_algorithms():
         shards, tensor_parallel = trained[0]["shards"], trained[0]["tensor_parallel"]
-        reference = SingleProcessReference(cell, options, components, shards)
+        reference = reference_for(cell)(cell, options, components, shards)
         recorded = torch.load(Path(directory) / CELL_STEPS, weights_only=True)
         reduction = MeanReduction(shards, options.reduce_dtype)
         initial = parameter_differences(recorded["initial"], reference.parameters())
@@ -114,6 +116,8 @@ def compare_in_lockstep(
                 gradient = gradient_comparison(computed["reduced"], mean, magnitude, reduction)
             shared = step_comparison(computed, mean, gradient, max_norm, options.reduce_dtype)
             shared["norm"]["single_process_clip"] = reference.clip_norm(mean, max_norm)
+            if accumulates(cell):
+                shared["micro_batches"] = reference.micro_batch_lines(computed["reduced"], reduction)
             vouched = not gradient["problems"]
             if vouched:  # the reference steps only on a gradient within its bound of its own
                 reference.step_with(computed["clipped"])
@@ -136,6 +140,11 @@ def compare_in_lockstep(
             }
             for steps in per_rank
         ]
+
+
+def reference_for(cell: dict) -> type[SingleProcessReference]:
+    """The single process that stands for the cell: one that accumulates micro-batches where the cell does."""
+    return AccumulatingReference if accumulates(cell) else SingleProcessReference
 
 
 def step_comparison(computed: dict, mean: dict, gradient: dict, max_norm: float, declared: str) -> dict:
@@ -208,17 +217,27 @@ class CellTraining:
         factory = load(components[f"optimizer_{cell['optimizer']}"])
         self.optimizer = build_optimizer(factory, self.model, **optimizer_hyperparameters(cell, options))
         self.training = build_training_step(components, model=self.model, optimizer=self.optimizer, cell=cell)
+        self.no_sync = sync_switch(components, self.model, cell)
+
+    def shard_backward(self, step: int) -> torch.Tensor:
+        """This rank's shard of the step's global batch, forward and backward: one batch, or where the cell
+        accumulates its micro-batches, sync off until the last; returns the step's loss."""
+        if accumulates(self.cell):
+            seeds = micro_batch_seeds(self.options, self.shards, step, self.shard)
+            batches = [self.make_batch(self.model, seed=seed, device=self.device) for seed in seeds]
+            return accumulated_backward(self.training, batches, self.no_sync)
+        seed = batch_seed(self.options, self.shards, step, self.shard)
+        batch = self.make_batch(self.model, seed=seed, device=self.device)
+        loss = self.training.loss(batch)
+        self.training.backward(loss)
+        return loss
 
     def run(self, max_norm: float, path: Path) -> dict:
         initial = on_cpu(full_parameters(self.model))
         losses, norms, steps = [], [], []
         for step in range(self.options.steps):
             self.model.train()
-            batch = self.make_batch(
-                self.model, seed=batch_seed(self.options, self.shards, step, self.shard), device=self.device
-            )
-            loss = self.training.loss(batch)
-            self.training.backward(loss)
+            loss = self.shard_backward(step)
             reduced = on_cpu(full_gradients(self.model))
             norms.append(float(scalar(call_accepting(self.clip, self.model, max_norm=max_norm, cell=self.cell))))
             clipped = on_cpu(full_gradients(self.model))

@@ -15,6 +15,9 @@
   optimizer step fed the cell's clipped gradient (bit for bit).
 - Under tensor parallelism the gradients have no bound that follows from the reduction order: they
   are recorded (`grad_max_abs`), not compared, nor is the norm with the single-process mean's.
+- A cell whose `accumulation` is not none runs `micro_batches` micro-batches per shard, sync off until
+  the last (suites/accumulation.py); each gradient that is not the concatenated batch's is named with
+  what it holds instead (only the last micro-batch, a bf16 accumulation, a reduction per micro-batch).
 - Cells with fsdp = "none" skip. Components: `model`, `batch`, `parallelize`, `optimizer_<optimizer>`,
   optionally `clip_grad_norm` (default: suites/gradient_clipping.py) and `training_step` (its `loss`,
   `backward` and `optimizer_step`, built once for the cell's model and once for the reference;
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import pytest
 
+from torchmatrix.components.accumulation_axis import accumulates, accumulation_of
 from torchmatrix.testing import REDUCE_DTYPES, ParallelEquivalenceOptions
 
 from .lockstep import lockstep_records
@@ -270,3 +274,21 @@ def test_parameters_match_single_process_step(cell, lockstep):
         + "\n  hint: the sharded optimizer updates some elements differently (state kept per shard, a step count or "
         "a weight decay applied twice, an update that needs the whole tensor)"
     )
+
+
+def test_micro_batches_accumulate_to_the_whole_batch(cell, lockstep, suite_options):
+    """Where the cell accumulates, the reduced gradient after the synced backward is the concatenated
+    batch's: every micro-batch of every shard summed in float32, within the reduction bound (bit for bit at
+    two shards); a gradient that is not is named with the fault that explains it."""
+    if not accumulates(cell):
+        pytest.skip("accumulation=none: one batch per shard and step, no micro-batches to accumulate")
+    steps = lockstep[0]["steps"]
+    problems = [f"step {index}: {line}" for index, step in enumerate(steps) for line in step["micro_batches"]]
+    if problems:
+        raise AssertionError(
+            f"{cell.id}: after {suite_options.micro_batches} micro-batches with gradient sync off then one synced "
+            f"backward (accumulation={accumulation_of(cell)!r}), the gradient is not the concatenated batch's:\n"
+            + listing(problems)
+            + "\n  hint: the accumulated gradient must stay in float32 (reduce_dtype) whatever param_dtype computes, "
+            "keep every micro-batch's contribution, and be reduced once, after the last micro-batch"
+        )

@@ -231,6 +231,21 @@ COMPONENTS: tuple[Component, ...] = (
         default="torchmatrix.suites.gradient_clipping:clip_grad_norm",
     ),
     Component(
+        name="no_sync",
+        arguments=(
+            Argument("model", "the wrapped model, before a micro-batch's forward", positional=True),
+            Argument("cell", CELL.meaning, OPTIONAL),
+        ),
+        returns=(
+            "a context manager under which a forward and backward leave the gradients unreduced (a cell whose "
+            "`accumulation` is not none runs every micro-batch but the last under it); optional: without an entry, "
+            "`torchmatrix.suites.accumulation:gradient_sync_off` (FSDP2's `set_requires_gradient_sync(False)`, "
+            "FSDP1's and DDP's `no_sync()`)"
+        ),
+        suites=(PARALLEL_EQUIVALENCE,),
+        default="torchmatrix.suites.accumulation:gradient_sync_off",
+    ),
+    Component(
         name="checkpointer",
         form="per-call",
         arguments=(),

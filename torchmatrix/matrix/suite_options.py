@@ -202,9 +202,12 @@ class ParallelEquivalenceOptions(SuiteOptions):
     """max_norm as this fraction of the first step's gradient norm (so that step clips), between 0 and 1."""
     reduce_dtype: str = "float32"
     """The dtype your mixed-precision policy declares for gradient reductions."""
+    micro_batches: int = 2
+    """Micro-batches per step in a cell whose `accumulation` is not none: all but the last with gradient sync off."""
 
     def __post_init__(self):
         _at_least("steps", self.steps, 1, "a number of training steps, at least 1")
+        _at_least("micro_batches", self.micro_batches, 2, "an integer of at least 2")
         if not 0 < self.clip_fraction < 1:
             raise OptionError("clip_fraction", f"{self.clip_fraction!r}", "write a number between 0 and 1")
         _one_of("reduce_dtype", self.reduce_dtype, REDUCE_DTYPES)
