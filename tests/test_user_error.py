@@ -20,6 +20,7 @@ from helpers.checkout import REPO
 # Exceptions that never reach the user as such, each with why.
 INTERNAL = {
     "torchmatrix.components.optimizer_implementations.UnavailableImplementation": "the cell's tests skip with its reason",
+    "torchmatrix.components.checkpoint_modes.UnavailableCheckpointMode": "the cell's resume tests skip with its reason",
     "torchmatrix.env.devices.ProbeError": "the runner records the failed probe in the reports",
     "torchmatrix.env.envdir_lock.EnvdirUnlockable": "a warning: the run goes on without the lock",
     "torchmatrix.messages.group_plan.GroupPlanError": "the runner wrote the file; its pytest process errors",

@@ -308,10 +308,14 @@ def test_repository_matrix_is_valid():
     eager_flat_default = (3 + 2) * 2 * 2 + 2  # ws1 x 3 fsdp, ws2 x 2 fsdp, x attn x optimizer; ws4 SDPA AdamW x 2 fsdp
     two_d = 2  # hsdp and fsdp_tp at ws4, fsdp2, sdpa, adamw
     implementations = 4 + 3  # SDPA AdamW without FSDP at ws1 (4 others), FSDP2 at ws2 (no compiled step)
-    compiled, modern_stack, te = 1, 1, 1
-    assert len(matrix.cells()) == eager_flat_default + two_d + implementations + compiled + modern_stack + te
+    compiled, modern_stack, te, accumulation = 1, 1, 1, 2
+    assert len(matrix.cells()) == eager_flat_default + two_d + implementations + compiled + modern_stack + te + accumulation
     ids = {cell.id for cell in matrix.cells()}
-    assert {"ws1-none-flat-sdpa-adamw-default-aot_eager", "ws4-fsdp2-fsdp_tp-sdpa-adamw-fused-inductor"} <= ids
+    assert {
+        "ws1-none-flat-sdpa-adamw-default-aot_eager-none",
+        "ws4-fsdp2-fsdp_tp-sdpa-adamw-fused-inductor",
+        "ws2-fsdp2-flat-sdpa-adamw-default-none-bf16",
+    } <= ids
 
 
 def test_cli_prints_one_line_and_exits_2(project):
