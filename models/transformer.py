@@ -40,9 +40,8 @@ SHALLOW_LAYERS_PER_STACK = 2
 default, or shards over a 2-D mesh. Compile time grows with every block (a block's graphs specialise on
 its cache entry and index, so identical blocks cannot share one) and every parameter (the compiled step
 unrolls per parameter); an implementation's step and state dict, and a 2-D mesh's split and shards, treat
-every layer alike, so more layers only repeat them. One prefix and one expert block still compile one by
-one, share one ``forward`` (so the recompile limit is still met), and the expert still reads the prefix
-block's cache entry that recompute rewrites."""
+every layer alike, so a third layer only repeats them. Two, not one: a bug that needs a layer index above
+0, or a cache entry read across layers, shows only where a stack has a second layer."""
 
 
 @dataclass(frozen=True)
