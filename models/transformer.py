@@ -22,6 +22,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 from torch.utils.checkpoint import checkpoint
 
+from torchmatrix.components.compile_axis import DEFAULT_BACKEND
 from torchmatrix.matrix.meshes import FLAT, mesh_kind
 from torchmatrix.testing import DEFAULT_IMPLEMENTATION, implementation_of
 
@@ -42,6 +43,10 @@ its cache entry and index, so identical blocks cannot share one) and every param
 unrolls per parameter); an implementation's step and state dict, and a 2-D mesh's split and shards, treat
 every layer alike, so a third layer only repeats them. Two, not one: a bug that needs a layer index above
 0, or a cache entry read across layers, shows only where a stack has a second layer."""
+INDUCTOR_LAYERS_PER_STACK = 1
+"""Layers per stack where Inductor compiles the blocks: it generates and builds C++ per graph, so a second
+layer nearly doubles the cell's cost (docs/explanation/performance.md). The bugs that need depth are left
+to the cells of each of its axes at two layers: aot_eager blocks, each optimizer implementation, each mesh."""
 
 
 @dataclass(frozen=True)
@@ -305,14 +310,16 @@ def build_model(
 
 
 def layers_per_stack(cell: Mapping[str, object]) -> int:
-    """How deep each stack of the cell's decoder is: ``SHALLOW_LAYERS_PER_STACK`` where the cell compiles
-    its blocks (``compile``), whose compile time on CPU is most of the cell's, steps an implementation
+    """How deep each stack of the cell's decoder is: ``INDUCTOR_LAYERS_PER_STACK`` where Inductor compiles
+    its blocks, ``SHALLOW_LAYERS_PER_STACK`` where another backend does (``compile``), whose compile time on
+    CPU is most of the cell's, or where it steps an implementation
     other than the default (``optimizer_impl``: forloop, foreach, fused, the compiled step) or shards over
     a 2-D mesh (``mesh``: every layer is split and sharded alike, over four ranks), else ``LAYERS_PER_STACK``.
     Read from the cell alone, never the world: the single-process reference builds it in a world of one."""
-    shallow = (
-        compile_mode(cell) is not None or implementation_of(cell) != DEFAULT_IMPLEMENTATION or mesh_kind(cell) != FLAT
-    )
+    mode = compile_mode(cell)
+    if mode is not None and mode[0] == DEFAULT_BACKEND:
+        return INDUCTOR_LAYERS_PER_STACK
+    shallow = mode is not None or implementation_of(cell) != DEFAULT_IMPLEMENTATION or mesh_kind(cell) != FLAT
     return SHALLOW_LAYERS_PER_STACK if shallow else LAYERS_PER_STACK
 
 

@@ -104,7 +104,8 @@ def random_tokens(model, *, seed, device):
 CELLS = {
     "ws1-none-adamw": 31,
     "ws2-fsdp2-adamw": 31,
-}  # resume: 8 pieces after load, extra_state included, the cross-implementation load and the for-loop twin;
+}  # resume: 8 pieces after load, extra_state included, the cross-implementation load, the for-loop twin and
+# the state the checkpoint holds;
 # grad_ckpt: the forward at another length and the eager-twin comparison, which these eager cells skip
 
 
