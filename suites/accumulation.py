@@ -77,16 +77,28 @@ def accumulated_backward(training, batches: list, no_sync: Callable) -> torch.Te
 @contextmanager
 def computing_in(model, dtype: torch.dtype):
     """The model's parameters cast to `dtype` for a forward and backward, as FSDP2 gathers them under
-    `param_dtype` (buffers keep their dtype, as the policy leaves them); their values come back after."""
+    `param_dtype` (buffers keep their dtype, as the policy leaves them); their values come back after.
+    Where this release's FSDP2 gives the gathered parameters the reduce dtype as their `grad_dtype`, so
+    each op produces its gradient in float32 instead of rounding it to `dtype` first, they get it too."""
     kept = [(param, param.data) for param in model.parameters()]
     for param, data in kept:
         param.data = data.to(dtype)
+        if dtype != torch.float32 and gradients_made_in_reduce_dtype():
+            param.grad_dtype = torch.float32
     try:
         yield
     finally:
         for param, data in kept:
             param.grad = None
             param.data = data
+
+
+def gradients_made_in_reduce_dtype() -> bool:
+    """Whether this release's FSDP2 sets its unsharded parameters' `grad_dtype` to the policy's
+    reduce dtype (2.15.0 does; 2.13 and 2.14 round each gradient to the param dtype, then cast it)."""
+    from torch.distributed.fsdp._fully_shard._fsdp_param import FSDPParam
+
+    return hasattr(FSDPParam, "unsharded_grad_dtype")
 
 
 class AccumulatingReference(SingleProcessReference):
