@@ -41,7 +41,8 @@ def functionals_of(mean: dict[str, torch.Tensor]) -> list[Functional]:
     norm = torch.linalg.vector_norm(torch.cat([g.double().flatten() for g in mean.values()])).item() or 1.0
     per_tensor = [Functional(f"{name} (its sign pattern)", {name: torch.sign(g)}) for name, g in sorted(mean.items())]
     random = {
-        name: torch.randint(0, 2, g.shape, generator=generator).mul(2).sub(1).to(g.dtype) for name, g in sorted(mean.items())
+        name: torch.randint(0, 2, g.shape, generator=generator).mul(2).sub(1).to(g.dtype)
+        for name, g in sorted(mean.items())
     }
     unit = {name: g.double() / norm for name, g in mean.items()}
     return [*per_tensor, Functional("every gradient (a random ±1 direction)", random), Functional(NORM_DIRECTION, unit)]

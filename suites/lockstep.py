@@ -25,6 +25,7 @@ from torchmatrix.testing import (
 from .accumulation import AccumulatingReference, accumulated_backward, micro_batch_seeds, sync_switch
 from .deterministic import deterministic_algorithms
 from .full_tensors import full_gradients, full_parameters, whole
+from .gradient_functionals import functional_comparison, functionals_of, reduction_bound
 from .parallelize_component import parallelized
 from .single_process_reference import (
     DEFAULT_CLIP,
@@ -33,7 +34,6 @@ from .single_process_reference import (
     optimizer_hyperparameters,
     seeded_model,
 )
-from .gradient_functionals import functional_comparison, functionals_of, reduction_bound
 from .step_comparisons import (
     GRID_EVIDENCE,
     clip_comparison,
@@ -121,7 +121,9 @@ def compare_in_lockstep(
             vouched = not gradient["problems"]
             if vouched:  # the reference steps only on a gradient within its bound of its own
                 reference.step_with(computed["clipped"])
-            shared["parameters"] = parameter_differences(computed["parameters"], reference.parameters()) if vouched else []
+            shared["parameters"] = (
+                parameter_differences(computed["parameters"], reference.parameters()) if vouched else []
+            )
             for rank, run in enumerate(trained):
                 per_rank[rank].append(rank_comparison(shared, run, index, losses, loss_bounds))
             if not vouched or shared["parameters"]:

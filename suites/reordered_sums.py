@@ -159,4 +159,3 @@ def reordering_bounds(model: nn.Module, named: list, loss_of_model, functionals:
             directions.append({keys[name]: d for name, d in weights.items()})
         bounds = sums.functional_bounds(torch.stack(values), directions)
     return sums.loss_bound, bounds
-

@@ -44,8 +44,8 @@ from torchmatrix.testing import (
     UnavailableCheckpointMode,
     UnavailableImplementation,
     build_optimizer,
-    checkpointer_path,
     capture_rng_state,
+    checkpointer_path,
     consequence_of,
     data_parallel_rank,
     data_parallel_size,
@@ -59,8 +59,8 @@ from torchmatrix.testing import (
 from .built_names import named_modules_as_built, named_parameters_as_built
 from .checkpointer_forms import RunCheckpointer, SaveInFlight
 from .deterministic import deterministic_algorithms
-from .held_steps import held_state, held_step_lines
 from .device_copies import on_device
+from .held_steps import held_state, held_step_lines
 from .optimizer_state import (
     brief,
     local_part,
@@ -112,7 +112,9 @@ def experiment(runs) -> list[RankRecord]:
     """Both runs' records, where the run got as far as loading a checkpoint."""
     failed = [record for record in runs if isinstance(record, SaveFailed)]
     if failed:
-        pytest.skip(f"no checkpoint to load: {failed[0].reason} (test_checkpoint_holds_the_state_at_its_save fails on it)")
+        pytest.skip(
+            f"no checkpoint to load: {failed[0].reason} (test_checkpoint_holds_the_state_at_its_save fails on it)"
+        )
     return runs
 
 
@@ -130,7 +132,9 @@ def test_checkpoint_holds_the_state_at_its_save(cell, runs, suite_options, recor
     lines = [f"  rank {rank}: {line}" for rank, record in enumerate(runs) for line in record.held_steps]
     if lines:
         step = suite_options.resume_step
-        raise AssertionError(f"{cell.id}, the checkpoint saved at step {step} vs the state at step {step}:\n" + "\n".join(lines))
+        raise AssertionError(
+            f"{cell.id}, the checkpoint saved at step {step} vs the state at step {step}:\n" + "\n".join(lines)
+        )
 
 
 def write_dataset(components: dict, options: ResumeOptions, path: str) -> None:
@@ -546,7 +550,9 @@ def _straight_and_resumed(
     if loaded_step != resume_step:
         raise AssertionError(f"checkpointer.load returned step {loaded_step}, saved at step {resume_step}")
     loaded = rebuilt.state_snapshot()
-    held_steps = held_step_lines(history, resume_step, held_state(loaded["parameter_shards"], loaded["optimizer_state"]))
+    held_steps = held_step_lines(
+        history, resume_step, held_state(loaded["parameter_shards"], loaded["optimizer_state"])
+    )
     after_load = after_load_differences(at_save, loaded, run_a.batches, streams_used, resume_step)
     after_load["extra_state"] = extra_state_differences(extra_saved, extra_loaded)
     resumed_losses = [rebuilt.train_step() for _ in range(steps - resume_step)]

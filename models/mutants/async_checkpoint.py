@@ -116,7 +116,9 @@ class AwaitedUnstagedCheckpointer(UnstagedCpuTensorsCheckpointer):
     wait for a step that the await holds back.)"""
 
     def save(self, directory: str, *, model, optimizer, scheduler, loader, step: int):
-        future = super().save(directory, model=model, optimizer=optimizer, scheduler=scheduler, loader=loader, step=step)
+        future = super().save(
+            directory, model=model, optimizer=optimizer, scheduler=scheduler, loader=loader, step=step
+        )
         future.result()
         return future
 

@@ -81,7 +81,11 @@ def parallelize_reducing_deeper_input_gradients_twice(
         return parallel.parallelize(model, cell, device=device, activation_checkpointing=activation_checkpointing)
     mesh = mesh if mesh is not None else cell_mesh(cell, device.type)
     tensor_parallel = parallel.TP_DIM in (mesh.mesh_dim_names or ())
-    twice = partial(gradient_hook, partial(all_reduced, group=mesh[parallel.TP_DIM].get_group())) if tensor_parallel else None
+    twice = (
+        partial(gradient_hook, partial(all_reduced, group=mesh[parallel.TP_DIM].get_group()))
+        if tensor_parallel
+        else None
+    )
     for layer in model.decoder_layers():
         if tensor_parallel and layer.layer_idx >= 1:
             for name, style in parallel.TENSOR_PARALLEL_PLAN.items():

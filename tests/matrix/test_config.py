@@ -309,7 +309,10 @@ def test_repository_matrix_is_valid():
     two_d = 2  # hsdp and fsdp_tp at ws4, fsdp2, sdpa, adamw
     implementations = 4 + 3  # SDPA AdamW without FSDP at ws1 (4 others), FSDP2 at ws2 (no compiled step)
     compiled, modern_stack, te, accumulation = 1, 1, 1, 2
-    assert len(matrix.cells()) == eager_flat_default + two_d + implementations + compiled + modern_stack + te + accumulation
+    assert (
+        len(matrix.cells())
+        == eager_flat_default + two_d + implementations + compiled + modern_stack + te + accumulation
+    )
     ids = {cell.id for cell in matrix.cells()}
     assert {
         "ws1-none-flat-sdpa-adamw-default-aot_eager-none",

@@ -16,18 +16,17 @@ from junitparser import JUnitXml
 
 from helpers.checkout import REPO
 from helpers.matrix_files import matrix_toml
+from helpers.parallel_equivalence_tests import (
+    ACCUMULATION,
+    DECLARED_DTYPE,
+    EVERY_TEST,
+    GRADIENTS,
+    NORM,
+)
 from helpers.run_results import cell_failures, run_suites
 
 pytestmark = pytest.mark.slow
 
-LOSSES = "test_losses_match_single_process"
-GRADIENTS = "test_reduced_gradients_match_single_process"
-DECLARED_DTYPE = "test_gradients_reduced_in_declared_dtype"
-NORM = "test_gradient_norm_is_the_whole_models"
-CLIP = "test_clipping_scales_by_the_whole_norm"
-PARAMETERS = "test_parameters_match_single_process_step"
-ACCUMULATION = "test_micro_batches_accumulate_to_the_whole_batch"
-EVERY_TEST = {LOSSES, GRADIENTS, DECLARED_DTYPE, NORM, CLIP, PARAMETERS, ACCUMULATION}
 NOT_CAUGHT_HERE = (GRADIENTS, DECLARED_DTYPE, NORM)
 """Tests a wrong accumulated gradient may fail besides the one that names its cause: the gradient, its
 grid (bf16 terms summed without a float32 sum land on a narrower grid) and the norm against the

@@ -17,19 +17,19 @@ from junitparser import JUnitXml
 
 from helpers.checkout import REPO
 from helpers.matrix_files import matrix_toml
+from helpers.parallel_equivalence_tests import (
+    ACCUMULATION,
+    CLIP,
+    DECLARED_DTYPE,
+    EVERY_TEST,
+    GRADIENTS,
+    LOSSES,
+    NORM,
+)
 from helpers.run_results import cell_failures, run_suites
 
 pytestmark = pytest.mark.slow
 
-LOSSES = "test_losses_match_single_process"
-GRADIENTS = "test_reduced_gradients_match_single_process"
-DECLARED_DTYPE = "test_gradients_reduced_in_declared_dtype"
-NORM = "test_gradient_norm_is_the_whole_models"
-CLIP = "test_clipping_scales_by_the_whole_norm"
-PARAMETERS = "test_parameters_match_single_process_step"
-ACCUMULATION = "test_micro_batches_accumulate_to_the_whole_batch"
-"""Skipped in every cell here: none accumulates (tests/suites/test_accumulation_mutants.py's cells do)."""
-EVERY_TEST = {LOSSES, GRADIENTS, DECLARED_DTYPE, NORM, CLIP, PARAMETERS, ACCUMULATION}
 CELL_KINDS = ("ws2-fsdp1-flat", "ws2-fsdp2-flat", "ws4-fsdp2-hsdp", "ws4-fsdp2-fsdp_tp")
 TENSOR_PARALLEL = "ws4-fsdp2-fsdp_tp"
 TWO_SHARDS_EXACT = "bit for bit (at most two terms, no cast)"

@@ -136,7 +136,11 @@ def test_load_returns_the_step_or_a_mapping_with_it():
             'load returned a mapping without "step" ([\'tokens_seen\']); put the saved step under "step"',
         ),
         (None, None, 'load returned NoneType; return the saved step, or a mapping with "step" and the extra state'),
-        (3, 0, "save returned int; return None, a mapping of the extra state it wrote, or the future of an asynchronous save"),
+        (
+            3,
+            0,
+            "save returned int; return None, a mapping of the extra state it wrote, or the future of an asynchronous save",
+        ),
     ],
 )
 def test_what_the_forms_cannot_return_is_one_line(saved, loaded, says):
