@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .step_comparisons import missing_gradients
 from .summation_bounds import MeanReduction
 
 RANDOM_DIRECTION_SEED = 56
@@ -63,14 +64,14 @@ def reduction_bound(functional: Functional, magnitude: dict[str, torch.Tensor], 
 def functional_comparison(parallel: dict, mean: dict, functionals: list[Functional], bounds: list[float]) -> dict:
     """Per functional, whether the parallel gradient's value lies within its bound of the mean's; the
     largest difference-to-bound ratio, and the unit direction's bound (how far the norms may lie apart)."""
-    problems = [
-        f"{name}: no gradient in the parallel run, one in the single-process run"
-        for name in sorted(mean.keys() - parallel.keys())
-    ]
+    problems = missing_gradients(parallel, mean)
     problems += [
-        f"{name}: a gradient in the parallel run, none in the single-process run"
-        for name in sorted(parallel.keys() - mean.keys())
+        f"{name}: shape {tuple(parallel[name].shape)}, single-process {tuple(mean[name].shape)}"
+        for name in sorted(parallel.keys() & mean.keys())
+        if parallel[name].shape != mean[name].shape
     ]
+    if problems:  # a functional weighs every element of the reference's shapes: nothing more to evaluate
+        return {"problems": problems, "max_ratio": 0.0, "max_abs": 0.0, "bound_norm": bounds[-1]}
     max_ratio, max_abs = 0.0, 0.0
     for functional, bound in zip(functionals, bounds, strict=True):
         actual, expected = functional.of(parallel), functional.of(mean)

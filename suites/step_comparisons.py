@@ -23,18 +23,22 @@ def exact_norm(gradients: dict[str, torch.Tensor]) -> float:
     return torch.linalg.vector_norm(torch.cat([g.detach().double().flatten().cpu() for g in gradients.values()])).item()
 
 
+def missing_gradients(parallel: dict, reference: dict) -> list[str]:
+    """One line per parameter that has a gradient on one side only."""
+    return [
+        f"{name}: no gradient in the parallel run, one in the single-process run"
+        for name in sorted(reference.keys() - parallel.keys())
+    ] + [
+        f"{name}: a gradient in the parallel run, none in the single-process run"
+        for name in sorted(parallel.keys() - reference.keys())
+    ]
+
+
 def gradient_comparison(parallel: dict, reference: dict, magnitude: dict, reduction: MeanReduction) -> dict:
     """Per gradient, whether the parallel one lies within the reduction bound of the reference's mean;
     the largest difference, ULP distance and difference-to-bound ratio over all of them, and the 2-norm
     of the bound over every element (how far the two gradients' norms may lie apart)."""
-    problems = [
-        f"{name}: no gradient in the parallel run, one in the single-process run"
-        for name in sorted(reference.keys() - parallel.keys())
-    ]
-    problems += [
-        f"{name}: a gradient in the parallel run, none in the single-process run"
-        for name in sorted(parallel.keys() - reference.keys())
-    ]
+    problems = missing_gradients(parallel, reference)
     if not reference:
         problems.append("the single-process run has no gradient: nothing to compare")
     max_abs, max_ulp, max_ratio, bound_squares = 0.0, 0, 0.0, 0.0
