@@ -47,6 +47,8 @@ INDUCTOR_LAYERS_PER_STACK = 1
 """Layers per stack where Inductor compiles the blocks: it generates and builds C++ per graph, so a second
 layer nearly doubles the cell's cost (docs/explanation/performance.md). The bugs that need depth are left
 to the cells of each of its axes at two layers: aot_eager blocks, each optimizer implementation, each mesh."""
+DEPTH_AXIS = "layers_per_stack"
+"""The cell key that, where a cell has it, sets the reference decoder's layers per stack."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,8 @@ class DecoderConfig:
             raise ValueError(f"attn={self.attn!r}: expected one of {', '.join(ATTENTION_KINDS)}")
         if self.sdpa_backend is not None and self.sdpa_backend not in SDPA_BACKENDS:
             raise ValueError(f"sdpa_backend={self.sdpa_backend!r}: expected one of {', '.join(SDPA_BACKENDS)}")
+        if type(self.layers_per_stack) is not int or self.layers_per_stack < 1:
+            raise ValueError(f"layers_per_stack={self.layers_per_stack!r}: expected a whole number, 1 or more")
 
 
 class KVCache(MutableMapping):
@@ -295,8 +299,9 @@ def build_model(
     Reads ``cell["attn"]`` ("sdpa" | "eager") and, if the cell has it, ``cell["sdpa_backend"]``.
     Parameters come from the global RNG, so callers seed it (``torch.manual_seed``) first.
     Checkpointing starts off; ``torchmatrix.models.parallel.parallelize`` switches it per layer. A
-    cell that compiles, or steps an optimizer implementation other than the default, gets the shallower
-    decoder (``layers_per_stack``).
+    cell that compiles, steps an optimizer implementation other than the default or shards over a 2-D
+    mesh gets the shallower decoder, a cell with a ``layers_per_stack`` value that many layers a stack
+    (``layers_per_stack``).
     """
     config = DecoderConfig(
         attn=str(cell["attn"]),
@@ -310,12 +315,16 @@ def build_model(
 
 
 def layers_per_stack(cell: Mapping[str, object]) -> int:
-    """How deep each stack of the cell's decoder is: ``INDUCTOR_LAYERS_PER_STACK`` where Inductor compiles
-    its blocks, ``SHALLOW_LAYERS_PER_STACK`` where another backend does (``compile``), whose compile time on
-    CPU is most of the cell's, or where it steps an implementation
-    other than the default (``optimizer_impl``: forloop, foreach, fused, the compiled step) or shards over
-    a 2-D mesh (``mesh``: every layer is split and sharded alike, over four ranks), else ``LAYERS_PER_STACK``.
-    Read from the cell alone, never the world: the single-process reference builds it in a world of one."""
+    """How deep each stack of the cell's decoder is: the cell's own ``layers_per_stack`` where it has one
+    (an axis or an include of that name deepens or flattens the reference decoder per cell), else
+    ``INDUCTOR_LAYERS_PER_STACK`` where Inductor compiles its blocks, ``SHALLOW_LAYERS_PER_STACK`` where
+    another backend does (``compile``), whose compile time on CPU is most of the cell's, or where it steps
+    an implementation other than the default (``optimizer_impl``: forloop, foreach, fused, the compiled
+    step) or shards over a 2-D mesh (``mesh``: every layer is split and sharded alike, over four ranks),
+    else ``LAYERS_PER_STACK``. Read from the cell alone, never the world: the single-process reference
+    builds it in a world of one."""
+    if DEPTH_AXIS in cell:
+        return cell[DEPTH_AXIS]
     mode = compile_mode(cell)
     if mode is not None and mode[0] == DEFAULT_BACKEND:
         return INDUCTOR_LAYERS_PER_STACK

@@ -3,7 +3,11 @@ what the grad_ckpt tests, eager and compiled, share."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from junitparser import JUnitXml
+
+from torchmatrix.models.transformer import DEPTH_AXIS
 
 from helpers.matrix_files import include_table, matrix_toml
 from helpers.projects import Project
@@ -84,16 +88,20 @@ def compiled_matrix(model: str, cells: list[str]) -> str:
     return compiled_includes_matrix(COMPILED_AXES, [cell.split("-") for cell in cells], model, PARALLELIZE)
 
 
-def compiled_variants_matrix(cells: dict[str, list[str]]) -> str:
+def compiled_variants_matrix(cells: dict[str, list[str]], depth: Callable[[str], int]) -> str:
     """grad_ckpt on exactly these cells with tests/suites/grad_ckpt_variants.py's components: variant ->
-    its cell ids ws<N>-<fsdp>-sdpa-<backend>-<nesting> (each run as id ...-<nesting>-<variant>)."""
-    values = [[*cell.split("-"), variant] for variant, ids in cells.items() for cell in ids]
+    its cell ids ws<N>-<fsdp>-sdpa-<backend>-<nesting>, each run as id ...-<nesting>-<variant>-<depth>, its
+    decoder `depth(variant)` layers a stack deep (the reference decoder's axis layers_per_stack)."""
+    values = [[*cell.split("-"), variant, depth(variant)] for variant, ids in cells.items() for cell in ids]
     return compiled_includes_matrix(
-        [*COMPILED_AXES, "variant"], values, "grad_ckpt_variants:build_model", "grad_ckpt_variants:parallelize"
+        [*COMPILED_AXES, "variant", DEPTH_AXIS],
+        values,
+        "grad_ckpt_variants:build_model",
+        "grad_ckpt_variants:parallelize",
     )
 
 
-def compiled_includes_matrix(axes: list[str], cells: list[list[str]], model: str, parallelize: str) -> str:
+def compiled_includes_matrix(axes: list[str], cells: list[list[object]], model: str, parallelize: str) -> str:
     """grad_ckpt over axes `axes` on exactly `cells` (each one value per axis), as includes of an empty product."""
     empty = {"world_size": [1], "fsdp": ["none"], "attn": ["sdpa"], "compile": ["none"], "compile_nesting": ["outside"]}
     empty.update({axis: [values[axes.index(axis)] for values in cells][:1] for axis in axes if axis not in empty})

@@ -65,6 +65,21 @@ def test_a_cell_that_compiles_steps_an_implementation_or_shards_2d_builds_the_sh
     assert SHALLOW_LAYERS_PER_STACK < LAYERS_PER_STACK
 
 
+@pytest.mark.parametrize(
+    ("cell", "depth"),
+    [({"layers_per_stack": 1}, 1), ({"layers_per_stack": 1, "compile": "aot_eager"}, 1), ({"layers_per_stack": 4}, 4)],
+)
+def test_a_cell_naming_its_layers_per_stack_gets_that_depth_whatever_else_it_says(cell, depth):
+    model = build_model({"attn": "sdpa", "fsdp": "none", **cell})
+    assert len(model.prefix_layers) == len(model.expert_layers) == depth
+
+
+@pytest.mark.parametrize("depth", [0, 1.5, True])
+def test_a_depth_that_is_not_a_whole_number_of_layers_is_refused_saying_so(depth):
+    with pytest.raises(ValueError, match=f"layers_per_stack={depth!r}: expected a whole number, 1 or more"):
+        build_model({"attn": "sdpa", "layers_per_stack": depth})
+
+
 def test_checkpointing_reruns_each_layer_body_once_in_backward():
     plain, _ = trained_model(checkpointing=False)
     checkpointed, _ = trained_model(checkpointing=True)
