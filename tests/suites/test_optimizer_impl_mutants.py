@@ -12,6 +12,9 @@ for a foreach whose kernels refuse DTensor params, which must fail, not skip.
 The update mutants (weight decay, step count, bias correction, eps) each run in one ws1 cell: today's
 checks pass on them, the for-loop twin and the step after a cross-implementation load fail naming the
 cause; the valid controls beside them (the hand-written update, a bucketed fused step) pass.
+
+The reference AdamW's cells build the decoder as deep as the product does, every other optimizer's one
+layer a stack (tests/suites/implementation_variants.py): none of their proofs needs depth.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from pathlib import Path
 import pytest
 from junitparser import JUnitXml, Skipped
 
+from helpers.checkout import REPO
 from helpers.matrix_files import REFERENCE_COMPONENTS, matrix_toml
 from helpers.run_results import cell_failures, run_suites
 
@@ -201,6 +205,7 @@ def implementations_matrix() -> str:
         },
         components={
             **REFERENCE_COMPONENTS,
+            "model": "implementation_variants:build_model",
             "batch": "torchmatrix.models.transformer:make_batch",
             **{f"optimizer_{name}": path for name, path in OPTIMIZERS.items()},
         },
@@ -217,7 +222,7 @@ def implementations_run(tmp_path_factory):
     """One run of the whole matrix, shared by the tests below: (process, outcomes, failure texts,
     per cell the skip messages)."""
     root = tmp_path_factory.mktemp("optimizer_impl")
-    done, outcomes = run_suites(root, implementations_matrix())
+    done, outcomes = run_suites(root, implementations_matrix(), components_from=REPO / "tests" / "suites")
     version_dir = root / "reports" / "latest" / "torch-system"
     return done, outcomes, cell_failures(version_dir), skip_messages(version_dir)
 
