@@ -2,7 +2,8 @@
 side: axis `variant` names, per cell, which components of models/mutants/ (or examples/optimizers'
 model) replace the reference ones (`reference`: none), so one rank pool per world size serves them all.
 
-- `build_model` builds the variant's model and labels it with the variant;
+- `build_model` builds the variant's model (one layer a stack but for the reference) and labels it with
+  the variant;
 - `Checkpointer` is the per-call checkpointer of the variant of the model each call is given (the
   one object both `save` and `load` receive: the cell is not among their arguments), the reference's
   for a model that names none (dtensor_optim's uneven probe);
@@ -15,6 +16,7 @@ from collections.abc import Mapping
 
 import torch
 
+from torchmatrix.models.transformer import DEPTH_AXIS
 from torchmatrix.suites.training_step import PlainStep
 from torchmatrix.testing import load
 
@@ -80,8 +82,12 @@ def component_of(variant: str, key: str) -> str | None:
 
 
 def build_model(cell: Mapping[str, object], *, dropout: float = 0.0, dtype: torch.dtype = torch.float32):
-    """The cell's variant's model, its `variant` attribute naming the variant for the checkpointer."""
+    """The cell's variant's model, its `variant` attribute naming the variant for the checkpointer; the
+    reference decoder one layer a stack deep for every variant but the reference, whose checkpoint pieces
+    a layer more would only repeat (examples/optimizers' model keeps its own depth)."""
     variant = str(cell["variant"])
+    if variant != REFERENCE:
+        cell = {**cell, DEPTH_AXIS: 1}
     model = load(component_of(variant, "model"))(cell, dropout=dropout, dtype=dtype)
     model.variant = variant
     return model

@@ -6,7 +6,8 @@ Each mutant of models/mutants/async_checkpoint.py fails, by cause, the test that
 (`test_checkpoint_holds_the_state_at_its_save`); the controls pass every test: DCP's own async_save,
 the staged one whose stager serves both saves, a copying save behind the writer that waits for the
 next step, and an aliasing save awaited before the step. One rank and four steps: what the mutants
-lose does not depend on the world size (ws2 FSDP2 is the default matrix's async cell).
+lose does not depend on the world size (ws2 FSDP2 is the default matrix's async cell), nor on depth: every
+variant but the reference builds the decoder one layer a stack deep.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ own named message from the right-after-load check of the piece it lost, and none
 
 One run serves the reference and every mutant but one: axis `variant` picks the model, checkpointer
 and training step per cell (tests/suites/resume_variants.py), the cast-on-load optimizer is its
-own `optimizer` value, so one rank pool per world size serves them all. The mutant that swaps the
+own `optimizer` value, so one rank pool per world size serves them all; every mutant's decoder is one
+layer a stack deep, the reference's as deep as the product builds it. The mutant that swaps the
 dataset (the `dataset` component gets no cell to pick by) runs alone.
 
 Cells: world size 1 without FSDP and world size 2 with FSDP1 and FSDP2, adamw; the reference
