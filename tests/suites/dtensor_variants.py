@@ -1,14 +1,16 @@
-"""The checkpointer for one run of the dtensor_optim suite over the reference checkpointer and its
-per-call mutants side by side: an `optimizer` axis value of CHECKPOINTER_VARIANTS builds the reference
+"""The model and checkpointer for one run of the dtensor_optim suite over the reference checkpointer and
+its per-call mutants side by side: an `optimizer` axis value of CHECKPOINTER_VARIANTS builds the reference
 precision-aware optimizer marked with that value, and `Checkpointer` saves and loads each stack through
 the checkpointer its optimizer names (the reference one for every other optimizer), so one rank pool
-serves them all."""
+serves them all; `build_model` builds the reference decoder, one layer a stack deep but for the reference."""
 
 from __future__ import annotations
 
+from torchmatrix.models import transformer
 from torchmatrix.models.optim import DEFAULT_IMPLEMENTATION, build_precision_aware
 from torchmatrix.testing import load
 
+REFERENCE_OPTIMIZER = "precision_aware"
 REFERENCE_CHECKPOINTER = "torchmatrix.models.checkpoint:Checkpointer"
 # optimizer axis value -> the checkpointer its cells save and load with
 CHECKPOINTER_VARIANTS = {
@@ -18,6 +20,14 @@ CHECKPOINTER_VARIANTS = {
 
 
 BETAS, EPS = (0.9, 0.999), 1e-8
+
+
+def build_model(cell, **keywords):
+    """The reference decoder, as deep as the product builds the cell for the reference optimizer, one layer a
+    stack for a mutant optimizer or checkpointer: what one gets wrong of a state, it gets wrong in every layer."""
+    if cell["optimizer"] != REFERENCE_OPTIMIZER:
+        cell = {**cell, transformer.DEPTH_AXIS: 1}
+    return transformer.build_model(cell, **keywords)
 
 
 def saved_by(variant: str, params, **settings):

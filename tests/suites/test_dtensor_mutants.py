@@ -4,7 +4,8 @@ precision-aware optimizer passes every cell and each mutant of models/mutants/dt
 fails the checks that should see it.
 
 The optimizer mutants ride along as extra values of the `optimizer` axis (one component each),
-so a single run with one rank pool per world size covers them all; its checkpointer
+so a single run with one rank pool per world size covers them all, their cells one layer a stack deep
+(the reference's as deep as the product builds it); its checkpointer
 (tests/suites/dtensor_variants.py) is the reference one, so the sharded-save check reads what
 `checkpointer().save` wrote, except in the ws2 cells of two more optimizer values, the reference
 optimizer saved by a per-call mutant checkpointer: one that saves optimizer state unsharded is caught,
@@ -57,16 +58,22 @@ RESHARD = "test_reshard_load_is_exact"
 WORLD_SIZES = (2, 4)
 CHECKPOINTER = "torchmatrix.models.checkpoint:Checkpointer"
 VARIANTS_CHECKPOINTER = "dtensor_variants:Checkpointer"
+REFERENCE_MODEL = "torchmatrix.models.transformer:build_model"
+VARIANTS_MODEL = "dtensor_variants:build_model"  # one layer a stack but in the reference optimizer's cells
 SAVED = "test_saved_state_is_sharded"
 
 
 def dtensor_matrix(
-    optimizers=(REFERENCE, *MUTANTS, *WS2_ONLY), world_sizes=WORLD_SIZES, checkpointer: str | None = CHECKPOINTER
+    optimizers=(REFERENCE, *MUTANTS, *WS2_ONLY),
+    world_sizes=WORLD_SIZES,
+    checkpointer: str | None = CHECKPOINTER,
+    model: str = REFERENCE_MODEL,
 ) -> str:
-    """FSDP2 cells of these world sizes, these optimizers (the reference one and mutants), and the checkpointer if any."""
+    """FSDP2 cells of these world sizes, these optimizers (the reference one and mutants), the checkpointer if
+    any, and this model."""
     optimizers = list(optimizers)
     components = {
-        "model": "torchmatrix.models.transformer:build_model",
+        "model": model,
         "batch": "torchmatrix.models.transformer:make_batch",
         "parallelize": "torchmatrix.models.parallel:parallelize",
         f"optimizer_{REFERENCE}": "torchmatrix.models.optim:build_precision_aware",
@@ -97,7 +104,8 @@ def run_root(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def run(run_root) -> tuple[subprocess.CompletedProcess, dict[str, dict[str, str]]]:
     """One run of the suite over reference and mutant cells; per cell id, test -> outcome."""
-    return run_suites(run_root, dtensor_matrix(checkpointer=VARIANTS_CHECKPOINTER), REPO / "tests" / "suites")
+    matrix = dtensor_matrix(checkpointer=VARIANTS_CHECKPOINTER, model=VARIANTS_MODEL)
+    return run_suites(run_root, matrix, REPO / "tests" / "suites")
 
 
 def cell_id(world_size: int, optimizer: str) -> str:
