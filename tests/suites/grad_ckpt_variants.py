@@ -15,6 +15,10 @@ from torchmatrix.models.mutants import compiled_recompute, eager_twin
 from torchmatrix.models.mutants import grad_ckpt as mutants
 
 REFERENCE = "reference"
+ONE_LAYER = ("rng_forgetting_model", "buffer_counting_model", "last_bit_gradient_model", "never_checkpointing_model")
+"""Eager mutants built one layer a stack deep: what each breaks it breaks in every layer, and its failure
+names layer 0; the others name a deeper layer, count across the stack or build their own decoder. A
+compiled cell names its depth itself (axis layers_per_stack)."""
 MODEL_MUTANT_MODULES = (mutants, compiled_recompute, eager_twin)
 PARALLELIZE_MUTANTS = {
     "checkpoint_dropping_parallelize": compiled_recompute.checkpoint_dropping_parallelize,
@@ -23,8 +27,11 @@ PARALLELIZE_MUTANTS = {
 
 
 def build_model(cell: Mapping[str, object], *, dropout: float = 0.0, dtype: torch.dtype = torch.float32):
-    """The model of the cell's variant: the mutant factory of that name, else the reference decoder."""
+    """The model of the cell's variant: the mutant factory of that name, else the reference decoder; one
+    layer a stack for the variants of ONE_LAYER."""
     variant = str(cell["variant"])
+    if variant in ONE_LAYER:
+        cell = {**cell, transformer.DEPTH_AXIS: 1}
     named = [getattr(module, variant) for module in MODEL_MUTANT_MODULES if hasattr(module, variant)]
     (factory,) = [found for found in named if found is not PARALLELIZE_MUTANTS.get(variant)] or [
         transformer.build_model

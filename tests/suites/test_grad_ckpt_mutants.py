@@ -5,7 +5,9 @@ sizes 1 and 2: axis `variant` picks the model per cell (tests/suites/grad_ckpt_v
 rank pool per world size serves the reference and every mutant. The reference runs in every cell
 (fsdp none / fsdp1 / fsdp2 by sdpa and eager); each mutant in one cell per fsdp kind, the kind that
 changes how the suite sees parameters, gradients and state, with both attentions among them. The
-reference also runs alone in bfloat16 on two cells, where the derived tolerance must hold.
+reference also runs alone in bfloat16 on two cells, where the derived tolerance must hold. The mutants
+whose failure names layer 0 and nothing across the stack build one layer a stack
+(grad_ckpt_variants.ONE_LAYER); the reference and the rest, three.
 """
 
 from __future__ import annotations
