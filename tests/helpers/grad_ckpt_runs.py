@@ -83,9 +83,11 @@ def failure_text(case) -> str:
 COMPILED_AXES = ["world_size", "fsdp", "attn", "compile", "compile_nesting"]
 
 
-def compiled_matrix(model: str, cells: list[str]) -> str:
-    """grad_ckpt on exactly ``cells`` (ids ws<N>-<fsdp>-sdpa-<backend>-<nesting>), as includes of an empty product."""
-    return compiled_includes_matrix(COMPILED_AXES, [cell.split("-") for cell in cells], model, PARALLELIZE)
+def compiled_matrix(model: str, cells: list[str], depth: Callable[[str], int]) -> str:
+    """grad_ckpt on exactly ``cells`` (ids ws<N>-<fsdp>-sdpa-<backend>-<nesting>), each run as id ...-<depth>,
+    its decoder `depth(cell)` layers a stack deep, as includes of an empty product."""
+    values = [[*cell.split("-"), depth(cell)] for cell in cells]
+    return compiled_includes_matrix([*COMPILED_AXES, DEPTH_AXIS], values, model, PARALLELIZE)
 
 
 def compiled_variants_matrix(cells: dict[str, list[str]], depth: Callable[[str], int]) -> str:

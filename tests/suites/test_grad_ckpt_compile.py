@@ -4,11 +4,17 @@ test passing bit for bit (the compiled steps against their eager twin too), each
 naming a backend torch does not have, where every test fails with the compile mode and torch's own
 root cause, not a lost cell. The inductor cell, the known-bad block and the parallelize that never
 checkpoints are tests/suites/test_grad_ckpt_compile_mutants.py's.
+
+The default matrix's compiled cell (ws1, outside) builds the decoder as deep as the product does, two
+layers a stack (the depth first_entry_model needs, green here); the cells beyond it one, which compiles
+a third as long (axis `layers_per_stack`).
 """
 
 from __future__ import annotations
 
 import pytest
+
+from torchmatrix.models.transformer import SHALLOW_LAYERS_PER_STACK
 
 from helpers.grad_ckpt_runs import (
     EAGER_TWIN,
@@ -23,13 +29,27 @@ from helpers.grad_ckpt_runs import (
 
 pytestmark = pytest.mark.slow
 
-CELLS = ["ws1-none-sdpa-aot_eager-outside", "ws1-none-sdpa-aot_eager-inside", "ws2-fsdp2-sdpa-aot_eager-outside"]
-NO_SUCH_BACKEND = "ws1-none-sdpa-no_such_backend-outside"
+DEFAULT_MATRIX_CELL = "ws1-none-sdpa-aot_eager-outside"
+PLANNED = [DEFAULT_MATRIX_CELL, "ws1-none-sdpa-aot_eager-inside", "ws2-fsdp2-sdpa-aot_eager-outside"]
+NO_BACKEND_PLANNED = "ws1-none-sdpa-no_such_backend-outside"
+
+
+def depth(cell: str) -> int:
+    return SHALLOW_LAYERS_PER_STACK if cell == DEFAULT_MATRIX_CELL else 1
+
+
+def run_id(cell: str) -> str:
+    return f"{cell}-{depth(cell)}"
+
+
+CELLS = [run_id(cell) for cell in PLANNED]
+NO_SUCH_BACKEND = run_id(NO_BACKEND_PLANNED)
 
 
 @pytest.fixture(scope="module")
 def reference_run(tmp_path_factory):
-    return run_suite(tmp_path_factory.mktemp("compiled"), compiled_matrix(REFERENCE, [*CELLS, NO_SUCH_BACKEND]))
+    matrix = compiled_matrix(REFERENCE, [*PLANNED, NO_BACKEND_PLANNED], depth)
+    return run_suite(tmp_path_factory.mktemp("compiled"), matrix)
 
 
 def test_every_test_passes_bit_for_bit_in_every_aot_eager_cell(reference_run):
