@@ -33,15 +33,16 @@ TRAINING_STEPS = {
 
 
 AS_DEEP_AS_THE_CELL = (REFERENCE, "tp_grad_twice_deeper")
-"""Variants built as deep as the product builds the cell: the reference, and the plan that needs a second
-layer (its control the reference beside it). Every other variant is caught, or stays green, at one layer a
-stack, which a cell of four ranks pays for layer by layer."""
+"""Variants built as deep as the product builds their eager cells: the reference, and the plan that needs a
+second layer (its control the reference beside it). Every other variant is caught, or stays green, at one
+layer a stack, which a cell of four ranks pays for layer by layer; so is the compiled cell, whose proof (the
+reference named as built) needs no depth either."""
 
 
 def build_model(cell, **keywords):
     """The reference decoder, or under variant model_over_world the one whose loss divides by the world's
-    size; one layer a stack unless the variant is AS_DEEP_AS_THE_CELL."""
-    if cell["variant"] not in AS_DEEP_AS_THE_CELL:
+    size; one layer a stack unless the variant is AS_DEEP_AS_THE_CELL and the cell eager."""
+    if cell["variant"] not in AS_DEEP_AS_THE_CELL or cell["compile"] != "none":
         cell = {**cell, transformer.DEPTH_AXIS: 1}
     if cell["variant"] == MODEL_OVER_WORLD:
         return mutants.build_model_averaging_over_world(cell, **keywords)

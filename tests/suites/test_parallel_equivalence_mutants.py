@@ -6,7 +6,7 @@ One real `python -m torchmatrix run --torch system`, shared by every test here: 
 world size 2, HSDP and FSDP2 x tensor parallel at world size 4, each cell once per value of axis
 `variant` (tests/suites/parallel_variants.py: the reference, a mutant, a valid plan of another shape),
 so one rank pool per world size serves them all; the reference and the plan that needs depth are as deep
-as the product builds the cell, every other variant one layer a stack (parallel_variants.AS_DEEP_AS_THE_CELL).
+as the product builds their eager cells, every other cell one layer a stack (parallel_variants.build_model).
 One more cell compiles its blocks (aot_eager, FSDP2 at world size 2, the reference): the single-process
 reference must be named as built, before `parallelize` compiles it and its names gain `_orig_mod.`.
 """
