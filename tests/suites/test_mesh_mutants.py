@@ -5,7 +5,8 @@ every check passes (placements per mesh dim, state saved as its param's blocks, 
 and 2 x 2 <-> 4), beside an HSDP cell of an optimizer whose state of a 2-D param is a 1-D DTensor
 over the flattened mesh, which fails every dtensor_optim test. A second, one-test run swaps in a
 `parallelize` whose tensor-parallel plan leaves o_proj replicated: it trains the same numbers, and
-only the placement check sees it (models/mutants/meshes.py).
+only the placement check sees it (models/mutants/meshes.py). The flattened-state optimizer's cell builds
+the decoder one layer a stack deep (tests/suites/dtensor_variants.py), the reference's as the product does.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from junitparser import JUnitXml
 
 from torchmatrix.models.transformer import SHALLOW_LAYERS_PER_STACK
 
+from helpers.checkout import REPO
 from helpers.matrix_files import REFERENCE_COMPONENTS, matrix_toml
 from helpers.run_results import cell_failures, run_suites
 
@@ -29,9 +31,13 @@ MESHES = ("hsdp", "fsdp_tp")
 LAYOUT = "test_state_is_laid_out_like_its_param"
 PARALLELIZE = "torchmatrix.models.parallel:parallelize"
 O_PROJ_REPLICATED = "torchmatrix.models.mutants.meshes:parallelize_with_o_proj_replicated"
+REFERENCE_MODEL = REFERENCE_COMPONENTS["model"]
+VARIANTS_MODEL = "dtensor_variants:build_model"  # the flattened-state optimizer's cell one layer a stack
 
 
-def mesh_matrix(parallelize: str = PARALLELIZE, optimizers=(REFERENCE, FLATTENED), meshes=MESHES) -> str:
+def mesh_matrix(
+    parallelize: str = PARALLELIZE, optimizers=(REFERENCE, FLATTENED), meshes=MESHES, model: str = REFERENCE_MODEL
+) -> str:
     """FSDP2 cells at world size 4 on these 2-D meshes; grad_ckpt and resume run the first optimizer
     only, the flattened-state optimizer runs on HSDP only (under fsdp_tp it fails the same way)."""
     optimizers = list(optimizers)
@@ -61,6 +67,7 @@ def mesh_matrix(parallelize: str = PARALLELIZE, optimizers=(REFERENCE, FLATTENED
         },
         components={
             **REFERENCE_COMPONENTS,
+            "model": model,
             "parallelize": parallelize,
             "batch": "torchmatrix.models.transformer:make_batch",
             f"optimizer_{FLATTENED}": "torchmatrix.models.mutants.meshes:FlattenedMeshStateAdamW",
@@ -80,7 +87,7 @@ def run_root(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def run(run_root) -> tuple[subprocess.CompletedProcess, dict[str, dict[str, str]]]:
     """The reference stack and the flattened-state optimizer on both 2-D meshes; per cell id, test -> outcome."""
-    return run_suites(run_root, mesh_matrix())
+    return run_suites(run_root, mesh_matrix(model=VARIANTS_MODEL), REPO / "tests" / "suites")
 
 
 def test_run_fails_and_reports_every_cell(run):
