@@ -7,6 +7,7 @@ import torch
 
 from torchmatrix.models.parallel import parallelize
 from torchmatrix.models.transformer import (
+    INDUCTOR_LAYERS_PER_STACK,
     LAYERS_PER_STACK,
     SHALLOW_LAYERS_PER_STACK,
     DecoderConfig,
@@ -52,7 +53,7 @@ def test_prefix_layers_fill_one_cache_entry_each():
         ({"compile": "none", "optimizer_impl": "default"}, LAYERS_PER_STACK),
         ({"compile": "none", "optimizer_impl": "fused"}, SHALLOW_LAYERS_PER_STACK),
         ({"compile": "aot_eager"}, SHALLOW_LAYERS_PER_STACK),
-        ({"compile": "inductor", "optimizer_impl": "fused"}, SHALLOW_LAYERS_PER_STACK),
+        ({"compile": "inductor", "optimizer_impl": "fused"}, INDUCTOR_LAYERS_PER_STACK),
         ({"compile": "none", "optimizer_impl": "compiled"}, SHALLOW_LAYERS_PER_STACK),
         ({"world_size": 4, "mesh": "flat"}, LAYERS_PER_STACK),
         ({"world_size": 4, "mesh": "hsdp"}, SHALLOW_LAYERS_PER_STACK),
