@@ -173,6 +173,10 @@ MALFORMED = [
         + '\n[[include]]\nworld_size = 6\nfsdp = "fsdp2"\nmesh = "hsdp"\n[[include]]\nworld_size = 2\nfsdp = "fsdp2"\nmesh = "hsdp"\n',
         ["cell ws2-fsdp2-hsdp", "not 2", "or change the [[include]] that adds this cell"],
     ),
+    (
+        GOOD + '\n[suites.resume]\naxes = ["world_size"]\n[suites.resume.options]\nasync_save = ["ws2-none", "ws9-*"]\n',
+        ["suites.resume.options.async_save", "'ws9-*' matches no cell id", "torchmatrix list"],
+    ),
 ]
 
 

@@ -7,6 +7,7 @@ file, the key path and what to change, so the CLI can print it and exit 2 withou
 from __future__ import annotations
 
 import datetime
+import fnmatch
 import functools
 import hashlib
 import json
@@ -266,7 +267,21 @@ def load_matrix(path: str | Path) -> Matrix:
     )
     if cell_bound(axes, include) <= MAX_CELLS:  # a larger matrix is checked as --only and -k select from it
         _check_cells(matrix, matrix.cells(), where)
+        _check_async_save(matrix, where)
     return matrix
+
+
+def _check_async_save(matrix: Matrix, where: _Where) -> None:
+    """Every glob of resume's option `async_save` names a cell: one that names none (a typo, an axis value
+    renamed) would leave every cell saving synchronously without a word."""
+    resume = matrix.suites.get("resume")
+    patterns = resume.options.get("async_save", ()) if resume is not None else ()
+    ids = [cell.id for cell in matrix.cells()]
+    for pattern in patterns:
+        if not any(fnmatch.fnmatchcase(cell_id, pattern) for cell_id in ids):
+            raise where.at("suites").at("resume").at("options").at("async_save").error(
+                f"{pattern!r} matches no cell id", "run `python -m torchmatrix list` and copy an id, or a glob over ids"
+            )
 
 
 class _Where:
