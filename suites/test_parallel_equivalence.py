@@ -8,13 +8,14 @@
 - The cell trains in its own world as it would alone and writes what it computed; the reference then
   trains beside those records (suites/lockstep.py). Compared per step (table and derivations:
   docs/explanation/parallel-equivalence.md): each rank's loss (bit for bit; under tensor parallelism
-  within suites/loss_rounding.py's first-order bound); the reduced gradient (the declared
+  within suites/reordered_sums.py's first-order bound); the reduced gradient (the declared
   `reduce_dtype`'s reduction bound, suites/summation_bounds.py, and values that dtype's sums produce:
   pytorch#190626); the `clip_grad_norm` norm against the whole gathered gradient's and the
   single-process mean's (pytorch#170862), and the clipping it drives; the parameters after the same
-  optimizer step fed the cell's clipped gradient (bit for bit).
-- Under tensor parallelism the gradients have no bound that follows from the reduction order: they
-  are recorded (`grad_max_abs`), not compared, nor is the norm with the single-process mean's.
+  optimizer step fed the cell's clipped gradient once that gradient passed (bit for bit).
+- Under tensor parallelism the gradient is compared through linear functionals (per tensor its sign
+  pattern, a random and the unit direction; suites/gradient_functionals.py), each within its
+  first-order bound from a second backward of the reference, and the norm through the unit one.
 - A cell whose `accumulation` is not none runs `micro_batches` micro-batches per shard, sync off until
   the last (suites/accumulation.py); each gradient that is not the concatenated batch's is named with
   what it holds instead (only the last micro-batch, a bf16 accumulation, a reduction per micro-batch).
