@@ -102,7 +102,7 @@ TENSOR_PARALLEL_GRADIENTS = (
 def test_losses_match_single_process(cell, lockstep, record_property):
     """Each rank's loss on its shard equals the single-process loss of that shard, every step: bit for
     bit where the forward is the single-process one; under tensor parallelism within the first-order
-    bound of its linear layers summing in another order (suites/loss_rounding.py)."""
+    bound of its linear layers summing in another order (suites/reordered_sums.py)."""
     records = lockstep
     record_property("reference_world", records[0]["reference_world"])
     steps = [step for record in records for step in record["steps"]]
