@@ -70,3 +70,19 @@ def run_suites(
         timeout=timeout,
     )
     return done, cell_outcomes(root / "reports" / "latest" / "torch-system")
+
+
+def run_and_read(root: Path, matrix_text: str, components_from: Path | None = None):
+    """`run_suites`, then what a mutant module asserts on: the process, each cell's outcomes, each
+    cell's failure texts, and the merged JUnit."""
+    from junitparser import JUnitXml
+
+    done, outcomes = run_suites(root, matrix_text, components_from=components_from)
+    latest = root / "reports" / "latest"
+    return done, outcomes, cell_failures(latest / "torch-system"), JUnitXml.fromfile(str(latest / "junit.xml"))
+
+
+def cell_properties(junit, cell: str) -> dict[str, str]:
+    """The JUnit properties of the first cell whose suite name contains `cell`, by their last `::` part."""
+    suite = next(suite for suite in junit if cell in suite.name)
+    return {prop.name.rpartition("::")[2]: prop.value for prop in suite.properties()}

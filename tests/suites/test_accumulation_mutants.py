@@ -12,7 +12,6 @@ from __future__ import annotations
 import re
 
 import pytest
-from junitparser import JUnitXml
 
 from helpers.checkout import REPO
 from helpers.matrix_files import matrix_toml
@@ -23,7 +22,7 @@ from helpers.parallel_equivalence_tests import (
     GRADIENTS,
     NORM,
 )
-from helpers.run_results import cell_failures, run_suites
+from helpers.run_results import cell_properties, run_and_read
 
 pytestmark = pytest.mark.slow
 
@@ -77,14 +76,7 @@ def run(tmp_path_factory):
             "optimizer_adamw": "torchmatrix.models.optim:build_adamw",
         },
     )
-    done, outcomes = run_suites(root, matrix, components_from=REPO / "tests" / "suites")
-    version = root / "reports" / "latest" / "torch-system"
-    return done, outcomes, cell_failures(version), JUnitXml.fromfile(str(root / "reports" / "latest" / "junit.xml"))
-
-
-def properties(junit: JUnitXml, cell: str) -> dict[str, str]:
-    suite = next(suite for suite in junit if cell in suite.name)
-    return {prop.name.rpartition("::")[2]: prop.value for prop in suite.properties()}
+    return run_and_read(root, matrix, components_from=REPO / "tests" / "suites")
 
 
 @pytest.mark.parametrize("cell", CONTROLS)
@@ -95,7 +87,7 @@ def test_sync_off_then_on_matches_the_concatenated_batch_bit_for_bit(run, cell):
     assert outcomes[cell] == dict.fromkeys(EVERY_TEST, "passed"), (
         f"{outcomes[cell]}\n{failures.get(cell)}\n{done.stdout}"
     )
-    recorded = properties(junit, cell)
+    recorded = cell_properties(junit, cell)
     assert recorded["grad_max_ulp"] == "0" and recorded["loss_max_ulp"] == "0", recorded
 
 

@@ -14,7 +14,6 @@ reference must be named as built, before `parallelize` compiles it and its names
 from __future__ import annotations
 
 import pytest
-from junitparser import JUnitXml
 
 from helpers.checkout import REPO
 from helpers.matrix_files import matrix_toml
@@ -27,7 +26,7 @@ from helpers.parallel_equivalence_tests import (
     LOSSES,
     NORM,
 )
-from helpers.run_results import cell_failures, run_suites
+from helpers.run_results import cell_properties, run_and_read
 
 pytestmark = pytest.mark.slow
 
@@ -129,9 +128,7 @@ def run(tmp_path_factory):
             "optimizer_adamw": "torchmatrix.models.optim:build_adamw",
         },
     )
-    done, outcomes = run_suites(root, matrix, components_from=REPO / "tests" / "suites")
-    version = root / "reports" / "latest" / "torch-system"
-    return done, outcomes, cell_failures(version), JUnitXml.fromfile(str(root / "reports" / "latest" / "junit.xml"))
+    return run_and_read(root, matrix, components_from=REPO / "tests" / "suites")
 
 
 def cells_of(outcomes: dict, variant: str) -> dict[str, dict[str, str]]:
@@ -150,11 +147,6 @@ def reference(cell_kind: str) -> str:
     return f"{cell_kind}-sdpa-adamw-reference-{EAGER}"
 
 
-def properties(junit: JUnitXml, cell: str) -> dict[str, str]:
-    suite = next(suite for suite in junit if cell in suite.name)
-    return {prop.name.rpartition("::")[2]: prop.value for prop in suite.properties()}
-
-
 @pytest.mark.parametrize("stack", ["reference", *CONTROLS])
 def test_valid_stack_passes_every_cell(run, stack):
     done, outcomes, failures, junit = run
@@ -169,17 +161,17 @@ def test_reference_records_the_derived_tolerance(run):
     """Two shards reduce bit for bit; four carry the gamma bound, and the measured difference stays under
     it, as the tensor-parallel loss does under its first-order bound and every norm under the norm bound."""
     junit = run[3]
-    assert properties(junit, reference("ws2-fsdp2-flat"))["precision"].endswith(TWO_SHARDS_EXACT)
-    assert properties(junit, reference("ws2-fsdp1-flat"))["grad_max_ulp"] == "0"
-    assert properties(junit, reference("ws2-fsdp1-flat"))["reference_world"] == "a world of one rank of its own"
-    hsdp = properties(junit, reference("ws4-fsdp2-hsdp"))
+    assert cell_properties(junit, reference("ws2-fsdp2-flat"))["precision"].endswith(TWO_SHARDS_EXACT)
+    assert cell_properties(junit, reference("ws2-fsdp1-flat"))["grad_max_ulp"] == "0"
+    assert cell_properties(junit, reference("ws2-fsdp1-flat"))["reference_world"] == "a world of one rank of its own"
+    hsdp = cell_properties(junit, reference("ws4-fsdp2-hsdp"))
     assert "gamma_3" in hsdp["precision"], hsdp
     assert 0 < float(hsdp["grad_max_ratio"]) <= 1, hsdp
-    tensor_parallel = properties(junit, reference(TENSOR_PARALLEL))
+    tensor_parallel = cell_properties(junit, reference(TENSOR_PARALLEL))
     assert 0 < float(tensor_parallel["loss_max_ratio"]) <= 1, tensor_parallel
     assert 0 < float(tensor_parallel["grad_functional_max_ratio"]) <= 1, tensor_parallel
     for kind in CELL_KINDS:
-        recorded = properties(junit, reference(kind))
+        recorded = cell_properties(junit, reference(kind))
         assert float(recorded["norm_max_rel"]) <= float(recorded["norm_tolerance_rel"]), recorded
         assert recorded["clipped_steps"].startswith("[0"), recorded
 
@@ -215,4 +207,4 @@ def test_compiled_cell_matches_its_compiled_reference(run):
     assert tests == dict.fromkeys(EVERY_TEST - {ACCUMULATION}, "passed") | {ACCUMULATION: "skipped"}, (
         f"{tests}\n{failures.get(COMPILED)}"
     )
-    assert properties(junit, COMPILED)["precision"].endswith(TWO_SHARDS_EXACT)
+    assert cell_properties(junit, COMPILED)["precision"].endswith(TWO_SHARDS_EXACT)
