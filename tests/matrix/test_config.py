@@ -174,7 +174,8 @@ MALFORMED = [
         ["cell ws2-fsdp2-hsdp", "not 2", "or change the [[include]] that adds this cell"],
     ),
     (
-        GOOD + '\n[suites.resume]\naxes = ["world_size"]\n[suites.resume.options]\nasync_save = ["ws2-none", "ws9-*"]\n',
+        GOOD
+        + '\n[suites.resume]\naxes = ["world_size"]\n[suites.resume.options]\nasync_save = ["ws2-none", "ws9-*"]\n',
         ["suites.resume.options.async_save", "'ws9-*' matches no cell id", "torchmatrix list"],
     ),
 ]
