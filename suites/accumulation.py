@@ -17,6 +17,7 @@ from torchmatrix.testing import ParallelEquivalenceOptions, UnavailableImplement
 
 from .built_names import named_parameters_as_built
 from .single_process_reference import SingleProcessReference
+from .step_comparisons import gradient_comparison
 from .summation_bounds import MeanReduction
 
 DEFAULT_NO_SYNC = "torchmatrix.suites.accumulation:gradient_sync_off"
@@ -216,14 +217,9 @@ def reduced_alone(micro: list[list[dict]], index: int) -> dict[str, torch.Tensor
 
 
 def within(actual: torch.Tensor, expected: torch.Tensor, magnitude: torch.Tensor, reduction: MeanReduction) -> bool:
-    """Whether `actual` is `expected` within the reduction bound: bit for bit where that is exact."""
-    actual, expected = actual.cpu(), expected.cpu()
-    if actual.shape != expected.shape:
-        return False
-    if reduction.exact:
-        return torch.equal(actual.float(), expected.float())
-    bound = reduction.relative_bound * magnitude / reduction.terms
-    return bool(((actual.double() - expected.double()).abs() <= bound).all())
+    """Whether `actual` is `expected` within the reduction bound, as the gradient test judges it
+    (step_comparisons.gradient_comparison): bit for bit where that is exact."""
+    return not gradient_comparison({"g": actual}, {"g": expected}, {"g": magnitude}, reduction)["problems"]
 
 
 def unexplained(actual: torch.Tensor, expected: torch.Tensor, count: int) -> str:

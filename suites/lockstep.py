@@ -109,7 +109,10 @@ def compare_in_lockstep(
             if tensor_parallel:
                 functionals = functionals_of(mean)
                 loss_bounds, bounds = reference.reordering_bounds(index, functionals)
-                bounds = [bound + reduction_bound(f, magnitude, reduction) for f, bound in zip(functionals, bounds)]
+                bounds = [
+                    bound + reduction_bound(f, magnitude, reduction)
+                    for f, bound in zip(functionals, bounds, strict=True)
+                ]
                 gradient = functional_comparison(computed["reduced"], mean, functionals, bounds)
             else:
                 loss_bounds = [0.0] * shards
