@@ -23,6 +23,7 @@ from torch.nn.attention.bias import causal_lower_right
 from torch.utils.checkpoint import checkpoint
 
 from torchmatrix.components.compile_axis import DEFAULT_BACKEND
+from torchmatrix.components.pipeline_axis import pipelines
 from torchmatrix.matrix.meshes import FLAT, mesh_kind
 from torchmatrix.testing import DEFAULT_IMPLEMENTATION, implementation_of
 
@@ -38,10 +39,11 @@ ATTENTION_KINDS = ("sdpa", "eager")
 LAYERS_PER_STACK = 3
 SHALLOW_LAYERS_PER_STACK = 2
 """Layers per stack in a cell that compiles its blocks, steps an optimizer implementation other than the
-default, or shards over a 2-D mesh. Compile time grows with every block (a block's graphs specialise on
+default, shards over a 2-D mesh or pipelines. Compile time grows with every block (a block's graphs specialise on
 its cache entry and index, so identical blocks cannot share one) and every parameter (the compiled step
 unrolls per parameter); an implementation's step and state dict, and a 2-D mesh's split and shards, treat
-every layer alike, so a third layer only repeats them. Two, not one: a bug that needs a layer index above
+every layer alike, so a third layer only repeats them; the interleaved schedule's four pipeline stages
+need four layers, one each. Two, not one: a bug that needs a layer index above
 0, or a cache entry read across layers, shows only where a stack has a second layer."""
 INDUCTOR_LAYERS_PER_STACK = 1
 """Layers per stack where Inductor compiles the blocks: it generates and builds C++ per graph, so a second
@@ -232,6 +234,11 @@ class ExpertLayer(DecoderLayer):
         return torch.cat((prefix_keys, key), dim=2), torch.cat((prefix_values, value), dim=2)
 
 
+def next_token_loss(logits: Tensor, tokens: Tensor) -> Tensor:
+    """The decoder's loss: mean cross-entropy of each position's logits against the next token, in float32."""
+    return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), tokens[:, 1:].flatten())
+
+
 class PrefixExpertDecoder(nn.Module):
     """Embedding, a prefix stack, an expert stack reading the prefix's cache, and a next-token head.
 
@@ -269,8 +276,7 @@ class PrefixExpertDecoder(nn.Module):
         for layer in self.expert_layers:
             suffix = layer(suffix, cache)
         logits = self.head(self.final_norm(torch.cat((prefix, suffix), dim=1)))
-        loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), tokens[:, 1:].flatten())
-        return DecoderOutput(loss, cache)
+        return DecoderOutput(next_token_loss(logits, tokens), cache)
 
     def decoder_layers(self) -> list[nn.Module]:
         """The checkpointing and sharding units, in forward order."""
@@ -299,8 +305,8 @@ def build_model(
     Reads ``cell["attn"]`` ("sdpa" | "eager") and, if the cell has it, ``cell["sdpa_backend"]``.
     Parameters come from the global RNG, so callers seed it (``torch.manual_seed``) first.
     Checkpointing starts off; ``torchmatrix.models.parallel.parallelize`` switches it per layer. A
-    cell that compiles, steps an optimizer implementation other than the default or shards over a 2-D
-    mesh gets the shallower decoder, a cell with a ``layers_per_stack`` value that many layers a stack
+    cell that compiles, steps an optimizer implementation other than the default, shards over a 2-D
+    mesh or pipelines gets the shallower decoder, a cell with a ``layers_per_stack`` value that many layers a stack
     (``layers_per_stack``).
     """
     config = DecoderConfig(
@@ -320,15 +326,21 @@ def layers_per_stack(cell: Mapping[str, object]) -> int:
     ``INDUCTOR_LAYERS_PER_STACK`` where Inductor compiles its blocks, ``SHALLOW_LAYERS_PER_STACK`` where
     another backend does (``compile``), whose compile time on CPU is most of the cell's, or where it steps
     an implementation other than the default (``optimizer_impl``: forloop, foreach, fused, the compiled
-    step) or shards over a 2-D mesh (``mesh``: every layer is split and sharded alike, over four ranks),
-    else ``LAYERS_PER_STACK``. Read from the cell alone, never the world: the single-process reference
+    step), shards over a 2-D mesh (``mesh``: every layer is split and sharded alike, over four ranks) or
+    splits it into pipeline stages (``pipeline``: four stages of one layer each under the interleaved
+    schedule), else ``LAYERS_PER_STACK``. Read from the cell alone, never the world: the single-process reference
     builds it in a world of one."""
     if DEPTH_AXIS in cell:
         return cell[DEPTH_AXIS]
     mode = compile_mode(cell)
     if mode is not None and mode[0] == DEFAULT_BACKEND:
         return INDUCTOR_LAYERS_PER_STACK
-    shallow = mode is not None or implementation_of(cell) != DEFAULT_IMPLEMENTATION or mesh_kind(cell) != FLAT
+    shallow = (
+        mode is not None
+        or implementation_of(cell) != DEFAULT_IMPLEMENTATION
+        or mesh_kind(cell) != FLAT
+        or pipelines(cell)
+    )
     return SHALLOW_LAYERS_PER_STACK if shallow else LAYERS_PER_STACK
 
 

@@ -4,14 +4,22 @@ gradient, across ranks, the way the stacks do it per wrapper."""
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 from torch.distributed.fsdp import FullyShardedDataParallel
 from torch.distributed.tensor import DTensor
+
+from torchmatrix.components.pipeline_axis import pipelines
+from torchmatrix.matrix.meshes import PP_DIM
+from torchmatrix.testing import cell_mesh
 
 from .full_tensors import whole
 
 
-def clip_grad_norm(model, *, max_norm: float) -> torch.Tensor:
+def clip_grad_norm(model, *, max_norm: float, cell: dict | None = None) -> torch.Tensor:
     """Clip in place and return the total 2-norm, a plain tensor equal on every rank.
+
+    A pipelined cell's rank holds its stages only: their norm's square is summed over the cell's "pp"
+    ranks first, as torchtitan's clip does over its pp_mesh (`clip_across_stages`).
 
     FSDP1: its own `clip_grad_norm_`, since torch.nn.utils' sees only this rank's flat shards.
     Otherwise `torch.nn.utils.clip_grad_norm_`, whose DTensor norm is read as its full tensor (as
@@ -19,6 +27,8 @@ def clip_grad_norm(model, *, max_norm: float) -> torch.Tensor:
     projections beside norms sharded over the data-parallel dims only), DTensor cannot stack their
     norms, so each mesh's norm is taken apart and the total combined from them.
     """
+    if cell is not None and pipelines(cell):
+        return clip_across_stages(model, max_norm, cell_mesh(cell)[PP_DIM].get_group())
     if isinstance(model, FullyShardedDataParallel):
         return model.clip_grad_norm_(max_norm)
     by_mesh: dict[object, list[torch.nn.Parameter]] = {}
@@ -31,4 +41,15 @@ def clip_grad_norm(model, *, max_norm: float) -> torch.Tensor:
     total = torch.linalg.vector_norm(torch.stack(norms))
     for params in by_mesh.values():
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+    return total
+
+
+def clip_across_stages(model, max_norm: float, group) -> torch.Tensor:
+    """The norm of every stage's gradient from this rank's stages' (full over their data-parallel ranks), its
+    square summed over the pipeline ranks of `group`; each gradient clipped by that total."""
+    params = [param for param in model.parameters() if param.grad is not None]
+    squared = whole(torch.nn.utils.get_total_norm([param.grad for param in params])) ** 2
+    dist.all_reduce(squared, group=group)
+    total = squared.sqrt()
+    torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
     return total

@@ -11,29 +11,15 @@ import torch
 import torch.distributed as dist
 
 from torchmatrix.components.accumulation_axis import accumulates
-from torchmatrix.testing import (
-    ParallelEquivalenceOptions,
-    UnavailableImplementation,
-    build_optimizer,
-    call_accepting,
-    current_device,
-    data_parallel_rank,
-    data_parallel_size,
-    load,
-)
+from torchmatrix.components.pipeline_axis import pipelines
+from torchmatrix.testing import ParallelEquivalenceOptions, UnavailableImplementation, data_parallel_size
 
-from .accumulation import AccumulatingReference, accumulated_backward, micro_batch_seeds, sync_switch
+from .accumulation import AccumulatingReference
+from .cell_training import CELL_STEPS, CellTraining, train_and_record
 from .deterministic import deterministic_algorithms
-from .full_tensors import full_gradients, full_parameters, whole
 from .gradient_functionals import functional_comparison, functionals_of, reduction_bound
-from .parallelize_component import parallelized
-from .single_process_reference import (
-    DEFAULT_CLIP,
-    SingleProcessReference,
-    batch_seed,
-    optimizer_hyperparameters,
-    seeded_model,
-)
+from .pipelining import PipelinedReference, PipelinedTraining
+from .single_process_reference import SingleProcessReference
 from .step_comparisons import (
     GRID_EVIDENCE,
     clip_comparison,
@@ -43,11 +29,8 @@ from .step_comparisons import (
     parameter_differences,
 )
 from .summation_bounds import MeanReduction, clip_relative_bound, norm_relative_bound
-from .training_step import build_training_step
 from .ulp import ulp_distance
 
-CELL_STEPS = "cell-steps.pt"
-"""What the cell computed, gathered (rank 0 writes it): the reference reads it in its own world."""
 OWN_WORLD = "a world of one rank of its own"
 IN_THE_CELLS_WORLD = (
     "the cell's own world, on every rank ({why_not}): a component that reads the world's size or rank sees the "
@@ -119,7 +102,7 @@ def compare_in_lockstep(
                 gradient = gradient_comparison(computed["reduced"], mean, magnitude, reduction)
             shared = step_comparison(computed, mean, gradient, max_norm, options.reduce_dtype)
             shared["norm"]["single_process_clip"] = reference.clip_norm(mean, max_norm)
-            if accumulates(cell):
+            if accumulates(cell) or pipelines(cell):
                 shared["micro_batches"] = reference.micro_batch_lines(computed["reduced"], reduction)
             vouched = not gradient["problems"]
             if vouched:  # the reference steps only on a gradient within its bound of its own
@@ -148,7 +131,10 @@ def compare_in_lockstep(
 
 
 def reference_for(cell: dict) -> type[SingleProcessReference]:
-    """The single process that stands for the cell: one that accumulates micro-batches where the cell does."""
+    """The single process that stands for the cell: one that accumulates micro-batches where the cell does,
+    one that runs the pipeline's micro-batches through the whole model where the cell pipelines."""
+    if pipelines(cell):
+        return PipelinedReference
     return AccumulatingReference if accumulates(cell) else SingleProcessReference
 
 
@@ -196,76 +182,12 @@ def rank_comparison(shared: dict, run: dict, index: int, losses: list, loss_boun
 
 
 def train_cell(cell: dict, options: ParallelEquivalenceOptions, components: dict, max_norm: float, directory: str):
-    """Rank function: the cell trains `steps` steps as it would alone; every rank returns its losses
-    and the norms its clip returned, and rank 0 writes the gathered gradients and parameters."""
+    """Rank function: the cell trains `steps` steps as it would alone (pipelined where its `pipeline` is
+    not none); every rank returns its losses and the norms its clip returned, and rank 0 writes the
+    gathered gradients and parameters."""
     with deterministic_algorithms():
         try:
-            training = CellTraining(cell, options, components)
+            training = (PipelinedTraining if pipelines(cell) else CellTraining)(cell, options, components)
         except UnavailableImplementation as unavailable:
             return {"unavailable": str(unavailable)}
-        return training.run(max_norm, Path(directory) / CELL_STEPS)
-
-
-class CellTraining:
-    """The cell's parallel training: the model from the suite's seed, wrapped by `parallelize` for the
-    cell, trained on shard `data_parallel_rank` of each global batch."""
-
-    def __init__(self, cell: dict, options: ParallelEquivalenceOptions, components: dict):
-        self.cell = cell
-        self.options = options
-        self.device = current_device()
-        self.shards = data_parallel_size(cell)
-        self.shard = data_parallel_rank(cell)
-        self.make_batch = load(components["batch"])
-        self.clip = load(components.get("clip_grad_norm", DEFAULT_CLIP))
-        self.model = parallelized(components, seeded_model(cell, options, components), cell, device=self.device)
-        factory = load(components[f"optimizer_{cell['optimizer']}"])
-        self.optimizer = build_optimizer(factory, self.model, **optimizer_hyperparameters(cell, options))
-        self.training = build_training_step(components, model=self.model, optimizer=self.optimizer, cell=cell)
-        self.no_sync = sync_switch(components, self.model, cell)
-
-    def shard_backward(self, step: int) -> torch.Tensor:
-        """This rank's shard of the step's global batch, forward and backward: one batch, or where the cell
-        accumulates its micro-batches, sync off until the last; returns the step's loss."""
-        if accumulates(self.cell):
-            seeds = micro_batch_seeds(self.options, self.shards, step, self.shard)
-            batches = [self.make_batch(self.model, seed=seed, device=self.device) for seed in seeds]
-            return accumulated_backward(self.training, batches, self.no_sync)
-        seed = batch_seed(self.options, self.shards, step, self.shard)
-        batch = self.make_batch(self.model, seed=seed, device=self.device)
-        loss = self.training.loss(batch)
-        self.training.backward(loss)
-        return loss
-
-    def run(self, max_norm: float, path: Path) -> dict:
-        initial = on_cpu(full_parameters(self.model))
-        losses, norms, steps = [], [], []
-        for step in range(self.options.steps):
-            self.model.train()
-            loss = self.shard_backward(step)
-            reduced = on_cpu(full_gradients(self.model))
-            norms.append(float(scalar(call_accepting(self.clip, self.model, max_norm=max_norm, cell=self.cell))))
-            clipped = on_cpu(full_gradients(self.model))
-            self.training.optimizer_step()
-            self.optimizer.zero_grad(set_to_none=True)
-            losses.append(loss.detach().float().item())
-            steps.append({"reduced": reduced, "clipped": clipped, "parameters": on_cpu(full_parameters(self.model))})
-        world = dist.get_world_size() if dist.is_initialized() else 1
-        if not dist.is_initialized() or dist.get_rank() == 0:
-            torch.save({"initial": initial, "steps": steps}, path)
-        return {
-            "losses": losses,
-            "norms": norms,
-            "shard": self.shard,
-            "shards": self.shards,
-            "tensor_parallel": self.shards < world,
-        }
-
-
-def on_cpu(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {name: tensor.detach().cpu() for name, tensor in tensors.items()}
-
-
-def scalar(norm) -> torch.Tensor:
-    """The norm a clip returned as a plain tensor: a DTensor's full value (a collective), else itself."""
-    return whole(norm) if isinstance(norm, torch.Tensor) else torch.tensor(norm)
+        return train_and_record(training, max_norm, Path(directory) / CELL_STEPS)

@@ -19,7 +19,12 @@
 - A cell whose `accumulation` is not none runs `micro_batches` micro-batches per shard, sync off until
   the last (suites/accumulation.py); each gradient that is not the concatenated batch's is named with
   what it holds instead (only the last micro-batch, a bf16 accumulation, a reduction per micro-batch).
-- Cells with fsdp = "none" skip. Components: `model`, `batch`, `parallelize`, `optimizer_<optimizer>`,
+- A cell whose `pipeline` is not none trains its model split into stages over two pipeline ranks (FSDP2
+  over the rest), one schedule step over `micro_batches` micro-batches per shard (suites/pipelining.py);
+  the reference runs the same micro-batches through the whole model. Each gradient that is not the global
+  batch's mean is named with its stage and what it holds instead (a double average, a sum, only the last
+  micro-batch). Components `pipeline_split` and `pipeline_schedule`.
+- Cells with fsdp = "none" and pipeline = "none" skip. Components: `model`, `batch`, `parallelize`, `optimizer_<optimizer>`,
   optionally `clip_grad_norm` (default: suites/gradient_clipping.py) and `training_step` (its `loss`,
   `backward` and `optimizer_step`, built once for the cell's model and once for the reference;
   suites/training_step.py).
@@ -30,6 +35,7 @@ from __future__ import annotations
 import pytest
 
 from torchmatrix.components.accumulation_axis import accumulates, accumulation_of
+from torchmatrix.components.pipeline_axis import PIPELINE_RANKS, pipeline_of, pipelines, stage_count
 from torchmatrix.testing import REDUCE_DTYPES, ParallelEquivalenceOptions
 
 from .lockstep import lockstep_records
@@ -39,13 +45,14 @@ from .summation_bounds import MeanReduction
 OPTIONS = ParallelEquivalenceOptions  # the dataclass `suite_options` arrives as
 
 NO_PARALLELISM = (
-    "fsdp=none: no data-parallel wrapper, so there is nothing parallel to compare with the single-process run"
+    "fsdp=none, pipeline=none: no data-parallel wrapper and no pipeline, so there is nothing parallel to compare with "
+    "the single-process run"
 )
 
 
 @pytest.fixture(autouse=True)
 def parallel_cell(cell):
-    if cell["fsdp"] == "none":
+    if cell["fsdp"] == "none" and not pipelines(cell):
         pytest.skip(NO_PARALLELISM)
 
 
@@ -278,18 +285,31 @@ def test_parameters_match_single_process_step(cell, lockstep):
 
 
 def test_micro_batches_accumulate_to_the_whole_batch(cell, lockstep, suite_options):
-    """Where the cell accumulates, the reduced gradient after the synced backward is the concatenated
-    batch's: every micro-batch of every shard summed in float32, within the reduction bound (bit for bit at
-    two shards); a gradient that is not is named with the fault that explains it."""
-    if not accumulates(cell):
-        pytest.skip("accumulation=none: one batch per shard and step, no micro-batches to accumulate")
+    """Where the cell accumulates micro-batches (axis `accumulation`, or a `pipeline` schedule), the reduced
+    gradient after the step is the whole batch's: every micro-batch of every shard summed in float32, within
+    the reduction bound (bit for bit at two shards); a gradient that is not is named with the fault that
+    explains it (and under a pipeline, the stage that holds it)."""
+    if not accumulates(cell) and not pipelines(cell):
+        pytest.skip("accumulation=none, pipeline=none: one batch per shard and step, no micro-batches to accumulate")
     steps = lockstep[0]["steps"]
     problems = [f"step {index}: {line}" for index, step in enumerate(steps) for line in step["micro_batches"]]
-    if problems:
+    if not problems:
+        return
+    if pipelines(cell):
         raise AssertionError(
-            f"{cell.id}: after {suite_options.micro_batches} micro-batches with gradient sync off then one synced "
-            f"backward (accumulation={accumulation_of(cell)!r}), the gradient is not the concatenated batch's:\n"
+            f"{cell.id}: after the {pipeline_of(cell)} schedule's step over {suite_options.micro_batches} micro-batches "
+            f"and {stage_count(cell)} stages on {PIPELINE_RANKS} pipeline ranks, the gradient is not the global batch's "
+            "mean (each micro-batch's mean loss through the whole model, their gradients summed in float32 and divided "
+            "by their count once):\n"
             + listing(problems)
-            + "\n  hint: the accumulated gradient must stay in float32 (reduce_dtype) whatever param_dtype computes, "
-            "keep every micro-batch's contribution, and be reduced once, after the last micro-batch"
+            + "\n  hint: scale_grads must match the loss: True (the default) for each micro-batch's mean, False for a "
+            "loss already divided by the micro-batch count before the schedule's backward; a stage must keep what "
+            "earlier micro-batches accumulated until the step's last backward"
         )
+    raise AssertionError(
+        f"{cell.id}: after {suite_options.micro_batches} micro-batches with gradient sync off then one synced "
+        f"backward (accumulation={accumulation_of(cell)!r}), the gradient is not the concatenated batch's:\n"
+        + listing(problems)
+        + "\n  hint: the accumulated gradient must stay in float32 (reduce_dtype) whatever param_dtype computes, "
+        "keep every micro-batch's contribution, and be reduced once, after the last micro-batch"
+    )

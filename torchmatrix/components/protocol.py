@@ -246,6 +246,41 @@ COMPONENTS: tuple[Component, ...] = (
         default="torchmatrix.suites.accumulation:gradient_sync_off",
     ),
     Component(
+        name="pipeline_split",
+        arguments=(
+            Argument("model", "the `model` component's model, built from the suite's seed", positional=True),
+            Argument("stages", "how many pipeline stages to split it into (2 x the stages a rank holds)"),
+            Argument("cell", CELL.meaning, OPTIONAL),
+        ),
+        returns=(
+            "an object with `stages` (a list of nn.Modules in order, made of the model's own modules: each takes the "
+            "previous stage's output tensors, the first the batch's `inputs`), `inputs(batch)` (a tuple of tensors), "
+            "`target(batch)` (a tensor) and `loss(output, target)` (one micro-batch's loss of the last stage's "
+            "output, equal to the whole model's loss on it); optional: without an entry, "
+            "`torchmatrix.models.pipeline_stages:split_decoder` (the reference decoder)"
+        ),
+        suites=(PARALLEL_EQUIVALENCE,),
+        default="torchmatrix.models.pipeline_stages:split_decoder",
+    ),
+    Component(
+        name="pipeline_schedule",
+        arguments=(
+            Argument("stages", "this rank's `torch.distributed.pipelining.PipelineStage`s, in order", positional=True),
+            Argument("n_microbatches", "micro-batches per step ([suites.parallel_equivalence.options] micro_batches)"),
+            Argument("loss_fn", "the split's `loss`"),
+            Argument("cell", CELL.meaning + "; its `pipeline` names the schedule", OPTIONAL),
+        ),
+        returns=(
+            "a pipeline schedule: `step(*inputs, target=..., losses=[...])` runs one step's forward and backward, "
+            "and `scale_grads` says whether it divided the accumulated gradients by the micro-batch count (the "
+            "step's loss is then the micro-batch losses' mean, else their sum); optional: without an entry, "
+            "`torchmatrix.suites.pipelining:build_schedule` (gpipe, 1f1b or interleaved_1f1b, `scale_grads` at its "
+            "default)"
+        ),
+        suites=(PARALLEL_EQUIVALENCE,),
+        default="torchmatrix.suites.pipelining:build_schedule",
+    ),
+    Component(
         name="checkpointer",
         form="per-call",
         arguments=(),

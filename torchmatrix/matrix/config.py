@@ -36,6 +36,7 @@ from torchmatrix.matrix.cells import (
 )
 from torchmatrix.matrix.known_failures import KEYS as KNOWN_FAILURE_KEYS
 from torchmatrix.matrix.known_failures import KnownFailure, KnownFailureError, read_known_failure
+from torchmatrix.components.pipeline_axis import PIPELINE_AXIS, pipeline_problem
 from torchmatrix.matrix.meshes import MESH_AXIS, MESH_KINDS, TWO_D_FSDP, TWO_D_MESH_KINDS, mesh_layout, mesh_problem
 from torchmatrix.matrix.selection import (
     EVERY_CELL,
@@ -780,6 +781,8 @@ def _check_cells(matrix: Matrix, cells: list[Cell], where: _Where) -> None:
             )
     if MESH_AXIS in matrix.axes:
         _check_meshes(matrix, cells, where)
+    if PIPELINE_AXIS in matrix.axes:
+        _check_pipelines(cells, where)
 
 
 def _check_meshes(matrix: Matrix, cells: list[Cell], where: _Where) -> None:
@@ -789,6 +792,20 @@ def _check_meshes(matrix: Matrix, cells: list[Cell], where: _Where) -> None:
         problem = mesh_problem(cell)
         if problem:
             raise where.at("axes").at(MESH_AXIS).error(f"cell {cell.id}: {problem}", _mesh_fix(matrix, cell))
+
+
+def _check_pipelines(cells: list[Cell], where: _Where) -> None:
+    """Every pipelined cell can be trained so (torchmatrix.components.pipeline_axis): one line naming the
+    cell and what it does not compose with, not an error in every rank."""
+    for cell in cells:
+        try:
+            problem = pipeline_problem(cell)
+        except ValueError as error:
+            problem = str(error)
+        if problem:
+            raise where.at("axes").at(PIPELINE_AXIS).error(
+                f"cell {cell.id}: {problem}", "add an [[exclude]] for such cells, or change the [[include]] that adds it"
+            )
 
 
 def _mesh_fix(matrix: Matrix, cell: Cell) -> str:

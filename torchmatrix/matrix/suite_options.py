@@ -203,7 +203,8 @@ class ParallelEquivalenceOptions(SuiteOptions):
     reduce_dtype: str = "float32"
     """The dtype your mixed-precision policy declares for gradient reductions."""
     micro_batches: int = 2
-    """Micro-batches per step in a cell whose `accumulation` is not none: all but the last with gradient sync off."""
+    """Micro-batches per step in a cell whose `accumulation` is not none (all but the last with gradient sync off),
+    and per schedule step in one whose `pipeline` is not none (each a slice of the shard's batch)."""
 
     def __post_init__(self):
         _at_least("steps", self.steps, 1, "a number of training steps, at least 1")

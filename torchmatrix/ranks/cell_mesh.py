@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from torchmatrix.components.pipeline_axis import pipeline_ranks
 from torchmatrix.matrix.meshes import MeshLayout, mesh_kind, mesh_layout
 from torchmatrix.ranks.worker import current_device
 
@@ -22,12 +23,13 @@ def cell_layout(cell: Mapping[str, Any]) -> MeshLayout:
     import torch.distributed as dist
 
     world_size = dist.get_world_size() if dist.is_initialized() else int(cell.get("world_size", 1))
-    return mesh_layout(mesh_kind(cell), world_size)
+    return mesh_layout(mesh_kind(cell), world_size, pipeline_ranks(cell))
 
 
 def cell_mesh(cell: Mapping[str, Any], device_type: str | None = None):
     """The DeviceMesh the cell's `mesh` names over every rank of the default process group: 1-D for
-    `flat`, ("dp_replicate", "dp_shard") for `hsdp`, ("dp_shard", "tp") for `fsdp_tp`. Every rank must
+    `flat`, ("dp_replicate", "dp_shard") for `hsdp`, ("dp_shard", "tp") for `fsdp_tp`, ("pp", "dp_shard")
+    for a pipelined cell (axis `pipeline`). Every rank must
     call it at the same point the first time a shape is asked for (it creates process groups)."""
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -41,7 +43,8 @@ def cell_mesh(cell: Mapping[str, Any], device_type: str | None = None):
 
 def data_parallel_rank(cell: Mapping[str, Any]) -> int:
     """Which batch this rank trains on: its global rank, except that the ranks of one tensor-parallel
-    group share one (they hold slices of the same layers, so they must see the same tokens)."""
+    group share one (they hold slices of the same layers, so they must see the same tokens), as do the
+    stages of one pipeline."""
     import torch.distributed as dist
 
     rank = dist.get_rank() if dist.is_initialized() else 0
@@ -49,7 +52,8 @@ def data_parallel_rank(cell: Mapping[str, Any]) -> int:
 
 
 def data_parallel_size(cell: Mapping[str, Any]) -> int:
-    """How many different batches the cell trains on per step: the world size over the tensor-parallel size."""
+    """How many different batches the cell trains on per step: the world size over the tensor-parallel
+    and pipeline sizes."""
     return cell_layout(cell).data_parallel_size()
 
 
