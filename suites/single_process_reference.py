@@ -9,6 +9,7 @@ from functools import partial
 import torch
 
 from torchmatrix.components.compile_axis import COMPILE_AXIS, NOT_COMPILED
+from torchmatrix.components.pipeline_axis import NO_PIPELINE, PIPELINE_AXIS
 from torchmatrix.testing import (
     ParallelEquivalenceOptions,
     build_optimizer,
@@ -27,11 +28,14 @@ DEFAULT_CLIP = "torchmatrix.suites.gradient_clipping:clip_grad_norm"
 
 
 def reference_cell(cell: dict) -> dict:
-    """The cell without parallelism and without compiling: what `parallelize` wraps the reference for.
-    The model factory still gets the cell itself, which may size the model by it."""
+    """The cell without parallelism, pipelining and compiling: what `parallelize` wraps the reference for
+    and its clip and training step see. The model factory still gets the cell itself, which may size the
+    model by it."""
     plain = {**cell, "fsdp": "none", "mesh": "flat", "world_size": 1}
     if COMPILE_AXIS in cell:
         plain[COMPILE_AXIS] = NOT_COMPILED
+    if PIPELINE_AXIS in cell:
+        plain[PIPELINE_AXIS] = NO_PIPELINE
     return plain
 
 
