@@ -8,6 +8,7 @@ instead (docs/explanation/parallel-equivalence.md)."""
 from __future__ import annotations
 
 import inspect
+from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
@@ -67,6 +68,27 @@ def pipelining_api(name: str):
             f"torch {torch.__version__}'s torch.distributed.pipelining has no {name}: its pipelining API moved"
         )
     return found
+
+
+class PipeliningApiMoved(RuntimeError):
+    """The stack's pipeline components call a `torch.distributed.pipelining` API this release does not have."""
+
+
+@contextmanager
+def naming_moved_api():
+    """An AttributeError on a `torch.distributed.pipelining` object, re-raised as PipeliningApiMoved naming the
+    attribute and the release: the cell's tests fail with that line, not with a traceback through the stack."""
+    try:
+        yield
+    except AttributeError as error:
+        owner = getattr(error, "obj", None)
+        if owner is None or not type(owner).__module__.startswith("torch.distributed.pipelining"):
+            raise
+        raise PipeliningApiMoved(
+            f"torch {torch.__version__}'s {type(owner).__name__} has no {error.name}: the pipeline_split or "
+            "pipeline_schedule component calls a pipelining API this release moved or removed (as 2.13 removed "
+            "PipelineStage._configure_outputs_meta)"
+        ) from error
 
 
 def pipeline_stage(module: nn.Module, index: int, count: int, device: torch.device, group):
@@ -147,13 +169,14 @@ class PipelinedTraining:
             for part, index in zip(parts, self.indices)
         ]
         self.first, self.last = 0 in self.indices, count - 1 in self.indices
-        self.schedule = call_accepting(
-            load(components.get("pipeline_schedule", DEFAULT_SCHEDULE)),
-            stages,
-            n_microbatches=options.micro_batches,
-            loss_fn=self.split.loss,
-            cell=cell,
-        )
+        with naming_moved_api():
+            self.schedule = call_accepting(
+                load(components.get("pipeline_schedule", DEFAULT_SCHEDULE)),
+                stages,
+                n_microbatches=options.micro_batches,
+                loss_fn=self.split.loss,
+                cell=cell,
+            )
 
     def shard_backward(self, step: int) -> torch.Tensor:
         """One schedule step on this data-parallel shard's batch; returns the step's loss on every rank of the
@@ -162,11 +185,12 @@ class PipelinedTraining:
         seed = batch_seed(self.options, self.shards, step, self.shard)
         batch = self.make_batch(self.whole, seed=seed, device=self.device)
         losses: list[torch.Tensor] = []
-        self.schedule.step(
-            *(self.split.inputs(batch) if self.first else ()),
-            target=self.split.target(batch) if self.last else None,
-            losses=losses if self.last else None,
-        )
+        with naming_moved_api():
+            self.schedule.step(
+                *(self.split.inputs(batch) if self.first else ()),
+                target=self.split.target(batch) if self.last else None,
+                losses=losses if self.last else None,
+            )
         scaled = getattr(self.schedule, "scale_grads", True)
         loss = step_loss(losses, self.options.micro_batches if scaled else 1)
         dist.all_reduce(loss, group=self.pipeline_group)  # the other stages add 0: the last stage's loss, exactly

@@ -21,12 +21,21 @@ def schedule_dividing_its_loss_without_scaling(stages, *, n_microbatches, loss_f
     )
 
 
+def schedule_configuring_outputs_meta(stages, *, n_microbatches, loss_fn, cell):
+    """A stack written for a release before 2.13: it sets the stage's output metadata through the private
+    `PipelineStage._configure_outputs_meta`, which 2.13 removed."""
+    for stage in stages:
+        stage._configure_outputs_meta(())
+    return pipelining.build_schedule(stages, n_microbatches=n_microbatches, loss_fn=loss_fn, cell=cell)
+
+
 SCHEDULES = {
     "reference": pipelining.build_schedule,
     "scale_grads_off": schedule_dividing_its_loss_without_scaling,
     "double_average": mutants.schedule_dividing_the_loss_by_the_micro_batches,
     "normalised_after_backward": mutants.schedule_normalising_the_loss_after_its_backward,
     "reinitialised_stage": mutants.schedule_reinitialising_each_stage,
+    "moved_api": schedule_configuring_outputs_meta,
 }
 
 

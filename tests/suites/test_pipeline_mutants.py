@@ -43,7 +43,16 @@ ALSO_FAILED = {
 mean's say that they differ, not why; a loss divided before the schedule's backward is reported divided too."""
 LISTED_GRADIENT = re.compile(r"step \d+: [\w.]+ \(stage (\d)\): ")
 """A line of the failure's listing: one gradient, its stage, at one step."""
-VARIANTS = ("reference", "scale_grads_off", "double_average", "normalised_after_backward", "reinitialised_stage")
+VARIANTS = (
+    "reference",
+    "scale_grads_off",
+    "double_average",
+    "normalised_after_backward",
+    "reinitialised_stage",
+    "moved_api",
+)
+MOVED_API = "ws2-none-sdpa-adamw-gpipe-moved_api"
+"""A stack that calls PipelineStage._configure_outputs_meta, which 2.13 removed."""
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +71,7 @@ def run(tmp_path_factory):
         exclude=[
             {"pipeline": "interleaved_1f1b", "variant": [v for v in VARIANTS if v != "reference"]},
             {"pipeline": "gpipe", "variant": ["scale_grads_off", "normalised_after_backward"]},
-            {"pipeline": "1f1b", "variant": ["double_average", "reinitialised_stage"]},
+            {"pipeline": "1f1b", "variant": ["double_average", "reinitialised_stage", "moved_api"]},
         ],
         suites={"parallel_equivalence": {"path": None, "timeout": 300, "options": {"steps": 2}}},
         components={
@@ -98,3 +107,12 @@ def test_suite_names_each_pipeline_mutant_by_cause_and_stage(run, cell):
     assert {LISTED_GRADIENT.search(line).group(1) for line in listed} == {"0", "1"}, failures[cell][ACCUMULATION]
     others = {test: result for test, result in tests.items() if test != ACCUMULATION and test not in ALSO_FAILED[cell]}
     assert set(others.values()) <= {"passed", "skipped"}, f"{cell}: {others}\n{failures[cell]}"
+
+
+def test_a_moved_pipelining_api_fails_the_cell_naming_it(run):
+    """A stack calling a pipelining API the release removed fails each test of its cell with one line naming
+    the API and the release, and the run goes on to its other cells."""
+    _, outcomes, failures, _ = run
+    assert set(outcomes[MOVED_API].values()) == {"failure"}, outcomes[MOVED_API]
+    first = failures[MOVED_API]["test_losses_match_single_process"]
+    assert "PipeliningApiMoved" in first and "PipelineStage has no _configure_outputs_meta" in first, first
