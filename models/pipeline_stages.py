@@ -24,6 +24,21 @@ class PipelineSplit(NamedTuple):
     loss: Callable[[Tensor, Tensor], Tensor]
 
 
+class ContiguousGradient(torch.autograd.Function):
+    """Identity forward; backward hands on the gradient in contiguous memory (an exact copy where it is not).
+    A stage sends its inputs' gradients point to point, and `torch.distributed.pipelining` receives them into
+    buffers laid out as the sender's were: a strided view, such as the slice of a cat's gradient that a
+    received key gets, makes gloo refuse the buffer ("input tensor has to be contiguous")."""
+
+    @staticmethod
+    def forward(ctx, tensor: Tensor) -> Tensor:
+        return tensor.view_as(tensor)
+
+    @staticmethod
+    def backward(ctx, gradient: Tensor) -> Tensor:
+        return gradient.contiguous()
+
+
 class DecoderStage(nn.Module):
     """Some consecutive layers of a PrefixExpertDecoder (the model's own modules, so its names and
     parameters are the model's): prefix layers, then expert layers, as the whole forward runs them.
@@ -65,7 +80,7 @@ class DecoderStage(nn.Module):
             embedded = self.embed(tokens)
             prefix, suffix = embedded[:, : self.config.prefix_len], embedded[:, self.config.prefix_len :]
         else:
-            prefix, suffix, *entries = received
+            prefix, suffix, *entries = (ContiguousGradient.apply(tensor) for tensor in received)
             for position, index in enumerate(self.entries_in):
                 cache[index] = (entries[2 * position], entries[2 * position + 1])
         for layer in self.prefix_layers:
@@ -74,7 +89,8 @@ class DecoderStage(nn.Module):
             suffix = layer(suffix, cache)
         if self.head is not None:
             return self.head(self.final_norm(torch.cat((prefix, suffix), dim=1)))
-        return (prefix, suffix, *(tensor for index in self.entries_out for tensor in cache[index]))
+        sent = (prefix, suffix, *(tensor for index in self.entries_out for tensor in cache[index]))
+        return tuple(tensor.contiguous() for tensor in sent)  # a send needs contiguous memory (keys are transposed views)
 
 
 def layer_ranges(layers: int, stages: int) -> list[range]:

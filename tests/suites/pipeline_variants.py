@@ -44,8 +44,12 @@ def pipeline_schedule(stages, *, n_microbatches, loss_fn, cell):
     return SCHEDULES[cell["variant"]](stages, n_microbatches=n_microbatches, loss_fn=loss_fn, cell=cell)
 
 
+CONTROLS = ("reference", "scale_grads_off")
+
+
 def build_model(cell, **keywords):
-    """The reference decoder one layer a stack, one layer a stage, except under the interleaved schedule,
-    whose four stages need two a stack."""
-    depth = 2 if cell["pipeline"] == "interleaved_1f1b" else 1
-    return transformer.build_model({**cell, transformer.DEPTH_AXIS: depth}, **keywords)
+    """The reference decoder as deep as the product builds a pipelined cell's for the controls; one layer a
+    stack, one a stage, for the mutants, whose proofs need no depth."""
+    if cell["variant"] in CONTROLS:
+        return transformer.build_model(cell, **keywords)
+    return transformer.build_model({**cell, transformer.DEPTH_AXIS: 1}, **keywords)

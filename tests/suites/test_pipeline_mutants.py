@@ -3,8 +3,9 @@ interleaved 1F1B at pp=2) and on a valid schedule of another shape, and names ea
 models/mutants/pipeline.py by cause and stage.
 
 One real `python -m torchmatrix run --torch system`, shared by every test here, at world size 2 (pp=2, no
-data parallelism) and two steps, the decoder one layer a stage (tests/suites/pipeline_variants.py): each
-cell once per value of axis `variant`, so one rank pool serves them all.
+data parallelism) and two steps, each cell once per value of axis `variant`
+(tests/suites/pipeline_variants.py), so one rank pool serves them all; the controls are as deep as the
+product builds them, the mutants one layer a stack.
 """
 
 from __future__ import annotations
