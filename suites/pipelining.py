@@ -88,7 +88,7 @@ def naming_moved_api():
             f"torch {torch.__version__}'s {type(owner).__name__} has no {error.name}: the pipeline_split or "
             "pipeline_schedule component calls a pipelining API this release moved or removed (as 2.13 removed "
             "PipelineStage._configure_outputs_meta)"
-        ) from error
+        ) from None  # the reports lead with the innermost exception: this line, not the bare AttributeError
 
 
 def pipeline_stage(module: nn.Module, index: int, count: int, device: torch.device, group):
