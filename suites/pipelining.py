@@ -273,6 +273,7 @@ def divided(gradients: dict[str, torch.Tensor], divisor: int) -> dict[str, torch
 def schedule_faults(micro: list[list[dict]]) -> dict[str, dict[str, torch.Tensor]]:
     """What the reduced gradient would hold under each known pipeline fault, by its description."""
     count = len(micro[0])
+    earlier = "micro-batch 0" if count == 2 else f"micro-batches 0..{count - 2}"
 
     def mean(pick, divisor: int) -> dict[str, torch.Tensor]:
         return mean_over_shards([divided(accumulate(pick(gradients), torch.float32), divisor) for gradients in micro])
@@ -284,7 +285,7 @@ def schedule_faults(micro: list[list[dict]]) -> dict[str, dict[str, torch.Tensor
         "micro-batch count before or in the schedule's backward (scale_grads=False, the loss normalised only after "
         "the schedule's internal backward: torchtitan#2972)": mean(list, 1),
         f"gradient holds only micro-batch {count - 1}'s contribution (of 0..{count - 1}), divided by {count}: what "
-        f"micro-batches 0..{count - 2} accumulated was wiped (the stage re-initialised or its gradients zeroed between "
+        f"{earlier} accumulated was wiped (the stage re-initialised or its gradients zeroed between "
         "micro-batches: NeMo Automodel PR #3530)": mean(lambda gradients: gradients[-1:], count),
     }
 
