@@ -90,7 +90,9 @@ class DecoderStage(nn.Module):
         if self.head is not None:
             return self.head(self.final_norm(torch.cat((prefix, suffix), dim=1)))
         sent = (prefix, suffix, *(tensor for index in self.entries_out for tensor in cache[index]))
-        return tuple(tensor.contiguous() for tensor in sent)  # a send needs contiguous memory (keys are transposed views)
+        return tuple(
+            tensor.contiguous() for tensor in sent
+        )  # a send needs contiguous memory (keys are transposed views)
 
 
 def layer_ranges(layers: int, stages: int) -> list[range]:

@@ -88,7 +88,9 @@ def train_and_record(training, max_norm: float, path: Path) -> dict:
         training.training.optimizer_step()
         training.optimizer.zero_grad(set_to_none=True)
         losses.append(loss.detach().float().item())
-        steps.append({"reduced": reduced, "clipped": clipped, "parameters": training.whole_model(full_parameters(model))})
+        steps.append(
+            {"reduced": reduced, "clipped": clipped, "parameters": training.whole_model(full_parameters(model))}
+        )
     if not dist.is_initialized() or dist.get_rank() == 0:
         torch.save({"initial": initial, "steps": steps}, path)
     return {

@@ -8,7 +8,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 from torchmatrix.components.accumulation_axis import accumulates
 from torchmatrix.components.pipeline_axis import pipelines

@@ -91,7 +91,9 @@ def test_pipelined_step_matches_the_single_process_step_bit_for_bit(run, cell):
     """Every control passes every test, loss and gradient bit for bit with the whole model's on the same
     micro-batches: the stages run the same operations, and dividing by two micro-batches is exact wherever it happens."""
     done, outcomes, failures, junit = run
-    assert outcomes[cell] == dict.fromkeys(EVERY_TEST, "passed"), f"{outcomes[cell]}\n{failures.get(cell)}\n{done.stdout}"
+    assert outcomes[cell] == dict.fromkeys(EVERY_TEST, "passed"), (
+        f"{outcomes[cell]}\n{failures.get(cell)}\n{done.stdout}"
+    )
     recorded = cell_properties(junit, cell)
     assert recorded["grad_max_ulp"] == "0" and recorded["loss_max_ulp"] == "0", recorded
 
@@ -119,4 +121,6 @@ def test_a_moved_pipelining_api_fails_the_cell_naming_it(run):
     messages = {case.result[0].message for case in suite}
     assert len(messages) == 1, messages
     (message,) = messages
-    assert "PipeliningApiMoved: torch " in message and "PipelineStage has no _configure_outputs_meta" in message, message
+    assert "PipeliningApiMoved: torch " in message and "PipelineStage has no _configure_outputs_meta" in message, (
+        message
+    )

@@ -23,6 +23,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 
 from torchmatrix.components.loading import IMPORT_PATH
 from torchmatrix.components.optional import DEVICE_TYPES, OptionalWhere
+from torchmatrix.components.pipeline_axis import PIPELINE_AXIS, pipeline_problem
 from torchmatrix.matrix.builtin_suites import BUILTIN_SUITES, builtin_suite_path, is_builtin_suite
 from torchmatrix.matrix.cells import (
     MAX_CELLS,
@@ -36,7 +37,6 @@ from torchmatrix.matrix.cells import (
 )
 from torchmatrix.matrix.known_failures import KEYS as KNOWN_FAILURE_KEYS
 from torchmatrix.matrix.known_failures import KnownFailure, KnownFailureError, read_known_failure
-from torchmatrix.components.pipeline_axis import PIPELINE_AXIS, pipeline_problem
 from torchmatrix.matrix.meshes import MESH_AXIS, MESH_KINDS, TWO_D_FSDP, TWO_D_MESH_KINDS, mesh_layout, mesh_problem
 from torchmatrix.matrix.selection import (
     EVERY_CELL,
@@ -280,8 +280,15 @@ def _check_async_save(matrix: Matrix, where: _Where) -> None:
     ids = [cell.id for cell in matrix.cells()]
     for pattern in patterns:
         if not any(fnmatch.fnmatchcase(cell_id, pattern) for cell_id in ids):
-            raise where.at("suites").at("resume").at("options").at("async_save").error(
-                f"{pattern!r} matches no cell id", "run `python -m torchmatrix list` and copy an id, or a glob over ids"
+            raise (
+                where.at("suites")
+                .at("resume")
+                .at("options")
+                .at("async_save")
+                .error(
+                    f"{pattern!r} matches no cell id",
+                    "run `python -m torchmatrix list` and copy an id, or a glob over ids",
+                )
             )
 
 
@@ -803,8 +810,13 @@ def _check_pipelines(cells: list[Cell], where: _Where) -> None:
         except ValueError as error:
             problem = str(error)
         if problem:
-            raise where.at("axes").at(PIPELINE_AXIS).error(
-                f"cell {cell.id}: {problem}", "add an [[exclude]] for such cells, or change the [[include]] that adds it"
+            raise (
+                where.at("axes")
+                .at(PIPELINE_AXIS)
+                .error(
+                    f"cell {cell.id}: {problem}",
+                    "add an [[exclude]] for such cells, or change the [[include]] that adds it",
+                )
             )
 
 

@@ -65,7 +65,9 @@ def mesh_layout(kind: str, world_size: int, pipeline_ranks: int = 1) -> MeshLayo
         raise ValueError(f"mesh={kind!r} is not a mesh: expected one of {', '.join(MESH_KINDS)}")
     if pipeline_ranks > 1:
         if kind != FLAT or world_size % pipeline_ranks:
-            raise ValueError(f"a pipeline of {pipeline_ranks} ranks needs mesh='flat' and a world_size that is a multiple")
+            raise ValueError(
+                f"a pipeline of {pipeline_ranks} ranks needs mesh='flat' and a world_size that is a multiple"
+            )
         return MeshLayout(FLAT, (PP_DIM, SHARD_DIM), (pipeline_ranks, world_size // pipeline_ranks))
     if kind == FLAT:
         return MeshLayout(FLAT, None, (world_size,))
