@@ -40,7 +40,7 @@ def test_every_command_the_docs_show_runs_after_the_one_line_install(tmp_path):
     for command in ("list", "run", "report", "compare", "merge", "github-matrix", "slurm"):
         assert command in helped.stdout
     listed = torchmatrix("list")
-    assert listed.returncode == 0 and "ws1-none-flat-sdpa-adamw-default-none-none" in listed.stdout, listed.stderr
+    assert listed.returncode == 0 and "ws1-none-flat-sdpa-adamw-default-none-none-none" in listed.stdout, listed.stderr
     old = write_single_version_run(tmp_path, BASELINE, "old")
     new = write_single_version_run(tmp_path, CANDIDATE, "new")
     reported = torchmatrix("report", str(new))

@@ -314,15 +314,18 @@ def test_repository_matrix_is_valid():
     two_d = 2  # hsdp and fsdp_tp at ws4, fsdp2, sdpa, adamw
     implementations = 4 + 3  # SDPA AdamW without FSDP at ws1 (4 others), FSDP2 at ws2 (no compiled step)
     compiled, modern_stack, te, accumulation = 1, 1, 1, 2
+    pipeline = 2 + 1  # GPipe and interleaved 1F1B at pp=2 alone, 1F1B at pp=2 x FSDP2 over two
     assert (
         len(matrix.cells())
-        == eager_flat_default + two_d + implementations + compiled + modern_stack + te + accumulation
+        == eager_flat_default + two_d + implementations + compiled + modern_stack + te + accumulation + pipeline
     )
     ids = {cell.id for cell in matrix.cells()}
     assert {
-        "ws1-none-flat-sdpa-adamw-default-aot_eager-none",
+        "ws1-none-flat-sdpa-adamw-default-aot_eager-none-none",
         "ws4-fsdp2-fsdp_tp-sdpa-adamw-fused-inductor",
         "ws2-fsdp2-flat-sdpa-adamw-default-none-bf16",
+        "ws2-none-flat-sdpa-adamw-default-none-none-gpipe",
+        "ws4-fsdp2-flat-sdpa-adamw-default-none-none-1f1b",
     } <= ids
 
 

@@ -373,8 +373,8 @@ def test_a_skipped_test_is_known_by_its_parameters_so_one_piece_of_resume_can_wa
 def test_a_cell_where_the_mutant_cannot_differ_is_n_a_never_missed():
     matrix = load_matrix(REPO / "matrix.toml")
     cells = {cell.id: cell for cell in matrix.cells()}
-    ws1 = cells["ws1-none-flat-sdpa-adamw-default-none-none"]
-    ws2 = cells["ws2-fsdp2-flat-sdpa-precision_aware-default-none-none"]
+    ws1 = cells["ws1-none-flat-sdpa-adamw-default-none-none-none"]
+    ws2 = cells["ws2-fsdp2-flat-sdpa-precision_aware-default-none-none-none"]
     rank_zero, cast = chosen_mutants("restore_on_rank_zero_only,moments_cast_to_param_dtype")
     assert not_applicable(rank_zero, [ws1, ws2], matrix) == {ws1.id: "one rank: rank 0 is every rank"}
     assert not_applicable(cast, [ws1, ws2], matrix) == {
