@@ -45,3 +45,16 @@ def test_problems_of_a_cell():
     assert "needs fsdp='fsdp2', not 'fsdp1'" in mesh_problem({"world_size": 4, "fsdp": "fsdp1", "mesh": "hsdp"})
     assert mesh_problem({"world_size": 4, "mesh": "hsdp"}) is None  # a stack without an fsdp axis
     assert "is not a mesh" in mesh_problem({"world_size": 4, "mesh": "3d"})
+
+
+def test_a_pipeline_puts_its_stages_outside_the_data_parallel_ranks():
+    """A pipelined cell's mesh is ("pp", "dp_shard"): the ranks of one pipeline lie a data-parallel size apart
+    and read one batch, so there are world / pipeline ranks batches per step."""
+    alone = mesh_layout("flat", 2, pipeline_ranks=2)
+    assert (alone.dim_names, alone.shape, alone.data_parallel_size()) == (("pp", "dp_shard"), (2, 1), 1)
+    assert [alone.data_parallel_rank(rank) for rank in range(2)] == [0, 0]
+    sharded = mesh_layout("flat", 4, pipeline_ranks=2)
+    assert (sharded.shape, sharded.data_parallel_size()) == ((2, 2), 2)
+    assert [sharded.data_parallel_rank(rank) for rank in range(4)] == [0, 1, 0, 1]
+    with pytest.raises(ValueError, match="a pipeline of 2 ranks needs mesh='flat'"):
+        mesh_layout("hsdp", 4, pipeline_ranks=2)

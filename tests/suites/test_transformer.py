@@ -58,6 +58,7 @@ def test_prefix_layers_fill_one_cache_entry_each():
         ({"world_size": 4, "mesh": "flat"}, LAYERS_PER_STACK),
         ({"world_size": 4, "mesh": "hsdp"}, SHALLOW_LAYERS_PER_STACK),
         ({"world_size": 4, "mesh": "fsdp_tp"}, SHALLOW_LAYERS_PER_STACK),
+        ({"world_size": 2, "pipeline": "gpipe"}, SHALLOW_LAYERS_PER_STACK),
     ],
 )
 def test_a_cell_that_compiles_steps_an_implementation_or_shards_2d_builds_the_shallower_decoder(cell, depth):
