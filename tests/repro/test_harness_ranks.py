@@ -20,3 +20,18 @@ def test_the_harness_offers_every_ranks_attribute_the_suites_use():
     assert {"run", "world_size", "in_world"} <= used.keys(), used
     missing = {name: suite for name, suite in used.items() if not hasattr(harness.Ranks, name)}
     assert not missing, f"repro's harness.Ranks lacks what these suites call: {missing}"
+
+
+def test_the_harness_reads_a_built_in_suites_options_into_its_dataclass(monkeypatch):
+    """Every built-in suite reads its options as attributes (`options.seed`): a reproducer handing it the
+    table as a dict died with an AttributeError instead of reproducing the failure."""
+    from types import SimpleNamespace
+
+    from torchmatrix.testing import ParallelEquivalenceOptions
+
+    monkeypatch.setitem(harness.CHECK, "options", {"steps": 2})
+    options = harness.Fixtures.suite_options.__wrapped__(
+        harness.Fixtures(), SimpleNamespace(module=SimpleNamespace(OPTIONS=ParallelEquivalenceOptions))
+    )
+    assert options == ParallelEquivalenceOptions(steps=2)
+    assert harness.Fixtures.suite_options.__wrapped__(harness.Fixtures(), SimpleNamespace(module=None)) == {"steps": 2}

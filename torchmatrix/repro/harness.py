@@ -153,8 +153,11 @@ class Fixtures:
         return dict(CHECK["components"])
 
     @pytest.fixture
-    def suite_options(self):
-        return dict(CHECK["options"])
+    def suite_options(self, request):
+        """As the plugin's: the options read into the dataclass the suite module names as `OPTIONS` (every
+        built-in suite's tests read them as attributes), else the table as it is."""
+        declared = getattr(request.module, "OPTIONS", None)
+        return declared.from_table(CHECK["options"]) if declared else dict(CHECK["options"])
 
     @pytest.fixture
     def once_per_cell(self):
