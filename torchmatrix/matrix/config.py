@@ -279,8 +279,15 @@ def _check_async_save(matrix: Matrix, where: _Where) -> None:
     ids = [cell.id for cell in matrix.cells()]
     for pattern in patterns:
         if not any(fnmatch.fnmatchcase(cell_id, pattern) for cell_id in ids):
-            raise where.at("suites").at("resume").at("options").at("async_save").error(
-                f"{pattern!r} matches no cell id", "run `python -m torchmatrix list` and copy an id, or a glob over ids"
+            raise (
+                where.at("suites")
+                .at("resume")
+                .at("options")
+                .at("async_save")
+                .error(
+                    f"{pattern!r} matches no cell id",
+                    "run `python -m torchmatrix list` and copy an id, or a glob over ids",
+                )
             )
 
 
