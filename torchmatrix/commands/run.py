@@ -21,7 +21,7 @@ from torchmatrix.matrix.suite_selection import EXAMPLE_SUITE, SuiteSelection, ex
 from torchmatrix.messages.compile_store import STORE_VARIABLE, default_root
 from torchmatrix.ranks.output_cap import DEFAULT_CAP_BYTES
 from torchmatrix.reports.closing import run_closing_lines
-from torchmatrix.run.compile_eviction import DEFAULT_CAP_GB
+from torchmatrix.run.compile_eviction import DEFAULT_CAP_GB, GB
 from torchmatrix.run.confirmation import DEFAULT_LIMIT as DEFAULT_CONFIRM_LIMIT
 from torchmatrix.run.progress import InvocationPart
 from torchmatrix.run.run_directory import check_run_id, new_run_id
@@ -204,7 +204,7 @@ def run(args: argparse.Namespace) -> ExitCode:
         selection=SuiteSelection(tuple(args.suites), tuple(args.tests)),
         cell_selection=cell_selection(args, matrix),
         compile_root=None if args.cold_compile else (args.compile_cache or default_root()).absolute(),
-        compile_cap_bytes=int(args.compile_cache_size * 2**30),
+        compile_cap_bytes=int(args.compile_cache_size * GB),
     )
     code = run_version(request)
     if not request.cross_version_reads:

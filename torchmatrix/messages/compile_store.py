@@ -15,6 +15,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from torchmatrix import file_writes
 from torchmatrix.json_records import JsonRecord
 
 STORE_VARIABLE = "TORCHMATRIX_COMPILE_CACHE"
@@ -45,7 +46,7 @@ def matrix_digest(components: dict, suite_options: dict) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def touch(cell_folder: Path) -> None:
+def mark_used(cell_folder: Path) -> None:
     """Mark a cell's folder used now (what eviction orders by)."""
     cell_folder.mkdir(parents=True, exist_ok=True)
-    (cell_folder / LAST_USED).touch()
+    file_writes.write_text(cell_folder / LAST_USED, "")

@@ -19,6 +19,8 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
+from torchmatrix import file_writes
+
 KEY_FACTS = "key.json"  # in a key's folder: the facts that made its name, for a person to read
 
 
@@ -29,9 +31,7 @@ def store_folder(root: Path, facts: dict) -> Path:
     record = folder / KEY_FACTS
     if not record.exists():
         folder.mkdir(parents=True, exist_ok=True)
-        partial = folder / f".{KEY_FACTS}.{os.getpid()}"
-        partial.write_text(text)
-        os.replace(partial, record)
+        file_writes.write_text(record, text)
     return folder
 
 

@@ -4,8 +4,9 @@ a warm run can say how much compile time the store saved it (the summary's compi
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
+
+from torchmatrix import file_writes
 
 LEDGER = "cold-compile-seconds.json"
 COMPILE_SECONDS_SAVED = "compile_seconds_saved"  # the figure a warm test records beside compile_seconds
@@ -22,10 +23,8 @@ def compile_seconds_saved(cell_folder: Path, test: str, seconds: float) -> float
     if test in cold:
         return max(float(cold[test]) - seconds, 0.0)
     cold[test] = seconds
-    partial = cell_folder / f".{LEDGER}.{os.getpid()}"
     try:
-        partial.write_text(json.dumps(cold, sort_keys=True, indent=1))
-        os.replace(partial, ledger)
+        file_writes.write_text(ledger, json.dumps(cold, sort_keys=True, indent=1))
     except OSError:
         pass  # a store that cannot be written only loses the figure, never the test
     return None

@@ -150,7 +150,7 @@ class CellPlan:
         the cell reuses, so no compiled kernel crosses cells or versions."""
         folder = self.compile_caches / cell.id  # checked as a file name when the plan was read
         if self.plan.compile_store is not None and cell.id not in self._stamped:
-            compile_store.touch(folder)
+            compile_store.mark_used(folder)
             self._stamped.add(cell.id)
         return str(folder)
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from torchmatrix.messages.compile_store import LAST_USED
 
+GB = 1 << 30
 DEFAULT_CAP_GB = 8.0
 RECENT_SECONDS = 3600.0  # a cell used this recently may be in use by another run: never evicted
 

@@ -90,7 +90,7 @@ class RunRequest:
     compile_root: Path | None = None
     """The compile store every run of this torch build reuses (`--compile-cache`); None compiles
     cold, in the run's own directory (`--cold-compile`)."""
-    compile_cap_bytes: int = int(compile_eviction.DEFAULT_CAP_GB * 2**30)
+    compile_cap_bytes: int = int(compile_eviction.DEFAULT_CAP_GB * compile_eviction.GB)
 
     @property
     def compile_store(self) -> CompileStore | None:
@@ -253,8 +253,8 @@ def _hold_compile_store_to_cap(request: RunRequest, progress: Progress, started_
     if evicted.removed_cells:
         progress.say(
             f"torchmatrix: compile cache {request.compile_root}: removed the {count(evicted.removed_cells, 'cell')} "
-            f"used longest ago ({evicted.removed_bytes / 2**30:.1f} GB), {evicted.kept_bytes / 2**30:.1f} GB kept "
-            f"(cap {request.compile_cap_bytes / 2**30:.1f} GB: --compile-cache-size)"
+            f"used longest ago ({evicted.removed_bytes / compile_eviction.GB:.1f} GB), {evicted.kept_bytes / compile_eviction.GB:.1f} GB kept "
+            f"(cap {request.compile_cap_bytes / compile_eviction.GB:.1f} GB: --compile-cache-size)"
         )
 
 
