@@ -12,7 +12,8 @@ the matrix after then runs again without them, and both runs get their ratios. `
 them all N times in turn and takes the ratios of the sums: the machine's speed drifts by a fifth
 over minutes. Then, for the whole matrix after (its first round), where its CPU seconds went: each
 cell's, split by suite, with the seconds its ranks spent in torch.compile (recorded apart,
-ranks/compile_time.py), costliest first:
+ranks/compile_time.py), costliest first. Every run compiles cold (`--cold-compile`): a warm compile
+store would make each round after the first cheaper than the first, and the ratio a measure of it:
 
     git show <rev>:matrix.toml > before.toml
     python bench/matrix_growth.py --before before.toml --after matrix.toml --apart inductor --rounds 2 --keep runs/

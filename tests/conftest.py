@@ -3,7 +3,11 @@ the helpers they import are in tests/helpers/."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+from torchmatrix.messages.compile_store import STORE_VARIABLE
 
 from helpers.projects import Project
 from helpers.start_order import expected_cost_rank
@@ -14,6 +18,22 @@ pytest_plugins = ["helpers.cpu_seconds"]
 @pytest.fixture
 def project(tmp_path) -> Project:
     return Project(tmp_path / "project")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def compile_store(tmp_path_factory):
+    """Every run the tests start caches its compiled graphs in one store of this test session, shared by
+    its xdist workers, never the user's: a test that compiles what an earlier one did reuses it, as a
+    user's next run does (the store's keys keep a mutant's graphs apart from its control's)."""
+    base = tmp_path_factory.getbasetemp()
+    store = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "compile-store"
+    before = os.environ.get(STORE_VARIABLE)
+    os.environ[STORE_VARIABLE] = str(store)
+    yield store
+    if before is None:
+        del os.environ[STORE_VARIABLE]
+    else:
+        os.environ[STORE_VARIABLE] = before
 
 
 def pytest_collection_modifyitems(config, items):

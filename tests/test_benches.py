@@ -21,7 +21,8 @@ BENCHES = {
     "matrix_growth": r"\| after \(matrix\.toml\) \| [\d.]+ \| [\d.]+ \| [\d.]+ \| [\d.]+ s \| 2 \| 2 \| 2 \| 0 \|\n"
     r"\| after without `ws2` \(matrix\.toml\) \| [\d.]+ \| [\d.]+ \| [\d.]+ \| [\d.]+ s \| 1 \| 1 \| 1 \| 0 \|[\s\S]*"
     r"after without `ws2`: wall time over 2 rounds: ratio after / before = [\d.]+[\s\S]*\| `ws2` \| [\d.]+ \| [\d.]+ \|",
-    "matrix_walltime": r"\| torchmatrix run \| [\d.]+ s \| 1 \| 1 \(1 testcases reported\) \| \d+ \| 0 \|",
+    "matrix_walltime": r"cold \(compile caches empty\)[\s\S]*\| torchmatrix run \| [\d.]+ s \| 1 \| 1 \(1 testcases reported\) \| \d+ \| 0 \|"
+    r"[\s\S]*warm \(compile caches as the cold pass left them\)[\s\S]*\| torchmatrix run \| [\d.]+ s \| 1 \| 1 \(1 testcases reported\) \| \d+ \| 0 \|",
     "per_test_overhead": r"worst mean overhead per test: [\d.]+ ms",
     "plan_scale": r"\| OutcomeBook \+ cell_done for every cell \| [\d.]+ s \| [\d.]+ s \|",
     "timing_noise": r"largest total or median ratio between runs of one torch: [\d.]+",

@@ -19,6 +19,7 @@ from torchmatrix.env.devices import Environment
 from torchmatrix.json_records import JsonRecord, json_field
 from torchmatrix.matrix.cells import Cell
 from torchmatrix.messages import events
+from torchmatrix.messages.compile_store import CompileStore
 from torchmatrix.messages.grant import Grant
 from torchmatrix.messages.group_plan import GroupPlan, SuiteSpec
 from torchmatrix.messages.run_plan import PlannedSuite, RunPlan
@@ -204,7 +205,8 @@ CONTRACTS = {
         '"gate": null, "launched": false, "components": {}, "optional": {"model": {"device": ["cpu"], "torch": []}}, '
         '"suites": {"resume": {"path": "suites/test_resume.py", "timeout": 300.0, "options": {}}}, '
         '"runs": [{"suite": "resume", "cell": {"world_size": 2, "fsdp": "fsdp2"}}], "output_cap": 1024, '
-        '"only_tests": {"k": ["t"]}, "known_failures": {"k": [["g", "r"]]}}'
+        '"only_tests": {"k": ["t"]}, "known_failures": {"k": [["g", "r"]]}, '
+        '"compile_store": {"root": "/cache/torchmatrix/compile-cache", "matrix_digest": "0123abcd"}}'
     ),
     "event": (
         '{"event": "test", "suite": "s", "test": "t", "status": "failed", "duration": 1.5, "message": "", "text": "", '
@@ -240,6 +242,7 @@ def contract_records() -> dict:
             1024,
             {"k": ("t",)},
             {"k": (("g", "r"),)},
+            CompileStore("/cache/torchmatrix/compile-cache", "0123abcd"),
         ),
         "event": events.TestFinished("s", "t", "failed", 1.5, nodeid="n", cell="c"),
     }

@@ -1,6 +1,7 @@
 """Compiled graphs never cross cells, ranks or torch versions: each rank of each cell compiles into
-its own TORCHINDUCTOR_CACHE_DIR under the run's directory for the version, even when one long-lived
-rank process serves both cells, and Inductor itself (which reads the variable at each cache access)
+its own TORCHINDUCTOR_CACHE_DIR under the run's directory for the version (`--cold-compile`; a key
+folder of the compile store has the same layout), even when one long-lived rank process serves
+both cells, and Inductor itself (which reads the variable at each cache access)
 sees that directory; every suite of a cell reuses it. What Inductor builds from source alone is
 built once: a cell's kernels by one of its ranks, the ISA probe once per version, and the ranks of a
 process whose cells compile start with the compiler imported and probed. A test that compiled
@@ -57,7 +58,9 @@ def test_each_cell_compiles_into_its_own_cache_directory_of_its_torch_version(pr
     project.write("suites/__init__.py", "")
     project.write("suites/test_where.py", SUITE)
     project.write("suites/test_again.py", SUITE)
-    done = project.torchmatrix("run", "--torch", "system", "--reports", "out", "--slots", "2", "--run-id", "r1")
+    done = project.torchmatrix(
+        "run", "--torch", "system", "--reports", "out", "--slots", "2", "--run-id", "r1", "--cold-compile"
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     a, b, again = (
         json.loads((out / f"{suite}-ws2-{flavor}.json").read_text())
@@ -117,7 +120,7 @@ def test_inductor_builds_its_isa_probe_once_per_version_and_a_kernel_once_per_ce
     project.write("matrix.toml", matrix_toml(axes={"world_size": [2], "flavor": ["a", "b"]}, suites={"builds": {}}))
     project.write("suites/__init__.py", "")
     project.write("suites/test_builds.py", BUILDS_SUITE)
-    done = project.torchmatrix("run", "--torch", "system", "--reports", "out", "--run-id", "r1")
+    done = project.torchmatrix("run", "--torch", "system", "--reports", "out", "--run-id", "r1", "--cold-compile")
     assert done.returncode == 0, done.stdout + done.stderr
     caches = (project.root / "out" / "r1" / "torch-system" / "compile-cache").resolve()
     isa_code = VecISA._avx_code
@@ -182,7 +185,7 @@ def test_ranks_of_a_compiling_cell_start_with_the_compiler_imported_and_the_isa_
     project.write("matrix.toml", matrix)
     project.write("suites/__init__.py", "")
     project.write("suites/test_warmed.py", WARMED_SUITE)
-    done = project.torchmatrix("run", "--torch", "system", "--reports", "out", "--run-id", "r1")
+    done = project.torchmatrix("run", "--torch", "system", "--reports", "out", "--run-id", "r1", "--cold-compile")
     assert done.returncode == 0, done.stdout + done.stderr
     eager, compiling = (json.loads((out / f"{cell}.json").read_text()) for cell in ("ws1-none", "ws2-inductor"))
     assert [rank["compiler_imported"] for rank in eager] == [False], "a process of eager cells imported the compiler"

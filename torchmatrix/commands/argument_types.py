@@ -41,6 +41,16 @@ def positive(text: str) -> int:
     return value
 
 
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text} is not positive; pass a number above 0, e.g. 0.5")
+    return value
+
+
 def progress_part(text: str) -> tuple[int, int]:
     """`K/N`: this torch version is the K-th of the N one invocation runs."""
     match = re.fullmatch(r"(\d+)/(\d+)", text.strip())

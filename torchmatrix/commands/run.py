@@ -5,14 +5,23 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from torchmatrix.commands.argument_types import non_negative, positive, progress_part, seconds_or_unknown, suite_test
+from torchmatrix.commands.argument_types import (
+    non_negative,
+    positive,
+    positive_float,
+    progress_part,
+    seconds_or_unknown,
+    suite_test,
+)
 from torchmatrix.commands.paths import reports_directory
 from torchmatrix.commands.selection_flags import add_selection_flags, cell_selection
 from torchmatrix.exit_codes import ExitCode
 from torchmatrix.matrix.config import load_matrix
 from torchmatrix.matrix.suite_selection import EXAMPLE_SUITE, SuiteSelection, example_test
+from torchmatrix.messages.compile_store import STORE_VARIABLE, default_root
 from torchmatrix.ranks.output_cap import DEFAULT_CAP_BYTES
 from torchmatrix.reports.closing import run_closing_lines
+from torchmatrix.run.compile_eviction import DEFAULT_CAP_GB, GB
 from torchmatrix.run.confirmation import DEFAULT_LIMIT as DEFAULT_CONFIRM_LIMIT
 from torchmatrix.run.progress import InvocationPart
 from torchmatrix.run.run_directory import check_run_id, new_run_id
@@ -131,6 +140,26 @@ def add_parser(commands) -> argparse.ArgumentParser:
         help=f"keep at most this much of each test's stdout, stderr and failure text (head and tail; default {DEFAULT_CAP_BYTES})",
     )
     parser.add_argument(
+        "--compile-cache",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help=f"keep what torch.compile builds in DIR for every later run of the same torch build, compiler and sources "
+        f"(default: ${STORE_VARIABLE}, else ~/.cache/torchmatrix/compile-cache)",
+    )
+    parser.add_argument(
+        "--cold-compile",
+        action="store_true",
+        help="compile everything afresh, in the run's own directory: no earlier run's graphs or kernels are used or kept",
+    )
+    parser.add_argument(
+        "--compile-cache-size",
+        type=positive_float,
+        default=DEFAULT_CAP_GB,
+        metavar="GB",
+        help=f"after the run, remove the compile cache's least recently used cells beyond GB (default {DEFAULT_CAP_GB:g})",
+    )
+    parser.add_argument(
         "--gpus-per-node",
         type=positive,
         default=None,
@@ -174,6 +203,8 @@ def run(args: argparse.Namespace) -> ExitCode:
         peers=tuple(args.peers) if args.peers else None,
         selection=SuiteSelection(tuple(args.suites), tuple(args.tests)),
         cell_selection=cell_selection(args, matrix),
+        compile_root=None if args.cold_compile else (args.compile_cache or default_root()).absolute(),
+        compile_cap_bytes=int(args.compile_cache_size * GB),
     )
     code = run_version(request)
     if not request.cross_version_reads:

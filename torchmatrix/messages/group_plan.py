@@ -14,6 +14,7 @@ from torchmatrix import file_writes
 from torchmatrix.env.devices import Environment
 from torchmatrix.json_records import JsonRecord, json_field
 from torchmatrix.matrix.cells import Cell
+from torchmatrix.messages.compile_store import CompileStore
 
 FORMAT_VERSION = 2
 
@@ -48,7 +49,8 @@ class GroupPlan(JsonRecord):
     `only_tests` maps a run key to the tests it keeps of that run (`--test`'s, or the one a
     confirmation process re-runs; a function name keeps every parametrization), absent: all;
     `optional` is matrix.toml's `[optional]`, key -> `OptionalWhere.to_json()`;
-    `known_failures` maps a run key to the (test glob, reason) pairs of `[[known_failure]]` covering it.
+    `known_failures` maps a run key to the (test glob, reason) pairs of `[[known_failure]]` covering it;
+    `compile_store` is where compiled graphs are cached across runs, None to compile cold in the run's directory.
     """
 
     json_header = {"format_version": FORMAT_VERSION}
@@ -66,6 +68,7 @@ class GroupPlan(JsonRecord):
     output_cap: int
     only_tests: dict[str, tuple[str, ...]]
     known_failures: dict[str, tuple[tuple[str, str], ...]]
+    compile_store: CompileStore | None = None
 
     @property
     def device_type(self) -> str:

@@ -36,6 +36,7 @@ from torchmatrix.matrix.cells import Cell
 from torchmatrix.matrix.plan import run_key
 from torchmatrix.matrix.suite_options import SuiteOptions
 from torchmatrix.matrix.suite_selection import selects, unmatched_test_message, unmatched_tests
+from torchmatrix.messages import compile_store
 from torchmatrix.messages.events import (
     Collected,
     CollectError,
@@ -46,7 +47,8 @@ from torchmatrix.messages.events import (
 )
 from torchmatrix.messages.grant import Grant
 from torchmatrix.messages.group_plan import GroupPlan
-from torchmatrix.ranks import compiler_warmup, shared_builds, zygote
+from torchmatrix.ranks import compile_keys, compiler_warmup, shared_builds, zygote
+from torchmatrix.ranks.compile_ledger import COMPILE_SECONDS_SAVED, compile_seconds_saved
 from torchmatrix.ranks.compile_time import COMPILE_SECONDS, compile_seconds
 from torchmatrix.ranks.launched import launched_rank
 from torchmatrix.ranks.output_cap import DEFAULT_CAP_BYTES, cap_text
@@ -73,11 +75,20 @@ NOT_PLANNED = "suites run through `python -m torchmatrix run`, which tells this 
 COMPILE_CACHE_DIRECTORY = "compile-cache"
 
 
-def compile_cache_root(plan: GroupPlan) -> Path:
-    """Where this torch version's compile caches live: `compile-cache` in the run's directory for the
-    version (the parent of its logs/), so every pytest process of the version's run, confirmation
-    re-runs included, finds what the earlier ones compiled, and no other version does."""
-    return Path(plan.events).parent.parent / COMPILE_CACHE_DIRECTORY
+def compile_cache_root(plan: GroupPlan, rootpath: Path) -> Path:
+    """Where this process's compile caches live: the compile store's folder for this torch build, its
+    sources and the matrix's (`compile_keys`), which every later run with the same key reuses; else
+    `compile-cache` in the run's directory for the version (the parent of its logs/), so every pytest
+    process of the version's run, confirmation re-runs included, finds what the earlier ones compiled."""
+    if plan.compile_store is None:
+        return Path(plan.events).parent.parent / COMPILE_CACHE_DIRECTORY
+    facts = compile_keys.key_facts(
+        matrix_digest=plan.compile_store.matrix_digest,
+        device=plan.device.to_json(),
+        components=plan.components,
+        suite_files=[rootpath / spec.path for spec in plan.suites.values()],
+    )
+    return compile_keys.store_folder(Path(plan.compile_store.root), facts)
 
 
 def pytest_addoption(parser):
@@ -117,7 +128,8 @@ class CellPlan:
         self.pool: RankGroup | None = None
         self.worlds: dict[int, RankGroup] = {}
         rank = launched_rank() if plan.launched else 0
-        self.compile_caches = compile_cache_root(plan)
+        self.compile_caches = compile_cache_root(plan, rootpath)
+        self._stamped: set[str] = set()
         if not plan.launched:
             backends = frozenset().union(*(compile_backends(cell) for _, cell in plan.runs))
             if backends:
@@ -136,7 +148,11 @@ class CellPlan:
         """The directory torch.compile caches into while a suite runs on this cell (a folder per rank
         in it): one per cell of this torch version, which every suite, test and confirmation re-run of
         the cell reuses, so no compiled kernel crosses cells or versions."""
-        return str(self.compile_caches / cell.id)  # checked as a file name when the plan was read
+        folder = self.compile_caches / cell.id  # checked as a file name when the plan was read
+        if self.plan.compile_store is not None and cell.id not in self._stamped:
+            compile_store.mark_used(folder)
+            self._stamped.add(cell.id)
+        return str(folder)
 
     def suite_of(self, path: Path) -> str | None:
         return self.suite_by_path.get(Path(path).resolve())
@@ -279,6 +295,11 @@ class CellPlan:
                     outcome["properties"].append([CPU_SECONDS, round(after.cpu_seconds - before.cpu_seconds, 3)])
                 if compiled := after.compiled_since(before):
                     outcome["properties"].append([COMPILE_SECONDS, round(compiled, 3)])
+                    if self.plan.compile_store is not None:
+                        folder = self.compile_caches / where["cell"]
+                        saved = compile_seconds_saved(folder, f"{where['suite']}::{where['test']}", compiled)
+                        if saved:
+                            outcome["properties"].append([COMPILE_SECONDS_SAVED, round(saved, 3)])
                 own_warnings.update(after.warnings)
             for index, entry in enumerate(as_entries(own_warnings), 1):
                 outcome["properties"].append([f"{WARNING_PROPERTY}.{index}", json.dumps(entry)])

@@ -10,6 +10,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from torchmatrix.ranks.compile_ledger import COMPILE_SECONDS_SAVED
 from torchmatrix.ranks.compile_time import COMPILE_SECONDS
 from torchmatrix.reports.checkpoint_directions import Direction, direction_name
 from torchmatrix.reports.confirmation_notes import why_not_rerun
@@ -119,6 +120,7 @@ class VersionRow:
     filters: str
     test_seconds: float = 0.0
     compile_seconds: float = 0.0
+    compile_seconds_saved: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -155,7 +157,9 @@ class Summary:
         """What the compile times are, after each version's (`torch 2.13.0: 41 s of 310 s of tests`)."""
         return (
             f"the `{COMPILE_SECONDS}` figure summed over the tests that compiled: each test's slowest rank's "
-            "seconds in torch.compile as Dynamo times them, a part of the test's duration"
+            "seconds in torch.compile as Dynamo times them, a part of the test's duration; what the compile cache "
+            f"saved is the `{COMPILE_SECONDS_SAVED}` figure: what those tests compiled the first time their cell's "
+            "cache folder saw them, less what they compiled now"
         )
 
     @property
@@ -205,6 +209,9 @@ def summarize(results: RunResults) -> Summary:
                 filters=describe_filters(v.filters),
                 test_seconds=sum(record.duration for record in results.own_records(v.torch)),
                 compile_seconds=sum(record.figures.get(COMPILE_SECONDS, 0) for record in results.own_records(v.torch)),
+                compile_seconds_saved=sum(
+                    record.figures.get(COMPILE_SECONDS_SAVED, 0) for record in results.own_records(v.torch)
+                ),
             )
             for v in results.versions
         ],

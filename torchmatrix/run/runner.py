@@ -18,6 +18,7 @@ import os
 import shlex
 import shutil
 import sys
+import time
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -32,6 +33,7 @@ from torchmatrix.matrix.plan import Group, SuiteRun, group_runs, plan_runs
 from torchmatrix.matrix.safe_names import UnsafeName, check_name
 from torchmatrix.matrix.selection import EVERY_CELL, CellSelection
 from torchmatrix.matrix.suite_selection import SuiteSelection
+from torchmatrix.messages.compile_store import CompileStore, matrix_digest
 from torchmatrix.messages.cross_version import reads_dir
 from torchmatrix.messages.group_plan import GroupPlan, SuiteSpec
 from torchmatrix.messages.run_lock import LOCK_NAME, RunBusy, lock_version_directory
@@ -39,7 +41,7 @@ from torchmatrix.messages.run_plan import PlanFileError, PlannedSuite, RunPlan, 
 from torchmatrix.ranks.output_cap import DEFAULT_CAP_BYTES
 from torchmatrix.ranks.parent_death import PARENT_PID_VARIABLE
 from torchmatrix.reports import junit
-from torchmatrix.run import confirmation, cross_version
+from torchmatrix.run import compile_eviction, confirmation, cross_version
 from torchmatrix.run.component_check import check_components
 from torchmatrix.run.eta import LaterPhases, WorkEstimate, contention, suite_seconds
 from torchmatrix.run.import_path import user_code_environment
@@ -85,6 +87,18 @@ class RunRequest:
     peers: tuple[str, ...] | None = None
     """The versions cross_version pairs this run with, in place of matrix.toml's (bisect's steps
     name them); a read pass paired so reads the selected cells, having no run of its own."""
+    compile_root: Path | None = None
+    """The compile store every run of this torch build reuses (`--compile-cache`); None compiles
+    cold, in the run's own directory (`--cold-compile`)."""
+    compile_cap_bytes: int = int(compile_eviction.DEFAULT_CAP_GB * compile_eviction.GB)
+
+    @property
+    def compile_store(self) -> CompileStore | None:
+        """What the group plans say of the store: its root and the matrix's part of its keys."""
+        if self.compile_root is None:
+            return None
+        options = {name: suite.options for name, suite in self.matrix.suites.items()}
+        return CompileStore(str(self.compile_root), matrix_digest(self.matrix.components, options))
 
     @property
     def run_dir(self) -> Path:
@@ -154,6 +168,7 @@ def run_version(request: RunRequest, stream=sys.stdout) -> ExitCode:
 def _run_version(request: RunRequest, stream, interrupts: Interrupts) -> ExitCode:
     matrix = request.matrix
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    started_at = time.time()
     cells = _cells(request)
     suites = request.selection.choose(
         cross_version.suites_for(
@@ -207,6 +222,7 @@ def _run_version(request: RunRequest, stream, interrupts: Interrupts) -> ExitCod
         if stopped:
             _fail_unfinished(book, stopped)
         _write_reports(request, cells, book, environment, started, load.stop())
+        _hold_compile_store_to_cap(request, progress, started_at)
     except OSError as error:
         raise RunError(
             f"cannot write the reports of torch {request.version} to {request.version_dir} ({_os_error(error)}); "
@@ -227,6 +243,19 @@ def _run_version(request: RunRequest, stream, interrupts: Interrupts) -> ExitCod
     if stopped:
         raise RunError(f"torch {request.version}: {stopped}; every cell it did not finish errors saying so")
     return ExitCode.FAILED if any(count for status, count in totals.items() if status.is_failing) else ExitCode.PASSED
+
+
+def _hold_compile_store_to_cap(request: RunRequest, progress: Progress, started_at: float) -> None:
+    """Evict the compile store's least recently used cells beyond its cap, saying so when any went."""
+    if request.compile_root is None:
+        return
+    evicted = compile_eviction.evict(request.compile_root, request.compile_cap_bytes, spare_since=started_at)
+    if evicted.removed_cells:
+        progress.say(
+            f"torchmatrix: compile cache {request.compile_root}: removed the {count(evicted.removed_cells, 'cell')} "
+            f"used longest ago ({evicted.removed_bytes / compile_eviction.GB:.1f} GB), {evicted.kept_bytes / compile_eviction.GB:.1f} GB kept "
+            f"(cap {request.compile_cap_bytes / compile_eviction.GB:.1f} GB: --compile-cache-size)"
+        )
 
 
 def _check_and_probe(request: RunRequest, forks: PreloadedForks) -> Environment | ProbeError | None:
@@ -470,6 +499,7 @@ def group_command(
     *,
     gate: Path | None = None,
     output_cap: int = DEFAULT_CAP_BYTES,
+    compile_store: CompileStore | None = None,
 ) -> list[str]:
     """Write the group's plan under `logs` and return the pytest command that runs it.
 
@@ -491,6 +521,7 @@ def group_command(
         suites={name: SuiteSpec(s.path, s.timeout, s.options) for name, s in suites.items()},
         runs=tuple((run.suite.name, run.cell) for run in group.runs),
         output_cap=output_cap,
+        compile_store=compile_store,
         only_tests={run.key: kept[run.suite.name] for run in group.runs if run.suite.name in kept},
         known_failures={
             run.key: covered
@@ -532,7 +563,14 @@ def _start_group(request: RunRequest, group: Group, environment: Environment, fo
     logs.mkdir(parents=True, exist_ok=True)  # a test may have removed the reports directory
     gate = logs / f"{group.name}.go"
     command = group_command(
-        request.matrix, request.version, group, environment, logs, gate=gate, output_cap=request.output_cap
+        request.matrix,
+        request.version,
+        group,
+        environment,
+        logs,
+        gate=gate,
+        output_cap=request.output_cap,
+        compile_store=request.compile_store,
     )
     env = _suite_environment(request)
     if group.launcher:

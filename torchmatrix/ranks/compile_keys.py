@@ -1,0 +1,114 @@
+"""The key of a folder in the compile store: everything a cached graph or kernel depends on that its
+cell id does not already say, so that a hit can never be wrong.
+
+A key changes with the torch build (version, git revision, CUDA, HIP and Triton), the interpreter and
+machine, the C++ compiler Inductor builds kernels with, the device the ranks compute on, the sources
+of the suites and of every package a component comes from, and the matrix's components and suite
+options. The cell id adds the world size, mesh and every other axis; the rank adds the shard.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import platform
+import subprocess
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+
+from torchmatrix import file_writes
+
+KEY_FACTS = "key.json"  # in a key's folder: the facts that made its name, for a person to read
+
+
+def store_folder(root: Path, facts: dict) -> Path:
+    """The folder of `root` named after `facts` (written beside its cells the first time)."""
+    text = json.dumps(facts, sort_keys=True, indent=1)
+    folder = root / hashlib.sha256(text.encode()).hexdigest()[:20]
+    record = folder / KEY_FACTS
+    if not record.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        file_writes.write_text(record, text)
+    return folder
+
+
+def key_facts(*, matrix_digest: str, device: dict, components: dict, suite_files: Iterable[Path]) -> dict:
+    """What the key of this process's compile folders is made of."""
+    import torch
+
+    return {
+        "torch": torch.__version__,
+        "git_version": torch.version.git_version,
+        "cuda": torch.version.cuda,
+        "hip": getattr(torch.version, "hip", None),
+        "triton": _triton_version(),
+        "python": sys.version,
+        "machine": platform.machine(),
+        "compiler": compiler_version(),
+        "device": device,
+        "sources": sources_digest(source_files(components, suite_files)),
+        "matrix": matrix_digest,
+    }
+
+
+def compiler_version() -> str:
+    """The first line of `--version` of the C++ compiler Inductor builds CPU kernels with."""
+    try:
+        from torch._inductor.cpp_builder import get_cpp_compiler
+
+        compiler = get_cpp_compiler()
+    except (ImportError, RuntimeError):  # a release without it, or no compiler Inductor accepts
+        compiler = os.environ.get("CXX") or "g++"
+    try:
+        done = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return f"{compiler}: not found"
+    return f"{compiler}: {(done.stdout.splitlines() or [''])[0]}"
+
+
+def source_files(components: dict, suite_files: Iterable[Path]) -> list[Path]:
+    """The Python files a compiled graph can come from: each component's whole top-level package
+    (a module imports its siblings), or the files beside a top-level module, and the suites' files."""
+    folders: set[Path] = set()
+    files: set[Path] = set()
+    for target in components.values():
+        top = str(target).partition(":")[0].split(".")[0]
+        spec = importlib.util.find_spec(top) if top else None
+        if spec is None:
+            continue
+        if spec.submodule_search_locations:
+            folders.update(Path(location) for location in spec.submodule_search_locations)
+        elif spec.origin and spec.origin.endswith(".py"):
+            files.update(Path(spec.origin).parent.glob("*.py"))
+    for suite in suite_files:
+        files.update(Path(suite).resolve().parent.glob("*.py"))
+    for folder in folders:
+        files.update(folder.rglob("*.py"))
+    return sorted(files)
+
+
+def sources_digest(files: Iterable[Path]) -> str:
+    """One digest of the files' paths and contents."""
+    digest = hashlib.sha256()
+    for path in files:
+        try:
+            content = path.read_bytes()
+        except OSError:
+            continue
+        digest.update(str(path).encode() + b"\0" + hashlib.sha256(content).digest())
+    return digest.hexdigest()[:20]
+
+
+def _triton_version() -> str | None:
+    spec = importlib.util.find_spec("triton")
+    if spec is None:
+        return None
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("triton")
+    except PackageNotFoundError:  # a triton importable without distribution metadata
+        return "unknown"
