@@ -4,6 +4,8 @@ packages, and the matrix's components and suite options; and with nothing else."
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
@@ -23,7 +25,15 @@ def sources(tmp_path, monkeypatch):
     suites.mkdir()
     (suites / "test_mine.py").write_text("def test_it(cell, ranks): pass\n")
     (suites / "reference.py").write_text("STEPS = 3\n")
+    mapped = tmp_path / "elsewhere"  # a subpackage an editable install maps to a folder outside its parent
+    mapped.mkdir()
+    (mapped / "__init__.py").write_text("")
+    (mapped / "blocks.py").write_text("class Block: pass\n")
+    (package / "models").mkdir()
+    (package / "models" / "__init__.py").write_text(f"__path__ = [{str(mapped)!r}]\n")
     monkeypatch.syspath_prepend(str(tmp_path))
+    for name in [name for name in sys.modules if name == "stack" or name.startswith("stack.")]:
+        monkeypatch.delitem(sys.modules, name)  # another test's stack, from its own folder
     return tmp_path
 
 
@@ -31,7 +41,7 @@ def _key(sources, **changed):
     arguments = {
         "matrix_digest": matrix_digest({"model": "stack.model:build"}, {"mine": {"steps": 3}}),
         "device": {"device_type": "cpu"},
-        "components": {"model": "stack.model:build"},
+        "components": {"model": "stack.model:build", "block": "stack.models.blocks:Block"},
         "suite_files": [sources / "suites" / "test_mine.py"],
     }
     return compile_keys.store_folder(sources / "store", compile_keys.key_facts(**{**arguments, **changed})).name
@@ -43,7 +53,9 @@ def test_the_same_facts_give_the_same_folder_and_write_them_beside_it(sources):
 
 
 @pytest.mark.parametrize(
-    "edited", ["stack/layers.py", "suites/reference.py"], ids=["a module the component imports", "a suite's neighbour"]
+    "edited",
+    ["stack/layers.py", "suites/reference.py", "elsewhere/blocks.py"],
+    ids=["a module the component imports", "a suite's neighbour", "a subpackage mapped elsewhere"],
 )
 def test_an_edited_source_changes_the_key(sources, edited):
     before = _key(sources)

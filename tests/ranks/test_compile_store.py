@@ -82,7 +82,7 @@ def test_a_cached_graph_is_read_again_under_its_key_and_never_across_a_world_siz
     out, store, readers = tmp_path / "seen", tmp_path / "store", tmp_path / "readers.log"
     out.mkdir()
     monkeypatch.setenv("STORE_OUT", str(out))
-    project.write("matrix.toml", matrix_toml(axes={"world_size": [1, 2]}, suites={"store": {}}))
+    project.write("matrix.toml", matrix_toml(axes={"world_size": [1, 2], "compile": ["inductor"]}, suites={"store": {}}))
     project.write("suites/__init__.py", "")
     project.write("suites/test_store.py", SUITE)
 
@@ -95,18 +95,18 @@ def test_a_cached_graph_is_read_again_under_its_key_and_never_across_a_world_siz
 
     run("cold")
     (key,) = [folder for folder in store.iterdir() if folder.is_dir()]
-    first = {cell: _seen(out, cell) for cell in ("ws1", "ws2")}
-    assert [rank["folder"] for rank in first["ws2"]] == [str(key / "ws2" / f"rank{r}") for r in (0, 1)]
+    first = {cell: _seen(out, cell) for cell in ("ws1-inductor", "ws2-inductor")}
+    assert [rank["folder"] for rank in first["ws2-inductor"]] == [str(key / "ws2-inductor" / f"rank{r}") for r in (0, 1)]
     assert all(rank["hits"] == 0 for ranks in first.values() for rank in ranks), first
     assert json.loads((key / "key.json").read_text())["torch"], "the key's facts are written beside its cells"
-    assert _plant(key / "ws1", readers), "the cold run cached no entry to plant beside"
+    assert _plant(key / "ws1-inductor", readers), "the cold run cached no entry to plant beside"
 
     warm = run("warm")
-    again = {cell: _seen(out, cell) for cell in ("ws1", "ws2")}
-    assert again["ws2"][0]["hits"] > 0, f"the second run compiled ws2 afresh: {again['ws2']}"
-    assert [rank["value"] for rank in again["ws2"]] == [rank["value"] for rank in first["ws2"]]
+    again = {cell: _seen(out, cell) for cell in ("ws1-inductor", "ws2-inductor")}
+    assert again["ws2-inductor"][0]["hits"] > 0, f"the second run compiled ws2 afresh: {again['ws2-inductor']}"
+    assert [rank["value"] for rank in again["ws2-inductor"]] == [rank["value"] for rank in first["ws2-inductor"]]
     read_by = set(readers.read_text().split())
-    assert read_by == {str(key / "ws1" / "rank0")}, f"a planted ws1 entry was read by {read_by}"
+    assert read_by == {str(key / "ws1-inductor" / "rank0")}, f"a planted ws1 entry was read by {read_by}"
     saved = _properties(project, "warm")
     assert float(saved["store::test_compiles::compile_seconds_saved"]) > 0, saved
     summary = project.torchmatrix("report", "out/warm")
@@ -117,5 +117,5 @@ def test_a_cached_graph_is_read_again_under_its_key_and_never_across_a_world_siz
     project.write("suites/test_store.py", SUITE + "\n# an edit: the key's sources change\n")
     run("edited", "--only", "world_size=1")
     assert not readers.exists(), f"a planted entry was read after the suite changed: {readers.read_text()}"
-    (edited,) = _seen(out, "ws1")
+    (edited,) = _seen(out, "ws1-inductor")
     assert Path(edited["folder"]).parent.parent != key and edited["hits"] == 0, edited

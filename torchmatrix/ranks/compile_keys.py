@@ -70,24 +70,38 @@ def compiler_version() -> str:
 
 
 def source_files(components: dict, suite_files: Iterable[Path]) -> list[Path]:
-    """The Python files a compiled graph can come from: each component's whole top-level package
-    (a module imports its siblings), or the files beside a top-level module, and the suites' files."""
+    """The Python files a compiled graph can come from: every file of each package on a component's
+    import path (a module imports its siblings; an editable install may map a subpackage to a folder
+    of its own), the files beside a top-level module, and the suites' files."""
     folders: set[Path] = set()
     files: set[Path] = set()
     for target in components.values():
-        top = str(target).partition(":")[0].split(".")[0]
-        spec = importlib.util.find_spec(top) if top else None
-        if spec is None:
+        module = str(target).partition(":")[0]
+        leaf = _spec(module)  # imports the packages above it, whose __path__ is then as they run
+        if leaf is None:
             continue
-        if spec.submodule_search_locations:
-            folders.update(Path(location) for location in spec.submodule_search_locations)
-        elif spec.origin and spec.origin.endswith(".py"):
-            files.update(Path(spec.origin).parent.glob("*.py"))
+        parts = module.split(".")
+        for depth in range(1, len(parts)):
+            folders.update(
+                Path(location) for location in getattr(sys.modules.get(".".join(parts[:depth])), "__path__", ())
+            )
+        if leaf.submodule_search_locations:
+            folders.update(Path(location) for location in leaf.submodule_search_locations)
+        elif len(parts) == 1 and leaf.origin and leaf.origin.endswith(".py"):
+            files.update(Path(leaf.origin).parent.glob("*.py"))
     for suite in suite_files:
         files.update(Path(suite).resolve().parent.glob("*.py"))
     for folder in folders:
         files.update(folder.rglob("*.py"))
     return sorted(files)
+
+
+def _spec(name: str):
+    """The module's spec, or None where it cannot be found (the component check reports that)."""
+    try:
+        return importlib.util.find_spec(name) if name else None
+    except (ImportError, ValueError):
+        return None
 
 
 def sources_digest(files: Iterable[Path]) -> str:
