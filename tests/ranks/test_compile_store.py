@@ -82,7 +82,9 @@ def test_a_cached_graph_is_read_again_under_its_key_and_never_across_a_world_siz
     out, store, readers = tmp_path / "seen", tmp_path / "store", tmp_path / "readers.log"
     out.mkdir()
     monkeypatch.setenv("STORE_OUT", str(out))
-    project.write("matrix.toml", matrix_toml(axes={"world_size": [1, 2], "compile": ["inductor"]}, suites={"store": {}}))
+    project.write(
+        "matrix.toml", matrix_toml(axes={"world_size": [1, 2], "compile": ["inductor"]}, suites={"store": {}})
+    )
     project.write("suites/__init__.py", "")
     project.write("suites/test_store.py", SUITE)
 
@@ -96,7 +98,9 @@ def test_a_cached_graph_is_read_again_under_its_key_and_never_across_a_world_siz
     run("cold")
     (key,) = [folder for folder in store.iterdir() if folder.is_dir()]
     first = {cell: _seen(out, cell) for cell in ("ws1-inductor", "ws2-inductor")}
-    assert [rank["folder"] for rank in first["ws2-inductor"]] == [str(key / "ws2-inductor" / f"rank{r}") for r in (0, 1)]
+    assert [rank["folder"] for rank in first["ws2-inductor"]] == [
+        str(key / "ws2-inductor" / f"rank{r}") for r in (0, 1)
+    ]
     assert all(rank["hits"] == 0 for ranks in first.values() for rank in ranks), first
     assert json.loads((key / "key.json").read_text())["torch"], "the key's facts are written beside its cells"
     assert _plant(key / "ws1-inductor", readers), "the cold run cached no entry to plant beside"
