@@ -3,12 +3,12 @@ run may be using."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from torchmatrix.env.install_progress import tree_bytes
 from torchmatrix.messages.compile_store import LAST_USED
 
 GB = 1 << 30
@@ -30,7 +30,7 @@ def evict(root: Path, cap_bytes: int, *, spare_since: float) -> Eviction:
     a folder used since `spare_since` (this run's start) or within the last hour is kept whatever
     the cap, and a key folder left without cells goes with its last one."""
     cells = [cell for key in _folders(root) for cell in _folders(key)]
-    sizes = {cell: _size(cell) for cell in cells}
+    sizes = {cell: tree_bytes(cell) for cell in cells}
     kept = sum(sizes.values())
     spare_after = min(spare_since, time.time() - RECENT_SECONDS)
     removed = removed_bytes = 0
@@ -63,13 +63,3 @@ def _last_used(cell: Path) -> float:
             continue
     return 0.0
 
-
-def _size(folder: Path) -> int:
-    total = 0
-    for directory, _, files in os.walk(folder):
-        for name in files:
-            try:
-                total += os.lstat(os.path.join(directory, name)).st_size
-            except OSError:
-                continue
-    return total
