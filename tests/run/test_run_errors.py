@@ -75,6 +75,15 @@ def test_an_unwritable_reports_path_fails_before_any_cell(demo):
     assert "Traceback" not in done.stderr
 
 
+def test_an_unwritable_compile_cache_fails_before_any_cell_naming_both_ways_out(demo):
+    demo.write("taken", "a file where the compile cache should go")
+    done = demo.torchmatrix("run", "--torch", "system", "--compile-cache", "taken/store")
+    assert done.returncode == 2
+    assert done.stderr.strip().count("\n") == 0 and "Traceback" not in done.stderr
+    assert "cannot write the compile cache to" in done.stderr
+    assert "--compile-cache DIR" in done.stderr and "--cold-compile" in done.stderr
+
+
 def test_bad_filters_are_usage_errors(demo):
     for args in (["--only", "flavor=x"], ["--shard", "3/2"], ["-k", "ws1 and"]):
         done = demo.torchmatrix("list", *args)

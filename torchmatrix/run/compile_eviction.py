@@ -62,4 +62,3 @@ def _last_used(cell: Path) -> float:
         except OSError:
             continue
     return 0.0
-

@@ -112,7 +112,9 @@ class RunRequest:
         return self.run_dir / f"torch-{self.version}"
 
 
-def prepare_directory(path: Path) -> None:
+def prepare_directory(
+    path: Path, what: str = "reports", remedy: str = "pass --reports DIR with a writable directory"
+) -> None:
     """Create `path` and prove it is writable, before any cell runs."""
     try:
         path.mkdir(parents=True, exist_ok=True)
@@ -120,9 +122,7 @@ def prepare_directory(path: Path) -> None:
         file_writes.write_text(probe_file, "")
         probe_file.unlink()
     except OSError as error:
-        raise RunError(
-            f"cannot write reports to {path} ({error.strerror}); pass --reports DIR with a writable directory"
-        ) from None
+        raise RunError(f"cannot write {what} to {path} ({error.strerror}); {remedy}") from None
 
 
 def claim_version_directory(request: RunRequest) -> None:
@@ -281,6 +281,9 @@ def _claim(request: RunRequest) -> int:
     try:
         claim_version_directory(request)
         prepare_directory(request.version_dir / "logs")
+        if request.compile_root is not None:
+            remedy = "pass --compile-cache DIR with a writable directory, or --cold-compile"
+            prepare_directory(request.compile_root, "the compile cache", remedy)
     except BaseException:
         os.close(lock)
         raise
