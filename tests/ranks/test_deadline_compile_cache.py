@@ -1,6 +1,7 @@
-"""A deadline that kills a cell's ranks discards the cell's compile cache: a rank killed while Inductor
-linked a kernel leaves a truncated .so behind ("file too short", seen on 2.15.0 in the modern-stack
-cell), which would fail every later test of the cell; a failure the ranks survived keeps the cache."""
+"""A deadline that kills a cell's ranks, or a rank that dies or is killed after another failed, discards
+the cell's compile cache: a rank killed while Inductor linked a kernel leaves a truncated .so behind
+("file too short", seen on 2.15.0 in the modern-stack cell), which would fail every later test of the
+cell, and with the compile store every later run; a failure every rank survived keeps the cache."""
 
 from __future__ import annotations
 
@@ -37,6 +38,15 @@ def test_ranks_killed_at_the_deadline_leave_no_compile_cache(tmp_path):
         FailingPool(RankFailure("rank 2 killed", "", timed_out=True)), SimpleNamespace(id="ws4"), 600, str(cache)
     )
     with pytest.raises(RankFailure, match="deadline of 600s per test exceeded in cell ws4"):
+        ranks.run(print)
+    assert not cache.exists()
+
+
+def test_a_rank_that_died_or_was_killed_mid_test_leaves_no_compile_cache(tmp_path):
+    cache = cache_with_a_truncated_kernel(tmp_path)
+    died = RankFailure("rank 2 died (exit code -9)", "rank 2 died", interrupted=True)
+    ranks = Ranks(FailingPool(died), SimpleNamespace(id="ws4"), 600, str(cache))
+    with pytest.raises(RankFailure, match="cell ws4: rank 2 died"):
         ranks.run(print)
     assert not cache.exists()
 

@@ -45,6 +45,7 @@ def test_exception_on_one_rank_fails_with_that_ranks_traceback_and_root_cause(po
     assert "ValueError: injected failure on rank 1" in text
     assert "rank 0 traceback" not in text
     assert raised.value.root_cause == "ValueError: injected failure on rank 1"
+    assert not raised.value.interrupted, "every rank answered: nothing was cut off mid-write"
     assert not any(_alive(pid) for pid in before), "any failure takes the whole pool down, leaving no process"
     after = [pid for *_, pid in pool.run(rf.identity, (), deadline=soon())]
     assert set(after).isdisjoint(before), "the next call runs on a fresh pool"
@@ -92,6 +93,7 @@ def test_exception_while_the_other_rank_waits_shows_its_stack_and_rebuilds(pool)
     text = str(raised.value)
     assert time.monotonic() - started < 30, "the grace after a failure is short, not the full deadline"
     assert "injected failure before the all_reduce" in text
+    assert raised.value.interrupted and not raised.value.timed_out, "rank 0 was killed before it answered"
     assert "rank 0 Python stacks" in text and "raise_on_rank_while_others_wait_in_all_reduce" in text
     assert [r for r, _, _ in pool.run(rf.identity, (), deadline=soon())] == [0, 1], "the next call gets a fresh pool"
 
@@ -123,6 +125,7 @@ def test_a_dead_rank_fails_with_its_signal_and_the_pool_is_rebuilt(pool, signum,
     with pytest.raises(RankFailure) as raised:
         pool.run(rf.kill_self_on_rank, (1, signum), deadline=soon(60))
     assert f"rank 1 died with signal {name}" in str(raised.value)
+    assert raised.value.interrupted
     assert len(pool.run(rf.identity, (), deadline=soon())) == 2
 
 

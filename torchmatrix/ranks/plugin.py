@@ -516,8 +516,9 @@ class Ranks:
                 name=getattr(fn, "__qualname__", repr(fn)),
             )
         except RankFailure as failure:
-            if failure.timed_out:
+            if failure.interrupted:  # a rank killed while Inductor wrote a kernel or graph leaves it half-written
                 discard_compile_cache(self.compile_cache)
+            if failure.timed_out:
                 exceeded = f"deadline of {self.timeout:.0f}s per test exceeded"
                 raise RankFailure(
                     f"{exceeded} in cell {self.cell.id}: {failure}", f"{exceeded}: {failure.root_cause}"
@@ -526,9 +527,10 @@ class Ranks:
 
 
 def discard_compile_cache(directory: str) -> None:
-    """Remove a cell's compile cache after its ranks were killed at the deadline: a rank killed while
-    Inductor linked a kernel leaves a truncated .so there ("file too short"), which would fail every
-    later test of the cell that compiles the same graph; the next compile starts cold instead."""
+    """Remove a cell's compile cache after one of its ranks died or was killed mid-test (at the deadline,
+    or when another rank failed): a rank killed while Inductor linked a kernel leaves a truncated .so
+    there ("file too short"), which would fail every later test and run of the cell that compiles the
+    same graph; the next compile starts cold instead."""
     shutil.rmtree(directory, ignore_errors=True)
 
 

@@ -44,12 +44,14 @@ def collective_timeout(deadline_s: float) -> float:
 
 class RankFailure(Exception):
     """A rank raised, died, or missed the deadline; the message holds every rank's evidence and
-    `root_cause` the one line that says what broke (the first failing rank's innermost exception)."""
+    `root_cause` the one line that says what broke (the first failing rank's innermost exception).
+    `interrupted`: a rank died or was killed before it answered, so what it was writing may be half-written."""
 
-    def __init__(self, report: str, root_cause: str = "", *, timed_out: bool = False):
+    def __init__(self, report: str, root_cause: str = "", *, timed_out: bool = False, interrupted: bool = False):
         super().__init__(report)
         self.root_cause = root_cause
         self.timed_out = timed_out
+        self.interrupted = interrupted or timed_out
 
 
 class RankPool:
@@ -140,7 +142,8 @@ class RankPool:
             return [replies[rank][1] for rank in range(self.world_size)]
         report = self._failure_report(name, replies)
         self.close(graceful=False)
-        raise RankFailure(report, self._root_cause(name, replies), timed_out=not failed)
+        interrupted = len(replies) < self.world_size or any(kind == "died" for kind, _ in replies.values())
+        raise RankFailure(report, self._root_cause(name, replies), timed_out=not failed, interrupted=interrupted)
 
     def test_directory(self, own: Path, shared_root: Path, name: str) -> Path:
         """Every rank runs on this machine, so a test's own tmp_path serves them all."""
