@@ -55,13 +55,10 @@ def key_facts(*, matrix_digest: str, device: dict, components: dict, suite_files
 
 
 def compiler_version() -> str:
-    """The first line of `--version` of the C++ compiler Inductor builds CPU kernels with."""
-    try:
-        from torch._inductor.cpp_builder import get_cpp_compiler
-
-        compiler = get_cpp_compiler()
-    except (ImportError, RuntimeError):  # a release without it, or no compiler Inductor accepts
-        compiler = os.environ.get("CXX") or "g++"
+    """The first line of `--version` of the C++ compiler Inductor builds CPU kernels with: `$CXX`, else
+    its default, read as Inductor's config does (`cpp.cxx`) without importing Inductor, which costs an
+    eager cell's pytest process 2 CPU s."""
+    compiler = os.environ.get("CXX", "clang++" if sys.platform == "darwin" else "g++")
     try:
         done = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30, check=False)
     except (OSError, subprocess.TimeoutExpired):
