@@ -13,7 +13,13 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from torchmatrix.components.accumulation_axis import param_dtype_of
-from torchmatrix.testing import ParallelEquivalenceOptions, UnavailableImplementation, call_accepting, load
+from torchmatrix.testing import (
+    ParallelEquivalenceOptions,
+    UnavailableImplementation,
+    call_accepting,
+    load,
+    wrapper_chain,
+)
 
 from .built_names import named_parameters_as_built
 from .single_process_reference import SingleProcessReference
@@ -33,17 +39,20 @@ UNDER_TENSOR_PARALLELISM = (
 
 @contextmanager
 def gradient_sync_off(model):
-    """Component `no_sync`'s default: the wrapper's own switch, feature-detected, so a backward under it
-    leaves the gradients unreduced (FSDP2's `set_requires_gradient_sync`, FSDP1's and DDP's `no_sync()`)."""
-    switch = getattr(model, "set_requires_gradient_sync", None)
+    """Component `no_sync`'s default: the wrapper's own switch, feature-detected on the wrapper chain
+    (components/wrapper_chain.py), so a backward under it leaves the gradients unreduced (FSDP2's
+    `set_requires_gradient_sync` on the user's model, FSDP1's and DDP's `no_sync()` wherever they sit)."""
+    chain = wrapper_chain(model)
+    switch = getattr(chain[-1], "set_requires_gradient_sync", None)
+    syncing = next((module for module in chain if hasattr(type(module), "no_sync")), None)
     if switch is not None:
         switch(False)
         try:
             yield
         finally:
             switch(True)
-    elif hasattr(model, "no_sync"):
-        with model.no_sync():
+    elif syncing is not None:
+        with syncing.no_sync():
             yield
     elif any(isinstance(param, DTensor) for param in model.parameters()):
         raise UnavailableImplementation(NO_SWITCH)

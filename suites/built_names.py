@@ -10,7 +10,7 @@ import weakref
 
 from torch import nn
 
-from torchmatrix.testing import clean_name
+from torchmatrix.testing import name_below_wrappers
 
 _BUILT_NAMES: weakref.WeakKeyDictionary[nn.Module, dict[int, str]] = weakref.WeakKeyDictionary()
 
@@ -32,7 +32,7 @@ def name_as_built(model: nn.Module, name: str) -> str:
     built keeps its own names, stripped of the usual wrapper prefixes."""
     built = _BUILT_NAMES.get(model)
     if built is None:
-        return clean_name(name)
+        return name_below_wrappers(model, name)
     parts = name.split(".") if name else []
     module, known, rest = model, built.get(id(model)), 0
     for index, part in enumerate(parts):
@@ -42,7 +42,7 @@ def name_as_built(model: nn.Module, name: str) -> str:
         if id(module) in built:
             known, rest = built[id(module)], index + 1
     if known is None:
-        return clean_name(name)
+        return name_below_wrappers(model, name)
     return ".".join(part for part in (known, *parts[rest:]) if part)
 
 

@@ -1,12 +1,14 @@
 """Whole parameters and gradients of a wrapped model, as one process would hold them, by the model's
-own names: gathered from FSDP1's flat shards or from DTensors (FSDP2, HSDP, tensor parallel); both
-are collectives, so every rank calls them at the same point."""
+own names: gathered by FSDP1's root wherever it sits in the wrapper chain, or from DTensors (FSDP2,
+HSDP, tensor parallel); both are collectives, so every rank calls them at the same point."""
 
 from __future__ import annotations
 
 import torch
 from torch.distributed.fsdp import FullyShardedDataParallel
 from torch.distributed.tensor import DTensor
+
+from torchmatrix.testing import fsdp1_root
 
 from .built_names import named_parameters_as_built
 
@@ -18,15 +20,15 @@ def whole(tensor: torch.Tensor) -> torch.Tensor:
 
 def full_gradients(model) -> dict[str, torch.Tensor]:
     """Unsharded gradients: summon_full_params(with_grads=True) for FSDP1, DTensor.full_tensor otherwise."""
-    if isinstance(model, FullyShardedDataParallel):
-        with FullyShardedDataParallel.summon_full_params(model, with_grads=True):
+    if (root := fsdp1_root(model)) is not None:
+        with FullyShardedDataParallel.summon_full_params(root, with_grads=True):
             return {n: p.grad.detach().clone() for n, p in named_parameters_as_built(model) if p.grad is not None}
     return {n: whole(p.grad).detach().clone() for n, p in named_parameters_as_built(model) if p.grad is not None}
 
 
 def full_parameters(model) -> dict[str, torch.Tensor]:
     """Unsharded parameters: summon_full_params for FSDP1, DTensor.full_tensor otherwise."""
-    if isinstance(model, FullyShardedDataParallel):
-        with FullyShardedDataParallel.summon_full_params(model):
+    if (root := fsdp1_root(model)) is not None:
+        with FullyShardedDataParallel.summon_full_params(root):
             return {n: p.detach().clone() for n, p in named_parameters_as_built(model)}
     return {n: whole(p).detach().clone() for n, p in named_parameters_as_built(model)}

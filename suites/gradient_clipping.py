@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from torch.distributed.fsdp import FullyShardedDataParallel
 from torch.distributed.tensor import DTensor
 
 from torchmatrix.components.pipeline_axis import pipelines
 from torchmatrix.matrix.meshes import PP_DIM
-from torchmatrix.testing import cell_mesh
+from torchmatrix.testing import cell_mesh, fsdp1_root
 
 from .full_tensors import whole
 
@@ -21,7 +20,8 @@ def clip_grad_norm(model, *, max_norm: float, cell: dict | None = None) -> torch
     A pipelined cell's rank holds its stages only: their norm's square is summed over the cell's "pp"
     ranks first, as torchtitan's clip does over its pp_mesh (`clip_across_stages`).
 
-    FSDP1: its own `clip_grad_norm_`, since torch.nn.utils' sees only this rank's flat shards.
+    FSDP1 (wherever it sits in the wrapper chain): its root's own `clip_grad_norm_`, since
+    torch.nn.utils' sees only this rank's flat shards.
     Otherwise `torch.nn.utils.clip_grad_norm_`, whose DTensor norm is read as its full tensor (as
     torchtitan does); where the parameters live on different device meshes (tensor-parallel
     projections beside norms sharded over the data-parallel dims only), DTensor cannot stack their
@@ -29,8 +29,8 @@ def clip_grad_norm(model, *, max_norm: float, cell: dict | None = None) -> torch
     """
     if cell is not None and pipelines(cell):
         return clip_across_stages(model, max_norm, cell_mesh(cell)[PP_DIM].get_group())
-    if isinstance(model, FullyShardedDataParallel):
-        return model.clip_grad_norm_(max_norm)
+    if (root := fsdp1_root(model)) is not None:
+        return root.clip_grad_norm_(max_norm)
     by_mesh: dict[object, list[torch.nn.Parameter]] = {}
     for param in model.parameters():
         if param.grad is not None:

@@ -60,6 +60,7 @@ from torchmatrix.testing import (
     is_bound_checkpointer,
     load,
     mesh_group,
+    state_dict_root,
 )
 
 from .built_names import named_parameters_as_built
@@ -574,7 +575,7 @@ def attempt(errors: list[str], phase: str, fn, *args, **kwargs):
 def layout_problems(model: nn.Module, optimizer: torch.optim.Optimizer, *, dtensors_expected: bool) -> list[str]:
     """Every way a non-scalar state of a DTensor param differs in layout from the param; where
     params should be DTensors (FSDP2) and none is, that the check would compare nothing."""
-    names = {param: name for name, param in model.named_parameters()}
+    names = {param: name for name, param in named_parameters_as_built(model)}
     if dtensors_expected and not any(isinstance(p, DTensor) for p in names):
         return [
             f"no parameter of {type(model).__name__} is a DTensor after `parallelize` under FSDP2: there is no state layout to check"
@@ -620,7 +621,7 @@ def on_rank_unavailable(recipe: Recipe) -> str | None:
 def on_rank_state_layout(recipe: Recipe) -> dict:
     model, optimizer = recipe.build(SAVE_SEED)
     recipe.train_step(model, optimizer, SAVE_SEED)
-    uneven = [name for name, p in model.named_parameters() if p.dim() and p.shape[0] % dist.get_world_size()]
+    uneven = [name for name, p in named_parameters_as_built(model) if p.dim() and p.shape[0] % dist.get_world_size()]
     return {
         "placement_problems": placement_problems(
             model, recipe.cell, recipe.tensor_parallel_plan, plan_applies=recipe.model_kind == "model"
@@ -670,7 +671,7 @@ def on_rank_save(recipe: Recipe, checkpoint_dir: str) -> dict:
             source = f"{TORCH_HELPERS} (checkpointer {name} wrote no single DCP .metadata under the directory)"
     if checkpoint is None and not errors:
         checkpoint = f"{checkpoint_dir}-torch-helpers"
-        state = get_optimizer_state_dict(model, inner_optimizers(optimizer))
+        state = get_optimizer_state_dict(state_dict_root(model), inner_optimizers(optimizer))
         attempt(errors, "dcp.save", dcp.save, {"optimizer": state}, checkpoint_id=checkpoint)
     return {
         "errors": errors,
@@ -699,8 +700,9 @@ def sharded_states_expected(model: nn.Module, optimizer: torch.optim.Optimizer) 
             names[param]: (tuple(param.size()), positions.get(param), entries) for param, entries in states.items()
         }
     else:
-        shapes = {name: tuple(value.size()) for name, value in get_model_state_dict(model).items()}
-        state = get_optimizer_state_dict(model, inner_optimizers(optimizer))["state"]
+        root = state_dict_root(model)
+        shapes = {name: tuple(value.size()) for name, value in get_model_state_dict(root).items()}
+        state = get_optimizer_state_dict(root, inner_optimizers(optimizer))["state"]
         per_param = {name: (shapes[name], None, entries) for name, entries in state.items()}
     return [
         (f"{name}.{key}", None if position is None else f"state.{position}.{key}", shape)
@@ -924,9 +926,10 @@ def _train_and_save(
     if recipe.reshards_through_checkpointer(own_worlds):
         recipe.checkpointer(model, optimizer, checkpoint_dir, mesh, cell).save(1)
         return model, optimizer
+    root = state_dict_root(model)
     state = {
-        "model": get_model_state_dict(model),
-        "optimizer": get_optimizer_state_dict(model, inner_optimizers(optimizer)),
+        "model": get_model_state_dict(root),
+        "optimizer": get_optimizer_state_dict(root, inner_optimizers(optimizer)),
     }
     dcp.save(state, checkpoint_id=checkpoint_dir, process_group=None if mesh is None else mesh_group(mesh))
     return model, optimizer
@@ -941,13 +944,14 @@ def _load(
     if recipe.reshards_through_checkpointer(own_worlds):
         recipe.checkpointer(model, optimizer, checkpoint_dir, mesh, cell).load()
         return model, optimizer
+    root = state_dict_root(model)
     state = {
-        "model": get_model_state_dict(model),
-        "optimizer": get_optimizer_state_dict(model, inner_optimizers(optimizer)),
+        "model": get_model_state_dict(root),
+        "optimizer": get_optimizer_state_dict(root, inner_optimizers(optimizer)),
     }
     dcp.load(state, checkpoint_id=checkpoint_dir, process_group=None if mesh is None else mesh_group(mesh))
-    set_model_state_dict(model, state["model"])
-    set_optimizer_state_dict(model, inner_optimizers(optimizer), state["optimizer"])
+    set_model_state_dict(root, state["model"])
+    set_optimizer_state_dict(root, inner_optimizers(optimizer), state["optimizer"])
     return model, optimizer
 
 
@@ -973,9 +977,10 @@ def _full_state(model: nn.Module, optimizer: torch.optim.Optimizer, recipe: Reci
     """A CPU copy of every model and optimizer tensor, gathered whole on every rank (copied:
     on one rank the state dicts alias the live tensors), the optimizer's made plain by its state
     adapter. Not `cpu_offload`: FSDP1's rank-0-only gather crashes (SIGSEGV) on CPU/gloo in torch 2.13."""
-    tensors = {f"model.{name}": value for name, value in get_model_state_dict(model, options=FULL).items()}
+    root = state_dict_root(model)
+    tensors = {f"model.{name}": value for name, value in get_model_state_dict(root, options=FULL).items()}
     for name, entries in (
-        get_optimizer_state_dict(model, inner_optimizers(optimizer), options=FULL).get("state", {}).items()
+        get_optimizer_state_dict(root, inner_optimizers(optimizer), options=FULL).get("state", {}).items()
     ):
         plain = recipe.plain_state(entries)
         tensors.update({f"optimizer.{name}.{key}": value for key, value in plain.items() if torch.is_tensor(value)})

@@ -45,7 +45,6 @@ import torch
 from torch import nn
 from torch.distributed.fsdp import FullyShardedDataParallel
 from torch.distributed.tensor import DTensor
-from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import CheckpointError
 
 from torchmatrix.testing import (
@@ -56,6 +55,8 @@ from torchmatrix.testing import (
     load,
     rng_streams,
     root_cause,
+    user_model,
+    wrapper_chain,
 )
 
 from .built_names import named_buffers_as_built, named_modules_as_built, named_parameters_as_built
@@ -71,6 +72,7 @@ from .eager_twin import (
     step_lines,
     twin_bound,
 )
+from .forward_output import OUTPUT, model_output
 from .full_tensors import full_gradients
 from .model_output import cache_on, call_model
 from .optimizer_state import plain_equal
@@ -178,38 +180,16 @@ def local_parameters(model) -> dict:
     return {n: local_tensor(p).detach().clone() for n, p in named_parameters_as_built(model)}
 
 
-WRAPPERS_THAT_REBUILD_OUTPUT = (FullyShardedDataParallel, DistributedDataParallel)
-
-
-def unwrapped(model: nn.Module) -> nn.Module:
-    """The module inside FSDP1 or DDP: those wrappers rebuild the dicts, lists and dataclasses of the
-    forward's output to hook its tensors, so a cache returned through them is a copy that backward's
-    recompute never writes to; the inner module's output is the cache itself."""
-    while isinstance(model, WRAPPERS_THAT_REBUILD_OUTPUT):
-        model = model.module
-    return model
-
-
-@contextmanager
-def inner_output(model: nn.Module):
-    """Holds, under ``"output"``, what the unwrapped module's forward returned during the block."""
-    seen: dict[str, object] = {}
-    handle = unwrapped(model).register_forward_hook(lambda _module, _args, output: seen.__setitem__("output", output))
-    try:
-        yield seen
-    finally:
-        handle.remove()
-
-
 def cache_state(caches: dict) -> dict[str, object]:
     return cache_contents(caches)[1]
 
 
-def found_caches(output, units: CheckpointUnits) -> tuple[dict, str]:
-    """The caches of one step and where they were found: the output's ``past_key_values``, else the
-    containers forward handed to its checkpointed units and wrote tensors to after handing them (the
-    cache hook: a mask or rotary table passed along unchanged is no cache)."""
-    returned = cache_on(output)
+def found_caches(seen: dict, units: CheckpointUnits) -> tuple[dict, str]:
+    """The caches of one step and where they were found: the ``past_key_values`` of the model's output
+    (``seen``, suites/forward_output.py), else the containers forward handed to its checkpointed units
+    and wrote tensors to after handing them (the cache hook: a mask or rotary table passed along
+    unchanged is no cache); "unseen" where neither found one and no module call's output was seen."""
+    returned = cache_on(seen.get(OUTPUT))
     if returned is not None and cache_contents({"past_key_values": returned})[0]:
         return {"past_key_values": returned}, "output"
     observed: dict[str, object] = {}
@@ -218,6 +198,8 @@ def found_caches(output, units: CheckpointUnits) -> tuple[dict, str]:
             observed[name if name not in observed else f"{name}#{len(observed)}"] = container
     if observed:
         return observed, "hook"
+    if OUTPUT not in seen:
+        return {}, "unseen"
     return ({} if returned is None else {"past_key_values": returned}), "output"
 
 
@@ -321,8 +303,9 @@ def module_state(model: nn.Module, ignored: tuple[str, ...] = ()) -> tuple[dict[
                 if not attribute.startswith("__") and attribute not in ignored:
                     walk(item, f"{path}.{attribute}", depth + 1, Slot(value, attribute, True))
 
+    wrappers = {id(wrapper) for wrapper in wrapper_chain(model)[:-1]}
     for name, module in named_modules_as_built(model):
-        if isinstance(module, WRAPPERS_THAT_REBUILD_OUTPUT):
+        if id(module) in wrappers or isinstance(module, FullyShardedDataParallel):
             continue
         for attribute, value in vars(module).items():
             if attribute in MODULE_INTERNALS or attribute in ignored or attribute.startswith(WRAPPER_ATTRIBUTES):
@@ -339,7 +322,7 @@ def module_state(model: nn.Module, ignored: tuple[str, ...] = ()) -> tuple[dict[
 def body_call_counters(model: nn.Module, ints: dict[str, Slot]) -> set[str]:
     """The ints that ``body_calls()`` reports, found by moving each one and seeing whether what it
     returns moves: recompute must bump those (and only those), so the attribute check leaves them out."""
-    reported = model.body_calls()
+    reported = user_model(model).body_calls()
     found = set()
     for path, slot in ints.items():
         try:
@@ -348,7 +331,7 @@ def body_call_counters(model: nn.Module, ints: dict[str, Slot]) -> set[str]:
         except (TypeError, IndexError, KeyError, AttributeError):
             continue
         try:
-            if model.body_calls() != reported:
+            if user_model(model).body_calls() != reported:
                 found.add(path)
         finally:
             slot.set(value)
@@ -557,14 +540,14 @@ def modules_run(model: nn.Module):
 def layer_calls(model: nn.Module, units: CheckpointUnits) -> dict[str, int]:
     """Layer -> how often its body ran: ``model.body_calls()`` where the model has it, else the
     checkpoint units the suite's instrumented ``torch.utils.checkpoint`` counted."""
-    if hasattr(model, "body_calls"):
-        return model.body_calls()
+    if hasattr(user_model(model), "body_calls"):
+        return user_model(model).body_calls()
     return units.calls(model)
 
 
 def calls_source(model: nn.Module) -> str:
     """What counted the layer bodies, for the messages."""
-    if hasattr(model, "body_calls"):
+    if hasattr(user_model(model), "body_calls"):
         return "body_calls()"
     return "the checkpoint units the suite's instrumented torch.utils.checkpoint saw"
 
@@ -643,7 +626,7 @@ def train_step(
         losses = []
         with (
             failing_stage(cell, f"forward {mode} activation checkpointing"),
-            inner_output(model) as seen,
+            model_output(model) as seen,
             watched_sites(model, sites, units),
             saved_activation_bytes() if compiled else nullcontext({"bytes": 0}) as saved,
         ):
@@ -652,7 +635,7 @@ def train_step(
                 losses.append(step.loss(batch))
         loss = losses[0] if len(losses) == 1 else torch.stack(losses).sum()
         forward_drew_random_numbers = rng_streams() != rng_before_forward
-        caches, cache_source = found_caches(seen["output"], units)
+        caches, cache_source = found_caches(seen, units)
         cache_after_forward = cache_snapshot(caches)
         cache_state_after_forward = cache_state(caches)
         marks_after_forward = cache_marks(caches)
@@ -704,7 +687,7 @@ def train_step(
         buffers=buffers(model),
         module_state_before_forward=module_state_before,
         module_state_after_backward=module_state_after,
-        body_call_counters=body_call_counters(model, ints_after) if hasattr(model, "body_calls") else set(),
+        body_call_counters=body_call_counters(model, ints_after) if hasattr(user_model(model), "body_calls") else set(),
         forward_drew_random_numbers=forward_drew_random_numbers,
         saved_bytes=saved["bytes"],
     )
@@ -1173,8 +1156,18 @@ CACHE_SOURCES = {
     "hook": "found by the cache hook: a container forward handed to its checkpointed units",
 }
 
+UNSEEN_OUTPUT = (
+    "the training step's loss ran no module of the model outside compiled code, so no past_key_values "
+    "could be read from what the model returned"
+)
 
-def no_cache_reason(has_cache: tuple[bool, bool]) -> str:
+
+def no_cache_reason(has_cache: tuple[bool, bool], cache_source: str = "output") -> str:
+    if cache_source == "unseen":
+        return (
+            f"no cache found ({UNSEEN_OUTPUT}) and none handed to a checkpointed unit (the cache hook saw no "
+            f"container holding tensors): layer reruns checked, no cache to compare"
+        )
     returned = "past_key_values=None" if not any(has_cache) else "an empty past_key_values"
     return (
         f"the model returned no cache ({returned}, with and without checkpointing) and handed none to a "
@@ -1234,7 +1227,7 @@ def test_recompute_reruns_layers_and_rewrites_cache_identically(cell, ranks, com
         headline, hint = conclusion
         raise AssertionError(failure_text(cell, precision, headline, problems, hint))
     if not any(entries for r in results for entries in r["cache_entries"]):
-        pytest.skip(no_cache_reason(results[0]["has_cache"]))
+        pytest.skip(no_cache_reason(results[0]["has_cache"], results[0]["cache_source"]))
 
 
 @pytest.fixture

@@ -54,6 +54,7 @@ from torchmatrix.testing import (
     restore_rng_state,
     rng_streams,
     saves_asynchronously,
+    state_dict_root,
 )
 
 from .built_names import named_modules_as_built, named_parameters_as_built
@@ -897,7 +898,7 @@ class TrainingRun:
         """Every piece a resume must restore, as this rank sees it now (a collective: full parameters)."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True))
+        full = get_model_state_dict(state_dict_root(self.model), options=StateDictOptions(full_state_dict=True))
         return {
             "parameters": {name: value.detach().to("cpu", copy=True) for name, value in full.items()},
             "parameter_shards": self.parameters(),

@@ -7,6 +7,9 @@ The plugin's fixtures in a suite's tests: `cell`, `ranks` (`ranks.run(fn, *args)
 - components: `load(path)`; `build_optimizer`, `accepts`, `call_accepting` (optional keywords only
   where a signature names them); `is_bound_checkpointer` (the checkpointer's two forms);
   `inner_optimizers` (what a container holds); `clean_name` (a parameter name without wrapper prefixes).
+- wrappers (a trainer's module, torch.compile, DDP, FSDP1, at any depth): `wrapper_chain(model)`,
+  `user_model(model)`, `fsdp1_root(model)`, `state_dict_root(model)` (what torch's state-dict helpers
+  take), `name_below_wrappers(model, name)`.
 - the rank: `current_device()`; `cell_mesh(cell)`, `cell_layout(cell)`, `mesh_group(mesh)`,
   `data_parallel_rank(cell)`, `data_parallel_size(cell)` (docs/explanation/2d-meshes.md).
 - optimizer implementations: `implementation_of(cell)`, `IMPLEMENTATION_AXIS`, `IMPLEMENTATIONS`,
@@ -37,6 +40,13 @@ from torchmatrix.components.optimizer_implementations import (
 from torchmatrix.components.optimizer_like import inner_optimizers
 from torchmatrix.components.parameter_names import clean_name
 from torchmatrix.components.protocol import RESUME_BF16_PARAM_OPTIMIZERS
+from torchmatrix.components.wrapper_chain import (
+    fsdp1_root,
+    name_below_wrappers,
+    state_dict_root,
+    user_model,
+    wrapper_chain,
+)
 from torchmatrix.matrix.suite_options import (
     DTYPES,
     REDUCE_DTYPES,
@@ -88,15 +98,20 @@ __all__ = [
     "current_device",
     "data_parallel_rank",
     "data_parallel_size",
+    "fsdp1_root",
     "implementation_of",
     "inner_optimizers",
     "is_bound_checkpointer",
     "load",
     "mesh_group",
+    "name_below_wrappers",
     "planned_options",
     "reset_keeping_time",
     "restore_rng_state",
     "rng_streams",
     "root_cause",
+    "state_dict_root",
+    "user_model",
+    "wrapper_chain",
     "writes_dir",
 ]

@@ -10,7 +10,7 @@ from torchmatrix.components.optimizer_implementations import (
     UnavailableImplementation,
     implementation_not_named,
 )
-from torchmatrix.components.parameter_names import clean_name
+from torchmatrix.components.wrapper_chain import name_below_wrappers
 
 NAMED = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
 
@@ -40,7 +40,7 @@ def is_bound_checkpointer(factory) -> bool:
 
 def build_optimizer(factory, model, *, implementation: str = DEFAULT_IMPLEMENTATION, **arguments):
     """`factory(model.parameters(), **arguments)`, plus `named_parameters=` (name, param) pairs
-    under their wrapper-free names where the factory names it, for param groups chosen by name,
+    under the names the user's model gives them (components/wrapper_chain.py) where the factory names it, for param groups chosen by name,
     `model=` where it names that, for a stack whose optimizer is built from the model (a container),
     and `implementation=` (the cell's `optimizer_impl`) where it names that. A non-default
     implementation asked of a factory that does not name it raises UnavailableImplementation: it
@@ -52,5 +52,6 @@ def build_optimizer(factory, model, *, implementation: str = DEFAULT_IMPLEMENTAT
     if accepts(factory, "model"):
         arguments["model"] = model
     if accepts(factory, "named_parameters"):
-        arguments["named_parameters"] = [(clean_name(name), param) for name, param in model.named_parameters()]
+        named = model.named_parameters()
+        arguments["named_parameters"] = [(name_below_wrappers(model, name), param) for name, param in named]
     return factory(model.parameters(), **arguments)
