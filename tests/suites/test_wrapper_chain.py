@@ -11,13 +11,13 @@ import sys
 
 import torch
 from torch import nn
+from wrapped_stacks import FabricLikeModule
 
 from suites.built_names import named_parameters_as_built
 from suites.forward_output import OUTPUT, model_output
 from torchmatrix.testing import name_below_wrappers, state_dict_root, user_model, wrapper_chain
 
 from helpers.checkout import REPO, checkout_env
-from wrapped_stacks import FabricLikeModule
 
 
 class Decoder(nn.Module):
@@ -48,7 +48,11 @@ class User(nn.Module):
 def test_compiled_around_a_trainers_wrapper_is_read_to_the_users_model():
     user = User()
     compiled = torch.compile(FabricLikeModule(user, user))
-    assert [type(module).__name__ for module in wrapper_chain(compiled)] == ["OptimizedModule", "FabricLikeModule", "User"]
+    assert [type(module).__name__ for module in wrapper_chain(compiled)] == [
+        "OptimizedModule",
+        "FabricLikeModule",
+        "User",
+    ]
     assert user_model(compiled) is user and state_dict_root(compiled) is user
     names = [name for name, _ in compiled.named_parameters()]
     assert names[0] == "_orig_mod._forward_module.model.layers.0.weight"
