@@ -14,7 +14,7 @@ class Checkpointer:
 
     def __init__(self, directory: str, *, model, optimizer, scheduler, loader):
         self.path = Path(directory) / "checkpoint"
-        self.fabric = FABRICS[model].fabric
+        self.fabric = FABRICS[model]
         self.objects = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "loader": loader}
 
     def save(self, step: int) -> None:

@@ -15,7 +15,7 @@ class FabricStep:
     `loss.backward()`). The optimizer steps as set up: `optimizer.step()` through Fabric's wrapper."""
 
     def __init__(self, *, model, optimizer):
-        self.fabric, self.model = FABRICS[model]
+        self.fabric, self.model = FABRICS[model], model
 
     def loss(self, tokens: torch.Tensor) -> torch.Tensor:
         inputs, target = tokens[:, :-1], tokens[:, 1:]

@@ -151,7 +151,8 @@ COMPONENTS: tuple[Component, ...] = (
             'the model on `device`, wrapped as `cell["fsdp"]` says (none | fsdp1 | fsdp2), checkpointing switched '
             "as asked, in the stack's own way (its flag, `checkpoint_wrapper`, `torch.utils.checkpoint` in forward): "
             'grad_ckpt counts the checkpoint units itself; parallel_equivalence also calls it with `fsdp` "none", '
-            '`mesh` "flat" and `world_size` 1 for its single-process reference, the plain model on `device`'
+            '`mesh` "flat" and `world_size` 1 for its single-process reference, the plain model on `device`, in a '
+            "world of one rank of its own (the default group is that rank alone: docs, which world)"
         ),
         suites=(GRAD_CKPT, RESUME, CROSS_VERSION, DTENSOR_OPTIM, PARALLEL_EQUIVALENCE),
     ),
@@ -388,7 +389,7 @@ COMPONENTS: tuple[Component, ...] = (
             "suites' own. Per step the suites call `loss`, then `backward`, then `optimizer_step`, then the scheduler's "
             "`step` and the optimizer's `zero_grad` themselves; grad_ckpt calls `loss` per micro-batch and `backward` "
             "once, and no `optimizer_step`; parallel_equivalence builds one for the cell's model and one for its "
-            "single-process reference. dtensor_optim calls its `loss` on the stack's model "
+            "single-process reference, in a world of one rank of its own (docs: which world). dtensor_optim calls its `loss` on the stack's model "
             "only, not on its probe model. Optional: without an entry, `torchmatrix.suites.training_step:PlainStep`"
         ),
         suites=(GRAD_CKPT, RESUME, CROSS_VERSION, DTENSOR_OPTIM, PARALLEL_EQUIVALENCE),
