@@ -80,9 +80,10 @@ def test_a_step_that_runs_no_module_leaves_the_output_unseen():
 DISTRIBUTED_CHAINS = """
 import json, torch, torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_model_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 from torch.nn.parallel import DistributedDataParallel
 from suites.accumulation import gradient_sync_off
 from suites.full_tensors import full_gradients, full_parameters
@@ -120,11 +121,34 @@ held = FabricLikeModule(DistributedDataParallel(inner), inner)
 found["fabric_ddp"] = read(held, inner)
 with gradient_sync_off(held):
     found["fabric_ddp"]["sync_off"] = not held._forward_module.require_backward_grad_sync
+
+
+def forward_after_a_state_dict(read_through):
+    # A fresh FSDP1 stack with a unit per layer, its state dict read through `read_through` before any
+    # forward (as resume snapshots a rebuilt run before its load), then a forward: what it raised.
+    inner = user()
+    policy = ModuleWrapPolicy({nn.Linear})
+    root = FullyShardedDataParallel(inner, auto_wrap_policy=policy, device_id=torch.device("cpu"), use_orig_params=True)
+    held = FabricLikeModule(root, inner)
+    get_model_state_dict(read_through(held), options=StateDictOptions(full_state_dict=True))
+    try:
+        held(torch.ones(2, 32))
+    except AssertionError as error:
+        return str(error)
+    return None
+
+found["forward_after_state_dict"] = {
+    "through_the_root": forward_after_a_state_dict(state_dict_root),
+    "through_the_wrapper": forward_after_a_state_dict(lambda held: held),
+}
 print(json.dumps({"shapes": SHAPES, **found}))
 """
 
 
 def test_fsdp1_fsdp2_and_ddp_are_found_under_a_trainers_wrapper_and_compile():
+    """Also issue 60's resume error under Lightning's FSDPStrategy: a state dict read through a wrapper
+    whose `state_dict` skips FSDP1's root (Fabric's) initialises an inner unit as a root, and FSDP's
+    next lazy init (Fabric.load's, or a forward) then asserts; read through the root, it does not."""
     done = subprocess.run(
         [sys.executable, "-c", DISTRIBUTED_CHAINS],
         capture_output=True,
@@ -136,6 +160,9 @@ def test_fsdp1_fsdp2_and_ddp_are_found_under_a_trainers_wrapper_and_compile():
     assert done.returncode == 0, done.stderr[-3000:]
     found = json.loads(done.stdout.splitlines()[-1])
     shapes = found.pop("shapes")
+    forward = found.pop("forward_after_state_dict")
+    assert forward["through_the_root"] is None
+    assert "Non-root FSDP instance's `_is_root` should not have been set yet" in forward["through_the_wrapper"]
     chains = {
         "fabric_fsdp1": ["FabricLikeModule", "FullyShardedDataParallel", "Sequential"],
         "compiled_fabric_fsdp2": ["OptimizedModule", "FabricLikeModule", "FSDPSequential"],
