@@ -1,4 +1,6 @@
-"""One cell of examples/lightning (nox -s lightning_matrix) on CPU, through the real CLI: resume on
+"""One cell of examples/lightning (nox -s lightning_matrix) on CPU, through the real CLI: grad_ckpt on
+Fabric's FSDPStrategy with its own activation checkpointing, the suites handed the `_FabricModule`
+(FSDP1 found beneath it, issue 60); resume on
 Lightning Fabric's FSDPStrategy at world size 2, the loss and `fabric.backward` taken from the
 example's `training_step` component (a plain `loss.backward()` is refused under FSDPStrategy), and
 the real Lightning bug the suites found kept red: the sharded `Fabric.load` leaves the scheduler
@@ -89,3 +91,21 @@ def test_fabric_reshards_in_worlds_of_their_own_and_trains_on_as_if_it_never_sto
         assert compared > 0 and properties[f"{test}::reshard_continued"] == (
             f"{pair}: 2 steps, {compared} tensors and every loss compared bit for bit"
         ), properties
+
+
+GRAD_CKPT = (
+    "test_checkpointing_leaves_loss_and_gradients_unchanged[dropout=0.0]",
+    "test_checkpointing_leaves_loss_and_gradients_unchanged[dropout=0.1]",
+    "test_recompute_reruns_layers_and_rewrites_cache_identically",
+)
+
+
+def test_grad_ckpt_runs_on_the_fabric_module_under_fsdp1(tmp_path):
+    matrix = matrix_toml(
+        axes={"world_size": [2], "fsdp": ["fsdp1"], "optimizer": ["adamw"]},
+        suites={"grad_ckpt": {"timeout": 300, "axes": LIGHTNING.suites["grad_ckpt"].axes}},
+        components=LIGHTNING.components,
+    )
+    done, outcomes = run_suites(tmp_path, matrix, EXAMPLE, tests=[f"grad_ckpt::{test}" for test in GRAD_CKPT])
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert outcomes[CELL] == {**dict.fromkeys(GRAD_CKPT[:2], "passed"), GRAD_CKPT[2]: "skipped"}, outcomes
