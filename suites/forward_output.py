@@ -1,8 +1,8 @@
 """What the user's model returned during a training step, however the step reached it: `model(batch)`
 through any wrappers, or one of the model's own methods (`model.training_step(batch)`) that calls its
-submodules itself, where no hook on the model's `__call__` ever fires. The output of the last
-outermost call of a module below the wrappers is kept: FSDP1, DDP and a trainer's wrapper may rebuild
-what they return, so a cache read from their output would be a copy recompute never writes to."""
+submodules itself, where no hook on the model's `__call__` ever fires. Only modules below the wrappers
+are watched: FSDP1, DDP and a trainer's wrapper may rebuild what they return, so a cache read from
+their output would be a copy recompute never writes to."""
 
 from __future__ import annotations
 
