@@ -1,0 +1,65 @@
+"""Run directories from elsewhere (a CI artifact, an unpacked tarball, a shared file system) stay
+data: a symlink or a pipe in one is refused with one line, and nothing outside the run directory is
+deleted, copied, read through or waited on because of what the directory holds.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers.checkout import PROJECT_IS_THIS_CHECKOUT
+from helpers.matrix_files import REFERENCE_COMPONENTS, matrix_toml
+from helpers.projects import Project
+
+VERSION = "2.13.0"
+CELL_AXES = {"world_size": 1, "fsdp": "none", "attn": "sdpa", "optimizer": "adamw"}
+CELL_ID = "ws1-none-sdpa-adamw"
+CROSS_MATRIX = (
+    matrix_toml(
+        torch=[VERSION],
+        axes={key: [value] for key, value in CELL_AXES.items()},
+        suites={"cross_version": {"path": None}},
+        components=REFERENCE_COMPONENTS,
+    )
+    + PROJECT_IS_THIS_CHECKOUT
+)
+
+
+def _cross_version_plan(project: Project) -> dict:
+    from torchmatrix.matrix.config import load_matrix
+
+    suites = {"cross_version": {"path": "cross_version.py", "timeout": 60, "axes": []}}
+    digest = load_matrix(project.root / "matrix.toml").digest
+    return {"torch": VERSION, "matrix_sha256": digest, "cells": [CELL_ID], "cell_axes": [CELL_AXES], "suites": suites}
+
+
+def _precious(directory: Path) -> Path:
+    """A directory outside the project holding a file and a folder, standing in for ~/work."""
+    (directory / "folder").mkdir(parents=True)
+    (directory / "folder" / "kept.txt").write_text("precious\n")
+    (directory / "kept.txt").write_text("precious\n")
+    return directory
+
+
+@pytest.mark.parametrize("linked", ["reads", "reads/logs"])
+def test_cross_read_refuses_a_linked_reads_folder_and_deletes_nothing_it_points_to(tmp_path, linked):
+    project = Project(tmp_path / "project")
+    project.write("matrix.toml", CROSS_MATRIX)
+    version_dir = project.root / "reports" / "r" / f"torch-{VERSION}"
+    project.write(f"reports/r/torch-{VERSION}/plan.json", json.dumps(_cross_version_plan(project)))
+    (version_dir / linked).parent.mkdir(parents=True, exist_ok=True)
+    outside = _precious(tmp_path / "outside")
+    (version_dir / linked).symlink_to(outside)
+    done = project.torchmatrix("cross-read", "reports/r", "--python", f"{VERSION}={sys.executable}")
+    assert sorted(p.relative_to(outside).as_posix() for p in outside.rglob("*")) == [
+        "folder",
+        "folder/kept.txt",
+        "kept.txt",
+    ]
+    assert done.returncode == 2, done.stderr
+    assert f"{version_dir / linked} is a symlink to {outside}, not a folder of the run" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -1,0 +1,33 @@
+"""What a run directory may hold: its own folders and regular files, never a link or a pipe.
+
+A run directory can come from elsewhere (a CI artifact, an unpacked tarball, a shared file
+system), so a folder in it may be a symlink to a directory outside, and a file a named pipe. A
+runner that clears `torch-V/reads/` would then delete the link's target, a merge would copy it,
+and a reader would wait on the pipe forever; each place that deletes, copies or reads checks here
+first and refuses with one line.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from torchmatrix.user_error import UserError
+
+REMEDY = "replace it with a copy of what it points to (cp -rL), or remove it"
+
+
+class ForeignEntry(UserError, ValueError):
+    """A run directory's entry that leads out of it (a symlink) or is no file to read (a pipe, a device)."""
+
+
+def refuse_linked_folders(run_dir: Path, folders: Iterable[Path]) -> None:
+    """Raise ForeignEntry where one of `folders` (inside `run_dir`), or a folder between it and
+    `run_dir`, is a symlink: what is deleted or written there would land in the link's target."""
+    for folder in folders:
+        parts = Path(folder).relative_to(run_dir).parts
+        for depth in range(1, len(parts) + 1):
+            path = run_dir.joinpath(*parts[:depth])
+            if path.is_symlink():
+                raise ForeignEntry(f"{path} is a symlink to {os.readlink(path)}, not a folder of the run; {REMEDY}")
