@@ -6,6 +6,7 @@ deleted, copied, read through or waited on because of what the directory holds.
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -63,3 +64,57 @@ def test_cross_read_refuses_a_linked_reads_folder_and_deletes_nothing_it_points_
     assert done.returncode == 2, done.stderr
     assert f"{version_dir / linked} is a symlink to {outside}, not a folder of the run" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+SYSTEM_MATRIX = '[torch]\nversions = ["system"]\n[axes]\nworld_size = [1]\n[suites.s]\npath = "suites/test_s.py"\n'
+
+
+@pytest.fixture(scope="module")
+def shard_run(tmp_path_factory) -> Path:
+    """One real run of torch `system` (a shard as CI would upload it), copied by each test."""
+    project = Project(tmp_path_factory.mktemp("shard") / "project")
+    project.write("matrix.toml", SYSTEM_MATRIX)
+    project.write("suites/test_s.py", "def test_t(cell):\n    pass\n")
+    done = project.torchmatrix("run", "--torch", "system", "--run-id", "a", "--reports", "shard")
+    assert done.returncode == 0, done.stderr
+    return project.root
+
+
+def _project_with_shard(tmp_path: Path, shard_run: Path) -> Project:
+    project = Project(tmp_path / "project")
+    shutil.copytree(shard_run, project.root, dirs_exist_ok=True)
+    return project
+
+
+@pytest.mark.parametrize("linked", ["checkpoints", "checkpoints/ws1/checkpoint", "reads"])
+def test_merge_refuses_a_symlink_in_a_shard_and_copies_nothing_it_points_to(tmp_path, shard_run, linked):
+    project = _project_with_shard(tmp_path, shard_run)
+    secret = tmp_path / "ssh" / "id_rsa"
+    secret.parent.mkdir()
+    secret.write_text("PRIVATE KEY\n")
+    secret.chmod(0o600)
+    link = project.root / "shard" / "a" / "torch-system" / linked
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(secret if linked.endswith("checkpoint") else secret.parent)
+    done = project.torchmatrix("merge", "shard/a", "--out", "merged", "--versions", "system")
+    copied = [path for path in (project.root / "merged").rglob("*") if path.name == "id_rsa" or path.is_symlink()]
+    assert copied == []
+    assert done.returncode == 2, done.stderr
+    assert f"{link} is a symlink to {link.readlink()}, not " in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+    assert not (project.root / "merged").exists() or not any((project.root / "merged").iterdir())
+
+
+def test_merge_keeps_each_checkpoint_files_mode(tmp_path, shard_run):
+    project = _project_with_shard(tmp_path, shard_run)
+    checkpoint = project.root / "shard" / "a" / "torch-system" / "checkpoints" / "ws1"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "private.bin").write_bytes(b"weights")
+    (checkpoint / "private.bin").chmod(0o600)
+    (checkpoint / "shared.bin").write_bytes(b"weights")
+    (checkpoint / "shared.bin").chmod(0o644)
+    done = project.torchmatrix("merge", "shard/a", "--out", "merged", "--versions", "system")
+    assert done.returncode == 0, done.stderr
+    merged = project.root / "merged" / "torch-system" / "checkpoints" / "ws1"
+    assert oct((merged / "private.bin").stat().st_mode & 0o777) == oct(0o600)
+    assert oct((merged / "shared.bin").stat().st_mode & 0o777) == oct(0o644)

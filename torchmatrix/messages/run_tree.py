@@ -10,6 +10,7 @@ first and refuses with one line.
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -31,3 +32,30 @@ def refuse_linked_folders(run_dir: Path, folders: Iterable[Path]) -> None:
             path = run_dir.joinpath(*parts[:depth])
             if path.is_symlink():
                 raise ForeignEntry(f"{path} is a symlink to {os.readlink(path)}, not a folder of the run; {REMEDY}")
+
+
+def refuse_foreign_entries(root: Path) -> None:
+    """Raise ForeignEntry where `root` or anything under it is a symlink, or neither a folder nor a
+    regular file, so copying the tree copies only what the run directory itself holds."""
+    refuse_linked_folders(root.parent, [root])
+    for directory, folders, files in os.walk(root):
+        for name in sorted(folders + files):
+            refuse_foreign_file(Path(directory) / name, folder_too=True)
+
+
+def refuse_foreign_file(path: Path, *, folder_too: bool = False) -> None:
+    """Raise ForeignEntry where `path` is a symlink, or not a regular file (nor, with `folder_too`, a folder)."""
+    mode = path.lstat().st_mode
+    if stat.S_ISLNK(mode):
+        raise ForeignEntry(f"{path} is a symlink to {os.readlink(path)}, not a file of the run; {REMEDY}")
+    if not (stat.S_ISREG(mode) or (folder_too and stat.S_ISDIR(mode))):
+        raise ForeignEntry(f"{path} is {_kind(mode)}, not a file of the run; remove it, or rerun that torch version")
+
+
+def _kind(mode: int) -> str:
+    """What a non-regular entry is, in words."""
+    if stat.S_ISFIFO(mode):
+        return "a named pipe"
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    return "a socket or device"

@@ -23,6 +23,12 @@ from torchmatrix.matrix.selection import CellSelection, SelectionError, Shard, s
 from torchmatrix.messages.cross_version import CHECKPOINTS_DIR, READS_DIR
 from torchmatrix.messages.run_plan import FILE_NAME as PLAN_FILE
 from torchmatrix.messages.run_plan import PlanFileError, RunPlan, read_plan, write_plan
+from torchmatrix.messages.run_tree import (
+    ForeignEntry,
+    refuse_foreign_entries,
+    refuse_foreign_file,
+    refuse_linked_folders,
+)
 from torchmatrix.reports import junit
 from torchmatrix.run.outcomes import OutcomeBook
 from torchmatrix.status import Status
@@ -105,6 +111,8 @@ def merge_reports(
     mine = {version: [r for r in reports if r.version == version] for version in expected_versions}
     # Every input is checked and read before anything is written: a refused merge leaves --out as it was.
     sources = {version: _cell_sources(version, mine[version]) for version in expected_versions}
+    for report in reports:
+        _refuse_foreign_cross_version(report.path)
     known_tests = {version: _tests_per_suite(sources[version].values()) for version in expected_versions}
     for version in expected_versions:
         cells_written, missing = _merge_version(
@@ -183,6 +191,19 @@ def _merge_version(
         ),
     )
     return len(sources) + len(missing), [cell.id for cell in missing]
+
+
+def _refuse_foreign_cross_version(version_dir: Path) -> None:
+    """Refuse a shard whose checkpoints or reads hold a symlink or a pipe: copied, the link's target
+    (a key, another run) would become part of the merged report."""
+    try:
+        if (version_dir / CHECKPOINTS_DIR).exists() or (version_dir / CHECKPOINTS_DIR).is_symlink():
+            refuse_foreign_entries(version_dir / CHECKPOINTS_DIR)
+        refuse_linked_folders(version_dir, [version_dir / READS_DIR])
+        for path in sorted((version_dir / READS_DIR).glob("*.xml")):
+            refuse_foreign_file(path)
+    except ForeignEntry as error:
+        raise MergeError(str(error)) from None
 
 
 def _copy_cross_version(version_dir: Path, out: Path) -> None:
