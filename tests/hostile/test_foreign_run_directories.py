@@ -7,14 +7,16 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from helpers.checkout import PROJECT_IS_THIS_CHECKOUT
+from helpers.checkout import PROJECT_IS_THIS_CHECKOUT, checkout_env
 from helpers.matrix_files import REFERENCE_COMPONENTS, matrix_toml
 from helpers.projects import Project
+from helpers.report_runs import CANDIDATE, write_fixture_run, write_project
 
 VERSION = "2.13.0"
 CELL_AXES = {"world_size": 1, "fsdp": "none", "attn": "sdpa", "optimizer": "adamw"}
@@ -118,3 +120,29 @@ def test_merge_keeps_each_checkpoint_files_mode(tmp_path, shard_run):
     merged = project.root / "merged" / "torch-system" / "checkpoints" / "ws1"
     assert oct((merged / "private.bin").stat().st_mode & 0o777) == oct(0o600)
     assert oct((merged / "shared.bin").stat().st_mode & 0o777) == oct(0o644)
+
+
+def test_repro_without_config_runs_no_python_beside_the_matrix_the_run_recorded(tmp_path):
+    """An artifact's plan.json records its own matrix.toml, with a `.nox/...-torch-V/bin/python` beside
+    it that leaves a mark: repro uses this checkout's matrix.toml and runs nothing from the artifact."""
+    artifact_run = write_fixture_run(tmp_path / "artifact")
+    marker = tmp_path / "artifact-code-ran"
+    planted = tmp_path / "artifact" / ".nox" / f"gpu_matrix-torch-{CANDIDATE.replace('.', '-')}" / "bin" / "python"
+    planted.parent.mkdir(parents=True)
+    planted.write_text(f"#!/bin/sh\ntouch {marker}\n")
+    planted.chmod(0o755)
+    here = tmp_path / "here"
+    write_project(here)
+    out = tmp_path / "repro"
+    done = subprocess.run(
+        [sys.executable, "-m", "torchmatrix", "repro", str(artifact_run), f"{CANDIDATE}/ws2-fsdp2/alpha::test_regress"]
+        + ["--out", str(out)],
+        cwd=here,
+        env=checkout_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert not marker.exists()
+    assert done.returncode == 0, done.stderr
+    assert (out / "repro.py").is_file()
