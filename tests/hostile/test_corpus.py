@@ -401,6 +401,20 @@ CASES = [
         "argument --slots: -1 is not positive",
     ),
     Case(
+        "run-torch-escapes-with-peer",
+        "--torch naming a path, with --peer (which lets --torch name a release matrix.toml does not list)",
+        ["run", "--torch", "/../../../../escaped", "--peer", "2.13.0", "--run-id", "r"],
+        2,
+        "argument --torch: '/../../../../escaped' is not a torch version pip can install",
+    ),
+    Case(
+        "run-peer-escapes",
+        "--peer naming a path (the read pass looks for torch-<peer>/checkpoints)",
+        ["run", "--torch", "2.13.0", "--peer", "../../x", "--run-id", "r"],
+        2,
+        "argument --peer: '../../x' is not a torch version pip can install",
+    ),
+    Case(
         "cross-read-not-a-run-directory",
         "cross-read of a path that is not a run directory",
         ["cross-read", "reports/nowhere"],
