@@ -59,3 +59,26 @@ def _kind(mode: int) -> str:
     if stat.S_ISDIR(mode):
         return "a directory"
     return "a socket or device"
+
+
+def open_regular(path: Path, flags: int = os.O_RDONLY, mode: int = 0o644) -> int:
+    """`os.open(path, flags)` that never waits on a named pipe at `path` nor follows a symlink there:
+    raise ForeignEntry where `path` is no regular file (OSError where it cannot be opened at all)."""
+    fd = os.open(path, flags | os.O_NONBLOCK | os.O_NOFOLLOW, mode)
+    try:
+        found = os.fstat(fd).st_mode
+        if not stat.S_ISREG(found):
+            raise ForeignEntry(
+                f"{path} is {_kind(found)}, not a file of the run; remove it, or rerun that torch version"
+            )
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_text(path: Path) -> str:
+    """The UTF-8 text of a run directory's file, refusing (ForeignEntry) a pipe or device at `path`."""
+    with os.fdopen(open_regular(path), encoding="utf-8") as file:
+        return file.read()
