@@ -146,3 +146,17 @@ def test_repro_without_config_runs_no_python_beside_the_matrix_the_run_recorded(
     assert not marker.exists()
     assert done.returncode == 0, done.stderr
     assert (out / "repro.py").is_file()
+
+
+@pytest.mark.parametrize("duration", ["Infinity", "9" * 400])
+def test_an_absurd_duration_in_an_earlier_results_json_never_stops_a_run(tmp_path, duration):
+    """The ETA reads the results.json of earlier runs under reports/: a duration no test took is passed over."""
+    project = Project(tmp_path / "project")
+    project.write("matrix.toml", SYSTEM_MATRIX)
+    project.write("suites/test_s.py", "def test_t(cell):\n    pass\n")
+    record = '{"torch": "system", "cell": "ws1", "suite": "s", "test": "test_t", "duration": ' + duration + "}"
+    project.write("reports/earlier/results.json", '{"tests": [' + record + "]}")
+    done = project.torchmatrix("run", "--torch", "system", "--run-id", "now")
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    assert "1 passed" in done.stdout, done.stdout
