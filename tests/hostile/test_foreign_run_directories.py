@@ -6,6 +6,8 @@ deleted, copied, read through or waited on because of what the directory holds.
 from __future__ import annotations
 
 import json
+import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -160,3 +162,39 @@ def test_an_absurd_duration_in_an_earlier_results_json_never_stops_a_run(tmp_pat
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr
     assert "1 passed" in done.stdout, done.stdout
+
+
+def _can_mount_tmpfs() -> bool:
+    return (
+        shutil.which("unshare") is not None
+        and subprocess.run(["unshare", "-rm", "mount", "-t", "tmpfs", "tmpfs", "/mnt"], capture_output=True).returncode
+        == 0
+    )
+
+
+@pytest.mark.skipif(not _can_mount_tmpfs(), reason="needs `unshare -rm` to mount a small tmpfs")
+@pytest.mark.parametrize("disk", ["full", "read-only"])
+def test_merge_onto_a_full_or_read_only_disk_is_one_line_and_the_retry_works(tmp_path, shard_run, disk):
+    """--out on a 96 KiB tmpfs that a 200 KB checkpoint overflows, or on a read-only one: exit 2 and
+    one line, nothing left in --out; the same merge once the disk has room succeeds."""
+    project = _project_with_shard(tmp_path, shard_run)
+    big = project.root / "shard" / "a" / "torch-system" / "checkpoints" / "ws1" / "model.bin"
+    big.parent.mkdir(parents=True)
+    big.write_bytes(os.urandom(200_000))
+    disk_dir = project.root / "disk"
+    disk_dir.mkdir()
+    options = "size=96k" if disk == "full" else "size=1m,ro"
+    merge = f"{shlex.quote(sys.executable)} -m torchmatrix merge shard/a --out disk/merged --versions system"
+    script = f"mount -t tmpfs -o {options} tmpfs disk && {merge} 2> first.err; echo $? > first.code; "
+    script += f"ls -A disk > first.listing; mount -o remount,rw,size=4m disk && {merge} > /dev/null 2> second.err; echo $? > second.code"
+    subprocess.run(["unshare", "-rm", "sh", "-c", script], cwd=project.root, env=checkout_env(), timeout=300)
+    first = (project.root / "first.err").read_text()
+    assert (project.root / "first.code").read_text().strip() == "2", first
+    assert len(first.strip().splitlines()) == 1 and "Traceback" not in first, first
+    reason = "No space left on device" if disk == "full" else "Read-only file system"
+    assert first.startswith(f"torchmatrix: error: cannot write the merged run to {disk_dir / 'merged'} ({reason}"), (
+        first
+    )
+    assert "nothing was left there" in first
+    assert (project.root / "first.listing").read_text().split() == []
+    assert (project.root / "second.code").read_text().strip() == "0", (project.root / "second.err").read_text()

@@ -7,9 +7,10 @@ arrived shows up as errored cells that say so, never as silence.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -82,6 +83,26 @@ def find_version_reports(inputs: Sequence[Path]) -> list[VersionReport]:
                 except PlanFileError as error:
                     raise MergeError(str(error)) from None
     return found
+
+
+@contextlib.contextmanager
+def removed_unless_whole(out: Path) -> Iterator[None]:
+    """Remove what the block added to `out` (and `out` itself with the parents it made) when the block
+    raises, so a merge a full or read-only disk stopped leaves nothing a retry refuses as an earlier report."""
+    made = next((path for path in reversed([out, *out.parents]) if not path.exists()), None)
+    before = set(out.iterdir()) if made is None and out.is_dir() else set()
+    try:
+        yield
+    except BaseException:
+        if made is not None:
+            shutil.rmtree(made, ignore_errors=True)
+        elif out.is_dir():
+            for path in set(out.iterdir()) - before:
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.unlink(missing_ok=True)
+        raise
 
 
 def merge_reports(
@@ -209,14 +230,11 @@ def _refuse_foreign_cross_version(version_dir: Path) -> None:
 def _copy_cross_version(version_dir: Path, out: Path) -> None:
     """Carry what the cross_version suite wrote (checkpoints) and read (reads/*.xml) into the merged
     version, so its report has both directions and a later `cross-read` of the merge finds the writes."""
-    if (version_dir / CHECKPOINTS_DIR).is_dir():
-        shutil.copytree(
-            version_dir / CHECKPOINTS_DIR,
-            out / CHECKPOINTS_DIR,
-            symlinks=True,
-            dirs_exist_ok=True,
-            copy_function=file_writes.copy_file,
-        )
+    for directory, _, files in os.walk(version_dir / CHECKPOINTS_DIR):
+        target = out / CHECKPOINTS_DIR / Path(directory).relative_to(version_dir / CHECKPOINTS_DIR)
+        target.mkdir(parents=True, exist_ok=True)
+        for name in sorted(files):  # each a regular file: _refuse_foreign_cross_version checked the tree
+            file_writes.copy_file(Path(directory) / name, target / name)
     for path in sorted((version_dir / READS_DIR).glob("*.xml")):
         (out / READS_DIR).mkdir(exist_ok=True)
         file_writes.copy_file(path, out / READS_DIR / path.name)
