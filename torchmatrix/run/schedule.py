@@ -23,6 +23,7 @@ from torchmatrix import file_writes
 from torchmatrix.matrix.plan import Group
 from torchmatrix.messages.events import EventReader
 from torchmatrix.messages.grant import Grant
+from torchmatrix.ranks.log_tail import last_lines
 from torchmatrix.run.interrupts import STOPPED
 from torchmatrix.run.leftover_processes import descendants
 from torchmatrix.run.outcomes import OutcomeBook
@@ -87,7 +88,7 @@ class GroupProcess:
 
     def log_tail(self) -> str:
         try:
-            lines = self.log.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+            lines = last_lines(self.log, LOG_TAIL_LINES)
         except OSError as error:  # a test removed the reports directory
             return f"(cannot read {self.log}: {error.strerror})"
         return f"last {len(lines)} lines of {self.log}:\n" + "\n".join(lines)
