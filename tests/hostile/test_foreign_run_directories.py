@@ -198,3 +198,23 @@ def test_merge_onto_a_full_or_read_only_disk_is_one_line_and_the_retry_works(tmp
     assert "nothing was left there" in first
     assert (project.root / "first.listing").read_text().split() == []
     assert (project.root / "second.code").read_text().strip() == "0", (project.root / "second.err").read_text()
+
+
+def test_merge_refuses_shards_of_one_version_on_different_builds_naming_both(tmp_path, shard_run):
+    """A `+cpu` shard and a `+cu126` shard on GPUs of one pin: one line naming both builds and devices."""
+    project = _project_with_shard(tmp_path, shard_run)
+    gpu_shard = project.root / "gpu-shard" / "torch-system"
+    gpu_shard.mkdir(parents=True)
+    plan = json.loads((project.root / "shard" / "a" / "torch-system" / "plan.json").read_text())
+    plan["environment"] = {"torch": "2.13.0+cu126", "git_version": "abc123", "cuda_version": "12.6"}
+    plan["environment"] |= {"gpu_count": 2, "gpu_name": "NVIDIA H100"}
+    plan["cells"], plan["cell_axes"] = [], []
+    (gpu_shard / "plan.json").write_text(json.dumps(plan))
+    cpu_build = json.loads((project.root / "shard" / "a" / "torch-system" / "plan.json").read_text())["environment"]
+    done = project.torchmatrix("merge", "shard/a", "gpu-shard", "--out", "merged", "--versions", "system")
+    assert done.returncode == 2, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+    assert "torch system was run on different builds or devices: " in done.stderr
+    assert f"torch {cpu_build['torch']} (git {cpu_build['git_version']}), cpu (ranks simulated" in done.stderr
+    assert "torch 2.13.0+cu126 (git abc123), cuda (2x NVIDIA H100, CUDA 12.6)" in done.stderr
+    assert not (project.root / "merged").exists()

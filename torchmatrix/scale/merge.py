@@ -130,6 +130,8 @@ def merge_reports(
     expected_versions += sorted({r.version for r in reports} - set(expected_versions))
     result = MergeResult(inputs=len(reports))
     mine = {version: [r for r in reports if r.version == version] for version in expected_versions}
+    for version in expected_versions:
+        _refuse_mixed_builds(version, mine[version])
     # Every input is checked and read before anything is written: a refused merge leaves --out as it was.
     sources = {version: _cell_sources(version, mine[version]) for version in expected_versions}
     for report in reports:
@@ -144,6 +146,28 @@ def merge_reports(
             result.missing[version] = missing
     junit.merge_run(out, matrix.baseline)
     return result
+
+
+def _refuse_mixed_builds(version: str, reports: list[VersionReport]) -> None:
+    """Refuse shards of one version run on different torch builds or devices: the merged version
+    names one build and device for all its cells, so a regression could not be told from a build change."""
+    seen: dict[tuple[str, str, str], VersionReport] = {}
+    for report in reports:
+        environment = Environment.from_json(report.plan.environment) if report.plan.environment else None
+        if environment is None or environment.no_torch:
+            continue  # a shard whose torch did not install ran no cell here
+        seen.setdefault((environment.torch, environment.git_version, environment.description), report)
+    if len(seen) > 1:
+        (first, a), (second, b) = list(seen.items())[:2]
+        raise MergeError(
+            f"torch {version} was run on different builds or devices: {a.path} on {_build(first)}, {b.path} on {_build(second)}; "
+            "merge each build's shards into its own --out (compare them with `compare`), or rerun the shards on one build"
+        )
+
+
+def _build(key: tuple[str, str, str]) -> str:
+    torch, git_version, device = key
+    return f"torch {torch} (git {git_version or 'unknown'}), {device}"
 
 
 def _cell_sources(version: str, reports: list[VersionReport]) -> dict[str, Path]:
