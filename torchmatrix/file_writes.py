@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,15 +21,15 @@ FILE_MODE = 0o644
 
 
 @contextlib.contextmanager
-def replacing(path: Path) -> Iterator[Path]:
+def replacing(path: Path, mode: int = FILE_MODE) -> Iterator[Path]:
     """A fresh temporary path beside `path` for a writer that wants a file name; renamed over `path`
-    when the block ends, removed when it raises (the file it replaces stays whole)."""
+    with `mode` when the block ends, removed when it raises (the file it replaces stays whole)."""
     path = Path(path)
     fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
     os.close(fd)
     try:
         yield Path(temporary)
-        os.chmod(temporary, FILE_MODE)
+        os.chmod(temporary, mode)
         os.replace(temporary, path)
     except BaseException:  # a full disk, or Ctrl-C: nothing half-written stays
         Path(temporary).unlink(missing_ok=True)
@@ -48,9 +49,9 @@ def write_text(path: Path, text: str) -> Path:
 
 
 def copy_file(source: Path, path: Path) -> Path:
-    """Copy `source` (never followed if a symlink) as the whole of `path` by temp file + rename; also
-    `shutil.copytree`'s `copy_function`."""
-    with replacing(Path(path)) as temporary:
+    """Copy `source` (never followed if a symlink) as the whole of `path` by temp file + rename, with
+    its permission bits (a 0600 file stays private); also `shutil.copytree`'s `copy_function`."""
+    with replacing(Path(path), stat.S_IMODE(os.lstat(source).st_mode)) as temporary:
         shutil.copyfile(source, temporary, follow_symlinks=False)
     return Path(path)
 

@@ -93,6 +93,19 @@ def kill_self_on_rank(bad_rank, signum):
     return "survivor"
 
 
+def print_then_kill_self_on_rank(bad_rank, megabytes):
+    """Rank `bad_rank` prints `megabytes` of output, then a last line, then SIGKILLs itself."""
+    import torch.distributed as dist
+
+    if dist.get_rank() == bad_rank:
+        chunk = b"x" * 1023 + b"\n"
+        for _ in range(megabytes * 1024):
+            os.write(1, chunk)
+        os.write(1, b"THE LAST LINE\n")
+        os.kill(os.getpid(), signal.SIGKILL)
+    return "survivor"
+
+
 def unpicklable_result():
     return lambda: None
 

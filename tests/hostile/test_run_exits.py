@@ -443,3 +443,68 @@ def test_a_test_that_exits_or_interrupts_pytest_as_the_last_of_its_cell_is_an_er
     }
     assert "Exit: leaving early stopped the pytest session" in (version_dir / "ws1-exit.xml").read_text()
     assert "KeyboardInterrupt stopped the pytest session" in (version_dir / "ws2-interrupt.xml").read_text()
+
+
+BLOCKS_AT_IMPORT_SUITE = """
+import threading
+
+threading.Event().wait()  # blocks_the_import_forever
+
+
+def test_never_reached(cell):
+    pass
+"""
+
+LEAVES_A_THREAD_SUITE = """
+import threading
+import time
+
+
+def _keeps_the_process_alive():
+    while True:
+        time.sleep(0.1)
+
+
+def test_leaves_a_thread(cell):
+    threading.Thread(target=_keeps_the_process_alive).start()
+"""
+
+
+def _errors(version_dir: Path) -> dict[str, str]:
+    """Test name -> error message and text, over every cell report of the version."""
+    from junitparser import Error, JUnitXml
+
+    from torchmatrix.reports.junit import test_of_testcase
+
+    return {
+        test_of_testcase(case.name): f"{case.result[0].message or ''}\n{case.result[0].text or ''}"
+        for report in sorted(version_dir.glob("*.xml"))
+        for suite in JUnitXml.fromfile(str(report))
+        for case in suite
+        if case.result and isinstance(case.result[0], Error)
+    }
+
+
+@pytest.mark.parametrize(
+    "suite, says, held_by",
+    [
+        (BLOCKS_AT_IMPORT_SUITE, "the pytest process had not collected its tests", "test_held.py"),
+        (LEAVES_A_THREAD_SUITE, "the pytest process did not exit 30s after its last test", "_keeps_the_process_alive"),
+    ],
+    ids=["blocks-at-import", "leaves-a-thread"],
+)
+def test_a_pytest_process_that_does_not_collect_or_exit_is_killed_with_its_stacks(tmp_path, suite, says, held_by):
+    """A 2 s deadline per test: the run ends (the suite's deadline plus 60 s to collect, 30 s to exit
+    after the last test), and the cell errors with the reason and the stack of what held the process."""
+    project = Project(tmp_path / "project")
+    project.write("matrix.toml", matrix_toml(axes={"world_size": [1]}, suites={"held": {"timeout": 2}}))
+    project.write("suites/test_held.py", suite)
+    started = time.monotonic()
+    done = project.torchmatrix("run", "--torch", "system", "--run-id", "r", "--confirm-limit", "0", timeout=300)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert time.monotonic() - started < 150
+    errors = _errors(project.root / "reports" / "r" / "torch-system")
+    assert len(errors) == 1, errors
+    (text,) = errors.values()
+    assert says in text, text
+    assert "Python stacks of the pytest process:" in text and held_by in text.split("Python stacks")[1], text

@@ -6,10 +6,13 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import tomllib
 
 from torchmatrix.matrix.builtin_suites import BUILTIN_SUITES, options_markdown
 from torchmatrix.matrix.config import ConfigError, load_matrix
-from torchmatrix.matrix.suite_options import GradCkptOptions, OptionError, ResumeOptions, field_docs
+from torchmatrix.matrix.suite_options import GradCkptOptions, OptionError, ResumeOptions, SuiteOptions, field_docs
+
+from helpers.projects import Project
 
 MATRIX = """
 [torch]
@@ -87,3 +90,56 @@ def test_every_field_has_a_docstring_and_the_reference_lists_it():
         assert set(docs) == {field.name for field in dataclasses.fields(suite.options)}, name
         assert f"[suites.{name}.options]" in reference
     assert "| `resume_step` | `4` | The step the second run saves at" in reference
+
+
+USER_SUITE = """
+from dataclasses import dataclass
+
+from torchmatrix.testing import SuiteOptions
+
+
+@dataclass(frozen=True)
+class MineOptions(SuiteOptions):
+    strict: bool = False
+    sizes: tuple[int, ...] = ()
+    scales: tuple[float, ...] = ()
+    name: str | None = None
+
+
+OPTIONS = MineOptions
+
+
+def test_reads_its_options(cell, suite_options):
+    assert suite_options == MineOptions(strict=True, sizes=(1, 2, 3), scales=(0.5, 2.0), name="x")
+    assert type(suite_options.scales[1]) is float
+"""
+
+
+def test_a_user_suites_options_take_booleans_and_tuples_of_numbers(tmp_path):
+    """The OPTIONS dataclass of docs/how-to/write-a-suite.md with a bool and tuple[int, ...] field: a real run passes."""
+    project = Project(tmp_path / "project")
+    project.write("suites/test_mine.py", USER_SUITE)
+    options = 'strict = true\nsizes = [1, 2, 3]\nscales = [0.5, 2]\nname = "x"'
+    project.write("matrix.toml", MATRIX.format(suite="mine", path='path = "suites/test_mine.py"', options=options))
+    done = project.torchmatrix("run", "--torch", "system", "--run-id", "r")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr
+
+
+@pytest.mark.parametrize(
+    "value, says",
+    [
+        ("1", "1 is not true or false"),
+        ("[1, true]", "[1, True] is not a list of integers"),
+        ("[1.5]", "a list of integers"),
+    ],
+)
+def test_a_wrong_value_for_a_bool_or_integer_tuple_names_the_type(value, says):
+    @dataclasses.dataclass(frozen=True)
+    class Options(SuiteOptions):
+        strict: bool = False
+        sizes: tuple[int, ...] = ()
+
+    key = "strict" if value == "1" else "sizes"
+    with pytest.raises(OptionError) as raised:
+        Options.from_table({key: tomllib.loads(f"v = {value}")["v"]})
+    assert says in str(raised.value)

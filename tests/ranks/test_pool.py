@@ -129,6 +129,24 @@ def test_a_dead_rank_fails_with_its_signal_and_the_pool_is_rebuilt(pool, signum,
     assert len(pool.run(rf.identity, (), deadline=soon())) == 2
 
 
+def _bytes_read_by_this_process() -> int:
+    return int(
+        next(line for line in Path("/proc/self/io").read_text().splitlines() if line.startswith("rchar:")).split()[1]
+    )
+
+
+def test_a_dead_ranks_last_lines_are_read_from_the_end_of_its_log(pool):
+    """30 MB of output before the rank died: its last lines are quoted, and far less than its log is read."""
+    before = _bytes_read_by_this_process()
+    with pytest.raises(RankFailure) as raised:
+        pool.run(rf.print_then_kill_self_on_rank, (1, 30), deadline=soon(60))
+    read = _bytes_read_by_this_process() - before
+    text = str(raised.value)
+    assert "rank 1 died with signal SIGKILL" in text
+    assert text.rstrip().endswith("THE LAST LINE")
+    assert read < 2 * 1024 * 1024, f"read {read} bytes to quote a 30 MB log's last lines"
+
+
 def test_unpicklable_function_or_result_is_explained(pool):
     with pytest.raises(RankFailure, match="module-level function"):
         pool.run(lambda: None, (), deadline=soon())

@@ -176,3 +176,38 @@ def test_a_fork_ends_with_its_commands_exit_code_and_is_made_only_where_it_would
     }, result
     assert "file or directory not found: no_such_test_file.py" in (tmp_path / "a.log").read_text()
     assert (tmp_path / "c.log").read_text().startswith("said\n")
+
+
+DRAWS_HERE = """
+import json, os, sys
+from pathlib import Path
+
+from torchmatrix.run.leftover_processes import adopt_orphans
+from torchmatrix.run.preloaded_forks import PreloadedForks, run_to_end
+
+here = Path(sys.argv[1])
+draw = "import json, random, numpy; forked = 'serve()' in open('/proc/self/cmdline').read(); print(json.dumps([numpy.random.random(), random.random(), forked]))"
+adopt_orphans()
+forks = PreloadedForks(here / "forks.log")
+try:
+    for name in ("a", "b"):
+        command = [sys.executable, "-c", draw]
+        log = here / f"{name}.log"
+        code = run_to_end(command, cwd=here, env=dict(os.environ), log=log, errors=log, timeout=120, forks=forks)
+        assert code == 0, log.read_text()
+finally:
+    forks.close()
+"""
+
+
+def test_two_forks_draw_different_random_numbers_as_two_started_processes_would(tmp_path):
+    """numpy's global generator (which the preload's torch import seeds) and Python's `random` are
+    seeded anew in each fork: a failure that depends on a random draw can pass when re-run alone."""
+    done = subprocess.run(
+        [sys.executable, "-c", DRAWS_HERE, str(tmp_path)], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    first, second = (json.loads((tmp_path / f"{name}.log").read_text()) for name in ("a", "b"))
+    assert first[2] and second[2], "both were forks of the preloaded interpreter"
+    assert first[0] != second[0], "numpy's global generator"
+    assert first[1] != second[1], "Python's random"

@@ -3,6 +3,8 @@ an interrupt leaves in the book."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from torchmatrix.matrix.cells import Cell
@@ -77,6 +79,7 @@ class StoppedProcess:
         self.unread = events
         self.proc = self
         self.killed = False
+        self.started_at, self.finished_at = time.monotonic(), None
 
     def open(self, grant, slots):
         pass

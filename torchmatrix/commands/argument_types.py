@@ -9,6 +9,7 @@ from pathlib import Path
 
 from torchmatrix.matrix.selection import SelectionError
 from torchmatrix.matrix.suite_selection import split_test
+from torchmatrix.matrix.torch_versions import is_torch_version, nearest_spelling
 
 
 def non_negative(text: str) -> int:
@@ -57,6 +58,16 @@ def progress_part(text: str) -> tuple[int, int]:
     if not match or not 1 <= int(match[1]) <= int(match[2]):
         raise argparse.ArgumentTypeError(f"{text!r}: write it as K/N with 1 <= K <= N, e.g. 2/3")
     return int(match[1]), int(match[2])
+
+
+def torch_version(text: str) -> str:
+    """A torch version as matrix.toml spells one ("system" or PEP 440), since it names the run's
+    `torch-<V>` directory: `/../../DIR` would put the run outside reports/."""
+    if not is_torch_version(text):
+        nearest = nearest_spelling(text)
+        hint = f"did you mean {nearest!r}?" if nearest else "pass a release such as 2.13.0, or 'system'"
+        raise argparse.ArgumentTypeError(f"{text!r} is not a torch version pip can install; {hint}")
+    return text
 
 
 def interpreter(text: str) -> tuple[str, str]:

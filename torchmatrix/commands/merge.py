@@ -6,13 +6,15 @@ import argparse
 import sys
 from pathlib import Path
 
+from torchmatrix.commands.paths import write_failure
 from torchmatrix.commands.report import report_run
 from torchmatrix.commands.selection_flags import add_selection_flags, cell_selection
 from torchmatrix.exit_codes import ExitCode
 from torchmatrix.matrix.config import load_matrix
 from torchmatrix.matrix.safe_names import check_name
 from torchmatrix.reports import junit
-from torchmatrix.scale.merge import merge_reports
+from torchmatrix.run.runner import RunError
+from torchmatrix.scale.merge import MergeError, merge_reports, removed_unless_whole
 
 NAME = "merge"
 SHARD_REFUSAL = "merge: pass the filters the jobs shared (--only, -k), not --shard"
@@ -40,7 +42,19 @@ def run(args: argparse.Namespace) -> ExitCode:
     )
     out = args.out.resolve()
     expected = matrix.select(cell_selection(args, matrix, shard_refusal=SHARD_REFUSAL))
-    result = merge_reports([path.resolve() for path in args.inputs], out, matrix, expected=expected, versions=versions)
+    inputs = [path.resolve() for path in args.inputs]
+    try:
+        with removed_unless_whole(out):
+            _merge_and_report(inputs, out, matrix, expected, versions)
+    except OSError as error:
+        raise MergeError(_unwritable(out, write_failure(error))) from None
+    except RunError as error:  # the reports of the merged run could not be written
+        raise MergeError(_unwritable(out, str(error))) from None
+    return ExitCode.FAILED if junit.has_problems(out / junit.MERGED_NAME) else ExitCode.PASSED
+
+
+def _merge_and_report(inputs: list[Path], out: Path, matrix, expected, versions: list[str] | None) -> None:
+    result = merge_reports(inputs, out, matrix, expected=expected, versions=versions)
     for version, missing in result.missing.items():
         print(
             f"torchmatrix: torch {version}: {len(missing)} planned cells had no report: {', '.join(missing)}",
@@ -49,4 +63,8 @@ def run(args: argparse.Namespace) -> ExitCode:
     cells = ", ".join(f"torch {v}: {n} cells" for v, n in result.cells.items())
     print(f"torchmatrix: merged {result.inputs} report directories into {out} ({cells})")
     report_run(out)
-    return ExitCode.FAILED if junit.has_problems(out / junit.MERGED_NAME) else ExitCode.PASSED
+
+
+def _unwritable(out: Path, reason: str) -> str:
+    """The one line of a merge a full or read-only disk stopped, whose partial output is gone."""
+    return f"cannot write the merged run to {out} ({reason}); nothing was left there: make room or pass another --out, then merge again"

@@ -31,7 +31,11 @@ def add_parser(commands) -> argparse.ArgumentParser:
         default=None,
         help="for a cross_version read: the interpreter of the torch that wrote the checkpoint (default: its gpu_matrix venv in .nox)",
     )
-    parser.add_argument("--config", default=None, help="the run's matrix file (default: the one its plan.json names)")
+    parser.add_argument(
+        "--config",
+        default=None,
+        help="the run's matrix file on this machine (default: matrix.toml here; the path its plan.json records is never used)",
+    )
     return parser
 
 

@@ -12,6 +12,7 @@ from torchmatrix.commands.argument_types import (
     progress_part,
     seconds_or_unknown,
     suite_test,
+    torch_version,
 )
 from torchmatrix.commands.paths import reports_directory
 from torchmatrix.commands.selection_flags import add_selection_flags, cell_selection
@@ -36,6 +37,7 @@ def add_parser(commands) -> argparse.ArgumentParser:
     parser.add_argument(
         "--torch",
         required=True,
+        type=torch_version,
         metavar="VERSION",
         help="a version from matrix.toml, or 'system' for the torch installed here",
     )
@@ -86,6 +88,7 @@ def add_parser(commands) -> argparse.ArgumentParser:
         "--peer",
         dest="peers",
         action="append",
+        type=torch_version,
         default=None,
         metavar="VERSION",
         help="pair cross_version with this torch release instead of matrix.toml's versions (repeatable; bisect passes it): "

@@ -240,24 +240,63 @@ def toml_value(value: Any) -> str:
     return repr(value)
 
 
+SCALARS = {bool: "true or false", int: "an integer", float: "a number", str: "a string", dict: "a table"}
+"""The field types an options table fills, as the error names them; also `X | None` and `tuple[X, ...]` of each."""
+
+
 def _typed(key: str, value: Any, hint: Any) -> Any:
     """`value` as the field's type (a list as a tuple, an int as a float), or an OptionError."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin in (typing.Union, types.UnionType) and type(None) in args:
-        (hint,) = [arg for arg in args if arg is not type(None)]
-        origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if hint is int and isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if hint is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    if hint is str and isinstance(value, str):
-        return value
-    if hint is dict and isinstance(value, dict):
-        return value
-    if origin is tuple and isinstance(value, list) and all(isinstance(item, str) for item in value):
-        return tuple(value)
-    expected = {int: "an integer", float: "a number", str: "a string", dict: "a table"}.get(hint, "a list of strings")
+    hint = _without_none(hint)
+    if _fits(value, hint):
+        return _converted(value, hint)
+    expected = _described(hint)
     raise OptionError(key, f"{value!r} is not {expected}", f"write {expected}")
+
+
+def _without_none(hint: Any) -> Any:
+    """`X` of `X | None` (a None default is never read from TOML, which has no null)."""
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in args:
+        (hint,) = [arg for arg in args if arg is not type(None)]
+    return hint
+
+
+def _item_type(hint: Any) -> Any | None:
+    """X of `tuple[X, ...]`, else None."""
+    args = typing.get_args(hint)
+    return args[0] if typing.get_origin(hint) is tuple and len(args) == 2 and args[1] is Ellipsis else None
+
+
+def _fits(value: Any, hint: Any) -> bool:
+    """Whether a TOML value can fill a field of type `hint` (a bool is no number, an int is a float)."""
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint in (str, dict):
+        return isinstance(value, hint)
+    item = _item_type(hint)
+    return item is not None and isinstance(value, list) and all(_fits(entry, item) for entry in value)
+
+
+def _converted(value: Any, hint: Any) -> Any:
+    if hint is float:
+        return float(value)
+    item = _item_type(hint)
+    return tuple(_converted(entry, item) for entry in value) if item is not None else value
+
+
+def _described(hint: Any) -> str:
+    """What a field of type `hint` takes, in words ("a list of integers")."""
+    if hint in SCALARS:
+        return SCALARS[hint]
+    item = _item_type(hint)
+    if item in SCALARS and item is not dict:
+        plural = {bool: "booleans", int: "integers", float: "numbers", str: "strings"}[item]
+        return f"a list of {plural}"
+    return f"a value of type {getattr(hint, '__name__', hint)} (options take bool, int, float, str, a table, or tuple[X, ...] of one)"
 
 
 def _one_of(key: str, value: str, allowed: tuple[str, ...]) -> None:

@@ -135,6 +135,12 @@ def from_json(data: dict) -> Event:
     return event
 
 
+def stacks_path(events: str | Path) -> Path:
+    """Where a pytest process writes every thread's Python stack when the runner sends it SIGUSR1
+    (beside its event log): what held a process that did not collect or did not exit in time."""
+    return Path(f"{events}.stacks")
+
+
 class EventLog:
     """Appends events to a file, flushed per line so a reader never sees half a record."""
 

@@ -12,6 +12,7 @@ import socket
 import time
 from pathlib import Path
 
+from torchmatrix.messages.run_tree import open_regular
 from torchmatrix.user_error import UserError
 
 LOCK_NAME = ".run.lock"
@@ -24,7 +25,7 @@ class RunBusy(UserError):
 def lock_version_directory(version_dir: Path) -> int:
     """Take the version directory's lock; return its file descriptor, held until this process exits."""
     version_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(version_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    fd = open_regular(version_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -37,9 +38,10 @@ def lock_version_directory(version_dir: Path) -> int:
 
 
 def running_holder(version_dir: Path) -> str | None:
-    """Who is running in `version_dir` now (its lock is held), or None."""
+    """Who is running in `version_dir` now (its lock is held), or None; ForeignEntry where the lock's
+    name holds a pipe, which no runner made."""
     try:
-        fd = os.open(version_dir / LOCK_NAME, os.O_RDONLY)
+        fd = open_regular(version_dir / LOCK_NAME)
     except OSError:
         return None
     try:

@@ -15,6 +15,8 @@ from pathlib import Path
 from torchmatrix import file_writes
 from torchmatrix.json_records import JsonRecord, json_field
 from torchmatrix.matrix.safe_names import UnsafeName, check_name
+from torchmatrix.messages import run_tree
+from torchmatrix.messages.run_tree import ForeignEntry
 from torchmatrix.user_error import UserError
 
 FILE_NAME = "plan.json"
@@ -79,7 +81,9 @@ class PlanFileError(UserError, ValueError):
 def read_plan(path: Path) -> RunPlan:
     """The plan in `path` (a `torch-<V>/plan.json`), checked; raise PlanFileError naming what is wrong."""
     try:
-        plan = json.loads(path.read_text(encoding="utf-8"))
+        plan = json.loads(run_tree.read_text(path))
+    except ForeignEntry as error:
+        raise PlanFileError(str(error)) from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise PlanFileError(
             f"{path}: not a readable plan ({error}); delete that torch-* directory or rerun it"

@@ -5,8 +5,20 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
+import sys
 import traceback
 from collections.abc import Callable
+
+
+def reseed_global_generators() -> None:
+    """Seed Python's `random` and numpy's global generator from the OS, as a started process's are:
+    every fork of one interpreter would otherwise draw the same numbers, so a failure that hangs on
+    a random draw would read as 'fails alone' in every re-run."""
+    random.seed()
+    numpy_random = sys.modules.get("numpy.random")  # not imported yet: the child's import seeds it
+    if numpy_random is not None:
+        numpy_random.seed()
 
 
 def close_files_except(keep: set[int]) -> None:

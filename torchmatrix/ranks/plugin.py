@@ -7,12 +7,14 @@ pool, and streams each result to the event log the runner turns into JUnit.
 
 from __future__ import annotations
 
+import faulthandler
 import fnmatch
 import functools
 import importlib
 import json
 import os
 import shutil
+import signal
 import time
 import warnings
 from collections import Counter
@@ -21,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from torchmatrix import file_writes
 from torchmatrix.components.calling import accepts
 from torchmatrix.components.compile_axis import DEFAULT_BACKEND, compile_backends
 from torchmatrix.components.loading import load
@@ -44,6 +47,7 @@ from torchmatrix.messages.events import (
     PoolStarted,
     TestFinished,
     TestStarted,
+    stacks_path,
 )
 from torchmatrix.messages.grant import Grant
 from torchmatrix.messages.group_plan import GroupPlan
@@ -128,6 +132,9 @@ class CellPlan:
         self.pool: RankGroup | None = None
         self.worlds: dict[int, RankGroup] = {}
         rank = launched_rank() if plan.launched else 0
+        if rank == 0:  # what held this process, should it not collect or not exit in time (run/schedule.py)
+            self._stacks = file_writes.open_stream(stacks_path(plan.events))  # faulthandler writes to its fd
+            faulthandler.register(signal.SIGUSR1, file=self._stacks, all_threads=True)
         self.compile_caches = compile_cache_root(plan, rootpath)
         self._stamped: set[str] = set()
         if not plan.launched:

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from torchmatrix import file_writes
 from torchmatrix.ranks import worker, zygote
+from torchmatrix.ranks.log_tail import last_lines
 from torchmatrix.ranks.per_test_usage import cpu_seconds_of
 
 START_TIMEOUT_S = 300.0
@@ -306,7 +307,7 @@ class RankPool:
             if rank in stack_ranks:
                 dump = self._stacks(rank).read_text(errors="replace").strip() or "(no stack: the process had exited)"
                 sections.append(f"---- rank {rank} Python stacks ----\n{dump}")
-            tail = self._log(rank).read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+            tail = last_lines(self._log(rank), LOG_TAIL_LINES)
             if tail:
                 sections.append(f"---- rank {rank} output (last {len(tail)} lines) ----\n" + "\n".join(tail))
         return "\n".join(sections)

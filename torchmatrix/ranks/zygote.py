@@ -123,6 +123,7 @@ def _run_as_fresh_interpreter(command: str, passfds) -> None:
 def _exec_as_fresh_interpreter(command: str, passfds) -> None:
     gc.freeze()  # the parent's objects are never finalized here, so no stale descriptor is closed twice
     faulthandler.disable()
+    faulthandler.unregister(signal.SIGUSR1)  # the pytest process's stack dump (its ranks register their own)
     for signum in signal.valid_signals():
         with contextlib.suppress(OSError, ValueError):
             if callable(signal.getsignal(signum)):

@@ -133,6 +133,12 @@ def _run(role, python, directory):
     return done.returncode, version, lines[-1] if lines else ""
 
 
+def _is_torch(ran, named):
+    """Whether `ran` (a torch.__version__, `2.15.0+cu132`) is the torch `named`: the same release, and
+    the same build where `named` has a local label (`2.15.0+cpu` is not `2.15.0+cu132`)."""
+    return ran == named if "+" in named else ran.split("+", 1)[0] == named
+
+
 def main():
     if len(sys.argv) == 3 and sys.argv[1] in ("write", "read"):
         side(sys.argv[1], sys.argv[2])
@@ -151,7 +157,7 @@ def main():
     finally:
         shutil.rmtree(directory, ignore_errors=True)
     what = f"a checkpoint written by torch {written_by}, loaded by torch {read_by}"
-    if (written_by, read_by) != (FAILURE["writer"], FAILURE["reader"]):
+    if not (_is_torch(written_by, FAILURE["writer"]) and _is_torch(read_by, FAILURE["reader"])):
         print(f"\nnote: the failure was torch {FAILURE['writer']} writing and torch {FAILURE['reader']} reading")
     if code == 0:
         print(f"\n{what}: passed")

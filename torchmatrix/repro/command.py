@@ -64,7 +64,7 @@ def write_reproducer(
     check_output(out, set(REPRO_FILES))
     pair = cross_version.pair_of(record)
     if pair:
-        root = Path(results.matrix_path).parent if results.matrix_path else Path.cwd()
+        root = Path(config).resolve().parent if config else Path.cwd()
         reproducer = Reproducer(out, "", cross_version.NEEDS)
         files = _cross_version_files(results, record, info, reproducer, root, python, writer_python, pair[0])
     else:
@@ -79,7 +79,7 @@ def write_reproducer(
 
 def _suite_files(results, record, info, reproducer, run_dir, python, config) -> dict[str, str]:
     """repro.py running the suite's test under pytest with everything it imports from the project inlined."""
-    matrix = load_matrix(config or results.matrix_path or "matrix.toml")
+    matrix = load_matrix(config or "matrix.toml")  # never the path plan.json records: the run may come from elsewhere
     cell = next((c for c in matrix.cells() if c.id == record.run_cell), None)
     if cell is None or record.suite not in matrix.suites:
         raise ReproError(

@@ -38,6 +38,8 @@ costs their mean."""
 STARTUP_S = 12.0
 """A runner's start to its first finished cell beyond that cell's work (the CLI, the component check,
 pytest processes importing torch and collecting) on an idle machine, until this runner's is observed."""
+MAX_TEST_S = 7 * 24 * 3600.0
+"""The longest duration of one test an earlier results.json may claim; longer (or infinite) ones are passed over."""
 READ_CELL_S = 1.0
 """Slot-seconds of one cell's reads of the other versions' cross_version checkpoints, idle."""
 REPORT_S = 10.0
@@ -89,10 +91,22 @@ def _suite_run_seconds(path: Path) -> dict[tuple[str, str, str], float]:
     for record in tests if isinstance(tests, list) else []:
         if not isinstance(record, dict) or record.get("ran_in") not in (None, record.get("cell")):
             continue
-        duration = record.get("duration")
-        if isinstance(duration, (int, float)) and not isinstance(duration, bool):
+        duration = _plausible_seconds(record.get("duration"))
+        if duration is not None:
             seconds[str(record.get("torch")), str(record.get("cell")), str(record.get("suite"))] += duration
     return dict(seconds)
+
+
+def _plausible_seconds(value: object) -> float | None:
+    """`value` as a test's duration in seconds, or None for what no test took (not a number,
+    negative, infinite, NaN, a 400-digit integer, over MAX_TEST_S), which would stop the estimate."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        seconds = float(value)
+    except OverflowError:
+        return None
+    return seconds if 0 <= seconds <= MAX_TEST_S else None
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ not install) is filled in with an error or skip that says why, so no planned cel
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from torchmatrix.matrix.cells import Cell
 from torchmatrix.matrix.plan import SuiteRun
@@ -88,6 +89,13 @@ class OutcomeBook:
             if not self.is_done(key):
                 self.fail_run(key, Status.ERROR, message, text)
             self.closed.add(key)
+
+    def fail_last_tests(self, keys: Sequence[str], message: str, text: str) -> None:
+        """A process that reported every test but did not exit: the last test of each of its runs
+        errors with the reason, unless it already failed (its failure stays the verdict)."""
+        for key in keys:
+            if self.tests[key] and not self.tests[key][-1].status.is_failing:
+                self.tests[key][-1] = replace(self.tests[key][-1], status=Status.ERROR, message=message, text=text)
 
     def is_done(self, key: str) -> bool:
         if key in self.closed:

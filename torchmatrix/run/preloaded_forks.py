@@ -12,6 +12,7 @@ A process is forked only where that is the same as starting it: `python -m MODUL
 `python -c CODE ARGS`, on Linux with the runner a child subreaper, in the interpreter's own
 environment and directory, while the interpreter runs no other thread and has not initialized CUDA
 (it never calls into it). Anything else, and a launcher's processes (torchrun, srun), starts as before.
+Each fork seeds Python's `random` and numpy's global generator anew, as a started process would.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from pathlib import Path
 
 from torchmatrix import file_writes
 from torchmatrix.ranks import zygote
-from torchmatrix.ranks.fresh_fork import close_files_except, run_then_leave
+from torchmatrix.ranks.fresh_fork import close_files_except, reseed_global_generators, run_then_leave
 from torchmatrix.run.leftover_processes import adopts_orphans
 
 SERVE = "from torchmatrix.run.preloaded_forks import serve; serve()"
@@ -236,6 +237,7 @@ def _run_as_started(request: dict) -> None:
 
 def _command_into_log(request: dict) -> None:
     os.setsid()
+    reseed_global_generators()
     for fd, path in ((1, request["log"]), (2, request["errors"])):
         os.dup2(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW), fd)
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)

@@ -34,10 +34,11 @@ from torchmatrix.matrix.safe_names import UnsafeName, check_name
 from torchmatrix.matrix.selection import EVERY_CELL, CellSelection
 from torchmatrix.matrix.suite_selection import SuiteSelection
 from torchmatrix.messages.compile_store import CompileStore, matrix_digest
-from torchmatrix.messages.cross_version import reads_dir
+from torchmatrix.messages.cross_version import CHECKPOINTS_DIR, reads_dir
 from torchmatrix.messages.group_plan import GroupPlan, SuiteSpec
 from torchmatrix.messages.run_lock import LOCK_NAME, RunBusy, lock_version_directory
 from torchmatrix.messages.run_plan import PlanFileError, PlannedSuite, RunPlan, read_plan, write_plan
+from torchmatrix.messages.run_tree import ForeignEntry, refuse_linked_folders
 from torchmatrix.ranks.output_cap import DEFAULT_CAP_BYTES
 from torchmatrix.ranks.parent_death import PARENT_PID_VARIABLE
 from torchmatrix.reports import junit
@@ -271,6 +272,10 @@ def _claim(request: RunRequest) -> int:
     """Lock the version directory against a second runner, refuse or clear an earlier run's files,
     and prove it writable; return the lock, held until the reports are written."""
     try:
+        refuse_linked_folders(request.run_dir, _folders_written(request))
+    except ForeignEntry as error:
+        raise RunError(str(error)) from None
+    try:
         lock = lock_version_directory(request.version_dir)
     except RunBusy as error:
         raise RunError(f"{error}; wait for it to finish, or pass another --run-id") from None
@@ -288,6 +293,14 @@ def _claim(request: RunRequest) -> int:
         os.close(lock)
         raise
     return lock
+
+
+def _folders_written(request: RunRequest) -> list[Path]:
+    """The run directory's folders this run clears, writes or (a read pass) reads checkpoints from."""
+    folders = [request.version_dir / "logs", request.run_dir / f"torch-{request.version}" / CHECKPOINTS_DIR]
+    if request.cross_version_reads:
+        folders += sorted(request.run_dir.glob(f"torch-*/{CHECKPOINTS_DIR}"))
+    return folders
 
 
 def _os_error(error: OSError) -> str:

@@ -21,8 +21,9 @@ from pathlib import Path
 
 from torchmatrix import file_writes
 from torchmatrix.matrix.plan import Group
-from torchmatrix.messages.events import EventReader
+from torchmatrix.messages.events import EventReader, stacks_path
 from torchmatrix.messages.grant import Grant
+from torchmatrix.ranks.log_tail import last_lines
 from torchmatrix.run.interrupts import STOPPED
 from torchmatrix.run.leftover_processes import descendants
 from torchmatrix.run.outcomes import OutcomeBook
@@ -30,6 +31,10 @@ from torchmatrix.run.preloaded_forks import ForkedProcess, PreloadedForks
 from torchmatrix.status import Status
 
 BACKSTOP_GRACE_S = 60.0
+EXIT_GRACE_S = 30.0
+"""How long a pytest process may take to exit once its last test reported (pool and zygote closed)."""
+STACK_WAIT_S = 1.0
+STACK_BYTES = 64 * 1024
 POLL_S = 0.2
 LOG_TAIL_LINES = 40
 FILLER_NICE = 19  # CPU groups beyond the cores run at the lowest priority, on cycles the others leave idle
@@ -47,6 +52,9 @@ class GroupProcess:
     gpus: list[int] = field(default_factory=list)
     cores: list[int] = field(default_factory=list)
     slots: int = 0
+    started_at: float = field(default_factory=time.monotonic)
+    finished_at: float | None = None
+    """When the book first had every test of the process's runs (it should exit soon after)."""
 
     @classmethod
     def start(
@@ -85,9 +93,21 @@ class GroupProcess:
                 pass
         self.proc.wait()
 
+    def stacks(self) -> str:
+        """Every thread's Python stack in the process now, dumped by faulthandler on SIGUSR1 (the
+        plugin registers it) into the file beside its event log; "" where it wrote none."""
+        path = stacks_path(self.events.path)
+        try:
+            file_writes.open_stream(path).close()  # truncated in place: the process writes to this inode
+            os.kill(self.proc.pid, signal.SIGUSR1)
+            time.sleep(STACK_WAIT_S)
+            return "\n".join(last_lines(path, 10_000, STACK_BYTES)).strip()
+        except OSError:
+            return ""
+
     def log_tail(self) -> str:
         try:
-            lines = self.log.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+            lines = last_lines(self.log, LOG_TAIL_LINES)
         except OSError as error:  # a test removed the reports directory
             return f"(cannot read {self.log}: {error.strerror})"
         return f"last {len(lines)} lines of {self.log}:\n" + "\n".join(lines)
@@ -214,10 +234,18 @@ class Scheduler:
             code = process.proc.poll()
             if code is None:
                 hung = self._hung_test(process, now) if process in self.active else None
-                if hung is None:
+                held = None if hung else self._held(process, now)
+                if hung is None and held is None:
                     continue
+                stacks = process.stacks() if held else ""
                 process.kill()
-                book.close_group(process.keys, hung, process.log_tail())
+                evidence = process.log_tail() + (f"\nPython stacks of the pytest process:\n{stacks}" if stacks else "")
+                if hung:
+                    book.close_group(process.keys, hung, process.log_tail())
+                elif process.finished_at is not None:
+                    book.fail_last_tests(process.keys, held, evidence)
+                else:
+                    book.close_group(process.keys, held, evidence)
             else:
                 self._read_events(process, now)
                 book.close_group(process.keys, f"{exit_reason(code)} before this suite reported", process.log_tail())
@@ -227,6 +255,24 @@ class Scheduler:
                 self.free_cores.extend(process.cores)
             else:
                 self.waiting.remove(process)
+
+    def _held(self, process: GroupProcess, now: float) -> str | None:
+        """Why a pytest process must be killed though no test runs: it has not collected its tests
+        within the longest deadline of its suites plus the grace a hung test gets (a suite that
+        blocks at import), or not exited EXIT_GRACE_S after its last test (a thread left running)."""
+        book = self._book(process)
+        collected = all(book.expected[key] is not None or key in book.closed for key in process.keys)
+        if not collected:
+            limit = max(book.runs[key].suite.timeout for key in process.keys) + BACKSTOP_GRACE_S
+            if now - process.started_at > limit:
+                return f"the pytest process had not collected its tests {now - process.started_at:.0f}s after it started (a suite that blocks at import?); it was killed"
+            return None
+        if not all(book.is_done(key) for key in process.keys) or any(key in book.running for key in process.keys):
+            return None
+        process.finished_at = process.finished_at or now
+        if now - process.finished_at > EXIT_GRACE_S:
+            return f"the pytest process did not exit {EXIT_GRACE_S:.0f}s after its last test (a thread a test left running?); it was killed"
+        return None
 
     def _hung_test(self, process: GroupProcess, now: float) -> str | None:
         """A test running past its deadline plus a grace: it hangs outside the rank pool's control."""

@@ -7,9 +7,10 @@ arrived shows up as errored cells that say so, never as silence.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,6 +24,12 @@ from torchmatrix.matrix.selection import CellSelection, SelectionError, Shard, s
 from torchmatrix.messages.cross_version import CHECKPOINTS_DIR, READS_DIR
 from torchmatrix.messages.run_plan import FILE_NAME as PLAN_FILE
 from torchmatrix.messages.run_plan import PlanFileError, RunPlan, read_plan, write_plan
+from torchmatrix.messages.run_tree import (
+    ForeignEntry,
+    refuse_foreign_entries,
+    refuse_foreign_file,
+    refuse_linked_folders,
+)
 from torchmatrix.reports import junit
 from torchmatrix.run.outcomes import OutcomeBook
 from torchmatrix.status import Status
@@ -78,6 +85,26 @@ def find_version_reports(inputs: Sequence[Path]) -> list[VersionReport]:
     return found
 
 
+@contextlib.contextmanager
+def removed_unless_whole(out: Path) -> Iterator[None]:
+    """Remove what the block added to `out` (and `out` itself with the parents it made) when the block
+    raises, so a merge a full or read-only disk stopped leaves nothing a retry refuses as an earlier report."""
+    made = next((path for path in reversed([out, *out.parents]) if not path.exists()), None)
+    before = set(out.iterdir()) if made is None and out.is_dir() else set()
+    try:
+        yield
+    except BaseException:
+        if made is not None:
+            shutil.rmtree(made, ignore_errors=True)
+        elif out.is_dir():
+            for path in set(out.iterdir()) - before:
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.unlink(missing_ok=True)
+        raise
+
+
 def merge_reports(
     inputs: Sequence[Path],
     out: Path,
@@ -103,8 +130,12 @@ def merge_reports(
     expected_versions += sorted({r.version for r in reports} - set(expected_versions))
     result = MergeResult(inputs=len(reports))
     mine = {version: [r for r in reports if r.version == version] for version in expected_versions}
+    for version in expected_versions:
+        _refuse_mixed_builds(version, mine[version])
     # Every input is checked and read before anything is written: a refused merge leaves --out as it was.
     sources = {version: _cell_sources(version, mine[version]) for version in expected_versions}
+    for report in reports:
+        _refuse_foreign_cross_version(report.path)
     known_tests = {version: _tests_per_suite(sources[version].values()) for version in expected_versions}
     for version in expected_versions:
         cells_written, missing = _merge_version(
@@ -115,6 +146,28 @@ def merge_reports(
             result.missing[version] = missing
     junit.merge_run(out, matrix.baseline)
     return result
+
+
+def _refuse_mixed_builds(version: str, reports: list[VersionReport]) -> None:
+    """Refuse shards of one version run on different torch builds or devices: the merged version
+    names one build and device for all its cells, so a regression could not be told from a build change."""
+    seen: dict[tuple[str, str, str], VersionReport] = {}
+    for report in reports:
+        environment = Environment.from_json(report.plan.environment) if report.plan.environment else None
+        if environment is None or environment.no_torch:
+            continue  # a shard whose torch did not install ran no cell here
+        seen.setdefault((environment.torch, environment.git_version, environment.description), report)
+    if len(seen) > 1:
+        (first, a), (second, b) = list(seen.items())[:2]
+        raise MergeError(
+            f"torch {version} was run on different builds or devices: {a.path} on {_build(first)}, {b.path} on {_build(second)}; "
+            "merge each build's shards into its own --out (compare them with `compare`), or rerun the shards on one build"
+        )
+
+
+def _build(key: tuple[str, str, str]) -> str:
+    torch, git_version, device = key
+    return f"torch {torch} (git {git_version or 'unknown'}), {device}"
 
 
 def _cell_sources(version: str, reports: list[VersionReport]) -> dict[str, Path]:
@@ -185,17 +238,27 @@ def _merge_version(
     return len(sources) + len(missing), [cell.id for cell in missing]
 
 
+def _refuse_foreign_cross_version(version_dir: Path) -> None:
+    """Refuse a shard whose checkpoints or reads hold a symlink or a pipe: copied, the link's target
+    (a key, another run) would become part of the merged report."""
+    try:
+        if (version_dir / CHECKPOINTS_DIR).exists() or (version_dir / CHECKPOINTS_DIR).is_symlink():
+            refuse_foreign_entries(version_dir / CHECKPOINTS_DIR)
+        refuse_linked_folders(version_dir, [version_dir / READS_DIR])
+        for path in sorted((version_dir / READS_DIR).glob("*.xml")):
+            refuse_foreign_file(path)
+    except ForeignEntry as error:
+        raise MergeError(str(error)) from None
+
+
 def _copy_cross_version(version_dir: Path, out: Path) -> None:
     """Carry what the cross_version suite wrote (checkpoints) and read (reads/*.xml) into the merged
     version, so its report has both directions and a later `cross-read` of the merge finds the writes."""
-    if (version_dir / CHECKPOINTS_DIR).is_dir():
-        shutil.copytree(
-            version_dir / CHECKPOINTS_DIR,
-            out / CHECKPOINTS_DIR,
-            symlinks=True,
-            dirs_exist_ok=True,
-            copy_function=file_writes.copy_file,
-        )
+    for directory, _, files in os.walk(version_dir / CHECKPOINTS_DIR):
+        target = out / CHECKPOINTS_DIR / Path(directory).relative_to(version_dir / CHECKPOINTS_DIR)
+        target.mkdir(parents=True, exist_ok=True)
+        for name in sorted(files):  # each a regular file: _refuse_foreign_cross_version checked the tree
+            file_writes.copy_file(Path(directory) / name, target / name)
     for path in sorted((version_dir / READS_DIR).glob("*.xml")):
         (out / READS_DIR).mkdir(exist_ok=True)
         file_writes.copy_file(path, out / READS_DIR / path.name)
