@@ -11,6 +11,7 @@ Sizes are exact and do not depend on the machine's load: two runs of one release
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 
 from torchmatrix.testing import build_optimizer, current_device, data_parallel_rank, load
 
@@ -35,8 +36,10 @@ KINDS = {
 
 def measured_step(cell: dict, options, components: dict) -> dict:
     """Rank function: `options.warmup_steps` steps of the cell's stack (its optimizer state then
-    exists), then one under the profiler; this rank's highest total and each kind's highest, in bytes,
-    or `unavailable` with the reason where this torch's profiler cannot attribute memory."""
+    exists), then one more, under the profiler on rank 0: its highest total and each kind's highest, in
+    bytes, or `unavailable` with the reason where this torch's profiler cannot attribute memory; {} on
+    the other ranks, which hold as much or less (FSDP gives rank 0 an uneven shard's larger part) and
+    whose profiles would cost most of the suite's time."""
     device = current_device()
     model = parallelized(
         components,
@@ -60,6 +63,9 @@ def measured_step(cell: dict, options, components: dict) -> dict:
 
     for index in range(options.warmup_steps):
         step(index)
+    if dist.is_initialized() and dist.get_rank() != 0:
+        step(options.warmup_steps)
+        return {}
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
@@ -75,8 +81,13 @@ def highest_by_kind(run, device: torch.device) -> dict:
         from torch.profiler._memory_profiler import _CATEGORY_TO_INDEX, MemoryProfileTimeline
 
         times, sizes = MemoryProfileTimeline(run._memory_profile())._coalesce_timeline(str(device))
-    except (ImportError, AttributeError, TypeError, RuntimeError) as error:
-        return {"unavailable": f"torch {torch.__version__}'s profiler attributes no memory here: {error}"}
+    except (ImportError, AttributeError, TypeError, RuntimeError, AssertionError) as error:
+        # AssertionError: the profiler's own data-flow check ("version mismatch") on some eager-attention
+        # FSDP2 steps of torch 2.13.0; its memory timeline is deprecated there and not maintained.
+        cause = f"{type(error).__name__}: {error}".splitlines()[0][:200]
+        return {
+            "unavailable": f"torch {torch.__version__}'s memory profiler cannot attribute this step's memory ({cause})"
+        }
     if not sizes:
         return {"unavailable": f"the profiler recorded no allocation on {device}"}
     columns = {

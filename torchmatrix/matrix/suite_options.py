@@ -218,7 +218,7 @@ class ParallelEquivalenceOptions(SuiteOptions):
 class PeakMemoryOptions(SuiteOptions):
     """`[suites.peak_memory.options]`."""
 
-    warmup_steps: int = 2
+    warmup_steps: int = 1
     """Steps before the measured one, at least 1: the optimizer's state exists by then, as in a long run."""
     activation_checkpointing: bool = True
     """Whether `parallelize` is asked to checkpoint activations, as the stack trains."""
