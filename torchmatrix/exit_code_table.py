@@ -11,6 +11,7 @@ from torchmatrix.reports.upgrade_diff import (
     BROKEN_DIRECTION,
     FAIL_CAUSES,
     GROWN_DRIFT,
+    MEMORY,
     REGRESSION,
     SLOWDOWN,
     UNCONFIRMED,
@@ -36,6 +37,7 @@ COMPARE_FAILURES = {
     REGRESSION.name: (f"{VERDICTS}[compare-confirmed-regression]",),
     GROWN_DRIFT.name: (f"{VERDICTS}[compare-drift-grew]",),
     SLOWDOWN.name: (f"{VERDICTS}[compare-suite-slower]",),
+    MEMORY.name: (f"{VERDICTS}[compare-memory-grew]",),
     UNCONFIRMED.name: (f"{VERDICTS}[compare-failure-never-rerun]",),
     BROKEN_DIRECTION.name: (f"{VERDICTS}[compare-broken-rollback]",),
 }

@@ -55,6 +55,7 @@ from torchmatrix.matrix.suite_options import (
     DtensorOptimOptions,
     GradCkptOptions,
     ParallelEquivalenceOptions,
+    PeakMemoryOptions,
     ResumeOptions,
     SuiteOptions,
 )
@@ -81,6 +82,7 @@ __all__ = [
     "DtensorOptimOptions",
     "GradCkptOptions",
     "ParallelEquivalenceOptions",
+    "PeakMemoryOptions",
     "ResumeOptions",
     "SuiteOptions",
     "UnavailableImplementation",

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from torchmatrix.reports.upgrade_diff import BROKEN_DIRECTION, GROWN_DRIFT, REGRESSION, SLOWDOWN, UNCONFIRMED
+from torchmatrix.reports.upgrade_diff import BROKEN_DIRECTION, GROWN_DRIFT, MEMORY, REGRESSION, SLOWDOWN, UNCONFIRMED
 
 from helpers.projects import Project
 
@@ -108,6 +108,17 @@ CASES = [
         files={
             "a.json": _run("a", _record(figures={"grad_max_abs/w": 1e-9})),
             "b.json": _run("b", _record(figures={"grad_max_abs/w": 1e-2})),
+        },
+    ),
+    Verdict(
+        "compare-memory-grew",
+        "a checkpointed step's activations tripled (a selective-checkpoint policy that saves every op)",
+        ["compare", "a.json", "b.json"],
+        1,
+        f"**compare exits 1 on**: {MEMORY.meaning}.",
+        files={
+            "a.json": _run("a", _record(figures={"step_peak_bytes/activations": 64648, "step_peak_bytes": 901884})),
+            "b.json": _run("b", _record(figures={"step_peak_bytes/activations": 228232, "step_peak_bytes": 901884})),
         },
     ),
     Verdict(

@@ -324,6 +324,7 @@ def test_a_real_run_reports_its_figures_and_failures(tmp_path):
     drift = by_test[("ws1-spicy", "test_records_drift")]
     figures = dict(drift["figures"])
     assert figures.pop("cpu_seconds") >= 0  # every test records its CPU time beside its own figures
+    assert figures.pop("peak_rss_bytes") > 100 * 2**20  # and its ranks' resident peak: torch alone holds more
     assert (drift["status"], drift["ran_in"], figures) == ("passed", "ws1-plain", {"grad_max_abs/w": 2.5e-7})
     assert by_test[("ws1-plain", "test_fails")]["message"].startswith("AssertionError: one rank is not two")
     assert data["versions"][0]["torch"] == "system" and data["versions"][0]["planned_cells"] == [

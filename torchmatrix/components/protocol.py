@@ -70,6 +70,7 @@ def parameters_text(arguments: tuple[Argument, ...]) -> str:
 GRAD_CKPT, RESUME, DTENSOR_OPTIM = "grad_ckpt", "resume", "dtensor_optim"
 CROSS_VERSION = "cross_version"  # writes and reads through what resume trains with
 PARALLEL_EQUIVALENCE = "parallel_equivalence"
+PEAK_MEMORY = "peak_memory"
 RESUME_BF16_PARAM_OPTIMIZERS = ("precision_aware",)
 """The `optimizer` axis values whose model the resume suite builds with bf16 params unless
 `[suites.resume.options] bf16_param_optimizers` names others; every other optimizer gets fp32."""
@@ -107,7 +108,7 @@ COMPONENTS: tuple[Component, ...] = (
             "at that precision), `decoder_layers()` (the checkpointing and sharding units; only the reference "
             "`parallelize` needs it)"
         ),
-        suites=(GRAD_CKPT, RESUME, CROSS_VERSION, DTENSOR_OPTIM, PARALLEL_EQUIVALENCE),
+        suites=(GRAD_CKPT, RESUME, CROSS_VERSION, DTENSOR_OPTIM, PARALLEL_EQUIVALENCE, PEAK_MEMORY),
     ),
     Component(
         name="batch",
@@ -122,7 +123,7 @@ COMPONENTS: tuple[Component, ...] = (
             "a dict of keyword arguments for `model(**batch)`; grad_ckpt also takes a tuple (`model(*batch)`) "
             "or a tensor (`model(batch)`)"
         ),
-        suites=(GRAD_CKPT, DTENSOR_OPTIM, PARALLEL_EQUIVALENCE),
+        suites=(GRAD_CKPT, DTENSOR_OPTIM, PARALLEL_EQUIVALENCE, PEAK_MEMORY),
     ),
     Component(
         name="parallelize",
@@ -154,7 +155,7 @@ COMPONENTS: tuple[Component, ...] = (
             '`mesh` "flat" and `world_size` 1 for its single-process reference, the plain model on `device`, in a '
             "world of one rank of its own (the default group is that rank alone: docs, which world)"
         ),
-        suites=(GRAD_CKPT, RESUME, CROSS_VERSION, DTENSOR_OPTIM, PARALLEL_EQUIVALENCE),
+        suites=(GRAD_CKPT, RESUME, CROSS_VERSION, DTENSOR_OPTIM, PARALLEL_EQUIVALENCE, PEAK_MEMORY),
     ),
     Component(
         name="optimizer_<value>",
@@ -193,7 +194,7 @@ COMPONENTS: tuple[Component, ...] = (
             "`state_dict`, `load_state_dict`; or a container of such optimizers in a list `.optimizers` whose own "
             "`.state` is empty (state and `lr` are read from those); one component per value of the `optimizer` axis"
         ),
-        suites=(RESUME, CROSS_VERSION, DTENSOR_OPTIM, PARALLEL_EQUIVALENCE),
+        suites=(RESUME, CROSS_VERSION, DTENSOR_OPTIM, PARALLEL_EQUIVALENCE, PEAK_MEMORY),
     ),
     Component(
         name="plain_state_<value>",
@@ -392,7 +393,7 @@ COMPONENTS: tuple[Component, ...] = (
             "single-process reference, in a world of one rank of its own (docs: which world). dtensor_optim calls its `loss` on the stack's model "
             "only, not on its probe model. Optional: without an entry, `torchmatrix.suites.training_step:PlainStep`"
         ),
-        suites=(GRAD_CKPT, RESUME, CROSS_VERSION, DTENSOR_OPTIM, PARALLEL_EQUIVALENCE),
+        suites=(GRAD_CKPT, RESUME, CROSS_VERSION, DTENSOR_OPTIM, PARALLEL_EQUIVALENCE, PEAK_MEMORY),
         members=(
             Member(
                 "loss",

@@ -18,6 +18,7 @@ from torchmatrix.matrix.suite_options import (
     DtensorOptimOptions,
     GradCkptOptions,
     ParallelEquivalenceOptions,
+    PeakMemoryOptions,
     ResumeOptions,
     SuiteOptions,
     field_docs,
@@ -45,6 +46,7 @@ BUILTIN_SUITES = {
     "dtensor_optim": BuiltinSuite("test_dtensor_optim.py", 300, DtensorOptimOptions),
     "cross_version": BuiltinSuite("test_cross_version.py", 300, CrossVersionOptions),
     "parallel_equivalence": BuiltinSuite("test_parallel_equivalence.py", 300, ParallelEquivalenceOptions),
+    "peak_memory": BuiltinSuite("test_peak_memory.py", 300, PeakMemoryOptions),
 }
 
 

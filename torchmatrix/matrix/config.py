@@ -76,7 +76,7 @@ SUITE_KEYS = ("path", "timeout", "axes", "options")
 INSTALL_KEYS = ("index_url", "requirements", "constraints", "env")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 INDEX_URL = re.compile(r"^(https?|file)://\S+$")
-REPORT_KEYS = ("drift_ratio", "slowdown_ratio")
+REPORT_KEYS = ("drift_ratio", "slowdown_ratio", "memory_ratio")
 PROJECT_KEYS = ("root",)
 OPTIONAL_KEYS = ("device", "torch")
 MAX_TEST_TIMEOUT_S = 86400
@@ -113,10 +113,11 @@ class TorchInstall:
 
 @dataclass(frozen=True)
 class ReportSettings:
-    """Thresholds the upgrade diff uses to call drift or slowdown significant."""
+    """Thresholds the upgrade diff uses to call drift, slowdown or grown memory significant."""
 
     drift_ratio: float = 10.0
     slowdown_ratio: float = 1.5
+    memory_ratio: float = 1.25
 
 
 @dataclass(frozen=True)

@@ -214,6 +214,27 @@ class ParallelEquivalenceOptions(SuiteOptions):
         _one_of("reduce_dtype", self.reduce_dtype, REDUCE_DTYPES)
 
 
+@dataclass(frozen=True)
+class PeakMemoryOptions(SuiteOptions):
+    """`[suites.peak_memory.options]`."""
+
+    warmup_steps: int = 1
+    """Steps before the measured one, at least 1: the optimizer's state exists by then, as in a long run."""
+    activation_checkpointing: bool = True
+    """Whether `parallelize` is asked to checkpoint activations, as the stack trains."""
+    lr: float = 1e-2
+    """The optimizer's learning rate."""
+    weight_decay: float = 0.1
+    """The optimizer's weight decay."""
+    seed: int = 0
+    """The seed the model is built from."""
+    batch_seed: int = 1000
+    """The first seed of the batches."""
+
+    def __post_init__(self):
+        _at_least("warmup_steps", self.warmup_steps, 1, "a number of steps, at least 1")
+
+
 def field_docs(cls: type) -> dict[str, str]:
     """Each field's docstring (the string under it), by name, through the class and its bases."""
     docs: dict[str, str] = {}

@@ -1,5 +1,6 @@
 """What a test leaves besides its result, per process: the CPU seconds it used, the seconds it spent
-in torch.compile (torchmatrix.ranks.compile_time) and the warnings it raised.
+in torch.compile (torchmatrix.ranks.compile_time), the memory it held at its highest
+(torchmatrix.ranks.memory_peaks) and the warnings it raised.
 
 Each rank process counts its warnings (WarningLog, installed when the rank starts) and the plugin
 asks every rank for `rank_usage()` before and after each test, adding its own process's CPU time and
@@ -18,6 +19,7 @@ from typing import NamedTuple
 
 from torchmatrix.messages.events import Event, TestFinished
 from torchmatrix.ranks.compile_time import compile_seconds
+from torchmatrix.ranks.memory_peaks import peaks_since_last_reading
 
 CPU_SECONDS = "cpu_seconds"  # the figure each test records: its CPU time, on every rank and in pytest
 WARNING_PROPERTY = "warning"  # warning.1, warning.2, ...: one JSON entry per distinct warning of a test
@@ -80,13 +82,14 @@ RANK_WARNINGS = WarningLog()
 class Usage(NamedTuple):
     """What the ranks and pytest have used so far: CPU seconds together, the warnings since the last
     query, each rank's compile seconds (ranks compile side by side, so a test's figure is the
-    slowest rank's growth), and how many stopped ranks' CPU could not be read (a test during which
-    that grew has no true figure)."""
+    slowest rank's growth), how many stopped ranks' CPU could not be read (a test during which
+    that grew has no true figure), and the largest rank's memory peaks since the last query."""
 
     cpu_seconds: float
     warnings: Counter
     compile_seconds: tuple[float, ...]
     unread_ranks: int = 0
+    memory_peaks: dict | None = None
 
     def compiled_since(self, before: Usage) -> float:
         """The most seconds any rank spent compiling since ``before`` (0 where a rank restarted)."""
@@ -108,13 +111,14 @@ def cpu_seconds_once(events: Iterable[Event]) -> float:
 
 
 def rank_usage() -> dict:
-    """Rank function: this rank's CPU seconds and compile seconds so far and its warnings since the
-    last call. The CPU counts all its threads (gloo's too) and the children it waited for: the C++
-    compiler Inductor runs per kernel is most of a compiled test's CPU."""
+    """Rank function: this rank's CPU seconds and compile seconds so far, its warnings and memory peaks
+    since the last call. The CPU counts all its threads (gloo's too) and the children it waited for: the
+    C++ compiler Inductor runs per kernel is most of a compiled test's CPU."""
     return {
         "cpu_seconds": process_cpu_seconds(),
         "compile_seconds": compile_seconds(),
         "warnings": RANK_WARNINGS.drain(),
+        "memory_peaks": peaks_since_last_reading(),
     }
 
 

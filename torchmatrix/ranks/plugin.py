@@ -55,6 +55,7 @@ from torchmatrix.ranks import compile_keys, compiler_warmup, shared_builds, zygo
 from torchmatrix.ranks.compile_ledger import COMPILE_SECONDS_SAVED, compile_seconds_saved
 from torchmatrix.ranks.compile_time import COMPILE_SECONDS, compile_seconds
 from torchmatrix.ranks.launched import launched_rank
+from torchmatrix.ranks.memory_peaks import largest
 from torchmatrix.ranks.output_cap import DEFAULT_CAP_BYTES, cap_text
 from torchmatrix.ranks.parent_death import exit_with_runner
 from torchmatrix.ranks.per_test_usage import (
@@ -309,6 +310,8 @@ class CellPlan:
                         if saved:
                             outcome["properties"].append([COMPILE_SECONDS_SAVED, round(saved, 3)])
                 own_warnings.update(after.warnings)
+                # Reset when read: `before` ended the previous test's window, `after` is this test's.
+                outcome["properties"].extend([name, peak] for name, peak in (after.memory_peaks or {}).items())
             for index, entry in enumerate(as_entries(own_warnings), 1):
                 outcome["properties"].append([f"{WARNING_PROPERTY}.{index}", json.dumps(entry)])
             self.events.write(TestFinished(nodeid=item.nodeid, **where, **outcome))
@@ -358,7 +361,8 @@ class CellPlan:
         compiled = tuple(rank["compile_seconds"] for rank in replies[0])
         retired = sum(group.retired_cpu_seconds for group in groups)
         unread = sum(group.unread_ranks for group in groups)
-        return Usage(own + retired + sum(rank["cpu_seconds"] for rank in every_rank), raised, compiled, unread)
+        peaks = largest([rank["memory_peaks"] for rank in every_rank])
+        return Usage(own + retired + sum(rank["cpu_seconds"] for rank in every_rank), raised, compiled, unread, peaks)
 
     def _key(self, item) -> str | None:
         cell = getattr(item, "callspec", None) and item.callspec.params.get("cell")

@@ -39,6 +39,7 @@ def bump_verdict(diff: UpgradeDiff) -> list[VerdictLine]:
         _regressions(diff),
         *(_direction(direction) for direction in diff.checkpoints),
         _slowdowns(diff),
+        _memory(diff),
         _warnings(diff),
         _drift(diff),
         *([VerdictLine("builds", WARN, diff.builds.note)] if diff.builds else []),
@@ -88,6 +89,18 @@ def _slowdowns(diff: UpgradeDiff) -> VerdictLine:
         f"{s.suite} {s.after / s.before if s.before else float('inf'):.1f}× ({s.measure} time)" for s in diff.slowdowns
     )
     return VerdictLine("slowdowns", BAD, f"{count(len(diff.slowdowns), 'suite')} slower than {ratio}: {suites}")
+
+
+def _memory(diff: UpgradeDiff) -> VerdictLine:
+    ratio = f"{diff.settings.memory_ratio:g}×"
+    if not diff.memory:
+        return VerdictLine("memory", GOOD, f"no memory grown past {ratio}")
+    grown = ", ".join(
+        f"{m.suite} {m.what} {m.growth}" + (f" in {m.cell}" if m.cell else f" over {m.tests} tests")
+        for m in diff.memory[:3]
+    )
+    more = f" and {len(diff.memory) - 3} more" if len(diff.memory) > 3 else ""
+    return VerdictLine("memory", BAD, f"{count(len(diff.memory), 'figure')} grown past {ratio}: {grown}{more}")
 
 
 def _warnings(diff: UpgradeDiff) -> VerdictLine:

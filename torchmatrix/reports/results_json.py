@@ -46,6 +46,7 @@ def to_json(results: RunResults, upgrade: list[dict] | None = None) -> dict:
             "thresholds": {
                 "drift_ratio": results.settings.drift_ratio,
                 "slowdown_ratio": results.settings.slowdown_ratio,
+                "memory_ratio": results.settings.memory_ratio,
             },
             "totals": results.totals(),
         },

@@ -19,6 +19,7 @@ from markupsafe import Markup
 
 from torchmatrix.reports.bump_verdict import bump_verdict
 from torchmatrix.reports.checkpoint_directions import relative_to_run
+from torchmatrix.reports.memory_growth import MEMORY_RULE
 from torchmatrix.reports.reproducible import is_reproducible, repro_command
 from torchmatrix.reports.summary_data import (
     DIRECTIONS_NOTE,
@@ -114,6 +115,7 @@ def page_names() -> dict[str, object]:
         PARTLY_SKIPPED=PARTLY_SKIPPED,
         COUNT_FACTOR=COUNT_FACTOR,
         SLOWDOWN_RULE=SLOWDOWN_RULE,
+        MEMORY_RULE=MEMORY_RULE,
         LIMITS_NOTE=LIMITS_NOTE,
         DIRECTIONS_NOTE=DIRECTIONS_NOTE,
         bump_verdict=bump_verdict,

@@ -28,6 +28,7 @@ from torchmatrix.matrix.config import ReportSettings
 from torchmatrix.ranks.per_test_usage import CPU_SECONDS
 from torchmatrix.reports.build_kinds import BuildMismatch, build_mismatch
 from torchmatrix.reports.checkpoint_directions import Direction, checkpoint_directions
+from torchmatrix.reports.memory_growth import MemoryGrowth, memory_growth
 from torchmatrix.reports.records import RunResults, TestRecord, drift_measure, is_drift_figure
 from torchmatrix.reports.warning_changes import CountChange, WarningGroup, count_changes, new_and_gone
 from torchmatrix.status import Confirmation, Status
@@ -69,6 +70,10 @@ class FailCause:
 REGRESSION = FailCause("regression", "a confirmed regression: a test that passed on run A fails alone on run B")
 GROWN_DRIFT = FailCause("drift", "a drift figure grown more than `[report] drift_ratio`, left exactly 0, or became NaN")
 SLOWDOWN = FailCause("slowdown", "a suite slower than `[report] slowdown_ratio` beyond noise")
+MEMORY = FailCause(
+    "memory",
+    "a training step's memory of one kind, or a suite's process peaks, grown past `[report] memory_ratio` beyond noise",
+)
 UNCONFIRMED = FailCause(
     "unconfirmed",
     "a status change whose failing side was never re-run alone (`--confirm-limit 0`, or past the limit): it cannot tell",
@@ -78,7 +83,7 @@ BROKEN_DIRECTION = FailCause(
     "a broken checkpoint direction of run B: its baseline cannot read a candidate's checkpoint (rollback) "
     "or a candidate cannot read the baseline's (forward)",
 )
-FAIL_CAUSES = (REGRESSION, GROWN_DRIFT, SLOWDOWN, UNCONFIRMED, BROKEN_DIRECTION)
+FAIL_CAUSES = (REGRESSION, GROWN_DRIFT, SLOWDOWN, MEMORY, UNCONFIRMED, BROKEN_DIRECTION)
 
 
 @dataclass(frozen=True)
@@ -160,7 +165,7 @@ class Slowdown(JsonRecord):
 @dataclass
 class UpgradeDiff(JsonRecord):
     """Baseline vs candidate: regressions, fixes, newly skipped tests (CPU-simulation limits among them), grown
-    drift, slowdowns, warnings new, gone and changed, builds of different kinds, and within one run
+    drift, slowdowns, grown memory, warnings new, gone and changed, builds of different kinds, and within one run
     whether checkpoints cross the bump in each direction."""
 
     before: str
@@ -177,6 +182,7 @@ class UpgradeDiff(JsonRecord):
     newly_skipped: list[Change] = field(default_factory=list)
     drift: list[DriftGrowth] = field(default_factory=list)
     slowdowns: list[Slowdown] = field(default_factory=list)
+    memory: list[MemoryGrowth] = field(default_factory=list)
     checkpoints: list[Direction] = field(default_factory=list)
     load: tuple[dict, dict] = field(
         default=({}, {}),
@@ -224,7 +230,7 @@ class UpgradeDiff(JsonRecord):
 
     @property
     def fail_causes(self) -> list[FailCause]:
-        """What of FAIL_CAUSES this diff holds: a regression, grown drift, a slowdown, an unconfirmed
+        """What of FAIL_CAUSES this diff holds: a regression, grown drift, a slowdown, grown memory, an unconfirmed
         change that could hide a regression (one never re-run alone; a failure that passed alone is
         order-dependent and does not count), a broken checkpoint direction."""
         unknown = [c for c in self.unconfirmed if c.failing.confirmation != Confirmation.PASSED_ALONE]
@@ -232,6 +238,7 @@ class UpgradeDiff(JsonRecord):
             REGRESSION: self.regressions,
             GROWN_DRIFT: self.drift,
             SLOWDOWN: self.slowdowns,
+            MEMORY: self.memory,
             UNCONFIRMED: unknown,
             BROKEN_DIRECTION: self.broken_directions,
         }
@@ -271,6 +278,7 @@ def diff_records(
         diff.drift.extend(_drift_growth(a, b, settings.drift_ratio))
     diff.drift.sort(key=_rank, reverse=True)
     diff.slowdowns = _slowdowns(old, new, settings.slowdown_ratio)
+    diff.memory = memory_growth(old, new, settings.memory_ratio)
     diff.new_warnings, diff.gone_warnings = new_and_gone(before, after)
     diff.changed_warnings = count_changes(before, after)
     return diff
