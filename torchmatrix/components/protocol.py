@@ -114,7 +114,9 @@ COMPONENTS: tuple[Component, ...] = (
         name="batch",
         arguments=(
             Argument(
-                "model", "the model, before or after `parallelize`: read sizes from it, do not call it", positional=True
+                "model",
+                "the user's model, below any wrapper `parallelize` put on it: read sizes from it, do not call it",
+                positional=True,
             ),
             Argument("seed", "seed for this rank's batch; use a torch.Generator, not the global RNG"),
             Argument("device", "torch.device of this rank"),
