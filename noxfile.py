@@ -9,6 +9,7 @@ nox -s hf_matrix                           the suites on a tiny Hugging Face Lla
 nox -s optim_matrix                        torchao, torch-optimi, bitsandbytes optimizers (examples/optimizers)
 nox -s titan_matrix                        the suites on torchtitan's own stack (examples/torchtitan)
 nox -s lightning_matrix                    the suites on a Lightning Fabric stack (examples/lightning)
+nox -s accelerate_matrix                   the suites on Hugging Face accelerate with FSDP2 (examples/accelerate)
 nox -s sensitivity [-- --mutants A,B]      would the suites catch generic mutants of [components]?
 nox -s bisect -- --good 2.13.0 --bad 2.15.0 [-k EXPR]   first release where a test regressed (or -- --from RUN)
 nox -s tests_fast                          the fast lane (no rank processes, a few minutes); nox -s tests: all
@@ -61,6 +62,13 @@ def lightning_matrix(session, torch):
 
 
 @nox.session
+@nox.parametrize("torch", [v for v in sessions.accelerate_hf_matrix().versions if v != "system"])
+def accelerate_matrix(session, torch):
+    """The suites on Hugging Face accelerate: its FSDP2 plugin, prepare, backward, save_state/load_state (examples/accelerate)."""
+    sessions.accelerate_matrix(session, torch, RUN_ID)
+
+
+@nox.session
 def tests(session):
     """The runner's own tests (pytest-xdist), on the baseline torch: the full lane CI runs."""
     sessions.tests(session, MATRIX.baseline)
@@ -90,4 +98,5 @@ MATRIX_LOCK = lock_matrix_sessions(
     optim_matrix=sessions.optimizers_matrix().versions,
     titan_matrix=sessions.torchtitan_matrix().versions,
     lightning_matrix=sessions.lightning_fabric_matrix().versions,
+    accelerate_matrix=sessions.accelerate_hf_matrix().versions,
 )

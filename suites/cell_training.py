@@ -19,6 +19,7 @@ from torchmatrix.testing import (
     data_parallel_rank,
     data_parallel_size,
     load,
+    user_model,
 )
 
 from .accumulation import accumulated_backward, micro_batch_seeds, sync_switch
@@ -60,10 +61,10 @@ class CellTraining:
         accumulates its micro-batches, sync off until the last; returns the step's loss."""
         if accumulates(self.cell):
             seeds = micro_batch_seeds(self.options, self.shards, step, self.shard)
-            batches = [self.make_batch(self.model, seed=seed, device=self.device) for seed in seeds]
+            batches = [self.make_batch(user_model(self.model), seed=seed, device=self.device) for seed in seeds]
             return accumulated_backward(self.training, batches, self.no_sync)
         seed = batch_seed(self.options, self.shards, step, self.shard)
-        batch = self.make_batch(self.model, seed=seed, device=self.device)
+        batch = self.make_batch(user_model(self.model), seed=seed, device=self.device)
         loss = self.training.loss(batch)
         self.training.backward(loss)
         return loss

@@ -23,7 +23,6 @@ from torchmatrix.testing import (
 )
 
 from .checkpoint_pickles import unsafe_globals
-from .checkpointer_forms import RunCheckpointer
 from .deterministic import deterministic_algorithms
 from .neutral_state import differences, neutral
 from .test_cross_version import restorable
@@ -96,7 +95,5 @@ def load_and_capture(cell: dict, options: dict, components: dict, data_path: str
             data_parallel_size(cell),
             seed=options.rebuild_seed,
         )
-        step, extra = RunCheckpointer(
-            load(components["checkpointer"]), checkpoint_dir, **run.checkpointables(), cell=cell
-        ).load()
+        step, extra = run.load_checkpoint(load(components["checkpointer"]), checkpoint_dir, cell)
         return step, {**restorable(run), "extra_state": neutral(extra)}

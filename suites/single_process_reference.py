@@ -17,6 +17,7 @@ from torchmatrix.testing import (
     current_device,
     implementation_of,
     load,
+    user_model,
 )
 
 from .built_names import module_names, named_parameters_as_built, remember_built
@@ -82,7 +83,9 @@ class SingleProcessReference:
         self.training = build_training_step(components, model=self.model, optimizer=self.optimizer, cell=self.plain)
 
     def batch(self, step: int, shard: int):
-        return self.make_batch(self.model, seed=batch_seed(self.options, self.shards, step, shard), device=self.device)
+        return self.make_batch(
+            user_model(self.model), seed=batch_seed(self.options, self.shards, step, shard), device=self.device
+        )
 
     def parameters(self) -> dict[str, torch.Tensor]:
         return {name: param.detach().cpu().clone() for name, param in named_parameters_as_built(self.model)}

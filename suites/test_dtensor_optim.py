@@ -61,6 +61,7 @@ from torchmatrix.testing import (
     load,
     mesh_group,
     state_dict_root,
+    user_model,
 )
 
 from .built_names import named_parameters_as_built
@@ -473,7 +474,7 @@ class Recipe(NamedTuple):
         read from its output, as the stack's loss function is written for the stack's model."""
         make_batch = load(self.components["batch"]) if self.model_kind == "model" else make_probe_batch
         rank = 0 if alike else data_parallel_rank(self.cell if world is None else world.cell)
-        batch = make_batch(model, seed=seed + rank, device=current_device())
+        batch = make_batch(user_model(model), seed=seed + rank, device=current_device())
         step = build_training_step(self.components, model=model, optimizer=optimizer, cell=self.cell)
         loss = step.loss(batch) if self.model_kind == "model" else loss_of(call_model(model, batch))
         step.backward(loss)

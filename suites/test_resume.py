@@ -44,6 +44,7 @@ from torchmatrix.testing import (
     UnavailableCheckpointMode,
     UnavailableImplementation,
     build_optimizer,
+    call_accepting,
     capture_rng_state,
     checkpointer_path,
     consequence_of,
@@ -77,6 +78,7 @@ from .optimizer_twin import OptimizerSteps, build_twin, compare_with_kept
 from .owned_generators import generator_state, owned_generators, set_generator_state, state_bytes
 from .parallelize_component import parallelized
 from .scheduler_component import build_scheduler, scheduler_position
+from .stack_loader import StackLoader
 from .step_trace import digest, digests, first_divergence
 from .training_step import build_training_step
 from .ulp import bits_difference, bits_equal, ulp_distance
@@ -510,6 +512,11 @@ def _straight_and_resumed(
         run_a.watch_steps(keep=(resume_step + 1,), twin=True)
     straight_losses = [run_a.train_step() for _ in range(steps)]
     streams_used = sorted(run_a.rng_streams_advanced)
+    # The batches the saved run reads next are the straight run's from the save on (the same seed and
+    # data): read past its last step from its loader, they never move run B's, so the check does not
+    # rewind the saved run through the loader's own load_state_dict, the very thing it looks at.
+    straight_batches = run_a.batches + run_a.read_batches(max(0, resume_step + run_a.loader_batches - steps))
+    saved_next_batches = straight_batches[resume_step : resume_step + run_a.loader_batches]
 
     run_b = TrainingRun(cell, options, components, data_path, rank, world_size, seed=options.seed)
     try:
@@ -524,7 +531,7 @@ def _straight_and_resumed(
         save_and_step(run_b, saver.start_save(resume_step - 1), asynchronous)
     else:
         run_b.train_step()
-    at_save = run_b.state_snapshot()
+    at_save = run_b.state_snapshot(next_batches=saved_next_batches)
     quantized_at_save = sorted(
         f"{name}.{key}" for name, state in run_b.named_raw_state().items() for key in quantized_keys(state)
     )
@@ -544,23 +551,21 @@ def _straight_and_resumed(
     rebuilt = TrainingRun(cell, options, components, data_path, rank, world_size, seed=options.rebuild_seed)
     saved_shards = at_save["parameter_shards"]
     rebuilt_equals_saved = all(bits_equal(p, saved_shards[n]) for n, p in rebuilt.parameters().items())
-    before_load = after_load_differences(at_save, rebuilt.state_snapshot(), run_a.batches, streams_used, resume_step)
-    loaded_step, extra_loaded = RunCheckpointer(
-        checkpointer, checkpoint_dir, **rebuilt.checkpointables(), cell=cell
-    ).load()
+    before_load = after_load_differences(at_save, rebuilt.state_snapshot(), straight_batches, streams_used, resume_step)
+    loaded_step, extra_loaded = rebuilt.load_checkpoint(checkpointer, checkpoint_dir, cell)
     if loaded_step != resume_step:
         raise AssertionError(f"checkpointer.load returned step {loaded_step}, saved at step {resume_step}")
     loaded = rebuilt.state_snapshot()
     held_steps = held_step_lines(
         history, resume_step, held_state(loaded["parameter_shards"], loaded["optimizer_state"])
     )
-    after_load = after_load_differences(at_save, loaded, run_a.batches, streams_used, resume_step)
+    after_load = after_load_differences(at_save, loaded, straight_batches, streams_used, resume_step)
     after_load["extra_state"] = extra_state_differences(extra_saved, extra_loaded)
     resumed_losses = [rebuilt.train_step() for _ in range(steps - resume_step)]
     build = (cell, options, components, data_path, rank, world_size)
     other_implementations = (
         loads_into_other_implementations(
-            build, checkpoint_dir, at_save, run_a.batches, streams_used, run_a.watch.kept.get(resume_step + 1)
+            build, checkpoint_dir, at_save, straight_batches, streams_used, run_a.watch.kept.get(resume_step + 1)
         )
         if loads_into_others(cell)
         else {}
@@ -654,7 +659,7 @@ def loads_into_other_implementations(
             continue
         built_flags = kernel_flags(run.optimizer)
         try:
-            RunCheckpointer(checkpointer, checkpoint_dir, **run.checkpointables()).load()
+            run.load_checkpoint(checkpointer, checkpoint_dir)
         except (Exception, CheckpointException) as error:
             loads[other] = {"problems": [f"the load raised {first_line(error)}"]}
             continue
@@ -767,8 +772,11 @@ class TrainingRun:
         )
         self.training_step = build_training_step(components, model=self.model, optimizer=self.optimizer, cell=cell)
         self.batch_keywords = options.batch_keywords
-        self.dataset = load(components["dataset"])(data_path)
+        self.dataset = call_accepting(
+            load(components["dataset"]), data_path, seq_len=options.seq_len, vocab_size=options.vocab_size, cell=cell
+        )
         self.loader = self.dataset.loader(batch_size=options.batch_size, rank=rank, world_size=world_size)
+        self.reading = StackLoader(self.loader)
         self.loader_batches = options.loader_batches or batches_past_an_epoch(options, world_size)
         dropout_seed = seed + 1 + (rank if options.seeding == "per_rank" else 0)
         torch.manual_seed(dropout_seed)
@@ -808,7 +816,7 @@ class TrainingRun:
         what it made go to `trace` (suites/step_trace.py). `before_optimizer_step` runs right before
         the optimizer steps (waiting for an asynchronous save's staging)."""
         self.model.train()
-        batch = next(self.loader)
+        batch = self.reading.next_batch()
         self.batches.append(on_device(batch, "cpu"))
         record = {
             "batch": {"batch": digest(self.batches[-1])},
@@ -850,6 +858,17 @@ class TrainingRun:
 
     def checkpointables(self) -> dict:
         return {"model": self.model, "optimizer": self.optimizer, "scheduler": self.scheduler, "loader": self.loader}
+
+    def load_checkpoint(self, checkpointer, directory: str, cell: dict | None = None) -> tuple[int, dict]:
+        """Load `directory` through the `checkpointer` component into this run, then read the loader
+        anew from where its own load put it (StackLoader.reopen); the step and extra state loaded."""
+        loaded = RunCheckpointer(checkpointer, directory, **self.checkpointables(), cell=cell).load()
+        self.reading.reopen()
+        return loaded
+
+    def read_batches(self, count: int) -> list:
+        """The next `count` batches, on the CPU, read as training reads them (the run moves on)."""
+        return [on_device(self.reading.next_batch(), "cpu") for _ in range(count)]
 
     def parameters(self) -> dict[str, torch.Tensor]:
         """This rank's shard of every parameter, by the model's own name, copied to the CPU."""
@@ -894,8 +913,9 @@ class TrainingRun:
             for name, state in self.named_raw_state().items()
         }
 
-    def state_snapshot(self) -> dict:
-        """Every piece a resume must restore, as this rank sees it now (a collective: full parameters)."""
+    def state_snapshot(self, next_batches: list | None = None) -> dict:
+        """Every piece a resume must restore, as this rank sees it now (a collective: full parameters);
+        `next_batches`, where given, stands for the loader's look-ahead (see _straight_and_resumed)."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         full = get_model_state_dict(state_dict_root(self.model), options=StateDictOptions(full_state_dict=True))
@@ -912,34 +932,20 @@ class TrainingRun:
                 self.optimizer, {id(param): name for name, param in named_parameters_as_built(self.model)}
             ),
             "scheduler": scheduler_position(self.scheduler),
-            "next_batches": self.peek_next_batches(),
+            "next_batches": self.peek_next_batches() if next_batches is None else next_batches,
             "rng": self.rng_streams(),
         }
 
     def peek_next_batches(self) -> list[torch.Tensor]:
-        """The `loader_batches` batches the loader yields next (`batches_ahead`); RNG streams and the
-        generators the run owns are put back too, in case the loader draws from them."""
+        """The `loader_batches` batches the loader yields next (StackLoader.batches_ahead); RNG streams
+        and the generators the run owns are put back too, in case the loader draws from them."""
         generators = capture_rng_state()
         owned = {name: (g, copy.deepcopy(generator_state(g))) for name, g in self.generators.items()}
-        batches = batches_ahead(self.loader, self.loader_batches, self.dataset)
+        batches = self.reading.batches_ahead(self.loader_batches, self.dataset)
         restore_rng_state(generators)
         for generator, state in owned.values():
             set_generator_state(generator, state)
         return batches
-
-
-def batches_ahead(loader, count: int, dataset=None) -> list:
-    """The `count` batches `loader` yields next, on the CPU, read from a copy of it (`dataset` shared,
-    not copied), so the check never moves the loader it reads, even in state its state dict leaves
-    out (an epoch counter); a loader that cannot be copied is read, then rewound through its state dict."""
-    try:
-        ahead, position = copy.deepcopy(loader, {id(dataset): dataset}), None
-    except Exception:
-        ahead, position = loader, copy.deepcopy(loader.state_dict())
-    batches = [on_device(next(ahead), "cpu") for _ in range(count)]
-    if position is not None:
-        loader.load_state_dict(position)
-    return batches
 
 
 def copied(value):

@@ -42,6 +42,7 @@ from torchmatrix.user_error import UserError
 PROJECT = Path(__file__).resolve().parent.parent  # this checkout: its examples, tests and lint only
 TORCHTITAN_MINIMAL = PROJECT / "examples" / "torchtitan" / "requirements-minimal.txt"
 LIGHTNING = "lightning==2.6.6"  # examples/lightning's [requires], for its test in `nox -s tests` (about 15 s)
+ACCELERATE = ("accelerate==1.16.0", "torchdata==0.11.0")  # examples/accelerate's [requires], for its test (about 6 s)
 DOCS_REQUIREMENTS = ("mkdocs==1.6.1", "mkdocs-material==9.8.1", "pymdown-extensions==13.1")
 INVOCATION_STARTED = time.time()  # the noxfile loads once per nox invocation
 _SESSIONS_STARTED: Counter[str] = Counter()
@@ -299,6 +300,17 @@ def lightning_matrix(session, torch_version: str, run_id: str) -> None:
     gpu_matrix(session, lightning_fabric_matrix(), torch_version, run_id)
 
 
+def accelerate_hf_matrix() -> Matrix:
+    """examples/accelerate/matrix.toml: the suites on a Hugging Face accelerate stack with its FSDP2 plugin."""
+    return matrix_or_exit(str(PROJECT / "examples" / "accelerate" / "matrix.toml"))
+
+
+def accelerate_matrix(session, torch_version: str, run_id: str) -> None:
+    """gpu_matrix over the accelerate example (accelerate and torchdata installed from its `[requires]`;
+    its adapters import from its own directory)."""
+    gpu_matrix(session, accelerate_hf_matrix(), torch_version, run_id)
+
+
 def report(session, matrix: Matrix) -> None:
     """Each version's reads of the other versions' checkpoints (`cross-read`), then a run directory's
     reports (default: reports/latest beside matrix.toml); the session fails when the upgrade diff is not
@@ -349,7 +361,8 @@ def tests(session, torch_version: str, *, fast: bool = False) -> None:
     """The project's own tests, in parallel with pytest-xdist, against the baseline torch; ``fast``
     leaves out the tests marked slow (rank processes, whole runs), the lane a developer runs first.
     torchtitan for tests/suites/test_torchtitan_example.py is its minimal set, --no-deps (30 s, not
-    2.5 min); lightning for tests/suites/test_lightning_example.py (full lane only). The full lane gives
+    2.5 min); lightning and accelerate for tests/suites/test_lightning_example.py and
+    test_accelerate_example.py (full lane only). The full lane gives
     each test file whole to one worker (``--dist loadscope``), so a run its tests share (a module-scoped
     fixture) is made once, not once per worker, in tests/conftest.py's order (the longest files first);
     the fast lane spreads single tests (its shared fixtures are cheap, and whole files would hold its
@@ -359,7 +372,7 @@ def tests(session, torch_version: str, *, fast: bool = False) -> None:
     session.install("-e", f"{PROJECT}[test]", *torch)
     session.install("--no-deps", "-r", str(TORCHTITAN_MINIMAL))
     if not fast:
-        session.install(LIGHTNING, *torch)  # torch named again, so resolving lightning keeps the baseline
+        session.install(LIGHTNING, *ACCELERATE, *torch)  # torch named again: resolving them keeps the baseline
     lane = ["-m", "not slow"] if fast else ["--dist", "loadscope", "--no-loadscope-reorder"]
     session.run("python", "-m", "pytest", "-n", "auto", "--durations=25", *lane, *session.posargs)
 

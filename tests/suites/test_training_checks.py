@@ -12,7 +12,7 @@ import torch
 from suites.checkpointer_forms import RunCheckpointer, reshards_itself
 from suites.dcp_layout import Chunk, ExpectedState, TensorLayout, storage_findings
 from suites.optimizer_state import inner_optimizers, optimizer_state_of, param_groups_of
-from suites.test_resume import FinalState, RankRecord, batches_ahead, extra_state_differences, rank_zero_rng
+from suites.test_resume import FinalState, RankRecord, extra_state_differences, rank_zero_rng
 from torchmatrix.models.checkpoint import BoundCheckpointer, Checkpointer
 from torchmatrix.models.data import TokenDataset
 from torchmatrix.sensitivity.mutants import skips_on_load
@@ -251,49 +251,3 @@ def test_the_sensitivity_mutants_of_a_bound_checkpointer_are_bound_and_revert_th
     unmutated = tiny_run(data)
     BoundCheckpointer(str(tmp_path / "checkpoint"), **unmutated).load()
     assert unmutated["optimizer"].state, "the unmutated load restores the moments the mutant put back"
-
-
-class EpochCountingLoader:
-    """Counts its epochs itself and orders each epoch by it; its state dict keeps the position in the
-    epoch only, so a read-ahead rewound through `load_state_dict` leaves it an epoch on."""
-
-    def __init__(self, per_epoch: int = 3):
-        self.per_epoch, self.epoch, self.position = per_epoch, 0, 0
-
-    def __next__(self):
-        batch = torch.tensor([self.epoch * 100 + self.position])
-        self.position += 1
-        if self.position == self.per_epoch:
-            self.epoch, self.position = self.epoch + 1, 0
-        return batch
-
-    def state_dict(self):
-        return {"position": self.position}
-
-    def load_state_dict(self, state):
-        self.position = state["position"]
-
-
-def test_the_loader_look_ahead_reads_a_copy_and_leaves_state_the_state_dict_lacks_alone():
-    loader = EpochCountingLoader()
-    next(loader)
-    assert [int(batch) for batch in batches_ahead(loader, 4)] == [1, 2, 100, 101]
-    assert loader.epoch == 0 and [int(next(loader)) for _ in range(2)] == [1, 2]
-
-    rewound = EpochCountingLoader()
-    position = rewound.state_dict()
-    for _ in range(4):
-        next(rewound)
-    rewound.load_state_dict(position)
-    assert rewound.epoch == 1, "a rewind through the state dict moves what the state dict lacks: why the copy"
-
-
-class Uncopyable(EpochCountingLoader):
-    def __deepcopy__(self, memo):
-        raise TypeError("holds a file handle")
-
-
-def test_a_loader_that_cannot_be_copied_is_read_and_rewound_through_its_state_dict():
-    loader = Uncopyable(per_epoch=10)
-    assert [int(batch) for batch in batches_ahead(loader, 2)] == [0, 1]
-    assert int(next(loader)) == 0

@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 
 ALWAYS, SOME, OPTIONAL = "always", "some", "optional"
+OPTIONAL_NOTE = " (only where the signature names it)"
 
 
 @dataclass(frozen=True)
@@ -114,7 +115,9 @@ COMPONENTS: tuple[Component, ...] = (
         name="batch",
         arguments=(
             Argument(
-                "model", "the model, before or after `parallelize`: read sizes from it, do not call it", positional=True
+                "model",
+                "the user's model, below any wrapper `parallelize` put on it: read sizes from it, do not call it",
+                positional=True,
             ),
             Argument("seed", "seed for this rank's batch; use a torch.Generator, not the global RNG"),
             Argument("device", "torch.device of this rank"),
@@ -129,17 +132,11 @@ COMPONENTS: tuple[Component, ...] = (
         name="parallelize",
         arguments=(
             Argument(
-                "model",
-                "what the `model` factory built, or dtensor_optim's probe model (it has `decoder_layers()`)",
-                positional=True,
+                "model", "what `model` built, or dtensor_optim's probe (it has `decoder_layers()`)", positional=True
             ),
             CELL,
             Argument("device", "torch.device of this rank (cpu with gloo, cuda with nccl)"),
-            Argument(
-                "activation_checkpointing",
-                "checkpoint every decoder layer; only grad_ckpt passes it, default False",
-                SOME,
-            ),
+            Argument("activation_checkpointing", "checkpoint every decoder layer; only grad_ckpt passes it", SOME),
             Argument(
                 "mesh",
                 "the DeviceMesh to shard over: the cell's (`torchmatrix.testing.cell_mesh`: 1-D over every rank for "
@@ -167,15 +164,15 @@ COMPONENTS: tuple[Component, ...] = (
             Argument("weight_decay", "decoupled weight decay; dtensor_optim leaves it out", SOME),
             Argument(
                 "named_parameters",
-                "a list of (name, param) of the wrapped model, the names without wrapper prefixes "
-                "(`_fsdp_wrapped_module.`, `_checkpoint_wrapped_module.`, `_orig_mod.`), for param groups chosen "
-                "by name (no weight decay on norms, an LR per module); passed only where the signature names it",
+                "a list of (name, param) of the wrapped model, named as the user's model names them "
+                "(components/wrapper_chain.py): no slot of a wrapper above it (a trainer's `_forward_module.`, DDP's "
+                "and FSDP1's `module.`, `_orig_mod.`) and no prefix of one inside (`_fsdp_wrapped_module.`, "
+                "`_checkpoint_wrapped_module.`); for param groups chosen by name (no weight decay on norms)",
                 OPTIONAL,
             ),
             Argument(
                 "model",
-                "the wrapped model itself, for a stack that builds its optimizer from the model (torchtitan's "
-                "`OptimizersContainer`); passed only where the signature names it",
+                "the wrapped model, for an optimizer built from it (torchtitan's `OptimizersContainer`)",
                 OPTIONAL,
             ),
             Argument(
@@ -183,8 +180,7 @@ COMPONENTS: tuple[Component, ...] = (
                 "the cell's `optimizer_impl` (`default` where the matrix has no such axis): `default` (the factory's "
                 "own choice), `forloop`, `foreach`, `fused` or `compiled` (the step under `torch.compile`); raise "
                 "`torchmatrix.testing.UnavailableImplementation(reason)` for one it cannot build here, and the cell's "
-                "optimizer tests skip with the reason. Passed only where the signature names it; a cell asking a "
-                "factory without it for a non-default implementation skips",
+                "optimizer tests skip with the reason. A factory without it skips in a cell asking for a non-default one",
                 OPTIONAL,
             ),
         ),
@@ -326,16 +322,8 @@ COMPONENTS: tuple[Component, ...] = (
             Argument("optimizer", "the optimizer"),
             Argument("scheduler", "the `scheduler` component's scheduler"),
             Argument("loader", "the dataset's loader (state_dict / load_state_dict)"),
-            Argument(
-                "process_group",
-                "the process group to save and load over (dtensor_optim's reshard passes a smaller world's)",
-                OPTIONAL,
-            ),
-            Argument(
-                "mesh",
-                "the cell's DeviceMesh, or a reshard world's 1-D one, over the ranks of `process_group`",
-                OPTIONAL,
-            ),
+            Argument("process_group", "the group to save and load over (a reshard's: a smaller world)", OPTIONAL),
+            Argument("mesh", "the cell's DeviceMesh, or a reshard world's 1-D one, over `process_group`", OPTIONAL),
         ),
         returns=(
             "a checkpoint manager built once per training run (told apart from the per-call form by its signature "
@@ -429,7 +417,12 @@ COMPONENTS: tuple[Component, ...] = (
     ),
     Component(
         name="dataset",
-        arguments=(Argument("path", "the file `write` created", positional=True),),
+        arguments=(
+            Argument("path", "the file `write` created", positional=True),
+            Argument("seq_len", "tokens per sequence the suite trains on (option `seq_len`)", OPTIONAL),
+            Argument("vocab_size", "token ids are below this (option `vocab_size`; no tokenizer)", OPTIONAL),
+            Argument("cell", CELL.meaning, OPTIONAL),
+        ),
         returns="a dataset with `loader(...)`",
         suites=(RESUME, CROSS_VERSION),
         members=(
@@ -452,9 +445,12 @@ COMPONENTS: tuple[Component, ...] = (
                     Argument("rank", "this rank"),
                     Argument("world_size", "ranks of the cell"),
                 ),
-                "an iterator of batches with state_dict()/load_state_dict(): token-id tensors (batch_size, seq_len), "
-                "passed as `model(tokens)` or, with option `batch_keywords`, as each keyword (`model(input_ids=tokens, "
-                "labels=tokens)`); a mapping is passed as `model(**batch)`, a tuple as `model(*batch)`",
+                "the loader the stack builds (a DataLoader, torchdata's StatefulDataLoader, any iterable; an iterator "
+                "is read as its own): read through `iter()` once per epoch and anew after a checkpointer's load; its "
+                "`state_dict()`/`load_state_dict()` hold its position (the suites keep none). Batches: token-id "
+                "tensors (batch_size, seq_len), passed as `model(tokens)` or, with option `batch_keywords`, as each "
+                "keyword (`model(input_ids=tokens, labels=tokens)`); a mapping as `model(**batch)`, a tuple as "
+                "`model(*batch)`",
             ),
         ),
     ),
@@ -499,6 +495,6 @@ def markdown_table() -> str:
 
 
 def _row(name: str, call: str, arguments: tuple[Argument, ...], returns: str, suites: tuple[str, ...]) -> str:
-    receives = "; ".join(f"`{a.name}`: {a.meaning}" for a in arguments) or "nothing"
-    cells = [f"`{name}`" if name else "", f"`{call}`", receives, returns, ", ".join(suites)]
+    receives = "; ".join(f"`{a.name}`{OPTIONAL_NOTE * (a.passed == OPTIONAL)}: {a.meaning}" for a in arguments)
+    cells = [f"`{name}`" if name else "", f"`{call}`", receives or "nothing", returns, ", ".join(suites)]
     return "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"

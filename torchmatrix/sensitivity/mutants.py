@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from torchmatrix import file_writes
-from torchmatrix.components.calling import accepts, is_bound_checkpointer
+from torchmatrix.components.calling import accepts, call_accepting, is_bound_checkpointer
 from torchmatrix.components.loading import load
 from torchmatrix.components.optimizer_implementations import (
     DEFAULT_IMPLEMENTATION,
@@ -475,8 +475,8 @@ def reshuffles_from_unsaved_seed(inner: str):
         def write(cls, *args, **kwargs):
             return cls.component.write(*args, **kwargs)
 
-        def __init__(self, path):
-            self.wrapped = self.component(path)
+        def __init__(self, path, *, seq_len=None, vocab_size=None, cell=None):
+            self.wrapped = call_accepting(self.component, path, seq_len=seq_len, vocab_size=vocab_size, cell=cell)
 
         def __len__(self):
             return len(self.wrapped)
