@@ -70,8 +70,7 @@ def parameters_text(arguments: tuple[Argument, ...]) -> str:
 
 GRAD_CKPT, RESUME, DTENSOR_OPTIM = "grad_ckpt", "resume", "dtensor_optim"
 CROSS_VERSION = "cross_version"  # writes and reads through what resume trains with
-PARALLEL_EQUIVALENCE = "parallel_equivalence"
-PEAK_MEMORY = "peak_memory"
+PARALLEL_EQUIVALENCE, PEAK_MEMORY = "parallel_equivalence", "peak_memory"
 RESUME_BF16_PARAM_OPTIMIZERS = ("precision_aware",)
 """The `optimizer` axis values whose model the resume suite builds with bf16 params unless
 `[suites.resume.options] bf16_param_optimizers` names others; every other optimizer gets fp32."""
