@@ -10,6 +10,7 @@ import torch
 
 from suites.cache_tree import cache_marks
 from suites.checkpoint_units import CheckpointUnits
+from suites.forward_output import OUTPUT
 from suites.test_grad_ckpt import BF16_RTOL, cache_contents, found_caches, precision_from
 from torchmatrix.matrix.suite_options import OptionError
 from torchmatrix.testing import GradCkptOptions
@@ -42,11 +43,11 @@ def test_any_pytree_is_flattened_to_tensors_and_plain_state_by_path():
 def test_the_cache_on_the_output_comes_first_then_the_hook():
     units = CheckpointUnits(containers=[("cache", {0: {"key_states": torch.zeros(1)}}, {})])  # empty when handed over
     output_cache = ObjectCache()
-    assert found_caches({"loss": torch.zeros(()), "past_key_values": output_cache}, units) == (
+    assert found_caches({OUTPUT: {"loss": torch.zeros(()), "past_key_values": output_cache}}, units) == (
         {"past_key_values": output_cache},
         "output",
     )
-    caches, source = found_caches(torch.zeros(()), units)
+    caches, source = found_caches({OUTPUT: torch.zeros(())}, units)
     assert source == "hook" and list(caches) == ["cache"]
 
 
@@ -56,9 +57,9 @@ def test_no_cache_anywhere_is_an_empty_one_and_containers_forward_did_not_write_
     units = CheckpointUnits(
         containers=[("options", {"causal": True}, {}), ("masks", mask, cache_marks({"masks": mask}))]
     )
-    assert found_caches((torch.zeros(()), "logits"), units) == ({}, "output")
+    assert found_caches({OUTPUT: (torch.zeros(()), "logits")}, units) == ({}, "output")
     mask["mask"].add_(1)
-    assert found_caches((torch.zeros(()), "logits"), units)[1] == "hook", "written in place: a cache"
+    assert found_caches({OUTPUT: (torch.zeros(()), "logits")}, units)[1] == "hook", "written in place: a cache"
 
 
 def test_a_declared_compute_dtype_compares_and_labels_at_its_precision():

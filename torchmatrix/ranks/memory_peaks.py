@@ -8,6 +8,7 @@ rank's lifetime peak, which would carry every earlier test's.
 
 from __future__ import annotations
 
+import os
 import sys
 
 PEAK_RSS_BYTES = "peak_rss_bytes"  # the test's figure: its ranks' largest resident high-water mark
@@ -16,7 +17,7 @@ CUDA_PEAK_RESERVED_BYTES = "cuda_peak_reserved_bytes"  # torch.cuda.max_memory_r
 MEMORY_PEAKS = (PEAK_RSS_BYTES, CUDA_PEAK_ALLOCATED_BYTES, CUDA_PEAK_RESERVED_BYTES)
 _STATUS = "/proc/self/status"
 _CLEAR_REFS = "/proc/self/clear_refs"
-_RESET_PEAK = "5"
+_RESET_PEAK = b"5"
 
 
 def peaks_since_last_reading() -> dict[str, int]:
@@ -56,9 +57,15 @@ def _resident_high_water() -> int | None:
 
 
 def _reset_resident_high_water() -> bool:
+    """A write to the kernel's control file, never a file created: no O_CREAT."""
     try:
-        with open(_CLEAR_REFS, "w") as clear_refs:
-            clear_refs.write(_RESET_PEAK)
+        control = os.open(_CLEAR_REFS, os.O_WRONLY)
     except OSError:
         return False
+    try:
+        os.write(control, _RESET_PEAK)
+    except OSError:
+        return False
+    finally:
+        os.close(control)
     return True
