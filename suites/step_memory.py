@@ -5,7 +5,7 @@ temporaries), on this rank's device.
 The profiler sees every allocation of the device's allocator, compiled kernels' and tensor subclasses'
 included (torch's MemTracker, a dispatch mode, cannot build the reference model's causal-bias
 subclass), and attributes each tensor to a kind from the autograd graph and the optimizer's state.
-Sizes are exact and do not depend on the machine's load: two runs of one release give the same bytes.
+Sizes do not depend on the machine's load: two runs of one release give the same bytes of each attributed kind.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ CELLS = ("ws1-none-sdpa-adamw-none", "ws1-none-sdpa-adamw-aot_eager", "ws2-fsdp2
 COMPILED = "ws1-none-sdpa-adamw-aot_eager"
 MEMORY_SECTION = "#### Memory grown past 1.25×"
 KINDS = ("parameters", "optimizer_state", "gradients", "activations", "temporaries")
+ATTRIBUTED = ("parameters", "optimizer_state", "gradients", "activations")
 # run -> (its components over the reference ones, its cells): the reference twice, then two memory mutants.
 # A policy that saves every op runs only compiled: in eager, checkpoint's dispatch mode cannot build the
 # decoder's causal-bias tensor subclass (as torch's MemTracker cannot).
@@ -99,10 +100,12 @@ def test_each_cell_records_its_step_by_kind_and_its_resident_peak(runs):
 
 
 def test_two_runs_of_one_release_hold_the_same_bytes_and_compare_clean(runs):
+    """Attributed kinds are exact run to run; under FSDP the unattributed bytes (collective buffers freed as the
+    other rank's data arrives) move by some tens of KB, under the rule's floor (docs/explanation/peak-memory.md)."""
     first, second = step_figures(runs["first"]), step_figures(runs["second"])
     for cell in CELLS:
-        exact = {name: value for name, value in first[cell].items() if name.startswith("step_peak_bytes")}
-        assert exact == {name: second[cell][name] for name in exact}, cell
+        exact = {kind: first[cell][f"step_peak_bytes/{kind}"] for kind in ATTRIBUTED}
+        assert exact == {kind: second[cell][f"step_peak_bytes/{kind}"] for kind in ATTRIBUTED}, cell
     done = compare(runs["first"], runs["second"])
     assert done.returncode == 0, done.stdout + done.stderr
     assert "0 memory figures grown past 1.25×" in done.stdout and MEMORY_SECTION not in done.stdout, done.stdout

@@ -3,7 +3,7 @@
 Two kinds of figure, two rules (docs/explanation/peak-memory.md has the noise they were set from):
 
 - A training step's bytes by kind of tensor (`step_peak_bytes/<kind>`, the peak_memory suite) are
-  exact: the same release gives the same bytes run after run. A kind grew when it rose past
+  exact run after run, but for some tens of KB of collective buffers under FSDP. A kind grew when it rose past
   `memory_ratio` times its bytes, by MIN_STEP_GROWTH_BYTES or more (a kind that held nothing and now
   holds that much grew too), in a test that passed on both sides.
 - A process's resident high-water mark and a GPU allocator's peaks (every test's, ranks/memory_peaks.py)
@@ -30,7 +30,7 @@ MIN_STEP_GROWTH_BYTES = 64 * 1024
 MIN_PROCESS_GROWTH_BYTES = 64 * 1024 * 1024
 MIN_PEAK_TESTS = 3
 MEMORY_RULE = (
-    "A training step's bytes by kind of tensor are exact, so a kind is flagged in its cell when it grew that much "
+    "A training step's bytes by kind of tensor are exact (but for some KB of collective buffers), so a kind is flagged in its cell when it grew that much "
     f"and by {MIN_STEP_GROWTH_BYTES // 1024} KiB or more. A process's resident high-water mark and the GPU "
     "allocator's peaks carry what earlier tests left, so a suite is flagged only when the total and the median test "
     f"both grew that much, by {MIN_PROCESS_GROWTH_BYTES // 2**20} MiB or more, over {MIN_PEAK_TESTS} or more tests."
