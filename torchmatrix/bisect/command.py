@@ -41,6 +41,7 @@ from torchmatrix.exit_codes import ExitCode
 from torchmatrix.matrix.config import Matrix
 from torchmatrix.matrix.selection import EVERY_CELL, CellSelection
 from torchmatrix.messages.cross_version import SUITE, writer_of_read
+from torchmatrix.reports.machine_paths import without_machine_paths
 from torchmatrix.reports.records import RunResults, TestRecord
 from torchmatrix.reports.run_reader import load_results
 from torchmatrix.reports.upgrade_diff import upgrade_diffs
@@ -298,7 +299,10 @@ def _bisect(request: BisectRequest, interrupts: Interrupts) -> int:
         interrupts.writing_reports()
         print("torchmatrix bisect: interrupted; writing what was decided", file=sys.stderr, flush=True)
     interrupted = interrupts.interrupted
-    lines = [verdict_line(regression, search, interrupted=interrupted) for regression, search in searches]
+    lines = [
+        without_machine_paths(verdict_line(regression, search, interrupted=interrupted), out, request.matrix.root)
+        for regression, search in searches
+    ]
     if interrupted and not searches:
         lines = ["interrupted before a search began: no release was judged"]
     _write_report(out, request, searches, lines, steps, interrupted=interrupted)
@@ -572,7 +576,7 @@ def _write_report(
         "# torch bisect",
         "",
         f"{count(steps.count, 'step')} in {format_seconds(data['seconds'])}"
-        + (f", regressions of run {request.from_run}" if request.from_run else "")
+        + (f", regressions of run {request.from_run.name}" if request.from_run else "")
         + ("; interrupted: what was decided before the signal" if interrupted else ""),
         "",
         *(f"- {line}" for line in lines),
@@ -584,7 +588,8 @@ def _write_report(
             for i, s in enumerate(steps.log, 1)
         ),
     ]
-    file_writes.write_text(out / f"{REPORT_NAME}.md", "\n".join(markdown) + "\n")
+    text = without_machine_paths("\n".join(markdown) + "\n", out, request.matrix.root)
+    file_writes.write_text(out / f"{REPORT_NAME}.md", text)
 
 
 def _since(begun: float) -> float:
