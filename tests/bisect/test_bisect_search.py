@@ -15,6 +15,7 @@ from torchmatrix.bisect.command import (
     regressions_of_run,
     verdict_line,
 )
+from torchmatrix.bisect.failures import FailureSearch
 from torchmatrix.bisect.search import Bisection, Outcome
 from torchmatrix.bisect.versions import VersionError, between, listed_versions
 from torchmatrix.reports.run_reader import load_results
@@ -78,19 +79,17 @@ def test_a_flaky_release_ends_the_search_without_an_answer():
     assert "first bad" not in line and f"no verdict: torch {version} flaky" in line
 
 
-def test_tests_of_one_cell_that_ask_for_the_same_release_share_a_step():
-    def regression(test, cell):
-        return Regression("s", test, cell, {"world_size": cell[-1]}, "2.90.0", "2.94.0", "E")
+def test_failures_of_one_cell_that_ask_for_the_same_release_share_a_step():
+    def search(test, cell):
+        regression = Regression("s", test, cell, {"world_size": cell[-1]}, "2.90.0", "2.94.0", f"E {test}")
+        return FailureSearch([regression], Bisection("2.90.0", "2.94.0", ["2.91.0", "2.92.0", "2.93.0"]))
 
-    releases = ["2.91.0", "2.92.0", "2.93.0"]
-    searches = [
-        (regression(t, c), Bisection("2.90.0", "2.94.0", releases))
-        for t, c in [("a", "ws1"), ("b", "ws2"), ("c", "ws1")]
-    ]
-    assert [r.test for r, _ in next_batch(searches)] == ["a", "c"]
-    searches[2][1].record("2.92.0", Outcome.FAILS, "E")
-    assert [r.test for r, _ in next_batch(searches)] == ["a"]
-    assert bisect_selection([searches[0][0], searches[2][0]]) == ["--only=world_size=1", "--test=s::a", "--test=s::c"]
+    searches = [search(t, c) for t, c in [("a", "ws1"), ("b", "ws2"), ("c", "ws1")]]
+    assert [s.regressions[0].test for s in next_batch(searches)] == ["a", "c"]
+    searches[2].bisection.record("2.92.0", Outcome.FAILS, "E")
+    assert [s.regressions[0].test for s in next_batch(searches)] == ["a"]
+    judged = [searches[0].regressions[0], searches[2].regressions[0]]
+    assert bisect_selection(judged, []) == ["--only=world_size=1", "--test=s::a", "--test=s::c"]
 
 
 def test_listing_drops_local_labels_and_keeps_what_lies_between_the_pins():
@@ -114,7 +113,11 @@ def test_a_runs_confirmed_regressions_are_what_from_run_bisects(tmp_path):
         ("alpha", "test_regress", "ws2-fsdp2", "2.13.0", "2.14.1")
     ]
     assert regressions[0].axes == {"world_size": "2", "fsdp": "fsdp2"}
-    assert bisect_selection(regressions) == ["--only=world_size=2", "--only=fsdp=fsdp2", "--test=alpha::test_regress"]
+    assert bisect_selection(regressions, []) == [
+        "--only=world_size=2",
+        "--only=fsdp=fsdp2",
+        "--test=alpha::test_regress",
+    ]
 
 
 def test_a_run_without_a_confirmed_regression_is_refused(tmp_path):

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from torchmatrix.reports.machine_paths import without_machine_paths
 from torchmatrix.reports.records import TestRecord
 from torchmatrix.reports.results_json import write_json
 from torchmatrix.reports.run_reader import load_results
@@ -96,9 +97,10 @@ def test_the_reproducer_is_torch_only_and_holds_the_failure_as_data(reproducer, 
     (failure,) = [n.value for n in tree.body if isinstance(n, ast.Assign) and n.targets[0].id == "FAILURE"]
     assert ast.literal_eval(failure)["root_cause"] == HOSTILE
     command = (reproducer / "command.txt").read_text()
-    assert command == f"python repro.py --writer {second_python} --reader {sys.executable}\n"
+    reader = without_machine_paths(sys.executable, None, Path.cwd())  # relative to the project, as the README says
+    assert command == f"python repro.py --writer {second_python} --reader {reader}\n"
     readme = (reproducer / "README.md").read_text()
-    assert f"# A checkpoint written by torch {CANDIDATE} cannot be loaded by torch" in readme
+    assert f"# A checkpoint written by torch {CANDIDATE}+cpu cannot be loaded by torch {BASELINE}+cpu" in readme
     assert "no pytest, no torchmatrix" in readme and "checks the checkpoint format alone" in readme
 
 

@@ -32,15 +32,18 @@ from torchmatrix.bisect.directions import (
     read_of,
     write_failure,
 )
+from torchmatrix.bisect.failures import FailureSearch, cell_selection, grouped
 from torchmatrix.bisect.regression import Regression
 from torchmatrix.bisect.search import Bisection, Outcome
 from torchmatrix.bisect.versions import IndexUnlisted, VersionError, offered_versions
 from torchmatrix.env.envdir_lock import EnvdirBusy, EnvdirUnlockable, lock_envdir
 from torchmatrix.env.version_venv import prepare_venv
 from torchmatrix.exit_codes import ExitCode
+from torchmatrix.matrix.cells import Cell
 from torchmatrix.matrix.config import Matrix
 from torchmatrix.matrix.selection import EVERY_CELL, CellSelection
 from torchmatrix.messages.cross_version import SUITE, writer_of_read
+from torchmatrix.reports.machine_paths import without_machine_paths
 from torchmatrix.reports.records import RunResults, TestRecord
 from torchmatrix.reports.run_reader import load_results
 from torchmatrix.reports.upgrade_diff import upgrade_diffs
@@ -186,6 +189,7 @@ class Steps:
             "--run-id", run_id,
             "--progress-part", f"{self.count}/{self.planned}",
             "--progress-since", f"{self.started:.3f}",
+            "--no-report-hint",
             *(["--slots", str(self.request.slots)] if self.request.slots else []),
             *arguments,
         ]  # fmt: skip
@@ -268,29 +272,35 @@ def _bisect(request: BisectRequest, interrupts: Interrupts) -> int:
     out.mkdir(parents=True)
     print(f"torchmatrix bisect: writing to {out}", flush=True)
     steps = Steps(request, out, 0 if request.from_run else 2)
-    searches: list[tuple[Regression, Bisection]] = []
+    searches: list[FailureSearch] = []
     try:
         regressions = regressions or _regressions_of_pins(request, steps)
         searches = _searches(request, regressions)
         steps.planned += sum(math.ceil(math.log2(len(s.candidates) + 1)) for s in _distinct_ranges(searches))
+        matrix_cells = request.matrix.cells()
         while batch := next_batch(searches):
-            version = batch[0][1].next_version()
-            judged = [regression for regression, _ in batch]
+            version = batch[0].bisection.next_version()
+            judged = [regression for search in batch for regression in search.regressions]
             if judged[0].direction:
                 pairs = direction_step(judged, version)
-                results, skipped, reason = steps.pair(version, pairs, cell_selection(judged[0]))
+                results, skipped, reason = steps.pair(version, pairs, cell_selection(judged, matrix_cells))
             else:
-                results, skipped, reason = steps.run(version, bisect_selection(judged))
-            for regression, search in batch:
-                if results is None:
-                    search.record(version, skipped, reason)
-                    continue
-                outcome, detail = step_verdict(results, regression, version)
-                print(
-                    f"torchmatrix bisect: torch {version}: {regression.name} {outcome.value}"
-                    + (f": {detail}" if detail else "")
+                results, skipped, reason = steps.run(version, bisect_selection(judged, matrix_cells))
+            for search in batch:
+                verdicts = (
+                    [(skipped, reason)] * len(search.regressions)
+                    if results is None
+                    else [step_verdict(results, regression, version) for regression in search.regressions]
                 )
-                search.record(version, outcome, detail)
+                parts = search.record(version, verdicts)
+                at = next(i for i, other in enumerate(searches) if other is search)
+                searches[at : at + 1] = parts
+                for part in parts if results is not None else []:
+                    outcome, detail = part.bisection.tried[version]
+                    print(
+                        f"torchmatrix bisect: torch {version}: {part.name} {outcome.value}"
+                        + (f": {detail}" if detail else "")
+                    )
     except (BisectError, VersionError, IndexUnlisted):
         shutil.rmtree(created, ignore_errors=True)  # a refusal leaves nothing behind but the venvs
         raise
@@ -298,7 +308,10 @@ def _bisect(request: BisectRequest, interrupts: Interrupts) -> int:
         interrupts.writing_reports()
         print("torchmatrix bisect: interrupted; writing what was decided", file=sys.stderr, flush=True)
     interrupted = interrupts.interrupted
-    lines = [verdict_line(regression, search, interrupted=interrupted) for regression, search in searches]
+    lines = [
+        without_machine_paths(verdict_line(search, search.bisection, interrupted=interrupted), out, request.matrix.root)
+        for search in searches
+    ]
     if interrupted and not searches:
         lines = ["interrupted before a search began: no release was judged"]
     _write_report(out, request, searches, lines, steps, interrupted=interrupted)
@@ -309,25 +322,27 @@ def _bisect(request: BisectRequest, interrupts: Interrupts) -> int:
         print(line)
     if interrupted:
         return ExitCode.INTERRUPTED
-    return ExitCode.FAILED if any(search.stopped is not None for _, search in searches) else ExitCode.PASSED
+    return ExitCode.FAILED if any(s.bisection.stopped is not None for s in searches) else ExitCode.PASSED
 
 
-def _searches(request: BisectRequest, regressions: list[Regression]) -> list[tuple[Regression, Bisection]]:
-    """One search per regression over the releases between its pins (the index is listed once per pair)."""
+def _searches(request: BisectRequest, regressions: list[Regression]) -> list[FailureSearch]:
+    """One search per distinct failure over the releases between its pins (the index is listed once per pair)."""
     searches = []
     offered: dict[tuple[str, str], list[str]] = {}
-    for regression in regressions:
+    for failure in grouped(regressions):
+        regression = failure[0]
         pins = (regression.good, regression.bad)
         if pins not in offered:
             offered[pins] = offered_versions(request.matrix, *pins)
         candidates = offered[pins]
+        search = FailureSearch(failure, Bisection(regression.good, regression.bad, candidates))
         print(
-            f"torchmatrix bisect: {regression.name}: {_pins_said(regression)}; "
+            f"torchmatrix bisect: {search.name}: {_pins_said(regression)}; "
             f"{count(len(candidates), 'version')} between them on the index ({', '.join(candidates) or 'none'}): "
             f"at most {math.ceil(math.log2(len(candidates) + 1))} to install",
             flush=True,
         )
-        searches.append((regression, Bisection(regression.good, regression.bad, candidates)))
+        searches.append(search)
     return searches
 
 
@@ -339,9 +354,11 @@ def _pins_said(regression: Regression) -> str:
     return f"passes on {regression.good}, fails alone on {regression.bad}"
 
 
-def _distinct_ranges(searches: list[tuple[Regression, Bisection]]) -> list[Bisection]:
-    """One search per (cell, direction, good, bad): the tests of one cell that regressed together share its steps."""
-    return list({(r.cell, r.direction, r.good, r.bad): s for r, s in searches}.values())
+def _distinct_ranges(searches: list[FailureSearch]) -> list[Bisection]:
+    """One search per (cells, direction, good, bad): failures of the same cells share their steps."""
+    return list(
+        {(tuple(s.cells), s.direction, s.bisection.good, s.bisection.bad): s.bisection for s in searches}.values()
+    )
 
 
 def regressions_of_run(results: RunResults) -> list[Regression]:
@@ -429,33 +446,28 @@ def _regression(record: TestRecord, axes: dict[str, str], good: str, bad: str) -
     return Regression(record.suite, record.test, record.run_cell, dict(axes), good, bad, record.message)
 
 
-def next_batch(searches: list[tuple[Regression, Bisection]]) -> list[tuple[Regression, Bisection]]:
-    """The searches one step serves: the first open one, and every other open one of the same cell
-    and kind (tests, or a checkpoint direction) that asks for the same version next (the tests of
-    one cell that regressed together)."""
-    open_searches = [(r, s) for r, s in searches if s.next_version() is not None]
+def next_batch(searches: list[FailureSearch]) -> list[FailureSearch]:
+    """The searches one step serves: the first open one, and every other open one of the same cells
+    and kind (tests, or a checkpoint direction) that asks for the same version next (the failures
+    of the same cells that regressed together)."""
+    open_searches = [s for s in searches if s.bisection.next_version() is not None]
     if not open_searches:
         return []
-    first, search = open_searches[0]
-    version = search.next_version()
+    first = open_searches[0]
+    version = first.bisection.next_version()
     return [
-        (r, s)
-        for r, s in open_searches
-        if (r.cell, r.direction) == (first.cell, first.direction) and s.next_version() == version
+        s
+        for s in open_searches
+        if (s.cells, s.direction) == (first.cells, first.direction) and s.bisection.next_version() == version
     ]
 
 
-def bisect_selection(regressions: list[Regression]) -> list[str]:
-    """`torchmatrix run` arguments for only these tests in only their (one) cell."""
+def bisect_selection(regressions: list[Regression], matrix_cells: list[Cell]) -> list[str]:
+    """`torchmatrix run` arguments for only these tests in only their cells."""
     return [
-        *cell_selection(regressions[0]),
+        *cell_selection(regressions, matrix_cells),
         *sorted({f"--test={regression.suite}::{regression.test}" for regression in regressions}),
     ]
-
-
-def cell_selection(regression: Regression) -> list[str]:
-    """`torchmatrix run` arguments for only the regression's cell."""
-    return [f"--only={axis}={value}" for axis, value in regression.axes.items()]
 
 
 def _same_test(record: TestRecord, other: TestRecord) -> bool:
@@ -499,7 +511,7 @@ def verdict(record: TestRecord | None) -> tuple[Outcome, str]:
     return Outcome.NO_VERDICT, f"failed ({record.message}) and was not re-run alone"
 
 
-def verdict_line(regression: Regression, search: Bisection, *, interrupted: bool = False) -> str:
+def verdict_line(regression: Regression | FailureSearch, search: Bisection, *, interrupted: bool = False) -> str:
     """`first bad: 2.14.0 (2.13.0 passed) — <root cause>`, or why the search has no answer."""
     if search.stopped is not None:
         outcome, detail = search.tried[search.stopped]
@@ -529,7 +541,7 @@ def _step_state(step: dict) -> str:
         return "no: " + step["reason"]
     if step.get("imports") is False:
         return "yes, but torch does not import: " + step["reason"]
-    state = "reused its venv" if step.get("reused") else "yes"
+    state = "reused" if step.get("reused") else "yes"
     return state + ("; interrupted" if step.get("interrupted") else "")
 
 
@@ -553,6 +565,7 @@ def _write_report(
                 "suite": regression.suite,
                 "test": regression.test,
                 "cell": regression.cell,
+                "cells": failure.cells,
                 "direction": regression.direction,
                 "good": regression.good,
                 "bad": regression.bad,
@@ -564,7 +577,8 @@ def _write_report(
                 "tried": {v: {"outcome": o.value, "detail": d} for v, (o, d) in search.tried.items()},
                 "verdict": line,
             }
-            for (regression, search), line in zip(searches, lines)
+            for failure, line in zip(searches, lines)
+            for regression, search in [(failure.regressions[0], failure.bisection)]
         ],
     }
     file_writes.write_text(out / f"{REPORT_NAME}.json", json.dumps(data, indent=2) + "\n")
@@ -572,7 +586,7 @@ def _write_report(
         "# torch bisect",
         "",
         f"{count(steps.count, 'step')} in {format_seconds(data['seconds'])}"
-        + (f", regressions of run {request.from_run}" if request.from_run else "")
+        + (f", regressions of run {request.from_run.name}" if request.from_run else "")
         + ("; interrupted: what was decided before the signal" if interrupted else ""),
         "",
         *(f"- {line}" for line in lines),
@@ -584,7 +598,8 @@ def _write_report(
             for i, s in enumerate(steps.log, 1)
         ),
     ]
-    file_writes.write_text(out / f"{REPORT_NAME}.md", "\n".join(markdown) + "\n")
+    text = without_machine_paths("\n".join(markdown) + "\n", out, request.matrix.root)
+    file_writes.write_text(out / f"{REPORT_NAME}.md", text)
 
 
 def _since(begun: float) -> float:

@@ -29,11 +29,16 @@ class Regression:
 
     @property
     def name(self) -> str:
+        return self.named([self.cell])
+
+    def named(self, cells: list[str]) -> str:
+        """The regression's name over `cells`: the cells a search of the same failure judges."""
+        where = ", ".join(cells)
         if self.direction == ROLLBACK:
-            return f"rollback [{self.cell}] (torch {self.good} reading each release's checkpoint)"
+            return f"rollback [{where}] (torch {self.good} reading each release's checkpoint)"
         if self.direction == FORWARD:
-            return f"forward [{self.cell}] (each release reading torch {self.good}'s checkpoint)"
-        return f"{self.suite}::{self.test} [{self.cell}]"
+            return f"forward [{where}] (each release reading torch {self.good}'s checkpoint)"
+        return f"{self.suite}::{self.test} [{where}]"
 
     def writer_and_reader(self, version: str) -> tuple[str, str]:
         """Who writes and who reads the checkpoint of a direction's step on `version`."""

@@ -80,6 +80,9 @@ def add_parser(commands) -> argparse.ArgumentParser:
         help="a report step runs after this one (nox passes it): the closing lines say so instead of naming the command",
     )
     parser.add_argument(
+        "--no-report-hint", action="store_true", help=argparse.SUPPRESS
+    )  # a bisect step: the bisect writes its own report, so the closing lines name no report command
+    parser.add_argument(
         "--cross-version-reads",
         action="store_true",
         help="load the other torch versions' cross_version checkpoints of this run (cross-read passes it)",
@@ -211,5 +214,12 @@ def run(args: argparse.Namespace) -> ExitCode:
     )
     code = run_version(request)
     if not request.cross_version_reads:
-        print(run_closing_lines(request.run_dir, failed=code == ExitCode.FAILED, report_follows=args.report_follows))
+        print(
+            run_closing_lines(
+                request.run_dir,
+                failed=code == ExitCode.FAILED,
+                report_follows=args.report_follows,
+                report_hint=not args.no_report_hint,
+            )
+        )
     return code

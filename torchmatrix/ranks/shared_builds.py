@@ -17,6 +17,8 @@ import os
 import threading
 from dataclasses import dataclass
 
+from torchmatrix.ranks.truncated_builds import rebuild_truncated
+
 PROBE_FOLDER = ".vec-isa-probe"  # beside the cells' folders; a cell id starts with its world size, never a dot
 KERNELS_FOLDER = "kernels"  # in a cell's folder, beside its ranks' folders (`rank<N>…`)
 
@@ -53,6 +55,7 @@ def share_inductor_builds(cache_variable: str) -> None:
     probe = getattr(cpu_vec_isa, "valid_vec_isa_list", None)
     if probe is not None:
         cpu_vec_isa.valid_vec_isa_list = functools.cache(_built_in(lambda *_: _places.probe, probe))
+    rebuild_truncated(codecache)
     write, lock_dir = getattr(codecache, "write", None), getattr(codecache, "get_lock_dir", None)
     if write is not None and lock_dir is not None:
         codecache.write = _built_in(_source_addressed(write), write)

@@ -69,18 +69,19 @@ def _where(cause: RootCause, baseline: str) -> str:
     return ", ".join(dict.fromkeys(read_label(r, baseline) or f"torch {r.torch}" for r, _ in cause.failures))
 
 
-def run_closing_lines(run_dir: Path, failed: bool, report_follows: bool = False) -> str:
+def run_closing_lines(run_dir: Path, failed: bool, report_follows: bool = False, report_hint: bool = True) -> str:
     """A direct run's last words: its root causes on failure and the CPU-simulation limits it hit
     (as `report` lists them), then the command that writes its summaries, which a run alone does
-    not; under nox, whose report session follows, that it will."""
+    not; under nox, whose report session follows, that it will; a bisect step (`report_hint` false)
+    names neither, since the bisect writes its own report."""
     try:
         run = load_results(run_dir)
         lines = [*root_cause_lines(run), *simulation_limit_lines(run)]
     except ResultsError as error:
         lines = [f"torchmatrix: cannot list the root causes: {error}"] if failed else []
-    if report_follows:
+    if report_hint and report_follows:
         lines.append(f"torchmatrix: nox's report session writes the summaries of {run_dir} once every version has run")
-    else:
+    elif report_hint:
         quoted = shlex.quote(str(run_dir))
         lines.append(
             f"torchmatrix: write summary.md and summary.html with `python -m torchmatrix report {quoted}` "

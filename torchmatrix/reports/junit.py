@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 import socket
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from torchmatrix.messages.cross_version import READ_TEST, READS_DIR
 from torchmatrix.messages.events import TestOutcome
 from torchmatrix.ranks.output_cap import HARD_LIMIT_BYTES, cap_text
 from torchmatrix.reports.checkpoint_directions import ROLLBACK, direction_name
+from torchmatrix.reports.machine_paths import without_machine_paths
 from torchmatrix.reports.records import ResultsError
 from torchmatrix.reports.untrusted_text import one_line, visible
 from torchmatrix.status import Status
@@ -147,12 +149,26 @@ def write_suites(path: Path, suites: Sequence[TestSuite]) -> None:
 
 
 def write_cell(
-    version_dir: Path, version: str, environment: Environment, cell: Cell, outcomes, started: float | None = None
+    version_dir: Path,
+    version: str,
+    environment: Environment,
+    cell: Cell,
+    outcomes,
+    started: float | None = None,
+    project: Path | None = None,
 ) -> Path:
-    """Write `<version_dir>/<cell-id>.xml`, the one-cell file every merge starts from."""
+    """Write `<version_dir>/<cell-id>.xml`, the one-cell file every merge starts from; its messages,
+    tracebacks and output name paths relative to the run directory or `project`, never this machine's."""
     path = version_dir / f"{cell.id}.xml"
-    write_suites(path, [cell_report(version, environment, cell, outcomes, started)])
+    run_dir = version_dir.parent.parent if version_dir.name == READS_DIR else version_dir.parent
+    upstream = [(run, _without_machine_paths(outcome, run_dir, project)) for run, outcome in outcomes]
+    write_suites(path, [cell_report(version, environment, cell, upstream, started)])
     return path
+
+
+def _without_machine_paths(outcome: TestOutcome, run_dir: Path, project: Path | None) -> TestOutcome:
+    texts = ("message", "text", "stdout", "stderr", "confirmation_note")
+    return replace(outcome, **{name: without_machine_paths(getattr(outcome, name), run_dir, project) for name in texts})
 
 
 def read_suites(path: Path) -> list[TestSuite]:

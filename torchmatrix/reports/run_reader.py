@@ -14,6 +14,7 @@ from torchmatrix.matrix.config import ReportSettings
 from torchmatrix.messages.run_plan import PlanFileError, RunPlan, read_plan
 from torchmatrix.ranks.per_test_usage import WARNING_PROPERTY
 from torchmatrix.reports import confirmation_notes, junit
+from torchmatrix.reports.machine_paths import relative_path
 from torchmatrix.reports.records import ResultsError, RunResults, TestRecord, VersionInfo, figure_value
 from torchmatrix.reports.results_json import FILE_NAME, read_json
 from torchmatrix.status import Status
@@ -77,7 +78,7 @@ def _from_suites(run_dir: Path, suites: list[TestSuite], baseline: str | None, s
         run_id=run_dir.name,
         created=run_started(plans.values(), suites),
         hosts=sorted({s.hostname for s in suites if s.hostname}),
-        matrix_path=next((p.matrix or "" for p in plans.values()), ""),
+        matrix_path=relative_path(next((p.matrix or "" for p in plans.values()), ""), run_dir),
         matrix_sha256=plan_sha[0] if plan_sha else "",
         baseline=baseline if baseline in versions or not versions else versions[0],
         settings=settings,

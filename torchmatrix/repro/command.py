@@ -18,10 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from torchmatrix.matrix.config import load_matrix
-from torchmatrix.reports.records import RunResults, TestRecord
+from torchmatrix.reports.machine_paths import without_machine_paths
+from torchmatrix.reports.records import RunResults, TestRecord, VersionInfo
 from torchmatrix.reports.reproducible import failure_id, is_reproducible
 from torchmatrix.reports.run_reader import load_results
 from torchmatrix.repro import cross_version
+from torchmatrix.repro.environment_summary import environment_lines
 from torchmatrix.repro.inlining import inline_check
 from torchmatrix.repro.output_directory import MARK, SCRIPT_NAME, check_output, publish
 from torchmatrix.status import Status
@@ -63,13 +65,14 @@ def write_reproducer(
     out = out or run_dir / "repro" / re.sub(r"[^\w.-]+", "_", failure_id(record)).strip("_")
     check_output(out, set(REPRO_FILES))
     pair = cross_version.pair_of(record)
+    root = Path(config).resolve().parent if config else Path.cwd()
     if pair:
-        root = Path(config).resolve().parent if config else Path.cwd()
         reproducer = Reproducer(out, "", cross_version.NEEDS)
         files = _cross_version_files(results, record, info, reproducer, root, python, writer_python, pair[0])
     else:
         reproducer = Reproducer(out, f"python {SCRIPT_NAME}", SUITE_NEEDS)
         files = _suite_files(results, record, info, reproducer, run_dir, python, config)
+    files = {name: without_machine_paths(text, run_dir.resolve(), root) for name, text in files.items()}
     try:
         publish(out, files)
     except OSError as error:
@@ -100,21 +103,25 @@ def _suite_files(results, record, info, reproducer, run_dir, python, config) -> 
         "options": dict(suite.options),
         "components": dict(matrix.components),
     }
-    collect_env = _collect_env(python or _venv_python(matrix.root, record.torch) or sys.executable)
+    interpreter = python or _venv_python(matrix.root, record.torch) or sys.executable
+    collect_env = _collect_env(interpreter)
     passing = _passing_versions(results, record, run_dir)
+    environment = environment_lines(interpreter)
     return {
         SCRIPT_NAME: script_text(check, sources, record, info.build or record.torch),
         "command.txt": reproducer.command + "\n",
         "cell.json": json.dumps({"id": cell.id, **dict(cell)}, indent=2) + "\n",
         "collect_env.txt": collect_env,
-        "README.md": readme(record, info, cell.id, reproducer.command, passing, collect_env),
+        "README.md": readme(record, info, cell.id, reproducer.command, passing, environment),
     }
 
 
 def _cross_version_files(results, record, info, reproducer, root, python, writer_python, writer) -> dict[str, str]:
     """repro.py writing the checkpoint with the writer's torch and loading it with the reader's, torch only."""
-    reader_python = python or _venv_python(root, record.torch) or f"/path/to/torch-{record.torch}/bin/python"
-    writer_python = writer_python or _venv_python(root, writer) or f"/path/to/torch-{writer}/bin/python"
+    reader_found = python or _venv_python(root, record.torch)
+    writer_found = writer_python or _venv_python(root, writer)
+    reader_python = reader_found or f"/path/to/torch-{record.torch}/bin/python"
+    writer_python = writer_found or f"/path/to/torch-{writer}/bin/python"
     run_command = cross_version.command(writer_python, reader_python)
     failure = {
         "writer": writer,
@@ -130,8 +137,18 @@ def _cross_version_files(results, record, info, reproducer, root, python, writer
         "command.txt": run_command + "\n",
         "cell.json": json.dumps(cell, indent=2) + "\n",
         "collect_env.txt": collect_env,
-        "README.md": cross_version.readme(record, writer, info, record.run_cell, run_command, collect_env),
+        "README.md": cross_version.readme(
+            record,
+            cross_version.Side(writer, _version_of(results, writer), environment_lines(writer_found)),
+            cross_version.Side(record.torch, info, environment_lines(reader_found)),
+            run_command,
+        ),
     }
+
+
+def _version_of(results: RunResults, torch: str) -> VersionInfo:
+    """What the run recorded of `torch` (its build, git version, device); the bare version when it did not run it."""
+    return next((v for v in results.versions if v.torch == torch), VersionInfo(torch))
 
 
 def _find(results: RunResults, wanted: str) -> TestRecord:
@@ -251,7 +268,8 @@ def _bisected(report: Path) -> list[dict]:
     return [r for r in regressions if isinstance(r, dict)] if isinstance(regressions, list) else []
 
 
-def readme(record: TestRecord, info, cell_id: str, command: str, passing: list[str], collect_env: str) -> str:
+def readme(record: TestRecord, info, cell_id: str, command: str, passing: list[str], environment: list[str]) -> str:
+    """README.md laid out as an upstream bug report: expected, happened, root cause, how to run it, versions, environment."""
     text = record.text.strip().splitlines()
     excerpt = "\n".join(text[:FAILURE_TEXT_LINES] + (["..."] if len(text) > FAILURE_TEXT_LINES else []))
     return "\n".join(
@@ -292,8 +310,11 @@ def readme(record: TestRecord, info, cell_id: str, command: str, passing: list[s
             "## Environment",
             "",
             "```",
-            collect_env.strip(),
+            *environment,
             "```",
+            "",
+            "`python -m torch.utils.collect_env` in full: collect_env.txt. Paths are relative to the run directory",
+            "or the project that ran it.",
             "",
         ]
     )

@@ -7,10 +7,11 @@ from __future__ import annotations
 import importlib.util
 import pprint
 import shlex
+from dataclasses import dataclass
 from pathlib import Path
 
 from torchmatrix.messages.cross_version import writer_of_read
-from torchmatrix.reports.records import TestRecord
+from torchmatrix.reports.records import TestRecord, VersionInfo
 from torchmatrix.repro.output_directory import MARK, SCRIPT_NAME
 
 NEEDS = "two Pythons, each with torch (the writing version's and the reading version's); nothing else, no pytest, no torchmatrix"
@@ -55,20 +56,41 @@ def command(writer_python: str, reader_python: str) -> str:
     return shlex.join(["python", SCRIPT_NAME, "--writer", writer_python, "--reader", reader_python])
 
 
-def readme(record: TestRecord, writer: str, info, cell_id: str, run_command: str, collect_env: str) -> str:
-    """README.md laid out as an upstream bug report, saying what the script checks and what it does not."""
-    reader = info.build or record.torch
+@dataclass(frozen=True)
+class Side:
+    """One side of the read: the torch version, what the run recorded of it, and its environment's lines."""
+
+    torch: str
+    recorded: VersionInfo
+    environment: list[str]
+
+    @property
+    def build(self) -> str:
+        return self.recorded.build or self.torch
+
+    def version_line(self, role: str) -> str:
+        info = self.recorded
+        return (
+            f"- {role}: torch {self.build}, git {info.git_version or 'unknown'}, CUDA {info.cuda_version or 'none'}, "
+            f"device {info.device or 'unknown'}"
+        )
+
+
+def readme(record: TestRecord, writer: Side, reader: Side, run_command: str) -> str:
+    """README.md laid out as an upstream bug report, saying what the script checks and what it does not,
+    with the build, git version and environment of both sides."""
     return "\n".join(
         [
-            f"# A checkpoint written by torch {writer} cannot be loaded by torch {reader}",
+            f"# A checkpoint written by torch {writer.build} cannot be loaded by torch {reader.build}",
             "",
             "## What was expected",
             "",
-            f"torch {reader} loads a torch.distributed.checkpoint written by torch {writer}, and every value equals what was saved.",
+            f"torch {reader.build} loads a torch.distributed.checkpoint written by torch {writer.build}, and every value equals what was saved.",
             "",
             "## What happened",
             "",
-            f"In cell `{cell_id}` the load failed on torch {reader} ({info.device}), and failed again when re-read alone. Root cause:",
+            f"In cell `{record.run_cell}` the load failed on torch {reader.build} ({reader.recorded.device or 'device unknown'}), "
+            "and failed again when re-read alone. Root cause:",
             "",
             "```",
             record.message,
@@ -82,20 +104,30 @@ def readme(record: TestRecord, writer: str, info, cell_id: str, run_command: str
             run_command,
             "```",
             "",
-            f"The script saves a small model and its AdamW state with torch {writer}'s DCP and loads them with torch {reader}'s,",
+            "(the interpreters' paths are relative to the project that ran it: pass your own)",
+            "",
+            f"The script saves a small model and its AdamW state with torch {writer.torch}'s DCP and loads them with torch {reader.torch}'s,",
             "without a process group. It checks the checkpoint format alone: the run loaded through its own checkpointer",
             "component, so if this script loads exactly on both, the break is in what that checkpointer adds.",
             "",
             "## Versions",
             "",
-            f"- writes: torch {writer}",
-            f"- fails to read it: torch {reader}, git {info.git_version or 'unknown'}, CUDA {info.cuda_version or 'none'}",
+            writer.version_line("writes"),
+            reader.version_line("fails to read it"),
+            "",
+            "## Environment of the writing torch",
+            "",
+            "```",
+            *writer.environment,
+            "```",
             "",
             "## Environment of the reading torch",
             "",
             "```",
-            collect_env.strip(),
+            *reader.environment,
             "```",
+            "",
+            "`python -m torch.utils.collect_env` of the reading torch in full: collect_env.txt.",
             "",
         ]
     )

@@ -466,6 +466,7 @@ def _run_cells(
                     cell,
                     book.for_cell(cell),
                     book.cell_started(cell),
+                    project=request.matrix.root,
                 )
                 tests = [(f"{run.suite.name}::{o.test}", o.status) for run, o in book.for_cell(cell)]
                 progress.cell_finished(cell.id, tests, book.counts(finished))
@@ -614,7 +615,13 @@ def _write_reports(
 ) -> None:
     for cell in cells:
         junit.write_cell(
-            request.version_dir, request.version, environment, cell, book.for_cell(cell), book.cell_started(cell)
+            request.version_dir,
+            request.version,
+            environment,
+            cell,
+            book.for_cell(cell),
+            book.cell_started(cell),
+            project=request.matrix.root,
         )
     _write_plan(request, cells, book, environment, started, finished=True, load_average=load_average)
     junit.merge_run(request.run_dir, request.matrix.baseline)
