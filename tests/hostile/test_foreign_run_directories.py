@@ -218,3 +218,33 @@ def test_merge_refuses_shards_of_one_version_on_different_builds_naming_both(tmp
     assert f"torch {cpu_build['torch']} (git {cpu_build['git_version']}), cpu (ranks simulated" in done.stderr
     assert "torch 2.13.0+cu126 (git abc123), cuda (2x NVIDIA H100, CUDA 12.6)" in done.stderr
     assert not (project.root / "merged").exists()
+
+
+@pytest.mark.parametrize("recorded", [True, False], ids=["thresholds-recorded", "older-run"])
+def test_report_never_reads_the_matrix_path_a_run_recorded(tmp_path, recorded):
+    """The matrix path in plan.json may point anywhere (an artifact from another machine): the baseline and
+    thresholds come from plan.json (or `--config`), and a run from before they were recorded gets defaults."""
+    from helpers.report_runs import BASELINE
+
+    run_dir = write_fixture_run(tmp_path / "project")
+    for plan_file in run_dir.glob("torch-*/plan.json"):
+        plan = json.loads(plan_file.read_text())
+        if not recorded:
+            del plan["baseline"], plan["thresholds"]
+        plan_file.write_text(json.dumps(plan))
+        recorded_matrix = Path(plan["matrix"])
+    text = recorded_matrix.read_text().replace("drift_ratio = 10.0", "drift_ratio = 123.0")
+    recorded_matrix.write_text(text.replace(f'baseline = "{BASELINE}"', f'baseline = "{CANDIDATE}"'))
+    done = subprocess.run(
+        [sys.executable, "-m", "torchmatrix", "report", str(run_dir)],
+        cwd=tmp_path,
+        env=checkout_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode in (0, 1), done.stderr
+    results = json.loads((run_dir / "results.json").read_text())["run"]
+    assert results["thresholds"]["drift_ratio"] == 10.0
+    assert results["baseline"] == BASELINE
+    assert ("records no baseline or thresholds" in done.stderr) is not recorded, done.stderr

@@ -95,11 +95,13 @@ def test_a_shared_result_is_one_change_that_names_every_cell_it_stands_for(tmp_p
     assert change.cells == ("ws1-none", "ws1-fsdp2")
 
 
-def test_thresholds_come_from_matrix_toml(tmp_path):
+def test_thresholds_are_the_runs_own_or_those_of_config(tmp_path):
     run_dir = write_fixture_run(tmp_path)
-    write_matrix(tmp_path, **{**MATRIX, "report": {"drift_ratio": 5000.0, "slowdown_ratio": 1.5}})
-    [diff] = upgrade_diffs(load_run(run_dir))
-    assert diff.drift == [] and diff.settings.drift_ratio == 5000.0
+    matrix = write_matrix(tmp_path, **{**MATRIX, "report": {"drift_ratio": 5000.0, "slowdown_ratio": 1.5}})
+    [recorded] = upgrade_diffs(load_run(run_dir))
+    assert recorded.drift and recorded.settings.drift_ratio == 10.0  # what the run recorded in plan.json
+    [configured] = upgrade_diffs(load_run(run_dir, str(matrix)))
+    assert configured.drift == [] and configured.settings.drift_ratio == 5000.0
 
 
 @pytest.mark.parametrize(

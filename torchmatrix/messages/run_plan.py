@@ -53,6 +53,9 @@ class RunPlan(JsonRecord):
     started: str | None = None
     matrix: str | None = None
     matrix_sha256: str | None = None
+    baseline: str | None = None
+    thresholds: dict = field(default_factory=dict)
+    """The matrix's `[report]` ratios: `report` and `compare` read them here, never from the matrix path recorded above."""
     only: dict[str, list[str]] = field(default_factory=dict)
     keyword: str | None = None
     shard: str | None = None

@@ -12,12 +12,12 @@ import sys
 from pathlib import Path
 
 from torchmatrix import file_writes
-from torchmatrix.matrix.config import ConfigError, Matrix, load_matrix
+from torchmatrix.matrix.config import load_matrix
 from torchmatrix.messages.run_lock import running_holder
 from torchmatrix.reports import junit, results_json, summary_html, summary_md
 from torchmatrix.reports.checkpoint_directions import checkpoint_directions
 from torchmatrix.reports.records import ResultsError, RunResults
-from torchmatrix.reports.run_reader import load_results, matrix_paths
+from torchmatrix.reports.run_reader import load_results, recorded_report_settings
 from torchmatrix.reports.upgrade_diff import (
     BROKEN_DIRECTION,
     FAIL_CAUSES,
@@ -76,15 +76,19 @@ def compare_markdown(run_a: Path, run_b: Path) -> tuple[str, list[FailCause]]:
 
 
 def load_run(path: Path, config: str | None = None) -> RunResults:
-    """A run directory (or results.json) with the baseline and thresholds of its matrix file."""
-    matrix = _matrix(path, config)
-    if matrix is not None:
+    """A run directory (or results.json) with the baseline and thresholds of `config`, else those its
+    plan.json files recorded; a run from before they were recorded gets its oldest version and the defaults."""
+    if config:
+        matrix = load_matrix(config)
         return load_results(path, matrix.baseline, matrix.report)
+    recorded = recorded_report_settings(path) if path.is_dir() else None
+    if recorded is not None:
+        return load_results(path, *recorded)
     run = load_results(path)
     if path.is_dir() and not (path / results_json.FILE_NAME).is_file():
         print(
-            f"torchmatrix: no readable matrix file for {path}: baseline is its oldest torch version, "
-            "thresholds are the defaults; pass --config FILE to choose",
+            f"torchmatrix: {path} records no baseline or thresholds (a run of an older torchmatrix): baseline is its "
+            "oldest torch version, thresholds are the defaults; pass --config FILE to choose",
             file=sys.stderr,
         )
     return run
@@ -96,14 +100,3 @@ def append_step_summary(markdown: str) -> None:
     if target:
         with file_writes.open_stream(Path(target), "a", encoding="utf-8") as summary:
             summary.write(markdown + "\n")
-
-
-def _matrix(path: Path, config: str | None) -> Matrix | None:
-    if config:
-        return load_matrix(config)
-    for candidate in matrix_paths(path) if path.is_dir() else []:
-        try:
-            return load_matrix(candidate)
-        except ConfigError:
-            continue
-    return None

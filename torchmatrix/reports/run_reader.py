@@ -10,7 +10,7 @@ from pathlib import Path
 
 from junitparser import TestSuite
 
-from torchmatrix.matrix.config import ReportSettings
+from torchmatrix.matrix.config import REPORT_KEYS, ReportSettings
 from torchmatrix.messages.run_plan import PlanFileError, RunPlan, read_plan
 from torchmatrix.ranks.per_test_usage import WARNING_PROPERTY
 from torchmatrix.reports import confirmation_notes, junit
@@ -22,14 +22,15 @@ from torchmatrix.status import Status
 WARNING_PREFIX = f"{WARNING_PROPERTY}."  # the plugin's per-test warning properties: warning.1, warning.2, ...
 
 
-def matrix_paths(run_dir: Path) -> list[Path]:
-    """The matrix files the run's plan.json files name, existing ones only, first version first."""
-    paths = []
+def recorded_report_settings(run_dir: Path) -> tuple[str, ReportSettings] | None:
+    """The baseline and `[report]` ratios the run's plan.json files record (the first version's), or None for
+    a run from before they were recorded: the matrix path a plan names is never read (it may point anywhere)."""
     for plan in sorted(run_dir.glob("torch-*/plan.json")):
-        path = Path(_read_plan(plan).matrix or "")
-        if path.is_file() and path not in paths:
-            paths.append(path)
-    return paths
+        recorded = _read_plan(plan)
+        if recorded.baseline:
+            known = {key: float(value) for key, value in recorded.thresholds.items() if key in REPORT_KEYS}
+            return recorded.baseline, ReportSettings(**known)
+    return None
 
 
 def load_results(path: Path, baseline: str | None = None, settings: ReportSettings | None = None) -> RunResults:

@@ -13,6 +13,7 @@ Layout of a run directory (shared by every torch version of one nox invocation):
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 import shlex
@@ -655,6 +656,8 @@ def _write_plan(
             started=started,
             matrix=str(request.matrix.path),
             matrix_sha256=request.matrix.digest,
+            baseline=request.matrix.baseline,
+            thresholds=dataclasses.asdict(request.matrix.report),
             only={axis: sorted(values) for axis, values in request.cell_selection.only.items()},
             keyword=request.cell_selection.keyword,
             shard=str(request.cell_selection.shard) if request.cell_selection.shard else None,

@@ -8,6 +8,7 @@ arrived shows up as errored cells that say so, never as silence.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import shutil
 from collections.abc import Iterator, Sequence
@@ -225,6 +226,8 @@ def _merge_version(
             torch=version,
             matrix=str(matrix.path),
             matrix_sha256=matrix.digest,
+            baseline=matrix.baseline,
+            thresholds=dataclasses.asdict(matrix.report),
             merged_from=tuple(
                 {"path": str(r.path), "shard": r.plan.shard, "only": r.plan.only, "keyword": r.plan.keyword}
                 for r in reports
