@@ -195,7 +195,8 @@ CONTRACTS = {
     "grant": '{"gpus": [], "cores": [0, 1], "threads_per_rank": 2, "nice": 19}',
     "plan.json": (
         f'{{"format_version": 1, "torch": "2.13.0", "cells": ["ws2-fsdp2"], "environment": {ENVIRONMENT_JSON}, '
-        '"started": null, "matrix": null, "matrix_sha256": null, "only": {}, "keyword": null, "shard": null, '
+        '"started": null, "matrix": null, "matrix_sha256": null, "baseline": null, "thresholds": {}, "only": {}, '
+        '"keyword": null, "shard": null, '
         '"cell_axes": [{"world_size": 2, "fsdp": "fsdp2"}], "suites": {"resume": {"path": "suites/test_resume.py", '
         '"timeout": 300.0, "axes": ["fsdp"]}}, "pool_starts": 0, "finished": false, "missing": [], "merged_from": [], '
         '"load_average": {}}'
