@@ -20,7 +20,7 @@ from .single_process_reference import optimizer_hyperparameters, seeded_model
 from .training_step import build_training_step
 
 STEP_PEAK = "step_peak_bytes"
-"""The figure a cell records: the most bytes its largest rank's step held at one moment."""
+"""The figure a cell records: the most bytes rank 0's step held at one moment."""
 KINDS = {
     "PARAMETER": "parameters",
     "OPTIMIZER_STATE": "optimizer_state",
@@ -80,7 +80,7 @@ def highest_by_kind(run, device: torch.device) -> dict:
     try:
         from torch.profiler._memory_profiler import _CATEGORY_TO_INDEX, MemoryProfileTimeline
 
-        times, sizes = MemoryProfileTimeline(run._memory_profile())._coalesce_timeline(str(device))
+        _, sizes = MemoryProfileTimeline(run._memory_profile())._coalesce_timeline(str(device))
     except (ImportError, AttributeError, TypeError, RuntimeError, AssertionError) as error:
         # AssertionError: the profiler's own data-flow check ("version mismatch") on some eager-attention
         # FSDP2 steps of torch 2.13.0; its memory timeline is deprecated there and not maintained.
