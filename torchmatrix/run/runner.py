@@ -460,15 +460,7 @@ def _run_cells(
         for cell in cells:
             if cell not in finished and book.cell_done(cell):
                 finished.add(cell)
-                junit.write_cell(
-                    request.version_dir,
-                    request.version,
-                    environment,
-                    cell,
-                    book.for_cell(cell),
-                    book.cell_started(cell),
-                    project=request.matrix.root,
-                )
+                _write_cell_report(request, environment, book, cell)
                 tests = [(f"{run.suite.name}::{o.test}", o.status) for run, o in book.for_cell(cell)]
                 progress.cell_finished(cell.id, tests, book.counts(finished))
         progress.heartbeat(f"{count(len(cells) - len(finished), 'cell')} to finish")
@@ -615,15 +607,7 @@ def _write_reports(
     load_average: dict,
 ) -> None:
     for cell in cells:
-        junit.write_cell(
-            request.version_dir,
-            request.version,
-            environment,
-            cell,
-            book.for_cell(cell),
-            book.cell_started(cell),
-            project=request.matrix.root,
-        )
+        _write_cell_report(request, environment, book, cell)
     _write_plan(request, cells, book, environment, started, finished=True, load_average=load_average)
     junit.merge_run(request.run_dir, request.matrix.baseline)
     if request.cross_version_reads:
@@ -673,4 +657,17 @@ def _write_plan(
             finished=finished,
             load_average=load_average or {},
         ),
+    )
+
+
+def _write_cell_report(request: RunRequest, environment: Environment, book: OutcomeBook, cell: Cell) -> None:
+    """The cell's JUnit file as its outcomes stand, with paths under the project written relative to it."""
+    junit.write_cell(
+        request.version_dir,
+        request.version,
+        environment,
+        cell,
+        book.for_cell(cell),
+        book.cell_started(cell),
+        project=request.matrix.root,
     )
