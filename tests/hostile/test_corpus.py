@@ -414,45 +414,22 @@ CASES = [
         2,
         "argument --peer: '../../x' is not a torch version pip can install",
     ),
-    Case(
-        "report-plan-is-a-pipe",
-        "a named pipe at torch-V/plan.json (reading it would wait forever)",
-        ["report", "reports/r"],
-        2,
-        "plan.json is a named pipe, not a file of the run; remove it, or rerun that torch version",
-        files={"|reports/r/torch-2.13.0/plan.json": ""},
-    ),
-    Case(
-        "compare-plan-is-a-pipe",
-        "a named pipe at torch-V/plan.json (reading it would wait forever)",
-        ["compare", "reports/r", "reports/r"],
-        2,
-        "plan.json is a named pipe, not a file of the run; remove it, or rerun that torch version",
-        files={"|reports/r/torch-2.13.0/plan.json": ""},
-    ),
-    Case(
-        "merge-plan-is-a-pipe",
-        "a named pipe at torch-V/plan.json (reading it would wait forever)",
-        ["merge", "reports/r", "--out", "reports/merged"],
-        2,
-        "plan.json is a named pipe, not a file of the run; remove it, or rerun that torch version",
-        files={"|reports/r/torch-2.13.0/plan.json": ""},
-    ),
-    Case(
-        "repro-plan-is-a-pipe",
-        "a named pipe at torch-V/plan.json (reading it would wait forever)",
-        ["repro", "reports/r", "2.13.0/ws1-none/demo::test_demo"],
-        2,
-        "plan.json is a named pipe, not a file of the run; remove it, or rerun that torch version",
-        files={"|reports/r/torch-2.13.0/plan.json": ""},
-    ),
-    Case(
-        "cross-read-plan-is-a-pipe",
-        "a named pipe at torch-V/plan.json (reading it would wait forever)",
-        ["cross-read", "reports/r"],
-        2,
-        "plan.json is a named pipe, not a file of the run; remove it, or rerun that torch version",
-        files={"|reports/r/torch-2.13.0/plan.json": ""},
+    *(
+        Case(
+            f"{arguments[0]}-plan-is-a-pipe",
+            "a named pipe at torch-V/plan.json (reading it would wait forever)",
+            arguments,
+            2,
+            "plan.json is a named pipe, not a file of the run; remove it, or rerun that torch version",
+            files={"|reports/r/torch-2.13.0/plan.json": ""},
+        )
+        for arguments in (
+            ["report", "reports/r"],
+            ["compare", "reports/r", "reports/r"],
+            ["merge", "reports/r", "--out", "reports/merged"],
+            ["repro", "reports/r", "2.13.0/ws1-none/demo::test_demo"],
+            ["cross-read", "reports/r"],
+        )
     ),
     Case(
         "report-lock-is-a-pipe",
