@@ -35,8 +35,7 @@ from tiny_project import write_tiny_project  # noqa: E402
 
 from torchmatrix.matrix.config import load_matrix  # noqa: E402
 from torchmatrix.messages.events import EventReader, TestFinished  # noqa: E402
-from torchmatrix.ranks.compile_time import COMPILE_SECONDS  # noqa: E402
-from torchmatrix.ranks.per_test_usage import CPU_SECONDS  # noqa: E402
+from torchmatrix.messages.properties import COMPILE_SECONDS, CPU_SECONDS  # noqa: E402
 
 BUDGET = 1.5
 """How much longer the default matrix may take after it grows (issue 38)."""

@@ -31,12 +31,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tiny_project import write_tiny_project  # noqa: E402
 
 from torchmatrix.env.devices import probe  # noqa: E402
+from torchmatrix.forks.leftover_processes import adopt_orphans, reap_children  # noqa: E402
 from torchmatrix.matrix.config import load_matrix  # noqa: E402
 from torchmatrix.matrix.plan import Group, plan_runs  # noqa: E402
 from torchmatrix.matrix.selection import parse_only, select_cells  # noqa: E402
 from torchmatrix.messages.events import EventReader, TestFinished  # noqa: E402
 from torchmatrix.ranks.per_test_usage import cpu_seconds_once  # noqa: E402
-from torchmatrix.run.leftover_processes import adopt_orphans, reap_children  # noqa: E402
 from torchmatrix.run.runner import events_path, group_command  # noqa: E402
 from torchmatrix.status import Status  # noqa: E402
 

@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 sys.path.insert(0, str(REPO))
 
-from torchmatrix.ranks.per_test_usage import CPU_SECONDS  # noqa: E402
+from torchmatrix.messages.properties import CPU_SECONDS  # noqa: E402
 from torchmatrix.reports.report import load_run  # noqa: E402
 from torchmatrix.reports.upgrade_diff import compare_runs  # noqa: E402
 

@@ -13,14 +13,13 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from torchmatrix.messages.properties import STEP_PEAK
 from torchmatrix.testing import build_optimizer, current_device, data_parallel_rank, load
 
 from .parallelize_component import parallelized
 from .single_process_reference import optimizer_hyperparameters, seeded_model
 from .training_step import build_training_step
 
-STEP_PEAK = "step_peak_bytes"
-"""The figure a cell records: the most bytes rank 0's step held at one moment."""
 KINDS = {
     "PARAMETER": "parameters",
     "OPTIMIZER_STATE": "optimizer_state",

@@ -1,31 +1,39 @@
-"""The package's layers: a module imports only from its own layer and the layers before it, so the
-flow docs/explanation/how-a-run-works.md describes is also the direction of every import."""
+"""The package's layers as a graph: each layer names the layers it may import from, and the two
+sides of a run, the runner (run/, reports/, scale/, commands/) and the pytest side (ranks/), both
+stand on messages/ (what crosses between them) and forks/ (how their processes are born and die),
+never on each other."""
 
 from __future__ import annotations
 
 import ast
 import re
+from graphlib import TopologicalSorter
 from pathlib import Path
 
 import torchmatrix
 
-# First to last; "top" is every module directly under torchmatrix/ except the foundation's.
-LAYERS = [
-    "status",
-    "components",
-    "matrix",
-    "env",
-    "messages",
-    "ranks",
-    "reports",
-    "run",
-    "scale",
-    "sensitivity",
-    "bisect",
-    "repro",
-    "commands",
-    "top",
-]
+# Each layer and every layer its modules may import from; "top" is every module directly under
+# torchmatrix/ except the foundation's.
+MAY_IMPORT = {
+    "status": set(),
+    "components": {"status"},
+    "matrix": {"status", "components"},
+    "env": {"status", "matrix"},
+    "messages": {"status", "matrix", "env"},
+    "forks": {"status"},
+    "ranks": {"status", "components", "matrix", "env", "messages", "forks"},
+    "reports": {"status", "matrix", "env", "messages"},
+    "run": {"status", "components", "matrix", "env", "messages", "forks", "reports"},
+    "scale": {"status", "matrix", "env", "messages", "reports", "run"},
+    "sensitivity": {"status", "components", "matrix", "messages", "ranks", "reports", "run"},
+    "bisect": {"status", "matrix", "env", "messages", "reports", "run"},
+    "repro": {"status", "components", "matrix", "env", "messages", "ranks", "reports"},
+    "commands": {"status", "matrix", "messages", "reports", "run", "scale", "sensitivity", "bisect", "repro"},
+    "top": {"status", "components", "matrix", "env", "messages", "ranks", "reports", "run", "commands"},
+}
+LAYERS = list(TopologicalSorter(MAY_IMPORT).static_order())
+RUNNER_SIDE = {"run", "reports", "scale", "commands"}
+PYTEST_SIDE = {"ranks"}
 PACKAGE = Path(torchmatrix.__file__).parent
 # The first layer, "status": the outcome and exit-code vocabulary, the user-error base, the file writer and the
 # dataclass <-> JSON forms every layer uses.
@@ -65,17 +73,23 @@ def imports_of(path: Path) -> list[tuple[int, str]]:
     return found
 
 
-def upward_imports(root: Path) -> list[str]:
+def forbidden_imports(root: Path) -> list[str]:
     problems = []
     for path in sorted(root.rglob("*.py")):
         module = ".".join(path.relative_to(root.parent).with_suffix("").parts)
-        here = LAYERS.index(layer_of(module))
+        here = layer_of(module)
         for line, imported in imports_of(path):
-            if LAYERS.index(layer_of(imported)) > here:
-                problems.append(
-                    f"{module}:{line} imports {imported} ({layer_of(imported)} comes after {layer_of(module)})"
-                )
+            there = layer_of(imported)
+            if there != here and there not in MAY_IMPORT[here]:
+                problems.append(f"{module}:{line} imports {imported} ({here} may not import {there})")
     return problems
+
+
+def test_the_graph_has_no_cycle_and_the_two_sides_share_only_what_crosses():
+    assert LAYERS[0] == "status" and LAYERS[-1] == "top"  # TopologicalSorter raises on a cycle
+    for side, other in ((RUNNER_SIDE, PYTEST_SIDE), (PYTEST_SIDE, RUNNER_SIDE)):
+        assert all(not MAY_IMPORT[layer] & other for layer in side)
+    assert {"messages", "forks"} <= MAY_IMPORT["run"] & MAY_IMPORT["ranks"]
 
 
 def test_every_subpackage_is_a_known_layer():
@@ -83,16 +97,19 @@ def test_every_subpackage_is_a_known_layer():
     assert packages == set(LAYERS) - {"status", "top"}
 
 
-def test_no_module_imports_from_a_later_layer():
-    assert upward_imports(PACKAGE) == []
+def test_every_import_follows_the_graph():
+    assert forbidden_imports(PACKAGE) == []
 
 
-def test_an_upward_import_is_reported(tmp_path):
+def test_an_import_off_the_graph_is_reported(tmp_path):
     package = tmp_path / "torchmatrix"
     (package / "matrix").mkdir(parents=True)
     (package / "matrix" / "config.py").write_text("from torchmatrix.reports.junit import merge\n")
-    assert upward_imports(package) == [
-        "torchmatrix.matrix.config:1 imports torchmatrix.reports.junit (reports comes after matrix)"
+    (package / "run").mkdir()
+    (package / "run" / "runner.py").write_text("from torchmatrix.ranks.plugin import planned_options\n")
+    assert forbidden_imports(package) == [
+        "torchmatrix.matrix.config:1 imports torchmatrix.reports.junit (matrix may not import reports)",
+        "torchmatrix.run.runner:1 imports torchmatrix.ranks.plugin (run may not import ranks)",
     ]
 
 

@@ -61,11 +61,11 @@ from torchmatrix.matrix.suite_options import (
 )
 from torchmatrix.messages.consequences import CONSEQUENCE_OF, consequence_of
 from torchmatrix.messages.cross_version import EXPECTED_FILE, writes_dir
+from torchmatrix.messages.root_cause import root_cause
 from torchmatrix.ranks.cell_mesh import cell_layout, cell_mesh, data_parallel_rank, data_parallel_size, mesh_group
 from torchmatrix.ranks.compile_time import reset_keeping_time
 from torchmatrix.ranks.plugin import planned_options
 from torchmatrix.ranks.rng_state import capture_rng_state, restore_rng_state, rng_streams
-from torchmatrix.ranks.root_cause import root_cause
 from torchmatrix.ranks.worker import current_device
 
 __all__ = [

@@ -15,8 +15,8 @@ import time
 
 import pytest
 
+from torchmatrix.forks.leftover_processes import adopt_orphans, reap_children
 from torchmatrix.ranks.per_test_usage import process_cpu_seconds
-from torchmatrix.run.leftover_processes import adopt_orphans, reap_children
 
 LOG_VARIABLE = "TORCHMATRIX_TEST_CPU_LOG"
 

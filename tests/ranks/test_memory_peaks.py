@@ -8,12 +8,14 @@ import sys
 
 import pytest
 
-from torchmatrix.ranks.memory_peaks import PEAK_RSS_BYTES, largest
+from torchmatrix.messages.properties import PEAK_RSS_BYTES
+from torchmatrix.ranks.memory_peaks import largest
 
 MIB = 2**20
 
 PROBE = """
-from torchmatrix.ranks.memory_peaks import PEAK_RSS_BYTES, peaks_since_last_reading
+from torchmatrix.messages.properties import PEAK_RSS_BYTES
+from torchmatrix.ranks.memory_peaks import peaks_since_last_reading
 peaks_since_last_reading()
 held = bytearray(256 * 2**20)  # touched: resident, then given back (mmap'd: RSS falls)
 del held

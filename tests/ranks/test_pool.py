@@ -207,7 +207,7 @@ def test_a_zygote_that_cannot_start_fails_the_pool_with_a_rank_failure(tmp_path)
     RankFailure (which the test reports) instead of an EOFError from multiprocessing."""
     (tmp_path / "dies_at_import.py").write_text("import os\nos._exit(3)\n")
     script = (
-        "from torchmatrix.ranks import zygote\n"
+        "from torchmatrix.forks import zygote\n"
         "zygote.PRELOAD.insert(0, 'dies_at_import')\n"
         "from torchmatrix.ranks.pool import RankFailure, RankPool\n"
         "try:\n"
@@ -217,7 +217,7 @@ def test_a_zygote_that_cannot_start_fails_the_pool_with_a_rank_failure(tmp_path)
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
-    assert "could not fork rank 0: the zygote (torchmatrix.ranks.zygote) is gone or refused" in done.stdout, done.stderr
+    assert "could not fork rank 0: the zygote (torchmatrix.forks.zygote) is gone or refused" in done.stdout, done.stderr
 
 
 ZYGOTE_FORKED_HERE = """
@@ -227,7 +227,7 @@ signal.signal(signal.SIGTERM, lambda *_: None)  # as a pytest plugin might
 held = open(sys.argv[1], "w")
 from multiprocessing import forkserver
 
-from torchmatrix.ranks import zygote
+from torchmatrix.forks import zygote
 from torchmatrix.ranks.pool import RankPool
 from helpers import rank_functions as rf
 

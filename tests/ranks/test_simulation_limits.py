@@ -97,7 +97,7 @@ import json, os, tempfile
 import torch
 import torch.distributed as dist
 
-from torchmatrix.ranks.root_cause import root_cause
+from torchmatrix.messages.root_cause import root_cause
 
 seen = {}
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from torchmatrix.ranks.root_cause import group_key, root_cause
+from torchmatrix.messages.root_cause import group_key, root_cause
 from torchmatrix.reports.records import RunResults, TestRecord
 
 

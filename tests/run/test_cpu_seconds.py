@@ -12,7 +12,8 @@ import pytest
 from junitparser import JUnitXml
 
 from torchmatrix.messages.events import EventReader
-from torchmatrix.ranks.per_test_usage import CPU_SECONDS, cpu_seconds_once
+from torchmatrix.messages.properties import CPU_SECONDS
+from torchmatrix.ranks.per_test_usage import cpu_seconds_once
 
 from helpers.checkout import REPO, checkout_env
 from helpers.matrix_files import write_matrix

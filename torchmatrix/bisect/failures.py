@@ -12,7 +12,7 @@ from torchmatrix.bisect.regression import Regression
 from torchmatrix.bisect.search import Bisection, Outcome
 from torchmatrix.matrix.cells import Cell
 from torchmatrix.matrix.selection import CellSelection
-from torchmatrix.ranks.root_cause import group_key
+from torchmatrix.messages.root_cause import group_key
 
 
 @dataclass

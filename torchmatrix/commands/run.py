@@ -20,7 +20,7 @@ from torchmatrix.exit_codes import ExitCode
 from torchmatrix.matrix.config import load_matrix
 from torchmatrix.matrix.suite_selection import EXAMPLE_SUITE, SuiteSelection, example_test
 from torchmatrix.messages.compile_store import STORE_VARIABLE, default_root
-from torchmatrix.ranks.output_cap import DEFAULT_CAP_BYTES
+from torchmatrix.messages.output_cap import DEFAULT_CAP_BYTES
 from torchmatrix.reports.closing import run_closing_lines
 from torchmatrix.run.compile_eviction import DEFAULT_CAP_GB, GB
 from torchmatrix.run.confirmation import DEFAULT_LIMIT as DEFAULT_CONFIRM_LIMIT

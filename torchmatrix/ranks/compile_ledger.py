@@ -9,7 +9,6 @@ from pathlib import Path
 from torchmatrix import file_writes
 
 LEDGER = "cold-compile-seconds.json"
-COMPILE_SECONDS_SAVED = "compile_seconds_saved"  # the figure a warm test records beside compile_seconds
 
 
 def compile_seconds_saved(cell_folder: Path, test: str, seconds: float) -> float | None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import sys
 
-COMPILE_SECONDS = "compile_seconds"  # the figure a test records: its slowest rank's compile seconds
 PHASES = ("entire_frame_compile", "entire_backward_compile")
 _before_resets = 0.0
 

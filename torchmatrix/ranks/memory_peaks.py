@@ -11,10 +11,12 @@ from __future__ import annotations
 import os
 import sys
 
-PEAK_RSS_BYTES = "peak_rss_bytes"  # the test's figure: its ranks' largest resident high-water mark
-CUDA_PEAK_ALLOCATED_BYTES = "cuda_peak_allocated_bytes"  # torch.cuda.max_memory_allocated, largest rank
-CUDA_PEAK_RESERVED_BYTES = "cuda_peak_reserved_bytes"  # torch.cuda.max_memory_reserved, largest rank
-MEMORY_PEAKS = (PEAK_RSS_BYTES, CUDA_PEAK_ALLOCATED_BYTES, CUDA_PEAK_RESERVED_BYTES)
+from torchmatrix.messages.properties import (
+    CUDA_PEAK_ALLOCATED_BYTES,
+    CUDA_PEAK_RESERVED_BYTES,
+    PEAK_RSS_BYTES,
+)
+
 _STATUS = "/proc/self/status"
 _CLEAR_REFS = "/proc/self/clear_refs"
 _RESET_PEAK = b"5"

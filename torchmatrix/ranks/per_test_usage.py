@@ -18,11 +18,10 @@ from collections.abc import Iterable
 from typing import NamedTuple
 
 from torchmatrix.messages.events import Event, TestFinished
+from torchmatrix.messages.properties import CPU_SECONDS
 from torchmatrix.ranks.compile_time import compile_seconds
 from torchmatrix.ranks.memory_peaks import peaks_since_last_reading
 
-CPU_SECONDS = "cpu_seconds"  # the figure each test records: its CPU time, on every rank and in pytest
-WARNING_PROPERTY = "warning"  # warning.1, warning.2, ...: one JSON entry per distinct warning of a test
 ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
 LINE = re.compile(r"(line |:)\d+\b")
 TEMPORARY = re.compile(r"/tmp/[^\s'\"]+")

@@ -35,6 +35,8 @@ from torchmatrix.components.optimizer_implementations import (
 from torchmatrix.components.optional import OptionalWhere, error_line, is_optional_here, needs_package
 from torchmatrix.components.protocol import required_names
 from torchmatrix.env.component_requirements import uninstalled_here
+from torchmatrix.forks import zygote
+from torchmatrix.forks.parent_death import exit_with_runner
 from torchmatrix.matrix.cells import Cell
 from torchmatrix.matrix.plan import run_key
 from torchmatrix.matrix.suite_options import SuiteOptions
@@ -51,16 +53,15 @@ from torchmatrix.messages.events import (
 )
 from torchmatrix.messages.grant import Grant
 from torchmatrix.messages.group_plan import GroupPlan
-from torchmatrix.ranks import compile_keys, compiler_warmup, shared_builds, zygote
-from torchmatrix.ranks.compile_ledger import COMPILE_SECONDS_SAVED, compile_seconds_saved
-from torchmatrix.ranks.compile_time import COMPILE_SECONDS, compile_seconds
+from torchmatrix.messages.output_cap import DEFAULT_CAP_BYTES, cap_text
+from torchmatrix.messages.properties import COMPILE_SECONDS, COMPILE_SECONDS_SAVED, CPU_SECONDS, WARNING_PROPERTY
+from torchmatrix.messages.root_cause import root_cause
+from torchmatrix.ranks import compile_keys, compiler_warmup, shared_builds
+from torchmatrix.ranks.compile_ledger import compile_seconds_saved
+from torchmatrix.ranks.compile_time import compile_seconds
 from torchmatrix.ranks.launched import launched_rank
 from torchmatrix.ranks.memory_peaks import largest
-from torchmatrix.ranks.output_cap import DEFAULT_CAP_BYTES, cap_text
-from torchmatrix.ranks.parent_death import exit_with_runner
 from torchmatrix.ranks.per_test_usage import (
-    CPU_SECONDS,
-    WARNING_PROPERTY,
     Usage,
     as_entries,
     module_of,
@@ -69,7 +70,6 @@ from torchmatrix.ranks.per_test_usage import (
 )
 from torchmatrix.ranks.pool import RankFailure
 from torchmatrix.ranks.rank_group import RankGroup, open_ranks
-from torchmatrix.ranks.root_cause import root_cause
 from torchmatrix.ranks.simulation_limits import as_simulation_limit
 from torchmatrix.ranks.worker import COMPILE_CACHE_VARIABLE, in_compile_cache
 from torchmatrix.status import Status

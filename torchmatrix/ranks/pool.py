@@ -25,8 +25,9 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 
 from torchmatrix import file_writes
-from torchmatrix.ranks import worker, zygote
-from torchmatrix.ranks.log_tail import last_lines
+from torchmatrix.forks import zygote
+from torchmatrix.forks.log_tail import last_lines
+from torchmatrix.ranks import worker
 from torchmatrix.ranks.per_test_usage import cpu_seconds_of
 
 START_TIMEOUT_S = 300.0
@@ -113,7 +114,7 @@ class RankPool:
                 parent_end.close()
                 self.close(graceful=False)
                 raise RankFailure(
-                    f"could not fork rank {rank}: the zygote (torchmatrix.ranks.zygote) is gone or refused ({error!r})"
+                    f"could not fork rank {rank}: the zygote (torchmatrix.forks.zygote) is gone or refused ({error!r})"
                 ) from None
             finally:
                 child_end.close()

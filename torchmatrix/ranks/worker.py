@@ -1,6 +1,6 @@
 """The rank process: join the process group once, then run the functions the pool sends.
 
-`RankPool` forks it from the zygote (torchmatrix.ranks.zygote) and talks to it over one end of a
+`RankPool` forks it from the zygote (torchmatrix.forks.zygote) and talks to it over one end of a
 socket pair. Messages are pickled tuples; results go back as ("ok", value) or ("error",
 (traceback text, root cause line)). SIGUSR1 writes every thread's Python stack to the rank's
 stack file, which is how the pool shows where a hung rank is stuck.
@@ -17,11 +17,11 @@ import traceback
 from multiprocessing.connection import Connection
 
 from torchmatrix import file_writes
+from torchmatrix.forks.parent_death import exit_with_parent
+from torchmatrix.messages.root_cause import root_cause
 from torchmatrix.ranks import shared_builds
 from torchmatrix.ranks.compile_time import reset_keeping_time
-from torchmatrix.ranks.parent_death import exit_with_parent
 from torchmatrix.ranks.per_test_usage import RANK_WARNINGS
-from torchmatrix.ranks.root_cause import root_cause
 
 COLLECTIVE_TIMEOUT_VARIABLE = "TORCHMATRIX_COLLECTIVE_TIMEOUT_S"
 COMPILE_CACHE_VARIABLE = "TORCHINDUCTOR_CACHE_DIR"

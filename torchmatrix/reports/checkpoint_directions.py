@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from torchmatrix.json_records import JsonRecord, json_field
 from torchmatrix.messages.cross_version import READ_TEST, SUITE
-from torchmatrix.ranks.root_cause import group_key
+from torchmatrix.messages.root_cause import group_key
 from torchmatrix.reports.records import RunResults, TestRecord
 from torchmatrix.status import Status
 

@@ -25,7 +25,8 @@ from torchmatrix.matrix.cells import Cell, filter_token
 from torchmatrix.matrix.plan import SuiteRun
 from torchmatrix.messages.cross_version import READ_TEST, READS_DIR
 from torchmatrix.messages.events import TestOutcome
-from torchmatrix.ranks.output_cap import HARD_LIMIT_BYTES, cap_text
+from torchmatrix.messages.output_cap import HARD_LIMIT_BYTES, cap_text
+from torchmatrix.messages.properties import confirmation_note_property, confirmation_property
 from torchmatrix.reports.checkpoint_directions import ROLLBACK, direction_name
 from torchmatrix.reports.machine_paths import without_machine_paths
 from torchmatrix.reports.records import ResultsError
@@ -36,18 +37,6 @@ NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 # A CPU-simulation limit is a <skipped> whose type says so: schema-valid, and no CI tool counts it a failure.
 RESULT_TYPES = {Status.FAILED: Failure, Status.ERROR: Error, Status.SKIPPED: Skipped, Status.SIMULATION_LIMIT: Skipped}
 MERGED_NAME = "junit.xml"
-CONFIRMATION_PROPERTY = "torchmatrix.confirmation"
-CONFIRMATION_NOTE_PROPERTY = "torchmatrix.confirmation_note"
-
-
-def confirmation_property(suite: str, test: str) -> str:
-    """The testsuite property that says what re-running a failed test alone showed."""
-    return f"{CONFIRMATION_PROPERTY}::{suite}::{test}"
-
-
-def confirmation_note_property(suite: str, test: str) -> str:
-    """The testsuite property that holds a confirmed failure's note: the re-run's result, or why there was none."""
-    return f"{CONFIRMATION_NOTE_PROPERTY}::{suite}::{test}"
 
 
 def xml_text(value: object) -> str:

@@ -20,12 +20,10 @@ from dataclasses import dataclass
 from statistics import median
 
 from torchmatrix.json_records import JsonRecord
-from torchmatrix.ranks.memory_peaks import MEMORY_PEAKS
+from torchmatrix.messages.properties import MEMORY_PEAKS, STEP_PEAK
 from torchmatrix.reports.records import TestRecord
 from torchmatrix.status import Status
 
-STEP_PEAK = "step_peak_bytes"
-"""The peak_memory suite's figure (suites/step_memory.py); `<STEP_PEAK>/<kind>` per kind of tensor."""
 MIN_STEP_GROWTH_BYTES = 64 * 1024
 MIN_PROCESS_GROWTH_BYTES = 64 * 1024 * 1024
 MIN_PEAK_TESTS = 3

@@ -12,7 +12,7 @@ from torchmatrix.matrix.config import ReportSettings
 from torchmatrix.messages.consequences import CONSEQUENCE_OF, causes_named, under_their_causes
 from torchmatrix.messages.cross_version import READ_TEST
 from torchmatrix.messages.cross_version import SUITE as CROSS_VERSION
-from torchmatrix.ranks.root_cause import group_key
+from torchmatrix.messages.root_cause import group_key
 from torchmatrix.status import Confirmation, Status
 from torchmatrix.user_error import UserError
 

@@ -11,8 +11,8 @@ from pathlib import Path
 from junitparser import TestSuite
 
 from torchmatrix.matrix.config import REPORT_KEYS, ReportSettings
+from torchmatrix.messages.properties import WARNING_PROPERTY, confirmation_note_property, confirmation_property
 from torchmatrix.messages.run_plan import PlanFileError, RunPlan, read_plan
-from torchmatrix.ranks.per_test_usage import WARNING_PROPERTY
 from torchmatrix.reports import confirmation_notes, junit
 from torchmatrix.reports.machine_paths import relative_path
 from torchmatrix.reports.records import ResultsError, RunResults, TestRecord, VersionInfo, figure_value
@@ -113,9 +113,9 @@ def _records(suite: TestSuite, torch: str, cell: str, properties: dict[str, str]
         test = case.name.removesuffix(junit.testcase_name("", torch, cell))
         prefix = f"{case.classname}::{test}::"
         result = case.result[0] if case.result else None
-        confirmation = properties.get(junit.confirmation_property(case.classname, test), "")
+        confirmation = properties.get(confirmation_property(case.classname, test), "")
         text = (result.text or "") if result is not None else ""
-        note = properties.get(junit.confirmation_note_property(case.classname, test))
+        note = properties.get(confirmation_note_property(case.classname, test))
         if note is None:  # a report written before the note had a property of its own
             text, note = confirmation_notes.split_old_text(text, confirmation)
         records.append(

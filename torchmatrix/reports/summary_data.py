@@ -10,8 +10,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from torchmatrix.ranks.compile_ledger import COMPILE_SECONDS_SAVED
-from torchmatrix.ranks.compile_time import COMPILE_SECONDS
+from torchmatrix.messages.properties import COMPILE_SECONDS, COMPILE_SECONDS_SAVED
 from torchmatrix.reports.checkpoint_directions import Direction, direction_name
 from torchmatrix.reports.confirmation_notes import why_not_rerun
 from torchmatrix.reports.records import RootCause, RunResults, SkipReason, TestRecord

@@ -25,7 +25,7 @@ from statistics import median
 
 from torchmatrix.json_records import JsonRecord, json_field
 from torchmatrix.matrix.config import ReportSettings
-from torchmatrix.ranks.per_test_usage import CPU_SECONDS
+from torchmatrix.messages.properties import CPU_SECONDS
 from torchmatrix.reports.build_kinds import BuildMismatch, build_mismatch
 from torchmatrix.reports.checkpoint_directions import Direction, checkpoint_directions
 from torchmatrix.reports.memory_growth import MemoryGrowth, memory_growth

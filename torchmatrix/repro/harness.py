@@ -40,7 +40,7 @@ def rank_main(rank, world, port, device, tasks, results):
         torch.cuda.set_device(rank)
     backend = "cpu:gloo,cuda:nccl" if device == "cuda" else "gloo"
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    from torchmatrix.ranks.root_cause import root_cause
+    from torchmatrix.messages.root_cause import root_cause
 
     while (task := tasks[rank].get()) is not None:
         fn, args = task
@@ -132,7 +132,7 @@ class Fixtures:
 
     def pytest_runtest_makereport(self, item, call):
         if call.when == "call" and call.excinfo is not None and not call.excinfo.errisinstance(pytest.skip.Exception):
-            from torchmatrix.ranks.root_cause import root_cause
+            from torchmatrix.messages.root_cause import root_cause
 
             self.root_cause = root_cause(call.excinfo.value)
 

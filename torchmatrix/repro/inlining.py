@@ -22,7 +22,7 @@ TESTING = "torchmatrix.testing"
 NOT_CARRIED = ("torchmatrix.ranks.plugin", "torchmatrix.ranks.worker", "torchmatrix.messages.cross_version")
 """What torchmatrix.testing imports from the runner and the run directory's layout: the stand-in has
 its own current_device, and no plan or run directory to read; every other import, the script carries."""
-HARNESS_NEEDS = ("torchmatrix.ranks.root_cause", "torchmatrix.matrix.cells")
+HARNESS_NEEDS = ("torchmatrix.messages.root_cause", "torchmatrix.matrix.cells")
 INSTALLED_PACKAGES = ("site-packages", "dist-packages")
 
 

@@ -5,7 +5,7 @@ that returns something the suites cannot use would otherwise fail every cell, on
 each, minutes in. The imports run in a child interpreter of the torch environment, so the runner
 never imports torch or the user's code itself; that child answers the torch probe too
 (torchmatrix.env.devices), and a run forks it from its preloaded interpreter
-(torchmatrix.run.preloaded_forks), which has imported torch already for the pytest processes. A
+(torchmatrix.forks.preloaded_forks), which has imported torch already for the pytest processes. A
 component whose package this environment lacks is no problem here but a warning: its cells
 error, or skip where `[optional]` allows (torchmatrix.components.optional).
 """
@@ -39,9 +39,9 @@ from torchmatrix.components.protocol import (
 )
 from torchmatrix.env.component_requirements import uninstalled_here
 from torchmatrix.env.devices import Environment, ProbeError, environment_of, torch_facts
+from torchmatrix.forks.preloaded_forks import PreloadedForks, run_to_end
 from torchmatrix.matrix.config import Matrix
 from torchmatrix.run.import_path import user_code_environment
-from torchmatrix.run.preloaded_forks import PreloadedForks, run_to_end
 
 CHILD = "from torchmatrix.run.component_check import main; main()"
 ANSWER_NAME = "answer.json"

@@ -27,6 +27,9 @@ from pathlib import Path
 from torchmatrix import file_writes
 from torchmatrix.env.devices import Environment, ProbeError
 from torchmatrix.exit_codes import ExitCode
+from torchmatrix.forks.leftover_processes import adopt_orphans, kill_leftovers
+from torchmatrix.forks.parent_death import PARENT_PID_VARIABLE
+from torchmatrix.forks.preloaded_forks import PreloadedForks
 from torchmatrix.matrix.cells import Cell
 from torchmatrix.matrix.config import Matrix
 from torchmatrix.matrix.known_failures import expected_failures
@@ -37,21 +40,18 @@ from torchmatrix.matrix.suite_selection import SuiteSelection
 from torchmatrix.messages.compile_store import CompileStore, matrix_digest
 from torchmatrix.messages.cross_version import CHECKPOINTS_DIR, reads_dir
 from torchmatrix.messages.group_plan import GroupPlan, SuiteSpec
+from torchmatrix.messages.output_cap import DEFAULT_CAP_BYTES
 from torchmatrix.messages.run_lock import LOCK_NAME, RunBusy, lock_version_directory
 from torchmatrix.messages.run_plan import PlanFileError, PlannedSuite, RunPlan, read_plan, write_plan
 from torchmatrix.messages.run_tree import ForeignEntry, refuse_linked_folders
-from torchmatrix.ranks.output_cap import DEFAULT_CAP_BYTES
-from torchmatrix.ranks.parent_death import PARENT_PID_VARIABLE
 from torchmatrix.reports import junit
 from torchmatrix.run import compile_eviction, confirmation, cross_version
 from torchmatrix.run.component_check import check_components
 from torchmatrix.run.eta import LaterPhases, WorkEstimate, contention, suite_seconds
 from torchmatrix.run.import_path import user_code_environment
 from torchmatrix.run.interrupts import STOPPED, Interrupts
-from torchmatrix.run.leftover_processes import adopt_orphans, kill_leftovers
 from torchmatrix.run.load_sampler import LoadSampler
 from torchmatrix.run.outcomes import OutcomeBook
-from torchmatrix.run.preloaded_forks import PreloadedForks
 from torchmatrix.run.progress import InvocationPart, Progress
 from torchmatrix.run.run_directory import point_latest
 from torchmatrix.run.schedule import GroupProcess, Scheduler

@@ -20,14 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from torchmatrix import file_writes
+from torchmatrix.forks.leftover_processes import descendants
+from torchmatrix.forks.log_tail import last_lines
+from torchmatrix.forks.preloaded_forks import ForkedProcess, PreloadedForks
 from torchmatrix.matrix.plan import Group
 from torchmatrix.messages.events import EventReader, stacks_path
 from torchmatrix.messages.grant import Grant
-from torchmatrix.ranks.log_tail import last_lines
 from torchmatrix.run.interrupts import STOPPED
-from torchmatrix.run.leftover_processes import descendants
 from torchmatrix.run.outcomes import OutcomeBook
-from torchmatrix.run.preloaded_forks import ForkedProcess, PreloadedForks
 from torchmatrix.status import Status
 
 BACKSTOP_GRACE_S = 60.0

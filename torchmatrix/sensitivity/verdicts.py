@@ -14,7 +14,7 @@ import xml.etree.ElementTree as ElementTree
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from torchmatrix.ranks.root_cause import group_key
+from torchmatrix.messages.root_cause import group_key
 from torchmatrix.reports.junit import test_of_testcase
 
 MESSAGE_WIDTH = 150

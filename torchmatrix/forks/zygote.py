@@ -22,9 +22,9 @@ import threading
 import warnings
 from multiprocessing import forkserver, resource_tracker, util
 
-from torchmatrix.ranks.fresh_fork import close_files_except, run_then_leave
+from torchmatrix.forks.fresh_fork import close_files_except, run_then_leave
 
-GUARD = "torchmatrix.ranks.zygote_guard"
+GUARD = "torchmatrix.forks.zygote_guard"
 PRELOAD = [
     GUARD,
     "torch",

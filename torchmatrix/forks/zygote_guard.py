@@ -4,6 +4,6 @@ multiprocessing's forkserver notices its parent's death only when it next waits 
 its first minutes go to importing torch; a runner killed then would leave it running alone.
 """
 
-from torchmatrix.ranks.parent_death import exit_with_parent
+from torchmatrix.forks.parent_death import exit_with_parent
 
 exit_with_parent()

@@ -35,11 +35,11 @@ import time
 from pathlib import Path
 
 from torchmatrix import file_writes
-from torchmatrix.ranks import zygote
-from torchmatrix.ranks.fresh_fork import close_files_except, reseed_global_generators, run_then_leave
-from torchmatrix.run.leftover_processes import adopts_orphans
+from torchmatrix.forks import zygote
+from torchmatrix.forks.fresh_fork import close_files_except, reseed_global_generators, run_then_leave
+from torchmatrix.forks.leftover_processes import adopts_orphans
 
-SERVE = "from torchmatrix.run.preloaded_forks import serve; serve()"
+SERVE = "from torchmatrix.forks.preloaded_forks import serve; serve()"
 ANSWER_TIMEOUT_S = 300.0  # the first answer waits for the torch import; a hung import falls back
 POLL_S = 0.01  # how often a wait with a timeout looks at a forked process
 
@@ -193,7 +193,7 @@ def run_to_end(
 def serve() -> None:
     """The preloaded interpreter: import torch's distributed stack and pytest, then fork a process
     for each request line on stdin and answer its pid (0: start it yourself)."""
-    from torchmatrix.ranks.parent_death import exit_with_parent
+    from torchmatrix.forks.parent_death import exit_with_parent
 
     exit_with_parent()
     with contextlib.suppress(Exception):  # a broken torch fails in each pytest process, as before

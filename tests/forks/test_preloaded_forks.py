@@ -1,5 +1,5 @@
 """A run's component check and pytest processes are forks of one interpreter that imported torch
-once (torchmatrix/run/preloaded_forks.py): children of the runner, each in its own session and with
+once (torchmatrix/forks/preloaded_forks.py): children of the runner, each in its own session and with
 its own log, as `python -m pytest` or `python -c` would be, and ended with the exit code they gave.
 A process that would run in another environment than the interpreter's is started as before."""
 
@@ -20,7 +20,7 @@ pytestmark = [
     pytest.mark.skipif(not sys.platform.startswith("linux"), reason="pytest processes are forked on Linux only"),
 ]
 
-SERVE = "from torchmatrix.run.preloaded_forks import serve; serve()"
+SERVE = "from torchmatrix.forks.preloaded_forks import serve; serve()"
 
 SUITE = """
 import json, os, sys
@@ -106,8 +106,8 @@ FORKS_HERE = """
 import json, os, subprocess, sys, tempfile, time
 from pathlib import Path
 
-from torchmatrix.run.leftover_processes import adopt_orphans
-from torchmatrix.run.preloaded_forks import PreloadedForks, run_to_end
+from torchmatrix.forks.leftover_processes import adopt_orphans
+from torchmatrix.forks.preloaded_forks import PreloadedForks, run_to_end
 
 here = Path(sys.argv[1])
 command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "no_such_test_file.py"]
@@ -182,8 +182,8 @@ DRAWS_HERE = """
 import json, os, sys
 from pathlib import Path
 
-from torchmatrix.run.leftover_processes import adopt_orphans
-from torchmatrix.run.preloaded_forks import PreloadedForks, run_to_end
+from torchmatrix.forks.leftover_processes import adopt_orphans
+from torchmatrix.forks.preloaded_forks import PreloadedForks, run_to_end
 
 here = Path(sys.argv[1])
 draw = "import json, random, numpy; forked = 'serve()' in open('/proc/self/cmdline').read(); print(json.dumps([numpy.random.random(), random.random(), forked]))"
