@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from torchmatrix.ranks.plugin import Ranks
+from torchmatrix.ranks.cell_ranks import Ranks
 from torchmatrix.ranks.pool import RankFailure
 
 

@@ -10,8 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from torchmatrix.ranks.cell_ranks import Ranks
 from torchmatrix.ranks.launched import LaunchedRank
-from torchmatrix.ranks.plugin import Ranks
 from torchmatrix.ranks.pool import RankPool
 from torchmatrix.ranks.worker import COMPILE_CACHE_VARIABLE, in_compile_cache
 

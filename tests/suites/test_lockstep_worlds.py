@@ -7,8 +7,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from suites.lockstep import IN_THE_CELLS_WORLD, OWN_WORLD, lockstep_records
+from torchmatrix.ranks.cell_ranks import Ranks
 from torchmatrix.ranks.launched import LaunchedRank
-from torchmatrix.ranks.plugin import Ranks
 
 CELL = {"world_size": 2, "fsdp": "fsdp2", "mesh": "flat", "optimizer": "adamw"}
 ANSWERS = {

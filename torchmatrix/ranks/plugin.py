@@ -1,45 +1,32 @@
 """The pytest plugin the runner loads into each suite process (`-p torchmatrix.ranks.plugin`).
 
-It parametrizes every suite test by the cells planned for it, gives tests the `cell`, `ranks`,
-`suite_options` and `components` fixtures, enforces the per-test deadline through the rank
-pool, and streams each result to the event log the runner turns into JUnit.
+It parametrizes every suite test by the cells planned for it, enforces the per-test deadline
+through the rank pool, and streams each result to the event log the runner turns into JUnit; the
+fixtures tests ask for and the skips decided before a test starts are its two companions
+(`fixtures`, `component_skips`), which it loads.
 """
 
 from __future__ import annotations
 
 import faulthandler
 import fnmatch
-import functools
-import importlib
 import json
 import os
-import shutil
 import signal
 import time
 import warnings
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from torchmatrix import file_writes
-from torchmatrix.components.calling import accepts
 from torchmatrix.components.compile_axis import DEFAULT_BACKEND, compile_backends
-from torchmatrix.components.loading import load
-from torchmatrix.components.optimizer_implementations import (
-    DEFAULT_IMPLEMENTATION,
-    implementation_not_named,
-    implementation_of,
-)
-from torchmatrix.components.optional import OptionalWhere, error_line, is_optional_here, needs_package
-from torchmatrix.components.protocol import required_names
-from torchmatrix.env.component_requirements import uninstalled_here
+from torchmatrix.components.optional import OptionalWhere
 from torchmatrix.forks import zygote
 from torchmatrix.forks.parent_death import exit_with_runner
 from torchmatrix.matrix.cells import Cell
 from torchmatrix.matrix.plan import run_key
-from torchmatrix.matrix.suite_options import SuiteOptions
 from torchmatrix.matrix.suite_selection import selects, unmatched_test_message, unmatched_tests
 from torchmatrix.messages import compile_store
 from torchmatrix.messages.events import (
@@ -71,11 +58,12 @@ from torchmatrix.ranks.per_test_usage import (
 from torchmatrix.ranks.pool import RankFailure
 from torchmatrix.ranks.rank_group import RankGroup, open_ranks
 from torchmatrix.ranks.simulation_limits import as_simulation_limit
-from torchmatrix.ranks.worker import COMPILE_CACHE_VARIABLE, in_compile_cache
+from torchmatrix.ranks.worker import COMPILE_CACHE_VARIABLE
 from torchmatrix.status import Status
 
 PLAN_KEY = pytest.StashKey["CellPlan"]()
 USAGE_QUERY_SECONDS = 30.0
+pytest_plugins = ("torchmatrix.ranks.fixtures", "torchmatrix.ranks.component_skips")
 NOT_PLANNED = "suites run through `python -m torchmatrix run`, which tells this plugin the cells to run"
 COMPILE_CACHE_DIRECTORY = "compile-cache"
 
@@ -453,227 +441,3 @@ def planned_options(config, path) -> dict:
     plan = config.stash[PLAN_KEY]
     suite = plan.suite_of(path)
     return plan.suites[suite].options if suite else {}
-
-
-@pytest.fixture
-def cell():
-    """The cell this test runs for; the plugin parametrizes it, so reaching here is a misuse."""
-    raise pytest.UsageError(NOT_PLANNED)
-
-
-@pytest.fixture(scope="session")
-def _cell_plan(request) -> CellPlan:
-    plan = request.config.stash.get(PLAN_KEY, None)
-    if plan is None:
-        raise pytest.UsageError(NOT_PLANNED)
-    return plan
-
-
-class Ranks:
-    """What a test holds to run functions on every rank of its cell, under the test's deadline
-    (which starts once the ranks are up), and on the ranks of a world of another size beside it."""
-
-    def __init__(
-        self,
-        pool: RankGroup,
-        cell: Cell,
-        timeout: float,
-        compile_cache: str,
-        worlds: Callable[[int], RankGroup] | None = None,
-    ):
-        self.pool = pool
-        self.cell = cell
-        self.timeout = timeout
-        self.compile_cache = compile_cache
-        self.worlds = worlds
-        self.world_size = pool.world_size
-        self.deadline = time.monotonic() + timeout
-        self.home = self
-        self.world = ""
-
-    def in_world(self, world_size: int) -> Ranks:
-        """This test's ranks in a world of `world_size` of their own, whose default process group is
-        exactly those ranks (the cell's own ranks at the cell's size), under the same deadline; for a
-        stack that builds its mesh or saves over the whole default group. Skips the test, saying why,
-        where no such world can be opened."""
-        other, why_not = self.beside(world_size)
-        if other is None:
-            pytest.skip(why_not)
-        return other
-
-    def beside(self, world_size: int) -> tuple[Ranks | None, str]:
-        """`in_world`'s ranks, or None and why no such world can be opened here (a launcher fixed the world)."""
-        home = self.home
-        if world_size == home.world_size:
-            return home, ""
-        if home.worlds is None:
-            return None, f"these ranks cannot open a world of {world_size} of their own"
-        try:
-            pool = home.worlds(world_size)
-        except RankFailure as failure:
-            return None, str(failure)
-        other = Ranks(pool, home.cell, home.timeout, home.compile_cache, home.worlds)
-        other.deadline, other.home, other.world = home.deadline, home, f"-of-{world_size}"
-        return other, ""
-
-    def run(self, fn, *args) -> list:
-        """fn(*args) on every rank, compiling into the cell's own cache; one result per rank, in rank order."""
-        __tracebackhide__ = True
-        try:
-            return self.pool.run(
-                in_compile_cache,
-                (self.compile_cache, fn, args, self.world),
-                deadline=self.deadline,
-                name=getattr(fn, "__qualname__", repr(fn)),
-            )
-        except RankFailure as failure:
-            if failure.interrupted:  # a rank killed while Inductor wrote a kernel or graph leaves it half-written
-                discard_compile_cache(self.compile_cache)
-            if failure.timed_out:
-                exceeded = f"deadline of {self.timeout:.0f}s per test exceeded"
-                raise RankFailure(
-                    f"{exceeded} in cell {self.cell.id}: {failure}", f"{exceeded}: {failure.root_cause}"
-                ) from None
-            raise RankFailure(f"cell {self.cell.id}: {failure}", failure.root_cause) from None
-
-
-def discard_compile_cache(directory: str) -> None:
-    """Remove a cell's compile cache after one of its ranks died or was killed mid-test (at the deadline,
-    or when another rank failed): a rank killed while Inductor linked a kernel leaves a truncated .so
-    there ("file too short"), which would fail every later test and run of the cell that compiles the
-    same graph; the next compile starts cold instead."""
-    shutil.rmtree(directory, ignore_errors=True)
-
-
-@pytest.fixture
-def ranks(request, cell, _cell_plan) -> Ranks:
-    _cell_plan.start_pool()
-    suite = _cell_plan.suite_of(request.node.path)
-    timeout = _cell_plan.suites[suite].timeout
-    return Ranks(_cell_plan.pool, cell, timeout, _cell_plan.compile_cache(cell), _cell_plan.world)
-
-
-@pytest.fixture
-def tmp_path(tmp_path, request):
-    """pytest's tmp_path, except under a launcher: there every rank is its own pytest process, so
-    all ranks share one directory that rank 0 makes next to the run's logs."""
-    plan = request.config.stash.get(PLAN_KEY, None)
-    if plan is None:
-        return tmp_path
-    return plan.pool.test_directory(tmp_path, Path(plan.plan.events).parent / "tmp", request.node.name)
-
-
-@pytest.fixture
-def suite_options(request, _cell_plan) -> SuiteOptions | dict:
-    """The suite's `[suites.<name>.options]` from matrix.toml: read into the dataclass the suite module
-    names as `OPTIONS` (each built-in suite does), else the table as it is."""
-    table = _cell_plan.suites[_cell_plan.suite_of(request.node.path)].options
-    declared = getattr(request.module, "OPTIONS", None)
-    return declared.from_table(table) if declared else dict(table)
-
-
-@pytest.fixture(autouse=True)
-def _cells_whose_components_cannot_import(request):
-    """A component this suite needs for this cell whose module needs a package that is not
-    installed errors the test, saying what to change; where matrix.toml declares the component
-    `[optional]` for this environment (TransformerEngine on a CPU box) the test skips instead."""
-    plan = request.config.stash.get(PLAN_KEY, None)
-    suite = plan.suite_of(request.node.path) if plan else None
-    if suite is None or "cell" not in request.fixturenames:
-        return
-    cell = request.getfixturevalue("cell")
-    optimizers = [str(cell["optimizer"])] if "optimizer" in cell else []
-    # by file and by name: cross_version's read pass runs its own file under the suite's name
-    names = [Path(plan.suites[suite].path).stem.removeprefix("test_"), suite]
-    keys = list(required_names(names, optimizers))
-    keys += [f"plain_state_{value}" for value in optimizers]
-    uninstalled = uninstalled_here()
-    device_type = plan.plan.device_type
-    for key in keys:
-        path = plan.plan.components.get(key)
-        if key in uninstalled:
-            needs = f"{key} needs {uninstalled[key]}"
-        elif path and (missing := missing_package(path)):
-            needs = needs_package(key, path, missing)
-        else:
-            continue
-        if is_optional_here(plan.optional, key, device_type, plan.plan.torch):
-            pytest.skip(needs)
-        pytest.fail(error_line(key, needs, device_type), pytrace=False)
-
-
-@pytest.fixture(autouse=True)
-def _cells_whose_optimizer_takes_no_implementation(request, _cells_whose_components_cannot_import):
-    """A cell whose `optimizer_impl` is not `default` skips the tests of a suite that builds its
-    optimizer when the `optimizer_<value>` factory names no `implementation`: run, it would train
-    the factory's own choice under another implementation's name."""
-    plan = request.config.stash.get(PLAN_KEY, None)
-    suite = plan.suite_of(request.node.path) if plan else None
-    if suite is None or "cell" not in request.fixturenames:
-        return
-    cell = request.getfixturevalue("cell")
-    implementation = implementation_of(cell)
-    if implementation == DEFAULT_IMPLEMENTATION or "optimizer" not in cell:
-        return
-    key = f"optimizer_{cell['optimizer']}"
-    suite_name = Path(plan.suites[suite].path).stem.removeprefix("test_")
-    path = plan.plan.components.get(key)
-    if path and key in required_names([suite_name], [str(cell["optimizer"])]):
-        factory = load(path)
-        if not accepts(factory, "implementation"):
-            pytest.skip(implementation_not_named(factory, implementation))
-
-
-@functools.cache
-def missing_package(import_path: str) -> str | None:
-    """The package a component's module needs but cannot import, if that is why it fails to import."""
-    module = import_path.partition(":")[0]
-    try:
-        importlib.import_module(module)
-    except ModuleNotFoundError as error:
-        if error.name and not (module == error.name or module.startswith(error.name + ".")):
-            return error.name
-    return None
-
-
-class _FailedEarlier:
-    """What once_per_cell keeps for a computation that raised: later tests fail with this line,
-    under the computation's own root cause, so reports group them with the failure that broke it."""
-
-    def __init__(self, line: str, cause: str):
-        self.line, self.cause = line, cause
-
-    def fail(self):
-        failure = pytest.fail.Exception(f"{self.line}: {self.cause}", pytrace=False)
-        failure.root_cause = self.cause
-        raise failure
-
-
-@pytest.fixture
-def once_per_cell(request, cell, _cell_plan):
-    """`once_per_cell(name, compute)`: compute() the first time a test of this cell and suite asks,
-    the same value for its later tests. A computation that raised fails those later tests at once,
-    so a broken or hung cell costs one deadline, not one per test."""
-    suite = _cell_plan.suite_of(request.node.path) or ""
-
-    def shared(name: str, compute):
-        key = (suite, cell.id, name)
-        if key not in _cell_plan.shared:
-            try:
-                _cell_plan.shared[key] = compute()
-            except BaseException as error:
-                line = f"{cell.id}: {name} failed in an earlier test of this cell"
-                _cell_plan.shared[key] = _FailedEarlier(line, root_cause(error))
-                raise
-        value = _cell_plan.shared[key]
-        if isinstance(value, _FailedEarlier):
-            value.fail()
-        return value
-
-    return shared
-
-
-@pytest.fixture
-def components(_cell_plan) -> dict:
-    """Import paths from matrix.toml `[components]`; resolve them with torchmatrix.testing.load."""
-    return dict(_cell_plan.plan.components)
