@@ -37,7 +37,7 @@ from torchmatrix.matrix.plan import Group, plan_runs  # noqa: E402
 from torchmatrix.matrix.selection import parse_only, select_cells  # noqa: E402
 from torchmatrix.messages.events import EventReader, TestFinished  # noqa: E402
 from torchmatrix.ranks.per_test_usage import cpu_seconds_once  # noqa: E402
-from torchmatrix.run.runner import events_path, group_command  # noqa: E402
+from torchmatrix.run.pytest_command import events_path, group_command  # noqa: E402
 from torchmatrix.status import Status  # noqa: E402
 
 

@@ -12,7 +12,7 @@ from torchmatrix import cli
 from torchmatrix.commands import paths
 from torchmatrix.exit_codes import ExitCode
 from torchmatrix.matrix.config import load_matrix
-from torchmatrix.run.runner import RunError
+from torchmatrix.run.run_request import RunError
 
 MATRIX = (
     '[torch]\nversions = ["system"]\n\n[axes]\nworld_size = [1, 2]\n\n[suites.demo]\npath = "suites/test_demo.py"\n'

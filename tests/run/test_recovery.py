@@ -8,8 +8,8 @@ from torchmatrix.matrix.plan import Group, plan_runs
 from torchmatrix.messages.events import Collected, EventLog, TestFinished, TestStarted
 from torchmatrix.messages.run_plan import PlannedSuite, RunPlan, write_plan
 from torchmatrix.reports import junit
+from torchmatrix.run.pytest_command import events_path, group_command
 from torchmatrix.run.recovery import UNFINISHED, rebuild_missing_cells
-from torchmatrix.run.runner import events_path, group_command
 
 from helpers.matrix_files import write_matrix
 

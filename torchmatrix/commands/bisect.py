@@ -15,7 +15,7 @@ from torchmatrix.commands.selection_flags import add_selection_flags, cell_selec
 from torchmatrix.exit_codes import ExitCode
 from torchmatrix.matrix.config import load_matrix
 from torchmatrix.matrix.selection import SelectionError
-from torchmatrix.run.runner import RunError
+from torchmatrix.run.run_request import RunError
 
 NAME = "bisect"
 SHARD_REFUSAL = "bisect: --shard does not apply; narrow the cells with --only and -k"

@@ -13,7 +13,7 @@ from torchmatrix.exit_codes import ExitCode
 from torchmatrix.matrix.config import load_matrix
 from torchmatrix.matrix.safe_names import check_name
 from torchmatrix.reports import junit
-from torchmatrix.run.runner import RunError
+from torchmatrix.run.run_request import RunError
 from torchmatrix.scale.merge import MergeError, merge_reports, removed_unless_whole
 
 NAME = "merge"

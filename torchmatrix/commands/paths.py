@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from torchmatrix.matrix.config import Matrix
-from torchmatrix.run.runner import RunError
+from torchmatrix.run.run_request import RunError
 
 
 def run_directory(path: Path, flag: str | None = None) -> Path:

@@ -12,7 +12,7 @@ from torchmatrix.reports.closing import closing_lines
 from torchmatrix.reports.report import load_run
 from torchmatrix.reports.upgrade_diff import upgrade_diffs
 from torchmatrix.run.recovery import rebuild_and_report
-from torchmatrix.run.runner import RunError
+from torchmatrix.run.run_request import RunError
 
 NAME = "report"
 

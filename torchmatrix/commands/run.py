@@ -26,7 +26,8 @@ from torchmatrix.run.compile_eviction import DEFAULT_CAP_GB, GB
 from torchmatrix.run.confirmation import DEFAULT_LIMIT as DEFAULT_CONFIRM_LIMIT
 from torchmatrix.run.progress import InvocationPart
 from torchmatrix.run.run_directory import check_run_id, new_run_id
-from torchmatrix.run.runner import DEFAULT_MAX_CPU_RANKS, RunError, RunRequest, run_version
+from torchmatrix.run.run_request import DEFAULT_MAX_CPU_RANKS, RunError, RunRequest
+from torchmatrix.run.runner import run_version
 
 NAME = "run"
 

@@ -11,7 +11,7 @@ from torchmatrix.commands.selection_flags import add_selection_flags, cell_selec
 from torchmatrix.exit_codes import ExitCode
 from torchmatrix.matrix.config import load_matrix
 from torchmatrix.run.run_directory import new_run_id
-from torchmatrix.run.runner import RunError
+from torchmatrix.run.run_request import RunError
 from torchmatrix.sensitivity.command import run_sensitivity
 from torchmatrix.sensitivity.registry import GENERIC_MUTANTS
 

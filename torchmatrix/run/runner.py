@@ -1,15 +1,5 @@
-"""`torchmatrix run`: run the selected cells of one torch version and write their reports.
-
-Layout of a run directory (shared by every torch version of one nox invocation):
-
-    reports/<run-id>/torch-<V>/<cell-id>.xml   one JUnit file per cell
-    reports/<run-id>/torch-<V>/plan.json       what was planned: cells, filters, environment
-    reports/<run-id>/torch-<V>/logs/           pytest logs, event logs and plans per group
-    reports/<run-id>/torch-<V>/checkpoints/    what V wrote for the other versions to read (cross_version)
-    reports/<run-id>/torch-<V>/reads/          V's reads of the other versions' checkpoints (cross-read)
-    reports/<run-id>/junit.xml                 every cell of every version, merged
-    reports/latest -> <run-id>
-"""
+"""`torchmatrix run`: run the selected cells of one torch version and write their reports (the
+request and its directory are `run_request`'s, the pytest command line `pytest_command`'s)."""
 
 from __future__ import annotations
 
@@ -17,140 +7,35 @@ import dataclasses
 import errno
 import os
 import shlex
-import shutil
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
-from torchmatrix import file_writes
 from torchmatrix.env.devices import Environment, ProbeError
 from torchmatrix.exit_codes import ExitCode
 from torchmatrix.forks.leftover_processes import adopt_orphans, kill_leftovers
-from torchmatrix.forks.parent_death import PARENT_PID_VARIABLE
 from torchmatrix.forks.preloaded_forks import PreloadedForks
 from torchmatrix.matrix.cells import Cell
-from torchmatrix.matrix.config import Matrix
-from torchmatrix.matrix.known_failures import expected_failures
 from torchmatrix.matrix.plan import Group, SuiteRun, group_runs, plan_runs
 from torchmatrix.matrix.safe_names import UnsafeName, check_name
-from torchmatrix.matrix.selection import EVERY_CELL, CellSelection
-from torchmatrix.matrix.suite_selection import SuiteSelection
-from torchmatrix.messages.compile_store import CompileStore, matrix_digest
-from torchmatrix.messages.cross_version import CHECKPOINTS_DIR, reads_dir
-from torchmatrix.messages.group_plan import GroupPlan, SuiteSpec
-from torchmatrix.messages.output_cap import DEFAULT_CAP_BYTES
-from torchmatrix.messages.run_lock import LOCK_NAME, RunBusy, lock_version_directory
 from torchmatrix.messages.run_plan import PlanFileError, PlannedSuite, RunPlan, read_plan, write_plan
-from torchmatrix.messages.run_tree import ForeignEntry, refuse_linked_folders
 from torchmatrix.reports import junit
 from torchmatrix.run import compile_eviction, confirmation, cross_version
 from torchmatrix.run.component_check import check_components
 from torchmatrix.run.eta import LaterPhases, WorkEstimate, contention, suite_seconds
-from torchmatrix.run.import_path import user_code_environment
 from torchmatrix.run.interrupts import STOPPED, Interrupts
 from torchmatrix.run.load_sampler import LoadSampler
 from torchmatrix.run.outcomes import OutcomeBook
-from torchmatrix.run.progress import InvocationPart, Progress
+from torchmatrix.run.progress import Progress
+from torchmatrix.run.pytest_command import start_group, suite_environment, with_launcher
 from torchmatrix.run.run_directory import point_latest
-from torchmatrix.run.schedule import GroupProcess, Scheduler
+from torchmatrix.run.run_request import RunError, RunRequest, claim
+from torchmatrix.run.schedule import Scheduler
 from torchmatrix.status import Status, count, tally
-from torchmatrix.user_error import UserError
 
 INSTALL_LOG_TAIL_LINES = 40
-DEFAULT_MAX_CPU_RANKS = 64  # each simulated rank is a process with torch loaded (~0.3 GB)
-
-
-class RunError(UserError):
-    """A problem that stops the run before any cell starts; the message says what to change."""
-
-
-@dataclass
-class RunRequest:
-    """Everything `torchmatrix run` was asked to do."""
-
-    matrix: Matrix
-    version: str
-    reports: Path
-    run_id: str
-    cell_selection: CellSelection = EVERY_CELL
-    selection: SuiteSelection = SuiteSelection()
-    install_log: Path | None = None
-    gpus_per_node: int | None = None
-    multinode_launcher: str | None = None
-    slots: int | None = None
-    confirm_limit: int = confirmation.DEFAULT_LIMIT
-    restart: bool = False
-    max_cpu_ranks: int = DEFAULT_MAX_CPU_RANKS
-    output_cap: int = DEFAULT_CAP_BYTES
-    part: InvocationPart = InvocationPart()
-    cross_version_reads: bool = False
-    peers: tuple[str, ...] | None = None
-    """The versions cross_version pairs this run with, in place of matrix.toml's (bisect's steps
-    name them); a read pass paired so reads the selected cells, having no run of its own."""
-    compile_root: Path | None = None
-    """The compile store every run of this torch build reuses (`--compile-cache`); None compiles
-    cold, in the run's own directory (`--cold-compile`)."""
-    compile_cap_bytes: int = int(compile_eviction.DEFAULT_CAP_GB * compile_eviction.GB)
-
-    @property
-    def compile_store(self) -> CompileStore | None:
-        """What the group plans say of the store: its root and the matrix's part of its keys."""
-        if self.compile_root is None:
-            return None
-        options = {name: suite.options for name, suite in self.matrix.suites.items()}
-        return CompileStore(str(self.compile_root), matrix_digest(self.matrix.components, options))
-
-    @property
-    def run_dir(self) -> Path:
-        return self.reports / self.run_id
-
-    @property
-    def version_dir(self) -> Path:
-        """Where this run's cell reports, plan and logs go: the version's directory, or its reads/ for a read pass."""
-        if self.cross_version_reads:
-            return reads_dir(self.run_dir, self.version)
-        return self.run_dir / f"torch-{self.version}"
-
-
-def prepare_directory(
-    path: Path, what: str = "reports", remedy: str = "pass --reports DIR with a writable directory"
-) -> None:
-    """Create `path` and prove it is writable, before any cell runs."""
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe_file = path / f".write-test-{os.getpid()}"
-        file_writes.write_text(probe_file, "")
-        probe_file.unlink()
-    except OSError as error:
-        raise RunError(f"cannot write {what} to {path} ({error.strerror}); {remedy}") from None
-
-
-def claim_version_directory(request: RunRequest) -> None:
-    """Refuse a torch version directory an earlier run with this id used (its events and gates
-    would mix into this run), or with `restart`, clear it; a nox install log written for this run stays."""
-    used = [
-        path
-        for path in [request.version_dir / "plan.json", *request.version_dir.glob("*.xml")]
-        + sorted((request.version_dir / "logs").glob("*.events.jsonl"))
-        if path.exists()
-    ]
-    if not used:
-        return
-    if not request.restart:
-        raise RunError(
-            f"{request.version_dir} already holds a run (found {used[0].name}); pass a new --run-id, or --restart to delete it and start clean"
-        )
-    keep = request.install_log.resolve() if request.install_log else None
-    logs = request.version_dir / "logs"
-    for path in [*request.version_dir.iterdir(), *(logs.iterdir() if logs.is_dir() else [])]:
-        if path == logs or path.name == LOCK_NAME or path.resolve() == keep or not path.exists():
-            continue
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        else:
-            path.unlink()
 
 
 def run_version(request: RunRequest, stream=sys.stdout) -> ExitCode:
@@ -188,7 +73,7 @@ def _run_version(request: RunRequest, stream, interrupts: Interrupts) -> ExitCod
     forks = PreloadedForks(request.version_dir / "logs" / "preloaded-forks.log")
     try:
         probed = _check_and_probe(request, forks)
-        lock = _claim(request)
+        lock = claim(request)
         environment, runnable = _environment(request, book, probed)
         eta = ""
         if runnable:
@@ -220,7 +105,7 @@ def _run_version(request: RunRequest, stream, interrupts: Interrupts) -> ExitCod
         forks.close()
     try:
         if lock is None:
-            lock = _claim(request)
+            lock = claim(request)
         if stopped:
             _fail_unfinished(book, stopped)
         _write_reports(request, cells, book, environment, started, load.stop())
@@ -267,41 +152,6 @@ def _check_and_probe(request: RunRequest, forks: PreloadedForks) -> Environment 
     if request.install_log is not None:
         return None
     return _refuse_broken_components(request, forks)
-
-
-def _claim(request: RunRequest) -> int:
-    """Lock the version directory against a second runner, refuse or clear an earlier run's files,
-    and prove it writable; return the lock, held until the reports are written."""
-    try:
-        refuse_linked_folders(request.run_dir, _folders_written(request))
-    except ForeignEntry as error:
-        raise RunError(str(error)) from None
-    try:
-        lock = lock_version_directory(request.version_dir)
-    except RunBusy as error:
-        raise RunError(f"{error}; wait for it to finish, or pass another --run-id") from None
-    except OSError as error:
-        raise RunError(
-            f"cannot write reports to {request.version_dir} ({error.strerror}); pass --reports DIR with a writable directory"
-        ) from None
-    try:
-        claim_version_directory(request)
-        prepare_directory(request.version_dir / "logs")
-        if request.compile_root is not None:
-            remedy = "pass --compile-cache DIR with a writable directory, or --cold-compile"
-            prepare_directory(request.compile_root, "the compile cache", remedy)
-    except BaseException:
-        os.close(lock)
-        raise
-    return lock
-
-
-def _folders_written(request: RunRequest) -> list[Path]:
-    """The run directory's folders this run clears, writes or (a read pass) reads checkpoints from."""
-    folders = [request.version_dir / "logs", request.run_dir / f"torch-{request.version}" / CHECKPOINTS_DIR]
-    if request.cross_version_reads:
-        folders += sorted(request.run_dir.glob(f"torch-*/{CHECKPOINTS_DIR}"))
-    return folders
 
 
 def _os_error(error: OSError) -> str:
@@ -385,7 +235,7 @@ def _refuse_broken_components(request: RunRequest, forks: PreloadedForks) -> Env
     """Stop before any cell runs when a component cannot be imported or called as the suites call
     it; warn about each component whose package this environment lacks; return what the check's
     child found of torch."""
-    check = check_components(request.matrix, request.version, env=_suite_environment(request), forks=forks)
+    check = check_components(request.matrix, request.version, env=suite_environment(request), forks=forks)
     for line in check.warnings:
         print(f"torchmatrix: warning: {line}", file=sys.stderr)
     if check.problems:
@@ -467,8 +317,8 @@ def _run_cells(
 
     def scheduler(groups: list[Group], **kwargs) -> Scheduler:
         return Scheduler(
-            [_with_launcher(group, node_size, request.multinode_launcher) for group in groups],
-            start=lambda group: _start_group(request, group, environment, forks),
+            [with_launcher(group, node_size, request.multinode_launcher) for group in groups],
+            start=lambda group: start_group(request, group, environment, forks),
             slots=slots,
             gpu_ids=list(range(gpu_count)),
             core_ids=cores,
@@ -490,112 +340,6 @@ def _run_cells(
     scheduler(groups, book=book, on_update=report_finished_cells).run()
     report_finished_cells()
     confirmation.confirm_failures(book, request.confirm_limit, scheduler, progress, slots)
-
-
-def _with_launcher(group: Group, node_size: int | None, template: str | None) -> Group:
-    """Give a group wider than one node its launch command, with {nnodes} and {nproc_per_node} filled in."""
-    if not template or not node_size or group.world_size <= node_size:
-        return group
-    nnodes = -(-group.world_size // node_size)
-    return replace(group, launcher=template.format(nnodes=nnodes, nproc_per_node=node_size))
-
-
-def group_command(
-    matrix: Matrix,
-    version: str,
-    group: Group,
-    environment: Environment,
-    logs: Path,
-    *,
-    gate: Path | None = None,
-    output_cap: int = DEFAULT_CAP_BYTES,
-    compile_store: CompileStore | None = None,
-) -> list[str]:
-    """Write the group's plan under `logs` and return the pytest command that runs it.
-
-    A group with a launcher (torchrun, srun) is started through it, one pytest per rank. With a
-    `gate`, the process imports and collects, then waits for the gate file before any test.
-    """
-    plan = logs / f"{group.name}.plan.json"
-    suites = {run.suite.name: run.suite for run in group.runs}
-    kept = SuiteSelection(tests=group.only_tests).narrowed()
-    GroupPlan(
-        torch=version,
-        world_size=group.world_size,
-        device=environment,
-        events=str(events_path(logs, group)),
-        gate=str(gate) if gate else None,
-        launched=bool(group.launcher),
-        components=matrix.components,
-        optional={key: where.to_json() for key, where in matrix.optional.items()},
-        suites={name: SuiteSpec(s.path, s.timeout, s.options) for name, s in suites.items()},
-        runs=tuple((run.suite.name, run.cell) for run in group.runs),
-        output_cap=output_cap,
-        compile_store=compile_store,
-        only_tests={run.key: kept[run.suite.name] for run in group.runs if run.suite.name in kept},
-        known_failures={
-            run.key: covered
-            for run in group.runs
-            if (
-                covered := expected_failures(
-                    matrix.known_failures, run.suite.name, run.cell, version, environment.base_version
-                )
-            )
-        },
-    ).write(plan)
-    python = shlex.split(group.launcher) if group.launcher else [sys.executable]
-    return [
-        *python, "-m", "pytest",
-        "-p", "torchmatrix.ranks.plugin",
-        "-p", "no:cacheprovider",
-        "--continue-on-collection-errors",
-        "--torchmatrix-plan", str(plan),
-        "--rootdir", str(matrix.root),
-        "-q",
-        "--tb=short",
-        *sorted({s.path for s in suites.values()}),
-    ]  # fmt: skip
-
-
-def events_path(logs: Path, group: Group) -> Path:
-    return logs / f"{group.name}.events.jsonl"
-
-
-def _suite_environment(request: RunRequest) -> dict[str, str]:
-    """The variables the run's pytest processes and its component check get: the suites' import path,
-    and this runner's pid, with which a pytest process ends when the runner does."""
-    return {**user_code_environment(request.matrix.root, os.environ), PARENT_PID_VARIABLE: str(os.getpid())}
-
-
-def _start_group(request: RunRequest, group: Group, environment: Environment, forks: PreloadedForks) -> GroupProcess:
-    """Start `pytest -p torchmatrix.ranks.plugin` on the group's suites, waiting at its gate."""
-    logs = request.version_dir / "logs"
-    logs.mkdir(parents=True, exist_ok=True)  # a test may have removed the reports directory
-    gate = logs / f"{group.name}.go"
-    command = group_command(
-        request.matrix,
-        request.version,
-        group,
-        environment,
-        logs,
-        gate=gate,
-        output_cap=request.output_cap,
-        compile_store=request.compile_store,
-    )
-    env = _suite_environment(request)
-    if group.launcher:
-        del env[PARENT_PID_VARIABLE]
-        env["TORCHMATRIX_DEVICE"] = environment.device_type
-    return GroupProcess.start(
-        group,
-        command,
-        cwd=request.matrix.root,
-        env=env,
-        log=logs / f"{group.name}.log",
-        events=events_path(logs, group),
-        gate=gate,
-        forks=forks,
-    )
 
 
 def _write_reports(

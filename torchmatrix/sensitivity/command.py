@@ -24,7 +24,8 @@ from torchmatrix.exit_codes import ExitCode
 from torchmatrix.matrix.cells import Cell
 from torchmatrix.matrix.config import Matrix
 from torchmatrix.matrix.selection import CellSelection
-from torchmatrix.run.runner import RunRequest, run_version
+from torchmatrix.run.run_request import RunRequest
+from torchmatrix.run.runner import run_version
 from torchmatrix.sensitivity.mutants import EVIDENCE_VARIABLE, cells_acted_in, reasons_it_cannot_act
 from torchmatrix.sensitivity.registry import GENERIC_MUTANTS, INNER_COMPONENTS_VARIABLE, GenericMutant, component_path
 from torchmatrix.sensitivity.verdicts import CellResult, new_failures, read_cells
