@@ -9,6 +9,7 @@ import sys
 import pytest
 import torch
 
+from torchmatrix.messages import compile_store
 from torchmatrix.messages.compile_store import matrix_digest
 from torchmatrix.ranks import compile_keys
 
@@ -44,12 +45,12 @@ def _key(sources, **changed):
         "components": {"model": "stack.model:build", "block": "stack.models.blocks:Block"},
         "suite_files": [sources / "suites" / "test_mine.py"],
     }
-    return compile_keys.store_folder(sources / "store", compile_keys.key_facts(**{**arguments, **changed})).name
+    return compile_store.key_folder(sources / "store", compile_keys.key_facts(**{**arguments, **changed})).name
 
 
 def test_the_same_facts_give_the_same_folder_and_write_them_beside_it(sources):
     assert _key(sources) == _key(sources)
-    assert '"torch"' in (sources / "store" / _key(sources) / compile_keys.KEY_FACTS).read_text()
+    assert '"torch"' in (sources / "store" / _key(sources) / compile_store.KEY_FACTS).read_text()
 
 
 @pytest.mark.parametrize(

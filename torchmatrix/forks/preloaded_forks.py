@@ -1,18 +1,13 @@
-"""Processes forked from one interpreter that imported torch once per run and version.
-
-Every pytest process a run starts imports torch's distributed stack before its first test (its
-zygote and ranks are forks of it): about 3.3 CPU seconds each on the 2-core machine, paid again by
-each world size's process and each confirmation re-run; the component check's child, which answers
-the torch probe, imported torch once more. A run now starts one preloaded interpreter beside it
-(`serve`) and asks it for each of those processes; it forks twice, so the process is re-parented to
-the runner (a child subreaper, `leftover_processes.adopt_orphans`), which waits for it, kills it and
-reads its exit code as it would a process it started itself.
+"""Processes forked from one interpreter that imported torch once per run and version, so each
+pytest process and the component check skip torch's import (docs/explanation/performance.md, "Per run").
 
 A process is forked only where that is the same as starting it: `python -m MODULE ARGS` or
 `python -c CODE ARGS`, on Linux with the runner a child subreaper, in the interpreter's own
-environment and directory, while the interpreter runs no other thread and has not initialized CUDA
-(it never calls into it). Anything else, and a launcher's processes (torchrun, srun), starts as before.
-Each fork seeds Python's `random` and numpy's global generator anew, as a started process would.
+environment and directory, while the interpreter runs no other thread and has not initialized CUDA.
+Forked twice, the process is re-parented to the runner, which waits for it, kills it and reads its
+exit code as it would a process it started itself; anything else, and a launcher's processes
+(torchrun, srun), starts as before. Each fork seeds Python's `random` and numpy's global generator
+anew, as a started process would.
 """
 
 from __future__ import annotations

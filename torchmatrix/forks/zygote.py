@@ -49,8 +49,8 @@ def context() -> multiprocessing.context.BaseContext:
 def start() -> None:
     """Start the zygote now, as a fork of this process once it has imported the preload itself.
 
-    The pytest process imports torch to collect the suites anyway; a fresh forkserver imported it
-    a second time (about 2 CPU seconds per pytest process, measured). Forking is as safe as the forkserver's
+    The pytest process imports torch to collect the suites anyway, so a fresh forkserver would import
+    it a second time. Forking is as safe as the forkserver's
     own forks of the ranks only before this process runs anything: so only here, at start, and only
     while it runs no other thread. A zygote that dies later is started fresh by multiprocessing."""
     context()

@@ -1,10 +1,17 @@
-"""The compile cache that outlives a run: a folder per user (or per CI cache) where every run of a
-torch build finds the graphs and kernels the runs before it compiled, held to a size cap.
+"""Where torch.compile's caches live, both sides' one map of them: the store that outlives a run (a
+folder per user or per CI cache, held to a size cap by run/compile_eviction) or, compiling cold, a
+folder of the run's own.
 
-Inside it, one folder per key (`torchmatrix.ranks.compile_keys`: the torch build, the compiler, the
-sources and the matrix's components and suite options), and in that one folder per cell, whose ranks'
-folders torch.compile caches into as in a run's own directory (`torchmatrix.run.compile_eviction`
-holds the store to its size cap).
+    <store root>/                   default_root(), or --compile-cache DIR
+      <key>/                        key_folder(): the torch build, compiler, sources, matrix digest
+        key.json                    the facts that made the key's name, for a person to read
+        .vec-isa-probe/             Inductor's ISA probe, built once for every cell of the key
+        <cell id>/                  a cell's folder: every suite, test and re-run of the cell
+          last-used                 what eviction orders by
+          cold-compile-seconds.json what each test compiled cold (what a warm run saved)
+          kernels/                  source-addressed builds the cell's ranks share
+          rank<N>[-of-<W>]/         a rank's own FX graph and AOTAutograd caches
+    reports/<run>/torch-<V>/compile-cache/   the same below it, for a run that compiles cold
 """
 
 from __future__ import annotations
@@ -19,7 +26,12 @@ from torchmatrix import file_writes
 from torchmatrix.json_records import JsonRecord
 
 STORE_VARIABLE = "TORCHMATRIX_COMPILE_CACHE"
-LAST_USED = "last-used"  # in a cell's folder: touched by each process that compiles into it
+RUN_FOLDER = "compile-cache"  # in a version's run directory, for a run that compiles cold
+KEY_FACTS = "key.json"
+PROBE_FOLDER = ".vec-isa-probe"  # a cell id starts with its world size, never a dot
+KERNELS_FOLDER = "kernels"
+LEDGER = "cold-compile-seconds.json"
+LAST_USED = "last-used"  # touched by each process that compiles into the cell's folder
 
 
 @dataclass(frozen=True)
@@ -50,3 +62,35 @@ def mark_used(cell_folder: Path) -> None:
     """Mark a cell's folder used now (what eviction orders by)."""
     cell_folder.mkdir(parents=True, exist_ok=True)
     file_writes.write_text(cell_folder / LAST_USED, "")
+
+
+def key_folder(root: Path, facts: dict) -> Path:
+    """The folder of `root` named after `facts` (written beside its cells the first time)."""
+    text = json.dumps(facts, sort_keys=True, indent=1)
+    folder = root / hashlib.sha256(text.encode()).hexdigest()[:20]
+    record = folder / KEY_FACTS
+    if not record.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        file_writes.write_text(record, text)
+    return folder
+
+
+def run_folder(version_dir: Path) -> Path:
+    """The folder a run that compiles cold caches into: every pytest process of the version's run,
+    confirmation re-runs included, finds what the earlier ones compiled."""
+    return version_dir / RUN_FOLDER
+
+
+def rank_folder(cell_folder: str, rank: str, world: str = "") -> str:
+    """A rank's own folder in its cell's; a rank of a world beside the cell's (`world` "-of-<size>")
+    never shares rank N's of the cell."""
+    return os.path.join(cell_folder, f"rank{rank}{world}")
+
+
+def probe_folder(cell_folder: str | Path) -> str:
+    """Where Inductor's ISA probe is built: beside the cells' folders, once for all of them."""
+    return os.path.join(os.path.dirname(cell_folder), PROBE_FOLDER)
+
+
+def kernels_folder(cell_folder: str) -> str:
+    return os.path.join(cell_folder, KERNELS_FOLDER)

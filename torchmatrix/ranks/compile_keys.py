@@ -11,28 +11,12 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import json
 import os
 import platform
 import subprocess
 import sys
 from collections.abc import Iterable
 from pathlib import Path
-
-from torchmatrix import file_writes
-
-KEY_FACTS = "key.json"  # in a key's folder: the facts that made its name, for a person to read
-
-
-def store_folder(root: Path, facts: dict) -> Path:
-    """The folder of `root` named after `facts` (written beside its cells the first time)."""
-    text = json.dumps(facts, sort_keys=True, indent=1)
-    folder = root / hashlib.sha256(text.encode()).hexdigest()[:20]
-    record = folder / KEY_FACTS
-    if not record.exists():
-        folder.mkdir(parents=True, exist_ok=True)
-        file_writes.write_text(record, text)
-    return folder
 
 
 def key_facts(*, matrix_digest: str, device: dict, components: dict, suite_files: Iterable[Path]) -> dict:
@@ -56,8 +40,8 @@ def key_facts(*, matrix_digest: str, device: dict, components: dict, suite_files
 
 def compiler_version() -> str:
     """The first line of `--version` of the C++ compiler Inductor builds CPU kernels with: `$CXX`, else
-    its default, read as Inductor's config does (`cpp.cxx`) without importing Inductor, which costs an
-    eager cell's pytest process 2 CPU s."""
+    its default, read as Inductor's config does (`cpp.cxx`) without importing Inductor, which an eager
+    cell's pytest process never needs."""
     compiler = os.environ.get("CXX", "clang++" if sys.platform == "darwin" else "g++")
     try:
         done = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30, check=False)

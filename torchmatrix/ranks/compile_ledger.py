@@ -7,8 +7,7 @@ import json
 from pathlib import Path
 
 from torchmatrix import file_writes
-
-LEDGER = "cold-compile-seconds.json"
+from torchmatrix.messages.compile_store import LEDGER
 
 
 def compile_seconds_saved(cell_folder: Path, test: str, seconds: float) -> float | None:

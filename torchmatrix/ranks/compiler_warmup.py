@@ -1,12 +1,6 @@
-"""What each rank's first torch.compile repeated, done once in the process the zygote forks ranks from.
-
-A fresh rank's first compile imported Dynamo and Inductor, hashed torch's and Triton's sources into
-its cache keys, and ran Inductor's vector-ISA probe, which dlopens a test library in a child
-interpreter for each ISA; the pool forks fresh ranks for every pytest process and after every
-failed test, so the modern-stack cell's ranks did it 24 times a run (six pool starts of four).
-Done here, before the zygote forks, every rank inherits the results. Nothing here starts a thread
-or touches CUDA.
-"""
+"""What every rank's first torch.compile would repeat (importing Dynamo and Inductor, hashing
+sources into cache keys, Inductor's ISA probe), done once in the process the zygote forks ranks from,
+without starting a thread or touching CUDA (docs/explanation/compile.md says what it saves)."""
 
 from __future__ import annotations
 

@@ -43,7 +43,7 @@ from torchmatrix.messages.group_plan import GroupPlan
 from torchmatrix.messages.output_cap import DEFAULT_CAP_BYTES, cap_text
 from torchmatrix.messages.properties import COMPILE_SECONDS, COMPILE_SECONDS_SAVED, CPU_SECONDS, WARNING_PROPERTY
 from torchmatrix.messages.root_cause import root_cause
-from torchmatrix.ranks import compile_keys, compiler_warmup, shared_builds
+from torchmatrix.ranks import compile_keys, compiler_warmup
 from torchmatrix.ranks.compile_ledger import compile_seconds_saved
 from torchmatrix.ranks.compile_time import compile_seconds
 from torchmatrix.ranks.launched import launched_rank
@@ -65,7 +65,6 @@ PLAN_KEY = pytest.StashKey["CellPlan"]()
 USAGE_QUERY_SECONDS = 30.0
 pytest_plugins = ("torchmatrix.ranks.fixtures", "torchmatrix.ranks.component_skips")
 NOT_PLANNED = "suites run through `python -m torchmatrix run`, which tells this plugin the cells to run"
-COMPILE_CACHE_DIRECTORY = "compile-cache"
 
 
 def compile_cache_root(plan: GroupPlan, rootpath: Path) -> Path:
@@ -74,14 +73,14 @@ def compile_cache_root(plan: GroupPlan, rootpath: Path) -> Path:
     `compile-cache` in the run's directory for the version (the parent of its logs/), so every pytest
     process of the version's run, confirmation re-runs included, finds what the earlier ones compiled."""
     if plan.compile_store is None:
-        return Path(plan.events).parent.parent / COMPILE_CACHE_DIRECTORY
+        return compile_store.run_folder(Path(plan.events).parent.parent)
     facts = compile_keys.key_facts(
         matrix_digest=plan.compile_store.matrix_digest,
         device=plan.device.to_json(),
         components=plan.components,
         suite_files=[rootpath / spec.path for spec in plan.suites.values()],
     )
-    return compile_keys.store_folder(Path(plan.compile_store.root), facts)
+    return compile_store.key_folder(Path(plan.compile_store.root), facts)
 
 
 def pytest_addoption(parser):
@@ -130,7 +129,7 @@ class CellPlan:
             backends = frozenset().union(*(compile_backends(cell) for _, cell in plan.runs))
             if backends:
                 compiler_warmup.warm_up(
-                    self.compile_caches / shared_builds.PROBE_FOLDER,
+                    self.compile_caches / compile_store.PROBE_FOLDER,
                     cache_variable=COMPILE_CACHE_VARIABLE,
                     device_type=plan.device_type,
                     inductor=DEFAULT_BACKEND in backends,

@@ -1,12 +1,7 @@
-"""What Inductor builds from source alone, built once where every rank would build it again.
-
-With a compile cache per cell and rank (`worker.in_compile_cache`), each rank built the same files:
-Inductor's CPU vector-ISA probe before its first kernel, and every kernel of the cell's graphs (the
-four ranks of a tensor-parallel cell compile identical blocks: about 15 of a process's 26 CPU
-seconds to compile the reference decoder, torch 2.13.0). Both are named by a hash of their source
-and compile command, so sharing them shares no graph: Inductor's FX graph and AOTAutograd caches,
-whose entries are guarded and were measured wrong when shared, stay in the rank's own folder.
-"""
+"""What Inductor builds from source alone (the ISA probe, the kernels), built once where every rank
+of a cell would build it again: such a file is named by a hash of its source and compile command, so
+sharing it shares no graph, and the guarded graph caches stay in each rank's folder
+(docs/explanation/compile.md, "What Inductor builds from source alone is shared")."""
 
 from __future__ import annotations
 
@@ -18,9 +13,6 @@ import threading
 from dataclasses import dataclass
 
 from torchmatrix.ranks.truncated_builds import rebuild_truncated
-
-PROBE_FOLDER = ".vec-isa-probe"  # beside the cells' folders; a cell id starts with its world size, never a dot
-KERNELS_FOLDER = "kernels"  # in a cell's folder, beside its ranks' folders (`rank<N>…`)
 
 
 @dataclass

@@ -18,6 +18,7 @@ from multiprocessing.connection import Connection
 
 from torchmatrix import file_writes
 from torchmatrix.forks.parent_death import exit_with_parent
+from torchmatrix.messages import compile_store
 from torchmatrix.messages.root_cause import root_cause
 from torchmatrix.ranks import shared_builds
 from torchmatrix.ranks.compile_time import reset_keeping_time
@@ -38,24 +39,19 @@ def current_device():
 
 def in_compile_cache(directory: str, fn, args: tuple, world: str = ""):
     """fn(*args) with torch.compile's on-disk caches (Inductor's FX graph and AOTAutograd caches,
-    Triton's under it) in this rank's own folder of the cell's `directory` (`rank<N><world>`: a rank
-    of a world beside the cell's, `world` "-of-<size>", never shares rank N's of the cell), and
-    what Inductor builds from source alone in the folders its ranks share (`shared_builds`).
+    Triton's under it) in this rank's own folder of the cell's `directory`, and what Inductor builds
+    from source alone in the folders its ranks share (`shared_builds`); graph caches shared between
+    cells or ranks were measured wrong (docs/explanation/compile.md).
 
-    Inductor reads TORCHINDUCTOR_CACHE_DIR at every cache access (torch/_inductor/runtime/
-    cache_dir_utils.py), not once at import, so setting it here re-homes every later compile of
-    this long-lived rank; torch.compiler.reset() then drops what the rank compiled for the previous
-    cell, so not even in memory does one cell reuse another's graphs. Shared graph caches gave
-    wrong kernels: torchao's optimizers sharing one crashed on kernels compiled for another
-    optimizer's state subclass, and the two ranks of an FSDP2 cell sharing one ran AdamWFp8
-    kernels compiled for the other rank's shard size ("expected size 5==6").
+    Inductor reads TORCHINDUCTOR_CACHE_DIR at every cache access, not once at import, so setting it
+    here re-homes every later compile of this long-lived rank; torch.compiler.reset() then drops
+    what the rank compiled for the previous cell, so not even in memory does one cell reuse another's.
     """
-    rank_folder = os.path.join(directory, f"rank{os.environ.get('RANK', '0')}{world}")
+    rank_folder = compile_store.rank_folder(directory, os.environ.get("RANK", "0"), world)
     if os.environ.get(COMPILE_CACHE_VARIABLE) != rank_folder:
         os.environ[COMPILE_CACHE_VARIABLE] = rank_folder
         shared_builds.place(
-            probe=os.path.join(os.path.dirname(directory), shared_builds.PROBE_FOLDER),
-            kernels=os.path.join(directory, shared_builds.KERNELS_FOLDER),
+            probe=compile_store.probe_folder(directory), kernels=compile_store.kernels_folder(directory)
         )
         if "torch" in sys.modules:
             reset_keeping_time()
