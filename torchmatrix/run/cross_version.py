@@ -22,12 +22,11 @@ from dataclasses import replace
 from pathlib import Path
 
 from torchmatrix.env.version_venv import gpu_matrix_python
+from torchmatrix.exit_codes import ExitCode
 from torchmatrix.matrix.config import Matrix, Suite
 from torchmatrix.messages.cross_version import READS_FILE, SUITE, peers
 from torchmatrix.messages.run_plan import PlanFileError, read_plan
 from torchmatrix.user_error import UserError
-
-UNREADABLE_PLAN_EXIT = 2
 
 
 def suites_for(
@@ -52,10 +51,11 @@ class CrossReadError(UserError, ValueError):
 
 def read_pass(
     run_dir: Path, matrix: Matrix, envdir: Path, interpreters: Mapping[str, str] | None = None, stream=sys.stderr
-) -> int:
+) -> ExitCode | int:
     """Run each version's reads of the other versions' writes in that version's interpreter on this
     machine (`interpreters[V]`, else gpu_matrix's venv in `envdir`), with this machine's `matrix`;
-    1 when a read failed, 2 when a plan.json could not be read (the other versions still read), else 0.
+    FAILED when a read failed, USAGE when a plan.json could not be read (the other versions still read),
+    else PASSED.
 
     Nothing in the run directory is executed or trusted: its plan.json files say which versions
     wrote and which cells they planned (names checked), never which interpreter, matrix or
@@ -66,13 +66,13 @@ def read_pass(
         raise CrossReadError(
             f"{run_dir} is not a run directory (no torch-*/plan.json in it); pass one under reports/, e.g. reports/latest"
         )
-    worst = 0
+    worst = ExitCode.PASSED
     for plan_path in plans:
         try:
             plan = read_plan(plan_path)
         except PlanFileError as error:
             print(f"torchmatrix: error: cross-read: {error}", file=stream)
-            worst = UNREADABLE_PLAN_EXIT
+            worst = ExitCode.USAGE
             continue
         if SUITE not in plan.suites or not plan.cells:
             continue
@@ -95,9 +95,9 @@ def read_pass(
                 file=stream,
             )
             continue
-        if code not in (0, 1):
-            return code
-        worst = max(worst, code)  # a plan refused (2) outranks a failed read (1)
+        if code not in (ExitCode.PASSED, ExitCode.FAILED):
+            return code  # the reader's own end: interrupted, or killed
+        worst = max(worst, ExitCode(code))  # a plan refused (USAGE) outranks a failed read (FAILED)
     return worst
 
 
