@@ -19,7 +19,7 @@ MAY_IMPORT = {
     "components": {"status"},
     "matrix": {"status", "components"},
     "env": {"status", "matrix"},
-    "messages": {"status", "matrix", "env"},
+    "messages": {"status", "components", "matrix", "env"},
     "forks": {"status"},
     "ranks": {"status", "components", "matrix", "env", "messages", "forks"},
     "reports": {"status", "matrix", "env", "messages"},

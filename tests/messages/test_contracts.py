@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from torchmatrix.components.optional import OptionalWhere
 from torchmatrix.env.devices import Environment
 from torchmatrix.matrix.cells import Cell
 from torchmatrix.messages.events import (
@@ -41,7 +42,7 @@ def group_plan(**changes) -> GroupPlan:
         gate="/tmp/ws2.go",
         launched=False,
         components={"model": "torchmatrix.models.transformer:build_model"},
-        optional={"model": {"device": ["cpu"], "torch": []}},
+        optional={"model": OptionalWhere(devices=("cpu",))},
         suites={
             "resume": SuiteSpec("suites/test_resume.py", 300.0, {"steps": 4}),
             "collectives": SuiteSpec("suites/test_collectives.py", 60.0, {}),

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from torchmatrix import file_writes
+from torchmatrix.components.optional import OptionalWhere
 from torchmatrix.env.devices import Environment
 from torchmatrix.json_records import JsonRecord, json_field
 from torchmatrix.matrix.cells import Cell
@@ -48,7 +49,7 @@ class GroupPlan(JsonRecord):
     `launched` is True when an external launcher (torchrun, srun) starts one pytest per rank;
     `only_tests` maps a run key to the tests it keeps of that run (`--test`'s, or the one a
     confirmation process re-runs; a function name keeps every parametrization), absent: all;
-    `optional` is matrix.toml's `[optional]`, key -> `OptionalWhere.to_json()`;
+    `optional` is matrix.toml's `[optional]`: where each component named there may lack its packages;
     `known_failures` maps a run key to the (test glob, reason) pairs of `[[known_failure]]` covering it;
     `compile_store` is where compiled graphs are cached across runs, None to compile cold in the run's directory.
     """
@@ -62,7 +63,7 @@ class GroupPlan(JsonRecord):
     gate: str | None
     launched: bool
     components: dict
-    optional: dict
+    optional: dict[str, OptionalWhere]
     suites: dict[str, SuiteSpec]
     runs: tuple[tuple[str, Cell], ...] = field(metadata=json_field(dump=_runs_json, load=_runs_read))
     output_cap: int

@@ -22,7 +22,6 @@ import pytest
 
 from torchmatrix import file_writes
 from torchmatrix.components.compile_axis import DEFAULT_BACKEND, compile_backends
-from torchmatrix.components.optional import OptionalWhere
 from torchmatrix.forks import zygote
 from torchmatrix.forks.parent_death import exit_with_runner
 from torchmatrix.matrix.cells import Cell
@@ -110,7 +109,7 @@ class CellPlan:
         self.plan = plan
         self.rootpath = rootpath
         self.suites = plan.suites
-        self.optional = {key: OptionalWhere.from_json(where) for key, where in plan.optional.items()}
+        self.optional = plan.optional
         self.suite_by_path = {(rootpath / spec.path).resolve(): name for name, spec in self.suites.items()}
         self.cells_by_suite: dict[str, list[Cell]] = {}
         for suite, cell in plan.runs:

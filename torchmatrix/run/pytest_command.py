@@ -58,7 +58,7 @@ def group_command(
         gate=str(gate) if gate else None,
         launched=bool(group.launcher),
         components=matrix.components,
-        optional={key: where.to_json() for key, where in matrix.optional.items()},
+        optional=dict(matrix.optional),
         suites={name: SuiteSpec(s.path, s.timeout, s.options) for name, s in suites.items()},
         runs=tuple((run.suite.name, run.cell) for run in group.runs),
         output_cap=output_cap,
