@@ -4,28 +4,13 @@ from __future__ import annotations
 
 import torch
 
-SAME_WIDTH_INT = {
-    torch.float64: torch.int64,
-    torch.float32: torch.int32,
-    torch.bfloat16: torch.int16,
-    torch.float16: torch.int16,
-}
-
-
-def bits_equal(actual: torch.Tensor, expected: torch.Tensor) -> bool:
-    """Same dtype, shape and bits: stricter than ==, which equates -0.0 with 0.0 and never equates NaNs."""
-    if actual.dtype != expected.dtype or actual.shape != expected.shape:
-        return False
-    integer = SAME_WIDTH_INT.get(actual.dtype)
-    if integer is None:
-        return torch.equal(actual, expected)
-    return torch.equal(actual.detach().contiguous().view(integer), expected.detach().contiguous().view(integer))
+from torchmatrix.testing import bits_equal, same_width_integer
 
 
 def differing_bits(actual: torch.Tensor, expected: torch.Tensor) -> int:
     """How many elements of two same-dtype, same-shape tensors differ in their bits (a -0.0 that
     was 0.0 counts; a NaN with the same payload does not)."""
-    integer = SAME_WIDTH_INT.get(actual.dtype)
+    integer = same_width_integer(actual.dtype)
     if integer is None:
         return int((actual != expected).sum())
     return int((actual.detach().contiguous().view(integer) != expected.detach().contiguous().view(integer)).sum())
@@ -60,7 +45,7 @@ def _equal_as_numbers(actual: torch.Tensor, expected: torch.Tensor) -> bool:
 def ulp_distance(actual: torch.Tensor, expected: torch.Tensor) -> int:
     """The largest number of representable floats between two elements at the same index (0 when
     bit-identical); float16/bfloat16/float32 only, elements where either side is NaN ignored."""
-    integer = SAME_WIDTH_INT[actual.dtype]
+    integer = same_width_integer(actual.dtype)
     if integer is torch.int64:
         raise TypeError("ulp_distance covers float32 and narrower; float64 bits overflow the int64 arithmetic")
     if actual.numel() == 0:

@@ -62,6 +62,7 @@ from torchmatrix.matrix.suite_options import (
 from torchmatrix.messages.consequences import CONSEQUENCE_OF, consequence_of
 from torchmatrix.messages.cross_version import EXPECTED_FILE, writes_dir
 from torchmatrix.messages.root_cause import root_cause
+from torchmatrix.ranks.bitwise import bits_equal, same_width_integer
 from torchmatrix.ranks.cell_mesh import cell_layout, cell_mesh, data_parallel_rank, data_parallel_size, mesh_group
 from torchmatrix.ranks.compile_time import reset_keeping_time
 from torchmatrix.ranks.plugin import planned_options
@@ -89,7 +90,9 @@ __all__ = [
     "UnavailableCheckpointMode",
     "checkpointer_path",
     "saves_asynchronously",
+    "same_width_integer",
     "accepts",
+    "bits_equal",
     "build_optimizer",
     "call_accepting",
     "capture_rng_state",

@@ -23,6 +23,7 @@ from torchmatrix.components.optimizer_implementations import (
     implementation_not_named,
 )
 from torchmatrix.components.optimizer_like import inner_optimizers
+from torchmatrix.ranks.bitwise import bits_equal
 from torchmatrix.ranks.rng_state import capture_rng_state, restore_rng_state
 from torchmatrix.ranks.worker import current_cell_id
 
@@ -599,7 +600,11 @@ def _same(first, second) -> bool:
     import torch
 
     if isinstance(first, torch.Tensor) or isinstance(second, torch.Tensor):
-        return isinstance(first, torch.Tensor) and isinstance(second, torch.Tensor) and torch.equal(first, second)
+        return (
+            isinstance(first, torch.Tensor)
+            and isinstance(second, torch.Tensor)
+            and bits_equal(_local(first), _local(second))
+        )
     if isinstance(first, dict) and isinstance(second, dict):
         return first.keys() == second.keys() and all(_same(first[key], second[key]) for key in first)
     if isinstance(first, (list, tuple)) and isinstance(second, (list, tuple)):
