@@ -8,10 +8,11 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from suites.cache_tree import cache_marks
+from suites.cache_tree import cache_contents, cache_marks
 from suites.checkpoint_units import CheckpointUnits
 from suites.forward_output import OUTPUT
-from suites.test_grad_ckpt import BF16_RTOL, cache_contents, found_caches, precision_from
+from suites.grad_ckpt_precision import BF16_RTOL, precision_from
+from suites.grad_ckpt_steps import found_caches
 from torchmatrix.matrix.suite_options import OptionError
 from torchmatrix.testing import GradCkptOptions
 

@@ -40,7 +40,7 @@ from __future__ import annotations
 import pytest
 
 from suites.eager_twin import STEP_RTOL
-from suites.test_grad_ckpt import REORDER_RTOL
+from suites.grad_ckpt_precision import REORDER_RTOL
 
 from helpers.checkout import REPO
 from helpers.grad_ckpt_runs import (

@@ -7,8 +7,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from suites.module_state_walk import module_state
 from suites.reachable_state import is_user_object, kept_as_they_are, module_level_containers
-from suites.test_grad_ckpt import module_state
 from torchmatrix.models.mutants import grad_ckpt
 from torchmatrix.models.mutants.grad_ckpt import AUX_LOSS_TRACKER, RoutingStats, aux_loss_list_model
 

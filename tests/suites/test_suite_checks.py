@@ -14,22 +14,12 @@ from torch import nn
 
 import suites.test_resume as resume_suite  # its test functions, called here (imported by name, pytest would collect them)
 from suites.dcp_layout import TensorLayout, find_checkpoint, layouts_by_suffix
+from suites.grad_ckpt_precision import BF16_RTOL, EXACT, Precision, mismatch, precision_from
+from suites.module_state_walk import Entries, body_call_counters, module_state, module_state_problems
 from suites.optimizer_state import quantized_state_kinds
 from suites.test_dtensor_optim import _compare as reshard_load_mismatches
 from suites.test_dtensor_optim import continuation, layout_problems, param_shaped_states, settings_differ
-from suites.test_grad_ckpt import (
-    BF16_RTOL,
-    EXACT,
-    Entries,
-    Precision,
-    body_call_counters,
-    cache_presence_problems,
-    mismatch,
-    module_state,
-    module_state_problems,
-    no_cache_reason,
-    precision_from,
-)
+from suites.test_grad_ckpt import cache_presence_problems, no_cache_reason
 from suites.test_resume import (
     FinalState,
     RankRecord,
