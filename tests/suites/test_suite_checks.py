@@ -14,11 +14,11 @@ from torch import nn
 
 import suites.test_resume as resume_suite  # its test functions, called here (imported by name, pytest would collect them)
 from suites.dcp_layout import TensorLayout, find_checkpoint, layouts_by_suffix
+from suites.dtensor_optim_ranks import _compare as reshard_load_mismatches
+from suites.dtensor_optim_ranks import continuation, layout_problems, param_shaped_states, settings_differ
 from suites.grad_ckpt_precision import BF16_RTOL, EXACT, Precision, mismatch, precision_from
 from suites.module_state_walk import Entries, body_call_counters, module_state, module_state_problems
 from suites.optimizer_state import quantized_state_kinds
-from suites.test_dtensor_optim import _compare as reshard_load_mismatches
-from suites.test_dtensor_optim import continuation, layout_problems, param_shaped_states, settings_differ
 from suites.test_grad_ckpt import cache_presence_problems, no_cache_reason
 from suites.test_resume import (
     FinalState,
@@ -245,7 +245,7 @@ import json, torch, torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Shard, distribute_tensor
-from suites.test_dtensor_optim import layout_problems
+from suites.dtensor_optim_ranks import layout_problems
 
 dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
 mesh = init_device_mesh("cpu", (1,))
