@@ -35,7 +35,8 @@ from torchmatrix.bisect.directions import (
 from torchmatrix.bisect.failures import FailureSearch, cell_selection, grouped
 from torchmatrix.bisect.regression import Regression
 from torchmatrix.bisect.search import Bisection, Outcome
-from torchmatrix.bisect.versions import IndexUnlisted, VersionError, offered_versions
+from torchmatrix.bisect.versions import VersionError, offered_versions
+from torchmatrix.env.channel_install import IndexUnlisted
 from torchmatrix.env.envdir_lock import EnvdirBusy, EnvdirUnlockable, lock_envdir
 from torchmatrix.env.version_venv import prepare_venv
 from torchmatrix.exit_codes import ExitCode

@@ -4,12 +4,10 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 from packaging.version import InvalidVersion, Version
 
-from torchmatrix.env.torch_install import AVAILABLE_VERSIONS
+from torchmatrix.env import channel_install
+from torchmatrix.env.channel_install import AVAILABLE_VERSIONS
 from torchmatrix.matrix.config import Matrix
 from torchmatrix.user_error import UserError
 
@@ -47,27 +45,9 @@ def between(good: str, bad: str, offered: list[str]) -> list[str]:
     return [str(v) for v in sorted(inside)]
 
 
-class IndexUnlisted(UserError):
-    """`pip index versions torch` could not list an index: a search would try nothing; the message
-    carries pip's reason."""
-
-
 def index_listing(index_url: str | None, prereleases: bool) -> str:
-    """`pip index versions torch` with this interpreter's pip (and `--index-url` for a version's own
-    index); an index pip cannot list is an error, never an empty list."""
-    command = [sys.executable, "-m", "pip", "index", "versions", "torch"]
-    command += ["--pre"] if prereleases else []
-    command += ["--index-url", index_url] if index_url else []
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    if done.returncode != 0 or not AVAILABLE_VERSIONS.search(done.stdout):
-        said = [line.strip() for line in (done.stderr + done.stdout).splitlines() if line.strip()]
-        reason = next((line for line in reversed(said) if line.startswith("ERROR")), said[-1] if said else "")
-        where = index_url or "pip's configured index"
-        raise IndexUnlisted(
-            f"cannot list torch's releases on {where} (pip index versions torch exited {done.returncode}: "
-            f"{reason or 'no output'}); fix the index or its network, then bisect again"
-        )
-    return done.stdout
+    """`pip index versions torch` on pip's configured index, or on `index_url` (a version's own)."""
+    return channel_install.index_listing("torch", index_url, prereleases)
 
 
 def offered_versions(matrix: Matrix, good: str, bad: str) -> list[str]:

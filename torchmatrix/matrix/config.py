@@ -15,7 +15,7 @@ import math
 import re
 import stat
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ from torchmatrix.matrix.cells import (
     iter_cells,
     value_token,
 )
+from torchmatrix.matrix.channels import CHANNEL_KEYS, Channels, channel_of, parse_channels
 from torchmatrix.matrix.known_failures import KEYS as KNOWN_FAILURE_KEYS
 from torchmatrix.matrix.known_failures import KnownFailure, KnownFailureError, read_known_failure
 from torchmatrix.matrix.meshes import MESH_AXIS, MESH_KINDS, TWO_D_FSDP, TWO_D_MESH_KINDS, mesh_layout, mesh_problem
@@ -71,7 +72,7 @@ TOP_LEVEL_KEYS = (
     "report",
     "project",
 )
-TORCH_KEYS = ("versions", "baseline", "install")
+TORCH_KEYS = ("versions", "baseline", "install", "channels")
 SUITE_KEYS = ("path", "timeout", "axes", "options")
 INSTALL_KEYS = ("index_url", "requirements", "constraints", "env")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -138,10 +139,14 @@ class Matrix:
     requires: dict[str, tuple[str, ...]] = field(default_factory=dict)
     optional: dict[str, OptionalWhere] = field(default_factory=dict)
     known_failures: tuple[KnownFailure, ...] = ()
+    channels: Channels = field(default_factory=Channels)
 
     def install(self, version: str) -> TorchInstall:
-        """`[torch.install."V"]`, or pip's defaults when the version has no table."""
-        return self.installs.get(version, TorchInstall())
+        """`[torch.install."V"]` (a dated nightly's defaults to "nightly"'s), else pip's defaults; a
+        channel value installs from its channel's index unless its table names another."""
+        install = self.installs.get(version) or self.installs.get(channel_of(version) or "", TorchInstall())
+        url = self.channels.url(version)
+        return replace(install, index_url=install.index_url or url) if url else install
 
     @property
     def root(self) -> Path:
@@ -266,6 +271,7 @@ def load_matrix(path: str | Path) -> Matrix:
         requires=requires,
         optional=optional,
         known_failures=known_failures,
+        channels=parse_channels(raw["torch"].get("channels"), where.at("torch").at("channels")),
     )
     if cell_bound(axes, include) <= MAX_CELLS:  # a larger matrix is checked as --only and -k select from it
         _check_cells(matrix, matrix.cells(), where)
@@ -384,7 +390,7 @@ def _installs(table: dict, versions: list[str], where: _Where) -> dict[str, Torc
     result = {}
     for version, spec in installs.items():
         at = where.at(f'"{version}"')
-        if version not in versions or version == "system":
+        if (version not in versions and version not in CHANNEL_KEYS) or version == "system":
             raise at.error(
                 f"{version!r} is not an installable version in [torch].versions",
                 "name a listed pip version, or add it to versions",
