@@ -15,7 +15,7 @@ from pathlib import Path
 
 from packaging.requirements import InvalidRequirement, Requirement
 
-from torchmatrix.matrix.channels import ChannelError, cache_name, cached_build, channel_of, companion_pin, resolve
+from torchmatrix.matrix.channels import NIGHTLY, ChannelError, cached_build, channel_of, companion_pin, dated, resolve
 from torchmatrix.matrix.config import TorchInstall
 
 AVAILABLE_VERSIONS = re.compile(r"^Available versions: (.*)$", re.M)
@@ -63,7 +63,8 @@ def index_listing(name: str, index_url: str | None, prereleases: bool, env: dict
 
 def channel_build(value: str, install: TorchInstall, folder_of: Callable[[str], Path | None]) -> ChannelBuild:
     """Resolve `value` on its index (or, for a dated value, in the wheelhouse first); `folder_of`
-    names the wheelhouse folder of a cache name (torch_install.wheelhouse)."""
+    names the wheelhouse folder of a cache name (torch_install.wheelhouse). A nightly is kept by
+    date; an rc is not kept, since each candidate of a release carries the same version."""
     if channel_of(value) is None:
         raise ValueError(f"{value!r} is not a channel value")
     folder = folder_of(value)
@@ -77,7 +78,8 @@ def channel_build(value: str, install: TorchInstall, folder_of: Callable[[str], 
     except IndexUnlisted as error:
         raise ChannelError(f"torch {value}: {error}; or pin a dated nightly already in the wheelhouse") from None
     requirements = tuple(_companion(text, install, version) for text in install.requirements)
-    return ChannelBuild(version, requirements, folder_of(cache_name(value, version)), False)
+    wheels = folder_of(dated(version)) if channel_of(value) == NIGHTLY else None
+    return ChannelBuild(version, requirements, wheels, False)
 
 
 def _companion(text: str, install: TorchInstall, version: str) -> str:

@@ -23,6 +23,7 @@ DEFAULT_URLS = {
     NIGHTLY: "https://download.pytorch.org/whl/nightly/cpu",
     RC: "https://download.pytorch.org/whl/test/cpu",
 }
+UNBLOCK_HINT = "set [report] prerelease_blocks = true or pass --prerelease-blocks to make them block"
 INDEX_URL = re.compile(r"^(https?|file)://\S+$")
 
 
@@ -88,8 +89,8 @@ def _versions(listed: list[str]) -> list[Version]:
 def resolve(value: str, listed: list[str], url: str) -> str:
     """The concrete version (local label kept) `value` stands for among the versions `url` lists."""
     versions = _versions(listed)
-    if value == RC:
-        found = [v for v in versions if v.pre and v.pre[0] == "rc" and not v.is_devrelease]
+    if value == RC:  # the test channel names its candidates 2.16.0 (or 2.16.0rc1): the newest that is no dev build
+        found = [v for v in versions if not v.is_devrelease]
         what, fix = "no release candidate", "use a pinned release or nightly until the test channel has one"
     elif value == NIGHTLY:
         found = [v for v in versions if v.is_devrelease and date_of(str(v))]
@@ -108,12 +109,6 @@ def dated_builds(listed: list[str], good: str, bad: str) -> list[str]:
     """The `nightly-YYYYMMDD` values of the dated builds strictly between two dated values, oldest first."""
     dates = {d for v in _versions(listed) if (d := date_of(str(v)))}
     return [f"nightly-{d}" for d in sorted(dates) if date_of(good) < d < date_of(bad)]
-
-
-def cache_name(value: str, version: str) -> str:
-    """The wheelhouse folder name of a resolved channel value: by date for a nightly (so a dated
-    value finds it without the index), by version for an rc."""
-    return dated(version) if channel_of(value) == NIGHTLY else version
 
 
 def wheel_version(path: Path) -> str | None:

@@ -77,7 +77,7 @@ SUITE_KEYS = ("path", "timeout", "axes", "options")
 INSTALL_KEYS = ("index_url", "requirements", "constraints", "env")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 INDEX_URL = re.compile(r"^(https?|file)://\S+$")
-REPORT_KEYS = ("drift_ratio", "slowdown_ratio", "memory_ratio")
+REPORT_KEYS = ("drift_ratio", "slowdown_ratio", "memory_ratio", "prerelease_blocks")
 PROJECT_KEYS = ("root",)
 OPTIONAL_KEYS = ("device", "torch")
 MAX_TEST_TIMEOUT_S = 86400
@@ -119,6 +119,7 @@ class ReportSettings:
     drift_ratio: float = 10.0
     slowdown_ratio: float = 1.5
     memory_ratio: float = 1.25
+    prerelease_blocks: bool = False  # whether a nightly or rc failure fails the exit code (reports/prerelease.py)
 
 
 @dataclass(frozen=True)
@@ -763,12 +764,14 @@ def _report(raw: dict, where: _Where) -> ReportSettings:
     table = where.table(raw, "report", required=False)
     where = where.at("report")
     where.unknown_keys(table, REPORT_KEYS, " in [report]")
-    values = {
+    values: dict[str, Any] = {
         key: _positive_number(table[key], where.at(key), "a ratio, e.g. 10 for ten times")
-        for key in REPORT_KEYS
+        for key in REPORT_KEYS[:-1]
         if key in table
     }
-    return ReportSettings(**values)
+    if not isinstance(table.get("prerelease_blocks", False), bool):
+        raise where.at("prerelease_blocks").error("must be true or false", "write prerelease_blocks = true")
+    return ReportSettings(**values, prerelease_blocks=table.get("prerelease_blocks", False))
 
 
 def _refuse_too_many_cells(matrix: Matrix, where: _Where) -> None:
