@@ -25,8 +25,12 @@ import zipfile
 from pathlib import Path
 
 PLANTED_FILE = "torch/optim/adam.py"
-PLANTED_FROM = "            bias_correction2_sqrt = bias_correction2**0.5\n\n            if amsgrad:\n                # Maintains"
-PLANTED_TO = "            bias_correction2_sqrt = bias_correction2\n\n            if amsgrad:\n                # Maintains"
+PLANTED_FROM = (
+    "            bias_correction2_sqrt = bias_correction2**0.5\n\n            if amsgrad:\n                # Maintains"
+)
+PLANTED_TO = (
+    "            bias_correction2_sqrt = bias_correction2\n\n            if amsgrad:\n                # Maintains"
+)
 
 
 def fake_sha(version: str) -> str:
@@ -43,7 +47,9 @@ def repack(source: Path, version: str, out_dir: Path, planted: bool) -> Path:
     rows = []
     with zipfile.ZipFile(source) as zin, zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as zout:
         for info in zin.infolist():
-            name = new_prefix + info.filename[len(old_prefix) :] if info.filename.startswith(old_prefix) else info.filename
+            name = (
+                new_prefix + info.filename[len(old_prefix) :] if info.filename.startswith(old_prefix) else info.filename
+            )
             if name == record_name:
                 continue
             data = zin.read(info)
@@ -78,7 +84,9 @@ def write_simple_index(channel_dir: Path) -> None:
         for wheel in sorted(channel_dir.glob("torch-*.whl"))
     )
     (project / "index.html").write_text(f"<!DOCTYPE html>\n<html><body>\n{links}</body></html>\n")
-    (channel_dir / "simple" / "index.html").write_text('<!DOCTYPE html>\n<html><body><a href="torch/">torch</a></body></html>\n')
+    (channel_dir / "simple" / "index.html").write_text(
+        '<!DOCTYPE html>\n<html><body><a href="torch/">torch</a></body></html>\n'
+    )
 
 
 def main() -> None:
@@ -91,7 +99,10 @@ def main() -> None:
     parser.add_argument("--base", default="2.16.0", help="the version the nightlies lead up to")
     args = parser.parse_args()
     label = "+" + args.wheel.name.split("-")[1].partition("+")[2] if "+" in args.wheel.name else ""
-    builds = [("nightly", f"{args.base}.dev{date}{label}", bool(args.planted_from and date >= args.planted_from)) for date in args.nightly]
+    builds = [
+        ("nightly", f"{args.base}.dev{date}{label}", bool(args.planted_from and date >= args.planted_from))
+        for date in args.nightly
+    ]
     builds += [("test", f"{args.rc}{label}", False)] if args.rc else []
     for channel, version, planted in builds:
         channel_dir = args.out / channel
