@@ -863,6 +863,7 @@ def markdown_keys() -> str:
     rows = [
         ("top level", listed(TOP_LEVEL_KEYS)),
         ("`[torch]`", listed(TORCH_KEYS)),
+        ("`[torch.channels]`", listed(CHANNEL_KEYS)),
         ('`[torch.install."V"]`', listed(INSTALL_KEYS)),
         ("`[axes]`", f"any names matching `{NAME.pattern}`; numbers, booleans, or strings matching `{VALUE.pattern}`"),
         ("`[[exclude]]`, `[[include]]`", "names of `[axes]`"),
