@@ -29,7 +29,7 @@ from packaging.version import InvalidVersion, Version
 
 from torchmatrix import file_writes
 from torchmatrix.env.channel_install import AVAILABLE_VERSIONS, ChannelBuild, channel_build
-from torchmatrix.env.install_estimate import InstallEstimate, estimate_install
+from torchmatrix.env.install_estimate import InstallEstimate, estimate_install, wheelhouse_files
 from torchmatrix.env.install_progress import InstallProgress, ProgressLine
 from torchmatrix.env.pip_constraints import blocking_constraint
 from torchmatrix.matrix.channels import ChannelError, channel_of
@@ -242,7 +242,14 @@ def estimate_torch_install(
 ) -> InstallEstimate | None:
     """What installing torch==V as install_torch does will cost, asked of `python`'s pip (with
     pip's configuration, the version's index, requirements and constraints), the files named in
-    `cached` (its wheelhouse's, see wheelhouse()) downloading nothing; None when pip cannot say."""
+    `cached` (its wheelhouse's, see wheelhouse()) downloading nothing; None when pip cannot say.
+    A channel value is resolved first, as its install will be; None when it cannot be."""
+    build = _channel_build(version, install, uv=False)
+    if isinstance(build, InstallResult):
+        return None
+    if build is not None:
+        version, install = build.version, replace(install, requirements=build.requirements)
+        cached = [*cached, *wheelhouse_files(build.wheels)]
     options = index_options(install, uv=False, pip_config_list="")
     with tempfile.TemporaryDirectory(prefix="torchmatrix-estimate-") as scratch:
         constraints = []
