@@ -11,6 +11,7 @@ from torchmatrix.matrix.channels import (
     cached_build,
     companion_pin,
     dated_builds,
+    is_build_of,
     resolve,
 )
 from torchmatrix.matrix.config import ConfigError, load_matrix
@@ -133,3 +134,18 @@ def test_a_dated_value_finds_its_build_in_the_wheelhouse(tmp_path):
     assert cached_build("nightly-20261201", tmp_path) == "2.16.0.dev20261201+cpu"
     assert cached_build("nightly-20261202", tmp_path) is None
     assert cached_build("nightly", tmp_path) is None  # the newest build is the index's to say
+
+
+@pytest.mark.parametrize(
+    ("value", "build", "accepted"),
+    [
+        ("nightly", "2.16.0.dev20261203+cpu", True),
+        ("nightly-20261203", "2.16.0.dev20261203+cpu", True),
+        ("nightly-20261202", "2.16.0.dev20261203+cpu", False),
+        ("nightly", "2.16.0+cpu", False),
+        ("rc", "2.16.0+cpu", True),
+        ("rc", "2.16.0.dev20261203+cpu", False),
+    ],
+)
+def test_a_run_accepts_the_builds_a_channel_value_resolves_to(value, build, accepted):
+    assert is_build_of(value, build) is accepted

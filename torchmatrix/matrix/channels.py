@@ -105,6 +105,21 @@ def resolve(value: str, listed: list[str], url: str) -> str:
     return str(found[-1])
 
 
+def is_build_of(value: str, version: str) -> bool:
+    """Whether the installed build `version` is one `value` resolves to (a venv kept from an earlier install)."""
+    try:
+        parsed = Version(version)
+    except InvalidVersion:
+        return False
+    if value == RC:
+        return not parsed.is_devrelease
+    return (
+        parsed.is_devrelease
+        and date_of(version) is not None
+        and (value == NIGHTLY or date_of(version) == date_of(value))
+    )
+
+
 def dated_builds(listed: list[str], good: str, bad: str) -> list[str]:
     """The `nightly-YYYYMMDD` values of the dated builds strictly between two dated values, oldest first."""
     dates = {d for v in _versions(listed) if (d := date_of(str(v)))}
