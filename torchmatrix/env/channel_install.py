@@ -83,12 +83,16 @@ def channel_build(value: str, install: TorchInstall, folder_of: Callable[[str], 
 
 
 def _companion(text: str, install: TorchInstall, version: str) -> str:
-    """A bare requirement name pinned to the build of torch's date on the same index; others as written."""
+    """A bare requirement name pinned to the build of torch's date on the same index; others, and
+    names the channel does not list, as written."""
     try:
         requirement = Requirement(text)
     except InvalidRequirement:
         return text
     if requirement.specifier or requirement.url or requirement.extras or requirement.marker:
         return text
-    listing = index_listing(requirement.name, install.index_url, True, install.env)
+    try:
+        listing = index_listing(requirement.name, install.index_url, True, install.env)
+    except IndexUnlisted:  # not on the channel: pip's other indexes decide, as for a pin
+        return text
     return companion_pin(requirement.name, listed_versions(listing), version)
