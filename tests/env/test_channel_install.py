@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -62,11 +63,12 @@ class RecordingSession:
 
 def test_nightly_resolves_on_the_channel_with_companions_of_its_date(tmp_path, pip_sees_only_the_channel):
     url = local_index(tmp_path / "index", {"torch": TORCH, "torchao": TORCHAO})
-    install = TorchInstall(index_url=url, requirements=("torchao", "tmx-extra==1.0"))
+    install = TorchInstall(index_url=url, requirements=("torchao", "tmx-extra==1.0", "not-on-the-channel"))
     build = channel_build("nightly", install, lambda name: wheelhouse(name, install))
     assert build.version == "2.16.0.dev20261203+cpu" and not build.cached
-    assert build.requirements == ("torchao==0.16.0.dev20261202+cpu", "tmx-extra==1.0")  # no torchao of the 3rd
+    assert build.requirements == ("torchao==0.16.0.dev20261202+cpu", "tmx-extra==1.0", "not-on-the-channel")
     assert build.wheels.name.startswith("torch-nightly-20261203-")  # kept by date, found again by nightly-20261203
+    install = replace(install, requirements=("torchao",))
     dated = channel_build("nightly-20261201", install, lambda name: wheelhouse(name, install))
     assert (dated.version, dated.requirements[0]) == (TORCH[0], "torchao==0.16.0.dev20261201+cpu")
 
