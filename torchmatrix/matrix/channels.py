@@ -94,7 +94,10 @@ def resolve(value: str, listed: list[str], url: str) -> str:
         what, fix = "no release candidate", "use a pinned release or nightly until the test channel has one"
     elif value == NIGHTLY:
         found = [v for v in versions if v.is_devrelease and date_of(str(v))]
-        what, fix = "no dated nightly build", "check [torch.channels] nightly"
+        what, fix = (
+            "no dated nightly build",
+            "check [torch.channels] nightly, or pin a dated nightly already in the wheelhouse",
+        )
     else:
         found = [v for v in versions if date_of(str(v)) == date_of(value)]
         dates = sorted({d for v in versions if (d := date_of(str(v)))})
