@@ -72,7 +72,7 @@ def test_a_bisect_between_two_dates_ends_on_the_commit_range(monkeypatch, tmp_pa
     good, bad = sha("nightly-20261204"), sha(FIRST_BAD)
     assert any("first bad: nightly-20261205 (nightly-20261204 passed)" in line for line in out), out
     assert out[-1] == (
-        f"torchmatrix bisect: commit range for upstream: nightly-20261204 is {good}, nightly-20261205 is {bad}: "
+        f"commit range for upstream: nightly-20261204 is {good}, nightly-20261205 is {bad}: "
         f"https://github.com/pytorch/pytorch/compare/{good}...{bad}"
     )
     (report,) = (tmp_path / "reports").glob("bisect-*/bisect.md")

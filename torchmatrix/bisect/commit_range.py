@@ -12,4 +12,4 @@ def commit_range_line(good: str, bad: str, git_versions: dict[str, str]) -> str 
     if not good_sha or not bad_sha or good_sha in ("Unknown", bad_sha):
         return None
     url = COMPARE_URL.format(good=good_sha, bad=bad_sha)
-    return f"torchmatrix bisect: commit range for upstream: {good} is {good_sha}, {bad} is {bad_sha}: {url}"
+    return f"commit range for upstream: {good} is {good_sha}, {bad} is {bad_sha}: {url}"
