@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 
+from torchmatrix.commands.report import report_run
 from torchmatrix.exit_codes import ExitCode
 from torchmatrix.matrix.config import ReportSettings
 from torchmatrix.reports import summary_html, summary_md
@@ -16,6 +17,8 @@ from torchmatrix.reports.records import RunResults, TestRecord, VersionInfo
 from torchmatrix.reports.results_json import read_json, write_json
 from torchmatrix.reports.upgrade_diff import upgrade_diffs
 from torchmatrix.status import Confirmation
+
+from helpers.report_runs import BASELINE, CANDIDATE, outcomes, write_project, write_version
 
 NIGHTLY_GIT = "14e207be27fbb95392f1e0ea03df9f7625996f9d"
 
@@ -79,3 +82,16 @@ def test_a_failed_run_of_a_prerelease_exits_0_unless_it_blocks(version, blocks, 
     assert run_exit(version, ExitCode.FAILED, settings) == code
     said = capsys.readouterr().err
     assert ("its failures do not block" in said) == (code == ExitCode.PASSED)
+
+
+@pytest.mark.parametrize(("flag", "code"), [(False, ExitCode.PASSED), (True, ExitCode.FAILED)])
+def test_report_check_upgrade_blocks_on_a_nightly_only_with_the_flag(tmp_path, flag, code, capsys):
+    """The fixture run's candidate outcomes (regressions, grown drift) under the label `nightly`."""
+    matrix = write_project(tmp_path)
+    run_dir = tmp_path / "reports" / "run-nightly"
+    write_version(run_dir, BASELINE, matrix)
+    write_version(run_dir, "nightly", matrix, outcome_for=lambda _, suite, cell: outcomes(CANDIDATE, suite, cell))
+    assert report_run(run_dir, check_upgrade=True, prerelease_blocks=flag) == code
+    said = capsys.readouterr()
+    assert ("upgrade diff 2.13.0 → nightly is not clean" in said.err) == flag
+    assert "### Pre-release check `2.13.0` → `nightly`" in (run_dir / "summary.md").read_text()
