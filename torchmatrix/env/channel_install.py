@@ -65,8 +65,6 @@ def channel_build(value: str, install: TorchInstall, folder_of: Callable[[str], 
     """Resolve `value` on its index (or, for a dated value, in the wheelhouse first); `folder_of`
     names the wheelhouse folder of a cache name (torch_install.wheelhouse). A nightly is kept by
     date; an rc is not kept, since each candidate of a release carries the same version."""
-    if channel_of(value) is None:
-        raise ValueError(f"{value!r} is not a channel value")
     folder = folder_of(value)
     cached = cached_build(value, folder)
     if cached:
