@@ -35,7 +35,7 @@ from torchmatrix.matrix.cells import (
     iter_cells,
     value_token,
 )
-from torchmatrix.matrix.channels import CHANNEL_KEYS, Channels, channel_of, parse_channels
+from torchmatrix.matrix.channels import CHANNEL_KEYS, INDEX_URL, Channels, channel_of, parse_channels
 from torchmatrix.matrix.known_failures import KEYS as KNOWN_FAILURE_KEYS
 from torchmatrix.matrix.known_failures import KnownFailure, KnownFailureError, read_known_failure
 from torchmatrix.matrix.meshes import MESH_AXIS, MESH_KINDS, TWO_D_FSDP, TWO_D_MESH_KINDS, mesh_layout, mesh_problem
@@ -76,7 +76,6 @@ TORCH_KEYS = ("versions", "baseline", "install", "channels")
 SUITE_KEYS = ("path", "timeout", "axes", "options")
 INSTALL_KEYS = ("index_url", "requirements", "constraints", "env")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-INDEX_URL = re.compile(r"^(https?|file)://\S+$")
 REPORT_KEYS = ("drift_ratio", "slowdown_ratio", "memory_ratio", "prerelease_blocks")
 PROJECT_KEYS = ("root",)
 OPTIONAL_KEYS = ("device", "torch")
