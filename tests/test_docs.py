@@ -51,6 +51,7 @@ NOT_RUN = {
     "pip install /path/to/torchmatrix": "installs from a path; tests/test_outside_checkout.py does it in a fresh venv",
     "pytest -n auto --dist loadscope --no-loadscope-reorder": "the whole test suite (this test is part of it)",
     "pytest -n auto -m 'not slow'": "the fast lane of the test suite (this test is part of it)",
+    "pip download torch==2.13.0 --no-deps -d /work/local-channels/src": "fetches the wheel the local channels repack; test-nightly-and-rc.md shows the run",
     "bash reports/slurm/submit.sh": "submits to a Slurm cluster; tests/scale/test_slurm_cluster.py runs the scripts",
 }
 

@@ -9,8 +9,9 @@ import sys
 import pytest
 
 from torchmatrix import cli
-from torchmatrix.bisect.versions import IndexUnlisted, index_listing
+from torchmatrix.bisect.versions import index_listing
 from torchmatrix.commands import bisect as bisect_command
+from torchmatrix.env.channel_install import IndexUnlisted
 from torchmatrix.env.envdir_lock import lock_envdir
 from torchmatrix.repro.output_directory import MARK, is_reproducer, publish
 

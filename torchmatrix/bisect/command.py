@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from torchmatrix import file_writes
+from torchmatrix.bisect.commit_range import commit_range_line
 from torchmatrix.bisect.directions import (
     WRITE_TEST,
     broken_directions,
@@ -35,7 +36,8 @@ from torchmatrix.bisect.directions import (
 from torchmatrix.bisect.failures import FailureSearch, cell_selection, grouped
 from torchmatrix.bisect.regression import Regression
 from torchmatrix.bisect.search import Bisection, Outcome
-from torchmatrix.bisect.versions import IndexUnlisted, VersionError, offered_versions
+from torchmatrix.bisect.versions import VersionError, offered_versions
+from torchmatrix.env.channel_install import IndexUnlisted
 from torchmatrix.env.envdir_lock import EnvdirBusy, EnvdirUnlockable, lock_envdir
 from torchmatrix.env.version_venv import prepare_venv
 from torchmatrix.exit_codes import ExitCode
@@ -85,6 +87,7 @@ class Steps:
         self.count = 0
         self.log: list[dict] = []
         self.venvs: dict[str, tuple] = {}  # version -> (venv, reused): a venv prepared once per bisect
+        self.git_versions: dict[str, str] = {}  # version -> torch.version.git_version, for the commit range
 
     def run(self, version: str, selection: list[str]) -> tuple[RunResults | None, Outcome, str]:
         """Install `version` (or reuse its venv) and run `selection` there; the results, or None,
@@ -101,7 +104,9 @@ class Steps:
         )
         self._torchmatrix(venv, version, run_id, ["--torch", "system", *selection], step, begun)
         self.log.append({**step, "installed": True, "reused": reused, "run": run_id, "seconds": _since(begun)})
-        return load_results(self.out / "steps" / run_id), Outcome.PASSED, ""
+        results = load_results(self.out / "steps" / run_id)
+        self.git_versions[version] = results.versions[0].git_version if results.versions else ""
+        return results, Outcome.PASSED, ""
 
     def pair(
         self, version: str, pairs: list[tuple[str, str]], selection: list[str]
@@ -142,7 +147,9 @@ class Steps:
             self._torchmatrix(self.venvs[reader][0], reader, run_id, arguments, step, begun)
         reused = all(self.venvs[side][1] for side in sides)
         self.log.append({**step, "installed": True, "reused": reused, "run": run_id, "seconds": _since(begun)})
-        return load_results(self.out / "steps" / run_id), Outcome.PASSED, ""
+        results = load_results(self.out / "steps" / run_id)
+        self.git_versions[version] = results.versions[0].git_version if results.versions else ""
+        return results, Outcome.PASSED, ""
 
     def _begin(self, version: str, step: dict) -> dict:
         self.count += 1
@@ -314,6 +321,8 @@ def _bisect(request: BisectRequest, interrupts: Interrupts) -> int:
     ]
     if interrupted and not searches:
         lines = ["interrupted before a search began: no release was judged"]
+    ranges = [commit_range_line(b.last_good, b.first_bad, steps.git_versions) for b in _distinct_ranges(searches)]
+    lines += [line for line in ranges if line and not interrupted]
     _write_report(out, request, searches, lines, steps, interrupted=interrupted)
     print(
         f"torchmatrix bisect: {count(steps.count, 'step')} in {format_seconds(time.time() - steps.started)}; report {out / (REPORT_NAME + '.md')}"

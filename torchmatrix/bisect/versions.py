@@ -1,15 +1,15 @@
 """The torch releases between two pins that a bisect may try: what the configured index offers
 (`pip index versions torch`, pip's own configuration) and what `[torch.install."V"]` tables add
-(a nightly index, a local wheel directory)."""
+(a nightly index, a local wheel directory); between two dated nightlies, the dated builds the
+nightly channel's index lists."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 from packaging.version import InvalidVersion, Version
 
-from torchmatrix.env.torch_install import AVAILABLE_VERSIONS
+from torchmatrix.env import channel_install
+from torchmatrix.env.channel_install import AVAILABLE_VERSIONS
+from torchmatrix.matrix.channels import DATED, channel_of, date_of, dated_builds
 from torchmatrix.matrix.config import Matrix
 from torchmatrix.user_error import UserError
 
@@ -39,7 +39,16 @@ def listed_versions(index_versions_output: str) -> list[str]:
 
 
 def between(good: str, bad: str, offered: list[str]) -> list[str]:
-    """The versions strictly between the pins, oldest first."""
+    """The versions strictly between the pins, oldest first; between two dated nightlies, the
+    `nightly-YYYYMMDD` values of the dated builds `offered` lists."""
+    if DATED.match(good) or DATED.match(bad):
+        if not (DATED.match(good) and DATED.match(bad)):
+            raise VersionError(
+                f"--good {good} --bad {bad}: a bisect by date takes two dated nightlies, e.g. --good nightly-20261201 --bad nightly-20261215"
+            )
+        if date_of(good) >= date_of(bad):
+            raise VersionError(f"--good {good} is not older than --bad {bad}; the good pin is the older build")
+        return dated_builds(offered, good, bad)
     low, high = parse_pin(good, "--good"), parse_pin(bad, "--bad")
     if low >= high:
         raise VersionError(f"--good {good} is not older than --bad {bad}; the good pin is the older release")
@@ -47,34 +56,18 @@ def between(good: str, bad: str, offered: list[str]) -> list[str]:
     return [str(v) for v in sorted(inside)]
 
 
-class IndexUnlisted(UserError):
-    """`pip index versions torch` could not list an index: a search would try nothing; the message
-    carries pip's reason."""
-
-
 def index_listing(index_url: str | None, prereleases: bool) -> str:
-    """`pip index versions torch` with this interpreter's pip (and `--index-url` for a version's own
-    index); an index pip cannot list is an error, never an empty list."""
-    command = [sys.executable, "-m", "pip", "index", "versions", "torch"]
-    command += ["--pre"] if prereleases else []
-    command += ["--index-url", index_url] if index_url else []
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    if done.returncode != 0 or not AVAILABLE_VERSIONS.search(done.stdout):
-        said = [line.strip() for line in (done.stderr + done.stdout).splitlines() if line.strip()]
-        reason = next((line for line in reversed(said) if line.startswith("ERROR")), said[-1] if said else "")
-        where = index_url or "pip's configured index"
-        raise IndexUnlisted(
-            f"cannot list torch's releases on {where} (pip index versions torch exited {done.returncode}: "
-            f"{reason or 'no output'}); fix the index or its network, then bisect again"
-        )
-    return done.stdout
+    """`pip index versions torch` on pip's configured index, or on `index_url` (a version's own)."""
+    return channel_install.index_listing("torch", index_url, prereleases)
 
 
 def offered_versions(matrix: Matrix, good: str, bad: str) -> list[str]:
     """Every version the configured index and the matrix's per-version index URLs list, plus those
     `[torch.install]` names, between the pins."""
+    if DATED.match(good) and DATED.match(bad):
+        return between(good, bad, listed_versions(index_listing(matrix.install(good).index_url, True)))
     prereleases = parse_pin(good, "--good").is_prerelease or parse_pin(bad, "--bad").is_prerelease
     indexes = dict.fromkeys([None, *(install.index_url for install in matrix.installs.values() if install.index_url)])
     offered = [v for url in indexes for v in listed_versions(index_listing(url, prereleases))]
-    named = [v for v in matrix.installs if v != "system"]
+    named = [v for v in matrix.installs if v != "system" and channel_of(v) is None]
     return between(good, bad, [*offered, *named])

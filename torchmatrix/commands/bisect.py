@@ -27,8 +27,14 @@ def add_parser(commands) -> argparse.ArgumentParser:
         help="find the first torch release between two pins where a regression appears; exit 1 when a search has no answer",
     )
     add_selection_flags(parser)
-    parser.add_argument("--good", metavar="VERSION", help="a torch release the selected tests pass on (the older pin)")
-    parser.add_argument("--bad", metavar="VERSION", help="a torch release they fail on (the newer pin)")
+    parser.add_argument(
+        "--good",
+        metavar="VERSION",
+        help="a torch release the selected tests pass on (the older pin), or a dated nightly (nightly-YYYYMMDD) to bisect by date",
+    )
+    parser.add_argument(
+        "--bad", metavar="VERSION", help="a torch release they fail on (the newer pin), or a later dated nightly"
+    )
     parser.add_argument(
         "--from",
         dest="from_run",

@@ -9,6 +9,7 @@ from pathlib import Path
 from torchmatrix.commands.paths import run_directory, write_failure
 from torchmatrix.exit_codes import ExitCode
 from torchmatrix.reports.closing import closing_lines
+from torchmatrix.reports.prerelease import with_flag
 from torchmatrix.reports.report import load_run
 from torchmatrix.reports.upgrade_diff import upgrade_diffs
 from torchmatrix.run.recovery import rebuild_and_report
@@ -32,16 +33,25 @@ def add_parser(commands) -> argparse.ArgumentParser:
         action="store_true",
         help="exit 1 when an upgrade diff of the run is not clean (what compare exits 1 on, and a broken checkpoint direction)",
     )
+    parser.add_argument(
+        "--prerelease-blocks",
+        action="store_true",
+        help="with --check-upgrade, a nightly or rc candidate's unclean diff exits 1 too (as [report] prerelease_blocks = true)",
+    )
     return parser
 
 
 def run(args: argparse.Namespace) -> ExitCode:
-    return report_run(Path(args.run_dir), args.config, check_upgrade=args.check_upgrade)
+    return report_run(
+        Path(args.run_dir), args.config, check_upgrade=args.check_upgrade, prerelease_blocks=args.prerelease_blocks
+    )
 
 
-def report_run(run_dir: Path, config: str | None = None, *, check_upgrade: bool = False) -> ExitCode:
+def report_run(
+    run_dir: Path, config: str | None = None, *, check_upgrade: bool = False, prerelease_blocks: bool = False
+) -> ExitCode:
     """Write the reports of `run_dir` and print its closing lines; FAILED only for an unclean upgrade
-    diff that `check_upgrade` asks about."""
+    diff that `check_upgrade` asks about (a pre-release candidate's only where it blocks)."""
     resolved = run_directory(run_dir).resolve()
     try:
         written = rebuild_and_report(resolved, config)
@@ -49,8 +59,9 @@ def report_run(run_dir: Path, config: str | None = None, *, check_upgrade: bool 
         raise RunError(f"cannot write the reports of {run_dir}: {write_failure(error)}") from None
     print(f"torchmatrix: wrote {', '.join(str(path) for path in written)}")
     run = load_run(resolved, config)
+    run.settings = with_flag(run.settings, prerelease_blocks)
     print(closing_lines(run, resolved))
-    unclean = [diff for diff in upgrade_diffs(run) if diff.fails]
+    unclean = [diff for diff in upgrade_diffs(run) if diff.fails and diff.blocks]
     for diff in unclean if check_upgrade else []:
         causes = ", ".join(cause.name for cause in diff.fail_causes)
         print(

@@ -22,6 +22,7 @@ from torchmatrix.matrix.suite_selection import EXAMPLE_SUITE, SuiteSelection, ex
 from torchmatrix.messages.compile_store import STORE_VARIABLE, default_root
 from torchmatrix.messages.output_cap import DEFAULT_CAP_BYTES
 from torchmatrix.reports.closing import run_closing_lines
+from torchmatrix.reports.prerelease import run_exit, with_flag
 from torchmatrix.run.compile_eviction import DEFAULT_CAP_GB, GB
 from torchmatrix.run.confirmation import DEFAULT_LIMIT as DEFAULT_CONFIRM_LIMIT
 from torchmatrix.run.progress import InvocationPart
@@ -178,6 +179,11 @@ def add_parser(commands) -> argparse.ArgumentParser:
         metavar="CMD",
         help="runs cells wider than a node, e.g. 'srun --nodes={nnodes} torchrun --nnodes={nnodes} --nproc-per-node={nproc_per_node} ...'",
     )
+    parser.add_argument(
+        "--prerelease-blocks",
+        action="store_true",
+        help="a failure on a nightly or rc value exits 1 as any other does (as [report] prerelease_blocks = true)",
+    )
     return parser
 
 
@@ -213,7 +219,7 @@ def run(args: argparse.Namespace) -> ExitCode:
         compile_root=None if args.cold_compile else (args.compile_cache or default_root()).absolute(),
         compile_cap_bytes=int(args.compile_cache_size * GB),
     )
-    code = run_version(request)
+    code = run_exit(args.torch, run_version(request), with_flag(matrix.report, args.prerelease_blocks))
     if not request.cross_version_reads:
         print(
             run_closing_lines(

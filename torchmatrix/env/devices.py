@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from importlib import metadata
 
 from torchmatrix import json_records
+from torchmatrix.matrix.channels import channel_of, is_build_of
 
 PROBE = "import json; from torchmatrix.env.devices import torch_facts; print(json.dumps(torch_facts()))"
 
@@ -104,7 +105,10 @@ class Environment:
 
     def has_release(self, version: str) -> bool:
         """Whether this is torch `version`: its build says so, or the distribution pip installed
-        does (a wheel whose build reports another number, as a bisect's stand-in releases do)."""
+        does (a wheel whose build reports another number, as a bisect's stand-in releases do); a
+        channel value, whether this build is one it resolves to."""
+        if channel_of(version):
+            return is_build_of(version, self.release or self.torch)
         return version == self.base_version or bool(self.release) and version == self.release.split("+", 1)[0]
 
     def to_json(self) -> dict:

@@ -21,22 +21,23 @@ import subprocess
 import sys
 import tempfile
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from torchmatrix import file_writes
-from torchmatrix.env.install_estimate import InstallEstimate, estimate_install
+from torchmatrix.env.channel_install import AVAILABLE_VERSIONS, ChannelBuild, channel_build
+from torchmatrix.env.install_estimate import InstallEstimate, estimate_install, wheelhouse_files
 from torchmatrix.env.install_progress import InstallProgress, ProgressLine
 from torchmatrix.env.pip_constraints import blocking_constraint
+from torchmatrix.matrix.channels import ChannelError, channel_of
 from torchmatrix.matrix.config import TorchInstall
 
 WHEELHOUSE_VARIABLE = "TORCHMATRIX_WHEELHOUSE"
 PIP_CONFIG_LINE = re.compile(r"^(?:global|install|:env:)\.([a-z-]+)='(.*)'$")
 PIP_RAW_PROGRESS_SINCE = (24, 1)
-AVAILABLE_VERSIONS = re.compile(r"^Available versions: (.*)$", re.M)
 
 
 @dataclass(frozen=True)
@@ -153,11 +154,21 @@ def install_torch(session, version: str, install: TorchInstall, log_path: Path) 
         file_writes.write_text(constraints_file, "\n".join(install.constraints) + "\n")
         constraints = ["--constraint", str(constraints_file)]
     installer = ["uv", "pip", "install"] if uv else ["python", "-m", "pip", "install"]
+    channel, build = version, _channel_build(version, install, uv)
+    if isinstance(build, InstallResult):
+        print(f"torchmatrix: {build.reason}", flush=True)
+        return build
+    if build is not None:
+        said = f"torch {build.version}, from {'the wheelhouse ' + str(build.wheels) if build.cached else install.index_url}"
+        print(f"torchmatrix: torch {channel} is {said}", flush=True)
+        version, install = build.version, replace(install, requirements=build.requirements)
     progress = InstallProgress(f"torch {version}", venv=Path(session.virtualenv.location))
     line = ProgressLine(progress)
     with file_writes.open_stream(log_path) as log, line.ticking():
         log.write(f"# {' '.join(installer)} options: {' '.join(options) or '(none: the installer configuration)'}\n")
-        pre = ["--pre"] if Version(version).is_prerelease else []
+        if build is not None:
+            log.write(f"# {channel}: {said}\n")
+        pre = ["--pre"] if build is not None or Version(version).is_prerelease else []
         check = [
             *installer,
             "--dry-run",
@@ -167,7 +178,9 @@ def install_torch(session, version: str, install: TorchInstall, log_path: Path) 
             *_progress_option(installer_version, uv),
         ]
         listed = False  # whether pip's index lists the version: only then can a constraint be what refuses it
-        if not uv:
+        if build is not None and build.cached:
+            check = None
+        elif not uv:
             listing = session.run_install(
                 "python", "-m", "pip", "index", "versions", "torch", *pre, *options, silent=True, success_codes=[0, 1]
             )
@@ -175,15 +188,16 @@ def install_torch(session, version: str, install: TorchInstall, log_path: Path) 
             listed = index_has(version, listing or "")
             check = None if listed else [*check, "--ignore-installed"]
         wanted = [f"torch=={version}", "numpy", *install.requirements]
-        wheels = None if uv else wheelhouse(version, install)
+        wheels = None if uv else (build.wheels if build is not None else wheelhouse(version, install))
         if wheels is None:
-            install_step = [*wanted, *options, *constraints, *_progress_option(installer_version, uv)]
+            install_step = [*pre, *wanted, *options, *constraints, *_progress_option(installer_version, uv)]
             download = None
         else:
             wheels.mkdir(parents=True, exist_ok=True)
-            download = ["python", "-m", "pip", "download", "-d", str(wheels), *wanted, *options, *constraints]
+            download = ["python", "-m", "pip", "download", *pre, "-d", str(wheels), *wanted, *options, *constraints]
             download += _progress_option(installer_version, uv)
-            install_step = ["--no-index", "--find-links", str(wheels), *wanted, *constraints]
+            download = None if build is not None and build.cached else download
+            install_step = [*pre, "--no-index", "--find-links", str(wheels), *wanted, *constraints]
         steps = [("checking", check), ("downloading", download), ("installing", install_step)]
         for phase, command in steps:
             if command is None:
@@ -213,12 +227,29 @@ def install_torch(session, version: str, install: TorchInstall, log_path: Path) 
     return InstallResult(True)
 
 
+def _channel_build(version: str, install: TorchInstall, uv: bool) -> ChannelBuild | InstallResult | None:
+    """A channel value's build (None for a pinned release); one it cannot resolve fails the install with the reason."""
+    if channel_of(version) is None:
+        return None
+    try:
+        return channel_build(version, install, lambda name: None if uv else wheelhouse(name, install))
+    except ChannelError as error:
+        return InstallResult(False, str(error))
+
+
 def estimate_torch_install(
     python: str, version: str, install: TorchInstall, cached: list[str]
 ) -> InstallEstimate | None:
     """What installing torch==V as install_torch does will cost, asked of `python`'s pip (with
     pip's configuration, the version's index, requirements and constraints), the files named in
-    `cached` (its wheelhouse's, see wheelhouse()) downloading nothing; None when pip cannot say."""
+    `cached` (its wheelhouse's, see wheelhouse()) downloading nothing; None when pip cannot say.
+    A channel value is resolved first, as its install will be; None when it cannot be."""
+    build = _channel_build(version, install, uv=False)
+    if isinstance(build, InstallResult):
+        return None
+    if build is not None:
+        version, install = build.version, replace(install, requirements=build.requirements)
+        cached = [*cached, *wheelhouse_files(build.wheels)]
     options = index_options(install, uv=False, pip_config_list="")
     with tempfile.TemporaryDirectory(prefix="torchmatrix-estimate-") as scratch:
         constraints = []

@@ -15,7 +15,7 @@ import math
 import re
 import stat
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ from torchmatrix.matrix.cells import (
     iter_cells,
     value_token,
 )
+from torchmatrix.matrix.channels import CHANNEL_KEYS, INDEX_URL, Channels, channel_of, parse_channels
 from torchmatrix.matrix.known_failures import KEYS as KNOWN_FAILURE_KEYS
 from torchmatrix.matrix.known_failures import KnownFailure, KnownFailureError, read_known_failure
 from torchmatrix.matrix.meshes import MESH_AXIS, MESH_KINDS, TWO_D_FSDP, TWO_D_MESH_KINDS, mesh_layout, mesh_problem
@@ -71,12 +72,11 @@ TOP_LEVEL_KEYS = (
     "report",
     "project",
 )
-TORCH_KEYS = ("versions", "baseline", "install")
+TORCH_KEYS = ("versions", "baseline", "install", "channels")
 SUITE_KEYS = ("path", "timeout", "axes", "options")
 INSTALL_KEYS = ("index_url", "requirements", "constraints", "env")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-INDEX_URL = re.compile(r"^(https?|file)://\S+$")
-REPORT_KEYS = ("drift_ratio", "slowdown_ratio", "memory_ratio")
+REPORT_KEYS = ("drift_ratio", "slowdown_ratio", "memory_ratio", "prerelease_blocks")
 PROJECT_KEYS = ("root",)
 OPTIONAL_KEYS = ("device", "torch")
 MAX_TEST_TIMEOUT_S = 86400
@@ -118,6 +118,7 @@ class ReportSettings:
     drift_ratio: float = 10.0
     slowdown_ratio: float = 1.5
     memory_ratio: float = 1.25
+    prerelease_blocks: bool = False  # whether a nightly or rc failure fails the exit code (reports/prerelease.py)
 
 
 @dataclass(frozen=True)
@@ -138,10 +139,14 @@ class Matrix:
     requires: dict[str, tuple[str, ...]] = field(default_factory=dict)
     optional: dict[str, OptionalWhere] = field(default_factory=dict)
     known_failures: tuple[KnownFailure, ...] = ()
+    channels: Channels = field(default_factory=Channels)
 
     def install(self, version: str) -> TorchInstall:
-        """`[torch.install."V"]`, or pip's defaults when the version has no table."""
-        return self.installs.get(version, TorchInstall())
+        """`[torch.install."V"]` (a dated nightly's defaults to "nightly"'s), else pip's defaults; a
+        channel value installs from its channel's index unless its table names another."""
+        install = self.installs.get(version) or self.installs.get(channel_of(version) or "", TorchInstall())
+        url = self.channels.url(version)
+        return replace(install, index_url=install.index_url or url) if url else install
 
     @property
     def root(self) -> Path:
@@ -266,6 +271,7 @@ def load_matrix(path: str | Path) -> Matrix:
         requires=requires,
         optional=optional,
         known_failures=known_failures,
+        channels=parse_channels(raw["torch"].get("channels"), where.at("torch").at("channels")),
     )
     if cell_bound(axes, include) <= MAX_CELLS:  # a larger matrix is checked as --only and -k select from it
         _check_cells(matrix, matrix.cells(), where)
@@ -384,7 +390,7 @@ def _installs(table: dict, versions: list[str], where: _Where) -> dict[str, Torc
     result = {}
     for version, spec in installs.items():
         at = where.at(f'"{version}"')
-        if version not in versions or version == "system":
+        if (version not in versions and version not in CHANNEL_KEYS) or version == "system":
             raise at.error(
                 f"{version!r} is not an installable version in [torch].versions",
                 "name a listed pip version, or add it to versions",
@@ -757,12 +763,14 @@ def _report(raw: dict, where: _Where) -> ReportSettings:
     table = where.table(raw, "report", required=False)
     where = where.at("report")
     where.unknown_keys(table, REPORT_KEYS, " in [report]")
-    values = {
+    values: dict[str, Any] = {
         key: _positive_number(table[key], where.at(key), "a ratio, e.g. 10 for ten times")
-        for key in REPORT_KEYS
+        for key in REPORT_KEYS[:-1]
         if key in table
     }
-    return ReportSettings(**values)
+    if not isinstance(table.get("prerelease_blocks", False), bool):
+        raise where.at("prerelease_blocks").error("must be true or false", "write prerelease_blocks = true")
+    return ReportSettings(**values, prerelease_blocks=table.get("prerelease_blocks", False))
 
 
 def _refuse_too_many_cells(matrix: Matrix, where: _Where) -> None:
@@ -854,6 +862,7 @@ def markdown_keys() -> str:
     rows = [
         ("top level", listed(TOP_LEVEL_KEYS)),
         ("`[torch]`", listed(TORCH_KEYS)),
+        ("`[torch.channels]`", listed(CHANNEL_KEYS)),
         ('`[torch.install."V"]`', listed(INSTALL_KEYS)),
         ("`[axes]`", f"any names matching `{NAME.pattern}`; numbers, booleans, or strings matching `{VALUE.pattern}`"),
         ("`[[exclude]]`, `[[include]]`", "names of `[axes]`"),

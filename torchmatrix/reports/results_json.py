@@ -47,6 +47,7 @@ def to_json(results: RunResults, upgrade: list[dict] | None = None) -> dict:
                 "drift_ratio": results.settings.drift_ratio,
                 "slowdown_ratio": results.settings.slowdown_ratio,
                 "memory_ratio": results.settings.memory_ratio,
+                "prerelease_blocks": results.settings.prerelease_blocks,
             },
             "totals": results.totals(),
         },
@@ -145,7 +146,11 @@ def _check_types(results: RunResults) -> None:
             raise TypeError(f"versions[].torch {version.torch!r} is not text")
     if not isinstance(results.run_id, str) or not isinstance(results.baseline, str):
         raise TypeError("run.id and run.baseline must be text")
+    if not isinstance(results.settings.prerelease_blocks, bool):
+        raise TypeError(f"run.thresholds.prerelease_blocks {results.settings.prerelease_blocks!r} is not true or false")
     for name, ratio in vars(results.settings).items():
+        if name == "prerelease_blocks":
+            continue
         if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not (ratio > 0 and math.isfinite(ratio)):
             raise TypeError(f"run.thresholds.{name} {ratio!r} is not a positive number")
 

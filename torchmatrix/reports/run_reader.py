@@ -28,7 +28,11 @@ def recorded_report_settings(run_dir: Path) -> tuple[str, ReportSettings] | None
     for plan in sorted(run_dir.glob("torch-*/plan.json")):
         recorded = _read_plan(plan)
         if recorded.baseline:
-            known = {key: float(value) for key, value in recorded.thresholds.items() if key in REPORT_KEYS}
+            known = {
+                key: value is True if key == "prerelease_blocks" else float(value)
+                for key, value in recorded.thresholds.items()
+                if key in REPORT_KEYS
+            }
             return recorded.baseline, ReportSettings(**known)
     return None
 

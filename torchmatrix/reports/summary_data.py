@@ -120,6 +120,7 @@ class VersionRow:
     test_seconds: float = 0.0
     compile_seconds: float = 0.0
     compile_seconds_saved: float = 0.0
+    git: str = ""  # torch.version.git_version: a nightly's or rc's version names no commit, this does
 
 
 @dataclass(frozen=True)
@@ -201,6 +202,7 @@ def summarize(results: RunResults) -> Summary:
             VersionRow(
                 torch=v.torch,
                 build=v.build,
+                git=v.git_version,
                 device=v.device,
                 cells=len({record.cell for record in results.own_records(v.torch)}),
                 missing=len(v.missing_cells),

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from statistics import median
 
 from torchmatrix.json_records import JsonRecord, json_field
+from torchmatrix.matrix.channels import UNBLOCK_HINT, channel_of
 from torchmatrix.matrix.config import ReportSettings
 from torchmatrix.messages.properties import CPU_SECONDS
 from torchmatrix.reports.build_kinds import BuildMismatch, build_mismatch
@@ -245,6 +246,29 @@ class UpgradeDiff(JsonRecord):
         return [cause for cause in FAIL_CAUSES if found[cause]]
 
     @property
+    def prerelease(self) -> bool:
+        """Whether the candidate is a nightly or rc build, reported apart from the pin bump (reports/prerelease.py)."""
+        return channel_of(self.after) is not None
+
+    @property
+    def blocks(self) -> bool:
+        """Whether this diff's failures may fail an exit code: a pin bump's always, a pre-release's when set to."""
+        return not self.prerelease or self.settings.prerelease_blocks
+
+    @property
+    def heading(self) -> str:
+        """What the summaries title this diff's verdict: a pin bump's, or a pre-release check apart from it."""
+        return "Pre-release check" if self.prerelease else "Verdict"
+
+    @property
+    def prerelease_note(self) -> str:
+        """For a pre-release candidate, the line saying it is apart from the bump and whether it blocks."""
+        if not self.prerelease:
+            return ""
+        effect = "block ([report] prerelease_blocks)" if self.blocks else f"do not block ({UNBLOCK_HINT})"
+        return f"{self.after} is a pre-release build, reported apart from the pin bump's verdict: its failures {effect}"
+
+    @property
     def fails(self) -> bool:
         """What `compare` and `report --check-upgrade` exit 1 on: any of FAIL_CAUSES; newly skipped
         tests are listed (a CPU-simulation limit is one) but are no regression."""
@@ -295,7 +319,7 @@ def upgrade_diffs(results: RunResults) -> list[UpgradeDiff]:
         diff.load = (results.version(results.baseline).load_average, results.version(version).load_average)
         diff.builds = build_mismatch(results.version(results.baseline), results.version(version))
         diffs.append(diff)
-    return diffs
+    return sorted(diffs, key=lambda diff: diff.prerelease)  # pin bumps first, pre-release checks after
 
 
 def compare_runs(old: RunResults, new: RunResults) -> list[UpgradeDiff]:
@@ -322,7 +346,7 @@ def compare_runs(old: RunResults, new: RunResults) -> list[UpgradeDiff]:
         diff.load = (old.version(a).load_average, new.version(b).load_average)
         diff.builds = build_mismatch(old.version(a), new.version(b))
         diffs.append(diff)
-    return diffs
+    return sorted(diffs, key=lambda diff: diff.prerelease)  # pin bumps first, pre-release checks after
 
 
 def _key(record: TestRecord) -> tuple[str, str, str]:
