@@ -8,11 +8,12 @@ from dataclasses import replace
 
 import pytest
 
+from torchmatrix.commands.merge import failed_versions
 from torchmatrix.commands.report import report_run
 from torchmatrix.exit_codes import ExitCode
 from torchmatrix.matrix.config import ReportSettings
 from torchmatrix.reports import summary_html, summary_md
-from torchmatrix.reports.prerelease import run_exit, with_flag
+from torchmatrix.reports.prerelease import merged_exit, run_exit, with_flag
 from torchmatrix.reports.records import RunResults, TestRecord, VersionInfo
 from torchmatrix.reports.results_json import read_json, write_json
 from torchmatrix.reports.upgrade_diff import upgrade_diffs
@@ -95,3 +96,27 @@ def test_report_check_upgrade_blocks_on_a_nightly_only_with_the_flag(tmp_path, f
     said = capsys.readouterr()
     assert ("upgrade diff 2.13.0 → nightly is not clean" in said.err) == flag
     assert "### Pre-release check `2.13.0` → `nightly`" in (run_dir / "summary.md").read_text()
+
+
+FAILED_CELL = (
+    '<testsuites><testsuite name="resume" tests="1" failures="1" errors="0" skipped="0">'
+    '<testcase classname="resume" name="test_resume_is_exact"><failure message="loss differs"/></testcase>'
+    "</testsuite></testsuites>"
+)
+PASSED_CELL = (
+    '<testsuites><testsuite name="resume" tests="1" failures="0" errors="0" skipped="0">'
+    '<testcase classname="resume" name="test_resume_is_exact"/></testsuite></testsuites>'
+)
+
+
+def test_a_merged_run_whose_only_failures_are_a_nightlys_exits_0_unless_it_blocks(tmp_path, capsys):
+    (tmp_path / "torch-2.13.0").mkdir()
+    (tmp_path / "torch-2.13.0" / "ws1.xml").write_text(PASSED_CELL)
+    (tmp_path / "torch-nightly" / "reads").mkdir(parents=True)
+    (tmp_path / "torch-nightly" / "reads" / "ws1.xml").write_text(FAILED_CELL)
+    assert failed_versions(tmp_path) == ["nightly"]
+    assert merged_exit(failed_versions(tmp_path), ReportSettings()) == ExitCode.PASSED
+    assert "torch nightly is a pre-release build: its failures do not block" in capsys.readouterr().err
+    assert merged_exit(["nightly"], with_flag(ReportSettings(), True)) == ExitCode.FAILED
+    assert merged_exit(["nightly", "2.13.0"], ReportSettings()) == ExitCode.FAILED
+    assert merged_exit([], ReportSettings()) == ExitCode.PASSED

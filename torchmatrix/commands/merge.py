@@ -13,6 +13,7 @@ from torchmatrix.exit_codes import ExitCode
 from torchmatrix.matrix.config import load_matrix
 from torchmatrix.matrix.safe_names import check_name
 from torchmatrix.reports import junit
+from torchmatrix.reports.prerelease import merged_exit, with_flag
 from torchmatrix.run.run_request import RunError
 from torchmatrix.scale.merge import MergeError, merge_reports, removed_unless_whole
 
@@ -29,6 +30,11 @@ def add_parser(commands) -> argparse.ArgumentParser:
     parser.add_argument("--out", required=True, type=Path, help="the merged run directory to write")
     parser.add_argument(
         "--versions", default=None, metavar="V1,V2", help="torch versions to expect (default: all in matrix.toml)"
+    )
+    parser.add_argument(
+        "--prerelease-blocks",
+        action="store_true",
+        help="a failure on a nightly or rc value exits 1 as any other does (as [report] prerelease_blocks = true)",
     )
     return parser
 
@@ -50,7 +56,16 @@ def run(args: argparse.Namespace) -> ExitCode:
         raise MergeError(_unwritable(out, write_failure(error))) from None
     except RunError as error:  # the reports of the merged run could not be written
         raise MergeError(_unwritable(out, str(error))) from None
-    return ExitCode.FAILED if junit.has_problems(out / junit.MERGED_NAME) else ExitCode.PASSED
+    return merged_exit(failed_versions(out), with_flag(matrix.report, args.prerelease_blocks))
+
+
+def failed_versions(run_dir: Path) -> list[str]:
+    """The torch versions of a run directory with a failure or error in their cells' reports (reads included)."""
+    return [
+        folder.name.removeprefix("torch-")
+        for folder in sorted(run_dir.glob("torch-*"))
+        if any(junit.has_problems(report) for report in folder.rglob("*.xml"))
+    ]
 
 
 def _merge_and_report(inputs: list[Path], out: Path, matrix, expected, versions: list[str] | None) -> None:

@@ -17,6 +17,12 @@ def with_flag(settings: ReportSettings, flag: bool) -> ReportSettings:
     return replace(settings, prerelease_blocks=True) if flag else settings
 
 
+def merged_exit(failed_versions: list[str], settings: ReportSettings) -> ExitCode:
+    """A merged run's exit code: FAILED where a version failed, unless every one that did is a
+    pre-release build that does not block."""
+    return max((run_exit(version, ExitCode.FAILED, settings) for version in failed_versions), default=ExitCode.PASSED)
+
+
 def run_exit(version: str, code: ExitCode, settings: ReportSettings) -> ExitCode:
     """A run's exit code: a failed pre-release run says so and exits 0 unless it blocks."""
     if code != ExitCode.FAILED or channel_of(version) is None or settings.prerelease_blocks:
