@@ -10,7 +10,7 @@ from pathlib import Path
 
 from junitparser import TestSuite
 
-from torchmatrix.matrix.config import REPORT_KEYS, ReportSettings
+from torchmatrix.matrix.sections import REPORT_KEYS, ReportSettings
 from torchmatrix.messages.properties import WARNING_PROPERTY, confirmation_note_property, confirmation_property
 from torchmatrix.messages.run_plan import PlanFileError, RunPlan, read_plan
 from torchmatrix.reports import confirmation_notes, junit
