@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from torchmatrix.bisect import command
+from torchmatrix.bisect import steps as bisect_steps
 from torchmatrix.bisect.command import BisectRequest, run_bisect
 from torchmatrix.bisect.versions import VersionError, between
 from torchmatrix.env.torch_install import InstallResult
@@ -53,10 +54,11 @@ class DatedBuilds:
 def test_a_bisect_between_two_dates_ends_on_the_commit_range(monkeypatch, tmp_path, capsys):
     project = write_demo_project(tmp_path / "project", torch=["2.13.0"], axes={"world_size": [1]})
     fake = DatedBuilds()
-    monkeypatch.setattr(command, "prepare_venv", fake.prepare_venv)
-    monkeypatch.setattr(command, "import_failure", lambda venv: "")
-    monkeypatch.setattr(command, "run_step_process", lambda arguments, env: 0)
+    monkeypatch.setattr(bisect_steps, "prepare_venv", fake.prepare_venv)
+    monkeypatch.setattr(bisect_steps, "import_failure", lambda venv: "")
+    monkeypatch.setattr(bisect_steps, "run_step_process", lambda arguments, env: 0)
     monkeypatch.setattr(command, "load_results", fake.load_results)
+    monkeypatch.setattr(bisect_steps, "load_results", fake.load_results)
     monkeypatch.setattr(command, "offered_versions", lambda matrix, good, bad: between(good, bad, LISTED))
     request = BisectRequest(
         matrix=load_matrix(project / "matrix.toml"),

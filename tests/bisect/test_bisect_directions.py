@@ -16,6 +16,7 @@ import pytest
 from packaging.version import Version
 
 from torchmatrix.bisect import command
+from torchmatrix.bisect import steps as bisect_steps
 from torchmatrix.bisect.command import BisectError, BisectRequest, regressions_of_run, run_bisect
 from torchmatrix.bisect.directions import broken_directions
 from torchmatrix.bisect.versions import between
@@ -127,10 +128,11 @@ def project(tmp_path):
 
 
 def bisect(monkeypatch, project, fake: FakeReleases, capsys, **request) -> tuple[int, list[str]]:
-    monkeypatch.setattr(command, "prepare_venv", fake.prepare_venv)
-    monkeypatch.setattr(command, "import_failure", lambda venv: "")
-    monkeypatch.setattr(command.Steps, "_torchmatrix", lambda steps, *args: fake.torchmatrix(steps, *args))
+    monkeypatch.setattr(bisect_steps, "prepare_venv", fake.prepare_venv)
+    monkeypatch.setattr(bisect_steps, "import_failure", lambda venv: "")
+    monkeypatch.setattr(bisect_steps.Steps, "_torchmatrix", lambda own, *args: fake.torchmatrix(own, *args))
     monkeypatch.setattr(command, "load_results", fake.load_results)
+    monkeypatch.setattr(bisect_steps, "load_results", fake.load_results)
     monkeypatch.setattr(command, "offered_versions", lambda matrix, good, bad: between(good, bad, RELEASES))
     root = project.root
     code = run_bisect(BisectRequest(matrix=project, envdir=root / ".nox", reports=root / "reports", **request))

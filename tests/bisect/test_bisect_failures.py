@@ -14,6 +14,7 @@ from types import SimpleNamespace
 from packaging.version import Version
 
 from torchmatrix.bisect import command
+from torchmatrix.bisect import steps as bisect_steps
 from torchmatrix.bisect.command import BisectRequest, run_bisect
 from torchmatrix.bisect.versions import between
 from torchmatrix.env.torch_install import InstallResult
@@ -104,10 +105,11 @@ def bisect(monkeypatch, tmp_path, capsys, fake: SevenCells) -> tuple[int, list[s
             )
         )
     )
-    monkeypatch.setattr(command, "prepare_venv", fake.prepare_venv)
-    monkeypatch.setattr(command, "import_failure", lambda venv: "")
-    monkeypatch.setattr(command, "run_step_process", fake.run_step_process)
+    monkeypatch.setattr(bisect_steps, "prepare_venv", fake.prepare_venv)
+    monkeypatch.setattr(bisect_steps, "import_failure", lambda venv: "")
+    monkeypatch.setattr(bisect_steps, "run_step_process", fake.run_step_process)
     monkeypatch.setattr(command, "load_results", fake.load_results)
+    monkeypatch.setattr(bisect_steps, "load_results", fake.load_results)
     monkeypatch.setattr(command, "offered_versions", lambda matrix, good, bad: between(good, bad, RELEASES))
     run = tmp_path / "run"
     run.mkdir()

@@ -11,22 +11,15 @@ and directions that regressed.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import shlex
 import shutil
-import signal
-import subprocess
 import sys
 import time
-from dataclasses import dataclass
-from pathlib import Path
 
-from torchmatrix import file_writes
 from torchmatrix.bisect.commit_range import commit_range_line
 from torchmatrix.bisect.directions import (
-    WRITE_TEST,
     broken_directions,
     direction_step,
     pins_step,
@@ -35,15 +28,15 @@ from torchmatrix.bisect.directions import (
 )
 from torchmatrix.bisect.failures import FailureSearch, cell_selection, grouped
 from torchmatrix.bisect.regression import Regression
+from torchmatrix.bisect.report import REPORT_NAME, write_report
+from torchmatrix.bisect.request import BisectError, BisectRequest
 from torchmatrix.bisect.search import Bisection, Outcome
+from torchmatrix.bisect.steps import Steps
 from torchmatrix.bisect.versions import VersionError, offered_versions
 from torchmatrix.env.channel_install import IndexUnlisted
 from torchmatrix.env.envdir_lock import EnvdirBusy, EnvdirUnlockable, lock_envdir
-from torchmatrix.env.version_venv import prepare_venv
 from torchmatrix.exit_codes import ExitCode
 from torchmatrix.matrix.cells import Cell
-from torchmatrix.matrix.config import Matrix
-from torchmatrix.matrix.selection import EVERY_CELL, CellSelection
 from torchmatrix.messages.cross_version import SUITE, writer_of_read
 from torchmatrix.reports.machine_paths import without_machine_paths
 from torchmatrix.reports.records import RunResults, TestRecord
@@ -53,205 +46,6 @@ from torchmatrix.run.interrupts import Interrupts
 from torchmatrix.run.progress import format_seconds
 from torchmatrix.run.run_directory import new_run_id
 from torchmatrix.status import Confirmation, Status, count
-from torchmatrix.user_error import UserError
-
-REPORT_NAME = "bisect"
-IMPORT_SECONDS = 300
-STEP_GRACE_SECONDS = 30
-
-
-class BisectError(UserError):
-    """Nothing to bisect, or a step the runner refused; the message says what to change."""
-
-
-@dataclass
-class BisectRequest:
-    """What `torchmatrix bisect` was asked: pins and selection, or a run to take regressions from."""
-
-    matrix: Matrix
-    envdir: Path
-    reports: Path
-    good: str | None = None
-    bad: str | None = None
-    from_run: Path | None = None
-    cell_selection: CellSelection = EVERY_CELL
-    slots: int | None = None
-
-
-class Steps:
-    """Installs and runs of one bisect: numbered [k/N] as the matrix's progress counts versions."""
-
-    def __init__(self, request: BisectRequest, out: Path, planned: int):
-        self.request, self.out, self.planned = request, out, planned
-        self.started = time.time()
-        self.count = 0
-        self.log: list[dict] = []
-        self.venvs: dict[str, tuple] = {}  # version -> (venv, reused): a venv prepared once per bisect
-        self.git_versions: dict[str, str] = {}  # version -> torch.version.git_version, for the commit range
-
-    def run(self, version: str, selection: list[str]) -> tuple[RunResults | None, Outcome, str]:
-        """Install `version` (or reuse its venv) and run `selection` there; the results, or None,
-        why it was skipped (did not install, or installed and does not import torch) and the reason."""
-        step, begun = self._begin(version, {"selection": selection}), time.time()
-        skipped = self._prepare(version, step, begun)
-        if skipped:
-            return None, *skipped
-        venv, reused = self.venvs[version]
-        run_id = f"step{self.count}-torch-{version}"
-        print(
-            f"torchmatrix bisect: step {self.count}: torch {version}: running {shlex.join(selection) or 'every cell of matrix.toml'}",
-            flush=True,
-        )
-        self._torchmatrix(venv, version, run_id, ["--torch", "system", *selection], step, begun)
-        self.log.append({**step, "installed": True, "reused": reused, "run": run_id, "seconds": _since(begun)})
-        results = load_results(self.out / "steps" / run_id)
-        self.git_versions[version] = results.versions[0].git_version if results.versions else ""
-        return results, Outcome.PASSED, ""
-
-    def pair(
-        self, version: str, pairs: list[tuple[str, str]], selection: list[str]
-    ) -> tuple[RunResults | None, Outcome, str]:
-        """Judge checkpoint directions on `version`: in one run directory, each (writer, reader)
-        pair's writer writes the selected cells' cross_version checkpoints and its reader reads them.
-        `version` is skipped as `run` skips it; the other side (the baseline) must install and import."""
-        step = self._begin(version, {"selection": selection, "checkpoints": [list(pair) for pair in pairs]})
-        begun = time.time()
-        sides = list(dict.fromkeys([version, *(v for pair in pairs for v in pair)]))
-        for side in sides:
-            skipped = self._prepare(side, step, begun)
-            if skipped and side == version:
-                return None, *skipped
-            if skipped:
-                raise BisectError(
-                    f"torch {side}, the other side of every checkpoint this bisect reads, {skipped[0].value}: {skipped[1]}"
-                )
-        run_id = f"step{self.count}-torch-{version}"
-        for writer in dict.fromkeys(writer for writer, _ in pairs):
-            readers = [reader for w, reader in pairs if w == writer]
-            print(
-                f"torchmatrix bisect: step {self.count}: torch {writer}: writing checkpoints for torch {', '.join(readers)} "
-                f"({shlex.join(selection) or 'every cell'})",
-                flush=True,
-            )
-            peers = [f"--peer={reader}" for reader in readers]
-            arguments = ["--torch", writer, *peers, *selection, f"--test={SUITE}::{WRITE_TEST}"]
-            self._torchmatrix(self.venvs[writer][0], writer, run_id, arguments, step, begun)
-        for reader in dict.fromkeys(reader for _, reader in pairs):
-            writers = [writer for writer, r in pairs if r == reader]
-            print(
-                f"torchmatrix bisect: step {self.count}: torch {reader}: reading the checkpoints of torch {', '.join(writers)}",
-                flush=True,
-            )
-            peers = [f"--peer={writer}" for writer in writers]
-            arguments = ["--cross-version-reads", "--torch", reader, *peers, *selection]
-            self._torchmatrix(self.venvs[reader][0], reader, run_id, arguments, step, begun)
-        reused = all(self.venvs[side][1] for side in sides)
-        self.log.append({**step, "installed": True, "reused": reused, "run": run_id, "seconds": _since(begun)})
-        results = load_results(self.out / "steps" / run_id)
-        self.git_versions[version] = results.versions[0].git_version if results.versions else ""
-        return results, Outcome.PASSED, ""
-
-    def _begin(self, version: str, step: dict) -> dict:
-        self.count += 1
-        self.planned = max(self.planned, self.count)
-        return {"version": version, **step}
-
-    def _prepare(self, version: str, step: dict, begun: float) -> tuple[Outcome, str] | None:
-        """Make `version`'s venv ready once per bisect (reused, or installed); why it cannot be, else None."""
-        if version in self.venvs:
-            return None
-        print(
-            f"torchmatrix bisect: step {self.count}: torch {version}: its gpu_matrix venv (installed unless it was before)",
-            flush=True,
-        )
-        venv, installed, reused = prepare_venv(
-            self.request.matrix, self.request.envdir, version, self.out / "logs" / f"torch-{version}"
-        )
-        how = (
-            "reusing its venv"
-            if reused
-            else "installed into its venv"
-            if installed.ok
-            else "tried to install into its venv"
-        )
-        print(f"torchmatrix bisect: step {self.count}: torch {version}: {how} {venv.location}", flush=True)
-        if not installed.ok:
-            print(f"torchmatrix bisect: step {self.count}: torch {version} did not install: {installed.reason}")
-            self.log.append({**step, "installed": False, "reason": installed.reason, "seconds": _since(begun)})
-            return Outcome.NOT_INSTALLED, installed.reason
-        broken = import_failure(venv)
-        if broken:
-            print(f"torchmatrix bisect: step {self.count}: torch {version} installed but does not import: {broken}")
-            self.log.append({**step, "installed": True, "imports": False, "reason": broken, "seconds": _since(begun)})
-            return Outcome.NOT_IMPORTABLE, broken
-        self.venvs[version] = (venv, reused)
-        return None
-
-    def _torchmatrix(self, venv, version: str, run_id: str, arguments: list[str], step: dict, begun: float) -> None:
-        """`torchmatrix run` in `venv` into the step's run directory; a refusal ends the bisect."""
-        command = [
-            str(venv.python), "-m", "torchmatrix", "run",
-            "--config", str(self.request.matrix.path),
-            "--reports", str(self.out / "steps"),
-            "--run-id", run_id,
-            "--progress-part", f"{self.count}/{self.planned}",
-            "--progress-since", f"{self.started:.3f}",
-            "--no-report-hint",
-            *(["--slots", str(self.request.slots)] if self.request.slots else []),
-            *arguments,
-        ]  # fmt: skip
-        try:
-            code = run_step_process(command, venv.environment())
-        except KeyboardInterrupt:
-            self.log.append({**step, "installed": True, "run": run_id, "interrupted": True, "seconds": _since(begun)})
-            raise
-        if code not in (0, 1):
-            raise BisectError(f"torch {version}: `torchmatrix run` ended with exit code {code} (see above)")
-
-
-def import_failure(venv) -> str:
-    """Why torch does not import in `venv` (the exception's last line, e.g. a missing libcudart), or ""."""
-    done = subprocess.run(
-        [str(venv.python), "-c", "import torch"],
-        env=venv.environment(),
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=IMPORT_SECONDS,
-    )
-    if done.returncode == 0:
-        return ""
-    lines = [line.strip() for line in done.stderr.splitlines() if line.strip()]
-    return lines[-1] if lines else f"python -c 'import torch' exited {done.returncode}"
-
-
-def run_step_process(command: list[str], env: dict[str, str]) -> int:
-    """Run a step's `torchmatrix run` in a process group of its own; interrupted (Ctrl-C, SIGTERM),
-    the group is sent SIGTERM (the runner writes what ran and ends its tests), then SIGKILL after
-    STEP_GRACE_SECONDS, so nothing the step started outlives the bisect."""
-    process = subprocess.Popen(command, env=env, start_new_session=True)
-    try:
-        return process.wait()
-    except BaseException:
-        _end_group(process)
-        raise
-
-
-def _end_group(process: subprocess.Popen) -> None:
-    for signum, grace in ((signal.SIGTERM, STEP_GRACE_SECONDS), (signal.SIGKILL, 5)):
-        try:
-            os.killpg(process.pid, signum)
-        except ProcessLookupError:
-            return
-        try:
-            process.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            continue
-        try:  # the runner is gone; its group may still hold what it started
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        return
 
 
 def run_bisect(request: BisectRequest) -> int:
@@ -323,7 +117,7 @@ def _bisect(request: BisectRequest, interrupts: Interrupts) -> int:
         lines = ["interrupted before a search began: no release was judged"]
     ranges = [commit_range_line(b.last_good, b.first_bad, steps.git_versions) for b in _distinct_ranges(searches)]
     lines += [line for line in ranges if line and not interrupted]
-    _write_report(out, request, searches, lines, steps, interrupted=interrupted)
+    write_report(out, request, searches, lines, steps, interrupted=interrupted)
     print(
         f"torchmatrix bisect: {count(steps.count, 'step')} in {format_seconds(time.time() - steps.started)}; report {out / (REPORT_NAME + '.md')}"
     )
@@ -542,74 +336,3 @@ def verdict_line(regression: Regression | FailureSearch, search: Bisection, *, i
             f"({search.last_good} passed; {reasons}) — {root}"
         )
     return f"{regression.name}: first bad: {search.first_bad} ({search.last_good} passed) — {root}"
-
-
-def _step_state(step: dict) -> str:
-    """A step's `installed` column in bisect.md."""
-    if not step["installed"]:
-        return "no: " + step["reason"]
-    if step.get("imports") is False:
-        return "yes, but torch does not import: " + step["reason"]
-    state = "reused" if step.get("reused") else "yes"
-    return state + ("; interrupted" if step.get("interrupted") else "")
-
-
-def _checkpoints(step: dict) -> str:
-    """A direction step's checkpoints, as bisect.md's selection column adds them."""
-    pairs = step.get("checkpoints")
-    return f" ({'; '.join(f'written by {w}, read by {r}' for w, r in pairs)})" if pairs else ""
-
-
-def _write_report(
-    out: Path, request: BisectRequest, searches: list, lines: list[str], steps: Steps, *, interrupted: bool
-) -> None:
-    data = {
-        "out": str(out),
-        "interrupted": interrupted,
-        "from_run": str(request.from_run) if request.from_run else None,
-        "seconds": _since(steps.started),
-        "steps": steps.log,
-        "regressions": [
-            {
-                "suite": regression.suite,
-                "test": regression.test,
-                "cell": regression.cell,
-                "cells": failure.cells,
-                "direction": regression.direction,
-                "good": regression.good,
-                "bad": regression.bad,
-                "candidates": search.candidates,
-                "first_bad": None if search.stopped or search.next_version() else search.first_bad,
-                "last_good": search.last_good,
-                "stopped_at": search.stopped,
-                "untested_between": search.untested_between,
-                "tried": {v: {"outcome": o.value, "detail": d} for v, (o, d) in search.tried.items()},
-                "verdict": line,
-            }
-            for failure, line in zip(searches, lines)
-            for regression, search in [(failure.regressions[0], failure.bisection)]
-        ],
-    }
-    file_writes.write_text(out / f"{REPORT_NAME}.json", json.dumps(data, indent=2) + "\n")
-    markdown = [
-        "# torch bisect",
-        "",
-        f"{count(steps.count, 'step')} in {format_seconds(data['seconds'])}"
-        + (f", regressions of run {request.from_run.name}" if request.from_run else "")
-        + ("; interrupted: what was decided before the signal" if interrupted else ""),
-        "",
-        *(f"- {line}" for line in lines),
-        "",
-        "| step | torch | installed | selection | seconds |",
-        "|---|---|---|---|---|",
-        *(
-            f"| {i} | {s['version']} | {_step_state(s)} | `{shlex.join(s['selection'])}`{_checkpoints(s)} | {s['seconds']:.0f} |"
-            for i, s in enumerate(steps.log, 1)
-        ),
-    ]
-    text = without_machine_paths("\n".join(markdown) + "\n", out, request.matrix.root)
-    file_writes.write_text(out / f"{REPORT_NAME}.md", text)
-
-
-def _since(begun: float) -> float:
-    return round(time.time() - begun, 1)
