@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from torchmatrix.ranks.bitwise import bits_equal
-from torchmatrix.sensitivity.mutants import _same
+from torchmatrix.sensitivity.reverted_loads import same_state
 
 
 def test_a_nan_equals_itself_and_a_signed_zero_differs():
@@ -24,5 +24,5 @@ def test_a_mutant_compares_state_as_the_suites_do():
     saved = {"state": {0: {"exp_avg": torch.tensor([float("nan"), 0.0])}}, "param_groups": [{"lr": 0.1}]}
     kept = {"state": {0: {"exp_avg": torch.tensor([float("nan"), 0.0])}}, "param_groups": [{"lr": 0.1}]}
     flipped = {"state": {0: {"exp_avg": torch.tensor([float("nan"), -0.0])}}, "param_groups": [{"lr": 0.1}]}
-    assert _same(saved, kept)
-    assert not _same(saved, flipped)
+    assert same_state(saved, kept)
+    assert not same_state(saved, flipped)

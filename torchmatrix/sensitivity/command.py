@@ -5,7 +5,7 @@
 - The unmutated components run first: only failures they did not have count (a new test or a new
   per-rank line), and a cell where they skip every test is skipped, with that reason, for every mutant.
 - Per mutant and cell: caught (a new failure), missed (passed where the mutant marked that it acted,
-  mutants.record_acted), errored (the mutant's own code crashed: no catch), n/a (it cannot differ
+  evidence.record_acted), errored (the mutant's own code crashed: no catch), n/a (it cannot differ
   there, or did not act: the reason says what did not happen), skipped (docs/how-to/sensitivity.md).
 """
 
@@ -26,12 +26,17 @@ from torchmatrix.matrix.config import Matrix
 from torchmatrix.matrix.selection import CellSelection
 from torchmatrix.run.run_request import RunRequest
 from torchmatrix.run.runner import run_version
-from torchmatrix.sensitivity.mutants import EVIDENCE_VARIABLE, cells_acted_in, reasons_it_cannot_act
+from torchmatrix.sensitivity.evidence import EVIDENCE_VARIABLE, cells_acted_in, reasons_it_cannot_act
 from torchmatrix.sensitivity.registry import GENERIC_MUTANTS, INNER_COMPONENTS_VARIABLE, GenericMutant, component_path
 from torchmatrix.sensitivity.verdicts import CellResult, new_failures, read_cells
 from torchmatrix.user_error import UserError
 
-MUTANT_SOURCES = ("torchmatrix/sensitivity/mutants.py", "torchmatrix/sensitivity/mutated_components.py")
+MUTANT_SOURCES = (
+    "torchmatrix/sensitivity/mutants.py",
+    "torchmatrix/sensitivity/reverted_loads.py",
+    "torchmatrix/sensitivity/evidence.py",
+    "torchmatrix/sensitivity/mutated_components.py",
+)
 
 
 class SensitivityError(UserError):

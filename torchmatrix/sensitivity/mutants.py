@@ -9,12 +9,9 @@ ran during a recompute, its load skip undid something the real load restored, ..
 
 from __future__ import annotations
 
-import os
 import types
 from collections.abc import Mapping
-from pathlib import Path
 
-from torchmatrix import file_writes
 from torchmatrix.components.calling import accepts, call_accepting, is_bound_checkpointer
 from torchmatrix.components.loading import load
 from torchmatrix.components.optimizer_implementations import (
@@ -23,159 +20,12 @@ from torchmatrix.components.optimizer_implementations import (
     implementation_not_named,
 )
 from torchmatrix.components.optimizer_like import inner_optimizers
-from torchmatrix.ranks.bitwise import bits_equal
-from torchmatrix.ranks.rng_state import capture_rng_state, restore_rng_state
-from torchmatrix.ranks.worker import current_cell_id
-
-EVIDENCE_VARIABLE = "TORCHMATRIX_SENSITIVITY_EVIDENCE"
-"""The folder where a mutant marks each cell it acted in (one empty file per cell id); the command sets it per mutant."""
-
-
-def record_acted() -> None:
-    """Mark that this mutant acted in the cell this rank runs now (once per cell and process)."""
-    directory, cell = os.environ.get(EVIDENCE_VARIABLE), current_cell_id()
-    if directory and cell and cell not in _MARKED:
-        Path(directory).mkdir(parents=True, exist_ok=True)
-        file_writes.write_text(Path(directory, cell), "")
-        _MARKED.add(cell)
-
-
-_MARKED: set[str] = set()
-
-
-CANNOT_ACT = ".cannot-act"
-"""The suffix of the evidence file in which a mutant says why it cannot act on a cell's stack."""
-
-
-def record_cannot_act(reason: str) -> None:
-    """Say why this mutant cannot act on the stack of the cell this rank runs (the stack lacks what it
-    would break): the cell then reads n/a with `reason`, the component left as it is."""
-    directory, cell = os.environ.get(EVIDENCE_VARIABLE), current_cell_id()
-    if directory and cell:
-        Path(directory).mkdir(parents=True, exist_ok=True)
-        file_writes.write_text(Path(directory, cell + CANNOT_ACT), reason)
-
-
-def cells_acted_in(directory: Path) -> set[str]:
-    """The cells a mutant marked with `record_acted` in a run that used `directory` as its evidence folder."""
-    if not directory.is_dir():
-        return set()
-    return {path.name for path in directory.iterdir() if not path.name.endswith(CANNOT_ACT)}
-
-
-def reasons_it_cannot_act(directory: Path) -> dict[str, str]:
-    """Per cell, why the mutant said (`record_cannot_act`) it cannot act there, in a run with this evidence folder."""
-    if not directory.is_dir():
-        return {}
-    return {path.name.removesuffix(CANNOT_ACT): path.read_text() for path in directory.glob(f"*{CANNOT_ACT}")}
-
-
-RESTORED_PIECES = ("model", "optimizer", "scheduler", "loader", "rng")
-
-
-class FreshState:
-    """What freshly built training objects and this process's RNGs hold before a load, so a mutant
-    can put one piece back afterwards, as a checkpointer that never restored it would leave it."""
-
-    def __init__(self, *, model, optimizer, scheduler, loader):
-        import copy
-
-        self.model, self.optimizer, self.scheduler, self.loader = model, optimizer, scheduler, loader
-        self.saved = {
-            "model": [_local(p).detach().clone() for p in model.parameters()],
-            "optimizer": copy.deepcopy(optimizer.state_dict()),
-            "scheduler": copy.deepcopy(scheduler.state_dict()),
-            "loader": copy.deepcopy(loader.state_dict()),
-            "rng": capture_rng_state(),
-        }
-
-    def current(self, piece: str):
-        """What `piece` holds now, in the form `saved` keeps it."""
-        import copy
-
-        if piece == "model":
-            return [_local(p).detach().clone() for p in self.model.parameters()]
-        if piece == "rng":
-            return capture_rng_state()
-        return copy.deepcopy(getattr(self, piece).state_dict())
-
-    def put_back(self, piece: str) -> None:
-        import torch
-
-        saved = self.saved[piece]
-        if piece == "model":
-            with torch.no_grad():
-                for param, fresh in zip(self.model.parameters(), saved):
-                    _local(param).copy_(fresh)
-        elif piece == "optimizer":
-            self.optimizer.load_state_dict(saved)
-        elif piece == "scheduler":
-            self.scheduler.load_state_dict(saved)
-        elif piece == "loader":
-            self.loader.load_state_dict(saved)
-        else:
-            restore_rng_state(saved)
-
-
-class RevertingCheckpointer:
-    """Delegates to the per-call checkpointer at `inner`; after its load, puts `reverted(rank)` back as
-    the fresh objects had them. Subclasses made by `skips_on_load` / `restores_on_rank_zero_only`."""
-
-    inner: str = ""
-
-    def __init__(self):
-        self.wrapped = load(self.inner)()
-
-    @staticmethod
-    def reverted(rank: int) -> tuple[str, ...]:
-        raise NotImplementedError
-
-    def save(self, directory: str, *, model, optimizer, scheduler, loader, step: int):
-        return self.wrapped.save(
-            directory, model=model, optimizer=optimizer, scheduler=scheduler, loader=loader, step=step
-        )
-
-    def load(self, directory: str, *, model, optimizer, scheduler, loader):
-        fresh = FreshState(model=model, optimizer=optimizer, scheduler=scheduler, loader=loader)
-        returned = self.wrapped.load(directory, model=model, optimizer=optimizer, scheduler=scheduler, loader=loader)
-        put_back(fresh, self.reverted)
-        return returned
-
-
-class BoundRevertingCheckpointer:
-    """RevertingCheckpointer for a bound checkpointer at `inner`: built as it is (the subclass carries
-    its signature, so the suites pass it the same keywords), and after its `load()` puts
-    `reverted(rank)` back as the fresh objects had them."""
-
-    inner: str = ""
-
-    def __init__(self, directory: str, **objects_and_group):
-        self.fresh_objects = {name: objects_and_group[name] for name in ("model", "optimizer", "scheduler", "loader")}
-        self.wrapped = load(self.inner)(directory, **objects_and_group)
-
-    @staticmethod
-    def reverted(rank: int) -> tuple[str, ...]:
-        raise NotImplementedError
-
-    def save(self, step: int):
-        return self.wrapped.save(step)
-
-    def load(self):
-        fresh = FreshState(**self.fresh_objects)
-        returned = self.wrapped.load()
-        put_back(fresh, self.reverted)
-        return returned
-
-
-def put_back(fresh: FreshState, reverted) -> None:
-    """Put this rank's `reverted(rank)` pieces back as the fresh objects had them, marking the
-    mutant as having acted where the load had changed one."""
-    import torch.distributed as dist
-
-    for piece in reverted(dist.get_rank() if dist.is_initialized() else 0):
-        if not _same(fresh.current(piece), fresh.saved[piece]):
-            record_acted()
-        fresh.put_back(piece)
+from torchmatrix.sensitivity.evidence import record_acted, record_cannot_act
+from torchmatrix.sensitivity.reverted_loads import (
+    RESTORED_PIECES,
+    BoundRevertingCheckpointer,
+    RevertingCheckpointer,
+)
 
 
 def reverting(name: str, inner: str, reverted) -> type:
@@ -459,7 +309,7 @@ def _replicated(value):
         return value
     record_acted()
     mesh = value.device_mesh
-    return DTensor.from_local(value.to_local(), mesh, [Replicate()] * mesh.ndim, run_check=False)
+    return DTensor.fromlocal_tensor(value.tolocal_tensor(), mesh, [Replicate()] * mesh.ndim, run_check=False)
 
 
 def reshuffles_from_unsaved_seed(inner: str):
@@ -593,31 +443,3 @@ def _hook_every_leaf(layer, hook, *, with_kwargs: bool = False) -> None:
         record_cannot_act(f"{type(layer).__name__} has no submodule with parameters of its own to hook")
     for module in leaves:
         module.register_forward_pre_hook(hook, with_kwargs=with_kwargs)
-
-
-def _same(first, second) -> bool:
-    """Whether two captures of a piece of state are equal, tensors bit for bit."""
-    import torch
-
-    if isinstance(first, torch.Tensor) or isinstance(second, torch.Tensor):
-        return (
-            isinstance(first, torch.Tensor)
-            and isinstance(second, torch.Tensor)
-            and bits_equal(_local(first), _local(second))
-        )
-    if isinstance(first, dict) and isinstance(second, dict):
-        return first.keys() == second.keys() and all(_same(first[key], second[key]) for key in first)
-    if isinstance(first, (list, tuple)) and isinstance(second, (list, tuple)):
-        return len(first) == len(second) and all(_same(a, b) for a, b in zip(first, second))
-    if hasattr(first, "tobytes") and hasattr(second, "tobytes"):
-        return type(first) is type(second) and first.tobytes() == second.tobytes()
-    try:
-        return bool(first == second)
-    except (TypeError, ValueError, RuntimeError):
-        return False
-
-
-def _local(tensor):
-    from torch.distributed.tensor import DTensor
-
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
