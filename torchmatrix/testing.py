@@ -50,6 +50,7 @@ from torchmatrix.components.wrapper_chain import (
 from torchmatrix.matrix.suite_options import (
     DTYPES,
     REDUCE_DTYPES,
+    CheckpointArchiveOptions,
     CollectivesOptions,
     CrossVersionOptions,
     DtensorOptimOptions,
@@ -69,6 +70,7 @@ from torchmatrix.ranks.root_cause import root_cause
 from torchmatrix.ranks.worker import current_device
 
 __all__ = [
+    "CheckpointArchiveOptions",
     "CONSEQUENCE_OF",
     "DEFAULT_IMPLEMENTATION",
     "DTYPES",

@@ -1,0 +1,164 @@
+"""The checkpoint archive, read by the candidate: every checkpoint an older (or newer) release wrote
+(`torchmatrix archive write`, suites/archive_writer.py) loads, and training continues from it
+exactly as it continues from the same values set without any checkpoint format.
+
+One test per archived release and form, named like `2.15.0/fsdp2-tp/fused/async`, in a world of
+the form's own size (`ranks.in_world`):
+
+1. the load restores every value the writer recorded, bit for bit, else a *format difference*
+   naming the value;
+2. CONTINUE_STEPS steps from the load equal CONTINUE_STEPS steps from the recorded values set
+   directly (the candidate's run that never stopped), else a *resume difference* naming the tensor;
+3. that continuation is compared with the writer's own: bit-equal is exact across the pair; a
+   difference is a *numerics difference* (kernels change between releases), which passes and is
+   recorded as the `archive_continuation` property and an ArchiveNumericsDifference warning, so
+   the report and the upgrade diff show it without reading it as a break.
+
+A form the release could not write is collected and skipped with the writer's reason.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from torchmatrix.testing import CheckpointArchiveOptions, planned_options
+
+from .archive_stack import CONTINUE_STEPS, FORMS, Stack
+from .archive_writer import EXPECTED_FILE, MANIFEST_FILE
+from .neutral_state import differences, neutral, tensor_of
+
+OPTIONS = CheckpointArchiveOptions  # the dataclass `suite_options` arrives as
+
+SHIPPED_ARCHIVE = Path(__file__).resolve().parent.parent / "archive" / "checkpoints"
+"""The archive of this torchmatrix's checkout, read when the options name no other."""
+REBUILD_SEED = 4321
+"""The candidate builds its stacks from another seed than the writer's, so a value the load
+leaves alone differs."""
+
+
+class ArchiveNumericsDifference(UserWarning):
+    """The candidate continued from an archived checkpoint exactly as from its values, but not as
+    the writing release continued: a change of numerics between the two releases, not a break."""
+
+
+def archive_dir(options: dict, rootpath: Path) -> Path:
+    return rootpath / options["archive"] if options.get("archive") else SHIPPED_ARCHIVE
+
+
+def archived(directory: Path, writers) -> dict[str, str | None]:
+    """`release/form` -> why the release did not write it (None: written), for every release's manifest."""
+    entries = {}
+    for manifest_path in sorted(directory.glob(f"*/{MANIFEST_FILE}"), key=lambda path: release_key(path.parent.name)):
+        manifest = json.loads(manifest_path.read_text())
+        if writers and manifest["torch"] not in writers:
+            continue
+        reasons = manifest["not_written"]
+        entries.update({f"{manifest['torch']}/{form.name}": reasons.get(form.name) for form in FORMS})
+    return entries
+
+
+def release_key(name: str) -> tuple:
+    return tuple(int(part) if part.isdigit() else part for part in name.split("."))
+
+
+def pytest_generate_tests(metafunc):
+    """One test per archived release and form, named `release/layout/implementation/save`."""
+    if "archived" in metafunc.fixturenames:
+        options = planned_options(metafunc.config, metafunc.definition.path)
+        directory = archive_dir(options, metafunc.config.rootpath)
+        metafunc.parametrize("archived", list(archived(directory, options.get("writers", ()))) or ["none"])
+
+
+def test_loads_and_continues(cell, ranks, suite_options, archived, request, record_property):
+    """Load the archived checkpoint, compare what it restores, continue, compare the continuation."""
+    directory = archive_dir({"archive": suite_options.archive}, request.config.rootpath)
+    if archived == "none":
+        pytest.skip(f"no archive in {directory}: write one with `torchmatrix archive write`")
+    writer, _, form_name = archived.partition("/")
+    if not_written := archived(directory, (writer,))[archived]:
+        pytest.skip(f"torch {writer} did not write {form_name}: {not_written}")
+    form = next(form for form in FORMS if form.name == form_name)
+    source = directory / writer / form.directory
+    expected = json.loads((source / EXPECTED_FILE).read_text())
+    read = ranks.in_world(form.world_size).run(read_on_rank, form_name, str(source / "checkpoint"), expected)
+    pair = f"{writer}/{form_name} (torch {expected['version']}, {expected['git_version'][:12]}) read by torch {torch.__version__}"
+    format_lines = [
+        f"  rank {rank}: {line}"
+        for rank, result in enumerate(read)
+        for line in differences(restored_on(expected, rank), result["loaded"])
+    ]
+    if format_lines:
+        raise AssertionError(f"format difference: {pair}: the load restored other values:\n" + "\n".join(format_lines))
+    resume_lines = [
+        f"  rank {rank}: {line}"
+        for rank, result in enumerate(read)
+        for line in differences(result["never_stopped"], result["continued"])
+    ]
+    if resume_lines:
+        raise AssertionError(
+            f"resume difference: {pair}: {CONTINUE_STEPS} steps from the load differ from {CONTINUE_STEPS} steps "
+            "from the same values set directly:\n" + "\n".join(resume_lines)
+        )
+    numerics = [
+        f"rank {rank}: {line}"
+        for rank, result in enumerate(read)
+        for line in differences(continued_on(expected, rank), result["continued"])
+    ]
+    record_property("archive_continuation", "exact" if not numerics else "numerics difference: " + "; ".join(numerics))
+    if numerics:
+        warnings.warn(
+            ArchiveNumericsDifference(
+                f"numerics difference: {pair}: the continuation differs from the writer's ({len(numerics)} values): "
+                + "; ".join(numerics[:4])
+            ),
+            stacklevel=1,
+        )
+
+
+def restored_on(expected: dict, rank: int) -> dict:
+    """What the load must restore on `rank`: the shared state and the rank's own position and RNG."""
+    return {**expected["restored"], "rank": expected["ranks"][rank]["restored"]}
+
+
+def continued_on(expected: dict, rank: int) -> dict:
+    return {**expected["continued"], "losses": expected["ranks"][rank]["losses"]}
+
+
+def decoded(value):
+    """A neutral() form back as tensors, lists and plain values."""
+    if isinstance(value, dict) and set(value) >= {"dtype", "shape", "bytes"}:
+        return tensor_of(value).clone()
+    if isinstance(value, dict):
+        return {key: decoded(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [decoded(item) for item in value]
+    return value
+
+
+def read_on_rank(form_name: str, checkpoint: str, expected: dict) -> dict:
+    """Rank function: load and continue, and continue from the recorded values set directly."""
+    import torch.distributed as dist
+
+    form = next(form for form in FORMS if form.name == form_name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        loaded = Stack(form, REBUILD_SEED)
+        loaded.load(checkpoint)
+        state = loaded.capture()
+        continued = continuation(loaded)
+        twin = Stack(form, REBUILD_SEED + 1)
+        twin.restore(decoded(restored_on(expected, dist.get_rank())))
+        never_stopped = continuation(twin)
+    return {"loaded": neutral(state), "continued": continued, "never_stopped": never_stopped}
+
+
+def continuation(stack: Stack) -> dict:
+    losses = torch.stack([stack.train_step() for _ in range(CONTINUE_STEPS)])
+    state = stack.capture()
+    state.pop("rank")
+    return neutral({**state, "losses": losses})
