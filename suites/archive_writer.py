@@ -15,6 +15,7 @@ import json
 import shutil
 import sys
 import tempfile
+import traceback
 import warnings
 from datetime import timedelta
 from pathlib import Path
@@ -44,6 +45,7 @@ def write_form(form, directory: Path) -> str | None:
         continued = stack.capture()
         continued.pop("rank")  # the continuation is compared by parameters, optimizer state and losses
     except Exception as error:  # a release that lacks what the form needs fails here, named
+        traceback.print_exc()
         return f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"[:300]
     per_rank = [None] * dist.get_world_size()
     dist.all_gather_object(

@@ -50,7 +50,7 @@ def archive_dir(options: dict, rootpath: Path) -> Path:
     return rootpath / options["archive"] if options.get("archive") else SHIPPED_ARCHIVE
 
 
-def archived(directory: Path, writers) -> dict[str, str | None]:
+def archive_entries(directory: Path, writers) -> dict[str, str | None]:
     """`release/form` -> why the release did not write it (None: written), for every release's manifest."""
     entries = {}
     for manifest_path in sorted(directory.glob(f"*/{MANIFEST_FILE}"), key=lambda path: release_key(path.parent.name)):
@@ -71,7 +71,7 @@ def pytest_generate_tests(metafunc):
     if "archived" in metafunc.fixturenames:
         options = planned_options(metafunc.config, metafunc.definition.path)
         directory = archive_dir(options, metafunc.config.rootpath)
-        metafunc.parametrize("archived", list(archived(directory, options.get("writers", ()))) or ["none"])
+        metafunc.parametrize("archived", list(archive_entries(directory, options.get("writers", ()))) or ["none"])
 
 
 def test_loads_and_continues(cell, ranks, suite_options, archived, request, record_property):
@@ -80,44 +80,46 @@ def test_loads_and_continues(cell, ranks, suite_options, archived, request, reco
     if archived == "none":
         pytest.skip(f"no archive in {directory}: write one with `torchmatrix archive write`")
     writer, _, form_name = archived.partition("/")
-    if not_written := archived(directory, (writer,))[archived]:
+    if not_written := archive_entries(directory, (writer,))[archived]:
         pytest.skip(f"torch {writer} did not write {form_name}: {not_written}")
     form = next(form for form in FORMS if form.name == form_name)
     source = directory / writer / form.directory
     expected = json.loads((source / EXPECTED_FILE).read_text())
     read = ranks.in_world(form.world_size).run(read_on_rank, form_name, str(source / "checkpoint"), expected)
     pair = f"{writer}/{form_name} (torch {expected['version']}, {expected['git_version'][:12]}) read by torch {torch.__version__}"
-    format_lines = [
-        f"  rank {rank}: {line}"
-        for rank, result in enumerate(read)
-        for line in differences(restored_on(expected, rank), result["loaded"])
-    ]
-    if format_lines:
-        raise AssertionError(f"format difference: {pair}: the load restored other values:\n" + "\n".join(format_lines))
-    resume_lines = [
-        f"  rank {rank}: {line}"
-        for rank, result in enumerate(read)
-        for line in differences(result["never_stopped"], result["continued"])
-    ]
-    if resume_lines:
-        raise AssertionError(
-            f"resume difference: {pair}: {CONTINUE_STEPS} steps from the load differ from {CONTINUE_STEPS} steps "
-            "from the same values set directly:\n" + "\n".join(resume_lines)
+    kind, message = verdict(expected, read, pair)
+    if kind in (FORMAT, RESUME):
+        raise AssertionError(message)
+    record_property("archive_continuation", message)
+    if kind == NUMERICS:
+        warnings.warn(ArchiveNumericsDifference(message), stacklevel=1)
+
+
+FORMAT, RESUME, NUMERICS, EXACT = "format difference", "resume difference", "numerics difference", "exact"
+
+
+def verdict(expected: dict, read: list[dict], pair: str) -> tuple[str, str]:
+    """What the ranks' reads of one archived checkpoint found, and the message that says so: a format
+    difference (the load restored other values), a resume difference (continuing from the load is
+    not continuing from the values), a numerics difference (the writer continued otherwise) or exact."""
+
+    def lines(expected_of, actual_of) -> list[str]:
+        return [
+            f"rank {rank}: {line}"
+            for rank, result in enumerate(read)
+            for line in differences(expected_of(rank, result), actual_of(result))
+        ]
+
+    if found := lines(lambda rank, _: restored_on(expected, rank), lambda result: result["loaded"]):
+        return FORMAT, f"{FORMAT}: {pair}: the load restored other values:\n  " + "\n  ".join(found)
+    if found := lines(lambda _, result: result["never_stopped"], lambda result: result["continued"]):
+        return RESUME, (
+            f"{RESUME}: {pair}: {CONTINUE_STEPS} steps from the load differ from {CONTINUE_STEPS} steps from "
+            "the same values set directly:\n  " + "\n  ".join(found)
         )
-    numerics = [
-        f"rank {rank}: {line}"
-        for rank, result in enumerate(read)
-        for line in differences(continued_on(expected, rank), result["continued"])
-    ]
-    record_property("archive_continuation", "exact" if not numerics else "numerics difference: " + "; ".join(numerics))
-    if numerics:
-        warnings.warn(
-            ArchiveNumericsDifference(
-                f"numerics difference: {pair}: the continuation differs from the writer's ({len(numerics)} values): "
-                + "; ".join(numerics[:4])
-            ),
-            stacklevel=1,
-        )
+    if found := lines(lambda rank, _: continued_on(expected, rank), lambda result: result["continued"]):
+        return NUMERICS, f"{NUMERICS}: {pair}: the continuation differs from the writer's: " + "; ".join(found)
+    return EXACT, EXACT
 
 
 def restored_on(expected: dict, rank: int) -> dict:
