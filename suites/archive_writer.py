@@ -46,7 +46,7 @@ def write_form(form, directory: Path) -> str | None:
         continued.pop("rank")  # the continuation is compared by parameters, optimizer state and losses
     except Exception as error:  # a release that lacks what the form needs fails here, named
         traceback.print_exc()
-        return f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"[:300]
+        return failure_reason(error)
     per_rank = [None] * dist.get_world_size()
     dist.all_gather_object(
         per_rank,
@@ -65,6 +65,14 @@ def write_form(form, directory: Path) -> str | None:
         }
         (directory / EXPECTED_FILE).write_text(json.dumps(record, sort_keys=True))
     return None
+
+
+def failure_reason(error: BaseException) -> str:
+    """The exception's first line and the torch function it came from, in one line."""
+    first = (str(error).strip().splitlines() or [""])[0][:200]
+    frames = [frame for frame in traceback.extract_tb(error.__traceback__) if "/torch/" in frame.filename]
+    where = f" (in {frames[-1].filename.rpartition('/torch/')[2]}:{frames[-1].name})" if frames else ""
+    return f"{type(error).__name__}: {first}{where}"
 
 
 def release() -> dict:
