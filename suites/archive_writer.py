@@ -93,7 +93,9 @@ def rank_main(rank: int, world: int, names: list[str], out: str, init_file: str)
             directory.mkdir(parents=True)
         dist.barrier()
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # the ranks' logs stay readable: a release's deprecations are not the archive's
+            warnings.simplefilter(
+                "ignore"
+            )  # the ranks' logs stay readable: a release's deprecations are not the archive's
             outcomes[form.name] = write_form(form, directory)
         dist.barrier()
         if outcomes[form.name] and rank == 0:
@@ -131,7 +133,9 @@ def write_release(out: Path, release_name: str) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--to", type=Path, required=True, help="the archive directory; the release's forms go under <to>/<release>")
+    parser.add_argument(
+        "--to", type=Path, required=True, help="the archive directory; the release's forms go under <to>/<release>"
+    )
     parser.add_argument("--release", default=torch.__version__.split("+")[0], help="the release's name in the archive")
     args = parser.parse_args(argv)
     manifest = write_release(args.to / args.release, args.release)

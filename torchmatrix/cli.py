@@ -29,7 +29,20 @@ from torchmatrix.commands import (
 from torchmatrix.exit_codes import ExitCode
 from torchmatrix.user_error import UserError
 
-COMMANDS = (list_cells, run, sensitivity, report, cross_read, compare, bisect, repro, merge, github_matrix, slurm, archive)
+COMMANDS = (
+    list_cells,
+    run,
+    sensitivity,
+    report,
+    cross_read,
+    compare,
+    bisect,
+    repro,
+    merge,
+    github_matrix,
+    slurm,
+    archive,
+)
 """Every command's module, in the order `--help` and the reference page list them."""
 
 PRINTING_COMMANDS = (list_cells.NAME, github_matrix.NAME)

@@ -60,7 +60,10 @@ def drop_step(read):
 
 
 def zero_step(read):
-    read[0]["loaded"]["optimizer"]["0.bias"]["step"] = {**read[0]["loaded"]["optimizer"]["0.bias"]["step"], "bytes": "AAAAAA=="}
+    read[0]["loaded"]["optimizer"]["0.bias"]["step"] = {
+        **read[0]["loaded"]["optimizer"]["0.bias"]["step"],
+        "bytes": "AAAAAA==",
+    }
 
 
 def shuffle_parameter_keys(read):

@@ -36,7 +36,9 @@ def add_parser(commands) -> argparse.ArgumentParser:
         help="the archive directory; the forms go under <to>/<V> (default: this checkout's archive/checkpoints)",
     )
     write.add_argument(
-        "--config", default="matrix.toml", help="the matrix file whose [torch.install] installs V (default: ./matrix.toml)"
+        "--config",
+        default="matrix.toml",
+        help="the matrix file whose [torch.install] installs V (default: ./matrix.toml)",
     )
     write.add_argument(
         "--envdir", type=Path, default=None, help="where the release's venv goes (default: .nox next to matrix.toml)"
