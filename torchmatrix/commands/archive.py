@@ -26,24 +26,25 @@ def add_parser(commands) -> argparse.ArgumentParser:
     parser = commands.add_parser(
         NAME, help="write the checkpoint archive's forms with one torch release (read by the checkpoint_archive suite)"
     )
-    actions = parser.add_subparsers(dest="action", required=True)
-    write = actions.add_parser("write", help="install torch V into its venv and write every form it can")
-    write.add_argument("--torch", required=True, dest="version", help="the release that writes, e.g. 2.4.0")
-    write.add_argument(
+    parser.add_argument(
+        "action", choices=("write",), help="write: install torch V into its venv and write every form it can"
+    )
+    parser.add_argument("--torch", required=True, dest="version", help="the release that writes, e.g. 2.4.0")
+    parser.add_argument(
         "--to",
         type=Path,
         default=SHIPPED,
         help="the archive directory; the forms go under <to>/<V> (default: this checkout's archive/checkpoints)",
     )
-    write.add_argument(
+    parser.add_argument(
         "--config",
         default="matrix.toml",
         help="the matrix file whose [torch.install] installs V (default: ./matrix.toml)",
     )
-    write.add_argument(
+    parser.add_argument(
         "--envdir", type=Path, default=None, help="where the release's venv goes (default: .nox next to matrix.toml)"
     )
-    write.add_argument(
+    parser.add_argument(
         "--python", type=Path, default=None, help="an interpreter that already has torch V and torchmatrix; no install"
     )
     return parser
