@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from torchmatrix.testing import CheckpointArchiveOptions, planned_options
+from torchmatrix.testing import CheckpointArchiveOptions, planned_options, root_cause
 
 from .archive_stack import CONTINUE_STEPS, FORMS, Stack
 from .archive_writer import EXPECTED_FILE, MANIFEST_FILE
@@ -110,6 +110,8 @@ def verdict(expected: dict, read: list[dict], pair: str) -> tuple[str, str]:
             for line in differences(expected_of(rank, result), actual_of(result))
         ]
 
+    if failed := next((result["load_failed"] for result in read if "load_failed" in result), None):
+        return FORMAT, f"{FORMAT}: {pair}: the load failed: {failed}"
     if found := lines(lambda rank, _: restored_on(expected, rank), lambda result: result["loaded"]):
         return FORMAT, f"{FORMAT}: {pair}: the load restored other values:\n  " + "\n  ".join(found)
     if found := lines(lambda _, result: result["never_stopped"], lambda result: result["continued"]):
@@ -150,7 +152,10 @@ def read_on_rank(form_name: str, checkpoint: str, expected: dict) -> dict:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         loaded = Stack(form, REBUILD_SEED)
-        loaded.load(checkpoint)
+        try:
+            loaded.load(checkpoint)
+        except Exception as error:  # DCP raises on every rank alike (CheckpointException gathers them)
+            return {"load_failed": root_cause(error)}
         state = loaded.capture()
         continued = continuation(loaded)
         twin = Stack(form, REBUILD_SEED + 1)

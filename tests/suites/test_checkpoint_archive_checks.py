@@ -144,3 +144,14 @@ def test_a_writer_that_continued_otherwise_is_a_numerics_difference_not_a_failur
     assert kind == NUMERICS
     assert "optimizer.2.weight.exp_avg_sq: 1/128 elements differ, max |Δ|" in message
     assert "rank 0" in message and "rank 1" in message
+
+
+def test_a_load_that_raises_is_a_format_difference_with_its_root_cause(expected):
+    read = faithful(expected)
+    read[0] = {"load_failed": "CheckpointException on ranks 0, 1: AssertionError: metadata is None"}
+    kind, message = verdict(expected, read, "2.15.0/fsdp2/foreach/sync read by 2.13.0")
+    assert (kind, message) == (
+        FORMAT,
+        "format difference: 2.15.0/fsdp2/foreach/sync read by 2.13.0: the load failed: "
+        "CheckpointException on ranks 0, 1: AssertionError: metadata is None",
+    )
