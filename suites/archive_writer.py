@@ -68,9 +68,9 @@ def write_form(form, directory: Path) -> str | None:
 
 
 def failure_reason(error: BaseException) -> str:
-    """The exception's first line and the torch function it came from, in one line."""
+    """The exception's first line and the torch.distributed function it came from, in one line."""
     first = (str(error).strip().splitlines() or [""])[0][:200]
-    frames = [frame for frame in traceback.extract_tb(error.__traceback__) if "/torch/" in frame.filename]
+    frames = [frame for frame in traceback.extract_tb(error.__traceback__) if "/torch/distributed/" in frame.filename]
     where = f" (in {frames[-1].filename.rpartition('/torch/')[2]}:{frames[-1].name})" if frames else ""
     return f"{type(error).__name__}: {first}{where}"
 
