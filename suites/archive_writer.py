@@ -11,6 +11,7 @@ too, so a reader compares its load and its continuation with no torch format in 
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import shutil
 import sys
@@ -105,12 +106,13 @@ def rank_main(rank: int, world: int, names: list[str], out: str, init_file: str)
     dist.destroy_process_group()
 
 
-def write_release(out: Path, release_name: str) -> dict:
-    """Write every form into `out` (one spawn per world size) and the manifest; return the manifest."""
+def write_release(out: Path, release_name: str, pattern: str = "*") -> dict:
+    """Write the forms `pattern` matches into `out` (one spawn per world size) and the manifest; return the manifest."""
     out.mkdir(parents=True, exist_ok=True)
     outcomes = {}
-    for world in sorted({form.world_size for form in FORMS}):
-        names = [form.name for form in FORMS if form.world_size == world]
+    chosen = [form for form in FORMS if fnmatch.fnmatchcase(form.name, pattern)]
+    for world in sorted({form.world_size for form in chosen}):
+        names = [form.name for form in chosen if form.world_size == world]
         with tempfile.TemporaryDirectory() as scratch:
             try:
                 torch.multiprocessing.spawn(
@@ -137,8 +139,9 @@ def main(argv: list[str] | None = None) -> int:
         "--to", type=Path, required=True, help="the archive directory; the release's forms go under <to>/<release>"
     )
     parser.add_argument("--release", default=torch.__version__.split("+")[0], help="the release's name in the archive")
+    parser.add_argument("--forms", default="*", help="a glob over form names, e.g. 'fsdp2/*' (default: every form)")
     args = parser.parse_args(argv)
-    manifest = write_release(args.to / args.release, args.release)
+    manifest = write_release(args.to / args.release, args.release, args.forms)
     print(json.dumps(manifest, indent=1))
     return 0 if manifest["written"] else 1
 

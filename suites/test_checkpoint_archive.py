@@ -57,8 +57,10 @@ def archive_entries(directory: Path, writers) -> dict[str, str | None]:
         manifest = json.loads(manifest_path.read_text())
         if writers and manifest["torch"] not in writers:
             continue
-        reasons = manifest["not_written"]
-        entries.update({f"{manifest['torch']}/{form.name}": reasons.get(form.name) for form in FORMS})
+        outcomes = {**dict.fromkeys(manifest["written"]), **manifest["not_written"]}
+        entries.update(
+            {f"{manifest['torch']}/{form.name}": outcomes[form.name] for form in FORMS if form.name in outcomes}
+        )
     return entries
 
 
