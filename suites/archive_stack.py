@@ -22,8 +22,9 @@ CONTINUE_STEPS = 3
 SIZES = (8, 16, 8)
 """Input, hidden and output width: 280 parameters, every dimension divisible by 4 ranks."""
 BATCH = 4
-MESHES = {"fsdp2": (2,), "hsdp": (2, 2), "fsdp2-tp": (2, 2)}
-"""Each layout's mesh shape: flat FSDP2 at 2 ranks, HSDP 2 x 2 and FSDP2 x TP 2 x 2 at 4."""
+MESHES = {"tp": (2,), "fsdp2": (2,), "hsdp": (2, 2), "fsdp2-tp": (2, 2)}
+"""Each layout's mesh shape: tensor parallel alone and flat FSDP2 at 2 ranks, HSDP 2 x 2 and FSDP2 x TP
+2 x 2 at 4. Tensor parallel alone is what releases whose FSDP2 needs CUDA streams still write on CPU."""
 IMPLEMENTATIONS = {"forloop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}
 """AdamW's keyword per implementation of its step."""
 
@@ -81,7 +82,7 @@ def dtensor_api():
 
 def missing(form: Form) -> str | None:
     """Why this release cannot write `form`, when an API it needs is absent; None when it can try."""
-    if fully_shard() is None:
+    if form.mesh != "tp" and fully_shard() is None:
         return "no FSDP2 (fully_shard) in this release"
     if form.save == "async" and first_attribute("torch.distributed.checkpoint:async_save") is None:
         return "no dcp.async_save in this release"
@@ -98,19 +99,21 @@ class Stack:
 
         self.form = form
         shape = MESHES[form.mesh]
-        names = {"fsdp2": ("dp",), "hsdp": ("replicate", "shard"), "fsdp2-tp": ("dp", "tp")}[form.mesh]
+        names = {"tp": ("tp",), "fsdp2": ("dp",), "hsdp": ("replicate", "shard"), "fsdp2-tp": ("dp", "tp")}[form.mesh]
         self.mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
         torch.manual_seed(seed)
         self.model = torch.nn.Sequential(
             torch.nn.Linear(SIZES[0], SIZES[1]), torch.nn.Tanh(), torch.nn.Linear(SIZES[1], SIZES[2])
         )
-        if form.mesh == "fsdp2-tp":
+        if form.mesh in ("tp", "fsdp2-tp"):
             from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
             parallelize_module(self.model, self.mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
+            self.data_rank = 0  # the tensor-parallel ranks of a data rank see the same batch
+        if form.mesh == "fsdp2-tp":
             fully_shard()(self.model, mesh=self.mesh["dp"])
             self.data_rank = self.mesh["dp"].get_local_rank()
-        else:
+        elif form.mesh != "tp":
             fully_shard()(self.model, mesh=self.mesh)
             self.data_rank = dist.get_rank()
         self.optimizer = torch.optim.AdamW(
