@@ -167,18 +167,24 @@ class Stack:
         else:
             dcp.save(state, checkpoint_id=path)
 
-    def load(self, path: str) -> None:
-        """Load a checkpoint into this stack: DCP fills the state in place, the helpers set it."""
+    def load(self, path: str) -> list[str]:
+        """Load a checkpoint into this stack: DCP fills the state in place, the helpers set it.
+        Keys this release's state has and the checkpoint lacks (a field a later release added) are
+        left as they are and returned: whether every value was restored is the caller's check."""
         import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
         from torch.distributed.checkpoint.state_dict import set_state_dict
 
         state = self.checkpoint_state()
-        dcp.load(state, checkpoint_id=path)
+        stored = FileSystemReader(path).read_metadata().state_dict_metadata
+        lacking = sorted(key for key in flat_keys(state) if not stored_under(key, stored))
+        dcp.load(state, checkpoint_id=path, planner=DefaultLoadPlanner(allow_partial_load=bool(lacking)))
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         own = state[f"rank{dist.get_rank()}"]
         self.position = int(own["position"])
         torch.set_rng_state(own["rng"])
+        return lacking
 
     def capture(self) -> dict:
         """What a load must restore, in plain full tensors: the same on every release."""
@@ -215,6 +221,20 @@ class Stack:
         self.scheduler._step_count = captured["scheduler"]["last_epoch"] + 1
         self.position = captured["rank"]["position"]
         torch.set_rng_state(captured["rank"]["rng"])
+
+
+def flat_keys(value, prefix: str = "") -> set[str]:
+    """The keys DCP stores a nested state under: dict keys and list indices joined by dots."""
+    if isinstance(value, dict):
+        return {key for name, item in value.items() for key in flat_keys(item, f"{prefix}{name}.")}
+    if isinstance(value, list):
+        return {key for index, item in enumerate(value) for key in flat_keys(item, f"{prefix}{index}.")}
+    return {prefix.removesuffix(".")}
+
+
+def stored_under(key: str, stored) -> bool:
+    """Whether DCP stored `key`, itself or within a value it keeps whole (a list of numbers)."""
+    return any(key == name or key.startswith(f"{name}.") for name in stored)
 
 
 def full(value):

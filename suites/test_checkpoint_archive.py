@@ -14,6 +14,9 @@ the form's own size (`ranks.in_world`):
    recorded as the `archive_continuation` property and an ArchiveNumericsDifference warning, so
    the report and the upgrade diff show it without reading it as a break.
 
+Keys the candidate's state has and the checkpoint lacks (a field a later release added to the
+scheduler's state_dict, say) are loaded around, not refused: check 1 still compares every value
+the writer recorded, and the keys are kept as the `archive_checkpoint_lacks` property.
 A form the release could not write is collected and skipped with the writer's reason.
 """
 
@@ -93,6 +96,8 @@ def test_loads_and_continues(cell, ranks, suite_options, archived, request, reco
     if kind in (FORMAT, RESUME):
         raise AssertionError(message)
     record_property("archive_continuation", message)
+    if lacking := read[0]["lacking"]:
+        record_property("archive_checkpoint_lacks", ", ".join(lacking))
     if kind == NUMERICS:
         warnings.warn(ArchiveNumericsDifference(message), stacklevel=1)
 
@@ -155,7 +160,7 @@ def read_on_rank(form_name: str, checkpoint: str, expected: dict) -> dict:
         warnings.simplefilter("ignore", FutureWarning)
         loaded = Stack(form, REBUILD_SEED)
         try:
-            loaded.load(checkpoint)
+            lacking = loaded.load(checkpoint)
         except Exception as error:  # DCP raises on every rank alike (CheckpointException gathers them)
             return {"load_failed": root_cause(error)}
         state = loaded.capture()
@@ -163,7 +168,7 @@ def read_on_rank(form_name: str, checkpoint: str, expected: dict) -> dict:
         twin = Stack(form, REBUILD_SEED + 1)
         twin.restore(decoded(restored_on(expected, dist.get_rank())))
         never_stopped = continuation(twin)
-    return {"loaded": neutral(state), "continued": continued, "never_stopped": never_stopped}
+    return {"loaded": neutral(state), "continued": continued, "never_stopped": never_stopped, "lacking": lacking}
 
 
 def continuation(stack: Stack) -> dict:
