@@ -63,11 +63,17 @@ def run(args: argparse.Namespace) -> ExitCode:
             raise UserError(f"torch {args.version} did not install into {venv.location}: {installed.reason}")
         python, env = venv.python, venv.environment()
     command = [str(python), "-m", WRITER, "--to", str(target), "--release", args.version]
-    print(f"torchmatrix archive: torch {args.version} writes into {target / args.version}", flush=True)
-    finished = subprocess.run(command, env=env, stdout=subprocess.DEVNULL, check=False)
+    log = target / ".logs" / args.version / "write.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    print(
+        f"torchmatrix archive: torch {args.version} writes into {target / args.version} (its ranks' output: {log})",
+        flush=True,
+    )
+    with log.open("w") as output:
+        finished = subprocess.run(command, env=env, stdout=subprocess.DEVNULL, stderr=output, check=False)
     manifest_path = target / args.version / "manifest.json"
     if finished.returncode not in (0, 1) or not manifest_path.is_file():
-        print(f"torchmatrix archive: the writer exited {finished.returncode}; its output is above")
+        print(f"torchmatrix archive: the writer exited {finished.returncode}; its output is in {log}")
         return ExitCode.FAILED
     manifest = json.loads(manifest_path.read_text())
     print(
