@@ -16,7 +16,8 @@ the form's own size (`ranks.in_world`):
 
 Keys the candidate's state has and the checkpoint lacks (a field a later release added to the
 scheduler's state_dict, say) are loaded around, not refused: check 1 still compares every value
-the writer recorded, and the keys are kept as the `archive_checkpoint_lacks` property.
+the writer recorded, and the keys are kept as the `archive_checkpoint_lacks` property and an
+ArchiveCheckpointLacksKeys warning (a strict `dcp.load` refuses such a checkpoint).
 A form the release could not write is collected and skipped with the writer's reason.
 """
 
@@ -47,6 +48,11 @@ leaves alone differs."""
 class ArchiveNumericsDifference(UserWarning):
     """The candidate continued from an archived checkpoint exactly as from its values, but not as
     the writing release continued: a change of numerics between the two releases, not a break."""
+
+
+class ArchiveCheckpointLacksKeys(UserWarning):
+    """The candidate's state_dict has keys an older release's checkpoint lacks (a field added since):
+    every recorded value still loads, but only a partial load gets there."""
 
 
 def archive_dir(options: dict, rootpath: Path) -> Path:
@@ -98,6 +104,13 @@ def test_loads_and_continues(cell, ranks, suite_options, archived, request, reco
     record_property("archive_continuation", message)
     if lacking := read[0]["lacking"]:
         record_property("archive_checkpoint_lacks", ", ".join(lacking))
+        warnings.warn(
+            ArchiveCheckpointLacksKeys(
+                f"{pair}: the checkpoint lacks keys this release's state_dict has, so DCP's default (strict) "
+                f"load refuses it; loaded with allow_partial_load: {', '.join(lacking)}"
+            ),
+            stacklevel=1,
+        )
     if kind == NUMERICS:
         warnings.warn(ArchiveNumericsDifference(message), stacklevel=1)
 
