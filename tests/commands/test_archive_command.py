@@ -47,3 +47,10 @@ def test_a_release_that_wrote_nothing_exits_1(tmp_path, capsys):
     )
     assert code == ExitCode.FAILED
     assert "wrote 0 forms, not 1" in capsys.readouterr().out
+
+
+def test_a_to_that_is_a_file_exits_2(tmp_path, capsys):
+    (tmp_path / "archive").write_text("")
+    code = cli.main(["archive", "write", "--torch", "2.7.1", "--python", "python", "--to", str(tmp_path / "archive")])
+    assert code == ExitCode.USAGE
+    assert "is a file, not a directory; pass a directory" in capsys.readouterr().err
