@@ -111,6 +111,7 @@ def write_release(out: Path, release_name: str, pattern: str = "*") -> dict:
     out.mkdir(parents=True, exist_ok=True)
     outcomes = {}
     chosen = [form for form in FORMS if fnmatch.fnmatchcase(form.name, pattern)]
+    exits = {}
     for world in sorted({form.world_size for form in chosen}):
         names = [form.name for form in chosen if form.world_size == world]
         with tempfile.TemporaryDirectory() as scratch:
@@ -118,16 +119,21 @@ def write_release(out: Path, release_name: str, pattern: str = "*") -> dict:
                 torch.multiprocessing.spawn(
                     rank_main, args=(world, names, str(out), str(Path(scratch) / "init")), nprocs=world
                 )
-                found = out / f".outcomes-{world}.json"
-                outcomes.update(json.loads(found.read_text()))
-                found.unlink()
             except Exception as error:
-                outcomes.update({name: f"the ranks failed: {str(error).strip().splitlines()[-1]}" for name in names})
+                exits[str(world)] = str(error).strip().splitlines()[-1]
+        found = out / f".outcomes-{world}.json"
+        if found.is_file():  # rank 0 recorded every form before a rank died on its way out
+            outcomes.update(json.loads(found.read_text()))
+            found.unlink()
+        else:
+            outcomes.update({name: f"the ranks failed: {exits[str(world)]}" for name in names})
+            exits.pop(str(world))
     manifest = {
         "torch": release_name,
         **release(),
         "written": [name for name, reason in outcomes.items() if reason is None],
         "not_written": {name: reason for name, reason in outcomes.items() if reason is not None},
+        "died_after_writing": exits,
     }
     (out / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     return manifest
