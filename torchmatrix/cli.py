@@ -1,4 +1,4 @@
-"""`python -m torchmatrix list | run | sensitivity | report | cross-read | compare | bisect | repro | merge | github-matrix | slurm`.
+"""`python -m torchmatrix list | run | sensitivity | report | cross-read | compare | bisect | repro | merge | github-matrix | slurm | archive`.
 
 Each command is a module of `torchmatrix/commands/` with its parser and its handler; this module
 lists them in the order `--help` shows them and dispatches to the one named. Exit codes:
@@ -13,6 +13,7 @@ import os
 import sys
 
 from torchmatrix.commands import (
+    archive,
     bisect,
     compare,
     cross_read,
@@ -28,7 +29,20 @@ from torchmatrix.commands import (
 from torchmatrix.exit_codes import ExitCode
 from torchmatrix.user_error import UserError
 
-COMMANDS = (list_cells, run, sensitivity, report, cross_read, compare, bisect, repro, merge, github_matrix, slurm)
+COMMANDS = (
+    list_cells,
+    run,
+    sensitivity,
+    report,
+    cross_read,
+    compare,
+    bisect,
+    repro,
+    merge,
+    github_matrix,
+    slurm,
+    archive,
+)
 """Every command's module, in the order `--help` and the reference page list them."""
 
 PRINTING_COMMANDS = (list_cells.NAME, github_matrix.NAME)

@@ -50,6 +50,7 @@ from torchmatrix.components.wrapper_chain import (
 from torchmatrix.matrix.suite_options import (
     DTYPES,
     REDUCE_DTYPES,
+    CheckpointArchiveOptions,
     CollectivesOptions,
     CrossVersionOptions,
     DtensorOptimOptions,
@@ -70,6 +71,7 @@ from torchmatrix.ranks.rng_state import capture_rng_state, restore_rng_state, rn
 from torchmatrix.ranks.worker import current_device
 
 __all__ = [
+    "CheckpointArchiveOptions",
     "CONSEQUENCE_OF",
     "DEFAULT_IMPLEMENTATION",
     "DTYPES",

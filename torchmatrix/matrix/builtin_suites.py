@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torchmatrix
 from torchmatrix.matrix.suite_options import (
+    CheckpointArchiveOptions,
     CollectivesOptions,
     CrossVersionOptions,
     DtensorOptimOptions,
@@ -47,6 +48,7 @@ BUILTIN_SUITES = {
     "cross_version": BuiltinSuite("test_cross_version.py", 300, CrossVersionOptions),
     "parallel_equivalence": BuiltinSuite("test_parallel_equivalence.py", 300, ParallelEquivalenceOptions),
     "peak_memory": BuiltinSuite("test_peak_memory.py", 300, PeakMemoryOptions),
+    "checkpoint_archive": BuiltinSuite("test_checkpoint_archive.py", 300, CheckpointArchiveOptions, ("world_size",)),
 }
 
 

@@ -168,6 +168,17 @@ class CrossVersionOptions(ResumeOptions):
 
 
 @dataclass(frozen=True)
+class CheckpointArchiveOptions(SuiteOptions):
+    """`[suites.checkpoint_archive.options]`."""
+
+    archive: str = ""
+    """The archive directory `torchmatrix archive write --to` wrote, relative to matrix.toml's directory
+    (default: the archive of this torchmatrix's checkout, `archive/checkpoints`)."""
+    writers: tuple[str, ...] = ()
+    """The releases whose checkpoints are read (default: every release in the archive)."""
+
+
+@dataclass(frozen=True)
 class DtensorOptimOptions(SuiteOptions):
     """`[suites.dtensor_optim.options]`."""
 
