@@ -28,7 +28,7 @@ MAY_IMPORT = {
     "sensitivity": {"status", "components", "matrix", "messages", "ranks", "reports", "run"},
     "bisect": {"status", "matrix", "env", "messages", "reports", "run"},
     "repro": {"status", "components", "matrix", "env", "messages", "ranks", "reports"},
-    "commands": {"status", "matrix", "messages", "reports", "run", "scale", "sensitivity", "bisect", "repro"},
+    "commands": {"status", "matrix", "env", "messages", "reports", "run", "scale", "sensitivity", "bisect", "repro"},
     "top": {"status", "components", "matrix", "env", "messages", "ranks", "reports", "run", "commands"},
 }
 LAYERS = list(TopologicalSorter(MAY_IMPORT).static_order())
