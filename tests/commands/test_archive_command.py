@@ -35,7 +35,7 @@ def test_prints_what_the_release_wrote_and_why_not(tmp_path, capsys):
     )
     out = capsys.readouterr().out
     assert code == ExitCode.PASSED
-    assert "torch 2.7.1+cu126 (e2d141dbde55) wrote 1 forms, not 1" in out
+    assert "torch 2.7.1+cu126 (e2d141dbde55) wrote 1 form; 1 form it cannot write" in out
     assert "  not written: hsdp/foreach/sync: RuntimeError: Cannot use ReduceOp.AVG with Gloo" in out
     assert (tmp_path / "archive/.logs/2.7.1/write.log").read_text() == "a rank logs this\n"
 
@@ -46,7 +46,7 @@ def test_a_release_that_wrote_nothing_exits_1(tmp_path, capsys):
         ["archive", "write", "--torch", "2.7.1", "--python", str(python), "--to", str(tmp_path / "archive")]
     )
     assert code == ExitCode.FAILED
-    assert "wrote 0 forms, not 1" in capsys.readouterr().out
+    assert "wrote 0 forms; 1 form it cannot write" in capsys.readouterr().out
 
 
 def test_a_to_that_is_a_file_exits_2(tmp_path, capsys):

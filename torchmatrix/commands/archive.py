@@ -15,6 +15,7 @@ from pathlib import Path
 from torchmatrix.commands.paths import directory_to_write
 from torchmatrix.exit_codes import ExitCode
 from torchmatrix.matrix.config import load_matrix
+from torchmatrix.status import count
 from torchmatrix.user_error import UserError
 
 NAME = "archive"
@@ -78,7 +79,7 @@ def run(args: argparse.Namespace) -> ExitCode:
     manifest = json.loads(manifest_path.read_text())
     print(
         f"torchmatrix archive: torch {manifest['version']} ({manifest['git_version'][:12]}) wrote "
-        f"{len(manifest['written'])} forms, not {len(manifest['not_written'])}"
+        f"{count(len(manifest['written']), 'form')}; {count(len(manifest['not_written']), 'form')} it cannot write"
     )
     for form, reason in manifest["not_written"].items():
         print(f"  not written: {form}: {reason}")
