@@ -15,6 +15,7 @@ import pytest
 
 import torchmatrix
 from torchmatrix import json_records
+from torchmatrix.components.optional import OptionalWhere
 from torchmatrix.env.devices import Environment
 from torchmatrix.json_records import JsonRecord, json_field
 from torchmatrix.matrix.cells import Cell
@@ -237,7 +238,7 @@ def contract_records() -> dict:
             None,
             False,
             {},
-            {"model": {"device": ["cpu"], "torch": []}},
+            {"model": OptionalWhere(devices=("cpu",))},
             {"resume": SuiteSpec("suites/test_resume.py", 300.0, {})},
             (("resume", cell),),
             1024,

@@ -309,7 +309,7 @@ def _replicated(value):
         return value
     record_acted()
     mesh = value.device_mesh
-    return DTensor.fromlocal_tensor(value.tolocal_tensor(), mesh, [Replicate()] * mesh.ndim, run_check=False)
+    return DTensor.from_local(value.to_local(), mesh, [Replicate()] * mesh.ndim, run_check=False)
 
 
 def reshuffles_from_unsaved_seed(inner: str):

@@ -141,4 +141,4 @@ def same_state(first, second) -> bool:
 def local_tensor(tensor):
     from torch.distributed.tensor import DTensor
 
-    return tensor.tolocal_tensor() if isinstance(tensor, DTensor) else tensor
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
