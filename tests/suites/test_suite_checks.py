@@ -16,10 +16,10 @@ import suites.test_resume as resume_suite  # its test functions, called here (im
 from suites.dcp_layout import TensorLayout, find_checkpoint, layouts_by_suffix
 from suites.dtensor_optim_ranks import _compare as reshard_load_mismatches
 from suites.dtensor_optim_ranks import continuation, layout_problems, param_shaped_states, settings_differ
+from suites.grad_ckpt_findings import cache_presence_problems, no_cache_reason
 from suites.grad_ckpt_precision import BF16_RTOL, EXACT, Precision, mismatch, precision_from
 from suites.module_state_walk import Entries, body_call_counters, module_state, module_state_problems
 from suites.optimizer_state import quantized_state_kinds
-from suites.test_grad_ckpt import cache_presence_problems, no_cache_reason
 from suites.test_resume import (
     FinalState,
     RankRecord,

@@ -13,7 +13,7 @@ from torchmatrix.exit_codes import ExitCode
 from torchmatrix.matrix.config import load_matrix
 from torchmatrix.matrix.safe_names import check_name
 from torchmatrix.reports import junit
-from torchmatrix.reports.prerelease import merged_exit, with_flag
+from torchmatrix.reports.prerelease import add_flag, merged_exit, with_flag
 from torchmatrix.run.run_request import RunError
 from torchmatrix.scale.merge import MergeError, merge_reports, removed_unless_whole
 
@@ -31,11 +31,7 @@ def add_parser(commands) -> argparse.ArgumentParser:
     parser.add_argument(
         "--versions", default=None, metavar="V1,V2", help="torch versions to expect (default: all in matrix.toml)"
     )
-    parser.add_argument(
-        "--prerelease-blocks",
-        action="store_true",
-        help="a failure on a nightly or rc value exits 1 as any other does (as [report] prerelease_blocks = true)",
-    )
+    add_flag(parser, "a failure on a nightly or rc value")
     return parser
 
 

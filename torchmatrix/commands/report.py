@@ -9,7 +9,7 @@ from pathlib import Path
 from torchmatrix.commands.paths import run_directory, write_failure
 from torchmatrix.exit_codes import ExitCode
 from torchmatrix.reports.closing import closing_lines
-from torchmatrix.reports.prerelease import with_flag
+from torchmatrix.reports.prerelease import add_flag, with_flag
 from torchmatrix.reports.report import load_run
 from torchmatrix.reports.upgrade_diff import upgrade_diffs
 from torchmatrix.run.recovery import rebuild_and_report
@@ -33,11 +33,7 @@ def add_parser(commands) -> argparse.ArgumentParser:
         action="store_true",
         help="exit 1 when an upgrade diff of the run is not clean (what compare exits 1 on, and a broken checkpoint direction)",
     )
-    parser.add_argument(
-        "--prerelease-blocks",
-        action="store_true",
-        help="with --check-upgrade, a nightly or rc candidate's unclean diff exits 1 too (as [report] prerelease_blocks = true)",
-    )
+    add_flag(parser, "with --check-upgrade, a nightly or rc candidate's unclean diff")
     return parser
 
 

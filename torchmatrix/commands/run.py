@@ -22,7 +22,7 @@ from torchmatrix.matrix.suite_selection import EXAMPLE_SUITE, SuiteSelection, ex
 from torchmatrix.messages.compile_store import STORE_VARIABLE, default_root
 from torchmatrix.messages.output_cap import DEFAULT_CAP_BYTES
 from torchmatrix.reports.closing import run_closing_lines
-from torchmatrix.reports.prerelease import run_exit, with_flag
+from torchmatrix.reports.prerelease import add_flag, run_exit, with_flag
 from torchmatrix.run.compile_eviction import DEFAULT_CAP_GB, GB
 from torchmatrix.run.confirmation import DEFAULT_LIMIT as DEFAULT_CONFIRM_LIMIT
 from torchmatrix.run.progress import InvocationPart
@@ -179,11 +179,7 @@ def add_parser(commands) -> argparse.ArgumentParser:
         metavar="CMD",
         help="runs cells wider than a node, e.g. 'srun --nodes={nnodes} torchrun --nnodes={nnodes} --nproc-per-node={nproc_per_node} ...'",
     )
-    parser.add_argument(
-        "--prerelease-blocks",
-        action="store_true",
-        help="a failure on a nightly or rc value exits 1 as any other does (as [report] prerelease_blocks = true)",
-    )
+    add_flag(parser, "a failure on a nightly or rc value")
     return parser
 
 

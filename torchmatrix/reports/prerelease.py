@@ -12,6 +12,15 @@ from torchmatrix.matrix.channels import UNBLOCK_HINT, channel_of
 from torchmatrix.matrix.config import ReportSettings
 
 
+def add_flag(parser, blocked: str) -> None:
+    """`--prerelease-blocks` on a command's parser; `blocked` says what of a pre-release then exits 1."""
+    parser.add_argument(
+        "--prerelease-blocks",
+        action="store_true",
+        help=f"{blocked} exits 1 as any other does (as [report] prerelease_blocks = true)",
+    )
+
+
 def with_flag(settings: ReportSettings, flag: bool) -> ReportSettings:
     """The settings with `--prerelease-blocks` applied (the flag only ever turns blocking on)."""
     return replace(settings, prerelease_blocks=True) if flag else settings
