@@ -9,8 +9,13 @@ def same_width_integer(dtype):
     """The integer dtype a float's bits are viewed as, or None where `dtype` is not a float torch views so."""
     import torch
 
-    widths = {torch.float64: torch.int64, torch.float32: torch.int32, torch.bfloat16: torch.int16}
-    return {**widths, torch.float16: torch.int16}.get(dtype)
+    widths = {
+        torch.float64: torch.int64,
+        torch.float32: torch.int32,
+        torch.bfloat16: torch.int16,
+        torch.float16: torch.int16,
+    }
+    return widths.get(dtype)
 
 
 def bits_equal(actual, expected) -> bool:
