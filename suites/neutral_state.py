@@ -35,6 +35,17 @@ def tensor_of(encoded: dict) -> torch.Tensor:
     return torch.frombuffer(raw, dtype=torch.uint8).view(dtype).reshape(encoded["shape"])
 
 
+def decoded(value):
+    """A neutral() form back as tensors (each its own copy), lists and plain values."""
+    if isinstance(value, dict) and set(value) >= {"dtype", "shape", "bytes"}:
+        return tensor_of(value).clone()
+    if isinstance(value, dict):
+        return {key: decoded(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [decoded(item) for item in value]
+    return value
+
+
 def differences(expected, actual, where: str = "") -> list[str]:
     """One line per value that differs between two neutral() forms: missing, extra, or which bits."""
     if isinstance(expected, dict) and isinstance(actual, dict) and set(expected) >= {"dtype", "shape", "bytes"}:

@@ -23,6 +23,7 @@ A form the release could not write is collected and skipped with the writer's re
 
 from __future__ import annotations
 
+import functools
 import json
 import warnings
 from pathlib import Path
@@ -34,7 +35,7 @@ from torchmatrix.testing import CheckpointArchiveOptions, planned_options, root_
 
 from .archive_stack import CONTINUE_STEPS, FORMS, Stack
 from .archive_writer import EXPECTED_FILE, MANIFEST_FILE
-from .neutral_state import differences, neutral, tensor_of
+from .neutral_state import decoded, differences, neutral
 
 OPTIONS = CheckpointArchiveOptions  # the dataclass `suite_options` arrives as
 
@@ -59,7 +60,8 @@ def archive_dir(options: dict, rootpath: Path) -> Path:
     return rootpath / options["archive"] if options.get("archive") else SHIPPED_ARCHIVE
 
 
-def archive_entries(directory: Path, writers) -> dict[str, str | None]:
+@functools.cache
+def archive_entries(directory: Path, writers: tuple[str, ...]) -> dict[str, str | None]:
     """`release/form` -> why the release did not write it (None: written), for every release's manifest."""
     entries = {}
     for manifest_path in sorted(directory.glob(f"*/{MANIFEST_FILE}"), key=lambda path: release_key(path.parent.name)):
@@ -82,7 +84,9 @@ def pytest_generate_tests(metafunc):
     if "archived" in metafunc.fixturenames:
         options = planned_options(metafunc.config, metafunc.definition.path)
         directory = archive_dir(options, metafunc.config.rootpath)
-        metafunc.parametrize("archived", list(archive_entries(directory, options.get("writers", ()))) or ["none"])
+        metafunc.parametrize(
+            "archived", list(archive_entries(directory, tuple(options.get("writers", ())))) or ["none"]
+        )
 
 
 def test_loads_and_continues(cell, ranks, suite_options, archived, request, record_property):
@@ -151,17 +155,6 @@ def restored_on(expected: dict, rank: int) -> dict:
 
 def continued_on(expected: dict, rank: int) -> dict:
     return {**expected["continued"], "losses": expected["ranks"][rank]["losses"]}
-
-
-def decoded(value):
-    """A neutral() form back as tensors, lists and plain values."""
-    if isinstance(value, dict) and set(value) >= {"dtype", "shape", "bytes"}:
-        return tensor_of(value).clone()
-    if isinstance(value, dict):
-        return {key: decoded(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [decoded(item) for item in value]
-    return value
 
 
 def read_on_rank(form_name: str, checkpoint: str, expected: dict) -> dict:
