@@ -135,13 +135,19 @@ def tally(totals: Mapping[str, int]) -> str:
 
 
 class Confirmation(str, Enum):
-    """What re-running a failed test alone showed (torchmatrix.run.confirmation); str-valued, as the
-    reports write it."""
+    """What re-running a failed test alone showed (torchmatrix.run.confirmation); files spell it as its
+    value, and "" where a test has none (it passed, or confirmation was off), which reads back as None."""
 
     FAILS_ALONE = "fails alone"
     PASSED_ALONE = "passed alone"
     SKIPPED_ALONE = "skipped alone"
     NOT_RERUN = "not re-run"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
 
     @property
     def description(self) -> str:
@@ -152,7 +158,24 @@ class Confirmation(str, Enum):
             "not re-run": "not re-run alone (unconfirmed)",
         }[self.value]
 
+    @classmethod
+    def parse(cls, value: object, where: str) -> Confirmation | None:
+        """A confirmation read from a file another process or person wrote ("" is none); anything
+        else is a ValueError naming `where` and the words allowed."""
+        if value == "" or value is None:
+            return None
+        try:
+            return cls(value)
+        except (TypeError, ValueError):
+            allowed = ", ".join(repr(word) for word in ("", *(verdict.value for verdict in cls)))
+            raise ValueError(f"{where} {value!r} is not one of: {allowed}") from None
+
     @staticmethod
-    def describe(value: str) -> str:
-        """Words for a recorded confirmation; '' (a run with confirmation off) reads as not re-run."""
-        return Confirmation(value or Confirmation.NOT_RERUN).description
+    def written(confirmation: Confirmation | None) -> str:
+        """How JSON and JUnit files spell a confirmation: its value, "" for none."""
+        return "" if confirmation is None else confirmation.value
+
+    @staticmethod
+    def describe(confirmation: Confirmation | None) -> str:
+        """Words for a recorded confirmation; none (a run with confirmation off) reads as not re-run."""
+        return (confirmation or Confirmation.NOT_RERUN).description

@@ -46,7 +46,7 @@ class DatedBuilds:
         bad = value >= FIRST_BAD
         record = TestRecord("system", "ws1", "demo", "test_x", "failed" if bad else "passed", 1.0,
                             "AssertionError: planted" if bad else "",
-                            confirmation=Confirmation.FAILS_ALONE.value if bad else "")  # fmt: skip
+                            confirmation=Confirmation.FAILS_ALONE if bad else None)  # fmt: skip
         info = VersionInfo("system", f"{value}+cpu", git_version=sha(value))
         return RunResults(path.name, "", [], "", "", "system", ReportSettings(), [info], {"ws1": {}}, [record])
 

@@ -34,7 +34,7 @@ BASELINE = "2.13.0"
 RELEASES = ["2.13.1", "2.13.2", "2.14.0", "2.14.1", "2.14.2", "2.15.0"]  # the index, between the pins
 CELL, AXES = "ws1-none", {"world_size": "1", "fsdp": "none"}
 WRITE = "cross_version::test_writes_checkpoint_for_other_versions"
-ALONE = Confirmation.FAILS_ALONE.value
+ALONE = Confirmation.FAILS_ALONE
 
 
 def newer(version: str, than: str) -> bool:
@@ -85,7 +85,7 @@ class FakeReleases:
                 failed = torch in self.unwritable
                 tests.append(TestRecord(torch, CELL, "cross_version", WRITE.split("::")[1],
                                         "failed" if failed else "passed", 1.0, "OSError: disk full" if failed else "",
-                                        confirmation=ALONE if failed else ""))  # fmt: skip
+                                        confirmation=ALONE if failed else None))  # fmt: skip
                 written |= set() if failed else {torch}
                 continue
             for writer in peers:
@@ -142,7 +142,7 @@ def bisect(monkeypatch, project, fake: FakeReleases, capsys, **request) -> tuple
 def rollback_run(candidate: str = "2.15.0", *, confirmed: bool = True) -> RunResults:
     read = TestRecord(BASELINE, CELL, "cross_version", read_test(candidate), "failed", 1.0,
                       message="ValueError: too many values to unpack (expected 5)",
-                      confirmation=ALONE if confirmed else "")  # fmt: skip
+                      confirmation=ALONE if confirmed else None)  # fmt: skip
     return results_of([read])
 
 
@@ -266,7 +266,7 @@ def test_a_runs_confirmed_broken_directions_are_searched_from_the_baseline(tmp_p
     forward = TestRecord(
         "2.15.0", "ws1-none", "cross_version", read_test(BASELINE), "failed", 1.0, "E", confirmation=ALONE
     )
-    unconfirmed = dataclasses.replace(rollback, test=read_test("2.14.1"), confirmation="")
+    unconfirmed = dataclasses.replace(rollback, test=read_test("2.14.1"), confirmation=None)
     run = dataclasses.replace(results, tests=[*results.tests, rollback, forward, unconfirmed])
     found = broken_directions(run, BASELINE)
     assert [(r.direction, r.good, r.bad, r.cell, r.axes) for r in found] == [

@@ -194,7 +194,7 @@ def regression_run(root: Path, good: str, bad: str) -> Path:
     test = ("ws1", "release_switch", "test_sum_over_ranks")
     records = [
         TestRecord(good, *test, "passed", 1.0),
-        TestRecord(bad, *test, "failed", 1.0, ROOT_CAUSE, confirmation=Confirmation.FAILS_ALONE.value),
+        TestRecord(bad, *test, "failed", 1.0, ROOT_CAUSE, confirmation=Confirmation.FAILS_ALONE),
     ]
     versions = [VersionInfo(good), VersionInfo(bad)]
     results = RunResults(
@@ -344,7 +344,7 @@ def rollback_run(root: Path, baseline: str, candidate: str, cell_id: str) -> Pat
     run.mkdir(parents=True)
     read = TestRecord(baseline, cell_id, "cross_version", f"test_loads_checkpoint_written_by[writer={candidate}]",
                       "failed", 1.0, "RuntimeError: checkpoint format 2 is not readable",
-                      confirmation=Confirmation.FAILS_ALONE.value)  # fmt: skip
+                      confirmation=Confirmation.FAILS_ALONE)  # fmt: skip
     results = RunResults("rollback", "", [], "", "", baseline, ReportSettings(), [], {cell_id: DIRECTION_CELL}, [read])
     write_json(run / "results.json", results, [])
     return run

@@ -31,7 +31,7 @@ RELEASES = ["2.13.1", "2.13.2", "2.14.0", "2.14.1", "2.14.2", "2.15.0"]
 SEEDS = list(range(1, 8))
 CELLS = {f"ws1-{seed}": {"world_size": "1", "seed": str(seed)} for seed in SEEDS}
 WRITE_TEST = "test_writes_checkpoint_for_other_versions"
-ALONE = Confirmation.FAILS_ALONE.value
+ALONE = Confirmation.FAILS_ALONE
 
 
 def read_test(writer: str) -> str:
@@ -84,7 +84,7 @@ class SevenCells:
                     broken = Version(writer) >= Version(self.first_bad[cell])
                     tests.append(TestRecord(torch, cell, "cross_version", read_test(writer),
                                             "failed" if broken else "passed", 1.0, cause(writer) if broken else "",
-                                            confirmation=ALONE if broken else ""))  # fmt: skip
+                                            confirmation=ALONE if broken else None))  # fmt: skip
         return RunResults(path.name, "", [], "", "", BASELINE, ReportSettings(), [], CELLS, tests)
 
 

@@ -40,7 +40,7 @@ def run_dir(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("cross")
     results = load_results(write_fixture_run(root / "project"))
     read = TestRecord(BASELINE, "ws1-none", "cross_version", READ, "failed", 1.0, message=HOSTILE,
-                      confirmation=Confirmation.FAILS_ALONE.value)  # fmt: skip
+                      confirmation=Confirmation.FAILS_ALONE)  # fmt: skip
     run = root / "project" / "reports" / "with-read"
     run.mkdir(parents=True)
     write_json(run / "results.json", dataclasses.replace(results, tests=[*results.tests, read]), [])

@@ -41,7 +41,7 @@ HOST = "fixture-host"
 TIMESTAMP = "2026-01-02T03:04:05+00:00"
 RUN_ID = "run-fixture"
 GOLDEN = Path(__file__).resolve().parents[1] / "data" / "golden"
-ALONE = Confirmation.FAILS_ALONE.value
+ALONE = Confirmation.FAILS_ALONE
 HOSTILE = (
     "x<script>alert(\"pwned\")</script>&amp; 'q' `tick` | pipe **bold** [link](http://e.invalid) \x9b31m\u202e\x07 end"
 )
@@ -120,7 +120,7 @@ def outcomes(version: str, suite: str, cell: Cell) -> list[TestOutcome]:
                 "failed",
                 0.5,
                 "RuntimeError: Connection closed by peer [127.0.0.1]:41234",
-                confirmation=Confirmation.PASSED_ALONE.value,
+                confirmation=Confirmation.PASSED_ALONE,
                 confirmation_note="passed",
             )
             if flaky

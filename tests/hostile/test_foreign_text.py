@@ -26,7 +26,7 @@ HOSTILE_IDS = ["test_x[it's]", "test_a'$(touch PWNED)'b", "test_$(touch PWNED)",
 
 def _record(message: str = "boom", test: str = "test_x") -> TestRecord:
     return TestRecord(
-        "2.13.0", "ws1", "demo", test, "failed", 1.0, message=message, confirmation=Confirmation.FAILS_ALONE.value
+        "2.13.0", "ws1", "demo", test, "failed", 1.0, message=message, confirmation=Confirmation.FAILS_ALONE
     )
 
 

@@ -42,7 +42,7 @@ def failing_cell(run_dir: Path, project: Path) -> None:
     home_file = Path.home() / ".cache" / "torchmatrix" / "wheels" / "x.whl"
     (run,) = plan_runs([CELL], {"alpha": SUITE})
     outcome = TestOutcome("alpha", "test_load", "failed", 1.0, message, text, stderr=f"reading {home_file}\n")
-    outcome.confirmation = Confirmation.FAILS_ALONE.value
+    outcome.confirmation = Confirmation.FAILS_ALONE
     version_dir = run_dir / f"torch-{CANDIDATE}"
     junit.write_cell(version_dir, CANDIDATE, Environment(torch=f"{CANDIDATE}+cpu"), CELL, [(run, outcome)], 0, project)
 
@@ -82,7 +82,7 @@ def test_the_cross_version_readme_gives_both_sides_build_git_and_environment(tmp
     read = f"test_loads_checkpoint_written_by[writer={CANDIDATE}]"
     message = f"RuntimeError: {project}/reports/with-read/torch-{CANDIDATE}/checkpoints/ws1-none: format 2"
     record = TestRecord(BASELINE, "ws1-none", "cross_version", read, "failed", 1.0, message=message,
-                        confirmation=Confirmation.FAILS_ALONE.value)  # fmt: skip
+                        confirmation=Confirmation.FAILS_ALONE)  # fmt: skip
     versions = [
         VersionInfo(BASELINE, "2.13.0+cpu", "aaa111", "", "cpu"),
         VersionInfo(CANDIDATE, "2.14.1+cu126", "bbb222", "12.6", "cuda"),

@@ -34,7 +34,7 @@ def run(settings: ReportSettings) -> RunResults:
     records = [TestRecord(v.torch, "ws1", "s", "t", "passed", 1.0) for v in versions if v.torch != "nightly"]
     records.append(
         TestRecord(
-            "nightly", "ws1", "s", "t", "failed", 1.0, "AssertionError: x", confirmation=Confirmation.FAILS_ALONE.value
+            "nightly", "ws1", "s", "t", "failed", 1.0, "AssertionError: x", confirmation=Confirmation.FAILS_ALONE
         )
     )
     return RunResults("run", "", [], "", "", "2.13.0", settings, versions, {"ws1": {}}, records)

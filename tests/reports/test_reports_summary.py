@@ -162,7 +162,7 @@ def _not_rerun(capped: int | None):
         found = outcomes(version, suite, cell)
         for outcome in found:
             if outcome.status.is_failing and (capped is None or outcome.test == "test_broken"):
-                outcome.confirmation = ""
+                outcome.confirmation = None
                 if capped is not None:
                     confirmation.record(
                         [], [], [confirmation.Retry(SuiteRun(SUITES[suite], cell, (cell,)), outcome)], capped

@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import ClassVar
 
 from torchmatrix import file_writes, json_records
+from torchmatrix.json_records import json_field
 from torchmatrix.matrix.plan import run_key
-from torchmatrix.status import Status
+from torchmatrix.status import Confirmation, Status
 
 FORMAT_VERSION = 2  # 2: TestStarted carries when the test started
 
@@ -73,12 +74,13 @@ class TestOutcome:
     properties: list = field(default_factory=list)
     stdout: str = ""
     stderr: str = ""
-    confirmation: str = ""
+    confirmation: Confirmation | None = field(default=None, metadata=json_field(dump=Confirmation.written))
     confirmation_note: str = ""
     """What the re-run alone showed (its status and message), or why the failure was not re-run."""
 
     def __post_init__(self) -> None:
         self.status = Status.parse(self.status, "test event status")
+        self.confirmation = Confirmation.parse(self.confirmation, "test event confirmation")
 
 
 @dataclass(kw_only=True)

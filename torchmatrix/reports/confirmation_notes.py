@@ -25,7 +25,7 @@ def past_limit(limit: int) -> str:
     return f"past --confirm-limit {limit}"
 
 
-def why_not_rerun(confirmation: str, note: str) -> str:
+def why_not_rerun(confirmation: Confirmation | None, note: str) -> str:
     """Why a failure has no verdict from a re-run alone: the runner's note, or, with none, that no
     re-run was attempted."""
     if confirmation != Confirmation.NOT_RERUN:
@@ -33,12 +33,12 @@ def why_not_rerun(confirmation: str, note: str) -> str:
     return note or NO_REASON
 
 
-def split_old_text(text: str, confirmation: str) -> tuple[str, str]:
+def split_old_text(text: str, confirmation: Confirmation | None) -> tuple[str, str]:
     """(the failure's own text, its note) from a report that appended the note to the text under a
     `---- re-run alone: <verdict> ----` line; a text without that line is returned whole."""
-    if confirmation not in {verdict.value for verdict in Confirmation}:
+    if confirmation is None:
         return text, ""
-    own, header, note = text.rpartition(f"---- re-run alone: {Confirmation(confirmation).description} ----")
+    own, header, note = text.rpartition(f"---- re-run alone: {confirmation.description} ----")
     if not header:
         return text, ""
     note = note.strip()

@@ -33,7 +33,7 @@ def junit_properties() -> str:
         Status.FAILED,
         message="AssertionError: gradients differ",
         properties=[("grad_max_ulp", "3")],
-        confirmation=Confirmation.FAILS_ALONE.value,
+        confirmation=Confirmation.FAILS_ALONE,
     )
     suite = cell_report(VERSION, ENVIRONMENT, CELL, [(run, outcome)], started=0)
     case = next(iter(suite))

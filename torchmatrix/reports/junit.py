@@ -88,8 +88,10 @@ def cell_report(
         suite.add_testcase(_testcase(run.suite.name, version, cell.id, outcome))
         for name, value in outcome.properties:
             suite.add_property(xml_text(f"{run.suite.name}::{outcome.test}::{name}"), xml_text(value))
-        if outcome.confirmation:
-            suite.add_property(xml_text(confirmation_property(run.suite.name, outcome.test)), outcome.confirmation)
+        if outcome.confirmation is not None:
+            suite.add_property(
+                xml_text(confirmation_property(run.suite.name, outcome.test)), outcome.confirmation.value
+            )
             note = confirmation_note_property(run.suite.name, outcome.test)
             suite.add_property(xml_text(note), xml_text(outcome.confirmation_note))
     for name, representative in ran_in.items():

@@ -49,7 +49,7 @@ class TestRecord(JsonRecord):
     figures: dict = field(
         default_factory=dict, hash=False, compare=False, metadata=json_field(dump=_figures_json, load=_figures_read)
     )
-    confirmation: str = ""
+    confirmation: Confirmation | None = field(default=None, metadata=json_field(dump=Confirmation.written))
     confirmation_note: str = ""
     """What the re-run alone showed (its status and message), or why the failure was not re-run."""
     warnings: tuple[dict, ...] = field(default=(), hash=False, compare=False)
@@ -57,6 +57,7 @@ class TestRecord(JsonRecord):
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "status", Status.parse(self.status, "tests[].status"))
+        object.__setattr__(self, "confirmation", Confirmation.parse(self.confirmation, "tests[].confirmation"))
 
     @property
     def run_cell(self) -> str:
@@ -243,11 +244,11 @@ class RunResults:
 
     def order_dependent(self) -> set[tuple[str, str, str]]:
         """(torch, cell, suite) whose failures all passed when re-run alone: order-dependent or flaky."""
-        confirmations: dict[tuple[str, str, str], set[str]] = {}
+        confirmations: dict[tuple[str, str, str], set[Confirmation | None]] = {}
         for record in self.own_records():
             if record.status.is_failing:
                 confirmations.setdefault((record.torch, record.cell, record.suite), set()).add(record.confirmation)
-        return {key for key, seen in confirmations.items() if seen == {Confirmation.PASSED_ALONE.value}}
+        return {key for key, seen in confirmations.items() if seen == {Confirmation.PASSED_ALONE}}
 
 
 def _by_root_cause(failures: list[tuple[TestRecord, list[str]]]) -> list[RootCause]:

@@ -20,7 +20,6 @@ from torchmatrix import file_writes
 from torchmatrix.matrix.config import ReportSettings
 from torchmatrix.reports.confirmation_notes import split_old_text
 from torchmatrix.reports.records import ResultsError, RunResults, TestRecord, VersionInfo
-from torchmatrix.status import Confirmation
 
 SCHEMA = "torchmatrix.results"
 SCHEMA_VERSION = 5
@@ -28,7 +27,6 @@ READABLE_VERSIONS = (2, 3, 4, SCHEMA_VERSION)
 NOTE_IN_TEXT_VERSIONS = (2, 3, 4)
 """The versions whose tests[].text ends with the confirmation note."""
 FILE_NAME = "results.json"
-CONFIRMATIONS = ("", *(confirmation.value for confirmation in Confirmation))
 REGENERATE = "regenerate it with `python -m torchmatrix report RUN_DIR`"
 
 
@@ -121,7 +119,7 @@ def _test_record(data: dict, version: int) -> TestRecord:
 
 def _check_types(results: RunResults) -> None:
     """Raise TypeError or ValueError for a value of the wrong kind, before a report trips over it."""
-    texts = {"torch", "cell", "suite", "test", "message", "text", "confirmation", "confirmation_note"}
+    texts = {"torch", "cell", "suite", "test", "message", "text", "confirmation_note"}
     for record in results.tests:
         for name in texts:
             if not isinstance(getattr(record, name), str):
@@ -137,10 +135,6 @@ def _check_types(results: RunResults) -> None:
                 raise TypeError(f"tests[].warnings entry {warning!r} is not a table with an integer count")
             if not all(isinstance(warning.get(key), str) for key in ("category", "module", "message")):
                 raise TypeError(f"tests[].warnings entry {warning!r} lacks a text category, module or message")
-        if record.confirmation not in CONFIRMATIONS:
-            raise ValueError(
-                f"tests[].confirmation {record.confirmation!r} is not one of: {', '.join(map(repr, CONFIRMATIONS))}"
-            )
     for version in results.versions:
         if not isinstance(version.torch, str):
             raise TypeError(f"versions[].torch {version.torch!r} is not text")

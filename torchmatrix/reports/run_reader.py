@@ -17,7 +17,7 @@ from torchmatrix.reports import confirmation_notes, junit
 from torchmatrix.reports.machine_paths import relative_path
 from torchmatrix.reports.records import ResultsError, RunResults, TestRecord, VersionInfo, figure_value
 from torchmatrix.reports.results_json import FILE_NAME, read_json
-from torchmatrix.status import Status
+from torchmatrix.status import Confirmation, Status
 
 WARNING_PREFIX = f"{WARNING_PROPERTY}."  # the plugin's per-test warning properties: warning.1, warning.2, ...
 
@@ -117,7 +117,7 @@ def _records(suite: TestSuite, torch: str, cell: str, properties: dict[str, str]
         test = case.name.removesuffix(junit.testcase_name("", torch, cell))
         prefix = f"{case.classname}::{test}::"
         result = case.result[0] if case.result else None
-        confirmation = properties.get(confirmation_property(case.classname, test), "")
+        confirmation = _confirmation(properties.get(confirmation_property(case.classname, test)))
         text = (result.text or "") if result is not None else ""
         note = properties.get(confirmation_note_property(case.classname, test))
         if note is None:  # a report written before the note had a property of its own
@@ -146,6 +146,15 @@ def _records(suite: TestSuite, torch: str, cell: str, properties: dict[str, str]
             )
         )
     return records
+
+
+def _confirmation(value: str | None) -> Confirmation | None:
+    """A testcase's confirmation property as its verdict; a word this torchmatrix does not write
+    (another version's) reads as none recorded, as an absent property does."""
+    try:
+        return Confirmation.parse(value, "confirmation")
+    except ValueError:
+        return None
 
 
 def _warning(value: str) -> dict:

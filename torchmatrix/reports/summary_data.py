@@ -41,7 +41,7 @@ class Confirmations:
 
     @classmethod
     def of(cls, records: Iterable[TestRecord]) -> Confirmations:
-        seen: Counter[str] = Counter()
+        seen: Counter[Confirmation | None] = Counter()
         why: Counter[str] = Counter()
         for record in records:
             if record.status.is_failing:
@@ -49,9 +49,9 @@ class Confirmations:
                 if record.confirmation not in _VERDICTS:
                     why[why_not_rerun(record.confirmation, record.confirmation_note)] += 1
         return cls(
-            seen[Confirmation.FAILS_ALONE.value],
-            seen[Confirmation.PASSED_ALONE.value],
-            seen[Confirmation.SKIPPED_ALONE.value],
+            seen[Confirmation.FAILS_ALONE],
+            seen[Confirmation.PASSED_ALONE],
+            seen[Confirmation.SKIPPED_ALONE],
             dict(why.most_common()),
         )
 
@@ -102,7 +102,7 @@ class Confirmations:
         )
 
 
-_VERDICTS = {Confirmation.FAILS_ALONE.value, Confirmation.PASSED_ALONE.value, Confirmation.SKIPPED_ALONE.value}
+_VERDICTS = {Confirmation.FAILS_ALONE, Confirmation.PASSED_ALONE, Confirmation.SKIPPED_ALONE}
 
 
 @dataclass(frozen=True)

@@ -115,7 +115,7 @@ class Change:
             "before": self.before.status.value,
             "after": self.after.status.value,
             "message": self.after.message or self.before.message,
-            "confirmation": self.failing.confirmation,
+            "confirmation": Confirmation.written(self.failing.confirmation),
         }
 
 

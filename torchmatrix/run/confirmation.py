@@ -157,7 +157,7 @@ def record(
 
 
 def _mark(outcome: TestOutcome, verdict: Confirmation, note: str) -> None:
-    outcome.confirmation = verdict.value
+    outcome.confirmation = verdict
     outcome.confirmation_note = note
 
 
