@@ -226,7 +226,7 @@ def contract_records() -> dict:
         "plan.json": RunPlan(
             "2.13.0",
             ("ws2-fsdp2",),
-            environment.to_json(),
+            environment,
             cell_axes=(dict(cell),),
             suites={"resume": PlannedSuite("suites/test_resume.py", 300.0, ("fsdp",))},
         ),

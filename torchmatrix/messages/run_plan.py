@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from torchmatrix import file_writes
+from torchmatrix.env.devices import Environment
 from torchmatrix.json_records import JsonRecord, json_field
 from torchmatrix.matrix.safe_names import UnsafeName, check_name
 from torchmatrix.messages import run_tree
@@ -35,6 +36,10 @@ class PlannedSuite(JsonRecord):
     axes: tuple[str, ...] = ()
 
 
+def _environment_read(recorded: dict) -> Environment | None:
+    return Environment.from_json(recorded) if recorded else None
+
+
 @dataclass(frozen=True)
 class RunPlan(JsonRecord):
     """One torch version's plan: its cells (ids and axis values), suites, filters and environment.
@@ -49,7 +54,10 @@ class RunPlan(JsonRecord):
 
     torch: str
     cells: tuple[str, ...] = ()
-    environment: dict = field(default_factory=dict)
+    environment: Environment | None = field(
+        default=None, metadata=json_field(dump=lambda e: {} if e is None else e.to_json(), load=_environment_read)
+    )
+    """The version's torch build and device, as probed; None where none was recorded (`{}` in the file)."""
     started: str | None = None
     matrix: str | None = None
     matrix_sha256: str | None = None

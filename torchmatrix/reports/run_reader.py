@@ -10,6 +10,7 @@ from pathlib import Path
 
 from junitparser import TestSuite
 
+from torchmatrix.env.devices import Environment
 from torchmatrix.matrix.sections import REPORT_KEYS, ReportSettings
 from torchmatrix.messages.properties import WARNING_PROPERTY, confirmation_note_property, confirmation_property
 from torchmatrix.messages.run_plan import PlanFileError, RunPlan, read_plan
@@ -100,15 +101,16 @@ def run_started(plans, suites: list[TestSuite]) -> str:
     return min(recorded or [s.timestamp for s in suites if s.timestamp], default="")
 
 
-def _properties_of(environment: dict) -> dict[str, str]:
+def _properties_of(environment: Environment | None) -> dict[str, str]:
     """A version's properties from its plan.json, for a run whose filters selected no cell."""
-    keys = {
-        "torch.build": "torch",
-        "torch.git_version": "git_version",
-        "torch.cuda_version": "cuda_version",
-        "device": "device",
+    if environment is None:
+        return dict.fromkeys(("torch.build", "torch.git_version", "torch.cuda_version", "device"), "")
+    return {
+        "torch.build": environment.torch,
+        "torch.git_version": environment.git_version,
+        "torch.cuda_version": environment.cuda_version or "",
+        "device": environment.description,
     }
-    return {name: str(environment.get(key) or "") for name, key in keys.items()}
 
 
 def _records(suite: TestSuite, torch: str, cell: str, properties: dict[str, str]) -> list[TestRecord]:
@@ -188,7 +190,7 @@ def _version_info(torch: str, properties: dict[str, str], plan: RunPlan | None, 
         git_version=properties.get("torch.git_version", ""),
         cuda_version=properties.get("torch.cuda_version", ""),
         device=properties.get("device", ""),
-        gpu_count=(plan.environment.get("gpu_count") if plan else 0) or 0,
+        gpu_count=plan.environment.gpu_count if plan and plan.environment else 0,
         planned_cells=planned,
         missing_cells=tuple(cell for cell in planned if cell not in reported),
         filters=plan.filters if plan else {},

@@ -56,7 +56,7 @@ def rebuild_missing_cells(run_dir: Path) -> list[Path]:
         for key in book.runs:
             if not book.is_done(key):
                 book.fail_run(key, Status.ERROR, UNFINISHED)
-        environment = Environment.from_json(plan.environment)
+        environment = plan.environment or Environment.without_torch("unknown")
         for cell in cells:
             if not (version_dir / f"{cell.id}.xml").is_file():
                 written.append(

@@ -389,7 +389,7 @@ def _write_plan(
             only={axis: sorted(values) for axis, values in request.cell_selection.only.items()},
             keyword=request.cell_selection.keyword,
             shard=str(request.cell_selection.shard) if request.cell_selection.shard else None,
-            environment=environment.to_json(),
+            environment=environment,
             cells=tuple(cell.id for cell in cells),
             cell_axes=tuple(dict(cell) for cell in cells),
             suites={

@@ -154,7 +154,7 @@ def _refuse_mixed_builds(version: str, reports: list[VersionReport]) -> None:
     names one build and device for all its cells, so a regression could not be told from a build change."""
     seen: dict[tuple[str, str, str], VersionReport] = {}
     for report in reports:
-        environment = Environment.from_json(report.plan.environment) if report.plan.environment else None
+        environment = report.plan.environment
         if environment is None or environment.no_torch:
             continue  # a shard whose torch did not install ran no cell here
         seen.setdefault((environment.torch, environment.git_version, environment.description), report)
@@ -207,12 +207,8 @@ def _merge_version(
     for report in reports:
         _copy_cross_version(report.path, out)
     missing = [cell for cell in expected if cell.id not in sources]
-    recorded = reports[0].plan.environment if reports else {}
-    environment = (
-        Environment.from_json(recorded)
-        if recorded
-        else Environment.without_torch("unknown (no job of this version reported)")
-    )
+    recorded = reports[0].plan.environment if reports else None
+    environment = recorded or Environment.without_torch("unknown (no job of this version reported)")
     for cell in missing:
         book = OutcomeBook(plan_runs([cell], matrix.suites))
         for key, run in book.runs.items():
@@ -232,7 +228,7 @@ def _merge_version(
                 {"path": str(r.path), "shard": r.plan.shard, "only": r.plan.only, "keyword": r.plan.keyword}
                 for r in reports
             ),
-            environment=environment.to_json(),
+            environment=environment,
             cells=tuple(sorted(set(sources) | {cell.id for cell in missing})),
             missing=tuple(cell.id for cell in missing),
             pool_starts=sum(r.plan.pool_starts for r in reports),
