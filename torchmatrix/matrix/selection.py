@@ -8,6 +8,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from torchmatrix.json_records import json_field
 from torchmatrix.matrix.cells import Cell, filter_token
 from torchmatrix.user_error import UserError
 
@@ -37,16 +38,27 @@ class Shard:
         return f"{self.index}/{self.count}"
 
 
+def _only_json(only: Mapping[str, frozenset[str]]) -> dict[str, list[str]]:
+    return {axis: sorted(values) for axis, values in only.items()}
+
+
+def _shard_read(text: str | None) -> Shard | None:
+    return None if text is None else Shard.parse(text)
+
+
 @dataclass(frozen=True)
 class CellSelection:
     """The cells a command covers (`--only`, `-k`, `--shard`), parsed once from the command line and
-    passed down whole; the fan-out jobs and `torchmatrix run` steps get it back as arguments."""
+    passed down whole; the fan-out jobs and `torchmatrix run` steps get it back as arguments, and
+    plan.json records it (`only` as sorted lists, `shard` as `i/n`)."""
 
-    only: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    only: Mapping[str, frozenset[str]] = field(default_factory=dict, metadata=json_field(dump=_only_json))
     """axis -> the accepted spellings (AND across axes); read-only."""
     keyword: str | None = None
     """a `-k` expression over cell ids."""
-    shard: Shard | None = None
+    shard: Shard | None = field(
+        default=None, metadata=json_field(dump=lambda shard: shard and str(shard), load=_shard_read)
+    )
     """the slice of what `only` and `keyword` keep."""
 
     def __post_init__(self) -> None:

@@ -12,10 +12,11 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from torchmatrix import file_writes
+from torchmatrix import file_writes, json_records
 from torchmatrix.env.devices import Environment
 from torchmatrix.json_records import JsonRecord, json_field
 from torchmatrix.matrix.safe_names import UnsafeName, check_name
+from torchmatrix.matrix.selection import EVERY_CELL, CellSelection
 from torchmatrix.messages import run_tree
 from torchmatrix.messages.run_tree import ForeignEntry
 from torchmatrix.user_error import UserError
@@ -64,9 +65,8 @@ class RunPlan(JsonRecord):
     baseline: str | None = None
     thresholds: dict = field(default_factory=dict)
     """The matrix's `[report]` ratios: `report` and `compare` read them here, never from the matrix path recorded above."""
-    only: dict[str, list[str]] = field(default_factory=dict)
-    keyword: str | None = None
-    shard: str | None = None
+    selection: CellSelection = field(default=EVERY_CELL, metadata=json_field(inline=True))
+    """The cells the version was run with (`--only`, `-k`, `--shard`), under the keys only, keyword and shard."""
     cell_axes: tuple[dict, ...] = ()
     suites: dict[str, PlannedSuite] = field(default_factory=dict)
     pool_starts: int = 0
@@ -77,12 +77,8 @@ class RunPlan(JsonRecord):
 
     @property
     def filters(self) -> dict:
-        """The filters the version was run with (only, keyword, shard), those that were set."""
-        return {
-            key: value
-            for key, value in (("only", self.only), ("keyword", self.keyword), ("shard", self.shard))
-            if value
-        }
+        """The filters the version was run with (only, keyword, shard) as plan.json spells them, those that were set."""
+        return {key: value for key, value in json_records.to_json(self.selection).items() if value}
 
 
 class PlanFileError(UserError, ValueError):

@@ -15,13 +15,13 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from torchmatrix import file_writes
+from torchmatrix import file_writes, json_records
 from torchmatrix.env.devices import Environment
 from torchmatrix.matrix.cells import Cell
 from torchmatrix.matrix.config import Matrix
 from torchmatrix.matrix.plan import plan_runs
 from torchmatrix.matrix.safe_names import UnsafeName, check_name
-from torchmatrix.matrix.selection import CellSelection, SelectionError, Shard, shard_cells
+from torchmatrix.matrix.selection import SelectionError, Shard, shard_cells
 from torchmatrix.messages.cross_version import CHECKPOINTS_DIR, READS_DIR
 from torchmatrix.messages.run_plan import FILE_NAME as PLAN_FILE
 from torchmatrix.messages.run_plan import PlanFileError, RunPlan, read_plan, write_plan
@@ -54,10 +54,7 @@ class VersionReport:
 
     @property
     def shard(self) -> Shard | None:
-        try:
-            return Shard.parse(self.plan.shard) if self.plan.shard else None
-        except SelectionError as error:
-            raise MergeError(f"{self.path / PLAN_FILE}: {error}") from None
+        return self.plan.selection.shard
 
 
 @dataclass
@@ -224,10 +221,7 @@ def _merge_version(
             matrix_sha256=matrix.digest,
             baseline=matrix.baseline,
             thresholds=dataclasses.asdict(matrix.report),
-            merged_from=tuple(
-                {"path": str(r.path), "shard": r.plan.shard, "only": r.plan.only, "keyword": r.plan.keyword}
-                for r in reports
-            ),
+            merged_from=tuple(_merged_from(report) for report in reports),
             environment=environment,
             cells=tuple(sorted(set(sources) | {cell.id for cell in missing})),
             missing=tuple(cell.id for cell in missing),
@@ -235,6 +229,17 @@ def _merge_version(
         ),
     )
     return len(sources) + len(missing), [cell.id for cell in missing]
+
+
+def _merged_from(report: VersionReport) -> dict:
+    """Where one input of a merged version came from: its directory and the cells its run selected."""
+    selection = json_records.to_json(report.plan.selection)
+    return {
+        "path": str(report.path),
+        "shard": selection["shard"],
+        "only": selection["only"],
+        "keyword": selection["keyword"],
+    }
 
 
 def _refuse_foreign_cross_version(version_dir: Path) -> None:
@@ -283,7 +288,7 @@ def _missing_reason(version: str, cell: Cell, reports: list[VersionReport], matr
         if not report.shard:
             continue
         try:
-            selection = matrix.select(CellSelection(report.plan.only, report.plan.keyword))
+            selection = matrix.select(report.plan.selection.sharded(None))
         except SelectionError as error:
             raise MergeError(
                 f"{report.path / PLAN_FILE}: its filters do not apply to {matrix.path.name} ({error})"
