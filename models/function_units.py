@@ -3,7 +3,7 @@ checkpoint unit is a function (``checkpoint(self._run_layer, i, hidden, cache)``
 dict of dicts (layer -> {"key_states", "value_states"}) that forward keeps in a local variable and
 never returns, its forward returns the loss tensor, and it has no ``body_calls()`` or
 ``decoder_layers()``. The grad-ckpt suite counts recompute and finds the cache itself
-(suites/checkpoint_units.py); the mutants in models/mutants/grad_ckpt.py break it there.
+(suites/recompute/checkpoint_units.py); the mutants in models/mutants/grad_ckpt.py break it there.
 """
 
 from __future__ import annotations

@@ -87,7 +87,7 @@ def bnb_plain_state(state: dict) -> dict:
     step and any other entry pass through as the default adapter gives them."""
     import bitsandbytes.functional
 
-    from torchmatrix.suites.optimizer_state import plain_state
+    from torchmatrix.suites.state.optimizer_state import plain_state
 
     plain = plain_state(state)
     for codes_key, (name, scale_key, book_key) in BNB_MOMENTS.items():

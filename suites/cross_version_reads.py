@@ -22,9 +22,9 @@ from torchmatrix.testing import (
     writes_dir,
 )
 
-from .checkpoint_pickles import unsafe_globals
-from .deterministic import deterministic_algorithms
-from .neutral_state import differences, neutral
+from .checkpoints.checkpoint_pickles import unsafe_globals
+from .checkpoints.neutral_state import differences, neutral
+from .comparison.deterministic import deterministic_algorithms
 from .test_cross_version import restorable
 from .test_resume import TrainingRun, write_dataset
 

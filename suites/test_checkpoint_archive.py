@@ -1,5 +1,5 @@
 """The checkpoint archive, read by the candidate: every checkpoint an older (or newer) release wrote
-(`torchmatrix archive write`, suites/archive_writer.py) loads, and training continues from it
+(`torchmatrix archive write`, suites/checkpoints/archive_writer.py) loads, and training continues from it
 exactly as it continues from the same values set without any checkpoint format.
 
 One test per archived release and form, named like `2.15.0/fsdp2-tp/fused/async`, in a world of
@@ -33,9 +33,9 @@ import torch
 
 from torchmatrix.testing import CheckpointArchiveOptions, planned_options, root_cause
 
-from .archive_stack import CONTINUE_STEPS, FORMS, Stack
-from .archive_writer import EXPECTED_FILE, MANIFEST_FILE
-from .neutral_state import decoded, differences, neutral
+from .checkpoints.archive_stack import CONTINUE_STEPS, FORMS, Stack
+from .checkpoints.archive_writer import EXPECTED_FILE, MANIFEST_FILE
+from .checkpoints.neutral_state import decoded, differences, neutral
 
 OPTIONS = CheckpointArchiveOptions  # the dataclass `suite_options` arrives as
 

@@ -1,6 +1,6 @@
 """Checkpoints across torch versions, the writing side: each cell trains a few steps and saves
 through the `checkpointer` component, next to the values the load must restore in a form no torch
-version stands between (suites/neutral_state.py). The other versions of the run load it in the read
+version stands between (suites/checkpoints/neutral_state.py). The other versions of the run load it in the read
 pass (suites/cross_version_reads.py, run by `torchmatrix cross-read`): the baseline loads each
 candidate's writes (rollback) and each candidate the baseline's (forward).
 
@@ -25,9 +25,9 @@ from torchmatrix.testing import (
     writes_dir,
 )
 
-from .checkpointer_forms import RunCheckpointer
-from .deterministic import deterministic_algorithms
-from .neutral_state import neutral
+from .checkpoints.checkpointer_forms import RunCheckpointer
+from .checkpoints.neutral_state import neutral
+from .comparison.deterministic import deterministic_algorithms
 from .test_resume import TrainingRun, write_dataset
 
 OPTIONS = CrossVersionOptions  # the dataclass `suite_options` arrives as

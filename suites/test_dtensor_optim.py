@@ -4,24 +4,24 @@
   state of DTensor params into plain local tensors, so DCP saved each shard as the whole tensor.
 - Every check runs on the `model` component and on a probe whose first dims (7, 11) split unevenly
   over 2 and 4 ranks (a state wrapped without its global shape is wrong only there); the `on_rank_*`
-  functions (suites/dtensor_optim_ranks.py) run in every rank process; what they build is a `Recipe`
-  (suites/dtensor_optim_recipe.py).
+  functions (suites/sharding/dtensor_optim_ranks.py) run in every rank process; what they build is a `Recipe`
+  (suites/sharding/dtensor_optim_recipe.py).
 - Quantized state is laid out as the DTensor that wraps it and compared, after a reshard, through
-  the optimizer's state adapter (suites/optimizer_state.py), bit for bit (suites/ulp.py).
+  the optimizer's state adapter (suites/state/optimizer_state.py), bit for bit (suites/comparison/ulp.py).
 - `layout_source`: the DCP checkpoint the `checkpointer` component writes (found by its `.metadata`,
   each state under whatever prefix), else torch's `get_optimizer_state_dict` saved with `dcp.save`.
 - `reshard_worlds`: each side of a reshard on sub-worlds of the cell's ranks where `parallelize` takes
   `mesh` and a bound checkpointer `process_group` or `mesh` (cheaper), else in a world of its own, a
   rank pool of that side's size (`ranks.in_world`) whose default group is exactly that world.
 - `reshard_source`: the checkpointer's own `save(step)` and `load()` in worlds of their own, or in
-  sub-worlds where the bound form takes a `process_group` or `mesh` (suites/checkpointer_forms.py),
+  sub-worlds where the bound form takes a `process_group` or `mesh` (suites/checkpoints/checkpointer_forms.py),
   else torch's helpers and DCP.
 - `reshard_continued`: after the load, CONTINUED_STEPS steps against the run that never stopped,
   replayed at the load's world size from the save's seed (its step before the save takes the same
   batch on every rank, so its mean gradient is the same at any world size): bit for bit, or not
   compared, saying why, where the replay does not reach the saved state bit for bit.
 - The sharded-save check says apart whether the state is stored sharded and whether it is keyed by
-  name or by position (suites/dcp_layout.py). No param-shaped state skips; some params without fails.
+  name or by position (suites/checkpoints/dcp_layout.py). No param-shaped state skips; some params without fails.
 - Options: `DtensorOptimOptions` (torchmatrix/matrix/suite_options.py).
 """
 
@@ -41,9 +41,9 @@ from torchmatrix.testing import (
     load,
 )
 
-from .checkpointer_forms import reshards_itself
-from .dcp_layout import ExpectedState, read_layouts, storage_findings
-from .dtensor_optim_ranks import (
+from .checkpoints.checkpointer_forms import reshards_itself
+from .checkpoints.dcp_layout import ExpectedState, read_layouts, storage_findings
+from .sharding.dtensor_optim_ranks import (
     layout_lines_written,
     on_rank_load_in_own_world,
     on_rank_reshard,
@@ -54,8 +54,8 @@ from .dtensor_optim_ranks import (
     param_chunks_of_every_rank,
     side_result,
 )
-from .dtensor_optim_recipe import CONTINUED_STEPS, FLAT, Recipe, World
-from .mesh_placements import TensorParallelPlan
+from .sharding.dtensor_optim_recipe import CONTINUED_STEPS, FLAT, Recipe, World
+from .sharding.mesh_placements import TensorParallelPlan
 
 OPTIONS = DtensorOptimOptions  # the dataclass `suite_options` arrives as
 
@@ -132,7 +132,7 @@ def _merged_alike(per_rank: list[list[str]]) -> list[str]:
 def test_state_is_laid_out_like_its_param(cell, ranks, recipe):
     """After a step, every non-scalar state of a DTensor param is a DTensor with the param's
     mesh, placements, global shape and stride, and a local shard of the param's local shape; on a
-    2-D mesh every param is first placed as the mesh says on each of its dims (suites/mesh_placements.py)."""
+    2-D mesh every param is first placed as the mesh says on each of its dims (suites/sharding/mesh_placements.py)."""
     if cell["fsdp"] != "fsdp2":
         pytest.skip(
             f"fsdp={cell['fsdp']}: params are flat-parameter views, not DTensors; test_saved_state_is_sharded covers this cell"

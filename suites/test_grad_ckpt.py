@@ -20,14 +20,14 @@
   forward at another sequence length before backward (pytorch#166926), so an expected failure there
   leaves the other comparisons running; checkpointing is shown applied by autograd saving less for
   backward; a compiler error fails with the compile mode and its root cause. Each compiled cell's
-  steps are also compared with their eager twin (suites/eager_twin.py): the same components stepped
+  steps are also compared with their eager twin (suites/references/eager_twin.py): the same components stepped
   under ``force_eager``, bit for bit under aot_eager, within ``STEP_RTOL`` per step under a
   kernel-generating backend, naming the first tensor that differs.
 - The loss and the backward are the stack's `training_step` component's (`loss`, `backward`;
-  suites/training_step.py), built with `optimizer=None`: grad_ckpt takes no optimizer step.
+  suites/components/training_step.py), built with `optimizer=None`: grad_ckpt takes no optimizer step.
 - Model contract (beyond torchmatrix/components/protocol.py): without a `training_step` the loss is read as
-  suites/model_output.py says; the cache from the output's ``past_key_values`` or through the
-  containers forward hands its checkpointed units (suites/checkpoint_units.py); recompute is counted
+  suites/components/model_output.py says; the cache from the output's ``past_key_values`` or through the
+  containers forward hands its checkpointed units (suites/recompute/checkpoint_units.py); recompute is counted
   by ``model.body_calls()`` or the suite's instrumented ``torch.utils.checkpoint.checkpoint``; a model
   computing in another dtype declares ``compute_dtype`` (or option ``compute_dtype``).
 - Options: ``GradCkptOptions`` (torchmatrix/matrix/suite_options.py).
@@ -41,14 +41,8 @@ from torchmatrix.testing import (
     GradCkptOptions,
 )
 
-from .eager_twin import (
-    TWIN_STEPS,
-    compare_with_eager_twin,
-    first_difference,
-    step_lines,
-    twin_bound,
-)
-from .grad_ckpt_findings import (
+from .comparison.ulp import ulp_distance
+from .recompute.grad_ckpt_findings import (
     CACHE_SOURCES,
     GRADIENTS_HINT,
     cache_presence_problems,
@@ -63,10 +57,24 @@ from .grad_ckpt_findings import (
     require_unchanged_gradients,
     saved_bytes_line,
 )
-from .grad_ckpt_precision import EXACT, Precision, compare_tensors, compare_values, drift, mismatch, precision_from
-from .grad_ckpt_steps import both_steps, compile_mode, shards_only
-from .module_state_walk import module_state_problems
-from .ulp import ulp_distance
+from .recompute.grad_ckpt_precision import (
+    EXACT,
+    Precision,
+    compare_tensors,
+    compare_values,
+    drift,
+    mismatch,
+    precision_from,
+)
+from .recompute.grad_ckpt_steps import both_steps, compile_mode, shards_only
+from .references.eager_twin import (
+    TWIN_STEPS,
+    compare_with_eager_twin,
+    first_difference,
+    step_lines,
+    twin_bound,
+)
+from .state.module_state_walk import module_state_problems
 
 OPTIONS = GradCkptOptions  # the dataclass `suite_options` arrives as
 
@@ -397,7 +405,7 @@ EAGER_TWIN_HINT = (
 def test_compiled_steps_match_their_eager_twin(cell, ranks, components, suite_options, record_property):
     """Each of a few compiled steps (forward, backward, the same SGD update on both) must leave the same loss,
     gradients and buffers as its eager twin: the same components built again from the same seed and stepped
-    under ``torch.compiler.set_stance("force_eager")`` (suites/eager_twin.py). A model that computes something
+    under ``torch.compiler.set_stance("force_eager")`` (suites/references/eager_twin.py). A model that computes something
     else once compiled is consistent with itself everywhere else; the failure names the first tensor that differs."""
     if compile_mode(cell) is None:
         pytest.skip(NO_COMPILED_STEP)

@@ -2,32 +2,32 @@
 
 - Reference: the `model` built again from the same seed and wrapped by `parallelize` without
   parallelism and without compiling (`fsdp = "none"`, `mesh = "flat"`, `compile = "none"`), in a world
-  of one rank of its own (suites/single_process_reference.py), so a component that reads the world's
+  of one rank of its own (suites/references/single_process_reference.py), so a component that reads the world's
   size or rank sees one process there; it runs every shard of the global batch and takes their mean.
   No cell depends on another, so `--shard`/`merge` work as for any suite.
 - The cell trains in its own world as it would alone and writes what it computed; the reference then
-  trains beside those records (suites/lockstep.py). Compared per step (table and derivations:
+  trains beside those records (suites/references/lockstep.py). Compared per step (table and derivations:
   docs/explanation/parallel-equivalence.md): each rank's loss (bit for bit; under tensor parallelism
-  within suites/reordered_sums.py's first-order bound); the reduced gradient (the declared
-  `reduce_dtype`'s reduction bound, suites/summation_bounds.py, and values that dtype's sums produce:
+  within suites/comparison/reordered_sums.py's first-order bound); the reduced gradient (the declared
+  `reduce_dtype`'s reduction bound, suites/comparison/summation_bounds.py, and values that dtype's sums produce:
   pytorch#190626); the `clip_grad_norm` norm against the whole gathered gradient's and the
   single-process mean's (pytorch#170862), and the clipping it drives; the parameters after the same
   optimizer step fed the cell's clipped gradient once that gradient passed (bit for bit).
 - Under tensor parallelism the gradient is compared through linear functionals (per tensor its sign
-  pattern, a random and the unit direction; suites/gradient_functionals.py), each within its
+  pattern, a random and the unit direction; suites/comparison/gradient_functionals.py), each within its
   first-order bound from a second backward of the reference, and the norm through the unit one.
 - A cell whose `accumulation` is not none runs `micro_batches` micro-batches per shard, sync off until
-  the last (suites/accumulation.py); each gradient that is not the concatenated batch's is named with
+  the last (suites/references/accumulation.py); each gradient that is not the concatenated batch's is named with
   what it holds instead (only the last micro-batch, a bf16 accumulation, a reduction per micro-batch).
 - A cell whose `pipeline` is not none trains its model split into stages over two pipeline ranks (FSDP2
-  over the rest), one schedule step over `micro_batches` micro-batches per shard (suites/pipelining.py);
+  over the rest), one schedule step over `micro_batches` micro-batches per shard (suites/references/pipelining.py);
   the reference runs the same micro-batches through the whole model. Each gradient that is not the global
   batch's mean is named with its stage and what it holds instead (a double average, a sum, only the last
   micro-batch). Components `pipeline_split` and `pipeline_schedule`.
 - Cells with fsdp = "none" and pipeline = "none" skip. Components: `model`, `batch`, `parallelize`, `optimizer_<optimizer>`,
-  optionally `clip_grad_norm` (default: suites/gradient_clipping.py) and `training_step` (its `loss`,
+  optionally `clip_grad_norm` (default: suites/components/gradient_clipping.py) and `training_step` (its `loss`,
   `backward` and `optimizer_step`, built once for the cell's model and once for the reference;
-  suites/training_step.py).
+  suites/components/training_step.py).
 """
 
 from __future__ import annotations
@@ -38,9 +38,9 @@ from torchmatrix.components.accumulation_axis import accumulates, accumulation_o
 from torchmatrix.components.pipeline_axis import PIPELINE_RANKS, pipeline_of, pipelines, stage_count
 from torchmatrix.testing import REDUCE_DTYPES, ParallelEquivalenceOptions
 
-from .lockstep import lockstep_records
-from .step_comparisons import GRID_EVIDENCE, NARROWER
-from .summation_bounds import MeanReduction
+from .comparison.step_comparisons import GRID_EVIDENCE, NARROWER
+from .comparison.summation_bounds import MeanReduction
+from .references.lockstep import lockstep_records
 
 OPTIONS = ParallelEquivalenceOptions  # the dataclass `suite_options` arrives as
 
@@ -102,14 +102,14 @@ def forward_is_single_process(records: list[dict]) -> bool:
 TENSOR_PARALLEL_GRADIENTS = (
     "under tensor parallelism, linear functionals of it (per tensor its sign pattern; over every tensor a random "
     "±1 direction and the unit direction) each within its first-order bound of the linear layers summing in "
-    "another order (suites/reordered_sums.py)"
+    "another order (suites/comparison/reordered_sums.py)"
 )
 
 
 def test_losses_match_single_process(cell, lockstep, record_property):
     """Each rank's loss on its shard equals the single-process loss of that shard, every step: bit for
     bit where the forward is the single-process one; under tensor parallelism within the first-order
-    bound of its linear layers summing in another order (suites/reordered_sums.py)."""
+    bound of its linear layers summing in another order (suites/comparison/reordered_sums.py)."""
     records = lockstep
     record_property("reference_world", records[0]["reference_world"])
     steps = [step for record in records for step in record["steps"]]

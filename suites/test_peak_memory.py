@@ -2,7 +2,7 @@
 
 The cell's `model` from the suite's seed, wrapped by `parallelize` for the cell (activation
 checkpointing asked for, as the stack trains), its `optimizer_<optimizer>` and `training_step`;
-`warmup_steps` steps, then one under torch's memory profiler (suites/step_memory.py). The test records
+`warmup_steps` steps, then one under torch's memory profiler (suites/training_runs/step_memory.py). The test records
 rank 0's highest total (`step_peak_bytes`) and each kind's highest (`step_peak_bytes/<kind>`:
 parameters, optimizer_state, gradients, activations, temporaries, ...). It fails only when the step
 cannot run; the upgrade diff compares the figures between torch versions and flags a kind that grew past
@@ -18,7 +18,7 @@ import pytest
 from torchmatrix.components.pipeline_axis import pipelines
 from torchmatrix.testing import PeakMemoryOptions
 
-from .step_memory import STEP_PEAK, measured_step
+from .training_runs.step_memory import STEP_PEAK, measured_step
 
 OPTIONS = PeakMemoryOptions  # the dataclass `suite_options` arrives as
 

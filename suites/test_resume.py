@@ -2,7 +2,7 @@
 
 - Run A trains N steps straight; run B trains K, saves, rebuilds everything from another seed (a
   load that restores nothing cannot pass), loads, trains N - K (shared/seeds/resume-optimizer-moments.txt).
-- Right after the load each piece is compared with what was saved, bit for bit (suites/ulp.py), and
+- Right after the load each piece is compared with what was saved, bit for bit (suites/comparison/ulp.py), and
   a failure names it: parameters (full and each rank's shards), optimizer state (through its state
   adapter, `step` included) with its dtype and device, param groups, the optimizer's own scalars,
   the scheduler, the loader's next batches (across an epoch boundary), every RNG stream training
@@ -15,12 +15,12 @@
 - Run B saves twice (at K - 1 and K, with the same checkpointer) and steps after each save: the loaded
   checkpoint must hold the state at K, neither the next step's nor the previous save's, and a
   second save must work. In the cells option `async_save` names, `checkpointer_async` saves and the
-  optimizer steps before the save's future resolves, as the official recipe does (suites/held_steps.py).
+  optimizer steps before the save's future resolves, as the official recipe does (suites/checkpoints/held_steps.py).
 - With an `optimizer_impl` axis the checkpoint of a cell stepping an implementation other than the
   default also loads into each other implementation the factory builds
   (docs/explanation/optimizer-implementations.md).
 - Components: `model`, `parallelize`, `optimizer_<optimizer>`, `checkpointer` (either form of
-  suites/checkpointer_forms.py), `dataset`, optionally `scheduler` and `plain_state_<optimizer>`.
+  suites/checkpoints/checkpointer_forms.py), `dataset`, optionally `scheduler` and `plain_state_<optimizer>`.
 - Options: `ResumeOptions` (torchmatrix/matrix/suite_options.py); each rank sends its `RankRecord`.
 """
 
@@ -58,12 +58,18 @@ from torchmatrix.testing import (
     state_dict_root,
 )
 
-from .built_names import named_modules_as_built, named_parameters_as_built
-from .checkpointer_forms import RunCheckpointer, SaveInFlight
-from .deterministic import deterministic_algorithms
-from .device_copies import on_device
-from .held_steps import held_state, held_step_lines
-from .optimizer_state import (
+from .checkpoints.checkpointer_forms import RunCheckpointer, SaveInFlight
+from .checkpoints.held_steps import held_state, held_step_lines
+from .comparison.deterministic import deterministic_algorithms
+from .comparison.ulp import bits_difference, bits_equal, ulp_distance
+from .components.parallelize_component import parallelized
+from .components.scheduler_component import build_scheduler, scheduler_position
+from .components.stack_loader import StackLoader
+from .components.training_step import build_training_step
+from .references.optimizer_twin import OptimizerSteps, build_twin, compare_with_kept
+from .state.built_names import named_modules_as_built, named_parameters_as_built
+from .state.device_copies import on_device
+from .state.optimizer_state import (
     brief,
     local_part,
     optimizer_attributes,
@@ -74,14 +80,8 @@ from .optimizer_state import (
     quantized_keys,
     state_adapter,
 )
-from .optimizer_twin import OptimizerSteps, build_twin, compare_with_kept
-from .owned_generators import generator_state, owned_generators, set_generator_state, state_bytes
-from .parallelize_component import parallelized
-from .scheduler_component import build_scheduler, scheduler_position
-from .stack_loader import StackLoader
-from .step_trace import digest, digests, first_divergence
-from .training_step import build_training_step
-from .ulp import bits_difference, bits_equal, ulp_distance
+from .state.owned_generators import generator_state, owned_generators, set_generator_state, state_bytes
+from .training_runs.step_trace import digest, digests, first_divergence
 
 OPTIONS = ResumeOptions  # the dataclass `suite_options` arrives as
 
@@ -360,7 +360,7 @@ def test_checkpoint_loads_into_other_implementations(cell, experiment, record_pr
 def test_each_step_matches_the_forloop_twin(cell, experiment, record_property):
     """Every optimizer step of the straight run against the factory's for-loop build stepped from the
     same parameters, gradients and state: `step` equal, parameters and moments within the bound
-    derived from the operations' roundings (suites/update_bounds.py); `twin_max_ratio` records how
+    derived from the operations' roundings (suites/comparison/update_bounds.py); `twin_max_ratio` records how
     close to the bound the cell came. Runs in the cells that load into the other implementations."""
     if IMPLEMENTATION_AXIS not in cell:
         pytest.skip(
@@ -642,7 +642,7 @@ def loads_into_other_implementations(
     its factory cannot build it here, `{"not_loaded": reason}` for `compiled`, else `{"problems":
     [...], "step_ratio": ...}`: what differs right after loading the cell's checkpoint into a fresh
     run of it, kernel flags the load changed, and the first step after the load: raised, or not the
-    never-stopped run's step (`kept`) within the derived bound (suites/optimizer_twin.py)."""
+    never-stopped run's step (`kept`) within the derived bound (suites/references/optimizer_twin.py)."""
     cell, options, components, data_path, rank, world_size = build
     checkpointer = load(components["checkpointer"])
     loads = {}
@@ -789,7 +789,7 @@ class TrainingRun:
 
     @property
     def generators(self) -> dict[str, object]:
-        """The generators the model, dataset, loader, optimizer and scheduler own, by path (see suites/owned_generators.py)."""
+        """The generators the model, dataset, loader, optimizer and scheduler own, by path (see suites/state/owned_generators.py)."""
         return owned_generators(
             {
                 "model": self.model,
@@ -813,7 +813,7 @@ class TrainingRun:
 
     def train_step(self, before_optimizer_step=None) -> torch.Tensor:
         """One optimizer step; returns this rank's loss as a CPU fp32 scalar. What fed the step and
-        what it made go to `trace` (suites/step_trace.py). `before_optimizer_step` runs right before
+        what it made go to `trace` (suites/training_runs/step_trace.py). `before_optimizer_step` runs right before
         the optimizer steps (waiting for an asynchronous save's staging)."""
         self.model.train()
         batch = self.reading.next_batch()
@@ -851,7 +851,7 @@ class TrainingRun:
 
     def watch_steps(self, keep: tuple[int, ...], twin: bool = False) -> None:
         """From now on keep the optimizer steps numbered `keep` (from 1), and with `twin` compare each
-        step with the factory's for-loop build (suites/optimizer_twin.py)."""
+        step with the factory's for-loop build (suites/references/optimizer_twin.py)."""
         built = build_twin(self.factory, self.model, self.implementation, **self.hyperparameters) if twin else None
         unavailable = built if isinstance(built, str) else None
         self.watch = OptimizerSteps(self.model, self.optimizer, None if unavailable else built, keep, unavailable)

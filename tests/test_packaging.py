@@ -61,7 +61,7 @@ def test_the_wheel_holds_the_suites_and_models(tmp_path):
 
 def test_the_installed_package_imports_its_models_and_suites_from_elsewhere(tmp_path):
     """Whichever way this environment installed torchmatrix (editable here: setuptools' finder maps the names)."""
-    code = "import torchmatrix.models.transformer, torchmatrix.suites.optimizer_state as s; print(s.__file__)"
+    code = "import torchmatrix.models.transformer, torchmatrix.suites.state.optimizer_state as s; print(s.__file__)"
     environ = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=environ, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr

@@ -1,5 +1,5 @@
 """The `training_step` component: accelerate's loop as its docs write it, `accelerator.backward(loss)`
-under `accelerator.accumulate(model)` (suites/training_step.py). The loss is the model's own output,
+under `accelerator.accumulate(model)` (suites/components/training_step.py). The loss is the model's own output,
 read by the suites' default `loss`; the prepared optimizer steps as the suites call it."""
 
 from __future__ import annotations

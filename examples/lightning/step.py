@@ -1,5 +1,5 @@
 """The `training_step` component: Fabric's training step as a Fabric loop writes it, the loss
-function applied to the model's output and `fabric.backward(loss)` (suites/training_step.py)."""
+function applied to the model's output and `fabric.backward(loss)` (suites/components/training_step.py)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Every one is consistent with itself: checkpointed or not under one backend, straight or resumed, eager
 or compiled, so grad_ckpt's other tests and resume pass it. Only a compiled step compared with the same
-step run eagerly (suites/eager_twin.py) sees it. Four classes, several shapes each:
+step run eagerly (suites/references/eager_twin.py) sees it. Four classes, several shapes each:
 
 - a buffer updated only when not compiling (``torch.compiler.is_compiling()``): a call counter, a
   running statistic;

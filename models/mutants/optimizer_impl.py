@@ -8,7 +8,7 @@ step, not in the compiler, so a CI cell of theirs pays no Inductor compile.
 The update mutants (HandWrittenAdamW's subclasses, FirstGroupBucketedAdamW) break the step's
 arithmetic and are consistent with themselves: straight and resumed runs agree and their checkpoints
 load anywhere, so only a comparison with another implementation's step shows them (the for-loop twin
-of suites/optimizer_twin.py, and the step after a load into another implementation). They are written
+of suites/references/optimizer_twin.py, and the step after a load into another implementation). They are written
 from issue 56's classes: weight decay skipped for some parameters, a step count of the
 implementation's own, another bias correction, eps elsewhere in the denominator. BucketedFusedAdamW
 is the valid control: torch's fused kernel per bucket with each group's hyper-parameters.

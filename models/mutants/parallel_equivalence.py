@@ -17,7 +17,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from torchmatrix.suites.model_output import call_model, loss_of
+from torchmatrix.suites.components.model_output import call_model, loss_of
 from torchmatrix.testing import current_device
 
 from .. import parallel

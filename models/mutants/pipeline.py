@@ -6,7 +6,7 @@ Point `[components] pipeline_schedule` at one of these to see it caught.
 
 from __future__ import annotations
 
-from torchmatrix.suites.pipelining import build_schedule
+from torchmatrix.suites.references.pipelining import build_schedule
 
 
 def schedule_dividing_the_loss_by_the_micro_batches(stages, *, n_microbatches, loss_fn, cell):

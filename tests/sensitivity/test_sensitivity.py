@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from suites.grad_ckpt_findings import no_cache_reason
+from suites.recompute.grad_ckpt_findings import no_cache_reason
 from torchmatrix.components.calling import accepts
 from torchmatrix.env.devices import Environment
 from torchmatrix.matrix.cells import Cell

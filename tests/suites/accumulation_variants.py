@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from torchmatrix.models import parallel
 from torchmatrix.models.mutants import accumulation as mutants
-from torchmatrix.suites import accumulation
+from torchmatrix.suites.references import accumulation
 
 REFERENCE, PARAM_DTYPE_ACCUMULATION, LAST_MICRO_BATCH, NO_SYNC_NO_OP = (
     "reference",

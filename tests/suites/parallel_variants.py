@@ -7,7 +7,7 @@ from __future__ import annotations
 from torchmatrix.models import parallel, transformer
 from torchmatrix.models.mutants import parallel_equivalence as mutants
 from torchmatrix.models.mutants import tensor_parallel_plans as plans
-from torchmatrix.suites import gradient_clipping
+from torchmatrix.suites.components import gradient_clipping
 
 REFERENCE, LOCAL_NORM, BF16_REDUCTIONS = "reference", "local_norm", "bf16_reductions"
 LOSS_OVER_WORLD, BACKWARD_OVER_WORLD, MESH_OVER_WORLD, MODEL_OVER_WORLD = (

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from torchmatrix.models import transformer
 from torchmatrix.models.mutants import pipeline as mutants
-from torchmatrix.suites import pipelining
+from torchmatrix.suites.references import pipelining
 
 
 def schedule_dividing_its_loss_without_scaling(stages, *, n_microbatches, loss_fn, cell):

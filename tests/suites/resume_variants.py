@@ -17,7 +17,7 @@ from collections.abc import Mapping
 import torch
 
 from torchmatrix.models.transformer import DEPTH_AXIS
-from torchmatrix.suites.training_step import PlainStep
+from torchmatrix.suites.components.training_step import PlainStep
 from torchmatrix.testing import load
 
 REFERENCE = "reference"

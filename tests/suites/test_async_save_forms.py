@@ -1,5 +1,5 @@
-"""The asynchronous form of the checkpointer's save (suites/checkpointer_forms.py: SaveInFlight), the
-naming of a loaded tensor by the step it holds (suites/held_steps.py), and option `async_save`."""
+"""The asynchronous form of the checkpointer's save (suites/checkpoints/checkpointer_forms.py: SaveInFlight), the
+naming of a loaded tensor by the step it holds (suites/checkpoints/held_steps.py), and option `async_save`."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from torchmatrix.matrix.suite_options import CrossVersionOptions, OptionError, ResumeOptions
-from torchmatrix.suites.checkpointer_forms import SaveInFlight
-from torchmatrix.suites.held_steps import held_state, held_step_lines
+from torchmatrix.suites.checkpoints.checkpointer_forms import SaveInFlight
+from torchmatrix.suites.checkpoints.held_steps import held_state, held_step_lines
 from torchmatrix.testing import checkpointer_path, saves_asynchronously
 
 

@@ -1,4 +1,4 @@
-"""Names read through wrappers by module identity (suites/built_names.py): a trainer's wrapper the
+"""Names read through wrappers by module identity (suites/state/built_names.py): a trainer's wrapper the
 suites do not know, checkpoint wrappers and torch.compile all read as the model was built."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import torch
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
-from suites.built_names import (
+from suites.state.built_names import (
     module_names,
     name_as_built,
     named_buffers_as_built,

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from suites.archive_writer import EXPECTED_FILE
+from suites.checkpoints.archive_writer import EXPECTED_FILE
 from suites.test_checkpoint_archive import (
     EXACT,
     FORMAT,

@@ -20,7 +20,15 @@ pytestmark = pytest.mark.slow
 def test_a_release_reads_its_own_archive_exactly(tmp_path):
     archive = tmp_path / "archive"
     written = subprocess.run(
-        [sys.executable, "-m", "torchmatrix.suites.archive_writer", "--to", str(archive), "--forms", "fsdp2/foreach/*"],
+        [
+            sys.executable,
+            "-m",
+            "torchmatrix.suites.checkpoints.archive_writer",
+            "--to",
+            str(archive),
+            "--forms",
+            "fsdp2/foreach/*",
+        ],
         cwd=REPO,
         env=checkout_env(),
         capture_output=True,

@@ -1,4 +1,4 @@
-"""suites/checkpoint_pickles.py: a checkpoint another run wrote is judged by the globals its pickles
+"""suites/checkpoints/checkpoint_pickles.py: a checkpoint another run wrote is judged by the globals its pickles
 would import, before anything loads it; real DCP checkpoints pass, code in them is named and never runs."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import numpy
 import torch
 import torch.distributed.checkpoint as dcp
 
-from suites.checkpoint_pickles import pickled_globals, unsafe_globals
+from suites.checkpoints.checkpoint_pickles import pickled_globals, unsafe_globals
 from suites.cross_version_reads import not_loaded
 
 SYSTEM = f"{os.system.__module__}.system"  # how a pickle names os.system: posix.system on Linux

@@ -1,4 +1,4 @@
-"""suites/checkpoint_units.py in-process: the instrumented torch.utils.checkpoint counts each unit's
+"""suites/recompute/checkpoint_units.py in-process: the instrumented torch.utils.checkpoint counts each unit's
 runs in forward and again in backward, names it, sees the containers forward hands it (the cache
 hook), and is put back afterwards."""
 
@@ -13,7 +13,7 @@ import torch.utils.checkpoint
 from torch import nn
 
 from models import function_units
-from suites.checkpoint_units import ORIGINAL_CHECKPOINT, counted_checkpoints, watched_sites
+from suites.recompute.checkpoint_units import ORIGINAL_CHECKPOINT, counted_checkpoints, watched_sites
 
 
 class Layers(nn.Module):

@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch._functorch.config as functorch_config
 
-from torchmatrix.suites.compiled_rng import GRAPH_SAFE_RNG_OFF, graph_safe_rng_applies, one_random_stream
-from torchmatrix.suites.grad_ckpt_precision import EXACT, Precision
+from torchmatrix.suites.recompute.compiled_rng import GRAPH_SAFE_RNG_OFF, graph_safe_rng_applies, one_random_stream
+from torchmatrix.suites.recompute.grad_ckpt_precision import EXACT, Precision
 
 CUDA, CPU = torch.device("cuda"), torch.device("cpu")
 

@@ -8,11 +8,11 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from suites.cache_tree import cache_contents, cache_marks
-from suites.checkpoint_units import CheckpointUnits
-from suites.forward_output import OUTPUT
-from suites.grad_ckpt_precision import BF16_RTOL, precision_from
-from suites.grad_ckpt_steps import found_caches
+from suites.components.forward_output import OUTPUT
+from suites.recompute.checkpoint_units import CheckpointUnits
+from suites.recompute.grad_ckpt_precision import BF16_RTOL, precision_from
+from suites.recompute.grad_ckpt_steps import found_caches
+from suites.state.cache_tree import cache_contents, cache_marks
 from torchmatrix.matrix.suite_options import OptionError
 from torchmatrix.testing import GradCkptOptions
 

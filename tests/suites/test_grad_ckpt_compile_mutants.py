@@ -39,8 +39,8 @@ from __future__ import annotations
 
 import pytest
 
-from suites.eager_twin import STEP_RTOL
-from suites.grad_ckpt_precision import REORDER_RTOL
+from suites.recompute.grad_ckpt_precision import REORDER_RTOL
+from suites.references.eager_twin import STEP_RTOL
 
 from helpers.checkout import REPO
 from helpers.grad_ckpt_runs import (

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from suites.lockstep import IN_THE_CELLS_WORLD, OWN_WORLD, lockstep_records
+from suites.references.lockstep import IN_THE_CELLS_WORLD, OWN_WORLD, lockstep_records
 from torchmatrix.ranks.cell_ranks import Ranks
 from torchmatrix.ranks.launched import LaunchedRank
 

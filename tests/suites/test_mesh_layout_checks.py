@@ -7,8 +7,8 @@ import pytest
 import torch
 from torch.distributed.tensor import Replicate, Shard
 
-from suites.dcp_layout import Chunk, ExpectedState, TensorLayout, storage_findings
-from suites.mesh_placements import TensorParallelPlan, _same_placement
+from suites.checkpoints.dcp_layout import Chunk, ExpectedState, TensorLayout, storage_findings
+from suites.sharding.mesh_placements import TensorParallelPlan, _same_placement
 
 PARAM = (4, 3)
 # HSDP 2 x 2: ranks 0 and 2 hold rows 0-1, ranks 1 and 3 rows 2-3

@@ -1,4 +1,4 @@
-"""The default state adapter (suites/optimizer_state.py): quantized state compares by its values,
+"""The default state adapter (suites/state/optimizer_state.py): quantized state compares by its values,
 and the suites can tell quantized state from plain floats."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from torchmatrix.suites.optimizer_state import (
+from torchmatrix.suites.state.optimizer_state import (
     ParamName,
     optimizer_attributes,
     plain_differences,

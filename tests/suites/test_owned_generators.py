@@ -1,4 +1,4 @@
-"""The generator walk of the resume suite (suites/owned_generators.py): generators a model owns are
+"""The generator walk of the resume suite (suites/state/owned_generators.py): generators a model owns are
 found by path; a Python module on the way is never entered, and the process's own streams reached
 through some object are left to the names `rng_streams` gives them, so one cause is named once."""
 
@@ -9,7 +9,7 @@ import random
 import torch
 from torch import nn
 
-from suites.owned_generators import owned_generators
+from suites.state.owned_generators import owned_generators
 
 
 class DeviceHandle:

@@ -1,4 +1,4 @@
-"""What grad_ckpt's module-state walk reaches beyond plain attributes (suites/reachable_state.py):
+"""What grad_ckpt's module-state walk reaches beyond plain attributes (suites/state/reachable_state.py):
 objects of the user's classes on a layer, and module-level registries of the modules that define the
 model's classes, put back after each run; cycles end, and `ignored_attributes` still leaves a name out."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from suites.module_state_walk import module_state
-from suites.reachable_state import is_user_object, kept_as_they_are, module_level_containers
+from suites.state.module_state_walk import module_state
+from suites.state.reachable_state import is_user_object, kept_as_they_are, module_level_containers
 from torchmatrix.models.mutants import grad_ckpt
 from torchmatrix.models.mutants.grad_ckpt import AUX_LOSS_TRACKER, RoutingStats, aux_loss_list_model
 

@@ -1,4 +1,4 @@
-"""suites/reordered_sums.py bounds what a real reordering moves: an MLP whose linear layers add up
+"""suites/comparison/reordered_sums.py bounds what a real reordering moves: an MLP whose linear layers add up
 tp = 2 partial products, as row- and column-wise tensor parallelism do, against the same MLP
 summing whole: its loss and every functional of its gradient within their first-order bounds, and
 those bounds far below a gradient summed twice."""
@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from torchmatrix.suites.gradient_functionals import functionals_of
-from torchmatrix.suites.reordered_sums import reordering_bounds
+from torchmatrix.suites.comparison.gradient_functionals import functionals_of
+from torchmatrix.suites.comparison.reordered_sums import reordering_bounds
 
 WIDTH, HIDDEN, TOKENS = 32, 64, 48
 

@@ -10,7 +10,7 @@ import resume_variants  # tests/suites/, beside this file
 from torchmatrix.models.checkpoint import Checkpointer
 from torchmatrix.models.mutants import resume as mutants
 from torchmatrix.models.mutants.training_step import UncheckpointedLossScalerStep
-from torchmatrix.suites.training_step import PlainStep
+from torchmatrix.suites.components.training_step import PlainStep
 
 CELL = {"world_size": 1, "fsdp": "none", "attn": "sdpa", "optimizer": "adamw"}
 

@@ -1,4 +1,4 @@
-"""The loader as the stack builds it (issue 60 item 4): suites/stack_loader.py reads a torch
+"""The loader as the stack builds it (issue 60 item 4): suites/components/stack_loader.py reads a torch
 DataLoader, torchdata's StatefulDataLoader and an iterator alike, and looks ahead without moving the
 run (through a copy, else the loader's own state, else by reading again what it read); resume, on
 CPU through the real CLI, resumes a StatefulDataLoader and an iterable of the tests' own exactly
@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from suites.stack_loader import StackLoader
+from suites.components.stack_loader import StackLoader
 from torchmatrix.testing import call_accepting
 
 from helpers.checkout import REPO

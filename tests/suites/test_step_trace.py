@@ -1,11 +1,11 @@
-"""Where a resumed run first parts from the straight one (suites/step_trace.py): the first step whose
+"""Where a resumed run first parts from the straight one (suites/training_runs/step_trace.py): the first step whose
 gradients or update differ, and what differs among its inputs, or whether the LR or the optimizer does."""
 
 from __future__ import annotations
 
 import torch
 
-from suites.step_trace import digest, digests, first_divergence
+from suites.training_runs.step_trace import digest, digests, first_divergence
 
 
 def step(**changed) -> dict:

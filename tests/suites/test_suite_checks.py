@@ -13,13 +13,14 @@ import torch
 from torch import nn
 
 import suites.test_resume as resume_suite  # its test functions, called here (imported by name, pytest would collect them)
-from suites.dcp_layout import TensorLayout, find_checkpoint, layouts_by_suffix
-from suites.dtensor_optim_ranks import _compare as reshard_load_mismatches
-from suites.dtensor_optim_ranks import continuation, layout_problems, param_shaped_states, settings_differ
-from suites.grad_ckpt_findings import cache_presence_problems, no_cache_reason
-from suites.grad_ckpt_precision import BF16_RTOL, EXACT, Precision, mismatch, precision_from
-from suites.module_state_walk import Entries, body_call_counters, module_state, module_state_problems
-from suites.optimizer_state import quantized_state_kinds
+from suites.checkpoints.dcp_layout import TensorLayout, find_checkpoint, layouts_by_suffix
+from suites.comparison.ulp import bits_difference
+from suites.recompute.grad_ckpt_findings import cache_presence_problems, no_cache_reason
+from suites.recompute.grad_ckpt_precision import BF16_RTOL, EXACT, Precision, mismatch, precision_from
+from suites.sharding.dtensor_optim_ranks import _compare as reshard_load_mismatches
+from suites.sharding.dtensor_optim_ranks import continuation, layout_problems, param_shaped_states, settings_differ
+from suites.state.module_state_walk import Entries, body_call_counters, module_state, module_state_problems
+from suites.state.optimizer_state import quantized_state_kinds
 from suites.test_resume import (
     FinalState,
     RankRecord,
@@ -29,7 +30,6 @@ from suites.test_resume import (
     partial_restore,
     state_mismatches,
 )
-from suites.ulp import bits_difference
 from torchmatrix.testing import GradCkptOptions
 
 from helpers.checkout import REPO
@@ -245,7 +245,7 @@ import json, torch, torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Shard, distribute_tensor
-from suites.dtensor_optim_ranks import layout_problems
+from suites.sharding.dtensor_optim_ranks import layout_problems
 
 dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
 mesh = init_device_mesh("cpu", (1,))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from torchmatrix.suites.summation_bounds import MeanReduction, gamma, norm_relative_bound
+from torchmatrix.suites.comparison.summation_bounds import MeanReduction, gamma, norm_relative_bound
 
 TERMS = 4
 ELEMENTS = 4096

@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from suites.checkpointer_forms import RunCheckpointer, reshards_itself
-from suites.dcp_layout import Chunk, ExpectedState, TensorLayout, storage_findings
-from suites.optimizer_state import inner_optimizers, optimizer_state_of, param_groups_of
+from suites.checkpoints.checkpointer_forms import RunCheckpointer, reshards_itself
+from suites.checkpoints.dcp_layout import Chunk, ExpectedState, TensorLayout, storage_findings
+from suites.state.optimizer_state import inner_optimizers, optimizer_state_of, param_groups_of
 from suites.test_resume import FinalState, RankRecord, extra_state_differences, rank_zero_rng
 from torchmatrix.models.checkpoint import BoundCheckpointer, Checkpointer
 from torchmatrix.models.data import TokenDataset

@@ -1,4 +1,4 @@
-"""The `training_step` component (suites/training_step.py): the stack's loss, backward and optimizer
+"""The `training_step` component (suites/components/training_step.py): the stack's loss, backward and optimizer
 step where its object defines them, the plain ones where it does not or matrix.toml names none; and
 the known-bad loss scaler of models/mutants/training_step.py skips exactly its first step."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from suites.training_step import PlainStep, TrainingStep, build_training_step
+from suites.components.training_step import PlainStep, TrainingStep, build_training_step
 from torchmatrix.models.mutants.training_step import UncheckpointedLossScalerStep
 
 

@@ -2,7 +2,7 @@
 foreach and fused steps each lie within half of it from the float64 step (so any two within it), over
 gradients, moments and parameters of many magnitudes and steps, while each class of broken update
 (weight decay skipped, another bias correction, eps elsewhere) lies orders of magnitude outside it;
-and the for-loop twin of suites/optimizer_twin.py names each class's cause. No rank processes: the
+and the for-loop twin of suites/references/optimizer_twin.py names each class's cause. No rank processes: the
 fast lane (Inductor's compiled step is measured by tests/suites/test_optimizer_impl_mutants.py)."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 from torchmatrix.models.mutants import optimizer_impl as mutants
-from torchmatrix.suites.optimizer_twin import OptimizerSteps
-from torchmatrix.suites.update_bounds import BOUNDED_KEYS, AdamWStep, bias_correction_roundings
+from torchmatrix.suites.comparison.update_bounds import BOUNDED_KEYS, AdamWStep, bias_correction_roundings
+from torchmatrix.suites.references.optimizer_twin import OptimizerSteps
 from torchmatrix.testing import build_optimizer
 
 ELEMENTS = 4096

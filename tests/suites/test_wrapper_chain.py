@@ -13,8 +13,8 @@ import torch
 from torch import nn
 from wrapped_stacks import FabricLikeModule
 
-from suites.built_names import named_parameters_as_built
-from suites.forward_output import OUTPUT, model_output
+from suites.components.forward_output import OUTPUT, model_output
+from suites.state.built_names import named_parameters_as_built
 from torchmatrix.testing import name_below_wrappers, state_dict_root, user_model, wrapper_chain
 
 from helpers.checkout import REPO, checkout_env
@@ -85,9 +85,9 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 from torch.nn.parallel import DistributedDataParallel
-from suites.accumulation import gradient_sync_off
-from suites.full_tensors import full_gradients, full_parameters
-from suites.gradient_clipping import clip_grad_norm
+from suites.references.accumulation import gradient_sync_off
+from suites.state.full_tensors import full_gradients, full_parameters
+from suites.components.gradient_clipping import clip_grad_norm
 from torchmatrix.testing import fsdp1_root, state_dict_root, wrapper_chain
 from wrapped_stacks import FabricLikeModule
 

@@ -1,7 +1,7 @@
 """`torchmatrix archive write --torch V`: write the checkpoint archive's forms with torch release V.
 
 The release installs into its gpu_matrix venv (torchmatrix/env/version_venv.py, reused when
-installed before), and the writer (suites/archive_writer.py) runs in it, so an old release writes
+installed before), and the writer (suites/checkpoints/archive_writer.py) runs in it, so an old release writes
 without touching this environment. The `checkpoint_archive` suite reads what it wrote.
 """
 
@@ -19,7 +19,7 @@ from torchmatrix.status import count
 from torchmatrix.user_error import UserError
 
 NAME = "archive"
-WRITER = "torchmatrix.suites.archive_writer"
+WRITER = "torchmatrix.suites.checkpoints.archive_writer"
 SHIPPED = Path(__file__).resolve().parents[2] / "archive" / "checkpoints"
 
 

@@ -203,11 +203,11 @@ COMPONENTS: tuple[Component, ...] = (
         ),
         returns=(
             "a dict name -> plain torch.Tensor (this rank's values, dequantized) or other value, which the suites "
-            "compare; optional: without an entry, `torchmatrix.suites.optimizer_state:plain_state` takes each DTensor's local "
+            "compare; optional: without an entry, `torchmatrix.suites.state.optimizer_state:plain_state` takes each DTensor's local "
             "shard and calls `dequantize()` on a tensor subclass that has it"
         ),
         suites=(RESUME, CROSS_VERSION, DTENSOR_OPTIM),
-        default="torchmatrix.suites.optimizer_state:plain_state",
+        default="torchmatrix.suites.state.optimizer_state:plain_state",
     ),
     Component(
         name="clip_grad_norm",
@@ -221,11 +221,11 @@ COMPONENTS: tuple[Component, ...] = (
         returns=(
             "the total 2-norm of the whole model's gradient, across every rank (a tensor, a DTensor, read as its full "
             "tensor, or a number), having scaled every gradient in place by min(1, max_norm / (norm + 1e-6)); "
-            "optional: without an entry, `torchmatrix.suites.gradient_clipping:clip_grad_norm` (FSDP1's own "
+            "optional: without an entry, `torchmatrix.suites.components.gradient_clipping:clip_grad_norm` (FSDP1's own "
             "`clip_grad_norm_`, else `torch.nn.utils.clip_grad_norm_`, per device mesh where parameters live on several)"
         ),
         suites=(PARALLEL_EQUIVALENCE,),
-        default="torchmatrix.suites.gradient_clipping:clip_grad_norm",
+        default="torchmatrix.suites.components.gradient_clipping:clip_grad_norm",
     ),
     Component(
         name="no_sync",
@@ -236,11 +236,11 @@ COMPONENTS: tuple[Component, ...] = (
         returns=(
             "a context manager under which a forward and backward leave the gradients unreduced (a cell whose "
             "`accumulation` is not none runs every micro-batch but the last under it); optional: without an entry, "
-            "`torchmatrix.suites.accumulation:gradient_sync_off` (FSDP2's `set_requires_gradient_sync(False)`, "
+            "`torchmatrix.suites.references.accumulation:gradient_sync_off` (FSDP2's `set_requires_gradient_sync(False)`, "
             "FSDP1's and DDP's `no_sync()`)"
         ),
         suites=(PARALLEL_EQUIVALENCE,),
-        default="torchmatrix.suites.accumulation:gradient_sync_off",
+        default="torchmatrix.suites.references.accumulation:gradient_sync_off",
     ),
     Component(
         name="pipeline_split",
@@ -271,11 +271,11 @@ COMPONENTS: tuple[Component, ...] = (
             "a pipeline schedule: `step(*inputs, target=..., losses=[...])` runs one step's forward and backward, "
             "and `scale_grads` says whether it divided the accumulated gradients by the micro-batch count (the "
             "step's loss is then the micro-batch losses' mean, else their sum); optional: without an entry, "
-            "`torchmatrix.suites.pipelining:build_schedule` (gpipe, 1f1b or interleaved_1f1b, `scale_grads` at its "
+            "`torchmatrix.suites.references.pipelining:build_schedule` (gpipe, 1f1b or interleaved_1f1b, `scale_grads` at its "
             "default)"
         ),
         suites=(PARALLEL_EQUIVALENCE,),
-        default="torchmatrix.suites.pipelining:build_schedule",
+        default="torchmatrix.suites.references.pipelining:build_schedule",
     ),
     Component(
         name="checkpointer",
@@ -361,7 +361,7 @@ COMPONENTS: tuple[Component, ...] = (
             "optional: without an entry, a linear warm-up over `warmup_steps` (torch's LambdaLR)"
         ),
         suites=(RESUME, CROSS_VERSION, DTENSOR_OPTIM),
-        default="torchmatrix.suites.scheduler_component:warmup_scheduler",
+        default="torchmatrix.suites.components.scheduler_component:warmup_scheduler",
     ),
     Component(
         name="training_step",
@@ -378,7 +378,7 @@ COMPONENTS: tuple[Component, ...] = (
             "`step` and the optimizer's `zero_grad` themselves; grad_ckpt calls `loss` per micro-batch and `backward` "
             "once, and no `optimizer_step`; parallel_equivalence builds one for the cell's model and one for its "
             "single-process reference, in a world of one rank of its own (docs: which world). dtensor_optim calls its `loss` on the stack's model "
-            "only, not on its probe model. Optional: without an entry, `torchmatrix.suites.training_step:PlainStep`"
+            "only, not on its probe model. Optional: without an entry, `torchmatrix.suites.components.training_step:PlainStep`"
         ),
         suites=(GRAD_CKPT, RESUME, CROSS_VERSION, DTENSOR_OPTIM, PARALLEL_EQUIVALENCE, PEAK_MEMORY),
         members=(
@@ -412,7 +412,7 @@ COMPONENTS: tuple[Component, ...] = (
                 optional=True,
             ),
         ),
-        default="torchmatrix.suites.training_step:PlainStep",
+        default="torchmatrix.suites.components.training_step:PlainStep",
     ),
     Component(
         name="dataset",

@@ -157,7 +157,7 @@ class CrossVersionOptions(ResumeOptions):
     """Set by the runner: the versions that read these writes."""
     checkpoint_classes_from: tuple[str, ...] = ()
     """Top-level packages whose classes a checkpoint read from another version may carry in its pickles
-    (e.g. `torchao` for its optimizer state), besides those of `[components]` (suites/checkpoint_pickles.py)."""
+    (e.g. `torchao` for its optimizer state), besides those of `[components]` (suites/checkpoints/checkpoint_pickles.py)."""
 
     def __post_init__(self):
         super().__post_init__()

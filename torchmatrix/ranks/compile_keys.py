@@ -53,7 +53,8 @@ def compiler_version() -> str:
 def source_files(components: dict, suite_files: Iterable[Path]) -> list[Path]:
     """The Python files a compiled graph can come from: every file of each package on a component's
     import path (a module imports its siblings; an editable install may map a subpackage to a folder
-    of its own), the files beside a top-level module, and the suites' files."""
+    of its own), the files beside a top-level module, and the suites' files (with their helper
+    sub-packages, where the suites' folder is a package)."""
     folders: set[Path] = set()
     files: set[Path] = set()
     for target in components.values():
@@ -71,7 +72,8 @@ def source_files(components: dict, suite_files: Iterable[Path]) -> list[Path]:
         elif len(parts) == 1 and leaf.origin and leaf.origin.endswith(".py"):
             files.update(Path(leaf.origin).parent.glob("*.py"))
     for suite in suite_files:
-        files.update(Path(suite).resolve().parent.glob("*.py"))
+        folder = Path(suite).resolve().parent
+        files.update(folder.rglob("*.py") if (folder / "__init__.py").is_file() else folder.glob("*.py"))
     for folder in folders:
         files.update(folder.rglob("*.py"))
     return sorted(files)

@@ -17,9 +17,9 @@ from torchmatrix.testing import (
     wrapper_chain,
 )
 
+from ..recompute.grad_ckpt_precision import EXACT, mismatch
 from .built_names import named_buffers_as_built, named_modules_as_built
 from .cache_tree import CACHE_STATE_DEPTH, OPAQUE
-from .grad_ckpt_precision import EXACT, mismatch
 from .optimizer_state import plain_equal
 from .reachable_state import is_user_object, module_level_containers
 
@@ -81,7 +81,7 @@ def module_state(model: nn.Module, ignored: tuple[str, ...] = ()) -> tuple[dict[
     objects of the user's classes (a dataclass of routing statistics), by path
     (``prefix_layers.1.aux_losses[0]``, ``prefix_layers.1.stats.tokens``), and the module-level
     containers of the Python modules that define the model's classes
-    (``models.moe.AUX_LOSS_TRACKER['layer 1']``, suites/reachable_state.py): state a forward may
+    (``models.moe.AUX_LOSS_TRACKER['layer 1']``, suites/state/reachable_state.py): state a forward may
     append to or bump outside buffers and parameters; and where each int is held, so
     ``body_call_counters`` can find the counters ``body_calls()`` reports. torch's own module
     internals, parameters, submodules, wrapper modules and the names in ``ignored`` are left out;

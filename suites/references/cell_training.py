@@ -1,7 +1,7 @@
 """parallel_equivalence's cell side: the cell trains in its own world as it would alone, and rank 0
 writes what it computed (every step's reduced and clipped gradient and parameters, whole) for the
-single-process reference to compare in its own world (suites/lockstep.py). The data-parallel step is
-here; the pipelined one (axis `pipeline`) is suites/pipelining.py's, recorded the same way."""
+single-process reference to compare in its own world (suites/references/lockstep.py). The data-parallel step is
+here; the pipelined one (axis `pipeline`) is suites/references/pipelining.py's, recorded the same way."""
 
 from __future__ import annotations
 
@@ -22,11 +22,11 @@ from torchmatrix.testing import (
     user_model,
 )
 
+from ..components.parallelize_component import parallelized
+from ..components.training_step import build_training_step
+from ..state.full_tensors import full_gradients, full_parameters, whole
 from .accumulation import accumulated_backward, micro_batch_seeds, sync_switch
-from .full_tensors import full_gradients, full_parameters, whole
-from .parallelize_component import parallelized
 from .single_process_reference import DEFAULT_CLIP, batch_seed, optimizer_hyperparameters, seeded_model
-from .training_step import build_training_step
 
 CELL_STEPS = "cell-steps.pt"
 """What the cell computed, gathered (rank 0 writes it): the reference reads it in its own world."""

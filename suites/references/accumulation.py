@@ -21,12 +21,12 @@ from torchmatrix.testing import (
     wrapper_chain,
 )
 
-from .built_names import named_parameters_as_built
+from ..comparison.step_comparisons import gradient_comparison
+from ..comparison.summation_bounds import MeanReduction
+from ..state.built_names import named_parameters_as_built
 from .single_process_reference import SingleProcessReference
-from .step_comparisons import gradient_comparison
-from .summation_bounds import MeanReduction
 
-DEFAULT_NO_SYNC = "torchmatrix.suites.accumulation:gradient_sync_off"
+DEFAULT_NO_SYNC = "torchmatrix.suites.references.accumulation:gradient_sync_off"
 NO_SWITCH = (
     "this torch's FSDP2 module has no set_requires_gradient_sync, so gradient sync cannot be turned off for "
     "micro-batches; the accumulation cells need a release that has it"

@@ -1,6 +1,6 @@
 """The for-loop twin: the cell's optimizer factory built again in its for-loop implementation over
 the same parameters, stepped from each step's parameters, gradients and state as the cell's optimizer
-had them, and the result compared with the cell's within suites/update_bounds.py's derived bound. A
+had them, and the result compared with the cell's within suites/comparison/update_bounds.py's derived bound. A
 cell is then compared with an independent reference every step, not only with itself, so an
 implementation that skips weight decay for some parameters, counts its own steps or corrects its
 bias otherwise fails, naming what differs (docs/explanation/optimizer-implementations.md).
@@ -17,9 +17,9 @@ import torch
 
 from torchmatrix.testing import UnavailableImplementation, build_optimizer, inner_optimizers
 
-from .built_names import named_parameters_as_built
-from .optimizer_state import local_part, optimizer_state_of, param_groups_of
-from .update_bounds import BOUNDED_KEYS, AdamWStep
+from ..comparison.update_bounds import BOUNDED_KEYS, AdamWStep
+from ..state.built_names import named_parameters_as_built
+from ..state.optimizer_state import local_part, optimizer_state_of, param_groups_of
 
 TWIN_IMPLEMENTATION = "forloop"
 NOT_HYPERPARAMETERS = ("params", "lr", "initial_lr", "foreach", "fused", "capturable")

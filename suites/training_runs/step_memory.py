@@ -16,9 +16,9 @@ import torch.distributed as dist
 from torchmatrix.messages.properties import STEP_PEAK
 from torchmatrix.testing import build_optimizer, current_device, data_parallel_rank, load
 
-from .parallelize_component import parallelized
-from .single_process_reference import optimizer_hyperparameters, seeded_model
-from .training_step import build_training_step
+from ..components.parallelize_component import parallelized
+from ..components.training_step import build_training_step
+from ..references.single_process_reference import optimizer_hyperparameters, seeded_model
 
 KINDS = {
     "PARAMETER": "parameters",

@@ -1,6 +1,6 @@
 """What parallel_equivalence compares a tensor-parallel cell's gathered gradient with: linear
 functionals of it against the single-process mean's, each within its own first-order bound
-(suites/reordered_sums.py). An element-wise bound would take a second backward per element; a
+(suites/comparison/reordered_sums.py). An element-wise bound would take a second backward per element; a
 functional takes one. Per tensor, the reference's sign pattern (on the reference it is ‖g‖₁: a
 gradient reduced twice doubles it, one never reduced loses a part of it); over every tensor, a fixed
 random ±1 direction (a gradient wrong in its pattern yet as large) and the reference's unit direction,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import copy
 
-from .device_copies import on_device
+from ..state.device_copies import on_device
 
 
 class StackLoader:

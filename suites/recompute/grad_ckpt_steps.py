@@ -20,19 +20,19 @@ from torchmatrix.testing import (
     user_model,
 )
 
-from .built_names import named_modules_as_built, named_parameters_as_built
-from .cache_tree import cache_contents, cache_marks, cache_snapshot, cache_writes
+from ..comparison.deterministic import deterministic_algorithms
+from ..components.forward_output import OUTPUT, model_output
+from ..components.model_output import cache_on, call_model
+from ..components.parallelize_component import parallelized
+from ..components.training_step import build_training_step
+from ..state.built_names import named_modules_as_built, named_parameters_as_built
+from ..state.cache_tree import cache_contents, cache_marks, cache_snapshot, cache_writes
+from ..state.full_tensors import full_gradients
+from ..state.module_state_walk import body_call_counters, buffers, local_tensor, module_state
+from ..state.reachable_state import kept_as_they_are, module_level_containers
 from .checkpoint_units import CheckpointUnits, counted_checkpoints, watched_sites
 from .compiled_rng import graph_safe_rng_applies, one_random_stream
-from .deterministic import deterministic_algorithms
-from .forward_output import OUTPUT, model_output
-from .full_tensors import full_gradients
 from .grad_ckpt_precision import Precision
-from .model_output import cache_on, call_model
-from .module_state_walk import body_call_counters, buffers, local_tensor, module_state
-from .parallelize_component import parallelized
-from .reachable_state import kept_as_they_are, module_level_containers
-from .training_step import build_training_step
 
 SEED = 0
 
@@ -51,7 +51,7 @@ def cache_state(caches: dict) -> dict[str, object]:
 
 def found_caches(seen: dict, units: CheckpointUnits) -> tuple[dict, str]:
     """The caches of one step and where they were found: the ``past_key_values`` of the model's output
-    (``seen``, suites/forward_output.py), else the containers forward handed to its checkpointed units
+    (``seen``, suites/components/forward_output.py), else the containers forward handed to its checkpointed units
     and wrote tensors to after handing them (the cache hook: a mask or rotary table passed along
     unchanged is no cache); "unseen" where neither found one and no module call's output was seen."""
     returned = cache_on(seen.get(OUTPUT))

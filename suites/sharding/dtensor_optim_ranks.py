@@ -27,12 +27,12 @@ from torchmatrix.testing import (
     state_dict_root,
 )
 
-from .built_names import named_parameters_as_built
-from .dcp_layout import find_checkpoint
+from ..checkpoints.dcp_layout import find_checkpoint
+from ..comparison.ulp import bits_difference, bits_equal
+from ..state.built_names import named_parameters_as_built
+from ..state.optimizer_state import inner_optimizers, optimizer_state_of, param_groups_of, quantized_state_kinds
 from .dtensor_optim_recipe import CONTINUED_STEPS, Recipe, World, world_mesh
 from .mesh_placements import placement_problems
-from .optimizer_state import inner_optimizers, optimizer_state_of, param_groups_of, quantized_state_kinds
-from .ulp import bits_difference, bits_equal
 
 SAVE_SEED, LOAD_SEED = 0, 1
 FULL = StateDictOptions(full_state_dict=True)

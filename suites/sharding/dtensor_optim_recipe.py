@@ -22,13 +22,13 @@ from torchmatrix.testing import (
     user_model,
 )
 
-from .checkpointer_forms import RunCheckpointer, reshards_itself
+from ..checkpoints.checkpointer_forms import RunCheckpointer, reshards_itself
+from ..components.model_output import call_model, loss_of
+from ..components.parallelize_component import parallelized
+from ..components.scheduler_component import build_scheduler
+from ..components.training_step import build_training_step
+from ..state.optimizer_state import state_adapter
 from .mesh_placements import TensorParallelPlan
-from .model_output import call_model, loss_of
-from .optimizer_state import state_adapter
-from .parallelize_component import parallelized
-from .scheduler_component import build_scheduler
-from .training_step import build_training_step
 
 LR = 1e-2
 FLAT = "flat"

@@ -19,7 +19,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from torchmatrix.testing import cell_layout
 
-from .built_names import named_parameters_as_built
+from ..state.built_names import named_parameters_as_built
 
 REPLICATE_DIM, SHARD_DIM, TP_DIM = "dp_replicate", "dp_shard", "tp"
 COLWISE, ROWWISE = "colwise", "rowwise"

@@ -7,7 +7,7 @@ import torch
 
 from torchmatrix.testing import call_accepting, load
 
-DEFAULT_SCHEDULER = "torchmatrix.suites.scheduler_component:warmup_scheduler"
+DEFAULT_SCHEDULER = "torchmatrix.suites.components.scheduler_component:warmup_scheduler"
 
 
 def warmup_scheduler(optimizer, *, warmup_steps: int) -> torch.optim.lr_scheduler.LambdaLR:

@@ -11,7 +11,7 @@ from torchmatrix.components.pipeline_axis import pipelines
 from torchmatrix.matrix.meshes import PP_DIM
 from torchmatrix.testing import cell_mesh, fsdp1_root
 
-from .full_tensors import whole
+from ..state.full_tensors import whole
 
 
 def clip_grad_norm(model, *, max_norm: float, cell: dict | None = None) -> torch.Tensor:

@@ -19,11 +19,11 @@ from torch.distributed.tensor import DTensor
 
 from torchmatrix.testing import current_device, data_parallel_rank, load, reset_keeping_time, root_cause
 
-from .built_names import named_buffers_as_built, named_parameters_as_built
-from .deterministic import deterministic_algorithms
-from .parallelize_component import parallelized
-from .training_step import build_training_step
-from .ulp import bits_difference, ulp_distance
+from ..comparison.deterministic import deterministic_algorithms
+from ..comparison.ulp import bits_difference, ulp_distance
+from ..components.parallelize_component import parallelized
+from ..components.training_step import build_training_step
+from ..state.built_names import named_buffers_as_built, named_parameters_as_built
 
 SEED = 0
 TWIN_STEPS = 3

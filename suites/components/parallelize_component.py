@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from torchmatrix.testing import accepts, cell_mesh, load
 
-from .built_names import module_names, remember_built
+from ..state.built_names import module_names, remember_built
 
 
 def parallelized(components: dict, model, cell, *, device, mesh=None, **keywords):
     """`parallelize(model, cell, device=device, **keywords)`, plus `mesh` (given, else the cell's) where it
-    names it; the names of `model` as built are remembered for the result (suites/built_names.py)."""
+    names it; the names of `model` as built are remembered for the result (suites/state/built_names.py)."""
     parallelize = load(components["parallelize"])
     if accepts(parallelize, "mesh"):
         keywords["mesh"] = mesh if mesh is not None else cell_mesh(cell, device.type)

@@ -20,12 +20,12 @@ from torchmatrix.testing import (
     user_model,
 )
 
-from .built_names import module_names, named_parameters_as_built, remember_built
-from .gradient_functionals import Functional
-from .reordered_sums import reordering_bounds
-from .training_step import build_training_step
+from ..comparison.gradient_functionals import Functional
+from ..comparison.reordered_sums import reordering_bounds
+from ..components.training_step import build_training_step
+from ..state.built_names import module_names, named_parameters_as_built, remember_built
 
-DEFAULT_CLIP = "torchmatrix.suites.gradient_clipping:clip_grad_norm"
+DEFAULT_CLIP = "torchmatrix.suites.components.gradient_clipping:clip_grad_norm"
 
 
 def reference_cell(cell: dict) -> dict:
@@ -111,7 +111,7 @@ class SingleProcessReference:
 
     def reordering_bounds(self, step: int, functionals: list[Functional]) -> tuple[list[float], list[float]]:
         """How far, to first order, each shard's loss and each functional of the mean gradient may move
-        when the linear layers sum in another order (suites/reordered_sums.py), in a pass of its own
+        when the linear layers sum in another order (suites/comparison/reordered_sums.py), in a pass of its own
         that differentiates autograd's gradient of the loss once more (the stack's `backward` cannot)."""
         loss_bounds, totals = [], [0.0] * len(functionals)
         for shard in range(self.shards):

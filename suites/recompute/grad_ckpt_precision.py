@@ -12,11 +12,11 @@ from torchmatrix.testing import (
     GradCkptOptions,
 )
 
-from .compiled_rng import GRAPH_SAFE_RNG_OFF
-from .eager_twin import (
+from ..comparison.ulp import bits_equal, differing_bits, ulp_distance
+from ..references.eager_twin import (
     KERNEL_KEEPING_BACKENDS,
 )
-from .ulp import bits_equal, differing_bits, ulp_distance
+from .compiled_rng import GRAPH_SAFE_RNG_OFF
 
 # bfloat16 keeps 8 significant bits, eps = 2**-7. The suite's bf16 models accumulate matmuls
 # and reductions in fp32 (as CPU and GPU bf16 kernels do), so a recompute that sums in another

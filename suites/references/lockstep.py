@@ -13,13 +13,9 @@ from torchmatrix.components.accumulation_axis import accumulates
 from torchmatrix.components.pipeline_axis import pipelines
 from torchmatrix.testing import ParallelEquivalenceOptions, UnavailableImplementation, data_parallel_size
 
-from .accumulation import AccumulatingReference
-from .cell_training import CELL_STEPS, CellTraining, train_and_record
-from .deterministic import deterministic_algorithms
-from .gradient_functionals import functional_comparison, functionals_of, reduction_bound
-from .pipelining import PipelinedReference, PipelinedTraining
-from .single_process_reference import SingleProcessReference
-from .step_comparisons import (
+from ..comparison.deterministic import deterministic_algorithms
+from ..comparison.gradient_functionals import functional_comparison, functionals_of, reduction_bound
+from ..comparison.step_comparisons import (
     GRID_EVIDENCE,
     clip_comparison,
     exact_norm,
@@ -27,8 +23,12 @@ from .step_comparisons import (
     narrow_grid_lines,
     parameter_differences,
 )
-from .summation_bounds import MeanReduction, clip_relative_bound, norm_relative_bound
-from .ulp import ulp_distance
+from ..comparison.summation_bounds import MeanReduction, clip_relative_bound, norm_relative_bound
+from ..comparison.ulp import ulp_distance
+from .accumulation import AccumulatingReference
+from .cell_training import CELL_STEPS, CellTraining, train_and_record
+from .pipelining import PipelinedReference, PipelinedTraining
+from .single_process_reference import SingleProcessReference
 
 OWN_WORLD = "a world of one rank of its own"
 IN_THE_CELLS_WORLD = (

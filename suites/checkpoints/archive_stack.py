@@ -3,7 +3,7 @@ a two-layer MLP under flat FSDP2, HSDP or FSDP2 x TP, an AdamW implementation, a
 schedule, a seeded data stream and the global RNG, saved and loaded through DCP.
 
 Only torch is imported, and each API is found where the running release keeps it, so the writer
-(suites/archive_writer.py) runs in an old release's venv and the suite
+(suites/checkpoints/archive_writer.py) runs in an old release's venv and the suite
 (suites/test_checkpoint_archive.py) rebuilds the same stack in the candidate.
 """
 

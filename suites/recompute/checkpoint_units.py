@@ -16,8 +16,8 @@ import torch
 import torch.utils.checkpoint
 from torch import nn
 
-from .built_names import named_modules_as_built
-from .cache_tree import cache_marks
+from ..state.built_names import named_modules_as_built
+from ..state.cache_tree import cache_marks
 
 CONTAINER_EXCLUDED = (torch.Tensor, nn.Module, type, tuple, str, bytes)
 

@@ -15,9 +15,9 @@ import torch
 
 from torchmatrix.testing import inner_optimizers
 
-from .ulp import bits_equal
+from ..comparison.ulp import bits_equal
 
-DEFAULT_ADAPTER = "torchmatrix.suites.optimizer_state:plain_state"
+DEFAULT_ADAPTER = "torchmatrix.suites.state.optimizer_state:plain_state"
 
 
 def plain_state(state: dict) -> dict:

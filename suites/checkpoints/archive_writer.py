@@ -1,5 +1,5 @@
 """Write the checkpoint archive's forms with the torch release this interpreter runs:
-`python -m torchmatrix.suites.archive_writer --to DIR [--release V]` (what `torchmatrix archive
+`python -m torchmatrix.suites.checkpoints.archive_writer --to DIR [--release V]` (what `torchmatrix archive
 write` runs in the release's venv).
 
 Each form trains SAVE_STEP steps, saves through DCP, keeps beside the checkpoint what a load must

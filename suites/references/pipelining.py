@@ -33,10 +33,12 @@ from torchmatrix.testing import (
     load,
 )
 
+from ..comparison.summation_bounds import MeanReduction
+from ..components.parallelize_component import parallelized
+from ..components.training_step import build_training_step
+from ..state.built_names import module_names, named_parameters_as_built, remember_built
 from .accumulation import accumulate, mean_over_shards, within
-from .built_names import module_names, named_parameters_as_built, remember_built
 from .cell_training import on_cpu
-from .parallelize_component import parallelized
 from .single_process_reference import (
     DEFAULT_CLIP,
     SingleProcessReference,
@@ -44,11 +46,9 @@ from .single_process_reference import (
     optimizer_hyperparameters,
     seeded_model,
 )
-from .summation_bounds import MeanReduction
-from .training_step import build_training_step
 
 DEFAULT_SPLIT = "torchmatrix.models.pipeline_stages:split_decoder"
-DEFAULT_SCHEDULE = "torchmatrix.suites.pipelining:build_schedule"
+DEFAULT_SCHEDULE = "torchmatrix.suites.references.pipelining:build_schedule"
 SCHEDULE_CLASSES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved_1f1b": "ScheduleInterleaved1F1B"}
 STAGE_ARGUMENTS = ("submodule", "stage_index", "num_stages", "device", "group")
 """What the suite builds a `PipelineStage` with; a release whose constructor takes other arguments skips."""
