@@ -26,7 +26,7 @@ from .checkpoints.checkpoint_pickles import unsafe_globals
 from .checkpoints.neutral_state import differences, neutral
 from .comparison.deterministic import deterministic_algorithms
 from .test_cross_version import restorable
-from .test_resume import TrainingRun, write_dataset
+from .training_runs.training_run import TrainingRun, write_dataset
 
 OPTIONS = CrossVersionOptions  # the dataclass `suite_options` arrives as
 

@@ -28,7 +28,7 @@ from torchmatrix.testing import (
 from .checkpoints.checkpointer_forms import RunCheckpointer
 from .checkpoints.neutral_state import neutral
 from .comparison.deterministic import deterministic_algorithms
-from .test_resume import TrainingRun, write_dataset
+from .training_runs.training_run import TrainingRun, write_dataset
 
 OPTIONS = CrossVersionOptions  # the dataclass `suite_options` arrives as
 

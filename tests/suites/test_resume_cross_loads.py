@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from suites.test_resume import loads_into_others
+from suites.training_runs.implementation_loads import loads_into_others
 
 
 @pytest.mark.parametrize(

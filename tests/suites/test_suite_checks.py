@@ -21,15 +21,14 @@ from suites.sharding.dtensor_optim_ranks import _compare as reshard_load_mismatc
 from suites.sharding.dtensor_optim_ranks import continuation, layout_problems, param_shaped_states, settings_differ
 from suites.state.module_state_walk import Entries, body_call_counters, module_state, module_state_problems
 from suites.state.optimizer_state import quantized_state_kinds
-from suites.test_resume import (
-    FinalState,
-    RankRecord,
+from suites.test_resume import partial_restore
+from suites.training_runs.restored_state import (
     optimizer_state_differences,
     param_group_differences,
     parameter_mismatches,
-    partial_restore,
     state_mismatches,
 )
+from suites.training_runs.resumed_run import FinalState, RankRecord
 from torchmatrix.testing import GradCkptOptions
 
 from helpers.checkout import REPO

@@ -12,7 +12,9 @@ import torch
 from suites.checkpoints.checkpointer_forms import RunCheckpointer, reshards_itself
 from suites.checkpoints.dcp_layout import Chunk, ExpectedState, TensorLayout, storage_findings
 from suites.state.optimizer_state import inner_optimizers, optimizer_state_of, param_groups_of
-from suites.test_resume import FinalState, RankRecord, extra_state_differences, rank_zero_rng
+from suites.test_resume import rank_zero_rng
+from suites.training_runs.restored_state import extra_state_differences
+from suites.training_runs.resumed_run import FinalState, RankRecord
 from torchmatrix.models.checkpoint import BoundCheckpointer, Checkpointer
 from torchmatrix.models.data import TokenDataset
 from torchmatrix.sensitivity.mutants import skips_on_load
