@@ -41,6 +41,7 @@ from torchmatrix.testing import REDUCE_DTYPES, ParallelEquivalenceOptions
 from .comparison.step_comparisons import GRID_EVIDENCE, NARROWER
 from .comparison.summation_bounds import MeanReduction
 from .references.lockstep import lockstep_records
+from .references.lockstep_steps import LockstepRecord, LockstepStep, LockstepUnavailable
 
 OPTIONS = ParallelEquivalenceOptions  # the dataclass `suite_options` arrives as
 
@@ -57,7 +58,7 @@ def parallel_cell(cell):
 
 
 @pytest.fixture
-def lockstep(cell, ranks, suite_options, components, once_per_cell, tmp_path) -> list[dict]:
+def lockstep(cell, ranks, suite_options, components, once_per_cell, tmp_path) -> list[LockstepRecord]:
     """The cell's training and its single-process reference, step by step, one record per rank; run once per cell."""
     options = suite_options
     if "optimizer" not in cell:
@@ -70,8 +71,8 @@ def lockstep(cell, ranks, suite_options, components, once_per_cell, tmp_path) ->
         "the lockstep training",
         lambda: lockstep_records(ranks, dict(cell), options, dict(components), tmp_path),
     )
-    if records[0].get("unavailable"):
-        pytest.skip(records[0]["unavailable"])
+    if isinstance(records[0], LockstepUnavailable):
+        pytest.skip(records[0].reason)
     return records
 
 
@@ -94,9 +95,9 @@ def collapsed(per_rank: list[list[str]]) -> str:
     return listing([f"rank {rank}: {line}" for rank, lines in enumerate(per_rank) for line in lines])
 
 
-def forward_is_single_process(records: list[dict]) -> bool:
+def forward_is_single_process(records: list[LockstepRecord]) -> bool:
     """Whether each rank's forward is the single-process forward of its shard: no tensor-parallel split."""
-    return not records[0]["tensor_parallel"]
+    return not records[0].tensor_parallel
 
 
 TENSOR_PARALLEL_GRADIENTS = (
@@ -111,24 +112,22 @@ def test_losses_match_single_process(cell, lockstep, record_property):
     bit where the forward is the single-process one; under tensor parallelism within the first-order
     bound of its linear layers summing in another order (suites/comparison/reordered_sums.py)."""
     records = lockstep
-    record_property("reference_world", records[0]["reference_world"])
-    steps = [step for record in records for step in record["steps"]]
-    record_property("loss_max_abs", max(abs(step["loss"] - step["reference_loss"]) for step in steps))
+    record_property("reference_world", records[0].reference_world)
+    steps = [step for record in records for step in record.steps]
+    record_property("loss_max_abs", max(abs(step.loss - step.reference_loss) for step in steps))
     if forward_is_single_process(records):
-        record_property("loss_max_ulp", max(step["loss_ulp"] for step in steps))
+        record_property("loss_max_ulp", max(step.loss_ulp for step in steps))
         allowed, expected = (lambda step: 0.0), "bit for bit: the same kernels on the same gathered parameters"
     else:
-        record_property(
-            "loss_max_ratio", max(abs(step["loss"] - step["reference_loss"]) / step["loss_bound"] for step in steps)
-        )
-        allowed = lambda step: step["loss_bound"]  # noqa: E731
+        record_property("loss_max_ratio", max(abs(step.loss - step.reference_loss) / step.loss_bound for step in steps))
+        allowed = lambda step: step.loss_bound  # noqa: E731
         expected = "within the first-order bound of tensor parallelism's linear layers summing in another order"
     per_rank = [
         [
-            f"step {index}: loss {step['loss']!r}, single-process {step['reference_loss']!r}: |diff| "
-            f"{abs(step['loss'] - step['reference_loss']):.3e} ({step['loss_ulp']} ULP), allowed {allowed(step):.3e}"
-            for index, step in enumerate(record["steps"])
-            if abs(step["loss"] - step["reference_loss"]) > allowed(step)
+            f"step {index}: loss {step.loss!r}, single-process {step.reference_loss!r}: |diff| "
+            f"{abs(step.loss - step.reference_loss):.3e} ({step.loss_ulp} ULP), allowed {allowed(step):.3e}"
+            for index, step in enumerate(record.steps)
+            if abs(step.loss - step.reference_loss) > allowed(step)
         ]
         for record in records
     ]
@@ -148,20 +147,20 @@ def test_reduced_gradients_match_single_process(cell, lockstep, suite_options, r
     the global batch within the derived reduction bound (bit for bit at two shards or fewer); under
     tensor parallelism through linear functionals, each within its first-order bound."""
     records = lockstep
-    reduction = MeanReduction(records[0]["shards"], suite_options.reduce_dtype)
-    steps = records[0]["steps"]
+    reduction = MeanReduction(records[0].shards, suite_options.reduce_dtype)
+    steps = records[0].steps
     record_property("precision", reduction.describe())
     if not forward_is_single_process(records):
-        record_property("grad_functional_max_ratio", max(step["gradient"]["max_ratio"] for step in steps))
+        record_property("grad_functional_max_ratio", max(step.gradient.max_ratio for step in steps))
         expected = TENSOR_PARALLEL_GRADIENTS
     else:
-        record_property("grad_max_abs", max(step["gradient"]["max_abs"] for step in steps))
+        record_property("grad_max_abs", max(step.gradient.max_abs for step in steps))
         if reduction.exact:
-            record_property("grad_max_ulp", max(step["gradient"]["max_ulp"] for step in steps))
+            record_property("grad_max_ulp", max(step.gradient.max_ulp for step in steps))
         else:
-            record_property("grad_max_ratio", max(step["gradient"]["max_ratio"] for step in steps))
+            record_property("grad_max_ratio", max(step.gradient.max_ratio for step in steps))
         expected = f"within what the reduction order allows: {reduction.describe()}"
-    problems = [f"step {index}: {line}" for index, step in enumerate(steps) for line in step["gradient"]["problems"]]
+    problems = [f"step {index}: {line}" for index, step in enumerate(steps) for line in step.gradient.problems]
     if problems:
         raise AssertionError(
             f"{cell.id}: after the data-parallel reduction the gradient differs from the single-process mean gradient "
@@ -179,12 +178,12 @@ def test_gradients_reduced_in_declared_dtype(cell, lockstep, suite_options):
     declared = suite_options.reduce_dtype
     if not NARROWER[declared]:
         pytest.skip(f"reduce_dtype = {declared!r}: no narrower dtype among {', '.join(REDUCE_DTYPES)} to tell apart")
-    steps = lockstep[0]["steps"]
-    if not any(step["grid_checked"] for step in steps):
+    steps = lockstep[0].steps
+    if not any(step.grid_checked for step in steps):
         pytest.skip(
             f"no gradient had {GRID_EVIDENCE} nonzero elements: too few to tell an fp32 sum from a narrower one"
         )
-    problems = [f"step {index}: {line}" for index, step in enumerate(steps) for line in step["narrow_grid"]]
+    problems = [f"step {index}: {line}" for index, step in enumerate(steps) for line in step.narrow_grid]
     if problems:
         raise AssertionError(
             f"{cell.id}: gradients after the data-parallel reduction hold only values of a dtype narrower than the "
@@ -201,17 +200,17 @@ def test_gradient_norm_is_the_whole_models(cell, lockstep, record_property):
     the worst-case rounding of a norm of that many elements, and the single-process mean gradient's
     norm within that plus the gradient's own bound: not a shard's partial norm, nor another model's."""
     records = lockstep
-    steps = [step for record in records for step in record["steps"]]
-    record_property("norm_max_rel", max(step["norm"]["relative_error"] for step in steps))
-    record_property("norm_tolerance_rel", records[0]["norm_tolerance"])
-    record_property("norm_single_process_max_abs", max(step["norm"]["single_process_error"] for step in steps))
+    steps = [step for record in records for step in record.steps]
+    record_property("norm_max_rel", max(step.norm.relative_error for step in steps))
+    record_property("norm_tolerance_rel", records[0].norm_tolerance)
+    record_property("norm_single_process_max_abs", max(step.norm.single_process_error for step in steps))
     per_rank = [
-        [line for index, step in enumerate(record["steps"]) for line in norm_problems(index, step, record)]
+        [line for index, step in enumerate(record.steps) for line in norm_problems(index, step, record)]
         for record in records
     ]
     assert not any(per_rank), (
         f"{cell.id}: the gradient norm clip_grad_norm returns is not the norm of the whole model's gradient "
-        f"(tolerance: the worst-case rounding of a 2-norm of {records[0]['elements']} elements, and against the "
+        f"(tolerance: the worst-case rounding of a 2-norm of {records[0].elements} elements, and against the "
         f"single-process mean gradient's norm also the gradient's own reduction bound):\n"
         + collapsed(per_rank)
         + "\n  hint: a norm over this rank's shards only (torch.nn.utils.clip_grad_norm_ on FSDP1, or over "
@@ -219,25 +218,25 @@ def test_gradient_norm_is_the_whole_models(cell, lockstep, record_property):
     )
 
 
-def norm_problems(index: int, step: dict, record: dict) -> list[str]:
+def norm_problems(index: int, step: LockstepStep, record: LockstepRecord) -> list[str]:
     """What is wrong with one step's norm on one rank; the single-process figures are the reference's
     own, computed in its world of one rank."""
-    norm = step["norm"]
+    norm = step.norm
     figures = (
-        f"clip_grad_norm returned {norm['returned']!r}; the gathered gradient's norm is {norm['exact']!r}, the "
-        f"single-process mean gradient's {norm['single_process']!r} (the clip in one process: "
-        f"{norm['single_process_clip']!r})"
+        f"clip_grad_norm returned {norm.returned!r}; the gathered gradient's norm is {norm.exact!r}, the "
+        f"single-process mean gradient's {norm.single_process!r} (the clip in one process: "
+        f"{norm.single_process_clip!r})"
     )
     problems = []
-    if norm["relative_error"] > record["norm_tolerance"]:
+    if norm.relative_error > record.norm_tolerance:
         problems.append(
-            f"step {index}: {figures}; relative error to the gathered {norm['relative_error']:.3e}, "
-            f"tolerance {record['norm_tolerance']:.3e}"
+            f"step {index}: {figures}; relative error to the gathered {norm.relative_error:.3e}, "
+            f"tolerance {record.norm_tolerance:.3e}"
         )
-    tolerance = norm["single_process_tolerance"]
-    if norm["single_process_error"] > tolerance:
+    tolerance = norm.single_process_tolerance
+    if norm.single_process_error > tolerance:
         problems.append(
-            f"step {index}: {figures}; |returned - single-process| {norm['single_process_error']:.3e}, "
+            f"step {index}: {figures}; |returned - single-process| {norm.single_process_error:.3e}, "
             f"tolerance {tolerance:.3e}"
         )
     return problems
@@ -247,14 +246,14 @@ def test_clipping_scales_by_the_whole_norm(cell, lockstep, record_property):
     """The clipped gradient is the gathered gradient times min(1, max_norm / (norm + 1e-6)) of the whole
     norm, within that norm's rounding bound; max_norm makes the first step clip."""
     records = lockstep
-    steps = records[0]["steps"]
-    record_property("clipped_steps", [index for index, step in enumerate(steps) if step["clip"]["coefficient"] < 1])
-    record_property("clip_max_ratio", max(step["clip"]["max_ratio"] for step in steps))
-    problems = [f"step {index}: {line}" for index, step in enumerate(steps) for line in step["clip"]["problems"]]
+    steps = records[0].steps
+    record_property("clipped_steps", [index for index, step in enumerate(steps) if step.clip.coefficient < 1])
+    record_property("clip_max_ratio", max(step.clip.max_ratio for step in steps))
+    problems = [f"step {index}: {line}" for index, step in enumerate(steps) for line in step.clip.problems]
     if problems:
         raise AssertionError(
             f"{cell.id}: clipping did not scale the whole gradient by the coefficient of the whole norm "
-            f"(max_norm {records[0]['max_norm']!r}; tolerance {records[0]['clip_tolerance']:.3e} x |g x coefficient|):\n"
+            f"(max_norm {records[0].max_norm!r}; tolerance {records[0].clip_tolerance:.3e} x |g x coefficient|):\n"
             + listing(problems)
             + "\n  hint: each rank clipped by its own shard's norm, or the clip used another norm than the whole model's"
         )
@@ -264,14 +263,14 @@ def test_parameters_match_single_process_step(cell, lockstep):
     """Before training and after every step, the gathered parameters equal the single-process
     optimizer's step on the same clipped gradient, bit for bit."""
     records = lockstep
-    per_rank = [record["initial_parameters"] for record in records]
+    per_rank = [record.initial_parameters for record in records]
     assert not any(per_rank), (
         f"{cell.id}: before any step, the parallel model's gathered parameters differ from the single-process "
         f"model built from the same seed:\n" + collapsed(per_rank) + "\n  hint: the model factory is not "
         "deterministic under torch.manual_seed, or parallelize changed the weights"
     )
     per_rank = [
-        [f"after step {index}: {line}" for index, step in enumerate(record["steps"]) for line in step["parameters"]]
+        [f"after step {index}: {line}" for index, step in enumerate(record.steps) for line in step.parameters]
         for record in records
     ]
     assert not any(per_rank), (
@@ -291,8 +290,8 @@ def test_micro_batches_accumulate_to_the_whole_batch(cell, lockstep, suite_optio
     explains it (and under a pipeline, the stage that holds it)."""
     if not accumulates(cell) and not pipelines(cell):
         pytest.skip("accumulation=none, pipeline=none: one batch per shard and step, no micro-batches to accumulate")
-    steps = lockstep[0]["steps"]
-    problems = [f"step {index}: {line}" for index, step in enumerate(steps) for line in step["micro_batches"]]
+    steps = lockstep[0].steps
+    problems = [f"step {index}: {line}" for index, step in enumerate(steps) for line in step.micro_batches]
     if not problems:
         return
     if pipelines(cell):

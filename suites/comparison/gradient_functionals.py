@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .step_comparisons import missing_gradients
+from .step_comparisons import GradientComparison, missing_gradients
 from .summation_bounds import MeanReduction
 
 RANDOM_DIRECTION_SEED = 56
@@ -61,7 +61,9 @@ def reduction_bound(functional: Functional, magnitude: dict[str, torch.Tensor], 
     )
 
 
-def functional_comparison(parallel: dict, mean: dict, functionals: list[Functional], bounds: list[float]) -> dict:
+def functional_comparison(
+    parallel: dict, mean: dict, functionals: list[Functional], bounds: list[float]
+) -> GradientComparison:
     """Per functional, whether the parallel gradient's value lies within its bound of the mean's; the
     largest difference-to-bound ratio, and the unit direction's bound (how far the norms may lie apart)."""
     problems = missing_gradients(parallel, mean)
@@ -71,7 +73,7 @@ def functional_comparison(parallel: dict, mean: dict, functionals: list[Function
         if parallel[name].shape != mean[name].shape
     ]
     if problems:  # a functional weighs every element of the reference's shapes: nothing more to evaluate
-        return {"problems": problems, "max_ratio": 0.0, "max_abs": 0.0, "bound_norm": bounds[-1]}
+        return GradientComparison(problems, max_abs=0.0, max_ulp=0, max_ratio=0.0, bound_norm=bounds[-1])
     max_ratio, max_abs = 0.0, 0.0
     for functional, bound in zip(functionals, bounds, strict=True):
         actual, expected = functional.of(parallel), functional.of(mean)
@@ -83,4 +85,4 @@ def functional_comparison(parallel: dict, mean: dict, functionals: list[Function
                 f"{functional.name}: {actual:.6e} where the single-process mean gives {expected:.6e}: "
                 f"|diff| {difference:.3e}, first-order bound {bound:.3e} ({ratio:.3g}x)"
             )
-    return {"problems": problems, "max_ratio": max_ratio, "max_abs": max_abs, "bound_norm": bounds[-1]}
+    return GradientComparison(problems, max_abs=max_abs, max_ulp=0, max_ratio=max_ratio, bound_norm=bounds[-1])

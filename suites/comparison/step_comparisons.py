@@ -4,6 +4,8 @@ parameters; each returns the problem lines a failure message lists."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from .summation_bounds import MeanReduction
@@ -14,6 +16,28 @@ GRID_EVIDENCE = 16
 """Nonzero elements of one gradient that must all lie on a narrower dtype's grid before the suite
 concludes it was reduced there: an fp32 sum lands on bf16's grid by chance about once in 2**16, so
 16 such elements happen by chance about once in 2**256."""
+
+
+@dataclass(frozen=True)
+class GradientComparison:
+    """The reduced gradient against the single-process mean: what lies outside its bound, and the
+    figures a passing cell records."""
+
+    problems: list[str]
+    max_abs: float
+    max_ulp: int
+    max_ratio: float
+    bound_norm: float
+    """The 2-norm of the bound over every element: how far the two gradients' norms may lie apart."""
+
+
+@dataclass(frozen=True)
+class ClipComparison:
+    """The clipped gradient against the reduced one times the whole norm's coefficient."""
+
+    problems: list[str]
+    coefficient: float
+    max_ratio: float
 
 
 def exact_norm(gradients: dict[str, torch.Tensor]) -> float:
@@ -34,7 +58,9 @@ def missing_gradients(parallel: dict, reference: dict) -> list[str]:
     ]
 
 
-def gradient_comparison(parallel: dict, reference: dict, magnitude: dict, reduction: MeanReduction) -> dict:
+def gradient_comparison(
+    parallel: dict, reference: dict, magnitude: dict, reduction: MeanReduction
+) -> GradientComparison:
     """Per gradient, whether the parallel one lies within the reduction bound of the reference's mean;
     the largest difference, ULP distance and difference-to-bound ratio over all of them, and the 2-norm
     of the bound over every element (how far the two gradients' norms may lie apart)."""
@@ -70,13 +96,7 @@ def gradient_comparison(parallel: dict, reference: dict, magnitude: dict, reduct
                 f"{difference.flatten()[worst].item():.3e} where the bound is {bound.flatten()[worst].item():.3e} "
                 f"({ratio.flatten()[worst].item():.3g}x)"
             )
-    return {
-        "problems": problems,
-        "max_abs": max_abs,
-        "max_ulp": max_ulp,
-        "max_ratio": max_ratio,
-        "bound_norm": bound_squares**0.5,
-    }
+    return GradientComparison(problems, max_abs, max_ulp, max_ratio, bound_squares**0.5)
 
 
 def narrow_grid_lines(gradients: dict, declared: str) -> list[str]:
@@ -95,7 +115,7 @@ def narrow_grid_lines(gradients: dict, declared: str) -> list[str]:
     return lines
 
 
-def clip_comparison(reduced: dict, clipped: dict, coefficient: float, relative_bound: float) -> dict:
+def clip_comparison(reduced: dict, clipped: dict, coefficient: float, relative_bound: float) -> ClipComparison:
     """Per gradient, whether the clipped one equals the reduced one times `coefficient` within the
     relative bound; the largest difference-to-bound ratio."""
     problems = [f"{name}: the clip dropped this gradient" for name in sorted(reduced.keys() - clipped.keys())]
@@ -115,7 +135,7 @@ def clip_comparison(reduced: dict, clipped: dict, coefficient: float, relative_b
                 f"{name}: {int(over.sum())}/{over.numel()} elements off; e.g. {unclipped:.6e} clipped to {actual:.6e} "
                 f"(x{actual / unclipped if unclipped else float('nan'):.6f}), expected x{coefficient:.6f}"
             )
-    return {"problems": problems, "coefficient": coefficient, "max_ratio": max_ratio}
+    return ClipComparison(problems, coefficient, max_ratio)
 
 
 def parameter_differences(parallel: dict, reference: dict) -> list[str]:

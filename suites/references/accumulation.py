@@ -228,7 +228,7 @@ def reduced_alone(micro: list[list[dict]], index: int) -> dict[str, torch.Tensor
 def within(actual: torch.Tensor, expected: torch.Tensor, magnitude: torch.Tensor, reduction: MeanReduction) -> bool:
     """Whether `actual` is `expected` within the reduction bound, as the gradient test judges it
     (step_comparisons.gradient_comparison): bit for bit where that is exact."""
-    return not gradient_comparison({"g": actual}, {"g": expected}, {"g": magnitude}, reduction)["problems"]
+    return not gradient_comparison({"g": actual}, {"g": expected}, {"g": magnitude}, reduction).problems
 
 
 def unexplained(actual: torch.Tensor, expected: torch.Tensor, count: int) -> str:

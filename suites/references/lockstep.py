@@ -5,6 +5,7 @@ those records, step by step, and compares. Neither side ever runs in the other's
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -17,6 +18,7 @@ from ..comparison.deterministic import deterministic_algorithms
 from ..comparison.gradient_functionals import functional_comparison, functionals_of, reduction_bound
 from ..comparison.step_comparisons import (
     GRID_EVIDENCE,
+    GradientComparison,
     clip_comparison,
     exact_norm,
     gradient_comparison,
@@ -27,6 +29,7 @@ from ..comparison.summation_bounds import MeanReduction, clip_relative_bound, no
 from ..comparison.ulp import ulp_distance
 from .accumulation import AccumulatingReference
 from .cell_training import CELL_STEPS, CellTraining, train_and_record
+from .lockstep_steps import LockstepRecord, LockstepStep, LockstepUnavailable, NormComparison
 from .pipelining import PipelinedReference, PipelinedTraining
 from .single_process_reference import SingleProcessReference
 
@@ -39,9 +42,11 @@ CLIP_EPSILON = 1e-6
 """What torch.nn.utils.clip_grad_norm_ adds to the norm before dividing max_norm by it."""
 
 
-def lockstep_records(ranks, cell: dict, options: ParallelEquivalenceOptions, components: dict, directory) -> list:
+def lockstep_records(
+    ranks, cell: dict, options: ParallelEquivalenceOptions, components: dict, directory
+) -> list[LockstepRecord] | list[LockstepUnavailable]:
     """One record per rank of the cell: each step's loss, reduced gradient, norm, clipping and
-    parameters against the single-process reference's; `[{"unavailable": reason}]` where the cell's
+    parameters against the single-process reference's; one `LockstepUnavailable` where the cell's
     optimizer implementation cannot be built here."""
     single, why_not = ranks.beside(1)
     where = OWN_WORLD if single is not None else IN_THE_CELLS_WORLD.format(why_not=why_not)
@@ -49,12 +54,12 @@ def lockstep_records(ranks, cell: dict, options: ParallelEquivalenceOptions, com
     shards = data_parallel_size(cell)  # here, outside any world, from the cell's world_size and mesh
     opening = single.run(open_single_process, cell, options, components, shards)[0]
     if "unavailable" in opening:
-        return [opening]
+        return [LockstepUnavailable(opening["unavailable"])]
     trained = ranks.run(train_cell, cell, options, components, opening["max_norm"], str(directory))
     if "unavailable" in trained[0]:
-        return [trained[0]]
+        return [LockstepUnavailable(trained[0]["unavailable"])]
     records = single.run(compare_in_lockstep, cell, options, components, opening["max_norm"], trained, str(directory))
-    return [{**record, "reference_world": where} for record in records[0]]
+    return [replace(record, reference_world=where) for record in records[0]]
 
 
 # ---- in the reference's world of one rank -----------------------------------------------------
@@ -74,7 +79,7 @@ def open_single_process(cell: dict, options: ParallelEquivalenceOptions, compone
 
 def compare_in_lockstep(
     cell: dict, options: ParallelEquivalenceOptions, components: dict, max_norm: float, trained: list, directory: str
-) -> list[dict]:
+) -> list[LockstepRecord]:
     """The reference trains beside the cell's records and compares each step; its optimizer steps on
     the clipped gradient the cell stepped with once that gradient lay within its bound of the
     reference's own. Stops after the first step whose gradient or parameters differ: the reference
@@ -85,7 +90,7 @@ def compare_in_lockstep(
         recorded = torch.load(Path(directory) / CELL_STEPS, weights_only=True)
         reduction = MeanReduction(shards, options.reduce_dtype)
         initial = parameter_differences(recorded["initial"], reference.parameters())
-        per_rank: list[list[dict]] = [[] for _ in trained]
+        per_rank: list[list[LockstepStep]] = [[] for _ in trained]
         for index, computed in enumerate(recorded["steps"]):
             mean, magnitude, losses = reference.gradient(index)
             if tensor_parallel:
@@ -100,10 +105,10 @@ def compare_in_lockstep(
                 loss_bounds = [0.0] * shards
                 gradient = gradient_comparison(computed["reduced"], mean, magnitude, reduction)
             shared = step_comparison(computed, mean, gradient, max_norm, options.reduce_dtype)
-            shared["norm"]["single_process_clip"] = reference.clip_norm(mean, max_norm)
+            shared["single_process_clip"] = reference.clip_norm(mean, max_norm)
             if accumulates(cell) or pipelines(cell):
                 shared["micro_batches"] = reference.micro_batch_lines(computed["reduced"], reduction)
-            vouched = not gradient["problems"]
+            vouched = not gradient.problems
             if vouched:  # the reference steps only on a gradient within its bound of its own
                 reference.step_with(computed["clipped"])
             shared["parameters"] = (
@@ -113,18 +118,18 @@ def compare_in_lockstep(
                 per_rank[rank].append(rank_comparison(shared, run, index, losses, loss_bounds))
             if not vouched or shared["parameters"]:
                 break
-        elements = per_rank[0][0]["elements"] if per_rank[0] else 0
+        elements = per_rank[0][0].elements if per_rank[0] else 0
         return [
-            {
-                "shards": shards,
-                "tensor_parallel": tensor_parallel,
-                "initial_parameters": initial,
-                "steps": steps,
-                "elements": elements,
-                "max_norm": max_norm,
-                "norm_tolerance": norm_relative_bound(elements),
-                "clip_tolerance": clip_relative_bound(elements),
-            }
+            LockstepRecord(
+                shards=shards,
+                tensor_parallel=tensor_parallel,
+                initial_parameters=initial,
+                steps=steps,
+                elements=elements,
+                max_norm=max_norm,
+                norm_tolerance=norm_relative_bound(elements),
+                clip_tolerance=clip_relative_bound(elements),
+            )
             for steps in per_rank
         ]
 
@@ -137,9 +142,10 @@ def reference_for(cell: dict) -> type[SingleProcessReference]:
     return AccumulatingReference if accumulates(cell) else SingleProcessReference
 
 
-def step_comparison(computed: dict, mean: dict, gradient: dict, max_norm: float, declared: str) -> dict:
+def step_comparison(computed: dict, mean: dict, gradient: GradientComparison, max_norm: float, declared: str) -> dict:
     """What every rank of the cell shares at one step (the gathered tensors are the same on each):
-    `gradient`, its comparison with the reference's mean gradient, and the clipping and dtype checks."""
+    the gradient's comparison with the reference's mean gradient, both norms, and the clipping and
+    dtype checks; compare_in_lockstep adds the rest of a `LockstepStep`'s shared fields."""
     reduced, clipped = computed["reduced"], computed["clipped"]
     exact = exact_norm(reduced)
     elements = sum(gradient.numel() for gradient in reduced.values())
@@ -148,33 +154,47 @@ def step_comparison(computed: dict, mean: dict, gradient: dict, max_norm: float,
         "gradient": gradient,
         "narrow_grid": narrow_grid_lines(reduced, declared),
         "grid_checked": any(int(g.count_nonzero()) >= GRID_EVIDENCE for g in reduced.values()),
-        "norm": {"exact": exact, "single_process": exact_norm(mean), "gradient_distance": gradient["bound_norm"]},
+        "exact_norm": exact,
+        "single_process_norm": exact_norm(mean),
         "clip": clip_comparison(reduced, clipped, coefficient, clip_relative_bound(elements)),
         "elements": elements,
+        "micro_batches": [],
     }
 
 
-def rank_comparison(shared: dict, run: dict, index: int, losses: list, loss_bounds: list) -> dict:
+def rank_comparison(shared: dict, run: dict, index: int, losses: list, loss_bounds: list) -> LockstepStep:
     """One rank's view of a step: its own loss against the reference's loss of its shard, the norm its
     clip returned against the gathered gradient's and the single-process mean's."""
     loss = torch.tensor(run["losses"][index], dtype=torch.float32)
     reference_loss = losses[run["shard"]]
     returned = run["norms"][index]
-    norm = dict(shared["norm"], returned=returned)
-    exact, single = norm["exact"], norm["single_process"]
-    norm["relative_error"] = abs(returned - exact) / exact if exact else abs(returned)
-    norm["single_process_error"] = abs(returned - single)
-    # |returned - ||mean||| <= the norm's own rounding + | ||reduced|| - ||mean|| |: the 2-norm of the element
-    # bound, or under tensor parallelism the first-order bound of the unit direction's functional.
-    norm["single_process_tolerance"] = norm_relative_bound(shared["elements"]) * exact + norm["gradient_distance"]
-    return {
-        **shared,
-        "norm": norm,
-        "loss": loss.item(),
-        "reference_loss": reference_loss.item(),
-        "loss_ulp": ulp_distance(loss, reference_loss),
-        "loss_bound": loss_bounds[run["shard"]],
-    }
+    exact, single = shared["exact_norm"], shared["single_process_norm"]
+    gradient: GradientComparison = shared["gradient"]
+    norm = NormComparison(
+        returned=returned,
+        exact=exact,
+        single_process=single,
+        single_process_clip=shared["single_process_clip"],
+        relative_error=abs(returned - exact) / exact if exact else abs(returned),
+        single_process_error=abs(returned - single),
+        # |returned - ||mean||| <= the norm's own rounding + | ||reduced|| - ||mean|| |: the 2-norm of the element
+        # bound, or under tensor parallelism the first-order bound of the unit direction's functional.
+        single_process_tolerance=norm_relative_bound(shared["elements"]) * exact + gradient.bound_norm,
+    )
+    return LockstepStep(
+        loss=loss.item(),
+        reference_loss=reference_loss.item(),
+        loss_ulp=ulp_distance(loss, reference_loss),
+        loss_bound=loss_bounds[run["shard"]],
+        gradient=gradient,
+        norm=norm,
+        clip=shared["clip"],
+        narrow_grid=shared["narrow_grid"],
+        grid_checked=shared["grid_checked"],
+        elements=shared["elements"],
+        parameters=shared["parameters"],
+        micro_batches=shared["micro_batches"],
+    )
 
 
 # ---- in the cell's world ----------------------------------------------------------------------

@@ -7,6 +7,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from suites.references.lockstep import IN_THE_CELLS_WORLD, OWN_WORLD, lockstep_records
+from suites.references.lockstep_steps import LockstepRecord
 from torchmatrix.ranks.cell_ranks import Ranks
 from torchmatrix.ranks.launched import LaunchedRank
 
@@ -14,7 +15,7 @@ CELL = {"world_size": 2, "fsdp": "fsdp2", "mesh": "flat", "optimizer": "adamw"}
 ANSWERS = {
     "open_single_process": {"max_norm": 0.5},
     "train_cell": {"shards": 2, "tensor_parallel": False},
-    "compare_in_lockstep": [{"steps": []}, {"steps": []}],
+    "compare_in_lockstep": [LockstepRecord(2, False, [], [], 0, 0.5, 0.0, 0.0)] * 2,
 }
 
 
@@ -37,7 +38,7 @@ def test_the_reference_runs_in_a_world_of_one_rank_beside_the_cells(tmp_path):
     records = lockstep_records(ranks, CELL, None, {}, tmp_path)
     assert own_pool.functions == ["open_single_process", "compare_in_lockstep"]
     assert cell_pool.functions == ["train_cell"]
-    assert [record["reference_world"] for record in records] == [OWN_WORLD, OWN_WORLD]
+    assert [record.reference_world for record in records] == [OWN_WORLD, OWN_WORLD]
 
 
 def test_where_a_launcher_fixed_the_world_the_reference_runs_in_the_cells_and_says_so(tmp_path):
@@ -53,4 +54,4 @@ def test_where_a_launcher_fixed_the_world_the_reference_runs_in_the_cells_and_sa
         why_not="ranks started by a launcher (torchrun, srun) cannot open a world of 1 of their own: the launcher "
         "fixed the world at 2"
     )
-    assert [record["reference_world"] for record in records] == [said, said]
+    assert [record.reference_world for record in records] == [said, said]
