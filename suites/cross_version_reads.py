@@ -23,8 +23,9 @@ from torchmatrix.testing import (
 )
 
 from .checkpoints.checkpoint_pickles import unsafe_globals
-from .checkpoints.neutral_state import differences, neutral
+from .checkpoints.neutral_state import decoded, neutral
 from .comparison.deterministic import deterministic_algorithms
+from .comparison.differences import state_differences
 from .test_cross_version import restorable
 from .training_runs.training_run import TrainingRun, write_dataset
 
@@ -64,7 +65,9 @@ def test_loads_checkpoint_written_by(cell, ranks, suite_options, components, tmp
     for rank, ((_, state), saved) in enumerate(zip(loaded, expected["ranks"])):
         returned = state.pop("extra_state")  # only the keys its save returned must come back
         state["extra_state"] = {key: value for key, value in returned.items() if key in saved.get("extra_state", {})}
-        problems += [f"  rank {rank}: {line}" for line in differences(saved, state)]
+        problems += [
+            f"  rank {rank}: {line}" for line in state_differences(decoded(state), decoded(saved), reference="saved")
+        ]
     if problems:
         raise AssertionError(
             f"{cell.id}: checkpoint written by torch {writer}, loaded by torch {suite_options.torch}, differs from what was saved:\n"

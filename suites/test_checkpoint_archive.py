@@ -35,7 +35,8 @@ from torchmatrix.testing import CheckpointArchiveOptions, planned_options, root_
 
 from .checkpoints.archive_stack import CONTINUE_STEPS, FORMS, Stack
 from .checkpoints.archive_writer import EXPECTED_FILE, MANIFEST_FILE
-from .checkpoints.neutral_state import decoded, differences, neutral
+from .checkpoints.neutral_state import decoded, neutral
+from .comparison.differences import state_differences
 
 OPTIONS = CheckpointArchiveOptions  # the dataclass `suite_options` arrives as
 
@@ -127,23 +128,23 @@ def verdict(expected: dict, read: list[dict], pair: str) -> tuple[str, str]:
     difference (the load restored other values), a resume difference (continuing from the load is
     not continuing from the values), a numerics difference (the writer continued otherwise) or exact."""
 
-    def lines(expected_of, actual_of) -> list[str]:
+    def lines(expected_of, actual_of, reference: str) -> list[str]:
         return [
             f"rank {rank}: {line}"
             for rank, result in enumerate(read)
-            for line in differences(expected_of(rank, result), actual_of(result))
+            for line in state_differences(decoded(actual_of(result)), decoded(expected_of(rank, result)), "", reference)
         ]
 
     if failed := next((result["load_failed"] for result in read if "load_failed" in result), None):
         return FORMAT, f"{FORMAT}: {pair}: the load failed: {failed}"
-    if found := lines(lambda rank, _: restored_on(expected, rank), lambda result: result["loaded"]):
+    if found := lines(lambda rank, _: restored_on(expected, rank), lambda result: result["loaded"], "saved"):
         return FORMAT, f"{FORMAT}: {pair}: the load restored other values:\n  " + "\n  ".join(found)
-    if found := lines(lambda _, result: result["never_stopped"], lambda result: result["continued"]):
+    if found := lines(lambda _, result: result["never_stopped"], lambda result: result["continued"], "never stopped"):
         return RESUME, (
             f"{RESUME}: {pair}: {CONTINUE_STEPS} steps from the load differ from {CONTINUE_STEPS} steps from "
             "the same values set directly:\n  " + "\n  ".join(found)
         )
-    if found := lines(lambda rank, _: continued_on(expected, rank), lambda result: result["continued"]):
+    if found := lines(lambda rank, _: continued_on(expected, rank), lambda result: result["continued"], "the writer's"):
         return NUMERICS, f"{NUMERICS}: {pair}: the continuation differs from the writer's: " + "; ".join(found)
     return EXACT, EXACT
 

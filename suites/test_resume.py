@@ -34,13 +34,14 @@ from torchmatrix.testing import (
     DEFAULT_IMPLEMENTATION,
     IMPLEMENTATION_AXIS,
     ResumeOptions,
+    bits_equal,
     checkpointer_path,
     consequence_of,
     implementation_of,
     saves_asynchronously,
 )
 
-from .comparison.ulp import bits_equal, ulp_distance
+from .comparison.ulp import ulp_distance
 from .training_runs.implementation_loads import DEFAULT_LOADS_NOTHING, loads_into_others
 from .training_runs.restored_state import (
     AFTER_LOAD_PIECES,

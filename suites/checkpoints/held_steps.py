@@ -9,7 +9,7 @@ skipped, pytorch#144657), or the checkpointer wrote an earlier save's state agai
 
 from __future__ import annotations
 
-from ..comparison.ulp import bits_equal
+from torchmatrix.testing import bits_equal
 
 
 def held_state(parameters: dict, optimizer_state: dict) -> dict:

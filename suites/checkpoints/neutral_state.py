@@ -46,30 +46,5 @@ def decoded(value):
     return value
 
 
-def differences(expected, actual, where: str = "") -> list[str]:
-    """One line per value that differs between two neutral() forms: missing, extra, or which bits."""
-    if isinstance(expected, dict) and isinstance(actual, dict) and set(expected) >= {"dtype", "shape", "bytes"}:
-        return [] if expected == actual else [f"{where}: {_tensor_difference(expected, actual)}"]
-    if isinstance(expected, dict) and isinstance(actual, dict):
-        lines = [f"{where}.{key}: missing after the load" for key in sorted(expected.keys() - actual.keys())]
-        lines += [
-            f"{where}.{key}: present after the load, not saved" for key in sorted(actual.keys() - expected.keys())
-        ]
-        for key in sorted(expected.keys() & actual.keys()):
-            lines += differences(expected[key], actual[key], f"{where}.{key}" if where else key)
-        return lines
-    if isinstance(expected, list) and isinstance(actual, list) and len(expected) == len(actual):
-        return [line for i, (a, b) in enumerate(zip(expected, actual)) for line in differences(a, b, f"{where}[{i}]")]
-    return [] if expected == actual else [f"{where}: {actual!r} after the load, saved {expected!r}"]
-
-
-def _tensor_difference(expected: dict, actual: dict) -> str:
-    if expected["dtype"] != actual["dtype"] or expected["shape"] != actual["shape"]:
-        return f"{actual['dtype']} {actual['shape']} after the load, saved {expected['dtype']} {expected['shape']}"
-    a, b = tensor_of(expected).double(), tensor_of(actual).double()
-    delta = (a - b).abs()
-    return f"{int((delta > 0).sum())}/{delta.numel()} elements differ, max |Δ| {delta.max().item():.3e}"
-
-
 def _b64(raw: bytes) -> str:
     return base64.b64encode(raw).decode("ascii")

@@ -8,8 +8,11 @@ from dataclasses import dataclass
 
 import torch
 
+from torchmatrix.testing import bits_equal
+
+from .differences import tensor_difference
 from .summation_bounds import MeanReduction
-from .ulp import bits_equal, ulp_distance
+from .ulp import ulp_distance
 
 NARROWER = {"float32": ("bfloat16", "float16"), "bfloat16": (), "float16": ()}
 GRID_EVIDENCE = 16
@@ -80,8 +83,7 @@ def gradient_comparison(
             max_ulp = max(max_ulp, ulps)
             if not bits_equal(actual, expected):
                 problems.append(
-                    f"{name}: {int((difference > 0).sum())}/{difference.numel()} elements differ, max |diff| "
-                    f"{difference.max().item():.3e}, {ulps} ULP (bound: 0, bit for bit)"
+                    f"{name}: {tensor_difference(actual, expected, 'single-process')} (bound: 0, bit for bit)"
                 )
             continue
         bound = reduction.relative_bound * magnitude[name].cpu() / reduction.terms
@@ -144,16 +146,8 @@ def parameter_differences(parallel: dict, reference: dict) -> list[str]:
         return ["the single-process model has no parameters: nothing to compare"]
     problems = [f"{name}: only in the single-process model" for name in sorted(reference.keys() - parallel.keys())]
     problems += [f"{name}: only in the parallel model" for name in sorted(parallel.keys() - reference.keys())]
-    for name in sorted(parallel.keys() & reference.keys()):
-        actual, expected = parallel[name].cpu(), reference[name].cpu()
-        if actual.shape != expected.shape or actual.dtype != expected.dtype:
-            problems.append(
-                f"{name}: {actual.dtype} {tuple(actual.shape)}, single-process {expected.dtype} {tuple(expected.shape)}"
-            )
-        elif not bits_equal(actual, expected):
-            difference = (actual.double() - expected.double()).abs()
-            problems.append(
-                f"{name}: {int((difference > 0).sum())}/{difference.numel()} elements differ, max |diff| "
-                f"{difference.max().item():.3e}, {ulp_distance(actual, expected)} ULP"
-            )
-    return problems
+    return problems + [
+        f"{name}: {difference}"
+        for name in sorted(parallel.keys() & reference.keys())
+        if (difference := tensor_difference(parallel[name].cpu(), reference[name].cpu(), "single-process"))
+    ]

@@ -1,45 +1,11 @@
-"""Bit-level comparison for every suite's exact checks: equal bits, what differs, and how many ULPs apart."""
+"""Bit-level comparison for every suite's exact checks: equal bits, and how many ULPs apart (what
+differs, in words, is comparison/differences.py's)."""
 
 from __future__ import annotations
 
 import torch
 
-from torchmatrix.testing import bits_equal, same_width_integer
-
-
-def differing_bits(actual: torch.Tensor, expected: torch.Tensor) -> int:
-    """How many elements of two same-dtype, same-shape tensors differ in their bits (a -0.0 that
-    was 0.0 counts; a NaN with the same payload does not)."""
-    integer = same_width_integer(actual.dtype)
-    if integer is None:
-        return int((actual != expected).sum())
-    return int((actual.detach().contiguous().view(integer) != expected.detach().contiguous().view(integer)).sum())
-
-
-def bits_difference(actual: torch.Tensor, expected: torch.Tensor, reference: str = "expected") -> str | None:
-    """None when dtype, shape and every bit agree (bits_equal), else what differs; `reference` is the
-    word for the side compared against ("expected", "saved")."""
-    if actual.dtype != expected.dtype:
-        return f"is {actual.dtype}, {reference} {expected.dtype}"
-    if actual.shape != expected.shape:
-        return f"has shape {tuple(actual.shape)}, {reference} {tuple(expected.shape)}"
-    if bits_equal(actual, expected):
-        return None
-    if actual.numel() == 1:
-        return f"is {actual.item()!r}, {reference} {expected.item()!r}"
-    differing = f"{differing_bits(actual, expected)}/{actual.numel()} elements differ"
-    if _equal_as_numbers(actual, expected):
-        return f"{differing} in their bits only (-0.0 for 0.0, or another NaN payload)"
-    delta = (actual.double() - expected.double()).abs()
-    return f"{differing}, max |Δ| {delta.nan_to_num(0.0).max().item():.1e}"
-
-
-def _equal_as_numbers(actual: torch.Tensor, expected: torch.Tensor) -> bool:
-    """Equal by ==, with NaN equal to NaN: what torch.equal sees once NaNs are set aside."""
-    if not actual.is_floating_point():
-        return torch.equal(actual, expected)
-    nan = actual.isnan()
-    return torch.equal(nan, expected.isnan()) and torch.equal(actual[~nan], expected[~nan])
+from torchmatrix.testing import same_width_integer
 
 
 def ulp_distance(actual: torch.Tensor, expected: torch.Tensor) -> int:

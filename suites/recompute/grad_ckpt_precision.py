@@ -10,9 +10,10 @@ import torch
 from torchmatrix.testing import (
     DTYPES,
     GradCkptOptions,
+    bits_equal,
 )
 
-from ..comparison.ulp import bits_equal, differing_bits, ulp_distance
+from ..comparison.differences import element_difference
 from ..references.eager_twin import (
     KERNEL_KEEPING_BACKENDS,
 )
@@ -135,13 +136,12 @@ def mismatch(actual, expected, precision: Precision) -> str | None:
             return None
         except AssertionError:
             pass
-    differing = differing_bits(actual, expected)
-    if not actual.is_floating_point():
-        return (
-            f"{actual.item()} vs {expected.item()}" if actual.numel() == 1 else f"{differing}/{actual.numel()} differ"
-        )
-    max_abs, max_rel = drift(actual, expected)
-    return f"{differing}/{actual.numel()} elements differ, max {ulp_distance(actual, expected)} ULP, max abs diff {max_abs:.3e}, max rel diff {max_rel:.3e}"
+    if not actual.is_floating_point() and actual.numel() == 1:
+        return f"{actual.item()} vs {expected.item()}"
+    described = element_difference(actual, expected)
+    return (
+        described if not actual.is_floating_point() else f"{described}, max rel diff {drift(actual, expected)[1]:.3e}"
+    )
 
 
 def compare_tensors(what: str, actual: dict, expected: dict, precision: Precision) -> list[str]:

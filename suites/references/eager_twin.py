@@ -20,7 +20,8 @@ from torch.distributed.tensor import DTensor
 from torchmatrix.testing import current_device, data_parallel_rank, load, reset_keeping_time, root_cause
 
 from ..comparison.deterministic import deterministic_algorithms
-from ..comparison.ulp import bits_difference, ulp_distance
+from ..comparison.differences import tensor_difference
+from ..comparison.ulp import ulp_distance
 from ..components.parallelize_component import parallelized
 from ..components.training_step import build_training_step
 from ..state.built_names import named_buffers_as_built, named_parameters_as_built
@@ -75,7 +76,7 @@ def relative_size(compiled: torch.Tensor | None, eager: torch.Tensor | None) -> 
     shapes differ, a non-float tensor differs, or eager is all zeros and compiled is not."""
     if compiled is None or eager is None:
         return 0.0 if compiled is eager else float("inf")
-    if bits_difference(compiled, eager) is None:
+    if tensor_difference(compiled, eager) is None:
         return 0.0
     if not compiled.is_floating_point() or compiled.dtype != eager.dtype or compiled.shape != eager.shape:
         return float("inf")
@@ -88,7 +89,7 @@ def described(compiled: torch.Tensor | None, eager: torch.Tensor | None, size: f
     """What differs between the twins' copies of one tensor, in words."""
     if compiled is None or eager is None:
         return f"{'none' if compiled is None else 'one'} in the compiled step, {'none' if eager is None else 'one'} in the eager twin"
-    exactly = bits_difference(compiled, eager, reference="eager")
+    exactly = tensor_difference(compiled, eager, reference="eager")
     return exactly if size == float("inf") else f"{exactly}, max |Δ| / max|eager| {size:.2e}"
 
 

@@ -23,12 +23,13 @@ from torch.distributed.tensor import DTensor
 
 from torchmatrix.testing import (
     UnavailableImplementation,
+    bits_equal,
     mesh_group,
     state_dict_root,
 )
 
 from ..checkpoints.dcp_layout import find_checkpoint
-from ..comparison.ulp import bits_difference, bits_equal
+from ..comparison.differences import tensor_difference
 from ..state.built_names import named_parameters_as_built
 from ..state.optimizer_state import inner_optimizers, optimizer_state_of, param_groups_of, quantized_state_kinds
 from .dtensor_optim_recipe import CONTINUED_STEPS, Recipe, World, world_mesh
@@ -470,18 +471,10 @@ def _compare(
 ) -> dict:
     """Every tensor of `expected` against `got`, bit for bit: what differs, each named as `expected_as` and `got_as`."""
     mismatches = [f"{key}: {expected_as} but missing {got_as}" for key in expected.keys() - got.keys()]
-    for key in sorted(expected.keys() & got.keys()):
-        before, after = expected[key], got[key]
-        if before.dtype != after.dtype or before.shape != after.shape:
-            mismatches.append(
-                f"{key}: {expected_as} {before.dtype} {list(before.shape)}, {got_as} {after.dtype} {list(after.shape)}"
-            )
-        elif not bits_equal(after, before):
-            diff = (before.float() - after.float()).abs().max().item()
-            mismatches.append(
-                f"{key}: values differ {got_as} (max abs diff {diff:.3g})"
-                if diff
-                else f"{key}: {bits_difference(after, before, expected_as)}"
-            )
+    mismatches += [
+        f"{key} {got_as}: {difference}"
+        for key in sorted(expected.keys() & got.keys())
+        if (difference := tensor_difference(got[key], expected[key], expected_as))
+    ]
     optimizer_compared = sum(key.startswith("optimizer.") for key in expected)
     return {"compared": len(expected), "optimizer_compared": optimizer_compared, "mismatches": mismatches}

@@ -17,10 +17,10 @@ from torchmatrix.testing import (
     wrapper_chain,
 )
 
+from ..comparison.differences import same_state
 from ..recompute.grad_ckpt_precision import EXACT, mismatch
 from .built_names import named_buffers_as_built, named_modules_as_built
 from .cache_tree import CACHE_STATE_DEPTH, OPAQUE
-from .optimizer_state import plain_equal
 from .reachable_state import is_user_object, module_level_containers
 
 BODY_CALLS_PROBE = 1_000_003
@@ -162,9 +162,7 @@ def module_state_problems(
     differently, e.g. the layers' checkpointing switch), and the ``body_calls()`` counters
     (``counters``), which recompute must bump."""
     set_up_differently = {
-        path
-        for path in before[0].keys() | before[1].keys()
-        if not plain_equal(before[0].get(path), before[1].get(path))
+        path for path in before[0].keys() | before[1].keys() if not same_state(before[0].get(path), before[1].get(path))
     }
     problems = []
     for path in sorted((actual.keys() | expected.keys()) - set_up_differently - counters):
@@ -172,7 +170,7 @@ def module_state_problems(
             problems.append(f"{path}: present with checkpointing only ({actual[path]!r})")
         elif path not in actual:
             problems.append(f"{path}: present without checkpointing only ({expected[path]!r})")
-        elif not plain_equal(actual[path], expected[path]):
+        elif not same_state(actual[path], expected[path]):
             problems.append(f"{path}: {describe_difference(actual[path], expected[path])}")
     return problems
 

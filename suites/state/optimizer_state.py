@@ -15,8 +15,6 @@ import torch
 
 from torchmatrix.testing import inner_optimizers
 
-from ..comparison.ulp import bits_equal
-
 DEFAULT_ADAPTER = "torchmatrix.suites.state.optimizer_state:plain_state"
 
 
@@ -150,51 +148,3 @@ def plain_key(key, param_names: dict[int, str]):
     if isinstance(key, torch.Tensor):
         return ParamName(param_names[id(key)]) if id(key) in param_names else NOT_PLAIN
     return key if isinstance(key, (*PLAIN_VALUES, tuple)) else NOT_PLAIN
-
-
-def plain_differences(path: str, saved, loaded) -> list[str]:
-    """One line per place where two plain values differ (`path[key]`, `path[3]`), saying what each
-    holds in a few words: a tensor by its shape and dtype or its one value, never all its elements."""
-    if isinstance(saved, dict) and isinstance(loaded, dict):
-        lines = [f"{path}[{key!r}] missing" for key in saved.keys() - loaded.keys()]
-        lines += [f"{path}[{key!r}] is {brief(loaded[key])}, saved nothing" for key in loaded.keys() - saved.keys()]
-        for key in saved.keys() & loaded.keys():
-            lines += plain_differences(f"{path}[{key!r}]", saved[key], loaded[key])
-        return sorted(lines)
-    if isinstance(saved, list) and isinstance(loaded, list) and len(saved) == len(loaded):
-        return [
-            line
-            for index, pair in enumerate(zip(saved, loaded))
-            for line in plain_differences(f"{path}[{index}]", *pair)
-        ]
-    if plain_equal(saved, loaded):
-        return []
-    if isinstance(saved, torch.Tensor) and isinstance(loaded, torch.Tensor) and saved.numel() > 1:
-        if saved.shape == loaded.shape and saved.dtype == loaded.dtype:
-            return [f"{path} differs (max |Δ| {(loaded.double() - saved.double()).abs().max().item():.1e})"]
-    return [f"{path} is {brief(loaded)}, saved {brief(saved)}"]
-
-
-def brief(value) -> str:
-    """A plain value in a few words: a one-element tensor by its value, a larger one by shape and dtype, a list by its length."""
-    if isinstance(value, torch.Tensor):
-        if value.numel() == 1:
-            return repr(value.item())
-        return f"a {list(value.shape)} {str(value.dtype).removeprefix('torch.')} tensor"
-    if isinstance(value, list) and len(value) > 4:
-        return f"a list of {len(value)}"
-    if isinstance(value, dict) and len(value) > 4:
-        return f"a dict of {len(value)}"
-    return repr(value)
-
-
-def plain_equal(first, second) -> bool:
-    """Whether two plain values (numbers, strings, tensors, lists, tuples and dicts of them) are equal
-    and of one type, tensors bit for bit (dtype and shape included)."""
-    if isinstance(first, torch.Tensor) or isinstance(second, torch.Tensor):
-        return isinstance(first, torch.Tensor) and isinstance(second, torch.Tensor) and bits_equal(first, second)
-    if isinstance(first, (list, tuple)) and type(first) is type(second):
-        return len(first) == len(second) and all(plain_equal(a, b) for a, b in zip(first, second))
-    if isinstance(first, dict) and isinstance(second, dict):
-        return first.keys() == second.keys() and all(plain_equal(first[key], second[key]) for key in first)
-    return type(first) is type(second) and first == second

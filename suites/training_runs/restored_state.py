@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from ..comparison.ulp import bits_difference
-from ..state.optimizer_state import brief, plain_differences, plain_equal
+from ..comparison.differences import same_state, state_differences, tensor_difference
 
 AFTER_LOAD_PIECES = (
     "parameters",
@@ -51,11 +50,12 @@ def after_load_differences(
     }
 
 
-def difference(expected, actual) -> str | None:
-    """None when bit-identical, else a short reason: dtype, shape, or the largest difference."""
+def difference(expected, actual, reference: str = "saved") -> str | None:
+    """tensor_difference for two tensors; any other two values compare by `==`, as a state dict's
+    plain values (an int step, a tuple of betas) come back from a load."""
     if not isinstance(expected, torch.Tensor) or not isinstance(actual, torch.Tensor):
-        return None if expected == actual else f"is {actual!r}, saved {expected!r}"
-    return bits_difference(actual, expected, reference="saved")
+        return None if expected == actual else f"is {actual!r}, {reference} {expected!r}"
+    return tensor_difference(actual, expected, reference)
 
 
 def tensor_differences(what: str, saved: dict, loaded: dict) -> list[str]:
@@ -139,12 +139,12 @@ def param_group_differences(saved: list[dict], loaded: list[dict]) -> list[str]:
 def loader_differences(saved: list, loaded: list, straight_batches: list, resume_step: int) -> list[str]:
     """The first of the next batches that differs after load vs at save, each named by its index in
     the straight run's reading order: the next one, or one further on (past an epoch boundary)."""
-    differing = next((i for i, (a, b) in enumerate(zip(loaded, saved)) if not plain_equal(a, b)), None)
+    differing = next((i for i, (a, b) in enumerate(zip(loaded, saved)) if not same_state(a, b)), None)
     if differing is None:
         return []
 
     def index(batch) -> str:
-        found = [i for i, seen in enumerate(straight_batches) if plain_equal(batch, seen)]
+        found = [i for i, seen in enumerate(straight_batches) if same_state(batch, seen)]
         return f"batch {found[0]}" if found else "a batch the straight run never read"
 
     if differing == 0:
@@ -164,19 +164,7 @@ def ordinal(number: int) -> str:
 def optimizer_attribute_differences(saved: dict, loaded: dict) -> list[str]:
     """The optimizer object's own counters, scalars and tables (besides `.state` and `.param_groups`)
     by attribute name and content: a `{param: flag}` table compares by parameter names."""
-    lines = [
-        f"after load: optimizer attribute {name} missing, saved {brief(saved[name])}"
-        for name in saved.keys() - loaded.keys()
-    ]
-    lines += [
-        f"after load: optimizer attribute {name} is {brief(loaded[name])}, saved nothing"
-        for name in loaded.keys() - saved.keys()
-    ]
-    for name in saved.keys() & loaded.keys():
-        lines += [
-            f"after load: optimizer attribute {line}" for line in plain_differences(name, saved[name], loaded[name])
-        ]
-    return sorted(lines)
+    return [f"after load: optimizer attribute {line}" for line in state_differences(loaded, saved, reference="saved")]
 
 
 def parameter_mismatches(expected: dict, actual: dict) -> list[str]:
@@ -187,15 +175,8 @@ def parameter_mismatches(expected: dict, actual: dict) -> list[str]:
     return problems + [
         f"  {name}: {problem}"
         for name in sorted(expected.keys() & actual.keys())
-        if (problem := bits_difference(actual[name], expected[name]))
+        if (problem := tensor_difference(actual[name], expected[name]))
     ]
-
-
-def value_mismatch(expected, actual) -> str | None:
-    """bits_difference for tensors; plain equality for the other values a state may hold."""
-    if isinstance(expected, torch.Tensor) and isinstance(actual, torch.Tensor):
-        return bits_difference(actual, expected)
-    return None if expected == actual else f"{actual!r}, expected {expected!r}"
 
 
 def state_mismatches(expected: dict, actual: dict) -> list[str]:
@@ -210,7 +191,7 @@ def state_mismatches(expected: dict, actual: dict) -> list[str]:
             problems.append(f"  {name}: no state at all (expected {sorted(expected_state)})")
             continue
         for key, value in expected_state.items():
-            problem = "missing" if key not in actual_state else value_mismatch(value, actual_state[key])
+            problem = "missing" if key not in actual_state else difference(value, actual_state[key], "expected")
             if problem:
                 problems.append(f"  {name}.{key}: {problem}")
     problems += [f"  {name}: state present, none expected" for name in actual.keys() - expected.keys()]

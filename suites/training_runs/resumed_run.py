@@ -12,6 +12,7 @@ from torchmatrix.testing import (
     ResumeOptions,
     UnavailableCheckpointMode,
     UnavailableImplementation,
+    bits_equal,
     data_parallel_rank,
     data_parallel_size,
     load,
@@ -20,7 +21,6 @@ from torchmatrix.testing import (
 from ..checkpoints.checkpointer_forms import RunCheckpointer, SaveInFlight
 from ..checkpoints.held_steps import held_state, held_step_lines
 from ..comparison.deterministic import deterministic_algorithms
-from ..comparison.ulp import bits_equal
 from ..state.optimizer_state import quantized_keys
 from .implementation_loads import first_line, loads_into_other_implementations, loads_into_others
 from .restored_state import AFTER_LOAD_PIECES, after_load_differences, extra_state_differences

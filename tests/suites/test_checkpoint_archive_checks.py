@@ -103,15 +103,15 @@ def rename_a_parameter(read):
 @pytest.mark.parametrize(
     ("break_read", "named"),
     [
-        (drop_step, "optimizer.0.bias.step: missing after the load"),
-        (zero_step, "rank 0: optimizer.0.bias.step: 1/1 elements differ"),
-        (shuffle_parameter_keys, "optimizer.0.weight.exp_avg: float32 [8, 16] after the load, saved float32 [16, 8]"),
+        (drop_step, "optimizer.0.bias.step: missing, saved "),
+        (zero_step, "rank 0: optimizer.0.bias.step: is 0.0, saved "),
+        (shuffle_parameter_keys, "optimizer.0.weight.exp_avg: has shape (8, 16), saved (16, 8)"),
         (shuffle_same_shaped_keys, "rank 1: optimizer.0.bias.exp_avg:"),
         (lose_rng, "rank 1: rank.rng:"),
-        (lose_position, "rank 0: rank.position: 0 after the load, saved 3"),
-        (lose_scheduler, "rank 0: scheduler.last_epoch: 0 after the load, saved 3"),
+        (lose_position, "rank 0: rank.position: is 0, saved 3"),
+        (lose_scheduler, "rank 0: scheduler.last_epoch: is 0, saved 3"),
         (corrupt_a_parameter, "rank 0: parameters.2.weight: 1/128 elements differ"),
-        (rename_a_parameter, "parameters._orig_mod.0.weight: present after the load, not saved"),
+        (rename_a_parameter, "parameters._orig_mod.0.weight: is a [16, 8] float32 tensor, saved nothing"),
     ],
 )
 def test_a_load_that_restores_other_values_is_a_format_difference_naming_the_value(expected, break_read, named):
@@ -142,7 +142,7 @@ def test_a_writer_that_continued_otherwise_is_a_numerics_difference_not_a_failur
     flip_one_byte(changed["continued"]["optimizer"]["2.weight"]["exp_avg_sq"])
     kind, message = verdict(changed, faithful(expected), "pair")
     assert kind == NUMERICS
-    assert "optimizer.2.weight.exp_avg_sq: 1/128 elements differ, max |Δ|" in message
+    assert "optimizer.2.weight.exp_avg_sq: 1/128 elements differ, max " in message and "max |Δ|" in message
     assert "rank 0" in message and "rank 1" in message
 
 

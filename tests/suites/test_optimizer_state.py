@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from torchmatrix.suites.comparison.differences import state_differences
 from torchmatrix.suites.state.optimizer_state import (
     ParamName,
     optimizer_attributes,
-    plain_differences,
     plain_state,
     quantized_keys,
     state_adapter,
@@ -65,17 +65,22 @@ def test_tables_keyed_by_params_compare_by_name_and_differences_name_the_param_n
     saved = attributes(saved_model, hybrid_optimizer(saved_model, updates=3))
     loaded = attributes(loaded_model, hybrid_optimizer(loaded_model))
     assert saved["matrix_params"] == {ParamName("weight"): True, ParamName("bias"): False}
-    assert plain_differences("matrix_params", saved["matrix_params"], loaded["matrix_params"]) == []
-    assert plain_differences("updates_per_param", saved["updates_per_param"], loaded["updates_per_param"]) == [
-        "updates_per_param[<param bias>] is 0, saved 3",
-        "updates_per_param[<param weight>] is 0, saved 3",
+    assert state_differences(loaded["matrix_params"], saved["matrix_params"], "matrix_params", "saved") == []
+    assert state_differences(loaded, saved, reference="saved") == [
+        "updates_per_param[<param bias>]: is 0, saved 3",
+        "updates_per_param[<param weight>]: is 0, saved 3",
     ]
 
 
 def test_a_differing_tensor_is_told_by_shape_and_dtype_and_a_tensor_key_of_no_param_is_left_out():
-    assert plain_differences("ema", torch.zeros(64, 64), torch.ones(64, 64)) == ["ema differs (max |Δ| 1.0e+00)"]
-    assert plain_differences("ema", torch.zeros(64, 64), torch.zeros(64)) == [
-        "ema is a [64] float32 tensor, saved a [64, 64] float32 tensor"
+    assert state_differences({"ema": torch.ones(64, 64)}, {"ema": torch.zeros(64, 64)}, reference="saved") == [
+        "ema: 4096/4096 elements differ, max 1065353216 ULP, max |Δ| 1.000e+00, first at [0, 0]"
+    ]
+    assert state_differences({"ema": torch.zeros(64)}, {"ema": torch.zeros(64, 64)}, reference="saved") == [
+        "ema: has shape (64,), saved (64, 64)"
+    ]
+    assert state_differences({}, {"ema": torch.zeros(64, 64)}, reference="saved") == [
+        "ema: missing, saved a [64, 64] float32 tensor"
     ]
     optimizer = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)
     optimizer.by_tensor = {torch.zeros(1): 1}

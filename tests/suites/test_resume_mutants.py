@@ -162,7 +162,7 @@ MUTANTS = {
                 "rank 0: after load: RNG stream optimizer.rounding_generator differs from the saved one",
             ),
             after_load("optimizer_state"): (
-                "rank 0: after load: optimizer attribute steps_taken is 1, saved 3",
+                "rank 0: after load: optimizer attribute steps_taken: is 1, saved 3",
                 "rank 0: after load: optimizer attribute updates_per_param[<param ",
             ),
             after_load("loader"): (

@@ -14,7 +14,7 @@ from torch import nn
 
 import suites.test_resume as resume_suite  # its test functions, called here (imported by name, pytest would collect them)
 from suites.checkpoints.dcp_layout import TensorLayout, find_checkpoint, layouts_by_suffix
-from suites.comparison.ulp import bits_difference
+from suites.comparison.differences import state_differences, tensor_difference
 from suites.recompute.grad_ckpt_findings import cache_presence_problems, no_cache_reason
 from suites.recompute.grad_ckpt_precision import BF16_RTOL, EXACT, Precision, mismatch, precision_from
 from suites.sharding.dtensor_optim_ranks import _compare as reshard_load_mismatches
@@ -62,9 +62,13 @@ def test_bf16_tolerance_allows_two_ulps_but_not_a_wider_drift_while_float32_allo
     expected = torch.tensor([1.5, -0.75, 1.0, 0.25], dtype=torch.bfloat16)
     bf16 = Precision("bfloat16")
     assert mismatch(ulps_above(expected, 2), expected, bf16) is None
-    assert "1/4 elements differ, max 8 ULP" in mismatch(ulps_above(expected, 8), expected, bf16)
+    assert "1/4 elements differ, max 8 ULP, max |Δ| 6.250e-02, first at [0]" in mismatch(
+        ulps_above(expected, 8), expected, bf16
+    )
     exact = expected.float()
-    assert "1/4 elements differ, max 1 ULP" in mismatch(ulps_above(exact, 1), exact, EXACT)
+    assert "1/4 elements differ, max 1 ULP, max |Δ| 1.192e-07, first at [0]" in mismatch(
+        ulps_above(exact, 1), exact, EXACT
+    )
 
 
 def test_resume_comparisons_over_nothing_fail():
@@ -118,27 +122,49 @@ def other_nan_payload() -> torch.Tensor:
     return nan
 
 
-def test_bits_difference_names_bits_that_torch_equal_cannot_see():
+def test_tensor_difference_names_bits_that_torch_equal_cannot_see():
     zero = torch.tensor([0.0, 1.0])
     assert torch.equal(negative_zero(), zero), "the old comparison saw nothing here"
     assert (
-        bits_difference(negative_zero(), zero)
-        == "1/2 elements differ in their bits only (-0.0 for 0.0, or another NaN payload)"
+        tensor_difference(negative_zero(), zero)
+        == "1/2 elements differ in their bits only (-0.0 for 0.0, or another NaN payload), first at [0]"
     )
-    assert bits_difference(torch.tensor(-0.0), torch.tensor(0.0), "saved") == "is -0.0, saved 0.0"
+    assert tensor_difference(torch.tensor(-0.0), torch.tensor(0.0), "saved") == "is -0.0, saved 0.0"
     nan = torch.tensor([float("nan"), 1.0])
-    assert bits_difference(nan, nan.clone()) is None, "the same NaN is the same bits"
-    assert bits_difference(other_nan_payload(), nan).startswith("1/2 elements differ in their bits only")
-    assert bits_difference(torch.tensor([0.5, 1.0]), zero, "saved") == "1/2 elements differ, max |Δ| 5.0e-01"
-    assert bits_difference(zero.half(), zero) == "is torch.float16, expected torch.float32"
+    assert tensor_difference(nan, nan.clone()) is None, "the same NaN is the same bits"
+    assert tensor_difference(other_nan_payload(), nan).startswith("1/2 elements differ in their bits only")
+    assert (
+        tensor_difference(torch.tensor([0.0, 1.5]), zero, "saved")
+        == "1/2 elements differ, max 4194304 ULP, max |Δ| 5.000e-01, first at [1]"
+    )
+    assert tensor_difference(torch.tensor([1.0, float("nan")]), zero).endswith("max |Δ| nan, first at [0]")
+    assert tensor_difference(zero.half(), zero) == "is torch.float16, expected torch.float32"
+    assert tensor_difference(zero.reshape(2, 1), zero, "saved") == "has shape (2, 1), saved (2,)"
+    assert (
+        tensor_difference(torch.tensor([0, 7]), torch.tensor([0, 5]))
+        == "1/2 elements differ, max |Δ| 2.000e+00, first at [1]"
+    )
+
+
+def test_state_differences_name_each_path_that_differs():
+    saved = {"state": {3: {"exp_avg": torch.zeros(2), "step": 3}}, "groups": [{"lr": 0.1}], "gone": 1}
+    loaded = {"state": {3: {"exp_avg": torch.tensor([0.0, -0.0]), "step": 3.0}}, "groups": [{"lr": 0.1}], "new": 2}
+    assert state_differences(loaded, saved, reference="saved") == [
+        "gone: missing, saved 1",
+        "new: is 2, saved nothing",
+        "state[3].exp_avg: 1/2 elements differ in their bits only (-0.0 for 0.0, or another NaN payload), first at [1]",
+        "state[3].step: is 3.0, saved 3",
+    ]
+    assert state_differences([1, 2], [1], "losses") == ["losses: has 2 items, expected 1"]
 
 
 def test_dtensor_optim_reshard_load_fails_on_a_negative_zero_and_a_changed_nan():
     saved = {"optimizer.w.exp_avg": torch.tensor([0.0, 1.0]), "model.w": torch.tensor([float("nan"), 1.0])}
     loaded = {"optimizer.w.exp_avg": negative_zero(), "model.w": other_nan_payload()}
     assert reshard_load_mismatches(saved, loaded)["mismatches"] == [
-        "model.w: values differ after load (max abs diff nan)",
-        "optimizer.w.exp_avg: 1/2 elements differ in their bits only (-0.0 for 0.0, or another NaN payload)",
+        "model.w after load: 1/2 elements differ in their bits only (-0.0 for 0.0, or another NaN payload), first at [0]",
+        "optimizer.w.exp_avg after load: 1/2 elements differ in their bits only (-0.0 for 0.0, or another NaN payload), "
+        "first at [0]",
     ]
     assert reshard_load_mismatches(saved, {key: value.clone() for key, value in saved.items()})["mismatches"] == []
 
