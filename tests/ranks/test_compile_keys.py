@@ -26,6 +26,10 @@ def sources(tmp_path, monkeypatch):
     suites.mkdir()
     (suites / "test_mine.py").write_text("def test_it(cell, ranks): pass\n")
     (suites / "reference.py").write_text("STEPS = 3\n")
+    (suites / "__init__.py").write_text("")  # a package, as the built-in suites are, its helpers in sub-packages
+    (suites / "comparison").mkdir()
+    (suites / "comparison" / "__init__.py").write_text("")
+    (suites / "comparison" / "bounds.py").write_text("RTOL = 0.0\n")
     mapped = tmp_path / "elsewhere"  # a subpackage an editable install maps to a folder outside its parent
     mapped.mkdir()
     (mapped / "__init__.py").write_text("")
@@ -55,8 +59,13 @@ def test_the_same_facts_give_the_same_folder_and_write_them_beside_it(sources):
 
 @pytest.mark.parametrize(
     "edited",
-    ["stack/layers.py", "suites/reference.py", "elsewhere/blocks.py"],
-    ids=["a module the component imports", "a suite's neighbour", "a subpackage mapped elsewhere"],
+    ["stack/layers.py", "suites/reference.py", "suites/comparison/bounds.py", "elsewhere/blocks.py"],
+    ids=[
+        "a module the component imports",
+        "a suite's neighbour",
+        "a helper in the suites' sub-package",
+        "a subpackage mapped elsewhere",
+    ],
 )
 def test_an_edited_source_changes_the_key(sources, edited):
     before = _key(sources)
