@@ -21,6 +21,7 @@ from torchmatrix.testing import (
     wrapper_chain,
 )
 
+from ..comparison.differences import tensor_difference
 from ..comparison.step_comparisons import gradient_comparison
 from ..comparison.summation_bounds import MeanReduction
 from ..state.built_names import named_parameters_as_built
@@ -233,8 +234,7 @@ def within(actual: torch.Tensor, expected: torch.Tensor, magnitude: torch.Tensor
 
 def unexplained(actual: torch.Tensor, expected: torch.Tensor, count: int) -> str:
     """The line for a gradient no known fault explains: by how much it differs."""
-    difference = (actual.double() - expected.double()).abs()
+    difference = tensor_difference(actual, expected, "accumulated")
     return (
-        f"{int((difference > 0).sum())}/{difference.numel()} elements differ from the {count} micro-batches' "
-        f"float32 accumulation (max |diff| {difference.max().item():.3e}); no known accumulation fault explains it"
+        f"not the {count} micro-batches' float32 accumulation ({difference}); no known accumulation fault explains it"
     )

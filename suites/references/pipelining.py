@@ -33,6 +33,7 @@ from torchmatrix.testing import (
     load,
 )
 
+from ..comparison.differences import tensor_difference
 from ..comparison.summation_bounds import MeanReduction
 from ..components.parallelize_component import parallelized
 from ..components.training_step import build_training_step
@@ -292,8 +293,5 @@ def schedule_faults(micro: list[list[dict]]) -> dict[str, dict[str, torch.Tensor
 
 def unexplained(actual: torch.Tensor, expected: torch.Tensor, count: int) -> str:
     """The line for a gradient no known fault explains: by how much it differs."""
-    difference = (actual.double() - expected.double()).abs()
-    return (
-        f"{int((difference > 0).sum())}/{difference.numel()} elements differ from the mean of the {count} "
-        f"micro-batches' gradients (max |diff| {difference.max().item():.3e}); no known pipeline fault explains it"
-    )
+    difference = tensor_difference(actual, expected, "the mean")
+    return f"not the mean of the {count} micro-batches' gradients ({difference}); no known pipeline fault explains it"
