@@ -299,7 +299,7 @@ def test_every_chosen_mutant_caught_exits_zero_with_the_table(tmp_path):
         "test_micro_batches_before_one_backward_leave_gradients_unchanged: "
     ), said
     assert "after load: RNG stream model.mutant_generator differs from the saved one" in said["generator_not_saved"]
-    assert "after load: optimizer attribute mutant_steps is " in said["optimizer_counter_not_saved"], said
+    assert "after load: optimizer attribute mutant_steps: is " in said["optimizer_counter_not_saved"], said
     assert "after load: the loader's batch 32 (the 31st after the load)" in said["loader_shuffle_seed_not_saved"], said
     assert "after load: loader would yield batch 0, saved at batch 2" in verdicts["skip_loader_on_load"]["message"]
     assert "buffer expert_layers.0.mutant_body_runs: 16 vs 8" in verdicts["recompute_bumps_buffer"]["message"]
