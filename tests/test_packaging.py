@@ -47,7 +47,7 @@ def test_the_wheel_holds_the_suites_and_models(tmp_path):
     names = set(zipfile.ZipFile(wheel).namelist())
     for expected in (
         "torchmatrix/suites/test_resume.py",
-        "torchmatrix/suites/optimizer_state.py",
+        "torchmatrix/suites/state/optimizer_state.py",
         "torchmatrix/models/transformer.py",
         "torchmatrix/models/mutants/resume.py",
         "torchmatrix/nox_sessions.py",

@@ -472,7 +472,7 @@ def _compare(
     """Every tensor of `expected` against `got`, bit for bit: what differs, each named as `expected_as` and `got_as`."""
     mismatches = [f"{key}: {expected_as} but missing {got_as}" for key in expected.keys() - got.keys()]
     mismatches += [
-        f"{key} {got_as}: {difference}"
+        f"{key}: {difference}"
         for key in sorted(expected.keys() & got.keys())
         if (difference := tensor_difference(got[key], expected[key], expected_as))
     ]

@@ -162,9 +162,8 @@ def test_dtensor_optim_reshard_load_fails_on_a_negative_zero_and_a_changed_nan()
     saved = {"optimizer.w.exp_avg": torch.tensor([0.0, 1.0]), "model.w": torch.tensor([float("nan"), 1.0])}
     loaded = {"optimizer.w.exp_avg": negative_zero(), "model.w": other_nan_payload()}
     assert reshard_load_mismatches(saved, loaded)["mismatches"] == [
-        "model.w after load: 1/2 elements differ in their bits only (-0.0 for 0.0, or another NaN payload), first at [0]",
-        "optimizer.w.exp_avg after load: 1/2 elements differ in their bits only (-0.0 for 0.0, or another NaN payload), "
-        "first at [0]",
+        "model.w: 1/2 elements differ in their bits only (-0.0 for 0.0, or another NaN payload), first at [0]",
+        "optimizer.w.exp_avg: 1/2 elements differ in their bits only (-0.0 for 0.0, or another NaN payload), first at [0]",
     ]
     assert reshard_load_mismatches(saved, {key: value.clone() for key, value in saved.items()})["mismatches"] == []
 

@@ -129,7 +129,9 @@ def test_optimi_kahan_and_torchao_8bit_as_they_are(shared_run):
     }
     assert failed == {(cells["torchao"], RESHARD_SHRINK)}, done.stdout
     message = failures[cells["torchao"]][RESHARD_SHRINK]
-    assert "tensors differ after load: optimizer.embed.weight.exp_avg: values differ" in message
+    assert (
+        "tensors differ after load: optimizer.embed.weight.exp_avg: " in message and "elements differ, max" in message
+    )
 
 
 @pytest.mark.parametrize("mutant", [name for name in MUTANTS if name != "rank_zero_only"])
