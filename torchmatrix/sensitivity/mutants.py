@@ -57,28 +57,18 @@ def moments_cast_on_load(inner: str):
     tensor but `step` to its param's dtype, as torch's default `Optimizer.load_state_dict` does:
     fp32 masters and moments of bf16 params come back rounded."""
 
-    def build(params, *, named_parameters=None, model=None, implementation=None, **kwargs):
+    def cast_moments(optimizer):
         import torch
 
-        optimizer = _built_optimizer(
-            inner, params, kwargs, named_parameters=named_parameters, model=model, implementation=implementation
-        )
-        load_exactly = optimizer.load_state_dict
+        states = [item for part in inner_optimizers(optimizer) for item in part.state.items()]
+        for param, state in states:
+            for key, value in state.items():
+                if key != "step" and torch.is_tensor(value) and value.is_floating_point():
+                    if value.dtype != param.dtype:
+                        record_acted()
+                    state[key] = value.to(param.dtype)
 
-        def load_state_dict(state_dict):
-            load_exactly(state_dict)
-            states = [item for part in inner_optimizers(optimizer) for item in part.state.items()]
-            for param, state in states:
-                for key, value in state.items():
-                    if key != "step" and torch.is_tensor(value) and value.is_floating_point():
-                        if value.dtype != param.dtype:
-                            record_acted()
-                        state[key] = value.to(param.dtype)
-
-        optimizer.load_state_dict = load_state_dict
-        return optimizer
-
-    return build
+    return _altering_after_load(inner, cast_moments)
 
 
 def counts_body_runs_in_buffer(inner: str):
@@ -278,9 +268,24 @@ def recasts_step_on_load(inner: str):
     another dtype than the one loaded (float64, or float32 where it was float64): pytorch#173901's
     compiled optimizer that changed `step`'s dtype on a load, silently moving bias correction."""
 
-    def build(params, *, named_parameters=None, model=None, implementation=None, **kwargs):
+    def recast_step(optimizer):
         import torch
 
+        for part in inner_optimizers(optimizer):
+            for state in part.state.values():
+                step = state.get("step")
+                if isinstance(step, torch.Tensor) and step.is_floating_point():
+                    state["step"] = step.to(torch.float32 if step.dtype == torch.float64 else torch.float64)
+                    record_acted()
+
+    return _altering_after_load(inner, recast_step)
+
+
+def _altering_after_load(inner: str, alter):
+    """The optimizer factory at `inner`, whose `load_state_dict` then calls `alter(optimizer)`: the
+    load-time bugs differ only in what they do to the state the real load restored."""
+
+    def build(params, *, named_parameters=None, model=None, implementation=None, **kwargs):
         optimizer = _built_optimizer(
             inner, params, kwargs, named_parameters=named_parameters, model=model, implementation=implementation
         )
@@ -288,12 +293,7 @@ def recasts_step_on_load(inner: str):
 
         def load_state_dict(state_dict):
             load_exactly(state_dict)
-            for part in inner_optimizers(optimizer):
-                for state in part.state.values():
-                    step = state.get("step")
-                    if isinstance(step, torch.Tensor) and step.is_floating_point():
-                        state["step"] = step.to(torch.float32 if step.dtype == torch.float64 else torch.float64)
-                        record_acted()
+            alter(optimizer)
 
         optimizer.load_state_dict = load_state_dict
         return optimizer
