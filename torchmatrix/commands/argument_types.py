@@ -33,22 +33,21 @@ def seconds_or_unknown(text: str) -> float | None:
 
 
 def positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text} is not positive; pass 1 or more")
-    return value
+    return _positive_number(text, int, "a whole number", "pass 1 or more")
 
 
 def positive_float(text: str) -> float:
+    return _positive_number(text, float, "a number", "pass a number above 0, e.g. 0.5")
+
+
+def _positive_number(text: str, parse, kind: str, hint: str):
+    """`text` parsed above 0, so that a count and a fraction are refused in one wording."""
     try:
-        value = float(text)
+        value = parse(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        raise argparse.ArgumentTypeError(f"{text!r} is not {kind}") from None
     if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text} is not positive; pass a number above 0, e.g. 0.5")
+        raise argparse.ArgumentTypeError(f"{text} is not positive; {hint}")
     return value
 
 
