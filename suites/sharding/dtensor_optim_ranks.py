@@ -402,11 +402,7 @@ def _train_and_save(
     if recipe.reshards_through_checkpointer(own_worlds):
         recipe.checkpointer(model, optimizer, checkpoint_dir, mesh, cell).save(1)
         return model, optimizer
-    root = state_dict_root(model)
-    state = {
-        "model": get_model_state_dict(root),
-        "optimizer": get_optimizer_state_dict(root, inner_optimizers(optimizer)),
-    }
+    state = _helpers_state(model, optimizer)
     dcp.save(state, checkpoint_id=checkpoint_dir, process_group=None if mesh is None else mesh_group(mesh))
     return model, optimizer
 
@@ -420,15 +416,22 @@ def _load(
     if recipe.reshards_through_checkpointer(own_worlds):
         recipe.checkpointer(model, optimizer, checkpoint_dir, mesh, cell).load()
         return model, optimizer
-    root = state_dict_root(model)
-    state = {
-        "model": get_model_state_dict(root),
-        "optimizer": get_optimizer_state_dict(root, inner_optimizers(optimizer)),
-    }
+    state = _helpers_state(model, optimizer)
     dcp.load(state, checkpoint_id=checkpoint_dir, process_group=None if mesh is None else mesh_group(mesh))
+    root = state_dict_root(model)
     set_model_state_dict(root, state["model"])
     set_optimizer_state_dict(root, inner_optimizers(optimizer), state["optimizer"])
     return model, optimizer
+
+
+def _helpers_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """The model's and optimizer's state dicts as torch's helpers give them, what dcp saves and loads in
+    place where the checkpointer does not reshard."""
+    root = state_dict_root(model)
+    return {
+        "model": get_model_state_dict(root),
+        "optimizer": get_optimizer_state_dict(root, inner_optimizers(optimizer)),
+    }
 
 
 def group_hyperparameters(optimizer: torch.optim.Optimizer) -> list[dict]:
