@@ -88,6 +88,12 @@ def listing(lines: list[str]) -> str:
     return "\n".join(shown)
 
 
+def fail_on(problems: list[str], what: str, hint: str) -> None:
+    """Fail with `what`, the listed problem lines and the hint, where there are any: one form for every check."""
+    if problems:
+        raise AssertionError(f"{what}:\n" + listing(problems) + f"\n  hint: {hint}")
+
+
 def collapsed(per_rank: list[list[str]]) -> str:
     """Per-rank problem lines, once under "every rank" where all ranks found the same."""
     if len(per_rank) > 1 and all(lines == per_rank[0] for lines in per_rank):
@@ -161,15 +167,14 @@ def test_reduced_gradients_match_single_process(cell, lockstep, suite_options, r
             record_property("grad_max_ratio", max(step.gradient.max_ratio for step in steps))
         expected = f"within what the reduction order allows: {reduction.describe()}"
     problems = [f"step {index}: {line}" for index, step in enumerate(steps) for line in step.gradient.problems]
-    if problems:
-        raise AssertionError(
-            f"{cell.id}: after the data-parallel reduction the gradient differs from the single-process mean gradient "
-            f"of the same global batch ({expected}):\n"
-            + listing(problems)
-            + "\n  hint: a reduction in a narrower dtype than declared ([suites.parallel_equivalence.options] reduce_dtype), "
-            "a division by the wrong world size, a reduction over the wrong ranks, or a tensor-parallel plan that "
-            "reduces an input's gradient twice or never"
-        )
+    fail_on(
+        problems,
+        f"{cell.id}: after the data-parallel reduction the gradient differs from the single-process mean gradient "
+        f"of the same global batch ({expected})",
+        "a reduction in a narrower dtype than declared ([suites.parallel_equivalence.options] reduce_dtype), "
+        "a division by the wrong world size, a reduction over the wrong ranks, or a tensor-parallel plan that "
+        "reduces an input's gradient twice or never",
+    )
 
 
 def test_gradients_reduced_in_declared_dtype(cell, lockstep, suite_options):
@@ -184,15 +189,14 @@ def test_gradients_reduced_in_declared_dtype(cell, lockstep, suite_options):
             f"no gradient had {GRID_EVIDENCE} nonzero elements: too few to tell an fp32 sum from a narrower one"
         )
     problems = [f"step {index}: {line}" for index, step in enumerate(steps) for line in step.narrow_grid]
-    if problems:
-        raise AssertionError(
-            f"{cell.id}: gradients after the data-parallel reduction hold only values of a dtype narrower than the "
-            f"declared reduce_dtype = {declared!r}, so they were summed in that dtype (an fp32 sum lands on bf16's grid "
-            f"about once in 2**16 elements):\n"
-            + listing(problems)
-            + "\n  hint: a mixed-precision policy whose reduce_dtype is narrower than declared, or a reduction "
-            "(a tensor-parallel all-reduce, say) that ignores it"
-        )
+    fail_on(
+        problems,
+        f"{cell.id}: gradients after the data-parallel reduction hold only values of a dtype narrower than the "
+        f"declared reduce_dtype = {declared!r}, so they were summed in that dtype (an fp32 sum lands on bf16's grid "
+        f"about once in 2**16 elements)",
+        "a mixed-precision policy whose reduce_dtype is narrower than declared, or a reduction "
+        "(a tensor-parallel all-reduce, say) that ignores it",
+    )
 
 
 def test_gradient_norm_is_the_whole_models(cell, lockstep, record_property):
@@ -250,13 +254,12 @@ def test_clipping_scales_by_the_whole_norm(cell, lockstep, record_property):
     record_property("clipped_steps", [index for index, step in enumerate(steps) if step.clip.coefficient < 1])
     record_property("clip_max_ratio", max(step.clip.max_ratio for step in steps))
     problems = [f"step {index}: {line}" for index, step in enumerate(steps) for line in step.clip.problems]
-    if problems:
-        raise AssertionError(
-            f"{cell.id}: clipping did not scale the whole gradient by the coefficient of the whole norm "
-            f"(max_norm {records[0].max_norm!r}; tolerance {records[0].clip_tolerance:.3e} x |g x coefficient|):\n"
-            + listing(problems)
-            + "\n  hint: each rank clipped by its own shard's norm, or the clip used another norm than the whole model's"
-        )
+    fail_on(
+        problems,
+        f"{cell.id}: clipping did not scale the whole gradient by the coefficient of the whole norm "
+        f"(max_norm {records[0].max_norm!r}; tolerance {records[0].clip_tolerance:.3e} x |g x coefficient|)",
+        "each rank clipped by its own shard's norm, or the clip used another norm than the whole model's",
+    )
 
 
 def test_parameters_match_single_process_step(cell, lockstep):
