@@ -15,8 +15,6 @@ import pytest
 from torchmatrix.testing import (
     EXPECTED_FILE,
     CrossVersionOptions,
-    data_parallel_rank,
-    data_parallel_size,
     load,
     planned_options,
     writes_dir,
@@ -26,8 +24,8 @@ from .checkpoints.checkpoint_pickles import unsafe_globals
 from .checkpoints.neutral_state import decoded, neutral
 from .comparison.deterministic import deterministic_algorithms
 from .comparison.differences import state_differences
-from .test_cross_version import restorable
-from .training_runs.training_run import TrainingRun, write_dataset
+from .test_cross_version import restorable, this_ranks_run
+from .training_runs.training_run import write_dataset
 
 OPTIONS = CrossVersionOptions  # the dataclass `suite_options` arrives as
 
@@ -89,14 +87,6 @@ def not_loaded(cell_id: str, writer: str, unsafe: dict[str, list[str]]) -> str:
 def load_and_capture(cell: dict, options: dict, components: dict, data_path: str, checkpoint_dir: str) -> tuple:
     """Rank function: rebuild from another seed, load the checkpoint, return (step, restorable state)."""
     with deterministic_algorithms():
-        run = TrainingRun(
-            cell,
-            options,
-            components,
-            data_path,
-            data_parallel_rank(cell),
-            data_parallel_size(cell),
-            seed=options.rebuild_seed,
-        )
+        run = this_ranks_run(cell, options, components, data_path, seed=options.rebuild_seed)
         step, extra = run.load_checkpoint(load(components["checkpointer"]), checkpoint_dir, cell)
         return step, {**restorable(run), "extra_state": neutral(extra)}

@@ -68,18 +68,17 @@ RESTORED = (
 )  # state_snapshot's keys
 
 
+def this_ranks_run(cell: dict, options: dict, components: dict, data_path: str, *, seed: int) -> TrainingRun:
+    """This rank's training run of the cell from `seed`: the writing and the reading torch build it alike."""
+    return TrainingRun(
+        cell, options, components, data_path, data_parallel_rank(cell), data_parallel_size(cell), seed=seed
+    )
+
+
 def train_and_save(cell: dict, options: dict, components: dict, data_path: str, checkpoint_dir: str) -> dict:
     """Rank function: train to the resume step, save, return this rank's restorable state."""
     with deterministic_algorithms():
-        run = TrainingRun(
-            cell,
-            options,
-            components,
-            data_path,
-            data_parallel_rank(cell),
-            data_parallel_size(cell),
-            seed=options.seed,
-        )
+        run = this_ranks_run(cell, options, components, data_path, seed=options.seed)
         for _ in range(options.resume_step):
             run.train_step()
         state = restorable(run)
