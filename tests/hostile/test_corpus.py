@@ -17,6 +17,7 @@ import pytest
 from helpers.checkout import checkout_env
 from helpers.cli_forks import CliForks
 from helpers.projects import Project
+from helpers.results_documents import results_document
 
 MATRIX = """
 [torch]
@@ -55,22 +56,7 @@ def _plan(**overrides) -> str:
 
 
 def _results(**overrides) -> str:
-    results = {
-        "schema": "torchmatrix.results",
-        "schema_version": 2,
-        "run": {
-            "id": "a",
-            "created": "",
-            "hosts": [],
-            "matrix": {"path": "", "sha256": ""},
-            "baseline": "2.13.0",
-            "thresholds": {"drift_ratio": 10.0, "slowdown_ratio": 1.5},
-        },
-        "versions": [],
-        "cells": [],
-        "tests": [],
-    }
-    return json.dumps({**results, **overrides})
+    return json.dumps({**results_document(schema_version=2), **overrides})
 
 
 TRUNCATED_XML = '<testsuites><testsuite name="torch-2.13.0/ws1-none"'

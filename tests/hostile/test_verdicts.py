@@ -13,6 +13,7 @@ import pytest
 from torchmatrix.reports.upgrade_diff import BROKEN_DIRECTION, GROWN_DRIFT, MEMORY, REGRESSION, SLOWDOWN, UNCONFIRMED
 
 from helpers.projects import Project
+from helpers.results_documents import results_document
 
 VERSION = {"torch": "2.13.0", "planned_cells": ["ws1"], "missing_cells": []}
 
@@ -24,21 +25,12 @@ def _record(cell: str = "ws1", status: str = "passed", **extra) -> dict:
 def _run(run_id: str, *tests: dict, versions: tuple[str, ...] = ("2.13.0",)) -> str:
     """A results.json of these torch versions (one by default) holding `tests`."""
     return json.dumps(
-        {
-            "schema": "torchmatrix.results",
-            "schema_version": 3,
-            "run": {
-                "id": run_id,
-                "created": "",
-                "hosts": [],
-                "matrix": {"path": "", "sha256": ""},
-                "baseline": "2.13.0",
-                "thresholds": {"drift_ratio": 10.0, "slowdown_ratio": 1.5},
-            },
-            "versions": [{**VERSION, "torch": version} for version in versions],
-            "cells": [],
-            "tests": list(tests),
-        }
+        results_document(
+            schema_version=3,
+            run_id=run_id,
+            versions=[{**VERSION, "torch": version} for version in versions],
+            tests=tests,
+        )
     )
 
 

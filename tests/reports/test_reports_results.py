@@ -16,6 +16,7 @@ from torchmatrix.reports.run_reader import load_results
 from torchmatrix.status import Confirmation
 
 from helpers.report_runs import BASELINE, CANDIDATE, check_golden, normalised, write_fixture_run
+from helpers.results_documents import results_document
 
 
 @pytest.fixture
@@ -175,24 +176,15 @@ def test_an_old_results_file_with_the_note_in_the_text_reads_as_typed_fields(run
     ],
 )
 def test_an_old_note_is_split_from_the_text_in_todays_words(text, confirmation, read):
-    old = {
-        "schema": results_json.SCHEMA,
-        "schema_version": 4,
-        "run": {
-            "id": "old",
-            "created": "",
-            "hosts": [],
-            "matrix": {"path": "", "sha256": ""},
-            "baseline": "2.13.0",
-            "thresholds": {"drift_ratio": 10.0, "slowdown_ratio": 1.5},
-        },
-        "versions": [],
-        "cells": [{"id": "ws1", "axes": {"world_size": "1"}}],
-        "tests": [
+    old = results_document(
+        schema_version=4,
+        run_id="old",
+        cells=[{"id": "ws1", "axes": {"world_size": "1"}}],
+        tests=[
             {"torch": "2.13.0", "cell": "ws1", "suite": "alpha", "test": "t", "status": "failed", "duration": 1.0,
              "text": text, "confirmation": confirmation}
         ],
-    }  # fmt: skip
+    )  # fmt: skip
     (record,) = results_json.from_json(old).tests
     assert (record.text, record.confirmation_note) == read
     assert results_json.from_json({**old, "schema_version": 5}).tests[0].text == text, "a version 5 text is never split"
