@@ -142,10 +142,7 @@ def _left_behind(marker: str, settle_s: float = 10.0) -> list[str]:
 @pytest.fixture(scope="module")
 def drill(tmp_path_factory):
     project = Project(tmp_path_factory.mktemp("containment") / "project")
-    project.write("matrix.toml", MATRIX)
-    project.write("suites/__init__.py", "")
-    project.write("suites/test_drill.py", DRILL_SUITE)
-    project.write("suites/test_order.py", ORDER_SUITE)
+    project.write_suites(MATRIX, test_drill=DRILL_SUITE, test_order=ORDER_SUITE)
     marker = f"TORCHMATRIX_DRILL={uuid.uuid4().hex}"
     os.environ[marker.split("=")[0]] = marker.split("=")[1]
     try:

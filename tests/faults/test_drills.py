@@ -84,9 +84,7 @@ def cases(run_dir) -> dict[tuple[str, str], object]:
 @pytest.fixture(scope="module")
 def fault_run(tmp_path_factory):
     project = Project(tmp_path_factory.mktemp("faults") / "project")
-    project.write("matrix.toml", FAULTS_MATRIX)
-    project.write("suites/__init__.py", "")
-    project.write("suites/test_faults.py", FAULTS_SUITE)
+    project.write_suites(FAULTS_MATRIX, test_faults=FAULTS_SUITE)
     started = time.monotonic()
     # Confirmation re-runs are drilled in test_containment.py; here they would only add time.
     done = project.torchmatrix("run", "--torch", "system", "--run-id", "faults", "--confirm-limit", "0")
@@ -171,9 +169,7 @@ def test_takes_a_while(cell, ranks):
 @pytest.fixture
 def slow_project(tmp_path):
     project = Project(tmp_path / "project")
-    project.write("matrix.toml", SLOW_MATRIX)
-    project.write("suites/__init__.py", "")
-    project.write("suites/test_slow.py", SLOW_SUITE)
+    project.write_suites(SLOW_MATRIX, test_slow=SLOW_SUITE)
     return project
 
 

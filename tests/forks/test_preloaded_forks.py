@@ -70,10 +70,8 @@ def test_the_component_check_and_each_world_sizes_pytest_process_are_forks_the_r
     out.mkdir()
     monkeypatch.setenv("FORKS_OUT", str(out))
     matrix = matrix_toml(axes={"world_size": [1, 2]}, suites={"where": {}}, components={"recorder": "recorder:SEEN"})
-    project.write("matrix.toml", matrix)
+    project.write_suites(matrix, test_where=SUITE)
     project.write("recorder.py", RECORDER)
-    project.write("suites/__init__.py", "")
-    project.write("suites/test_where.py", SUITE)
     done = project.torchmatrix("run", "--torch", "system", "--reports", "out", "--run-id", "r1", "--confirm-limit", "0")
     assert done.returncode == 1, done.stdout + done.stderr
 

@@ -23,6 +23,13 @@ class Project:
         path.write_text(textwrap.dedent(text))
         return path
 
+    def write_suites(self, matrix: str, **suites: str) -> None:
+        """matrix.toml and the suites package holding each suite file `suites/<name>.py` from its source."""
+        self.write("matrix.toml", matrix)
+        self.write("suites/__init__.py", "")
+        for name, source in suites.items():
+            self.write(f"suites/{name}.py", source)
+
     def torchmatrix(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
         """Run `python -m torchmatrix ARGS` in the project directory."""
         return subprocess.run(

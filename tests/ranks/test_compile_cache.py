@@ -54,10 +54,7 @@ def test_each_cell_compiles_into_its_own_cache_directory_of_its_torch_version(pr
     out.mkdir()
     monkeypatch.setenv("COMPILE_CACHE_OUT", str(out))
     matrix = matrix_toml(axes={"world_size": [2], "flavor": ["a", "b"]}, suites={"where": {}, "again": {}})
-    project.write("matrix.toml", matrix)
-    project.write("suites/__init__.py", "")
-    project.write("suites/test_where.py", SUITE)
-    project.write("suites/test_again.py", SUITE)
+    project.write_suites(matrix, test_where=SUITE, test_again=SUITE)
     done = project.torchmatrix(
         "run", "--torch", "system", "--reports", "out", "--slots", "2", "--run-id", "r1", "--cold-compile"
     )
@@ -117,9 +114,9 @@ def test_compiles_the_same_kernel_on_every_rank(cell, ranks):
 def test_inductor_builds_its_isa_probe_once_per_version_and_a_kernel_once_per_cell(project):
     from torch._inductor.cpu_vec_isa import VecISA
 
-    project.write("matrix.toml", matrix_toml(axes={"world_size": [2], "flavor": ["a", "b"]}, suites={"builds": {}}))
-    project.write("suites/__init__.py", "")
-    project.write("suites/test_builds.py", BUILDS_SUITE)
+    project.write_suites(
+        matrix_toml(axes={"world_size": [2], "flavor": ["a", "b"]}, suites={"builds": {}}), test_builds=BUILDS_SUITE
+    )
     done = project.torchmatrix("run", "--torch", "system", "--reports", "out", "--run-id", "r1", "--cold-compile")
     assert done.returncode == 0, done.stdout + done.stderr
     caches = (project.root / "out" / "r1" / "torch-system" / "compile-cache").resolve()
@@ -182,9 +179,7 @@ def test_ranks_of_a_compiling_cell_start_with_the_compiler_imported_and_the_isa_
         exclude=[{"world_size": 1, "compile": "inductor"}, {"world_size": 2, "compile": "none"}],
         suites={"warmed": {}},
     )
-    project.write("matrix.toml", matrix)
-    project.write("suites/__init__.py", "")
-    project.write("suites/test_warmed.py", WARMED_SUITE)
+    project.write_suites(matrix, test_warmed=WARMED_SUITE)
     done = project.torchmatrix("run", "--torch", "system", "--reports", "out", "--run-id", "r1", "--cold-compile")
     assert done.returncode == 0, done.stdout + done.stderr
     eager, compiling = (json.loads((out / f"{cell}.json").read_text()) for cell in ("ws1-none", "ws2-inductor"))

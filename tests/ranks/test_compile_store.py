@@ -82,11 +82,9 @@ def test_a_cached_graph_is_read_again_under_its_key_and_never_across_a_world_siz
     out, store, readers = tmp_path / "seen", tmp_path / "store", tmp_path / "readers.log"
     out.mkdir()
     monkeypatch.setenv("STORE_OUT", str(out))
-    project.write(
-        "matrix.toml", matrix_toml(axes={"world_size": [1, 2], "compile": ["inductor"]}, suites={"store": {}})
+    project.write_suites(
+        matrix_toml(axes={"world_size": [1, 2], "compile": ["inductor"]}, suites={"store": {}}), test_store=SUITE
     )
-    project.write("suites/__init__.py", "")
-    project.write("suites/test_store.py", SUITE)
 
     def run(run_id: str, *only: str):
         done = project.torchmatrix(

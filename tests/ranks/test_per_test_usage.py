@@ -114,9 +114,7 @@ def test_a_warning_on_one_version_only_is_new_there_and_deprecations_come_first(
 @pytest.mark.slow
 def test_ranks_and_pytest_warnings_and_cpu_time_reach_results_json(tmp_path):
     project = Project(tmp_path / "project")
-    project.write("matrix.toml", matrix_toml(axes={"world_size": [2]}, suites={"usage": {"timeout": 60}}))
-    project.write("suites/__init__.py", "")
-    project.write("suites/test_usage.py", SUITE)
+    project.write_suites(matrix_toml(axes={"world_size": [2]}, suites={"usage": {"timeout": 60}}), test_usage=SUITE)
     done = project.torchmatrix("run", "--torch", "system", "--reports", "out", "--confirm-limit", "0")
     assert done.returncode == 1, done.stdout + done.stderr
     assert project.torchmatrix("report", "out/latest").returncode == 0

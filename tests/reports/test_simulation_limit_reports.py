@@ -170,9 +170,9 @@ def test_divide_factor_with_the_hint(cell, ranks):
 
 @pytest.mark.slow
 def test_a_run_whose_only_non_pass_is_premul_sum_on_gloo_exits_0_and_marks_it(project):
-    project.write("matrix.toml", matrix_toml(axes={"world_size": [2]}, suites={"premul": {"timeout": 120}}))
-    project.write("suites/__init__.py", "")
-    project.write("suites/test_premul.py", PREMUL_SUITE)
+    project.write_suites(
+        matrix_toml(axes={"world_size": [2]}, suites={"premul": {"timeout": 120}}), test_premul=PREMUL_SUITE
+    )
     done = project.torchmatrix("run", "--torch", "system", "--reports", "out")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "torch system: 1 passed, 0 failed, 0 errors, 0 skipped, 1 CPU-simulation limits;" in done.stdout

@@ -79,10 +79,7 @@ def finished_run(tmp_path_factory):
     from helpers.projects import Project
 
     project = Project(tmp_path_factory.mktemp("e2e") / "project")
-    project.write("matrix.toml", MATRIX)
-    project.write("suites/__init__.py", "")
-    project.write("suites/test_demo.py", DEMO_SUITE)
-    project.write("suites/test_per_cell.py", PER_CELL_SUITE)
+    project.write_suites(MATRIX, test_demo=DEMO_SUITE, test_per_cell=PER_CELL_SUITE)
     # two slots on any machine: the ws2 cells share one process, ws2-spicy's own suite after ws2-plain's hang
     done = project.torchmatrix("run", "--torch", "system", "--reports", "out", "--slots", "2")
     return project, done

@@ -58,10 +58,7 @@ def sharded(tmp_path_factory):
     """The same matrix run once whole and once as 4 shards, each its own process and run directory
     (no failure re-run alone: merge is compared, not confirmation)."""
     project = Project(tmp_path_factory.mktemp("scale") / "project")
-    project.write("matrix.toml", scale_out_matrix())
-    project.write("suites/__init__.py", "")
-    project.write("suites/test_demo.py", DEMO)
-    project.write("suites/test_per_cell.py", PER_CELL)
+    project.write_suites(scale_out_matrix(), test_demo=DEMO, test_per_cell=PER_CELL)
     single = project.torchmatrix("run", "--torch", "system", "--run-id", "single", "--confirm-limit", "0")
     assert single.returncode == 1, single.stderr
     for index in range(1, 5):

@@ -23,9 +23,7 @@ def slurm_scripts(tmp_path_factory):
     """A project with `torchmatrix slurm`'s scripts written, stand-ins for Slurm's commands beside it."""
     root = tmp_path_factory.mktemp("slurm")
     project = Project(root / "project")
-    project.write("matrix.toml", slurm_matrix(probe().base_version))
-    project.write("suites/__init__.py", "")
-    project.write("suites/test_demo.py", DEMO)
+    project.write_suites(slurm_matrix(probe().base_version), test_demo=DEMO)
     bin_dir = root / "bin"
     bin_dir.mkdir()
     for name, body in STAND_INS.items():

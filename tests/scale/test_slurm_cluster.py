@@ -49,9 +49,7 @@ def cluster(tmp_path):
 
 def test_array_on_real_slurm_with_a_requeued_and_a_cancelled_task(cluster, tmp_path):
     project = Project(tmp_path / "project")
-    project.write("matrix.toml", slurm_matrix(probe().base_version))
-    project.write("suites/__init__.py", "")
-    project.write("suites/test_demo.py", DEMO)
+    project.write_suites(slurm_matrix(probe().base_version), test_demo=DEMO)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "nox").write_text(f"#!{sys.executable}\n" + textwrap.dedent(STAND_INS["nox"]))
