@@ -10,6 +10,7 @@ import pytest
 from torchmatrix.messages.compile_store import STORE_VARIABLE
 
 from helpers.projects import Project
+from helpers.report_runs import write_fixture_run
 from helpers.start_order import expected_cost_rank
 
 pytest_plugins = ["helpers.cpu_seconds"]
@@ -18,6 +19,12 @@ pytest_plugins = ["helpers.cpu_seconds"]
 @pytest.fixture
 def project(tmp_path) -> Project:
     return Project(tmp_path / "project")
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    """The report tests' crafted run directory (helpers/report_runs.py): two torch versions, every status."""
+    return write_fixture_run(tmp_path / "project")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -228,8 +228,10 @@ def normalised(text: str, project) -> str:
     return text.replace(str(project), "<project>")
 
 
-def check_golden(name: str, actual: str) -> None:
-    """Compare with tests/data/golden/<name>; TORCHMATRIX_UPDATE_GOLDEN=1 rewrites it instead."""
+def check_golden(run_dir: Path, name: str) -> None:
+    """Compare the file `name` of the fixture's `run_dir`, its project path masked, with
+    tests/data/golden/<name>; TORCHMATRIX_UPDATE_GOLDEN=1 rewrites it instead."""
+    actual = normalised((run_dir / name).read_text(), run_dir.parents[1])
     path = GOLDEN / name
     if os.environ.get("TORCHMATRIX_UPDATE_GOLDEN"):
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -15,18 +15,13 @@ from torchmatrix.reports.report import load_run, write_report
 from torchmatrix.reports.run_reader import load_results
 from torchmatrix.status import Confirmation
 
-from helpers.report_runs import BASELINE, CANDIDATE, check_golden, normalised, write_fixture_run
+from helpers.report_runs import BASELINE, CANDIDATE, check_golden
 from helpers.results_documents import results_document
 
 
-@pytest.fixture
-def run_dir(tmp_path):
-    return write_fixture_run(tmp_path / "project")
-
-
-def test_results_json_matches_golden(run_dir, tmp_path):
+def test_results_json_matches_golden(run_dir):
     write_report(run_dir)
-    check_golden("results.json", normalised((run_dir / "results.json").read_text(), tmp_path / "project"))
+    check_golden(run_dir, "results.json")
 
 
 def test_records_carry_status_duration_messages_figures_and_the_running_cell(run_dir):
