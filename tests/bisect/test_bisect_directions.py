@@ -139,6 +139,21 @@ def bisect(monkeypatch, project, fake: FakeReleases, capsys, **request) -> tuple
     return code, capsys.readouterr().out.splitlines()
 
 
+def bisect_from_run(
+    monkeypatch, project, fake: FakeReleases, capsys, results: RunResults, run_dir: Path
+) -> tuple[int, list[str]]:
+    """`bisect --from run_dir`, a new directory whose results.json the fake reads as `results`."""
+    fake.from_run = results
+    run_dir.mkdir()
+    return bisect(monkeypatch, project, fake, capsys, from_run=run_dir)
+
+
+def bisect_the_pins(monkeypatch, project, fake: FakeReleases, capsys) -> tuple[int, list[str]]:
+    """`bisect` from --good at the baseline to --bad 2.15.1, over the world_size=1 cells."""
+    selection = CellSelection.parse(["world_size=1"], None, None, project.axes)
+    return bisect(monkeypatch, project, fake, capsys, good=BASELINE, bad="2.15.1", cell_selection=selection)
+
+
 def rollback_run(candidate: str = "2.15.0", *, confirmed: bool = True) -> RunResults:
     read = TestRecord(BASELINE, CELL, "cross_version", read_test(candidate), "failed", 1.0,
                       message="ValueError: too many values to unpack (expected 5)",
@@ -151,9 +166,7 @@ def test_a_rollback_search_writes_with_each_release_reads_with_the_baseline_and_
     monkeypatch, project, capsys, tmp_path, first_bad
 ):
     fake = FakeReleases(lambda writer, reader: reader == BASELINE and newer(writer, first_bad))
-    fake.from_run = rollback_run("2.15.1")
-    (tmp_path / "run").mkdir()
-    code, out = bisect(monkeypatch, project, fake, capsys, from_run=tmp_path / "run")
+    code, out = bisect_from_run(monkeypatch, project, fake, capsys, rollback_run("2.15.1"), tmp_path / "run")
     assert code == 0, out
     tried = [step for step in fake.pairs()]
     assert all(pairs == [(pairs[0][0], BASELINE)] for pairs in tried), tried  # each release wrote, the baseline read
@@ -173,9 +186,7 @@ def test_a_forward_search_writes_with_the_baseline_and_reads_with_each_release(m
     fake = FakeReleases(lambda writer, reader: writer == BASELINE and newer(reader, "2.14.1"))
     forward = TestRecord("2.15.1", CELL, "cross_version", read_test(BASELINE), "failed", 1.0,
                          message="KeyError: 'optimizer.state'", confirmation=ALONE)  # fmt: skip
-    fake.from_run = results_of([forward])
-    (tmp_path / "run").mkdir()
-    code, out = bisect(monkeypatch, project, fake, capsys, from_run=tmp_path / "run")
+    code, out = bisect_from_run(monkeypatch, project, fake, capsys, results_of([forward]), tmp_path / "run")
     assert code == 0, out
     assert all(pairs == [(BASELINE, pairs[0][1])] for pairs in fake.pairs()), fake.pairs()
     assert out[-1].startswith(
@@ -185,15 +196,7 @@ def test_a_forward_search_writes_with_the_baseline_and_reads_with_each_release(m
 
 def test_good_and_bad_pins_check_both_directions_first_then_search_the_broken_one(monkeypatch, project, capsys):
     fake = FakeReleases(lambda writer, reader: reader == BASELINE and newer(writer, "2.14.0"))
-    code, out = bisect(
-        monkeypatch,
-        project,
-        fake,
-        capsys,
-        good=BASELINE,
-        bad="2.15.1",
-        cell_selection=CellSelection.parse(["world_size=1"], None, None, project.axes),
-    )
+    code, out = bisect_the_pins(monkeypatch, project, fake, capsys)
     assert code == 0, out
     # cross_version is the matrix's only suite: no test to run on the pins, only both directions between them
     assert fake.pairs()[0] == [("2.15.1", BASELINE), (BASELINE, "2.15.1")]
@@ -204,15 +207,7 @@ def test_good_and_bad_pins_check_both_directions_first_then_search_the_broken_on
 def test_pins_whose_checkpoints_load_both_ways_are_refused_saying_so(monkeypatch, project, capsys):
     fake = FakeReleases(lambda writer, reader: False)
     with pytest.raises(BisectError, match=f"^every checkpoint between {BASELINE} and 2.15.1 loaded exactly both ways$"):
-        bisect(
-            monkeypatch,
-            project,
-            fake,
-            capsys,
-            good=BASELINE,
-            bad="2.15.1",
-            cell_selection=CellSelection.parse(["world_size=1"], None, None, project.axes),
-        )
+        bisect_the_pins(monkeypatch, project, fake, capsys)
     assert [a[a.index("--torch") + 1] for a in next(iter(fake.runs.values()))] == [
         "2.15.1",
         BASELINE,
@@ -221,15 +216,12 @@ def test_pins_whose_checkpoints_load_both_ways_are_refused_saying_so(monkeypatch
     ]
     with_tests = dataclasses.replace(project, suites={**project.suites, "demo": project.suites["cross_version"]})
     with pytest.raises(BisectError, match="nothing fails alone on --bad 2.15.1 .*; every checkpoint .* both ways"):
-        bisect(monkeypatch, with_tests, FakeReleases(lambda writer, reader: False), capsys, good=BASELINE,
-               bad="2.15.1", cell_selection=CellSelection.parse(["world_size=1"], None, None, project.axes))  # fmt: skip
+        bisect_the_pins(monkeypatch, with_tests, FakeReleases(lambda writer, reader: False), capsys)
 
 
 def test_a_release_that_cannot_write_stops_the_search_with_the_writes_failure(monkeypatch, project, capsys, tmp_path):
     fake = FakeReleases(lambda writer, reader: reader == BASELINE and newer(writer, "2.15.0"), unwritable={"2.14.0"})
-    fake.from_run = rollback_run("2.15.1")
-    (tmp_path / "run").mkdir()
-    code, out = bisect(monkeypatch, project, fake, capsys, from_run=tmp_path / "run")
+    code, out = bisect_from_run(monkeypatch, project, fake, capsys, rollback_run("2.15.1"), tmp_path / "run")
     assert code == 1, out
     assert (
         "no verdict: torch 2.14.0 no verdict (torch 2.14.0 could not write the checkpoint: OSError: disk full)"
@@ -241,22 +233,18 @@ def test_a_release_that_does_not_install_is_stepped_around_and_the_baseline_must
     monkeypatch, project, capsys, tmp_path
 ):
     fake = FakeReleases(lambda writer, reader: reader == BASELINE and newer(writer, "2.14.1"), uninstallable={"2.14.0"})
-    fake.from_run = rollback_run("2.15.1")
-    (tmp_path / "run").mkdir()
-    code, out = bisect(monkeypatch, project, fake, capsys, from_run=tmp_path / "run")
+    code, out = bisect_from_run(monkeypatch, project, fake, capsys, rollback_run("2.15.1"), tmp_path / "run")
     assert code == 0, out
     assert (
         "first bad: one of 2.14.0, 2.14.1 (2.13.2 passed; 2.14.0 did not install: "
         "ERROR: No matching distribution found for torch)" in out[-1]
     ), out[-1]
     broken_baseline = FakeReleases(lambda writer, reader: True, uninstallable={BASELINE})
-    broken_baseline.from_run = rollback_run("2.15.1")
     (tmp_path / "run").rename(tmp_path / "run-before")  # the first bisect's report is there
-    (tmp_path / "run").mkdir()
     with pytest.raises(
         BisectError, match=f"torch {BASELINE}, the other side of every checkpoint this bisect reads, did not install"
     ):
-        bisect(monkeypatch, project, broken_baseline, capsys, from_run=tmp_path / "run")
+        bisect_from_run(monkeypatch, project, broken_baseline, capsys, rollback_run("2.15.1"), tmp_path / "run")
     assert list((tmp_path / "run").iterdir()) == []  # a refusal leaves nothing behind
 
 
