@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime
 import math
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -103,6 +104,24 @@ class Where:
         if not isinstance(value, list) or not all(isinstance(entry, dict) for entry in value):
             raise self.at(key).error("must be an array of tables", f"write each entry as [[{key}]]")
         return value
+
+
+def required_section(raw: dict, section: str, where: Where, empty: str, fix: str) -> tuple[dict, Where]:
+    """The table `section` and where it is, refused with `empty` and `fix` where it has no entries."""
+    table = where.table(raw, section, required=True)
+    where = where.at(section)
+    if not table:
+        raise where.error(empty, fix)
+    return table, where
+
+
+def named_entries(table: dict, where: Where, noun: str) -> Iterator[tuple[str, Any, Where]]:
+    """Each entry of the section `table` at `where` and where it is, once its name is a lower-case identifier."""
+    for name, value in table.items():
+        at = where.at(name)
+        if not NAME.match(name):
+            raise at.error(f"{noun} names are lower-case identifiers", "rename it using a-z, 0-9 and _")
+        yield name, value, at
 
 
 def type_name(value: Any) -> str:
@@ -232,15 +251,11 @@ RESERVED_AXIS_NAMES = {"id": "is the key that holds the cell id in `list --json`
 
 
 def read_axes(raw: dict, where: Where) -> dict[str, tuple[Any, ...]]:
-    table = where.table(raw, "axes", required=True)
-    where = where.at("axes")
-    if not table:
-        raise where.error("no axes defined", "add at least one axis, e.g. world_size = [1, 2]")
+    table, where = required_section(
+        raw, "axes", where, "no axes defined", "add at least one axis, e.g. world_size = [1, 2]"
+    )
     axes = {}
-    for name, values in table.items():
-        at = where.at(name)
-        if not NAME.match(name):
-            raise at.error("axis names are lower-case identifiers", "rename it using a-z, 0-9 and _")
+    for name, values, at in named_entries(table, where, "axis"):
         if name in RESERVED_AXIS_NAMES:
             raise at.error(RESERVED_AXIS_NAMES[name], "rename the axis")
         if not isinstance(values, list):
@@ -258,12 +273,8 @@ def read_axes(raw: dict, where: Where) -> dict[str, tuple[Any, ...]]:
 
 
 def read_exclude(entry: dict, axes: dict, where: Where) -> dict[str, Any]:
-    if not entry:
-        raise where.error("is empty and would exclude every cell", "name at least one axis value")
-    for axis, value in entry.items():
-        at = where.at(axis)
-        if axis not in axes:
-            raise at.error("is not an axis", f"exclude only names axes from [axes]: {', '.join(axes)}")
+    empty = ("is empty and would exclude every cell", "name at least one axis value")
+    for axis, value, at in _axis_entries(entry, axes, where, "exclude", empty):
         known = {value_token(axis, a) for a in axes[axis]}
         for v in value if isinstance(value, list) else [value]:
             if not _scalar_ok(v) or value_token(axis, v) not in known:
@@ -275,16 +286,26 @@ def read_exclude(entry: dict, axes: dict, where: Where) -> dict[str, Any]:
 
 
 def read_include(entry: dict, axes: dict, where: Where) -> dict[str, Any]:
-    if not entry:
-        raise where.error("is empty", "name the axis values the include adds or extends")
-    for axis, value in entry.items():
-        at = where.at(axis)
-        if axis not in axes:
-            raise at.error("is not an axis", f"include only names axes from [axes]: {', '.join(axes)}")
+    empty = ("is empty", "name the axis values the include adds or extends")
+    for axis, value, at in _axis_entries(entry, axes, where, "include", empty):
         if isinstance(value, list):
             raise at.error("must be a single value", "write one [[include]] entry per value")
         _check_value(axis, value, at)
     return dict(entry)
+
+
+def _axis_entries(
+    entry: dict, axes: dict, where: Where, kind: str, empty: tuple[str, str]
+) -> Iterator[tuple[str, Any, Where]]:
+    """Each axis of an [[exclude]] or [[include]] entry with its value and where it is, refused with the
+    `empty` problem and fix where the entry names none, or where it names no axis of [axes]."""
+    if not entry:
+        raise where.error(*empty)
+    for axis, value in entry.items():
+        at = where.at(axis)
+        if axis not in axes:
+            raise at.error("is not an axis", f"{kind} only names axes from [axes]: {', '.join(axes)}")
+        yield axis, value, at
 
 
 def read_known_failures(
@@ -324,10 +345,7 @@ def read_project_root(raw: dict, matrix_dir: Path, where: Where) -> Path:
 def read_components(raw: dict, where: Where) -> dict[str, str]:
     table = where.table(raw, "components", required=False)
     where = where.at("components")
-    for name, path in table.items():
-        at = where.at(name)
-        if not NAME.match(name):
-            raise at.error("component names are lower-case identifiers", "rename it using a-z, 0-9 and _")
+    for _, path, at in named_entries(table, where, "component"):
         if not isinstance(path, str) or not IMPORT_PATH.match(path):
             raise at.error(f"{path!r} is not an import path", 'write it as "package.module:attribute"')
     return dict(table)

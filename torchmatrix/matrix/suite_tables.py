@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from torchmatrix.matrix.builtin_suites import BUILTIN_SUITES, builtin_suite_path, is_builtin_suite
-from torchmatrix.matrix.sections import NAME, TOML_DATES, Where, positive_number, type_name
+from torchmatrix.matrix.sections import TOML_DATES, Where, named_entries, positive_number, required_section, type_name
 from torchmatrix.matrix.suite_options import OptionError
 
 MAX_TEST_TIMEOUT_S = 86400
@@ -27,15 +27,11 @@ class Suite:
 
 
 def read_suites(raw: dict, axes: dict, root: Path, project: Path, where: Where) -> dict[str, Suite]:
-    table = where.table(raw, "suites", required=True)
-    where = where.at("suites")
-    if not table:
-        raise where.error("no suites registered", "add e.g. [suites.collectives] (a built-in suite)")
+    table, where = required_section(
+        raw, "suites", where, "no suites registered", "add e.g. [suites.collectives] (a built-in suite)"
+    )
     suites = {}
-    for name, spec in table.items():
-        at = where.at(name)
-        if not NAME.match(name):
-            raise at.error("suite names are lower-case identifiers", "rename it using a-z, 0-9 and _")
+    for name, spec, at in named_entries(table, where, "suite"):
         if not isinstance(spec, dict):
             raise at.error(f"must be a table, not {type_name(spec)}", f'write [suites.{name}] with path = "suites/..."')
         at.unknown_keys(spec, SUITE_KEYS, f" in [suites.{name}]")
