@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import operator
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -207,17 +208,17 @@ class KeywordExpression:
             raise SelectionError(f"-k {self.text!r}: unexpected {self.tokens[self._pos]!r}")
 
     def _or(self, cell_id: str) -> bool:
-        result = self._and(cell_id)
-        while self._peek() == "or":
-            self._pos += 1
-            result = self._and(cell_id) or result
-        return result
+        return self._joined("or", self._and, operator.or_, cell_id)
 
     def _and(self, cell_id: str) -> bool:
-        result = self._not(cell_id)
-        while self._peek() == "and":
+        return self._joined("and", self._not, operator.and_, cell_id)
+
+    def _joined(self, word: str, operand, join, cell_id: str) -> bool:
+        """Operands joined by `word`: each is parsed whatever the ones before gave, so that the position moves past it."""
+        result = operand(cell_id)
+        while self._peek() == word:
             self._pos += 1
-            result = self._not(cell_id) and result
+            result = join(operand(cell_id), result)
         return result
 
     def _not(self, cell_id: str) -> bool:
