@@ -20,6 +20,7 @@ from torchmatrix.components.optimizer_implementations import (
     implementation_not_named,
 )
 from torchmatrix.components.optimizer_like import inner_optimizers
+from torchmatrix.ranks.bitwise import bits_equal
 from torchmatrix.sensitivity.evidence import record_acted, record_cannot_act
 from torchmatrix.sensitivity.reverted_loads import (
     RESTORED_PIECES,
@@ -167,7 +168,7 @@ def holds_inputs_across_calls(inner: str):
             held = getattr(module, "mutant_held_input", None)
             if held is None or held.shape != given.shape or held.dtype != given.dtype:
                 return None
-            if not torch.equal(held, given):
+            if not bits_equal(held, given):
                 record_acted()
             replayed = held.detach().requires_grad_(given.requires_grad)
 
