@@ -35,7 +35,7 @@ NOT_CHECKED = "not checked: torch {writer} wrote no checkpoint for this cell in 
 def pytest_generate_tests(metafunc):
     """One test per version whose writes this version reads (the plugin's plan names them)."""
     if "writer" in metafunc.fixturenames:
-        metafunc.parametrize("writer", planned_options(metafunc.config, metafunc.definition.path).get("peers", []))
+        metafunc.parametrize("writer", list(planned_options(metafunc.config, metafunc.definition.path).peers))
 
 
 def test_loads_checkpoint_written_by(cell, ranks, suite_options, components, tmp_path, writer):

@@ -57,8 +57,8 @@ class ArchiveCheckpointLacksKeys(UserWarning):
     every recorded value still loads, but only a partial load gets there."""
 
 
-def archive_dir(options: dict, rootpath: Path) -> Path:
-    return rootpath / options["archive"] if options.get("archive") else SHIPPED_ARCHIVE
+def archive_dir(archive: str, rootpath: Path) -> Path:
+    return rootpath / archive if archive else SHIPPED_ARCHIVE
 
 
 @functools.cache
@@ -84,15 +84,13 @@ def pytest_generate_tests(metafunc):
     """One test per archived release and form, named `release/layout/implementation/save`."""
     if "archived" in metafunc.fixturenames:
         options = planned_options(metafunc.config, metafunc.definition.path)
-        directory = archive_dir(options, metafunc.config.rootpath)
-        metafunc.parametrize(
-            "archived", list(archive_entries(directory, tuple(options.get("writers", ())))) or ["none"]
-        )
+        directory = archive_dir(options.archive, metafunc.config.rootpath)
+        metafunc.parametrize("archived", list(archive_entries(directory, options.writers)) or ["none"])
 
 
 def test_loads_and_continues(cell, ranks, suite_options, archived, request, record_property):
     """Load the archived checkpoint, compare what it restores, continue, compare the continuation."""
-    directory = archive_dir({"archive": suite_options.archive}, request.config.rootpath)
+    directory = archive_dir(suite_options.archive, request.config.rootpath)
     if archived == "none":
         pytest.skip(f"no archive in {directory}: write one with `torchmatrix archive write`")
     writer, _, form_name = archived.partition("/")

@@ -75,6 +75,13 @@ def test_a_suite_of_ones_own_named_like_a_built_in_gets_its_table_unchecked(tmp_
     assert matrix.suites["resume"].options == {"resume_stpe": 3}
 
 
+def test_a_built_in_suite_is_loaded_with_its_dataclass_and_keeps_the_table_as_written(tmp_path):
+    """The compile store's key hashes the table as written (an integer stays an integer), so stores stay warm."""
+    resume = load_matrix(write(tmp_path, "resume", "lr = 1\nsteps = 8")).suites["resume"]
+    assert resume.options == ResumeOptions(lr=1.0) and resume.table == {"lr": 1, "steps": 8}
+    assert resume.options.to_table() == {"lr": 1.0}
+
+
 def test_the_suite_receives_its_dataclass_with_the_table_over_the_defaults():
     options = ResumeOptions.from_table({"steps": 6, "resume_step": 3, "batch_keywords": ["ids"], "lr": 1})
     assert options == ResumeOptions(steps=6, resume_step=3, batch_keywords=("ids",), lr=1.0)

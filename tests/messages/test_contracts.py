@@ -11,6 +11,7 @@ import pytest
 from torchmatrix.components.optional import OptionalWhere
 from torchmatrix.env.devices import Environment
 from torchmatrix.matrix.cells import Cell
+from torchmatrix.matrix.suite_options import CrossVersionOptions
 from torchmatrix.messages.events import (
     Collected,
     CollectError,
@@ -76,6 +77,27 @@ def test_a_group_plan_reads_back_as_written(tmp_path):
     read = GroupPlan.read(tmp_path / "ws2.plan.json")
     assert read == plan
     assert read.deadline == 300.0
+
+
+def test_a_built_in_suites_options_cross_as_the_fields_they_set_and_read_back_as_its_dataclass(tmp_path):
+    """The pytest process gets the dataclass the runner checked; a suite of the user's own keeps its table's bytes."""
+    options = CrossVersionOptions(steps=6, resume_step=3, peers=("2.14.0",))
+    spec = SuiteSpec("suites/test_cross_version.py", 300.0, options)
+    assert spec.to_json() == {
+        "path": "suites/test_cross_version.py",
+        "timeout": 300.0,
+        "options": {"steps": 6, "resume_step": 3, "peers": ["2.14.0"]},
+        "options_type": "CrossVersionOptions",
+    }
+    plan = group_plan(suites={"cross_version": spec, "mine": SuiteSpec("suites/test_mine.py", 60.0, {"lr": 1})})
+    plan.write(tmp_path / "ws2.plan.json")
+    assert GroupPlan.read(tmp_path / "ws2.plan.json") == plan
+    assert "options_type" not in json.loads((tmp_path / "ws2.plan.json").read_text())["suites"]["mine"]
+    foreign = {**spec.to_json(), "options_type": "MineOptions"}
+    path = tmp_path / "foreign.plan.json"
+    path.write_text(json.dumps({**plan.to_json(), "suites": {"cross_version": foreign}}))
+    with pytest.raises(GroupPlanError, match="MineOptions"):
+        GroupPlan.read(path)
 
 
 def test_a_group_plan_of_another_format_is_refused_with_what_to_do(tmp_path):

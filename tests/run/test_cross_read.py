@@ -145,10 +145,10 @@ def test_a_paired_run_pairs_cross_version_with_the_versions_named_not_the_matrix
     matrix = load_matrix(str(tmp_path / "matrix.toml"))
     run_dir = tmp_path / "reports" / "step1"
     unpaired = suites_for(matrix, "2.14.0", run_dir, reads=False)["cross_version"].options
-    assert unpaired["peers"] == []
+    assert unpaired.peers == ()
     writes = suites_for(matrix, "2.14.0", run_dir, reads=False, paired=(VERSION,))["cross_version"].options
-    assert (writes["torch"], writes["peers"], writes["run_dir"]) == ("2.14.0", [VERSION], str(run_dir))
+    assert (writes.torch, writes.peers, writes.run_dir) == ("2.14.0", (VERSION,), str(run_dir))
     reads = suites_for(matrix, VERSION, run_dir, reads=True, paired=("2.14.0",))
-    assert reads["cross_version"].options["peers"] == ["2.14.0"]
+    assert reads["cross_version"].options.peers == ("2.14.0",)
     assert reads["cross_version"].path.endswith("cross_version_reads.py")
-    assert suites_for(matrix, VERSION, run_dir, reads=True)["cross_version"].options["peers"] == ["2.15.0"]
+    assert suites_for(matrix, VERSION, run_dir, reads=True)["cross_version"].options.peers == ("2.15.0",)

@@ -50,7 +50,7 @@ def test_resume_names_what_the_sharded_fabric_load_leaves_as_built(tmp_path):
     resume = LIGHTNING.suites["resume"]
     matrix = matrix_toml(
         axes={"world_size": [2], "fsdp": ["fsdp1"], "optimizer": ["adamw"]},
-        suites={"resume": {"timeout": 300, "axes": resume.axes, "options": resume.options}},
+        suites={"resume": {"timeout": 300, "axes": resume.axes, "options": resume.table}},
         components=LIGHTNING.components,
     )
     done, outcomes = run_suites(tmp_path, matrix, EXAMPLE)

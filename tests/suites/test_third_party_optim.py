@@ -58,7 +58,7 @@ def shared_matrix(cells) -> str:
     """resume over exactly `cells` (planned_cells' values), dtensor_optim once per world size, FSDP
     and optimizer among them, with examples/optimizers' components and options, `LISTED_QUANTIZED`
     listed as quantized."""
-    options = dict(OPTIMIZERS.suites["resume"].options)
+    options = dict(OPTIMIZERS.suites["resume"].table)
     options["quantized_state_optimizers"] = [*options["quantized_state_optimizers"], LISTED_QUANTIZED]
     options["bf16_param_optimizers"] = [*options["bf16_param_optimizers"], LISTED_QUANTIZED]
     matrix = matrix_toml(
@@ -75,7 +75,7 @@ def shared_matrix(cells) -> str:
             "dtensor_optim": {
                 "timeout": 300,
                 "axes": ["world_size", "fsdp", "optimizer"],
-                "options": OPTIMIZERS.suites["dtensor_optim"].options,
+                "options": OPTIMIZERS.suites["dtensor_optim"].table,
             },
         },
         components={

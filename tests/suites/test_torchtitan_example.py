@@ -51,7 +51,7 @@ def titan_matrix(suites: tuple[str, ...], qkv: list[str], world_sizes=(1, 2), **
             *([{"qkv": "fused", "world_size": 2}] if "fused" in qkv and wide else []),
         ],
         suites={
-            name: {"timeout": 300, "axes": TITAN.suites[name].axes, "options": TITAN.suites[name].options}
+            name: {"timeout": 300, "axes": TITAN.suites[name].axes, "options": TITAN.suites[name].table}
             for name in suites
         },
         components={**TITAN.components, **overrides},

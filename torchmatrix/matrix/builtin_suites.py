@@ -52,6 +52,14 @@ BUILTIN_SUITES = {
 }
 
 
+def options_class(name: str) -> type[SuiteOptions]:
+    """The built-in suites' options dataclass called `name`, as a group plan names it; a ValueError for any other."""
+    classes = {suite.options.__name__: suite.options for suite in BUILTIN_SUITES.values()}
+    if name not in classes:
+        raise ValueError(f"{name!r} is not a built-in suite's options ({', '.join(classes)})")
+    return classes[name]
+
+
 def builtin_suite_path(name: str) -> Path:
     """The installed file of the built-in suite `name` (a key of BUILTIN_SUITES); for a torchmatrix
     imported from a checkout that is not installed (nox's own environment), the checkout's suites/."""

@@ -63,6 +63,7 @@ from torchmatrix.matrix.selection import (
     select_cells,
     shard_cells,
 )
+from torchmatrix.matrix.suite_options import ResumeOptions
 from torchmatrix.matrix.suite_tables import MAX_TEST_TIMEOUT_S, SUITE_KEYS, Suite, read_suites
 
 if sys.version_info >= (3, 11):
@@ -247,7 +248,7 @@ def _check_async_save(matrix: Matrix, where: Where) -> None:
     """Every glob of resume's option `async_save` names a cell: one that names none (a typo, an axis value
     renamed) would leave every cell saving synchronously without a word."""
     resume = matrix.suites.get("resume")
-    patterns = resume.options.get("async_save", ()) if resume is not None else ()
+    patterns = resume.options.async_save if resume is not None and isinstance(resume.options, ResumeOptions) else ()
     ids = [cell.id for cell in matrix.cells()]
     for pattern in patterns:
         if not any(fnmatch.fnmatchcase(cell_id, pattern) for cell_id in ids):

@@ -58,6 +58,15 @@ class SuiteOptions:
             values[key] = _typed(key, value, hints[key])
         return cls(**values)
 
+    def to_table(self) -> dict[str, Any]:
+        """The fields that differ from their defaults, as `from_table` reads them back: how the options
+        cross to a pytest process in its group plan."""
+        return {
+            field.name: getattr(self, field.name)
+            for field in dataclasses.fields(self)
+            if getattr(self, field.name) != field.default
+        }
+
 
 @dataclass(frozen=True)
 class CollectivesOptions(SuiteOptions):

@@ -9,7 +9,7 @@ from typing import Any
 
 from torchmatrix.matrix.builtin_suites import BUILTIN_SUITES, builtin_suite_path, is_builtin_suite
 from torchmatrix.matrix.sections import TOML_DATES, Where, named_entries, positive_number, required_section, type_name
-from torchmatrix.matrix.suite_options import OptionError
+from torchmatrix.matrix.suite_options import OptionError, SuiteOptions
 
 MAX_TEST_TIMEOUT_S = 86400
 SUITE_KEYS = ("path", "timeout", "axes", "options")
@@ -23,7 +23,12 @@ class Suite:
     path: str
     timeout: float
     axes: tuple[str, ...]
-    options: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+    options: SuiteOptions | dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+    """A built-in suite's options as its dataclass; a suite of the user's own keeps the table, since its
+    module names its options class and imports torch, which only its pytest process does."""
+    table: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+    """`[suites.<name>.options]` as matrix.toml wrote it: what the compile store's key hashes (so stores
+    stay warm however options are typed) and a reproducer inlines."""
 
 
 def read_suites(raw: dict, axes: dict, root: Path, project: Path, where: Where) -> dict[str, Suite]:
@@ -41,15 +46,17 @@ def read_suites(raw: dict, axes: dict, root: Path, project: Path, where: Where) 
         else:
             path = _builtin_path(name, at)
             timeout, natural_axes = BUILTIN_SUITES[name].timeout, BUILTIN_SUITES[name].axes or tuple(axes)
-        options = _options(spec.get("options", {}), at.at("options"))
+        written = _options(spec.get("options", {}), at.at("options"))
+        options = written
         if is_builtin_suite(name, path if "path" not in spec else str(root / path)):
-            _check_options(name, options, at.at("options"))
+            options = _check_options(name, written, at.at("options"))
         suites[name] = Suite(
             name=name,
             path=path,
             timeout=_test_timeout(spec.get("timeout", timeout), at.at("timeout")),
             axes=_suite_axes(spec.get("axes"), axes, at.at("axes"), natural_axes),
             options=options,
+            table=written,
         )
     paths = [suite.path for suite in suites.values()]
     duplicate = next((p for p in paths if paths.count(p) > 1), None)
@@ -131,10 +138,10 @@ def _options(value: Any, where: Where) -> dict[str, Any]:
     return dict(value)
 
 
-def _check_options(suite: str, options: dict[str, Any], where: Where) -> None:
-    """A built-in suite's options against its dataclass (matrix/suite_options.py)."""
+def _check_options(suite: str, options: dict[str, Any], where: Where) -> SuiteOptions:
+    """A built-in suite's options read into its dataclass (matrix/suite_options.py), or the error naming the key."""
     try:
-        BUILTIN_SUITES[suite].options.from_table(options, user=True)
+        return BUILTIN_SUITES[suite].options.from_table(options, user=True)
     except OptionError as error:
         raise where.at(error.key).error(error.problem, error.fix) from None
 

@@ -7,14 +7,18 @@ both use this one definition; a plan of another format version is refused with w
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from torchmatrix import file_writes
 from torchmatrix.components.optional import OptionalWhere
 from torchmatrix.env.devices import Environment
-from torchmatrix.json_records import JsonRecord, json_field
+from torchmatrix.json_records import JsonRecord, from_json, json_field, plain
+from torchmatrix.matrix.builtin_suites import options_class
 from torchmatrix.matrix.cells import Cell
+from torchmatrix.matrix.suite_options import SuiteOptions
 from torchmatrix.messages.compile_store import CompileStore
 
 FORMAT_VERSION = 2
@@ -24,13 +28,36 @@ class GroupPlanError(ValueError):
     """A group plan this plugin cannot read; the message names the file."""
 
 
+def _options_json(options: SuiteOptions | dict) -> dict:
+    return plain(options.to_table() if isinstance(options, SuiteOptions) else options)
+
+
 @dataclass(frozen=True)
 class SuiteSpec(JsonRecord):
-    """What a process needs to know of a suite: where its tests are, their deadline, its options."""
+    """What a process needs to know of a suite: where its tests are, their deadline, its options.
+
+    A built-in suite's options cross as the fields they set with their class's name under `options_type`,
+    and are read back into it; a suite of the user's own keeps its table as written (no `options_type`).
+    """
 
     path: str
     timeout: float
-    options: dict
+    options: SuiteOptions | dict = field(metadata=json_field(dump=_options_json, load=dict))
+
+    def to_json(self) -> dict:
+        data = super().to_json()
+        if isinstance(self.options, SuiteOptions):
+            data["options_type"] = type(self.options).__name__
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> SuiteSpec:
+        data = dict(data)
+        declared = data.pop("options_type", None)
+        spec = from_json(cls, data)
+        if declared is None:
+            return spec
+        return replace(spec, options=options_class(declared).from_table(spec.options))
 
 
 def _runs_json(runs: tuple[tuple[str, Cell], ...]) -> list[dict]:

@@ -47,11 +47,14 @@ def tmp_path(tmp_path, request):
 
 @pytest.fixture
 def suite_options(request, _cell_plan) -> SuiteOptions | dict:
-    """The suite's `[suites.<name>.options]` from matrix.toml: read into the dataclass the suite module
-    names as `OPTIONS` (each built-in suite does), else the table as it is."""
-    table = _cell_plan.suites[_cell_plan.suite_of(request.node.path)].options
+    """The suite's `[suites.<name>.options]` from matrix.toml: a built-in suite's dataclass as the plan
+    carries it; a suite of the user's own has its table read into the dataclass its module names as
+    `OPTIONS`, else gets the table as it is."""
+    options = _cell_plan.suites[_cell_plan.suite_of(request.node.path)].options
+    if isinstance(options, SuiteOptions):
+        return options
     declared = getattr(request.module, "OPTIONS", None)
-    return declared.from_table(table) if declared else dict(table)
+    return declared.from_table(options) if declared else dict(options)
 
 
 class _FailedEarlier:

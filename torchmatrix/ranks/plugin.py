@@ -26,6 +26,7 @@ from torchmatrix.forks import zygote
 from torchmatrix.forks.parent_death import exit_with_runner
 from torchmatrix.matrix.cells import Cell
 from torchmatrix.matrix.plan import run_key
+from torchmatrix.matrix.suite_options import SuiteOptions
 from torchmatrix.matrix.suite_selection import selects, unmatched_test_message, unmatched_tests
 from torchmatrix.messages import compile_store
 from torchmatrix.messages.events import (
@@ -433,9 +434,9 @@ def _unfinished(stopped: BaseException | None) -> str:
     )
 
 
-def planned_options(config, path) -> dict:
-    """The options the runner planned for the suite at `path` in this pytest process, for a suite
-    module's own pytest_generate_tests (fixtures are not available at collection)."""
+def planned_options(config, path) -> SuiteOptions | dict:
+    """The options the runner planned for the suite at `path` in this pytest process (a built-in suite's
+    dataclass, else the table), for a suite module's own pytest_generate_tests (fixtures are not available at collection)."""
     plan = config.stash[PLAN_KEY]
     suite = plan.suite_of(path)
     return plan.suites[suite].options if suite else {}

@@ -100,7 +100,7 @@ def _suite_files(results, record, info, reproducer, run_dir, python, config) -> 
         "world_size": cell.world_size,
         "device": device,
         "timeout": suite.timeout,
-        "options": dict(suite.options),
+        "options": dict(suite.table),
         "components": dict(matrix.components),
     }
     interpreter = python or _venv_python(matrix.root, record.torch) or sys.executable

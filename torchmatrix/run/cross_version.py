@@ -24,6 +24,7 @@ from pathlib import Path
 from torchmatrix.env.version_venv import gpu_matrix_python
 from torchmatrix.exit_codes import ExitCode
 from torchmatrix.matrix.config import Matrix, Suite
+from torchmatrix.matrix.suite_options import SuiteOptions
 from torchmatrix.messages.cross_version import READS_FILE, SUITE, peers
 from torchmatrix.messages.run_plan import PlanFileError, read_plan
 from torchmatrix.user_error import UserError
@@ -39,7 +40,9 @@ def suites_for(
     if suite is None:
         return {} if reads else dict(matrix.suites)
     pairs = list(paired) if paired is not None else peers(matrix, version)
-    options = {**suite.options, "run_dir": str(run_dir), "torch": version, "peers": pairs}
+    runner_set = {"run_dir": str(run_dir), "torch": version, "peers": tuple(pairs)}
+    typed = isinstance(suite.options, SuiteOptions)
+    options = replace(suite.options, **runner_set) if typed else {**suite.options, **runner_set}
     path = str(Path(suite.path).with_name(READS_FILE)) if reads else suite.path
     cross = replace(suite, path=path, options=options)
     return {SUITE: cross} if reads else {**matrix.suites, SUITE: cross}

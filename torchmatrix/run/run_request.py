@@ -71,7 +71,7 @@ class RunRequest:
         """What the group plans say of the store: its root and the matrix's part of its keys."""
         if self.compile_root is None:
             return None
-        options = {name: suite.options for name, suite in self.matrix.suites.items()}
+        options = {name: suite.table for name, suite in self.matrix.suites.items()}
         return CompileStore(str(self.compile_root), matrix_digest(self.matrix.components, options))
 
     @property

@@ -39,7 +39,8 @@ def single_rank(cell: Cell, matrix: Matrix) -> str | None:
 def fp32_params_in_resume(cell: Cell, matrix: Matrix) -> str | None:
     """The resume suite builds fp32 params for every optimizer but its bf16 ones, so a cast of
     fp32 state to the param dtype changes nothing there."""
-    options = ResumeOptions.from_table(matrix.suites[RESUME].options if RESUME in matrix.suites else {})
+    resume = matrix.suites.get(RESUME)
+    options = resume.options if resume is not None and isinstance(resume.options, ResumeOptions) else ResumeOptions()
     optimizer = cell.get("optimizer")
     if optimizer in options.bf16_param_optimizers:
         return None
