@@ -114,8 +114,10 @@ def test_a_user_model_in_its_own_package_runs_through_every_suite(tmp_path):
     project.write("matrix.toml", MATRIX)
     project.write("userstack/__init__.py", "")
     project.write("userstack/tiny.py", TINY_LM)
-    for module in (REPO / "suites").glob("*.py"):  # the suites with their helpers, as a user copies them
-        shutil.copy(module, project.root / "suites" / module.name)
+    # the suites with their helper packages, as a user copies the folder
+    shutil.copytree(
+        REPO / "suites", project.root / "suites", dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__")
+    )
     done = project.torchmatrix("run", "--torch", "system", "--reports", "out", timeout=600)
     output = done.stdout + done.stderr
     assert done.returncode == 0, output

@@ -10,12 +10,12 @@ from torchmatrix.repro import harness
 
 from helpers.checkout import REPO
 
-USE = re.compile(r"\branks\.([a-z_]+)\b")
+USE = re.compile(r"(?<![.\w])ranks\.([a-z_]+)\b")  # not a module path such as torchmatrix.ranks.bitwise
 
 
 def test_the_harness_offers_every_ranks_attribute_the_suites_use():
     used = {
-        name: path.name for path in sorted((REPO / "suites").glob("*.py")) for name in USE.findall(path.read_text())
+        name: path.name for path in sorted((REPO / "suites").rglob("*.py")) for name in USE.findall(path.read_text())
     }
     assert {"run", "world_size", "in_world"} <= used.keys(), used
     missing = {name: suite for name, suite in used.items() if not hasattr(harness.Ranks, name)}
