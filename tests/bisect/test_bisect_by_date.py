@@ -14,6 +14,7 @@ from torchmatrix.bisect import command
 from torchmatrix.bisect import steps as bisect_steps
 from torchmatrix.bisect.command import BisectRequest, run_bisect
 from torchmatrix.bisect.versions import VersionError, between
+from torchmatrix.env.devices import Environment
 from torchmatrix.env.torch_install import InstallResult
 from torchmatrix.matrix.config import ReportSettings, load_matrix
 from torchmatrix.reports.records import RunResults, TestRecord, VersionInfo
@@ -47,7 +48,7 @@ class DatedBuilds:
         record = TestRecord("system", "ws1", "demo", "test_x", "failed" if bad else "passed", 1.0,
                             "AssertionError: planted" if bad else "",
                             confirmation=Confirmation.FAILS_ALONE if bad else None)  # fmt: skip
-        info = VersionInfo("system", f"{value}+cpu", git_version=sha(value))
+        info = VersionInfo("system", Environment.recorded(f"{value}+cpu", sha(value)))
         return RunResults(path.name, "", [], "", "", "system", ReportSettings(), [info], {"ws1": {}}, [record])
 
 

@@ -46,6 +46,22 @@ def test_the_device_follows_the_gpus_and_an_environment_without_torch_has_none()
 
 
 @pytest.mark.parametrize(
+    "environment",
+    [
+        CPU,
+        GPUS,
+        Environment("2.13.0+cu130", "abc", "13.0", 2, "NVIDIA H100, rev. B, CUDA-capable"),
+        Environment.without_torch("none (torch did not install)"),
+        Environment(),
+    ],
+    ids=["cpu", "gpus", "name-with-commas", "no-torch", "not-recorded"],
+)
+def test_the_words_a_report_records_read_back_as_the_environment_that_wrote_them(environment):
+    words = (environment.torch, environment.git_version, environment.cuda_version or "", environment.description)
+    assert Environment.recorded(*words) == environment
+
+
+@pytest.mark.parametrize(
     ("recorded", "read"),
     [
         ({}, Environment.without_torch("unknown")),

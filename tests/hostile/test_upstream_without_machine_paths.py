@@ -84,8 +84,8 @@ def test_the_cross_version_readme_gives_both_sides_build_git_and_environment(tmp
     record = TestRecord(BASELINE, "ws1-none", "cross_version", read, "failed", 1.0, message=message,
                         confirmation=Confirmation.FAILS_ALONE)  # fmt: skip
     versions = [
-        VersionInfo(BASELINE, "2.13.0+cpu", "aaa111", "", "cpu"),
-        VersionInfo(CANDIDATE, "2.14.1+cu126", "bbb222", "12.6", "cuda"),
+        VersionInfo(BASELINE, Environment.recorded("2.13.0+cpu", "aaa111")),
+        VersionInfo(CANDIDATE, Environment("2.14.1+cu126", "bbb222", "12.6", gpu_count=2, gpu_name="NVIDIA H100")),
     ]
     run = project / "reports" / "with-read"
     run.mkdir(parents=True)
@@ -98,8 +98,8 @@ def test_the_cross_version_readme_gives_both_sides_build_git_and_environment(tmp
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     readme = (out / "README.md").read_text()
-    assert "- writes: torch 2.14.1+cu126, git bbb222, CUDA 12.6, device cuda" in readme
-    assert "- fails to read it: torch 2.13.0+cpu, git aaa111, CUDA none, device cpu" in readme
+    assert "- writes: torch 2.14.1+cu126, git bbb222, CUDA 12.6, device cuda (2x NVIDIA H100, CUDA 12.6)" in readme
+    assert "- fails to read it: torch 2.13.0+cpu, git aaa111, CUDA none, device cpu (ranks simulated" in readme
     import torch
 
     for side in ("writing", "reading"):

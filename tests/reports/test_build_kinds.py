@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from torchmatrix.env.devices import Environment
 from torchmatrix.matrix.config import ReportSettings
 from torchmatrix.reports import summary_html, summary_md
 from torchmatrix.reports.build_kinds import build_kind, build_mismatch
@@ -12,7 +13,7 @@ from torchmatrix.reports.records import RunResults, TestRecord, VersionInfo
 from torchmatrix.reports.upgrade_diff import upgrade_diffs
 
 CPU_RANKS = "cpu (ranks simulated as processes, gloo)"
-GPUS = "cuda: 8 x NVIDIA H100 80GB HBM3, nccl"
+GPUS = "cuda (8x NVIDIA H100 80GB HBM3, CUDA 12.6)"
 
 
 @pytest.mark.parametrize(
@@ -28,7 +29,7 @@ GPUS = "cuda: 8 x NVIDIA H100 80GB HBM3, nccl"
     ],
 )
 def test_the_kind_of_a_build(build, cuda_version, kind):
-    assert build_kind(VersionInfo("v", build, cuda_version=cuda_version)) == kind
+    assert build_kind(VersionInfo("v", Environment.recorded(build, cuda_version=cuda_version))) == kind
 
 
 def run(before: VersionInfo, after: VersionInfo) -> RunResults:
@@ -37,8 +38,8 @@ def run(before: VersionInfo, after: VersionInfo) -> RunResults:
 
 
 def test_a_cpu_build_against_a_cuda_build_on_cpu_ranks_says_what_it_can_explain():
-    before = VersionInfo("2.13.0", "2.13.0+cpu", device=CPU_RANKS)
-    after = VersionInfo("2.14.1", "2.14.1+cu130", cuda_version="13.0", device=CPU_RANKS)
+    before = VersionInfo("2.13.0", Environment.recorded("2.13.0+cpu", device=CPU_RANKS))
+    after = VersionInfo("2.14.1", Environment.recorded("2.14.1+cu130", cuda_version="13.0", device=CPU_RANKS))
     results = run(before, after)
     (diff,) = upgrade_diffs(results)
     assert diff.to_json()["builds"] == {"before": "CPU", "after": "CUDA 13.0", "on_gpus": False}
@@ -52,8 +53,8 @@ def test_a_cpu_build_against_a_cuda_build_on_cpu_ranks_says_what_it_can_explain(
 
 
 def test_two_cuda_versions_on_gpus_can_explain_drift_but_not_a_failed_load():
-    before = VersionInfo("2.13.0", "2.13.0+cu126", device=GPUS)
-    after = VersionInfo("2.14.1", "2.14.1+cu130", device=GPUS)
+    before = VersionInfo("2.13.0", Environment.recorded("2.13.0+cu126", device=GPUS))
+    after = VersionInfo("2.14.1", Environment.recorded("2.14.1+cu130", device=GPUS))
     note = build_mismatch(before, after).note
     assert "can explain grown drift" in note and "cannot explain a failed checkpoint load" in note
 
@@ -68,7 +69,8 @@ def test_two_cuda_versions_on_gpus_can_explain_drift_but_not_a_failed_load():
 )
 def test_builds_of_one_kind_or_unknown_say_nothing(before, after):
     versions = [
-        VersionInfo(v, build, cuda_version=cuda) for v, (build, cuda) in zip(("2.13.0", "2.14.1"), (before, after))
+        VersionInfo(v, Environment.recorded(build, cuda_version=cuda))
+        for v, (build, cuda) in zip(("2.13.0", "2.14.1"), (before, after))
     ]
     (diff,) = upgrade_diffs(run(*versions))
     assert diff.builds is None

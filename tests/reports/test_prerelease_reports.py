@@ -10,6 +10,7 @@ import pytest
 
 from torchmatrix.commands.merge import failed_versions
 from torchmatrix.commands.report import report_run
+from torchmatrix.env.devices import Environment
 from torchmatrix.exit_codes import ExitCode
 from torchmatrix.matrix.config import ReportSettings
 from torchmatrix.reports import summary_html, summary_md
@@ -27,9 +28,9 @@ NIGHTLY_GIT = "14e207be27fbb95392f1e0ea03df9f7625996f9d"
 def run(settings: ReportSettings) -> RunResults:
     """2.13.0 passes; 2.14.1 passes; the nightly fails alone."""
     versions = [
-        VersionInfo("2.13.0", "2.13.0+cpu", "cf30153c4c131c8164ee7798e5022d810682e2cb"),
-        VersionInfo("nightly", "2.16.0.dev20261202+cpu", NIGHTLY_GIT),
-        VersionInfo("2.14.1", "2.14.1+cpu", "5ac3a6a"),
+        VersionInfo("2.13.0", Environment.recorded("2.13.0+cpu", "cf30153c4c131c8164ee7798e5022d810682e2cb")),
+        VersionInfo("nightly", Environment.recorded("2.16.0.dev20261202+cpu", NIGHTLY_GIT)),
+        VersionInfo("2.14.1", Environment.recorded("2.14.1+cpu", "5ac3a6a")),
     ]
     records = [TestRecord(v.torch, "ws1", "s", "t", "passed", 1.0) for v in versions if v.torch != "nightly"]
     records.append(
@@ -66,7 +67,7 @@ def test_the_setting_makes_a_nightly_block(tmp_path):
     assert nightly.blocks and "its failures block ([report] prerelease_blocks)" in nightly.prerelease_note
     write_json(tmp_path / "results.json", results, [])
     back = read_json(tmp_path / "results.json")
-    assert back.settings.prerelease_blocks is True and back.version("nightly").git_version == NIGHTLY_GIT
+    assert back.settings.prerelease_blocks is True and back.version("nightly").environment.git_version == NIGHTLY_GIT
 
 
 @pytest.mark.parametrize(

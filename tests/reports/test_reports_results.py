@@ -10,7 +10,9 @@ import shutil
 
 import pytest
 
+from torchmatrix.env.devices import Environment
 from torchmatrix.reports import junit, records, results_json
+from torchmatrix.reports.records import VersionInfo
 from torchmatrix.reports.report import load_run, write_report
 from torchmatrix.reports.run_reader import load_results
 from torchmatrix.status import Confirmation
@@ -47,7 +49,17 @@ def test_records_carry_status_duration_messages_figures_and_the_running_cell(run
     shared = by_key[(BASELINE, "ws2-fsdp2", "beta", "test_broken")]
     assert (shared.status, shared.ran_in, shared.run_cell) == ("error", "ws2-none", "ws2-none")
     assert run.cells["ws2-fsdp2"] == {"world_size": "2", "fsdp": "fsdp2"}
-    assert run.version(CANDIDATE).build == "2.14.1+cpu"
+    assert run.version(CANDIDATE).environment.torch == "2.14.1+cpu"
+
+
+def test_a_version_is_written_with_its_environment_flat_beside_it_and_read_back_whole():
+    gpus = Environment("2.14.1+cu130", "bbb222", "13.0", 8, "NVIDIA H100")
+    for info in (VersionInfo(CANDIDATE, gpus, planned_cells=("ws8",), pool_starts=1), VersionInfo(BASELINE)):
+        written = info.to_json()
+        assert list(written)[:6] == ["torch", *records.ENVIRONMENT_KEYS]
+        assert VersionInfo.from_json(written) == info
+    assert (written["build"], written["device"], written["gpu_count"]) == ("", "", 0), "nothing recorded stays empty"
+    assert VersionInfo(CANDIDATE, gpus).to_json()["device"] == "cuda (8x NVIDIA H100, CUDA 13.0)"
 
 
 def test_drift_figures_are_named_after_what_they_measure():

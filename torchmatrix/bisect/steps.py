@@ -55,7 +55,7 @@ class Steps:
         self._torchmatrix(venv, version, run_id, ["--torch", "system", *selection], step, begun)
         self.log.append({**step, "installed": True, "reused": reused, "run": run_id, "seconds": since(begun)})
         results = load_results(self.out / "steps" / run_id)
-        self.git_versions[version] = results.versions[0].git_version if results.versions else ""
+        self.git_versions[version] = results.versions[0].environment.git_version if results.versions else ""
         return results, Outcome.PASSED, ""
 
     def pair(
@@ -98,7 +98,7 @@ class Steps:
         reused = all(self.venvs[side][1] for side in sides)
         self.log.append({**step, "installed": True, "reused": reused, "run": run_id, "seconds": since(begun)})
         results = load_results(self.out / "steps" / run_id)
-        self.git_versions[version] = results.versions[0].git_version if results.versions else ""
+        self.git_versions[version] = results.versions[0].environment.git_version if results.versions else ""
         return results, Outcome.PASSED, ""
 
     def _begin(self, version: str, step: dict) -> dict:

@@ -7,6 +7,7 @@ an environment whose torch is broken is reported instead of crashing the runner.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from dataclasses import dataclass, field, replace
@@ -14,6 +15,9 @@ from importlib import metadata
 
 from torchmatrix import json_records
 from torchmatrix.matrix.channels import channel_of, is_build_of
+
+_GPU_DESCRIPTION = re.compile(r"cuda \((?P<count>\d+)x (?P<name>.*), CUDA (?P<cuda>.*)\)")
+"""`Environment.description` of GPUs, read back by `Environment.recorded`."""
 
 PROBE = "import json; from torchmatrix.env.devices import torch_facts; print(json.dumps(torch_facts()))"
 
@@ -73,6 +77,17 @@ class Environment:
         """An environment whose cells cannot run, named in reports by `device`."""
         return cls(no_torch=device)
 
+    @classmethod
+    def recorded(cls, build: str, git_version: str = "", cuda_version: str = "", device: str = "") -> Environment:
+        """The environment a report wrote in words (JUnit's properties, results.json's keys), its GPUs
+        read back from the device's words; nothing recorded reads as `Environment()`, which names no device."""
+        if not build:
+            return cls.without_torch(device) if device else cls()
+        gpus = _GPU_DESCRIPTION.fullmatch(device)
+        if gpus is None:
+            return cls(build, git_version, cuda_version or None)
+        return cls(build, git_version, cuda_version or gpus["cuda"], int(gpus["count"]), gpus["name"])
+
     def running(self, python: str) -> Environment:
         """This environment, with `python` to run its cells."""
         return replace(self, python=python)
@@ -91,9 +106,12 @@ class Environment:
 
     @property
     def description(self) -> str:
-        """How reports name the device, so nobody mistakes a CPU simulation for a GPU run."""
+        """How reports name the device, so nobody mistakes a CPU simulation for a GPU run; "" where
+        nothing was recorded."""
         if self.no_torch:
             return self.no_torch
+        if not self.torch:
+            return ""
         if self.gpu_count:
             return f"cuda ({self.gpu_count}x {self.gpu_name}, CUDA {self.cuda_version})"
         return "cpu (ranks simulated as processes, gloo)"

@@ -20,7 +20,8 @@ LOCAL_TAG = re.compile(r"\+(cpu|cu(\d+)|rocm([\d.]+))\b")
 
 def build_kind(version: VersionInfo) -> str:
     """`CPU`, `CUDA 13.0`, `ROCm 6.2`, or "" when neither the build's local tag nor its CUDA version says."""
-    tag = LOCAL_TAG.search(version.build or "")
+    build, cuda_version = version.environment.torch, version.environment.cuda_version
+    tag = LOCAL_TAG.search(build)
     if tag and tag.group(1) == "cpu":
         return "CPU"
     if tag and tag.group(2):
@@ -28,9 +29,9 @@ def build_kind(version: VersionInfo) -> str:
         return f"CUDA {digits[:-1]}.{digits[-1]}"
     if tag and tag.group(3):
         return f"ROCm {tag.group(3)}"
-    if version.cuda_version:
-        return f"CUDA {version.cuda_version}"
-    return "CPU" if version.build else ""
+    if cuda_version:
+        return f"CUDA {cuda_version}"
+    return "CPU" if build else ""
 
 
 @dataclass(frozen=True)
@@ -72,5 +73,5 @@ def build_mismatch(before: VersionInfo, after: VersionInfo) -> BuildMismatch | N
     kinds = build_kind(before), build_kind(after)
     if not all(kinds) or kinds[0] == kinds[1]:
         return None
-    on_gpus = any(v.device and not v.device.startswith("cpu") for v in (before, after))
+    on_gpus = any(v.environment.gpu_count for v in (before, after))
     return BuildMismatch(*kinds, on_gpus)

@@ -68,7 +68,6 @@ def junit_direction_properties() -> str:
 
 def results_json_keys() -> str:
     """Every key of the results.json to_json writes for the example run (one test), with its JSON value."""
-    version = VersionInfo(VERSION, ENVIRONMENT.torch, ENVIRONMENT.git_version, "", ENVIRONMENT.description, 0)
     record = TestRecord(VERSION, CELL.id, SUITE, TEST, Status.PASSED, 1.25, ran_in=REPRESENTATIVE.id)
     record.figures["grad_max_ulp"] = 0
     results = RunResults(
@@ -79,7 +78,7 @@ def results_json_keys() -> str:
         matrix_sha256="<sha256 of matrix.toml>",
         baseline=VERSION,
         settings=ReportSettings(),
-        versions=[VersionInfo(**{**vars(version), "planned_cells": (CELL.id,), "pool_starts": 1})],
+        versions=[VersionInfo(VERSION, ENVIRONMENT, planned_cells=(CELL.id,), pool_starts=1)],
         cells={CELL.id: {axis: str(value) for axis, value in CELL.items()}},
         tests=[record],
     )

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
 
-from torchmatrix.json_records import JsonRecord, json_field
+from torchmatrix.env.devices import Environment
+from torchmatrix.json_records import JsonRecord, from_json, json_field, to_json
 from torchmatrix.matrix.config import ReportSettings
 from torchmatrix.messages.consequences import CONSEQUENCE_OF, causes_named, under_their_causes
 from torchmatrix.messages.cross_version import READ_TEST
@@ -124,21 +127,42 @@ class SkipReason:
         return list(dict.fromkeys(record.torch for record in self.records))
 
 
+ENVIRONMENT_KEYS = ("build", "git_version", "cuda_version", "device", "gpu_count")
+"""results.json's keys for a version's environment, flat beside the version as every schema wrote them."""
+
+
 @dataclass(frozen=True)
 class VersionInfo(JsonRecord):
-    """One torch version of the run: its exact build, the device it ran on, what was planned."""
+    """One torch version of the run: the environment its cells ran in, as the run recorded it, and what was planned."""
 
     torch: str
-    build: str = ""
-    git_version: str = ""
-    cuda_version: str = ""
-    device: str = ""
-    gpu_count: int = 0
+    environment: Environment = field(default_factory=Environment)
     planned_cells: tuple[str, ...] = ()
     missing_cells: tuple[str, ...] = ()
     filters: dict = field(default_factory=dict, hash=False, compare=False)
     pool_starts: int | None = None
     load_average: dict = field(default_factory=dict, hash=False, compare=False)
+
+    def to_json(self) -> dict:
+        """results.json's shape: the environment's build, device and GPUs as keys of the version."""
+        environment = self.environment
+        recorded = (environment.torch, environment.git_version, environment.cuda_version or "")
+        written = {key: value for key, value in to_json(self).items() if key not in ("torch", "environment")}
+        return {
+            "torch": self.torch,
+            **dict(zip(ENVIRONMENT_KEYS, (*recorded, environment.description, environment.gpu_count))),
+            **written,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> VersionInfo:
+        """A version as results.json holds it; its environment from the words `to_json` wrote."""
+        words = [data.get(key, "") for key in ENVIRONMENT_KEYS[:4]]
+        wrong = next((key for key, value in zip(ENVIRONMENT_KEYS, words) if not isinstance(value, str)), None)
+        if wrong is not None:
+            raise TypeError(f"versions[].{wrong} {data[wrong]!r} is not text")
+        version = from_json(cls, {key: value for key, value in data.items() if key not in ENVIRONMENT_KEYS})
+        return replace(version, environment=Environment.recorded(*words))
 
 
 @dataclass

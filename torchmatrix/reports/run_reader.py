@@ -63,17 +63,19 @@ def _from_suites(run_dir: Path, suites: list[TestSuite], baseline: str | None, s
     plans = {plan.parent.name.removeprefix("torch-"): _read_plan(plan) for plan in run_dir.glob("torch-*/plan.json")}
     cells: dict[str, dict[str, str]] = {}
     tests: list[TestRecord] = []
-    seen_versions: dict[str, dict[str, str]] = {}
+    recorded: dict[str, Environment] = {}
     for suite in suites:
         properties = {p.name: p.value for p in suite.properties()}
         torch = properties.get("torch", "")
         cell = properties.get("cell", "")
-        seen_versions.setdefault(torch, properties)
+        recorded.setdefault(torch, _environment_of(properties))
         cells.setdefault(cell, {k.removeprefix("axis."): v for k, v in properties.items() if k.startswith("axis.")})
         tests.extend(_records(suite, torch, cell, properties))
     for version, plan in plans.items():
-        seen_versions.setdefault(version, _properties_of(plan.environment))
-    versions = sorted(seen_versions, key=_version_key)
+        if plan.environment is not None:  # the probe's whole record, where the JUnit words hold less
+            recorded[version] = plan.environment
+        recorded.setdefault(version, Environment())
+    versions = sorted(recorded, key=_version_key)
     planned = [cell for v in versions for cell in (plans[v].cells if v in plans else ())]
     order = {cell: i for i, cell in enumerate(dict.fromkeys([*planned, *cells]))}
     cells = {cell: cells[cell] for cell in sorted(cells, key=order.__getitem__)}
@@ -88,7 +90,7 @@ def _from_suites(run_dir: Path, suites: list[TestSuite], baseline: str | None, s
         matrix_sha256=plan_sha[0] if plan_sha else "",
         baseline=baseline if baseline in versions or not versions else versions[0],
         settings=settings,
-        versions=[_version_info(v, seen_versions[v], plans.get(v), tests) for v in versions],
+        versions=[_version_info(v, recorded[v], plans.get(v), tests) for v in versions],
         cells=cells,
         tests=tests,
     )
@@ -101,16 +103,11 @@ def run_started(plans, suites: list[TestSuite]) -> str:
     return min(recorded or [s.timestamp for s in suites if s.timestamp], default="")
 
 
-def _properties_of(environment: Environment | None) -> dict[str, str]:
-    """A version's properties from its plan.json, for a run whose filters selected no cell."""
-    if environment is None:
-        return dict.fromkeys(("torch.build", "torch.git_version", "torch.cuda_version", "device"), "")
-    return {
-        "torch.build": environment.torch,
-        "torch.git_version": environment.git_version,
-        "torch.cuda_version": environment.cuda_version or "",
-        "device": environment.description,
-    }
+def _environment_of(properties: dict[str, str]) -> Environment:
+    """A version's environment as its cells' JUnit properties name it."""
+    return Environment.recorded(
+        *(properties.get(name, "") for name in ("torch.build", "torch.git_version", "torch.cuda_version", "device"))
+    )
 
 
 def _records(suite: TestSuite, torch: str, cell: str, properties: dict[str, str]) -> list[TestRecord]:
@@ -180,17 +177,13 @@ def _status(case) -> Status:
     return Status.PASSED
 
 
-def _version_info(torch: str, properties: dict[str, str], plan: RunPlan | None, tests: list[TestRecord]) -> VersionInfo:
-    """The version's build and device from its JUnit properties; what was planned (and never reported) from plan.json."""
+def _version_info(torch: str, environment: Environment, plan: RunPlan | None, tests: list[TestRecord]) -> VersionInfo:
+    """The version's environment as recorded; what was planned (and never reported) from plan.json."""
     planned = plan.cells if plan else ()
     reported = {record.cell for record in tests if record.torch == torch}
     return VersionInfo(
         torch=torch,
-        build=properties.get("torch.build", ""),
-        git_version=properties.get("torch.git_version", ""),
-        cuda_version=properties.get("torch.cuda_version", ""),
-        device=properties.get("device", ""),
-        gpu_count=plan.environment.gpu_count if plan and plan.environment else 0,
+        environment=environment,
         planned_cells=planned,
         missing_cells=tuple(cell for cell in planned if cell not in reported),
         filters=plan.filters if plan else {},

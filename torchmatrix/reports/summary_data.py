@@ -201,9 +201,9 @@ def summarize(results: RunResults) -> Summary:
         versions=[
             VersionRow(
                 torch=v.torch,
-                build=v.build,
-                git=v.git_version,
-                device=v.device,
+                build=v.environment.torch,
+                git=v.environment.git_version,
+                device=v.environment.description,
                 cells=len({record.cell for record in results.own_records(v.torch)}),
                 missing=len(v.missing_cells),
                 counts=status_counts(results.own_records(v.torch)),
@@ -248,8 +248,8 @@ def _direction_rows(results: RunResults) -> list[VersionRow]:
         rows.append(
             VersionRow(
                 torch=read_label(records[0], results.baseline),
-                build=version.build if version else "",
-                device=version.device if version else "",
+                build=version.environment.torch if version else "",
+                device=version.environment.description if version else "",
                 cells=len({record.cell for record in records}),
                 missing=0,
                 counts=status_counts(records),

@@ -90,7 +90,7 @@ def _suite_files(results, record, info, reproducer, run_dir, python, config) -> 
         )
     suite = matrix.suites[record.suite]
     sources, suite_file = inline_check(matrix.root / suite.path, list(matrix.components.values()), matrix.root)
-    device = "cuda" if info.device.startswith("cuda") else "cpu"
+    device = "cuda" if info.environment.gpu_count else "cpu"
     check = {
         "suite": record.suite,
         "test": record.test,
@@ -108,7 +108,7 @@ def _suite_files(results, record, info, reproducer, run_dir, python, config) -> 
     passing = _passing_versions(results, record, run_dir)
     environment = environment_lines(interpreter)
     return {
-        SCRIPT_NAME: script_text(check, sources, record, info.build or record.torch),
+        SCRIPT_NAME: script_text(check, sources, record, info.environment.torch or record.torch),
         "command.txt": reproducer.command + "\n",
         "cell.json": json.dumps({"id": cell.id, **dict(cell)}, indent=2) + "\n",
         "collect_env.txt": collect_env,
@@ -268,13 +268,17 @@ def _bisected(report: Path) -> list[dict]:
     return [r for r in regressions if isinstance(r, dict)] if isinstance(regressions, list) else []
 
 
-def readme(record: TestRecord, info, cell_id: str, command: str, passing: list[str], environment: list[str]) -> str:
+def readme(
+    record: TestRecord, info: VersionInfo, cell_id: str, command: str, passing: list[str], environment: list[str]
+) -> str:
     """README.md laid out as an upstream bug report: expected, happened, root cause, how to run it, versions, environment."""
+    recorded = info.environment
+    build = recorded.torch or record.torch
     text = record.text.strip().splitlines()
     excerpt = "\n".join(text[:FAILURE_TEXT_LINES] + (["..."] if len(text) > FAILURE_TEXT_LINES else []))
     return "\n".join(
         [
-            f"# {record.suite}::{record.test} fails on torch {info.build or record.torch}",
+            f"# {record.suite}::{record.test} fails on torch {build}",
             "",
             "## What was expected",
             "",
@@ -282,7 +286,7 @@ def readme(record: TestRecord, info, cell_id: str, command: str, passing: list[s
             "",
             "## What happened",
             "",
-            f"On torch {info.build or record.torch} ({info.device}) it {record.status.value}, and failed again when re-run alone:",
+            f"On torch {build} ({recorded.description or 'device unknown'}) it {record.status.value}, and failed again when re-run alone:",
             "",
             "```",
             excerpt,
@@ -304,7 +308,7 @@ def readme(record: TestRecord, info, cell_id: str, command: str, passing: list[s
             "",
             "## Versions",
             "",
-            f"- fails: torch {info.build or record.torch}, git {info.git_version or 'unknown'}, CUDA {info.cuda_version or 'none'}, device {info.device}",
+            f"- fails: torch {build}, git {recorded.git_version or 'unknown'}, CUDA {recorded.cuda_version or 'none'}, device {recorded.description or 'unknown'}",
             *(f"- passes: torch {version}" for version in passing),
             "",
             "## Environment",

@@ -66,13 +66,13 @@ class Side:
 
     @property
     def build(self) -> str:
-        return self.recorded.build or self.torch
+        return self.recorded.environment.torch or self.torch
 
     def version_line(self, role: str) -> str:
-        info = self.recorded
+        environment = self.recorded.environment
         return (
-            f"- {role}: torch {self.build}, git {info.git_version or 'unknown'}, CUDA {info.cuda_version or 'none'}, "
-            f"device {info.device or 'unknown'}"
+            f"- {role}: torch {self.build}, git {environment.git_version or 'unknown'}, "
+            f"CUDA {environment.cuda_version or 'none'}, device {environment.description or 'unknown'}"
         )
 
 
@@ -89,7 +89,7 @@ def readme(record: TestRecord, writer: Side, reader: Side, run_command: str) -> 
             "",
             "## What happened",
             "",
-            f"In cell `{record.run_cell}` the load failed on torch {reader.build} ({reader.recorded.device or 'device unknown'}), "
+            f"In cell `{record.run_cell}` the load failed on torch {reader.build} ({reader.recorded.environment.description or 'device unknown'}), "
             "and failed again when re-read alone. Root cause:",
             "",
             "```",
