@@ -4,8 +4,8 @@ Each measurement is a fresh Python process, as a cell's pytest process, a confir
 later suite's process is: it builds the reference decoder through the reference `parallelize` with
 activation checkpointing and the cell's compile mode, runs the grad-ckpt suite's step (a forward, a
 forward at another sequence length, the backward; --tiny leaves out the second forward, whose
-dynamic-shape graphs are most of the compile time, and builds one layer a stack) and prints the seconds Dynamo attributes to
-compiling (torchmatrix.ranks.compile_time) and the step's wall time. The first process of a pair
+dynamic-shape graphs are most of the compile time, and builds one layer a stack) and prints the
+seconds Dynamo attributes to compiling (torchmatrix.ranks.compile_time) and the step's wall time. The first process of a pair
 starts from an empty TORCHINDUCTOR_CACHE_DIR (cold), the second from what the first left (warm):
 Inductor's FX graph and AOTAutograd caches live there; aot_eager keeps nothing on disk.
 
