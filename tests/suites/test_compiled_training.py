@@ -2,24 +2,28 @@
 aot_eager cell without FSDP and one with FSDP2 at world size 2. A compiled model (its blocks are
 ``torch.compile`` modules, whose parameter names carry ``_orig_mod.``) resumes bit for bit, and a
 compiled FSDP2 model's optimizer state keeps its parameters' layout, is saved sharded and reshards
-exactly; both cells record compile seconds, so the model really was compiled."""
+exactly; both cells record compile seconds, so the model really was compiled. The decoder is one layer a
+stack (axis `layers_per_stack`): a compiled block resumes and shards as every other does, and the reference's
+eager cells elsewhere prove the product's depth."""
 
 from __future__ import annotations
 
 import pytest
+
+from torchmatrix.models.transformer import DEPTH_AXIS
 
 from helpers.grad_ckpt_runs import compile_seconds, failure_text, run_suite
 from helpers.matrix_files import REFERENCE_COMPONENTS, matrix_toml
 
 pytestmark = pytest.mark.slow
 
-CELLS = ["ws1-none-sdpa-adamw-aot_eager", "ws2-fsdp2-sdpa-adamw-aot_eager"]
+CELLS = ["ws1-none-sdpa-adamw-aot_eager-1", "ws2-fsdp2-sdpa-adamw-aot_eager-1"]
 LAYOUT = ("test_state_is_laid_out_like_its_param", "test_saved_state_is_sharded", "test_reshard_load_is_exact")
 
 
 @pytest.fixture(scope="module")
 def compiled_run(tmp_path_factory):
-    axes = ["world_size", "fsdp", "optimizer", "compile"]
+    axes = ["world_size", "fsdp", "optimizer", "compile", DEPTH_AXIS]
     matrix = matrix_toml(
         torch=["2.13.0"],
         axes={
@@ -28,6 +32,7 @@ def compiled_run(tmp_path_factory):
             "attn": ["sdpa"],
             "optimizer": ["adamw"],
             "compile": ["aot_eager"],
+            DEPTH_AXIS: [1],
         },
         exclude=[{"fsdp": "none", "world_size": 2}, {"fsdp": "fsdp2", "world_size": 1}],
         suites={
