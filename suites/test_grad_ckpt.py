@@ -203,12 +203,21 @@ def dropout_findings(cell, components: dict, precision: Precision, ignored: tupl
 
 
 def dropout_run(cell, ranks, components, suite_options, once_per_cell) -> list[dict]:
-    """Each rank's `dropout_findings`, run once per cell and shared by the tests that read them."""
+    """Each rank's `dropout_findings`, run once per cell and shared by the tests that read them; where the
+    run failed, each of them fails with its whole report (the stage and layer it names), as its own run would."""
     precision = precision_from(suite_options)
     ignored = suite_options.ignored_attributes
-    return once_per_cell(
-        "the steps with dropout", lambda: ranks.run(dropout_findings, cell, components, precision, ignored)
-    )
+
+    def run() -> list[dict] | Exception:
+        try:
+            return ranks.run(dropout_findings, cell, components, precision, ignored)
+        except Exception as failure:
+            return failure
+
+    outcome = once_per_cell("the steps with dropout", run)
+    if isinstance(outcome, Exception):
+        raise outcome.with_traceback(None)
+    return outcome
 
 
 @pytest.mark.parametrize("dropout", [0.0, DROPOUT])
