@@ -86,7 +86,7 @@ def run_here(matrix: Path, run_id: str) -> float:
 
 def print_tables(run_dir: Path, elapsed: float) -> None:
     results = load_results(run_dir)
-    print(f"\nrun {results.run_id}: {elapsed:.0f} s, {results.versions[0].device}\n")
+    print(f"\nrun {results.run_id}: {elapsed:.0f} s, {results.versions[0].environment.description}\n")
     print("| torch | build | cells | passed | failed | errors | skipped | re-run alone: fail alone | passed alone |")
     print("|---|---|---|---|---|---|---|---|---|")
     for version in results.versions:
@@ -94,7 +94,7 @@ def print_tables(run_dir: Path, elapsed: float) -> None:
         failing = [r for r, _ in results.failures() if r.torch == version.torch]
         alone = [r.confirmation for r in failing]
         print(
-            f"| {version.torch} | {version.build} | {len(version.planned_cells)} | {totals['passed']} | "
+            f"| {version.torch} | {version.environment.torch} | {len(version.planned_cells)} | {totals['passed']} | "
             f"{totals['failed']} | {totals['error']} | {totals['skipped']} | {alone.count('fails alone')} | "
             f"{alone.count('passed alone')} |"
         )
