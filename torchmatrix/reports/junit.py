@@ -59,6 +59,10 @@ def suite_name(version: str, cell_id: str) -> str:
     return f"torch-{version}/{cell_id}"
 
 
+ENVIRONMENT_PROPERTIES = ("torch.build", "torch.git_version", "torch.cuda_version", "device")
+"""A cell's properties that name its environment, in `Environment.recorded`'s order."""
+
+
 def cell_report(
     version: str,
     environment: Environment,
@@ -70,14 +74,11 @@ def cell_report(
     its timestamp is when the cell's first test started (epoch seconds), or now for a cell that never ran."""
     suite = TestSuite(xml_text(suite_name(version, cell.id)))
     suite.add_property("torch", xml_text(version))
-    for name, value in (
-        ("torch.build", environment.torch),
-        ("torch.git_version", environment.git_version),
-        ("torch.cuda_version", environment.cuda_version),
-    ):
+    build, git, cuda, device = ENVIRONMENT_PROPERTIES
+    for name, value in ((build, environment.torch), (git, environment.git_version), (cuda, environment.cuda_version)):
         if value:
             suite.add_property(name, xml_text(value))
-    suite.add_property("device", xml_text(environment.description))
+    suite.add_property(device, xml_text(environment.description))
     suite.add_property("cell", xml_text(cell.id))
     for axis, value in cell.items():
         suite.add_property(f"axis.{axis}", xml_text(filter_token(value)))

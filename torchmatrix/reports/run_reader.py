@@ -105,9 +105,7 @@ def run_started(plans, suites: list[TestSuite]) -> str:
 
 def _environment_of(properties: dict[str, str]) -> Environment:
     """A version's environment as its cells' JUnit properties name it."""
-    return Environment.recorded(
-        *(properties.get(name, "") for name in ("torch.build", "torch.git_version", "torch.cuda_version", "device"))
-    )
+    return Environment.recorded(*(properties.get(name, "") for name in junit.ENVIRONMENT_PROPERTIES))
 
 
 def _records(suite: TestSuite, torch: str, cell: str, properties: dict[str, str]) -> list[TestRecord]:
