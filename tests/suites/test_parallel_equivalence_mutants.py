@@ -159,7 +159,9 @@ def test_valid_stack_passes_every_cell(run, stack):
 
 def test_reference_records_the_derived_tolerance(run):
     """Two shards reduce bit for bit; four carry the gamma bound, and the measured difference stays under
-    it, as the tensor-parallel loss does under its first-order bound and every norm under the norm bound."""
+    it, as the tensor-parallel loss does under its first-order bound and every norm under the norm bound.
+    Whether the tensor-parallel loss differs at all depends on the CPU's kernels (bit for bit on an AVX-512
+    Xeon); its gradients' functionals always do, which shows the reference is not the cell itself."""
     junit = run[3]
     assert cell_properties(junit, reference("ws2-fsdp2-flat"))["precision"].endswith(TWO_SHARDS_EXACT)
     assert cell_properties(junit, reference("ws2-fsdp1-flat"))["grad_max_ulp"] == "0"
@@ -168,7 +170,8 @@ def test_reference_records_the_derived_tolerance(run):
     assert "gamma_3" in hsdp["precision"], hsdp
     assert 0 < float(hsdp["grad_max_ratio"]) <= 1, hsdp
     tensor_parallel = cell_properties(junit, reference(TENSOR_PARALLEL))
-    assert 0 < float(tensor_parallel["loss_max_ratio"]) <= 1, tensor_parallel
+    loss_ratio = float(tensor_parallel["loss_max_ratio"])
+    assert 0 <= loss_ratio <= 1 and (loss_ratio == 0) == (float(tensor_parallel["loss_max_abs"]) == 0), tensor_parallel
     assert 0 < float(tensor_parallel["grad_functional_max_ratio"]) <= 1, tensor_parallel
     for kind in CELL_KINDS:
         recorded = cell_properties(junit, reference(kind))
