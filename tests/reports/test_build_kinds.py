@@ -75,3 +75,32 @@ def test_builds_of_one_kind_or_unknown_say_nothing(before, after):
     (diff,) = upgrade_diffs(run(*versions))
     assert diff.builds is None
     assert "Different builds" not in summary_md.render(run(*versions), [diff])
+
+
+def grown_memory(before: VersionInfo, after: VersionInfo):
+    """The upgrade diff's grown memory, both sides' four tests holding 400 MiB resident and a training
+    step of 1 MiB activations, the candidate's 600 MiB and 4 MiB."""
+    records = [
+        TestRecord(v.torch, "ws1", "s", f"t{i}", "passed", 1.0, figures=figures)
+        for v, figures in (
+            (before, {"peak_rss_bytes": 400 * 2**20, "step_peak_bytes/activations": 2**20}),
+            (after, {"peak_rss_bytes": 600 * 2**20, "step_peak_bytes/activations": 4 * 2**20}),
+        )
+        for i in range(4)
+    ]
+    results = RunResults("run", "", [], "", "", before.torch, ReportSettings(), [before, after], {"ws1": {}}, records)
+    (diff,) = upgrade_diffs(results)
+    return {growth.figure for growth in diff.memory}, diff
+
+
+def test_a_cuda_build_holding_more_resident_than_a_cpu_build_is_no_grown_memory_but_its_steps_still_compare():
+    cpu = VersionInfo("2.13.0", Environment.recorded("2.13.0+cpu", device=CPU_RANKS))
+    cuda = VersionInfo("2.14.1", Environment.recorded("2.14.1+cu130", cuda_version="13.0", device=CPU_RANKS))
+    grown, diff = grown_memory(cpu, cuda)
+    assert grown == {"step_peak_bytes/activations"}, "the resident peak compared across builds"
+    assert "resident peaks (`peak_rss_bytes`) are not compared" in diff.builds.note
+    assert "the training step's bytes by kind of tensor still are" in diff.builds.note
+    also_cpu = VersionInfo("2.14.1", Environment.recorded("2.14.1+cpu", device=CPU_RANKS))
+    grown, diff = grown_memory(cpu, also_cpu)
+    assert diff.builds is None
+    assert grown == {"step_peak_bytes/activations", "peak_rss_bytes"}, "builds of one kind compare their peaks"

@@ -4,7 +4,8 @@ comparing two kinds can and cannot explain.
 `2.13.0+cpu` against `2.14.1+cu130` is two changes at once: the release and the build. On CPU
 ranks both builds run CPU kernels built from the same source, so the build explains time and
 warnings, not a result; on GPUs another CUDA brings other cuBLAS, cuDNN and NCCL kernels, so it
-explains drift and time too, but still no failed load or missing state.
+explains drift and time too, but still no failed load or missing state. Either way each build maps
+libraries of its own size into every process, so the processes' resident peaks do not compare.
 """
 
 from __future__ import annotations
@@ -13,9 +14,15 @@ import re
 from dataclasses import dataclass
 
 from torchmatrix.json_records import JsonRecord
+from torchmatrix.messages.properties import PEAK_RSS_BYTES
 from torchmatrix.reports.records import VersionInfo
 
 LOCAL_TAG = re.compile(r"\+(cpu|cu(\d+)|rocm([\d.]+))\b")
+UNCOMPARED_PEAKS = (PEAK_RSS_BYTES,)  # what a build holds resident: its libraries' size, not the training's
+RESIDENT_PEAKS_NOT_COMPARED = (
+    " The processes' resident peaks (`peak_rss_bytes`) are not compared: each build maps libraries of its own size "
+    "into every process; the training step's bytes by kind of tensor still are."
+)
 
 
 def build_kind(version: VersionInfo) -> str:
@@ -52,19 +59,19 @@ class BuildMismatch(JsonRecord):
                 "source: the build can explain time (a CUDA build loads larger libraries into every process) and "
                 "warnings about CUDA or NCCL, not a failure, drift, or a checkpoint that does not load; those are "
                 "the release's. For timings that compare releases alone, install the same kind of build for both "
-                "(docs: choose how torch installs)."
+                "(docs: choose how torch installs)." + RESIDENT_PEAKS_NOT_COMPARED
             )
         if "CPU" in (self.before, self.after):
             return (
                 f"Different builds: {pair}. A CPU build cannot use the GPUs, so its cells ran other code than the "
                 "other side's: only what runs on CPU (checkpoint loads, CPU cells) compares; install the same kind "
-                "of build for both (docs: choose how torch installs)."
+                "of build for both (docs: choose how torch installs)." + RESIDENT_PEAKS_NOT_COMPARED
             )
         return (
             f"Different builds: {pair}. Other CUDA versions bring other cuBLAS, cuDNN and NCCL kernels and reduction "
             "orders: they can explain grown drift, slowdowns and new CUDA warnings; they cannot explain a failed "
             "checkpoint load or optimizer state that is missing or not a DTensor, which are torch's own code. "
-            "Compare builds of one CUDA version to tell the release from the toolkit."
+            "Compare builds of one CUDA version to tell the release from the toolkit." + RESIDENT_PEAKS_NOT_COMPARED
         )
 
 

@@ -63,12 +63,12 @@ class MemoryGrowth(JsonRecord):
         return f"{self.after / self.before:.2f}×" if self.before else "from 0"
 
 
-def memory_growth(old: dict, new: dict, ratio: float) -> list[MemoryGrowth]:
-    """Step figures that grew per cell, then process peaks that grew per suite (module docstring)."""
+def memory_growth(old: dict, new: dict, ratio: float, peaks: tuple[str, ...] = MEMORY_PEAKS) -> list[MemoryGrowth]:
+    """Step figures that grew per cell, then the process peaks `peaks` that grew per suite (module docstring)."""
     passed = [(old[key], new[key]) for key in new if key in old and old[key].status is new[key].status is Status.PASSED]
     grown = [growth for a, b in passed for growth in _step_growth(a, b, ratio)]
     grown.sort(key=lambda growth: growth.after - growth.before, reverse=True)
-    return grown + _process_growth(passed, ratio)
+    return grown + _process_growth(passed, ratio, peaks)
 
 
 def _step_growth(before: TestRecord, after: TestRecord, ratio: float) -> list[MemoryGrowth]:
@@ -82,10 +82,12 @@ def _step_growth(before: TestRecord, after: TestRecord, ratio: float) -> list[Me
     return found
 
 
-def _process_growth(passed: list[tuple[TestRecord, TestRecord]], ratio: float) -> list[MemoryGrowth]:
+def _process_growth(
+    passed: list[tuple[TestRecord, TestRecord]], ratio: float, peaks: tuple[str, ...]
+) -> list[MemoryGrowth]:
     pairs: dict[tuple[str, str], list[tuple[int, int]]] = defaultdict(list)
     for a, b in passed:
-        for figure in MEMORY_PEAKS:
+        for figure in peaks:
             old, new = _bytes(a.figures.get(figure)), _bytes(b.figures.get(figure))
             if old and new:
                 pairs[(b.suite, figure)].append((old, new))

@@ -26,8 +26,8 @@ from statistics import median
 from torchmatrix.json_records import JsonRecord, json_field
 from torchmatrix.matrix.channels import UNBLOCK_HINT, channel_of
 from torchmatrix.matrix.config import ReportSettings
-from torchmatrix.messages.properties import CPU_SECONDS
-from torchmatrix.reports.build_kinds import BuildMismatch, build_mismatch
+from torchmatrix.messages.properties import CPU_SECONDS, MEMORY_PEAKS
+from torchmatrix.reports.build_kinds import UNCOMPARED_PEAKS, BuildMismatch, build_mismatch
 from torchmatrix.reports.checkpoint_directions import Direction, checkpoint_directions
 from torchmatrix.reports.memory_growth import MemoryGrowth, memory_growth
 from torchmatrix.reports.records import RunResults, TestRecord, drift_measure, is_drift_figure
@@ -281,12 +281,18 @@ class UpgradeDiff(JsonRecord):
 
 
 def diff_records(
-    before: list[TestRecord], after: list[TestRecord], settings: ReportSettings, before_label: str, after_label: str
+    before: list[TestRecord],
+    after: list[TestRecord],
+    settings: ReportSettings,
+    before_label: str,
+    after_label: str,
+    builds: BuildMismatch | None = None,
 ) -> UpgradeDiff:
-    """Compare two sets of records of the same matrix (one torch version each)."""
+    """Compare two sets of records of the same matrix (one torch version each), made by builds of
+    the kinds `builds` names where they differ."""
     old, new = _by_test(before), _by_test(after)
     cells = _cells_per_test(after)
-    diff = UpgradeDiff(before_label, after_label, settings)
+    diff = UpgradeDiff(before_label, after_label, settings, builds=builds)
     diff.only_before = len(old.keys() - new.keys())
     diff.only_after = len(new.keys() - old.keys())
     for key in (k for k in new if k in old):
@@ -302,7 +308,8 @@ def diff_records(
         diff.drift.extend(_drift_growth(a, b, settings.drift_ratio))
     diff.drift.sort(key=_rank, reverse=True)
     diff.slowdowns = _slowdowns(old, new, settings.slowdown_ratio)
-    diff.memory = memory_growth(old, new, settings.memory_ratio)
+    peaks = tuple(figure for figure in MEMORY_PEAKS if not builds or figure not in UNCOMPARED_PEAKS)
+    diff.memory = memory_growth(old, new, settings.memory_ratio, peaks)
     diff.new_warnings, diff.gone_warnings = new_and_gone(before, after)
     diff.changed_warnings = count_changes(before, after)
     return diff
@@ -314,10 +321,10 @@ def upgrade_diffs(results: RunResults) -> list[UpgradeDiff]:
     baseline = results.own_records(results.baseline)
     diffs = []
     for version in (v.torch for v in results.versions if v.torch != results.baseline):
-        diff = diff_records(baseline, results.own_records(version), results.settings, results.baseline, version)
+        builds = build_mismatch(results.version(results.baseline), results.version(version))
+        diff = diff_records(baseline, results.own_records(version), results.settings, results.baseline, version, builds)
         diff.checkpoints = checkpoint_directions(results, results.baseline, version)
         diff.load = (results.version(results.baseline).load_average, results.version(version).load_average)
-        diff.builds = build_mismatch(results.version(results.baseline), results.version(version))
         diffs.append(diff)
     return sorted(diffs, key=lambda diff: diff.prerelease)  # pin bumps first, pre-release checks after
 
@@ -342,9 +349,9 @@ def compare_runs(old: RunResults, new: RunResults) -> list[UpgradeDiff]:
             new.settings,
             f"{old.run_id} (torch {a})",
             f"{new.run_id} (torch {b})",
+            build_mismatch(old.version(a), new.version(b)),
         )
         diff.load = (old.version(a).load_average, new.version(b).load_average)
-        diff.builds = build_mismatch(old.version(a), new.version(b))
         diffs.append(diff)
     return sorted(diffs, key=lambda diff: diff.prerelease)  # pin bumps first, pre-release checks after
 
