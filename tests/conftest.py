@@ -9,6 +9,8 @@ import pytest
 
 from torchmatrix.messages.compile_store import STORE_VARIABLE
 
+from helpers import cli_forks
+from helpers.checkout import checkout_env
 from helpers.projects import Project
 from helpers.report_runs import write_fixture_run
 from helpers.start_order import expected_cost_rank
@@ -41,6 +43,16 @@ def compile_store(tmp_path_factory):
         del os.environ[STORE_VARIABLE]
     else:
         os.environ[STORE_VARIABLE] = before
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_cli_server(compile_store):
+    """The server Project.torchmatrix runs its commands in (helpers/cli_forks.py), for those in the
+    session's environment, the compile store's variable included; stopped with the session."""
+    cli_forks.shared = cli_forks.SharedServer(checkout_env())
+    yield cli_forks.shared
+    cli_forks.shared.close()
+    cli_forks.shared = None
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,7 +1,9 @@
 """A run's component check and pytest processes are forks of one interpreter that imported torch
 once (torchmatrix/forks/preloaded_forks.py): children of the runner, each in its own session and with
 its own log, as `python -m pytest` or `python -c` would be, and ended with the exit code they gave.
-A process that would run in another environment than the interpreter's is started as before."""
+A process that would run in another environment than the interpreter's is started as before. A
+runner that imported the preload itself forks that interpreter from itself, and its processes are the
+same as a started interpreter's."""
 
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ import sys
 import pytest
 from junitparser import JUnitXml
 
+from helpers.checkout import checkout_env
+from helpers.cli_forks import CliForks
 from helpers.matrix_files import matrix_toml
 
 pytestmark = [
@@ -23,7 +27,7 @@ pytestmark = [
 SERVE = "from torchmatrix.forks.preloaded_forks import serve; serve()"
 
 SUITE = """
-import json, os, sys
+import json, os, signal, sys
 
 import torch.distributed as dist
 
@@ -42,6 +46,8 @@ def test_where_it_runs(cell, ranks):
         "cmdline": open("/proc/self/cmdline").read().split(chr(0)),
         "argv": sys.argv,
         "path0": sys.path[0],
+        "path": sys.path[1:],
+        "sigterm": str(signal.getsignal(signal.SIGTERM)),
         "cwd": os.getcwd(),
         "stdin": os.readlink("/proc/self/fd/0"),
     }
@@ -98,6 +104,106 @@ def test_the_component_check_and_each_world_sizes_pytest_process_are_forks_the_r
     assert failed == ["test_fails_at_two_ranks[torch=system,ws2]"], failed
     logs = project.root / "out" / "r1" / "torch-system" / "logs"
     assert "1 failed, 1 passed" in (logs / "ws2.log").read_text()
+
+
+def test_a_runner_that_imported_the_preload_forks_the_interpreter_from_itself_and_its_forks_are_the_same(
+    project, tmp_path, monkeypatch
+):
+    """The run of the test above from a server that imported the preload (helpers/cli_forks.py, as this
+    test session's runs are), and from a fresh interpreter: the component check and each pytest process
+    descend from the runner's own process, not from a new interpreter, and see the same import path,
+    directory, arguments, signal handlers and stdin; the outcomes are the same."""
+    out = tmp_path / "seen"
+    matrix = matrix_toml(axes={"world_size": [1, 2]}, suites={"where": {}}, components={"recorder": "recorder:SEEN"})
+    project.write_suites(matrix, test_where=SUITE)
+    project.write("recorder.py", RECORDER)
+    monkeypatch.setenv("FORKS_OUT", str(out))
+    seen, checks, failed = {}, {}, {}
+    for way in ("started", "forked"):
+        out.mkdir()
+        args = ("run", "--torch", "system", "--reports", "out", "--run-id", way, "--confirm-limit", "0")
+        if way == "started":
+            done = subprocess.run(
+                [sys.executable, "-m", "torchmatrix", *args],
+                cwd=project.root,
+                env=checkout_env(),
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+        else:
+            forks = CliForks(tmp_path / "cli", preloaded=True)
+            try:
+                done = forks.run(project.root, *args, timeout=300)
+            finally:
+                forks.close()
+        assert done.returncode == 1, done.stdout + done.stderr
+        seen[way] = {size: json.loads((out / f"ws{size}.json").read_text()) for size in (1, 2)}
+        checks[way] = json.loads((out / "imports.jsonl").read_text().splitlines()[0])
+        failed[way] = [
+            case.name
+            for suite in JUnitXml.fromfile(str(project.root / "out" / way / "junit.xml"))
+            for case in suite
+            if case.result
+        ]
+        out.rename(tmp_path / f"seen-{way}")
+
+    assert checks["started"]["cmdline"][1:3] == ["-c", SERVE]
+    assert checks["forked"]["cmdline"][1].endswith("cli_fork_server.py"), "the runner started an interpreter"
+    assert checks["forked"]["ppid"] == seen["forked"][1]["runner"], "the runner did not adopt its component check"
+    for size in (1, 2):
+        forked, started = seen["forked"][size], seen["started"][size]
+        assert forked["cmdline"][1].endswith("cli_fork_server.py"), "the runner started an interpreter"
+        assert forked["ppid"] == forked["runner"] and forked["sid"] == forked["pid"], forked
+        different = [key for key in ("argv", "path0", "path", "cwd", "sigterm", "stdin") if forked[key] != started[key]]
+        assert not different, {key: (forked[key], started[key]) for key in different}
+        assert forked["path"][0] == str(project.root), "the run's import path"
+    assert failed["forked"] == failed["started"] == ["test_fails_at_two_ranks[torch=system,ws2]"], failed
+
+
+FORKS_AS_STARTED = """
+import atexit, json, os, sys, threading
+
+from torchmatrix.forks import preloaded_forks
+
+env = dict(os.environ)
+before = preloaded_forks._forks_as_started(env)
+preloaded_forks.preload_here()
+run = {**env, "PYTHONPATH": os.pathsep.join(["/the/project", env.get("PYTHONPATH", "")]), "TORCHMATRIX_PARENT_PID": "1"}
+answers = {
+    "before_the_preload": before,
+    "the_runs_environment": preloaded_forks._forks_as_started(run),
+    "another_variable": preloaded_forks._forks_as_started({**run, "OMP_NUM_THREADS": "3"}),
+    "another_import_path": preloaded_forks._forks_as_started({**run, "PYTHONPATH": "/the/project"}),
+}
+stop = threading.Event()
+thread = threading.Thread(target=stop.wait)
+thread.start()
+answers["with_a_thread"] = preloaded_forks._forks_as_started(run)
+stop.set()
+thread.join()
+atexit.register(print)
+answers["with_an_exit_handler"] = preloaded_forks._forks_as_started(run)
+print(json.dumps(answers))
+"""
+
+
+def test_a_runner_forks_the_interpreter_only_where_the_fork_is_what_a_started_one_would_be():
+    """Only after the preload was imported, in the environment it was imported in (the run adds its
+    import path in front and the runner's pid), with no thread running and no exit handler added."""
+    env = {**checkout_env(), "PYTHONPATH": os.pathsep.join([checkout_env()["PYTHONPATH"], "/the/users/path"])}
+    done = subprocess.run(
+        [sys.executable, "-c", FORKS_AS_STARTED], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1]) == {
+        "before_the_preload": False,
+        "the_runs_environment": True,
+        "another_variable": False,
+        "another_import_path": False,
+        "with_a_thread": False,
+        "with_an_exit_handler": False,
+    }
 
 
 FORKS_HERE = """

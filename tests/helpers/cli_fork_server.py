@@ -1,8 +1,10 @@
-"""Run as a script by helpers.cli_forks: import torchmatrix's CLI once, then run each command asked
-for on stdin in a fork of this process, as `python -m torchmatrix` would run it in the directory given.
+"""Run as a script by helpers.cli_forks: import torchmatrix's CLI once (and with `--preload` torch's
+distributed stack, as a run's preloaded interpreter does), then run each command asked for on stdin
+in a fork of this process, as `python -m torchmatrix` would run it in the directory given.
 
 Protocol, one JSON line each way: {"cwd", "args", "stdout", "stderr"} (the two files the command's
-output goes to) in, {"returncode"} out once the command ended.
+output goes to) in, {"returncode", "cpu_seconds"} out once the command ended (the CPU seconds of the
+command and every process it waited for).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import sys
 import traceback
 
 from torchmatrix.cli import main
+from torchmatrix.forks.preloaded_forks import preload_here
 
 
 def exit_code(code) -> int:
@@ -49,14 +52,17 @@ def run_command(request: dict) -> None:
 
 
 def serve() -> None:
+    if "--preload" in sys.argv[1:]:
+        preload_here()
     replies = sys.stdout
     for line in sys.stdin:
         request = json.loads(line)
         pid = os.fork()
         if pid == 0:
             run_command(request)
-        _, status = os.waitpid(pid, 0)
-        print(json.dumps({"returncode": os.waitstatus_to_exitcode(status)}), file=replies, flush=True)
+        _, status, usage = os.wait4(pid, 0)
+        reply = {"returncode": os.waitstatus_to_exitcode(status), "cpu_seconds": usage.ru_utime + usage.ru_stime}
+        print(json.dumps(reply), file=replies, flush=True)
 
 
 if __name__ == "__main__":

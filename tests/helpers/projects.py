@@ -7,6 +7,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+from helpers import cli_forks
 from helpers.checkout import checkout_env
 
 
@@ -31,11 +32,17 @@ class Project:
             self.write(f"suites/{name}.py", source)
 
     def torchmatrix(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-        """Run `python -m torchmatrix ARGS` in the project directory."""
+        """Run `python -m torchmatrix ARGS` in the project directory: in a fork of this test process's
+        preloaded server (helpers/cli_forks.py) where it runs as in a fresh interpreter, else started."""
+        env = checkout_env()
+        if cli_forks.shared is not None:
+            with cli_forks.shared.serving(env) as forks:
+                if forks is not None:
+                    return forks.run(self.root, *args, timeout=timeout)
         return subprocess.run(
             [sys.executable, "-m", "torchmatrix", *args],
             cwd=self.root,
-            env=checkout_env(),
+            env=env,
             capture_output=True,
             text=True,
             timeout=timeout,

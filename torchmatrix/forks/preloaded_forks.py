@@ -8,6 +8,10 @@ Forked twice, the process is re-parented to the runner, which waits for it, kill
 exit code as it would a process it started itself; anything else, and a launcher's processes
 (torchrun, srun), starts as before. Each fork seeds Python's `random` and numpy's global generator
 anew, as a started process would.
+
+A runner whose own process imported the preload already (`preload_here`: a long-lived process that
+starts many runs as forks of itself, like the test session's) forks the interpreter from itself instead
+of starting one, where that too is the same as starting it.
 """
 
 from __future__ import annotations
@@ -33,10 +37,28 @@ from torchmatrix import file_writes
 from torchmatrix.forks import zygote
 from torchmatrix.forks.fresh_fork import close_files_except, reseed_global_generators, run_then_leave
 from torchmatrix.forks.leftover_processes import adopts_orphans
+from torchmatrix.forks.parent_death import PARENT_PID_VARIABLE
 
 SERVE = "from torchmatrix.forks.preloaded_forks import serve; serve()"
 ANSWER_TIMEOUT_S = 300.0  # the first answer waits for the torch import; a hung import falls back
 POLL_S = 0.01  # how often a wait with a timeout looks at a forked process
+RUN_VARIABLES = ("PYTHONPATH", PARENT_PID_VARIABLE)  # what a run's environment adds to the runner's
+
+_preloaded: dict | None = None  # what `preload_here` found once it had imported the preload
+
+
+def preload_here() -> None:
+    """Import the preload into this process, whose forks then run torchmatrix: a run forked from it
+    forks its preloaded interpreter from itself instead of starting one that imports it again."""
+    global _preloaded
+    _import_preload()
+    _preloaded = {"environ": dict(os.environ), "exit_handlers": atexit._ncallbacks()}
+
+
+def _import_preload() -> None:
+    with contextlib.suppress(Exception):  # a broken torch fails in each pytest process, as before
+        zygote.import_preload()
+        importlib.import_module("pytest")  # not the plugin: pytest imports it, to rewrite its asserts
 
 
 class ForkedProcess:
@@ -110,11 +132,20 @@ class PreloadedForks:
             return None
         return ForkedProcess(answer) if answer > 0 else None
 
+    def prepare(self, cwd: Path, env: dict) -> None:
+        """Start the interpreter for requests in `cwd` and `env` now: before the runner starts a
+        thread, so that a runner which imported the preload itself can fork it."""
+        if self.usable and self.server is None:
+            self._start_server(cwd, env)
+
     def _start_server(self, cwd: Path, env: dict) -> None:
         """The interpreter's own output goes to a file of its own until `close` appends it to `log`:
         the first request (the component check) comes before the run claims its directory."""
         self.started_in = (cwd, dict(env))
         self.server_output = tempfile.TemporaryFile()
+        if _forks_as_started(env):
+            self.server = ServerFork(cwd, env, self.server_output)
+            return
         self.server = subprocess.Popen(
             [sys.executable, "-c", SERVE],
             cwd=cwd,
@@ -138,6 +169,8 @@ class PreloadedForks:
             return
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.server.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(self.server.pid, signal.SIGKILL)  # a ServerFork killed before its setsid
         self.server.wait()
         for stream in (self.server.stdin, self.server.stdout):
             with contextlib.suppress(OSError):
@@ -153,6 +186,75 @@ class PreloadedForks:
         if written:
             with contextlib.suppress(OSError), file_writes.open_stream(self.log, "ab") as log:
                 log.write(written)
+
+
+class ServerFork:
+    """The preloaded interpreter as a fork of this runner, which imported the preload itself, with
+    the part of `subprocess.Popen` that PreloadedForks uses: pid, stdin, stdout, wait."""
+
+    def __init__(self, cwd: Path, env: dict, output):
+        requests, self_requests = os.pipe()
+        self_answers, answers = os.pipe()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.pid = os.fork()
+        if self.pid == 0:
+            run_then_leave(lambda: _serve_as_started(cwd, env, requests, answers, output.fileno()))
+        os.close(requests)
+        os.close(answers)
+        self.stdin = open(self_requests, "w")  # noqa: SIM115 (closed by PreloadedForks.close)
+        self.stdout = open(self_answers)  # noqa: SIM115
+        self.returncode: int | None = None
+
+    def wait(self) -> int:
+        if self.returncode is None:
+            _, status = os.waitpid(self.pid, 0)
+            self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+
+def _forks_as_started(env: dict) -> bool:
+    """Whether a fork of this process serves as `python -c SERVE` started in `env` would: it imported
+    the preload in the environment the run's adds to (nothing but RUN_VARIABLES, the import path only
+    extended), has registered no exit handler since, and runs no other thread."""
+    if _preloaded is None or not sys.platform.startswith("linux") or threading.active_count() > 1:
+        return False
+    before = _preloaded["environ"]
+    if {k: v for k, v in env.items() if k not in RUN_VARIABLES} != {
+        k: v for k, v in before.items() if k not in RUN_VARIABLES
+    }:
+        return False
+    return _added_import_path(env) is not None and atexit._ncallbacks() == _preloaded["exit_handlers"]
+
+
+def _added_import_path(env: dict) -> list[str] | None:
+    """The entries `env`'s PYTHONPATH puts before the one the preload was imported with, or None
+    where it does not end with that one."""
+    entries = [entry for entry in env.get("PYTHONPATH", "").split(os.pathsep) if entry]
+    before = [entry for entry in _preloaded["environ"].get("PYTHONPATH", "").split(os.pathsep) if entry]
+    if before and entries[-len(before) :] != before:
+        return None
+    return entries[: len(entries) - len(before)]
+
+
+def _serve_as_started(cwd: Path, env: dict, requests: int, answers: int, output: int) -> None:
+    """In the fork: become what `python -c SERVE` started in `cwd` and `env` would be (a session of its
+    own, the signal handlers and import path of a fresh interpreter, nothing else open), then serve."""
+    os.setsid()
+    for signum in signal.valid_signals():
+        if callable(signal.getsignal(signum)) and signum != signal.SIGINT:
+            signal.signal(signum, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for fd, source in ((0, requests), (1, answers), (2, output)):
+        os.dup2(source, fd)
+    close_files_except({0, 1, 2})
+    sys.stdin, sys.stdout, sys.stderr = open(0), open(1, "w"), open(2, "w")  # noqa: SIM115
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)
+    added = [os.path.abspath(entry) for entry in _added_import_path(env)]
+    sys.path[:] = list(dict.fromkeys(["", *added, *sys.path[1:]]))  # as `python -c` with that PYTHONPATH
+    serve()
 
 
 def run_to_end(
@@ -191,9 +293,7 @@ def serve() -> None:
     from torchmatrix.forks.parent_death import exit_with_parent
 
     exit_with_parent()
-    with contextlib.suppress(Exception):  # a broken torch fails in each pytest process, as before
-        zygote.import_preload()
-        importlib.import_module("pytest")  # not the plugin: pytest imports it, to rewrite its asserts
+    _import_preload()
     gc.freeze()  # what it imported is never collected in a fork, nor copied by a collection's writes
     for line in sys.stdin:
         pid = _fork(json.loads(line)) if threading.active_count() == 1 else 0

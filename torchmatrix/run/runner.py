@@ -69,8 +69,10 @@ def _run_version(request: RunRequest, stream, interrupts: Interrupts) -> ExitCod
     progress = Progress(request.version, len(cells), stream, part=request.part, reading=request.cross_version_reads)
     lock = None
     stopped = None
-    load = LoadSampler().start()
     forks = PreloadedForks(request.version_dir / "logs" / "preloaded-forks.log")
+    if request.install_log is None:  # else no request comes; started before the load sampler's thread
+        forks.prepare(request.matrix.root, suite_environment(request))
+    load = LoadSampler().start()
     try:
         probed = _check_and_probe(request, forks)
         lock = claim(request)
