@@ -132,6 +132,7 @@ def test_a_runner_that_imported_the_preload_forks_the_interpreter_from_itself_an
                 timeout=300,
             )
         else:
+            (tmp_path / "cli").mkdir()
             forks = CliForks(tmp_path / "cli", preloaded=True)
             try:
                 done = forks.run(project.root, *args, timeout=300)
@@ -155,6 +156,7 @@ def test_a_runner_that_imported_the_preload_forks_the_interpreter_from_itself_an
         forked, started = seen["forked"][size], seen["started"][size]
         assert forked["cmdline"][1].endswith("cli_fork_server.py"), "the runner started an interpreter"
         assert forked["ppid"] == forked["runner"] and forked["sid"] == forked["pid"], forked
+        forked["argv"] = [argument.replace("/forked/", "/started/") for argument in forked["argv"]]  # the run's id
         different = [key for key in ("argv", "path0", "path", "cwd", "sigterm", "stdin") if forked[key] != started[key]]
         assert not different, {key: (forked[key], started[key]) for key in different}
         assert forked["path"][0] == str(project.root), "the run's import path"
@@ -166,9 +168,9 @@ import atexit, json, os, sys, threading
 
 from torchmatrix.forks import preloaded_forks
 
-env = dict(os.environ)
-before = preloaded_forks._forks_as_started(env)
+before = preloaded_forks._forks_as_started(dict(os.environ))
 preloaded_forks.preload_here()
+env = dict(os.environ)  # as the runner forked from this process has it (the import may set variables)
 run = {**env, "PYTHONPATH": os.pathsep.join(["/the/project", env.get("PYTHONPATH", "")]), "TORCHMATRIX_PARENT_PID": "1"}
 answers = {
     "before_the_preload": before,
@@ -182,7 +184,7 @@ thread.start()
 answers["with_a_thread"] = preloaded_forks._forks_as_started(run)
 stop.set()
 thread.join()
-atexit.register(print)
+atexit.register(lambda: None)
 answers["with_an_exit_handler"] = preloaded_forks._forks_as_started(run)
 print(json.dumps(answers))
 """
