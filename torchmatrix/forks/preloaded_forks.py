@@ -202,8 +202,8 @@ class ServerFork:
             run_then_leave(lambda: _serve_as_started(cwd, env, requests, answers, output.fileno()))
         os.close(requests)
         os.close(answers)
-        self.stdin = open(self_requests, "w")  # noqa: SIM115 (closed by PreloadedForks.close)
-        self.stdout = open(self_answers)  # noqa: SIM115
+        self.stdin = os.fdopen(self_requests, "w")  # closed by PreloadedForks.close
+        self.stdout = os.fdopen(self_answers)
         self.returncode: int | None = None
 
     def wait(self) -> int:
