@@ -188,7 +188,7 @@ class PreloadedForks:
                 log.write(written)
 
 
-class ServerFork:
+class ServerFork(ForkedProcess):
     """The preloaded interpreter as a fork of this runner, which imported the preload itself, with
     the part of `subprocess.Popen` that PreloadedForks uses: pid, stdin, stdout, wait."""
 
@@ -197,20 +197,14 @@ class ServerFork:
         self_answers, answers = os.pipe()
         sys.stdout.flush()
         sys.stderr.flush()
-        self.pid = os.fork()
-        if self.pid == 0:
+        pid = os.fork()
+        if pid == 0:
             run_then_leave(lambda: _serve_as_started(cwd, env, requests, answers, output.fileno()))
+        super().__init__(pid)
         os.close(requests)
         os.close(answers)
         self.stdin = os.fdopen(self_requests, "w")  # closed by PreloadedForks.close
         self.stdout = os.fdopen(self_answers)
-        self.returncode: int | None = None
-
-    def wait(self) -> int:
-        if self.returncode is None:
-            _, status = os.waitpid(self.pid, 0)
-            self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
 
 
 def _forks_as_started(env: dict) -> bool:

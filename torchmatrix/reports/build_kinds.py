@@ -53,25 +53,29 @@ class BuildMismatch(JsonRecord):
     def note(self) -> str:
         """The mismatch, then what it can and cannot explain, in plain words."""
         pair = f"the baseline is a {self.before} build, the candidate a {self.after} build"
+        return f"Different builds: {pair}. {self._what_it_explains}{RESIDENT_PEAKS_NOT_COMPARED}"
+
+    @property
+    def _what_it_explains(self) -> str:
         if not self.on_gpus:
             return (
-                f"Different builds: {pair}. The ranks ran on CPU, where both run CPU kernels built from the same "
+                "The ranks ran on CPU, where both run CPU kernels built from the same "
                 "source: the build can explain time (a CUDA build loads larger libraries into every process) and "
                 "warnings about CUDA or NCCL, not a failure, drift, or a checkpoint that does not load; those are "
                 "the release's. For timings that compare releases alone, install the same kind of build for both "
-                "(docs: choose how torch installs)." + RESIDENT_PEAKS_NOT_COMPARED
+                "(docs: choose how torch installs)."
             )
         if "CPU" in (self.before, self.after):
             return (
-                f"Different builds: {pair}. A CPU build cannot use the GPUs, so its cells ran other code than the "
+                "A CPU build cannot use the GPUs, so its cells ran other code than the "
                 "other side's: only what runs on CPU (checkpoint loads, CPU cells) compares; install the same kind "
-                "of build for both (docs: choose how torch installs)." + RESIDENT_PEAKS_NOT_COMPARED
+                "of build for both (docs: choose how torch installs)."
             )
         return (
-            f"Different builds: {pair}. Other CUDA versions bring other cuBLAS, cuDNN and NCCL kernels and reduction "
+            "Other CUDA versions bring other cuBLAS, cuDNN and NCCL kernels and reduction "
             "orders: they can explain grown drift, slowdowns and new CUDA warnings; they cannot explain a failed "
             "checkpoint load or optimizer state that is missing or not a DTensor, which are torch's own code. "
-            "Compare builds of one CUDA version to tell the release from the toolkit." + RESIDENT_PEAKS_NOT_COMPARED
+            "Compare builds of one CUDA version to tell the release from the toolkit."
         )
 
 
