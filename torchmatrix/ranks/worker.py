@@ -22,6 +22,7 @@ from torchmatrix.messages import compile_store
 from torchmatrix.messages.root_cause import root_cause
 from torchmatrix.ranks import shared_builds
 from torchmatrix.ranks.compile_time import reset_keeping_time
+from torchmatrix.ranks.mesh_cache_keys import stable_mesh_keys
 from torchmatrix.ranks.per_test_usage import RANK_WARNINGS
 
 COLLECTIVE_TIMEOUT_VARIABLE = "TORCHMATRIX_COLLECTIVE_TIMEOUT_S"
@@ -159,6 +160,7 @@ def main(
 
         torch.set_num_threads(int(env["OMP_NUM_THREADS"]))  # torch read the variable at import, in the zygote
         shared_builds.share_inductor_builds(COMPILE_CACHE_VARIABLE)
+        stable_mesh_keys()
         _join_process_group(conn, rank, world_size)
     except BaseException as error:
         conn.send_bytes(pickle.dumps(error_reply(error)))
