@@ -4,6 +4,7 @@ count that continues across torch versions, no "uv binary not found." noise."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import shutil
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from torchmatrix import sessions
+from torchmatrix.env import version_venv
 from torchmatrix.matrix.config import load_matrix
 from torchmatrix.sessions import first_missing
 
@@ -199,3 +201,52 @@ def test_the_report_session_has_nox_so_cross_read_finds_the_gpu_matrix_venvs(tmp
     assert "nox" in session.installed
     (read,) = [command for command in session.ran if "cross-read" in command]
     assert read[read.index("--envdir") + 1] == str(tmp_path / "project" / ".nox")
+
+
+@pytest.mark.slow
+def test_a_kept_venv_installs_nothing_again_and_one_whose_stamp_differs_is_made_anew(tmp_path):
+    """Three `nox -s gpu_matrix` runs on a fake release of this torch (tests/helpers/fake_releases.py), whose
+    broken component ends each run at its check, in the venv, right after the installs."""
+    version = "2.97.0"
+    offered = fake_torch_wheel(tmp_path / "releases", version, torch_site())
+    project = write_demo_project(
+        tmp_path / "project", torch=[version], axes={"world_size": [1]}, components={"model": "userstack.stak:build"}
+    )
+    env = {
+        **offering(offered.parent, checkout_env()),
+        "TORCHMATRIX_WHEELHOUSE": str(tmp_path / "wheelhouse"),
+        "TORCHMATRIX_CONFIG": str(project / "matrix.toml"),
+    }
+    envdir = tmp_path / "nox"
+    reusing = f"torchmatrix: torch {version}: reusing its venv, installed as matrix.toml says"
+
+    def gpu_matrix(run_id: str) -> str:
+        done = nox(
+            REPO / "noxfile.py",
+            "--envdir",
+            str(envdir),
+            "-s",
+            "gpu_matrix",
+            env={**env, "TORCHMATRIX_RUN_ID": run_id},
+            timeout=900,
+        )
+        output = done.stdout + done.stderr
+        assert done.returncode == 2 and "components.model: no module" in output, output[-3000:]
+        return output
+
+    first = gpu_matrix("first")
+    venv = version_venv.gpu_matrix_python(envdir, version).parent.parent  # nox's name for it
+    assert reusing not in first and (venv / version_venv.STAMP_NAME).exists(), first[-3000:]
+    (venv / "planted").write_text("left by the first run")
+
+    second = gpu_matrix("second")
+    assert reusing in second, second[-3000:]
+    assert f"torch-{version}" not in second.split(reusing)[1], "nothing downloads or installs torch again"
+    assert (venv / "planted").exists(), "the venv is the first run's"
+
+    stamp = json.loads((venv / version_venv.STAMP_NAME).read_text())
+    (venv / version_venv.STAMP_NAME).write_text(json.dumps({**stamp, "requires": {"model": ["torchao"]}}))
+    third = gpu_matrix("third")
+    assert reusing not in third, third[-3000:]
+    assert not (venv / "planted").exists(), "a venv installed for another matrix is made anew"
+    assert json.loads((venv / version_venv.STAMP_NAME).read_text()) == stamp

@@ -25,10 +25,10 @@ MATRIX = sessions.matrix_or_exit(os.environ.get("TORCHMATRIX_CONFIG", "matrix.to
 RUN_ID = sessions.run_id_or_exit(os.environ.get("TORCHMATRIX_RUN_ID"))
 
 
-@nox.session
+@nox.session(reuse_venv=True)  # a venv whose stamp says it holds what matrix.toml asks installs nothing
 @nox.parametrize("torch", [v for v in MATRIX.versions if v != "system"])
 def gpu_matrix(session, torch):
-    """Run every suite over every cell for one torch version (one venv per version)."""
+    """Run every suite over every cell for one torch version (one venv per version, kept between runs)."""
     sessions.gpu_matrix(session, MATRIX, torch, RUN_ID)
 
 

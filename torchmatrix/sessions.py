@@ -20,7 +20,8 @@ from pathlib import Path
 
 from nox.command import CommandFailed
 
-from torchmatrix.env.component_requirements import install_requirements
+from torchmatrix import file_writes
+from torchmatrix.env.component_requirements import install_requirements, use_record
 from torchmatrix.env.envdir_lock import (
     EnvdirUnlockable,
     MatrixSession,
@@ -31,8 +32,16 @@ from torchmatrix.env.envdir_lock import (
 )
 from torchmatrix.env.install_estimate import InstallEstimate, InstallPace, wheelhouse_files
 from torchmatrix.env.self_install import install_arguments
-from torchmatrix.env.torch_install import estimate_torch_install, install_torch, wheelhouse
-from torchmatrix.env.version_venv import clear_stamp, install_record, write_stamp
+from torchmatrix.env.torch_install import InstallResult, estimate_torch_install, install_torch, wheelhouse
+from torchmatrix.env.version_venv import (
+    clear_stamp,
+    gpu_matrix_python,
+    install_record,
+    kept_as_installed,
+    renew,
+    stamped_as,
+    write_stamp,
+)
 from torchmatrix.exit_codes import ExitCode
 from torchmatrix.matrix.config import Matrix, load_matrix
 from torchmatrix.run.progress import format_seconds
@@ -120,20 +129,16 @@ def gpu_matrix(session, matrix: Matrix, torch_version: str, run_id: str) -> None
         *invocation_part(session),
     ]
     later = later_versions(session)
-    forecast = forecast_installs(session, matrix, [torch_version, *later] if later else [])
-    install_started = time.time()
     run_dir = reports / run_id
     install_log = run_dir / f"torch-{torch_version}" / "logs" / "install.log"
     created = first_missing(install_log.parent, stop=reports)
     install_log.parent.mkdir(parents=True, exist_ok=True)
-    venv = Path(session.virtualenv.location)
-    clear_stamp(venv)
-    installed = install_torch(session, torch_version, install, install_log)
-    session.install(*install_arguments())
-    if installed.ok and matrix.requires:
-        install_requirements(session, matrix.requires, install.constraints, install_log.with_name("requires.log"))
-    if installed.ok:
-        write_stamp(venv, install_record(matrix, torch_version))  # so bisect and later runs reuse this venv
+    keeps_venvs = getattr(session.virtualenv, "reuse_existing", False)  # read before a renewal turns it off
+    kept = keep_or_renew(session, matrix, torch_version, install_log)
+    installing = [v for v in later if not (keeps_venvs and will_be_kept(session, matrix, v))]
+    forecast = forecast_installs(session, matrix, ([] if kept else [torch_version]) + installing if later else [])
+    install_started = time.time()
+    installed = InstallResult(True) if kept else install_all(session, matrix, torch_version, install_log)
     install_took = time.time() - install_started  # before waiting for the forecast, which may take longer
     estimates = forecast.result()
     if torch_version in estimates:
@@ -145,6 +150,54 @@ def gpu_matrix(session, matrix: Matrix, torch_version: str, run_id: str) -> None
             f"torch=={torch_version} did not install: {installed.reason}; its cells are reported as errors (see {install_log})"
         )
     run_cells(session, run, run_dir, created)
+
+
+def keep_or_renew(session, matrix: Matrix, torch_version: str, install_log: Path) -> bool:
+    """Whether the session's venv is one nox kept whose stamp says torch, this torchmatrix and
+    `[requires]` are installed as matrix.toml says now (then nothing is installed); a kept venv whose
+    stamp says otherwise is made anew, except under `nox -R`, where nothing is installed anyway."""
+    venv = Path(session.virtualenv.location)
+    if kept_as_installed(session.virtualenv, torch_version, install_record(matrix, torch_version)):
+        said = f"torch {torch_version}: reusing its venv, installed as matrix.toml says"
+        file_writes.write_text(install_log, f"{said}: {venv}\n")
+        print(f"torchmatrix: {said} (--reuse-venv=never installs afresh)", flush=True)
+        if matrix.requires:
+            use_record(session)
+        return True
+    if installs_run(session):
+        renew(session.virtualenv)
+    return False
+
+
+def install_all(session, matrix: Matrix, torch_version: str, install_log: Path) -> InstallResult:
+    """Install torch, this torchmatrix and `[requires]` into the session's venv, and stamp it once all
+    of it installed (not under `nox -R`, which installs nothing)."""
+    venv = Path(session.virtualenv.location)
+    installs = installs_run(session)
+    if installs:
+        clear_stamp(venv)
+    install = matrix.install(torch_version)
+    installed = install_torch(session, torch_version, install, install_log)
+    session.install(*install_arguments())
+    failed = {}
+    if installed.ok and matrix.requires:
+        log = install_log.with_name("requires.log")
+        failed = install_requirements(session, matrix.requires, install.constraints, log)
+    if installs and installed.ok and not failed:
+        write_stamp(venv, install_record(matrix, torch_version))  # the next session and bisect reuse it
+    return installed
+
+
+def installs_run(session) -> bool:
+    """False under `nox -R` (or `--no-install` on a kept venv), where nox skips every install."""
+    return session.run_install("python", "--version", silent=True, log=False) is not None
+
+
+def will_be_kept(session, matrix: Matrix, version: str) -> bool:
+    """Whether the venv of a later gpu_matrix session of torch `version` already holds what
+    matrix.toml asks, so that session will install nothing."""
+    python = gpu_matrix_python(Path(session.virtualenv.location).parent, version)
+    return python is not None and stamped_as(python.parent.parent, version, install_record(matrix, version))
 
 
 def run_cells(

@@ -32,8 +32,7 @@ def install_requirements(
     from torchmatrix.env.install_progress import InstallProgress, ProgressLine
     from torchmatrix.env.torch_install import StreamedCommand
 
-    record = Path(session.virtualenv.location) / RECORD_NAME
-    session.env[RECORD_VARIABLE] = str(record)
+    record = use_record(session)
     if session.run_install("python", "--version", silent=True, log=False) is None:
         return read_record(record)  # nox -R: the venv is reused and installs are skipped
     constraint_options = []
@@ -65,6 +64,13 @@ def install_requirements(
         record, json.dumps({key: {"requires": list(requires[key]), "reason": failed[key]} for key in failed})
     )
     return failed
+
+
+def use_record(session) -> Path:
+    """Point the session's runs at its venv's record of requirements that did not install, and return it."""
+    record = Path(session.virtualenv.location) / RECORD_NAME
+    session.env[RECORD_VARIABLE] = str(record)
+    return record
 
 
 def read_record(path: Path | str) -> dict[str, str]:

@@ -18,6 +18,7 @@ from torchmatrix import file_writes
 from torchmatrix.env.component_requirements import RECORD_VARIABLE, install_requirements
 from torchmatrix.env.self_install import install_arguments
 from torchmatrix.env.torch_install import InstallResult, install_torch
+from torchmatrix.matrix.channels import channel_of
 from torchmatrix.matrix.config import Matrix
 from torchmatrix.user_error import UserError
 
@@ -105,6 +106,26 @@ def write_stamp(location: Path, record: dict) -> None:
 
 def stamp_matches(location: Path, record: dict) -> bool:
     return _read_stamp(Path(location) / STAMP_NAME) == record
+
+
+def stamped_as(location: Path, version: str, record: dict) -> bool:
+    """Whether the venv at `location` holds `record`, as its stamp says: a pinned release's only,
+    never a channel's ("nightly", "rc"), whose build changes by the day."""
+    return channel_of(version) is None and stamp_matches(location, record)
+
+
+def kept_as_installed(virtualenv, version: str, record: dict) -> bool:
+    """Whether nox kept this venv from an earlier session and it holds `record`."""
+    return getattr(virtualenv, "_reused", False) and stamped_as(Path(virtualenv.location), version, record)
+
+
+def renew(virtualenv) -> None:
+    """Make a venv nox kept anew, so that nothing an earlier install left (a component's package the
+    matrix no longer requires, another torch) stays beside what is installed next."""
+    if getattr(virtualenv, "_reused", False):
+        virtualenv.reuse_existing = False
+        virtualenv.create()
+        virtualenv._reused = False
 
 
 def prepare_venv(matrix: Matrix, envdir: Path, version: str, logs: Path) -> tuple[VersionVenv, InstallResult, bool]:
