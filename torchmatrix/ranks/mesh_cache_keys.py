@@ -3,8 +3,9 @@
 Inductor's FX graph key and AOTAutograd's key pickle every DeviceMesh a graph takes as input with its
 state, which holds `_hash`, the mesh's `hash()` cached on first use: a value of this process's own
 (it hashes strings, randomized per process, and on Python 3.11 None, hashed by its address), so every
-key differs in each new process and no DTensor graph was ever read back from the compile store (docs/explanation/compile.md, "DTensor graphs and the
-cache key"). The key here pickles the rest of the state, every field the mesh's equality compares.
+key differs in each new process and no DTensor graph was ever read back from the compile store
+(docs/explanation/compile.md, "DTensor graphs and the cache key"). The key here pickles the rest of
+the state, every field the mesh's equality compares.
 """
 
 from __future__ import annotations
