@@ -134,11 +134,14 @@ def gpu_matrix(session, matrix: Matrix, torch_version: str, run_id: str) -> None
     created = first_missing(install_log.parent, stop=reports)
     install_log.parent.mkdir(parents=True, exist_ok=True)
     keeps_venvs = getattr(session.virtualenv, "reuse_existing", False)  # read before a renewal turns it off
-    kept = keep_or_renew(session, matrix, torch_version, install_log)
+    kept = kept_as_matrix_asks(session, matrix, torch_version, install_log)
+    installs = not kept and installs_run(session)  # False under nox -R, which installs nothing
+    if installs:
+        renew(session.virtualenv)  # before the forecast runs pip in it
     installing = [v for v in later if not (keeps_venvs and will_be_kept(session, matrix, v))]
     forecast = forecast_installs(session, matrix, ([] if kept else [torch_version]) + installing if later else [])
     install_started = time.time()
-    installed = InstallResult(True) if kept else install_all(session, matrix, torch_version, install_log)
+    installed = InstallResult(True) if kept else install_all(session, matrix, torch_version, install_log, installs)
     install_took = time.time() - install_started  # before waiting for the forecast, which may take longer
     estimates = forecast.result()
     if torch_version in estimates:
@@ -152,10 +155,9 @@ def gpu_matrix(session, matrix: Matrix, torch_version: str, run_id: str) -> None
     run_cells(session, run, run_dir, created)
 
 
-def keep_or_renew(session, matrix: Matrix, torch_version: str, install_log: Path) -> bool:
+def kept_as_matrix_asks(session, matrix: Matrix, torch_version: str, install_log: Path) -> bool:
     """Whether the session's venv is one nox kept whose stamp says torch, this torchmatrix and
-    `[requires]` are installed as matrix.toml says now (then nothing is installed); a kept venv whose
-    stamp says otherwise is made anew, except under `nox -R`, where nothing is installed anyway."""
+    `[requires]` are installed as matrix.toml says now; then nothing is installed, and the log says so."""
     venv = Path(session.virtualenv.location)
     if kept_as_installed(session.virtualenv, torch_version, install_record(matrix, torch_version)):
         said = f"torch {torch_version}: reusing its venv, installed as matrix.toml says"
@@ -164,16 +166,13 @@ def keep_or_renew(session, matrix: Matrix, torch_version: str, install_log: Path
         if matrix.requires:
             use_record(session)
         return True
-    if installs_run(session):
-        renew(session.virtualenv)
     return False
 
 
-def install_all(session, matrix: Matrix, torch_version: str, install_log: Path) -> InstallResult:
+def install_all(session, matrix: Matrix, torch_version: str, install_log: Path, installs: bool) -> InstallResult:
     """Install torch, this torchmatrix and `[requires]` into the session's venv, and stamp it once all
-    of it installed (not under `nox -R`, which installs nothing)."""
+    of it installed (not where `installs` is False, under `nox -R`, which installs nothing)."""
     venv = Path(session.virtualenv.location)
-    installs = installs_run(session)
     if installs:
         clear_stamp(venv)
     install = matrix.install(torch_version)

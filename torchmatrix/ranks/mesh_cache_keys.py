@@ -17,7 +17,7 @@ PER_PROCESS_FIELDS = ("_hash",)  # the cached hash() of the mesh; _pg_registry t
 
 def mesh_key_state(mesh) -> tuple:
     """The mesh's pickled state for a cache key: its fields by name, less those of this process alone."""
-    state = mesh.__getstate__() if hasattr(mesh, "__getstate__") else dict(vars(mesh))
+    state = mesh.__getstate__()  # DeviceMesh's own: its fields less its process group registry
     return tuple(sorted((name, value) for name, value in state.items() if name not in PER_PROCESS_FIELDS))
 
 
