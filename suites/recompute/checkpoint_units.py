@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import functools
 import inspect
+import operator
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from itertools import repeat
 
 import torch
 import torch.utils.checkpoint
@@ -222,14 +224,15 @@ instrumented_checkpoint.__signature__ = inspect.signature(ORIGINAL_CHECKPOINT)
 KEPT_NAMES = frozenset({"ORIGINAL_CHECKPOINT", "instrumented_checkpoint"})
 
 
-def modules_holding(function) -> list[tuple[object, str]]:
-    """(module, attribute) wherever a loaded module holds ``function``: torch's own module, its checkpoint
-    wrapper, transformers', the user's ``from torch.utils.checkpoint import checkpoint``; not under the
-    names this module (wherever it is loaded from) keeps the two functions by."""
+def modules_holding(function, modules=None) -> list[tuple[object, str]]:
+    """(module, attribute) wherever a loaded module (or one of `modules`) holds ``function``: torch's
+    own module, its checkpoint wrapper, transformers', the user's ``from torch.utils.checkpoint import
+    checkpoint``; not under the names this module (wherever it is loaded from) keeps the two functions by.
+    A namespace is searched by identity in C first: a grad_ckpt step searches every loaded module twice."""
     holders = []
-    for module in list(sys.modules.values()):
+    for module in list(sys.modules.values()) if modules is None else modules:
         namespace = getattr(module, "__dict__", None)
-        if isinstance(namespace, dict):
+        if isinstance(namespace, dict) and any(map(operator.is_, list(namespace.values()), repeat(function))):
             holders += [
                 (module, name)
                 for name, value in list(namespace.items())
@@ -242,9 +245,12 @@ def modules_holding(function) -> list[tuple[object, str]]:
 def counted_checkpoints():
     """Within the block, every call of ``torch.utils.checkpoint.checkpoint`` through a loaded module's
     reference counts its unit's runs and notes its containers, in the ``CheckpointUnits`` yielded.
-    Modules imported during the block that took the instrumented function get the original back too."""
+    Leaving it restores the references it replaced and those modules imported during it took; one
+    loaded before that took the instrumented function keeps it, which outside a block runs the original."""
     seen = CheckpointUnits()
-    for module, name in modules_holding(ORIGINAL_CHECKPOINT):
+    loaded = set(sys.modules)
+    patched = modules_holding(ORIGINAL_CHECKPOINT)
+    for module, name in patched:
         setattr(module, name, instrumented_checkpoint)
     ACTIVE.append(seen)
     try:
@@ -252,5 +258,7 @@ def counted_checkpoints():
     finally:
         ACTIVE.remove(seen)
         if not ACTIVE:
-            for module, name in modules_holding(instrumented_checkpoint):
-                setattr(module, name, ORIGINAL_CHECKPOINT)
+            imported = [module for key, module in list(sys.modules.items()) if key not in loaded]
+            for module, name in patched + modules_holding(instrumented_checkpoint, imported):
+                if getattr(module, name, None) is instrumented_checkpoint:
+                    setattr(module, name, ORIGINAL_CHECKPOINT)

@@ -87,3 +87,21 @@ def test_a_module_imported_during_the_block_gets_the_original_back(monkeypatch):
         late.checkpoint = torch.utils.checkpoint.checkpoint
         assert late.checkpoint is not ORIGINAL_CHECKPOINT
     assert late.checkpoint is ORIGINAL_CHECKPOINT
+
+
+def test_a_module_loaded_before_the_block_that_takes_the_function_in_it_counts_nothing_after(monkeypatch):
+    """Leaving the block restores what it replaced and what modules imported in it took, not every
+    module's namespace again: one loaded before that took the instrumented function in the block keeps
+    it, and outside a block it runs the original alone and counts nowhere."""
+    early = types.ModuleType("early_stack")
+    monkeypatch.setitem(sys.modules, "early_stack", early)
+    with counted_checkpoints():
+        early.checkpoint = torch.utils.checkpoint.checkpoint
+    assert torch.utils.checkpoint.checkpoint is ORIGINAL_CHECKPOINT
+    linear = nn.Linear(4, 4)
+    hidden = torch.ones(2, 4, requires_grad=True)
+    with counted_checkpoints() as units:
+        pass
+    early.checkpoint(linear, hidden, use_reentrant=False).sum().backward()
+    assert units.calls(linear) == {}, "a block that ended counts no later call"
+    assert torch.equal(hidden.grad, linear.weight.sum(0).expand(2, 4)), "the original checkpoint ran"
