@@ -228,7 +228,7 @@ def modules_holding(function, modules=None) -> list[tuple[object, str]]:
     """(module, attribute) wherever a loaded module (or one of `modules`) holds ``function``: torch's
     own module, its checkpoint wrapper, transformers', the user's ``from torch.utils.checkpoint import
     checkpoint``; not under the names this module (wherever it is loaded from) keeps the two functions by.
-    A namespace is searched by identity in C first: a grad_ckpt step searches every loaded module twice."""
+    A namespace is searched by identity in C first: each grad_ckpt step searches every loaded module."""
     holders = []
     for module in list(sys.modules.values()) if modules is None else modules:
         namespace = getattr(module, "__dict__", None)
