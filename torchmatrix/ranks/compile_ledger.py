@@ -10,6 +10,11 @@ from torchmatrix import file_writes
 from torchmatrix.messages.compile_store import LEDGER
 
 
+def has_compiled(cell_folder: Path) -> bool:
+    """Whether a test of the cell has compiled into this folder before: its graphs are in the store."""
+    return (cell_folder / LEDGER).is_file()
+
+
 def compile_seconds_saved(cell_folder: Path, test: str, seconds: float) -> float | None:
     """The seconds `test` compiled for the first time this cell folder saw it, less `seconds` (what it
     compiled now), at least 0; None the first time, when `seconds` is recorded as its cold figure."""

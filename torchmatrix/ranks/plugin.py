@@ -44,7 +44,7 @@ from torchmatrix.messages.output_cap import DEFAULT_CAP_BYTES, cap_text
 from torchmatrix.messages.properties import COMPILE_SECONDS, COMPILE_SECONDS_SAVED, CPU_SECONDS, WARNING_PROPERTY
 from torchmatrix.messages.root_cause import root_cause
 from torchmatrix.ranks import compile_keys, compiler_warmup
-from torchmatrix.ranks.compile_ledger import compile_seconds_saved
+from torchmatrix.ranks.compile_ledger import compile_seconds_saved, has_compiled
 from torchmatrix.ranks.compile_time import compile_seconds
 from torchmatrix.ranks.launched import launched_rank
 from torchmatrix.ranks.memory_peaks import largest
@@ -57,6 +57,7 @@ from torchmatrix.ranks.per_test_usage import (
 )
 from torchmatrix.ranks.pool import RankFailure
 from torchmatrix.ranks.rank_group import RankGroup, open_ranks
+from torchmatrix.ranks.run_order import running_order
 from torchmatrix.ranks.simulation_limits import as_simulation_limit
 from torchmatrix.ranks.worker import COMPILE_CACHE_VARIABLE
 from torchmatrix.status import Status
@@ -124,6 +125,7 @@ class CellPlan:
             self._stacks = file_writes.open_stream(stacks_path(plan.events))  # faulthandler writes to its fd
             faulthandler.register(signal.SIGUSR1, file=self._stacks, all_threads=True)
         self.compile_caches = compile_cache_root(plan, rootpath)
+        self.running_order = running_order(plan.runs, self.compiles_cold)
         self._stamped: set[str] = set()
         if not plan.launched:
             backends = frozenset().union(*(compile_backends(cell) for _, cell in plan.runs))
@@ -149,6 +151,12 @@ class CellPlan:
             self._stamped.add(cell.id)
         return str(folder)
 
+    def compiles_cold(self, cell: Cell) -> bool:
+        """Whether the cell compiles under Inductor and none of its tests has compiled under this
+        process's key before, so its graphs are not in the store (aot_eager keeps none on disk, so its
+        cell costs a warm run what it costs a cold one, and keeps its place)."""
+        return DEFAULT_BACKEND in compile_backends(cell) and not has_compiled(self.compile_caches / cell.id)
+
     def suite_of(self, path: Path) -> str | None:
         return self.suite_by_path.get(Path(path).resolve())
 
@@ -165,7 +173,8 @@ class CellPlan:
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, config, items):
-        """Run cell by cell (in plan order) so results of whole cells arrive early; a run the plan
+        """Run cell by cell (in plan order, cells about to compile cold first: `run_order`) so results
+        of whole cells arrive early; a run the plan
         narrows (`--test`, a confirmation) keeps only the tests it names, and each name that matches
         none of the run's tests is an error of the run naming the tests it has."""
         names_by_run: dict[str, list[str]] = {}
@@ -177,7 +186,7 @@ class CellPlan:
             items[:] = kept
         for item in items:
             self.mark_known_failure(item)
-        items.sort(key=lambda item: self.order.get(self._key(item), len(self.order)))
+        items.sort(key=lambda item: self.running_order.get(self._key(item), len(self.order)))
         collected: dict[str, list[str]] = {key: [] for key in self.order}
         for item in items:
             key = self._key(item)
