@@ -179,14 +179,18 @@ def test_the_later_installs_are_summed_at_this_invocations_pace_and_one_unknown_
 class RecordingSession:
     """What a nox session body asks for: its installs and the commands it runs, none carried out."""
 
-    def __init__(self, venv: Path, posargs: list[str]):
-        self.virtualenv = SimpleNamespace(location=str(venv))
+    def __init__(self, venv: Path, posargs: list[str], *, kept: bool = False):
+        venv.mkdir(parents=True, exist_ok=True)  # nox made it before the session's body runs
+        self.virtualenv = SimpleNamespace(location=str(venv), _reused=kept, reuse_existing=kept, create=lambda: True)
         self.posargs = posargs
         self.installed: list[str] = []
         self.ran: list[tuple[str, ...]] = []
 
     def install(self, *packages: str) -> None:
         self.installed.extend(packages)
+
+    def run_install(self, *command: str, **options) -> str:
+        return ""  # installs run (not `nox -R`)
 
     def run(self, *command: str, **options) -> None:
         self.ran.append(command)
@@ -201,6 +205,27 @@ def test_the_report_session_has_nox_so_cross_read_finds_the_gpu_matrix_venvs(tmp
     assert "nox" in session.installed
     (read,) = [command for command in session.ran if "cross-read" in command]
     assert read[read.index("--envdir") + 1] == str(tmp_path / "project" / ".nox")
+
+
+def test_the_report_venv_is_kept_while_its_stamp_says_it_holds_this_torchmatrix_and_nox(tmp_path):
+    """Every `nox -s gpu_matrix` ends in the report session: a venv nox kept installs nothing again
+    (pip took seconds of each run for nothing), one whose stamp names another torchmatrix is made anew."""
+    matrix = load_matrix(write_demo_project(tmp_path / "project", axes={"world_size": [1]}) / "matrix.toml")
+    venv = tmp_path / "project" / ".nox" / "report"
+    first = RecordingSession(venv, [str(tmp_path / "run")])
+    sessions.report(first, matrix)
+    assert "nox" in first.installed and (venv / version_venv.STAMP_NAME).is_file()
+
+    kept = RecordingSession(venv, [str(tmp_path / "run")], kept=True)
+    sessions.report(kept, matrix)
+    assert kept.installed == [] and any("cross-read" in command for command in kept.ran)
+
+    stamp = json.loads((venv / version_venv.STAMP_NAME).read_text())
+    (venv / version_venv.STAMP_NAME).write_text(json.dumps({"report": ["torchmatrix==0.1"]}))
+    renewed = RecordingSession(venv, [str(tmp_path / "run")], kept=True)
+    sessions.report(renewed, matrix)
+    assert "nox" in renewed.installed and renewed.virtualenv.reuse_existing is False, "made anew, then installed"
+    assert json.loads((venv / version_venv.STAMP_NAME).read_text()) == stamp
 
 
 @pytest.mark.slow

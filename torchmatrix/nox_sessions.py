@@ -32,7 +32,7 @@ def gpu_matrix(session, torch):
     sessions.gpu_matrix(session, MATRIX, torch, RUN_ID)
 
 
-@nox.session
+@nox.session(reuse_venv=True)  # kept while its stamp says it holds this torchmatrix and nox
 def report(session):
     """Write a run's junit.xml, results.json and summary pages (default reports/latest); -- --compare RUN diffs."""
     sessions.report(session, MATRIX)

@@ -39,6 +39,7 @@ from torchmatrix.env.version_venv import (
     install_record,
     kept_as_installed,
     renew,
+    stamp_matches,
     stamped_as,
     write_stamp,
 )
@@ -371,7 +372,7 @@ def report(session, matrix: Matrix) -> None:
     parser.add_argument("run_dir", nargs="?", default=str(matrix.root / "reports" / "latest"))
     parser.add_argument("--compare", metavar="RUN", help="a reference run directory or results.json")
     args = parser.parse_args(session.posargs)
-    session.install(*install_arguments(), "nox")  # cross-read finds gpu_matrix's venvs by nox's own naming
+    install_report_tools(session)
     envdir = Path(session.virtualenv.location).parent
     read = ["cross-read", args.run_dir, "--config", str(matrix.path), "--envdir", str(envdir)]
     session.run("python", "-m", "torchmatrix", *read, success_codes=[0, 1])
@@ -379,6 +380,23 @@ def report(session, matrix: Matrix) -> None:
     if args.compare:
         out = Path(args.run_dir) / f"compare-{Path(args.compare).resolve().name}.md"
         session.run("python", "-m", "torchmatrix", "compare", args.compare, args.run_dir, "--out", str(out))
+
+
+def install_report_tools(session) -> None:
+    """Install this torchmatrix and nox (cross-read finds gpu_matrix's venvs by nox's own naming) into the
+    report session's venv, unless nox kept it and its stamp says it holds them: every `nox -s gpu_matrix`
+    ends in this session, and pip took seconds of each for nothing."""
+    venv = Path(session.virtualenv.location)
+    record = {"report": [*install_arguments(), "nox"]}
+    if getattr(session.virtualenv, "_reused", False) and stamp_matches(venv, record):
+        return
+    installs = installs_run(session)  # False under nox -R, which installs nothing
+    if installs:
+        renew(session.virtualenv)
+        clear_stamp(venv)
+    session.install(*install_arguments(), "nox")
+    if installs:
+        write_stamp(venv, record)
 
 
 def merge(session) -> None:
