@@ -42,8 +42,9 @@ MAX_TEST_S = 7 * 24 * 3600.0
 """The longest duration of one test an earlier results.json may claim; longer (or infinite) ones are passed over."""
 READ_CELL_S = 1.0
 """Slot-seconds of one cell's reads of the other versions' cross_version checkpoints, idle."""
-REPORT_S = 10.0
-"""The report session besides its read passes, idle: its venv, this torchmatrix installed, the reports written."""
+REPORT_S = 3.0
+"""The report session besides its read passes, idle: the reports written, in the venv nox keeps for it
+(a first run makes that venv and installs this torchmatrix and nox, about 6 s more)."""
 
 
 def contention(load: float, cores: int) -> float:
