@@ -7,12 +7,14 @@ import platform
 import shutil
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from torchmatrix.matrix.cells import Cell
 from torchmatrix.matrix.plan import run_key
 from torchmatrix.ranks.compile_ledger import compile_seconds_saved, has_compiled
+from torchmatrix.ranks.plugin import CellPlan
 from torchmatrix.ranks.run_order import running_order
 
 from helpers.matrix_files import matrix_toml
@@ -45,6 +47,17 @@ def test_a_cell_has_compiled_once_a_test_recorded_its_cold_compile(tmp_path):
     assert not has_compiled(folder), "a folder made for the cell (its last-used stamp) holds no graph yet"
     assert compile_seconds_saved(folder, "suite::test", 3.0) is None
     assert has_compiled(folder)
+
+
+def test_a_launched_rank_never_moves_a_cell_since_every_rank_must_keep_one_order(tmp_path):
+    """Ranks that torchrun or srun started each decide on their own node, whose store may hold the cell's
+    graphs where another's does not: a cell moved on one rank only would pair different tests' collectives."""
+    inductor = Cell({"world_size": 2, "compile": "inductor"})
+    local = SimpleNamespace(plan=SimpleNamespace(launched=False), compile_caches=tmp_path)
+    launched = SimpleNamespace(plan=SimpleNamespace(launched=True), compile_caches=tmp_path)
+    assert CellPlan.compiles_cold(local, inductor)
+    assert not CellPlan.compiles_cold(local, Cell({"world_size": 2, "compile": "aot_eager"}))
+    assert not CellPlan.compiles_cold(launched, inductor)
 
 
 SUITE = """

@@ -154,7 +154,11 @@ class CellPlan:
     def compiles_cold(self, cell: Cell) -> bool:
         """Whether the cell compiles under Inductor and none of its tests has compiled under this
         process's key before, so its graphs are not in the store (aot_eager keeps none on disk, so its
-        cell costs a warm run what it costs a cold one, and keeps its place)."""
+        cell costs a warm run what it costs a cold one, and keeps its place). Never for a launched rank
+        (torchrun, srun): each orders its tests on its own node, whose store may differ, and all must
+        run them in one order, the plan's."""
+        if self.plan.launched:
+            return False
         return DEFAULT_BACKEND in compile_backends(cell) and not has_compiled(self.compile_caches / cell.id)
 
     def suite_of(self, path: Path) -> str | None:
