@@ -392,8 +392,7 @@ def install_report_tools(session) -> None:
         return
     installs = installs_run(session)  # False under nox -R, which installs nothing
     if installs:
-        renew(session.virtualenv)
-        clear_stamp(venv)
+        renew(session.virtualenv)  # a kept venv whose stamp differs is made anew, its stamp gone with it
     session.install(*install_arguments(), "nox")
     if installs:
         write_stamp(venv, record)

@@ -178,9 +178,9 @@ class CellPlan:
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, config, items):
         """Run cell by cell (in plan order, cells about to compile cold first: `run_order`) so results
-        of whole cells arrive early; a run the plan
-        narrows (`--test`, a confirmation) keeps only the tests it names, and each name that matches
-        none of the run's tests is an error of the run naming the tests it has."""
+        of whole cells arrive early; a run the plan narrows (`--test`, a confirmation) keeps only the
+        tests it names, and each name that matches none of the run's tests is an error of the run
+        naming the tests it has."""
         names_by_run: dict[str, list[str]] = {}
         for item in items:
             names_by_run.setdefault(self._key(item), []).append(test_name(item))
