@@ -317,3 +317,44 @@ def test_two_forks_draw_different_random_numbers_as_two_started_processes_would(
     assert first[2] and second[2], "both were forks of the preloaded interpreter"
     assert first[0] != second[0], "numpy's global generator"
     assert first[1] != second[1], "Python's random"
+
+
+LINGERING_PARENT = """
+import os, sys, time
+
+from torchmatrix.forks import preloaded_forks
+from torchmatrix.forks.leftover_processes import adopt_orphans
+
+adopt_orphans()
+answer = os.write
+
+
+def answer_then_linger(fd, data):
+    written = answer(fd, data)
+    time.sleep(0.5)  # the fork between the interpreter and its grandchild exits late
+    return written
+
+
+os.write = answer_then_linger
+log = sys.argv[1]
+pid = preloaded_forks._fork({"args": ["-c", "import os; print(os.getppid())"], "log": log, "errors": log})
+os.waitpid(pid, 0)
+print(os.getpid(), open(log).read().strip())
+"""
+
+
+def test_a_fork_runs_nothing_until_the_runner_has_adopted_it(tmp_path):
+    """The grandchild waits for its first parent's exit, however late: a process that read its parent
+    earlier (a parent-death signal, a check of who adopted it) would have named the fork in between."""
+    log = tmp_path / "fork.log"
+    log.touch()
+    done = subprocess.run(
+        [sys.executable, "-c", LINGERING_PARENT, str(log)],
+        env=checkout_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    runner, parent_seen = done.stdout.split()
+    assert parent_seen == runner, "the fork ran before the runner adopted it"

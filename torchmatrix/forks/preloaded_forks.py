@@ -302,11 +302,12 @@ def _fork(request: dict) -> int:
     if first == 0:
         try:
             os.close(read)
+            intermediate = os.getpid()  # `first` is 0 here, in the child
             second = os.fork()
             if second:
                 os.write(write, str(second).encode())
             else:
-                while os.getppid() == first:
+                while os.getppid() == intermediate:
                     os.sched_yield()
                 _run_as_started(request)
         finally:
