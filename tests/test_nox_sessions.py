@@ -219,6 +219,7 @@ def test_the_report_venv_is_kept_while_its_stamp_says_it_holds_this_torchmatrix_
     kept = RecordingSession(venv, [str(tmp_path / "run")], kept=True)
     sessions.report(kept, matrix)
     assert kept.installed == [] and any("cross-read" in command for command in kept.ran)
+    assert kept.virtualenv.reuse_existing, "a venv that holds what the report needs is not made anew"
 
     stamp = json.loads((venv / version_venv.STAMP_NAME).read_text())
     (venv / version_venv.STAMP_NAME).write_text(json.dumps({"report": ["torchmatrix==0.1"]}))

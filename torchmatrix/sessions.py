@@ -38,8 +38,8 @@ from torchmatrix.env.version_venv import (
     gpu_matrix_python,
     install_record,
     kept_as_installed,
+    kept_holding,
     renew,
-    stamp_matches,
     stamped_as,
     write_stamp,
 )
@@ -386,16 +386,15 @@ def install_report_tools(session) -> None:
     """Install this torchmatrix and nox (cross-read finds gpu_matrix's venvs by nox's own naming) into the
     report session's venv, unless nox kept it and its stamp says it holds them: every `nox -s gpu_matrix`
     ends in this session, and pip took seconds of each for nothing."""
-    venv = Path(session.virtualenv.location)
     record = {"report": [*install_arguments(), "nox"]}
-    if getattr(session.virtualenv, "_reused", False) and stamp_matches(venv, record):
+    if kept_holding(session.virtualenv, record):
         return
     installs = installs_run(session)  # False under nox -R, which installs nothing
     if installs:
         renew(session.virtualenv)  # a kept venv whose stamp differs is made anew, its stamp gone with it
     session.install(*install_arguments(), "nox")
     if installs:
-        write_stamp(venv, record)
+        write_stamp(Path(session.virtualenv.location), record)
 
 
 def merge(session) -> None:

@@ -38,6 +38,9 @@ def test_cells_that_compile_cold_go_first_and_each_part_keeps_plan_order():
         run_key("a", "warm"),
     ]
     assert running_order(runs, lambda cell: False) == {run_key(s, c.id): i for i, (s, c) in enumerate(runs)}
+    asked = []
+    running_order(runs, lambda cell: asked.append(cell.id) or False)
+    assert sorted(asked) == sorted({"eager", "cold", "warm", "later-cold"}), "each cell's store is read once"
 
 
 def test_a_cell_has_compiled_once_a_test_recorded_its_cold_compile(tmp_path):

@@ -115,8 +115,13 @@ def stamped_as(location: Path, version: str, record: dict) -> bool:
 
 
 def kept_as_installed(virtualenv, version: str, record: dict) -> bool:
-    """Whether nox kept this venv from an earlier session and it holds `record`."""
-    return getattr(virtualenv, "_reused", False) and stamped_as(Path(virtualenv.location), version, record)
+    """Whether nox kept this venv of torch `version` from an earlier session and it holds `record`."""
+    return channel_of(version) is None and kept_holding(virtualenv, record)
+
+
+def kept_holding(virtualenv, record: dict) -> bool:
+    """Whether nox kept this venv from an earlier session and its stamp says it holds `record`."""
+    return getattr(virtualenv, "_reused", False) and stamp_matches(Path(virtualenv.location), record)
 
 
 def renew(virtualenv) -> None:

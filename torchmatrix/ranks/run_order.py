@@ -14,6 +14,6 @@ from torchmatrix.matrix.plan import run_key
 def running_order(runs: Sequence[tuple[str, Cell]], compiles_cold: Callable[[Cell], bool]) -> dict[str, int]:
     """Each run key's place: the runs of cells `compiles_cold` names first, then the others, each part
     in plan order (a cell's runs all fall in one part)."""
-    cold = {cell.id for _, cell in runs if compiles_cold(cell)}
+    cold = {cell.id for cell in dict.fromkeys(cell for _, cell in runs) if compiles_cold(cell)}  # a cell once
     ordered = sorted(range(len(runs)), key=lambda index: (runs[index][1].id not in cold, index))
     return {run_key(runs[index][0], runs[index][1].id): place for place, index in enumerate(ordered)}
