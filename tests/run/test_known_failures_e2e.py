@@ -63,3 +63,78 @@ def test_known_failures_are_expected_and_a_fixed_one_says_so(project):
     )
     assert xml.count("known_failure_passed") == 1, "only the covered test that passed carries it"
     assert "known_failure_passed" not in (version_dir / "none.xml").read_text(), "the entry covers inductor cells only"
+
+
+RECALLED_SUITE = """
+import os
+from pathlib import Path
+
+RUNS = Path(__file__).resolve().parent.parent / "runs.log"
+
+
+def _leave():
+    os._exit(3)
+
+
+def test_hits_the_bug(cell):
+    with RUNS.open("a") as log:
+        log.write(f"hits {cell['compile']}\\n")
+    assert cell["compile"] != "inductor", "the upstream bug"
+
+
+def test_kills_a_rank(cell, ranks):
+    with RUNS.open("a") as log:
+        log.write(f"kills {cell['compile']}\\n")
+    if cell["compile"] == "inductor":
+        ranks.run(_leave)
+"""
+
+RECALLED_ENTRY = """
+[[known_failure]]
+test = ["demo::test_hits_the_bug", "demo::test_kills_a_rank"]
+compile = "inductor"
+reason = "pytorch#2: the first forward of the modern stack"
+"""
+
+
+def test_a_known_failure_that_failed_under_the_same_compile_key_is_recalled_not_run_again(project):
+    """The second run reports the known failure the store saw fail without running it, with the
+    root cause it failed with; a rank that died is no failure to recall; changed sources run it."""
+    project.write("suites/test_demo.py", RECALLED_SUITE)
+    project.write(
+        "matrix.toml",
+        matrix_toml(axes={"compile": ["none", "inductor"]}, suites={"demo": {"timeout": 60}}) + RECALLED_ENTRY,
+    )
+    runs = project.root / "runs.log"
+
+    def run(run_id: str) -> str:
+        done = project.torchmatrix("run", "--torch", "system", "--run-id", run_id)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        version_dir = project.root / "reports" / run_id / "torch-system"
+        assert cell_outcomes(version_dir)["inductor"] == {
+            "test_hits_the_bug": "skipped",
+            "test_kills_a_rank": "skipped",
+        }
+        return (version_dir / "inductor.xml").read_text()
+
+    first = run("first")
+    assert sorted(runs.read_text().split("\n")[:-1]) == ["hits inductor", "hits none", "kills inductor", "kills none"]
+    assert "not run again" not in first and "known_failure_recalled" not in first
+
+    runs.write_text("")
+    second = run("second")
+    assert sorted(runs.read_text().split("\n")[:-1]) == ["hits none", "kills inductor", "kills none"], (
+        "the known failure that raised is recalled, not run; the one whose rank died runs again"
+    )
+    assert (
+        'message="expected failure: pytorch#2: the first forward of the modern stack (not run again: it failed under'
+        in second
+    )
+    assert "AssertionError: the upstream bug" in second, "the recalled root cause is in the report"
+    assert second.count("not run again") == 1, "a test whose rank died is run, not recalled"
+
+    runs.write_text("")
+    project.write("suites/test_demo.py", RECALLED_SUITE + "\n# another source: another compile key\n")
+    third = run("third")
+    assert "hits inductor" in runs.read_text(), "under a changed source the known failure runs again"
+    assert "not run again" not in third

@@ -9,6 +9,7 @@ folder of the run's own.
         <cell id>/                  a cell's folder: every suite, test and re-run of the cell
           last-used                 what eviction orders by
           cold-compile-seconds.json what each test compiled cold (what a warm run saved)
+          known-failures.json       the known failures that failed here (ranks/known_failure_memo)
           kernels/                  source-addressed builds the cell's ranks share
           rank<N>[-of-<W>]/         a rank's own FX graph and AOTAutograd caches
     reports/<run>/torch-<V>/compile-cache/   the same below it, for a run that compiles cold
@@ -31,6 +32,7 @@ KEY_FACTS = "key.json"
 PROBE_FOLDER = ".vec-isa-probe"  # a cell id starts with its world size, never a dot
 KERNELS_FOLDER = "kernels"
 LEDGER = "cold-compile-seconds.json"
+KNOWN_FAILURES = "known-failures.json"
 LAST_USED = "last-used"  # touched by each process that compiles into the cell's folder
 
 

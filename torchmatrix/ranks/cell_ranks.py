@@ -6,6 +6,7 @@ from __future__ import annotations
 import shutil
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -78,14 +79,18 @@ class Ranks:
             if failure.timed_out:
                 exceeded = f"deadline of {self.timeout:.0f}s per test exceeded"
                 raise RankFailure(
-                    f"{exceeded} in cell {self.cell.id}: {failure}", f"{exceeded}: {failure.root_cause}"
+                    f"{exceeded} in cell {self.cell.id}: {failure}", f"{exceeded}: {failure.root_cause}", timed_out=True
                 ) from None
-            raise RankFailure(f"cell {self.cell.id}: {failure}", failure.root_cause) from None
+            raise RankFailure(
+                f"cell {self.cell.id}: {failure}", failure.root_cause, interrupted=failure.interrupted
+            ) from None
 
 
 def discard_compile_cache(directory: str) -> None:
     """Remove a cell's compile cache after one of its ranks died or was killed mid-test (at the deadline,
     or when another rank failed): a rank killed while Inductor linked a kernel leaves a truncated .so
     there ("file too short"), which would fail every later test and run of the cell that compiles the
-    same graph; the next compile starts cold instead."""
-    shutil.rmtree(directory, ignore_errors=True)
+    same graph; the next compile starts cold instead. Its folders are what the ranks compiled (`kernels/`,
+    `rank<N>/`); its files, the runner's own records of the cell (compile_store), stay."""
+    for entry in Path(directory).glob("*/"):
+        shutil.rmtree(entry, ignore_errors=True)

@@ -46,6 +46,7 @@ from torchmatrix.messages.root_cause import root_cause
 from torchmatrix.ranks import compile_keys, compiler_warmup
 from torchmatrix.ranks.compile_ledger import compile_seconds_saved, has_compiled
 from torchmatrix.ranks.compile_time import compile_seconds
+from torchmatrix.ranks.known_failure_memo import RECALLED, recalled_reason, record_failure, recorded_failure
 from torchmatrix.ranks.launched import launched_rank
 from torchmatrix.ranks.memory_peaks import largest
 from torchmatrix.ranks.per_test_usage import (
@@ -217,15 +218,35 @@ class CellPlan:
         key = self._key(item)
         return key not in self.only_tests or any(selects(name, test_name(item)) for name in self.only_tests[key])
 
+    def known_failure(self, item) -> str | None:
+        """The reason of the `[[known_failure]]` entry that covers this test in its cell, if one does. A name
+        written out with its parameters (`test_x[dropout=0.1]`) matches as written, not as a glob's `[...]` class."""
+        name = test_name(item)
+        globs = self.plan.known_failures.get(self._key(item), ())
+        return next((reason for glob, reason in globs if name == glob or fnmatch.fnmatchcase(name, glob)), None)
+
     def mark_known_failure(self, item) -> None:
-        """A test a `[[known_failure]]` entry covers in this cell runs as a non-strict xfail: its
-        failure reads "expected failure: <reason>", its pass is reported as one. A name written out
-        with its parameters (`test_x[dropout=0.1]`) matches as written, not as a glob's `[...]` class."""
-        for glob, reason in self.plan.known_failures.get(self._key(item), ()):
-            name = test_name(item)
-            if name == glob or fnmatch.fnmatchcase(name, glob):
-                item.add_marker(pytest.mark.xfail(reason=reason, strict=False))
-                return
+        """A known failure runs as a non-strict xfail: its failure reads "expected failure: <reason>",
+        its pass is reported as one."""
+        if (reason := self.known_failure(item)) is not None:
+            item.add_marker(pytest.mark.xfail(reason=reason, strict=False))
+
+    def failure_memo(self, item) -> Path | None:
+        """The store folder that remembers how this test failed, for a known failure of a cell that
+        compiles into a store that outlives the run (`known_failure_memo`). None for a launched rank,
+        whose node's store may differ from the other ranks', which must all run the same tests."""
+        cell = getattr(item, "callspec", None) and item.callspec.params.get("cell")
+        if self.plan.compile_store is None or self.plan.launched or not isinstance(cell, Cell):
+            return None
+        return self.compile_caches / cell.id if compile_backends(cell) and self.known_failure(item) else None
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item):
+        """A known failure its store folder saw fail is reported as that expected failure, not run again."""
+        folder = self.failure_memo(item)
+        if folder and (recorded := recorded_failure(folder, f"{self.suite_of(item.path)}::{test_name(item)}")):
+            item.user_properties.append((RECALLED, recorded.root_cause))
+            pytest.xfail(recalled_reason(self.known_failure(item), recorded))
 
     def pytest_collection_finish(self, session):
         """Imports and collection are done; wait here until the runner grants GPUs and cores, then
@@ -315,6 +336,10 @@ class CellPlan:
             for index, entry in enumerate(as_entries(own_warnings), 1):
                 outcome["properties"].append([f"{WARNING_PROPERTY}.{index}", json.dumps(entry)])
             self.events.write(TestFinished(nodeid=item.nodeid, **where, **outcome))
+            failed = next((r for r in reports if r.when == "call" and r.skipped and hasattr(r, "wasxfail")), None)
+            # A rank that timed out or died says nothing a later run would repeat: only a raise is kept.
+            if failed is not None and not failed.interrupted and (folder := self.failure_memo(item)):
+                record_failure(folder, f"{where['suite']}::{where['test']}", failed.root_cause)
         if nextitem is not None and self.pool.starts and not self.pool.running:
             try:
                 self.start_pool()  # the rebuild after a failure, timed as no test's
@@ -323,11 +348,13 @@ class CellPlan:
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_makereport(self, item, call):
-        """Keep the failure's root cause line with its report (the rank's, for a RankFailure)."""
+        """Keep the failure's root cause line with its report (the rank's, for a RankFailure), an
+        expected failure's included, and whether a rank timed out or died."""
         outcome = yield
         report = outcome.get_result()
-        if call.excinfo is not None and report.failed:
+        if call.excinfo is not None and (report.failed or hasattr(report, "wasxfail")):
             report.root_cause = root_cause(call.excinfo.value)
+            report.interrupted = bool(getattr(call.excinfo.value, "interrupted", False))
 
     def pytest_sessionfinish(self, session):
         for world in self.worlds.values():
