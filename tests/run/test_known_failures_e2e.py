@@ -69,6 +69,8 @@ RECALLED_SUITE = """
 import os
 from pathlib import Path
 
+import pytest
+
 RUNS = Path(__file__).resolve().parent.parent / "runs.log"
 
 
@@ -82,24 +84,43 @@ def test_hits_the_bug(cell):
     assert cell["compile"] != "inductor", "the upstream bug"
 
 
-def test_kills_a_rank(cell, ranks):
+@pytest.fixture
+def shared_run(cell):
+    with RUNS.open("a") as log:
+        log.write(f"fixture {cell['compile']}\\n")
+    assert cell["compile"] != "inductor", "the upstream bug, in a fixture the cell's tests share"
+
+
+def test_reads_a_failing_fixture(cell, shared_run):
+    pass
+
+
+def test_kills_a_rank(cell, ranks, once_per_cell):
     with RUNS.open("a") as log:
         log.write(f"kills {cell['compile']}\\n")
     if cell["compile"] == "inductor":
-        ranks.run(_leave)
+        once_per_cell("the run a rank dies in", lambda: ranks.run(_leave))
+
+
+def test_reads_the_run_a_rank_died_in(cell, ranks, once_per_cell):
+    with RUNS.open("a") as log:
+        log.write(f"reads {cell['compile']}\\n")
+    if cell["compile"] == "inductor":
+        once_per_cell("the run a rank dies in", lambda: ranks.run(_leave))
 """
 
 RECALLED_ENTRY = """
 [[known_failure]]
-test = ["demo::test_hits_the_bug", "demo::test_kills_a_rank"]
+test = ["demo::test_hits_the_bug", "demo::test_reads_a_failing_fixture", "demo::test_kills_a_rank", "demo::test_reads_the_run_*"]
 compile = "inductor"
 reason = "pytorch#2: the first forward of the modern stack"
 """
 
 
 def test_a_known_failure_that_failed_under_the_same_compile_key_is_recalled_not_run_again(project):
-    """The second run reports the known failure the store saw fail without running it, with the
-    root cause it failed with; a rank that died is no failure to recall; changed sources run it."""
+    """The second run reports the known failures the store saw fail (in the test, or in a fixture it
+    shares) without running them, with the root cause each failed with; a rank that died is no failure
+    to recall; changed sources run them."""
     project.write("suites/test_demo.py", RECALLED_SUITE)
     project.write(
         "matrix.toml",
@@ -113,28 +134,47 @@ def test_a_known_failure_that_failed_under_the_same_compile_key_is_recalled_not_
         version_dir = project.root / "reports" / run_id / "torch-system"
         assert cell_outcomes(version_dir)["inductor"] == {
             "test_hits_the_bug": "skipped",
+            "test_reads_a_failing_fixture": "skipped",
             "test_kills_a_rank": "skipped",
+            "test_reads_the_run_a_rank_died_in": "skipped",
         }
         return (version_dir / "inductor.xml").read_text()
 
     first = run("first")
-    assert sorted(runs.read_text().split("\n")[:-1]) == ["hits inductor", "hits none", "kills inductor", "kills none"]
+    assert sorted(runs.read_text().split("\n")[:-1]) == [
+        "fixture inductor",
+        "fixture none",
+        "hits inductor",
+        "hits none",
+        "kills inductor",
+        "kills none",
+        "reads inductor",
+        "reads none",
+    ]
     assert "not run again" not in first and "known_failure_recalled" not in first
 
     runs.write_text("")
     second = run("second")
-    assert sorted(runs.read_text().split("\n")[:-1]) == ["hits none", "kills inductor", "kills none"], (
-        "the known failure that raised is recalled, not run; the one whose rank died runs again"
-    )
+    assert sorted(runs.read_text().split("\n")[:-1]) == [
+        "fixture none",
+        "hits none",
+        "kills inductor",
+        "kills none",
+        "reads inductor",
+        "reads none",
+    ], "the known failures that raised are recalled, not run; those whose (shared) run lost a rank run again"
     assert (
         'message="expected failure: pytorch#2: the first forward of the modern stack (not run again: it failed under'
         in second
     )
     assert "AssertionError: the upstream bug" in second, "the recalled root cause is in the report"
-    assert second.count("not run again") == 1, "a test whose rank died is run, not recalled"
+    assert "the upstream bug, in a fixture" in second, "a fixture's failure is recalled with its own root cause"
+    assert second.count("not run again") == 2, "a test whose rank died, or that read a run one died in, is run"
 
     runs.write_text("")
     project.write("suites/test_demo.py", RECALLED_SUITE + "\n# another source: another compile key\n")
     third = run("third")
-    assert "hits inductor" in runs.read_text(), "under a changed source the known failure runs again"
+    assert {"hits inductor", "fixture inductor"} <= set(runs.read_text().split("\n")), (
+        "under a changed source the known failures run again"
+    )
     assert "not run again" not in third

@@ -59,14 +59,16 @@ def suite_options(request, _cell_plan) -> SuiteOptions | dict:
 
 class _FailedEarlier:
     """What once_per_cell keeps for a computation that raised: later tests fail with this line,
-    under the computation's own root cause, so reports group them with the failure that broke it."""
+    under the computation's own root cause, so reports group them with the failure that broke it, and
+    saying whether a rank died or timed out in it (a known failure's memo keeps only a raise)."""
 
-    def __init__(self, line: str, cause: str):
-        self.line, self.cause = line, cause
+    def __init__(self, line: str, cause: str, interrupted: bool):
+        self.line, self.cause, self.interrupted = line, cause, interrupted
 
     def fail(self):
         failure = pytest.fail.Exception(f"{self.line}: {self.cause}", pytrace=False)
         failure.root_cause = self.cause
+        failure.interrupted = self.interrupted
         raise failure
 
 
@@ -84,7 +86,8 @@ def once_per_cell(request, cell, _cell_plan):
                 _cell_plan.shared[key] = compute()
             except BaseException as error:
                 line = f"{cell.id}: {name} failed in an earlier test of this cell"
-                _cell_plan.shared[key] = _FailedEarlier(line, root_cause(error))
+                interrupted = bool(getattr(error, "interrupted", False))
+                _cell_plan.shared[key] = _FailedEarlier(line, root_cause(error), interrupted)
                 raise
         value = _cell_plan.shared[key]
         if isinstance(value, _FailedEarlier):

@@ -336,9 +336,11 @@ class CellPlan:
             for index, entry in enumerate(as_entries(own_warnings), 1):
                 outcome["properties"].append([f"{WARNING_PROPERTY}.{index}", json.dumps(entry)])
             self.events.write(TestFinished(nodeid=item.nodeid, **where, **outcome))
-            failed = next((r for r in reports if r.when == "call" and r.skipped and hasattr(r, "wasxfail")), None)
-            # A rank that timed out or died says nothing a later run would repeat: only a raise is kept.
-            if failed is not None and not failed.interrupted and (folder := self.failure_memo(item)):
+            # A known failure fails in its call or in a fixture it shares with the cell's other tests. A
+            # rank that timed out or died says nothing a later run would repeat: only a raise is kept.
+            failed = next((r for r in reports if r.skipped and hasattr(r, "wasxfail") and r.when != "teardown"), None)
+            recalled = any(name == RECALLED for name, _ in item.user_properties)
+            if failed is not None and not failed.interrupted and not recalled and (folder := self.failure_memo(item)):
                 record_failure(folder, f"{where['suite']}::{where['test']}", failed.root_cause)
         if nextitem is not None and self.pool.starts and not self.pool.running:
             try:
