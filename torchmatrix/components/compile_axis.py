@@ -11,6 +11,10 @@ from torchmatrix.components.optimizer_implementations import COMPILED_STEP, impl
 COMPILE_AXIS = "compile"
 NOT_COMPILED = "none"
 DEFAULT_BACKEND = "inductor"  # torch.compile's, which the compiled optimizer step uses
+AOT_EAGER = "aot_eager"
+STORED_BACKENDS = frozenset({DEFAULT_BACKEND, AOT_EAGER})
+"""The backends whose graphs the compile store keeps between runs (aot_eager's where it is a cell's only
+backend: torchmatrix.ranks.aot_eager_cache); any other backend compiles afresh in every run."""
 
 
 def compile_backends(cell: Mapping[str, object]) -> frozenset[str]:

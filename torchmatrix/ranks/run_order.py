@@ -1,5 +1,5 @@
 """The order a pytest process runs its suite runs in: the plan's, except that the cells about to compile
-cold under Inductor go first. Cold, they are a process's longest cells, and run last they would run
+cold (with a backend the compile store keeps: Inductor, aot_eager) go first. Cold, they are a process's longest cells, and run last they would run
 alone while the cores the other processes left sit idle; warm, they are short, and run last, nearly
 alone, they use the fewest CPU seconds (docs/explanation/performance.md, the order's A/B)."""
 

@@ -21,6 +21,7 @@ from torchmatrix.forks.parent_death import exit_with_parent
 from torchmatrix.messages import compile_store
 from torchmatrix.messages.root_cause import root_cause
 from torchmatrix.ranks import shared_builds
+from torchmatrix.ranks.aot_eager_cache import keep_aot_eager_graphs
 from torchmatrix.ranks.compile_time import reset_keeping_time
 from torchmatrix.ranks.mesh_cache_keys import stable_mesh_keys
 from torchmatrix.ranks.per_test_usage import RANK_WARNINGS
@@ -38,7 +39,7 @@ def current_device():
     return torch.device("cpu")
 
 
-def in_compile_cache(directory: str, fn, args: tuple, world: str = ""):
+def in_compile_cache(directory: str, fn, args: tuple, world: str = "", aot_eager_alone: bool = False):
     """fn(*args) with torch.compile's on-disk caches (Inductor's FX graph and AOTAutograd caches,
     Triton's under it) in this rank's own folder of the cell's `directory`, and what Inductor builds
     from source alone in the folders its ranks share (`shared_builds`); graph caches shared between
@@ -47,6 +48,7 @@ def in_compile_cache(directory: str, fn, args: tuple, world: str = ""):
     Inductor reads TORCHINDUCTOR_CACHE_DIR at every cache access, not once at import, so setting it
     here re-homes every later compile of this long-lived rank; torch.compiler.reset() then drops
     what the rank compiled for the previous cell, so not even in memory does one cell reuse another's.
+    A cell that compiles with aot_eager alone (`aot_eager_alone`) keeps its graphs there too (`aot_eager_cache`).
     """
     rank_folder = compile_store.rank_folder(directory, os.environ.get("RANK", "0"), world)
     if os.environ.get(COMPILE_CACHE_VARIABLE) != rank_folder:
@@ -56,6 +58,7 @@ def in_compile_cache(directory: str, fn, args: tuple, world: str = ""):
         )
         if "torch" in sys.modules:
             reset_keeping_time()
+            keep_aot_eager_graphs(aot_eager_alone)
     return fn(*args)
 
 

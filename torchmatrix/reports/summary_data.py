@@ -158,9 +158,9 @@ class Summary:
         return (
             f"the `{COMPILE_SECONDS}` figure summed over the tests that compiled: each test's slowest rank's "
             "seconds in torch.compile as Dynamo times them, a part of the test's duration; what the compile cache "
-            f"saved is the `{COMPILE_SECONDS_SAVED}` figure of the tests of cells that compile with Inductor (whose "
-            "graphs and kernels the store keeps): what they compiled the first time their cell's cache folder saw "
-            "them, less what they compiled now"
+            f"saved is the `{COMPILE_SECONDS_SAVED}` figure of the tests of cells that compile with Inductor or "
+            "aot_eager (whose graphs and kernels the store keeps): what they compiled the first time their cell's "
+            "cache folder saw them, less what they compiled now"
         )
 
     @property
