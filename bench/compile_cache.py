@@ -7,7 +7,8 @@ forward at another sequence length, the backward; --tiny leaves out the second f
 dynamic-shape graphs are most of the compile time, and builds one layer a stack) and prints the
 seconds Dynamo attributes to compiling (torchmatrix.ranks.compile_time) and the step's wall time. The first process of a pair
 starts from an empty TORCHINDUCTOR_CACHE_DIR (cold), the second from what the first left (warm):
-Inductor's FX graph and AOTAutograd caches live there; aot_eager keeps nothing on disk.
+Inductor's FX graph and AOTAutograd caches live there, and aot_eager's graphs in AOTAutograd's, which a
+process turns on for aot_eager as a cell's ranks do (torchmatrix.ranks.aot_eager_cache).
 
     pip install -e . && python bench/compile_cache.py [--backends aot_eager inductor]
 """
@@ -31,11 +32,13 @@ import torch
 
 from torchmatrix.models.parallel import parallelize
 from torchmatrix.models.transformer import DEPTH_AXIS, build_model, make_batch
+from torchmatrix.ranks.aot_eager_cache import keep_aot_eager_graphs
 from torchmatrix.ranks.compile_time import compile_seconds
 
 cell = {"fsdp": "none", "attn": "sdpa", "compile": sys.argv[1], "compile_nesting": sys.argv[2]}
 if sys.argv[4] != "as built":
     cell[DEPTH_AXIS] = int(sys.argv[4])
+keep_aot_eager_graphs(sys.argv[1] == "aot_eager")
 device = torch.device("cpu")
 torch.manual_seed(0)
 started = time.perf_counter()

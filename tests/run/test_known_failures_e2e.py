@@ -164,7 +164,7 @@ def test_a_known_failure_that_failed_under_the_same_compile_key_is_recalled_not_
         "reads none",
     ], "the known failures that raised are recalled, not run; those whose (shared) run lost a rank run again"
     assert (
-        'message="expected failure: pytorch#2: the first forward of the modern stack (not run again: it failed under'
+        'message="expected failure: pytorch#2: the first forward of the modern stack (not run again: it failed in an'
         in second
     )
     assert "AssertionError: the upstream bug" in second, "the recalled root cause is in the report"

@@ -18,7 +18,7 @@ from torchmatrix import file_writes
 from torchmatrix.messages.compile_store import KNOWN_FAILURES
 
 RECALLED = "known_failure_recalled"
-"""The property of a known failure reported from the store: the root cause it failed with there."""
+"""The property of a known failure reported from the store: when it failed there, and with what root cause."""
 
 
 @dataclass(frozen=True)
@@ -48,12 +48,18 @@ def record_failure(cell_folder: Path, test: str, root_cause: str) -> None:
         pass
 
 
-def recalled_reason(reason: str, recorded: RecordedFailure) -> str:
-    """The expected failure's reason as a recalled one reports it: the entry's, then why it did not run."""
+def recalled_reason(reason: str) -> str:
+    """The expected failure's reason as a recalled one reports it: the entry's, then why it did not run (one
+    line for every recalled test of the entry, which the summary groups by it)."""
     return (
-        f"{reason} (not run again: it failed under this compile key on {recorded.recorded}, with the same "
-        "torch build, sources and options; --cold-compile runs it)"
+        f"{reason} (not run again: it failed in an earlier run under this compile key, the same torch build, "
+        "sources and options; --cold-compile runs it)"
     )
+
+
+def recalled_property(recorded: RecordedFailure) -> str:
+    """The `known_failure_recalled` property's value: when the test failed, and its root cause then."""
+    return f"{recorded.recorded}: {recorded.root_cause}"
 
 
 def _read(cell_folder: Path) -> dict:

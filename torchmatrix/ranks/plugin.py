@@ -46,7 +46,13 @@ from torchmatrix.messages.root_cause import root_cause
 from torchmatrix.ranks import compile_keys, compiler_warmup
 from torchmatrix.ranks.compile_ledger import compile_seconds_saved, has_compiled
 from torchmatrix.ranks.compile_time import compile_seconds
-from torchmatrix.ranks.known_failure_memo import RECALLED, recalled_reason, record_failure, recorded_failure
+from torchmatrix.ranks.known_failure_memo import (
+    RECALLED,
+    recalled_property,
+    recalled_reason,
+    record_failure,
+    recorded_failure,
+)
 from torchmatrix.ranks.launched import launched_rank
 from torchmatrix.ranks.memory_peaks import largest
 from torchmatrix.ranks.per_test_usage import (
@@ -245,8 +251,8 @@ class CellPlan:
         """A known failure its store folder saw fail is reported as that expected failure, not run again."""
         folder = self.failure_memo(item)
         if folder and (recorded := recorded_failure(folder, f"{self.suite_of(item.path)}::{test_name(item)}")):
-            item.user_properties.append((RECALLED, recorded.root_cause))
-            pytest.xfail(recalled_reason(self.known_failure(item), recorded))
+            item.user_properties.append((RECALLED, recalled_property(recorded)))
+            pytest.xfail(recalled_reason(self.known_failure(item)))
 
     def pytest_collection_finish(self, session):
         """Imports and collection are done; wait here until the runner grants GPUs and cores, then
