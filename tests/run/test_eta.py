@@ -81,6 +81,29 @@ def test_suite_seconds_sum_a_suite_runs_tests_and_prefer_the_same_torch(tmp_path
     assert suite_seconds(tmp_path / "no-reports", "2.13.0", current_run="now") == {}
 
 
+def test_on_simulated_ranks_a_test_costs_its_ranks_cpu_seconds_over_the_cores_its_cell_may_use(tmp_path):
+    """Side by side on two cores, a test's duration also counts the time it waited for the cores the
+    other pytest process held: its ranks' CPU seconds say what it needs of the slots."""
+    reports = tmp_path / "reports"
+    path = reports / "old" / "results.json"
+    path.parent.mkdir(parents=True)
+    cells = [{"id": f"ws{n}", "axes": {"world_size": str(n)}} for n in (1, 2, 4)]
+    tests = [
+        {**record("2.13.0", "ws1", "big", 10.0), "figures": {"cpu_seconds": 4.0}},
+        {**record("2.13.0", "ws2", "big", 10.0), "figures": {"cpu_seconds": 8.0}},
+        {**record("2.13.0", "ws4", "big", 10.0), "figures": {"cpu_seconds": 12.0}},  # four ranks on two cores
+        {**record("2.13.0", "ws4", "small", 3.0), "figures": {}},  # no CPU figure: its duration
+        {**record("2.13.0", "unknown", "small", 1.0), "figures": {"cpu_seconds": 5.0}},  # a cell not described: one core
+    ]
+    path.write_text(json.dumps({"schema": "torchmatrix.results", "cells": cells, "tests": tests}))
+
+    assert suite_seconds(reports, "2.13.0", current_run="now", cpu_slots=2) == {
+        "big": pytest.approx((4.0 + 8.0 / 2 + 12.0 / 2) / 3),
+        "small": 4.0,
+    }
+    assert suite_seconds(reports, "2.13.0", current_run="now") == {"big": 10.0, "small": 2.0}, "GPUs: durations"
+
+
 def test_only_the_latest_runs_count(tmp_path):
     reports = tmp_path / "reports"
     for age in range(8):

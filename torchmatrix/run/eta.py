@@ -53,13 +53,16 @@ def contention(load: float, cores: int) -> float:
     return max(1.0, load / max(cores, 1))
 
 
-def suite_seconds(reports: Path, torch: str, current_run: str) -> dict[str, float]:
+def suite_seconds(reports: Path, torch: str, current_run: str, cpu_slots: int | None = None) -> dict[str, float]:
     """Mean seconds of one run of each suite (its tests' durations summed, per cell that ran it)
     in the latest few results.json under `reports`, from runs of `torch` when any ran it.
 
-    An unreadable or foreign results.json is passed over: an estimate never stops a run.
+    With ranks simulated on `cpu_slots` cores, a test counts its ranks' CPU seconds spread over the
+    cores its cell may use, not its duration, which also counts the time it waited while the other
+    pytest processes held the cores (twice the work, side by side on two cores). An unreadable or
+    foreign results.json is passed over: an estimate never stops a run.
     """
-    runs = [_suite_run_seconds(path) for path in _latest_results(reports, current_run)]
+    runs = [_suite_run_seconds(path, cpu_slots) for path in _latest_results(reports, current_run)]
     same_torch = [{key: seconds for key, seconds in run.items() if key[0] == torch} for run in runs]
     by_suite: dict[str, list[float]] = defaultdict(list)
     for run in same_torch if any(same_torch) else runs:
@@ -81,21 +84,37 @@ def _latest_results(reports: Path, current_run: str) -> list[Path]:
     return sorted(found, key=lambda path: path.stat().st_mtime, reverse=True)[:RUNS_CONSIDERED]
 
 
-def _suite_run_seconds(path: Path) -> dict[tuple[str, str, str], float]:
+def _suite_run_seconds(path: Path, cpu_slots: int | None) -> dict[tuple[str, str, str], float]:
     """(torch, cell, suite) -> seconds its tests took, for each suite run a results.json holds
-    (a result a cell shares from another counts once, for the cell that ran it)."""
+    (a result a cell shares from another counts once, for the cell that ran it); with `cpu_slots`,
+    the CPU seconds of the test's ranks over min(world size, cpu_slots) where the record has them."""
     try:
-        tests = json.loads(path.read_text()).get("tests", [])
+        results = json.loads(path.read_text())
+        tests, widths = results.get("tests", []), _cell_widths(results.get("cells", []), cpu_slots)
     except (OSError, ValueError, AttributeError):
         return {}
     seconds: dict[tuple[str, str, str], float] = defaultdict(float)
     for record in tests if isinstance(tests, list) else []:
         if not isinstance(record, dict) or record.get("ran_in") not in (None, record.get("cell")):
             continue
-        duration = _plausible_seconds(record.get("duration"))
-        if duration is not None:
-            seconds[str(record.get("torch")), str(record.get("cell")), str(record.get("suite"))] += duration
+        figures = record.get("figures")
+        cpu = _plausible_seconds(figures.get("cpu_seconds")) if cpu_slots and isinstance(figures, dict) else None
+        spent = _plausible_seconds(record.get("duration")) if cpu is None else cpu / widths.get(record.get("cell"), 1)
+        if spent is not None:
+            seconds[str(record.get("torch")), str(record.get("cell")), str(record.get("suite"))] += spent
     return dict(seconds)
+
+
+def _cell_widths(cells: object, cpu_slots: int | None) -> dict[str, int]:
+    """Cell id -> how many cores its ranks may use at once, min(world size, cpu_slots), from a
+    results.json's `cells`; a cell it does not describe counts one."""
+    widths = {}
+    for cell in cells if cpu_slots and isinstance(cells, list) else []:
+        try:
+            widths[cell["id"]] = max(1, min(int(cell["axes"]["world_size"]), cpu_slots))
+        except (KeyError, TypeError, ValueError):
+            continue
+    return widths
 
 
 def _plausible_seconds(value: object) -> float | None:

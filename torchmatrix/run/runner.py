@@ -197,9 +197,10 @@ def _slots(request: RunRequest, environment: Environment) -> int:
 def _work_estimate(request: RunRequest, runs: list[SuiteRun], environment: Environment) -> WorkEstimate:
     """The ETA's seed: what the planned suite runs took in earlier runs under --reports, else the
     priors, at the contention the machine's load says now."""
-    seconds = suite_seconds(request.reports, request.version, request.run_id)
+    slots = _slots(request, environment)
+    seconds = suite_seconds(request.reports, request.version, request.run_id, None if environment.gpu_count else slots)
     busy = contention(os.getloadavg()[0], len(os.sched_getaffinity(0)))
-    return WorkEstimate.of_runs(runs, seconds, _slots(request, environment), busy)
+    return WorkEstimate.of_runs(runs, seconds, slots, busy)
 
 
 def _later_phases(request: RunRequest, cells: list[Cell], suites: dict, environment: Environment) -> LaterPhases:
