@@ -93,7 +93,8 @@ def test_on_simulated_ranks_a_test_costs_its_ranks_cpu_seconds_over_the_cores_it
         {**record("2.13.0", "ws2", "big", 10.0), "figures": {"cpu_seconds": 8.0}},
         {**record("2.13.0", "ws4", "big", 10.0), "figures": {"cpu_seconds": 12.0}},  # four ranks on two cores
         {**record("2.13.0", "ws4", "small", 3.0), "figures": {}},  # no CPU figure: its duration
-        {**record("2.13.0", "unknown", "small", 1.0), "figures": {"cpu_seconds": 5.0}},  # a cell not described: one core
+        # a cell `cells` does not describe: one core
+        {**record("2.13.0", "unknown", "small", 1.0), "figures": {"cpu_seconds": 5.0}},
     ]
     path.write_text(json.dumps({"schema": "torchmatrix.results", "cells": cells, "tests": tests}))
 
