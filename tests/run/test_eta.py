@@ -20,13 +20,14 @@ from torchmatrix.run import progress
 from torchmatrix.run.eta import (
     PRIOR_SUITE_SECONDS,
     READ_CELL_S,
+    READ_START_S,
     REPORT_S,
     STARTUP_S,
     LaterPhases,
     WorkEstimate,
     contention,
     rerun_seconds,
-    suite_seconds,
+    suite_history,
 )
 from torchmatrix.run.progress import InvocationPart, Progress
 from torchmatrix.status import Status
@@ -58,7 +59,7 @@ def four_cells_two_suites(big_timeout: float = 600.0):
     return cells, plan_runs(cells, suites)
 
 
-def test_suite_seconds_sum_a_suite_runs_tests_and_prefer_the_same_torch(tmp_path):
+def test_suite_history_sums_a_suite_runs_tests_and_prefers_the_same_torch(tmp_path):
     reports = tmp_path / "reports"
     earlier_run(
         reports,
@@ -76,9 +77,23 @@ def test_suite_seconds_sum_a_suite_runs_tests_and_prefer_the_same_torch(tmp_path
     (reports / "broken" / "results.json").write_text("{not json")
     earlier_run(reports, "now", [record("2.13.0", "ws1-a", "big", 1000.0)])
 
-    assert suite_seconds(reports, "2.13.0", current_run="now") == {"big": 10.0, "small": 2.0}
-    assert suite_seconds(reports, "2.15.0", current_run="now") == {"big": 55.0, "small": 2.0}
-    assert suite_seconds(tmp_path / "no-reports", "2.13.0", current_run="now") == {}
+    assert suite_history(reports, "2.13.0", current_run="now").per_suite == {"big": 10.0, "small": 2.0}
+    assert suite_history(reports, "2.15.0", current_run="now").per_suite == {"big": 55.0, "small": 2.0}
+    assert suite_history(tmp_path / "no-reports", "2.13.0", current_run="now").per_suite == {}
+    assert suite_history(reports, "2.13.0", current_run="now").per_run == {
+        ("ws1-a", "big"): 10.0,
+        ("ws1-b", "big"): 0.0,  # read from ws1-a: it cost this cell nothing
+        ("ws1-b", "small"): 2.0,
+    }
+
+
+def test_a_suite_run_the_history_holds_costs_what_it_took_there_not_its_suites_mean():
+    """A compiled cell's run costs many times an eager one's, and a run whose results a cell read
+    from another costs it nothing: the run's own history says so, the suite's mean only where it is silent."""
+    cells, runs = four_cells_two_suites()
+    own = {(cells[0].id, "big"): 30.0, (cells[1].id, "big"): 0.0}
+    estimate = WorkEstimate.of_runs(runs, {"big": 10.0, "small": 2.0}, slots=2, per_run=own)
+    assert estimate.per_cell == {cells[0].id: 32.0, cells[1].id: 2.0, cells[2].id: 12.0, cells[3].id: 12.0}
 
 
 def test_on_simulated_ranks_a_test_costs_its_ranks_cpu_seconds_over_the_cores_its_cell_may_use(tmp_path):
@@ -98,18 +113,20 @@ def test_on_simulated_ranks_a_test_costs_its_ranks_cpu_seconds_over_the_cores_it
     ]
     path.write_text(json.dumps({"schema": "torchmatrix.results", "cells": cells, "tests": tests}))
 
-    assert suite_seconds(reports, "2.13.0", current_run="now", cpu_slots=2) == {
+    assert suite_history(reports, "2.13.0", current_run="now", cpu_slots=2).per_suite == {
         "big": pytest.approx((4.0 + 8.0 / 2 + 12.0 / 2) / 3),
         "small": 4.0,
     }
-    assert suite_seconds(reports, "2.13.0", current_run="now") == {"big": 10.0, "small": 2.0}, "GPUs: durations"
+    assert suite_history(reports, "2.13.0", current_run="now").per_suite == {"big": 10.0, "small": 2.0}, (
+        "GPUs: durations"
+    )
 
 
 def test_only_the_latest_runs_count(tmp_path):
     reports = tmp_path / "reports"
     for age in range(8):
         earlier_run(reports, f"run-{age}", [record("2.13.0", "ws1-a", "big", 10.0 + age)], age=100.0 * age)
-    assert suite_seconds(reports, "2.13.0", current_run="now") == {"big": 12.0}  # 10..14: the newest five
+    assert suite_history(reports, "2.13.0", current_run="now").per_suite == {"big": 12.0}  # 10..14: the newest five
 
 
 def test_the_first_cells_eta_comes_from_earlier_durations_not_the_elapsed_time(tmp_path):
@@ -122,7 +139,7 @@ def test_the_first_cells_eta_comes_from_earlier_durations_not_the_elapsed_time(t
         [record("2.13.0", f"ws1-{x}", suite, d) for x in "ab" for suite, d in [("big", 10.0), ("small", 2.0)]],
     )
     cells, runs = four_cells_two_suites()
-    estimate = WorkEstimate.of_runs(runs, suite_seconds(reports, "2.13.0", current_run="now"), slots=2)
+    estimate = WorkEstimate.of_runs(runs, suite_history(reports, "2.13.0", current_run="now").per_suite, slots=2)
     assert estimate.per_cell == {cell.id: 12.0 for cell in cells} and estimate.total == 48.0
 
     seeded = estimate.remaining_seconds(elapsed=15.0, done=12.0, left=36.0)
@@ -174,9 +191,11 @@ def test_a_busy_machine_slows_the_idle_priors_but_not_its_own_history():
 
 def test_the_phases_after_the_cells_count_installs_starts_reads_and_the_report():
     after = LaterPhases(versions=1, installs=120.0, read_passes=2, read_cells=4, report=True)
-    assert after.seconds(startup=30.0, slots=2) == pytest.approx(120 + 30 + 2 * (30 + 4 * READ_CELL_S / 2) + REPORT_S)
+    assert after.seconds(startup=30.0, slots=2) == pytest.approx(
+        120 + 30 + 2 * (READ_START_S + 4 * READ_CELL_S / 2) + REPORT_S
+    )
     on_cpu = LaterPhases(read_passes=1, read_cells=4, reads_side_by_side=False)
-    assert on_cpu.seconds(startup=30.0, slots=2) == pytest.approx(30 + 4 * READ_CELL_S), (
+    assert on_cpu.seconds(startup=30.0, slots=2) == pytest.approx(READ_START_S + 4 * READ_CELL_S), (
         "a CPU read pass reads in one process"
     )
     assert LaterPhases().seconds(startup=30.0, slots=2) == 0.0, "the last version, no report: nothing after"
@@ -332,7 +351,7 @@ def test_the_performance_page_quotes_the_priors_the_code_uses():
         f"{install_estimate.COPY_BYTES_PER_S / 1e6:.0f} MB/s from a `file://` index",
         f"{install_estimate.UNPACK_BYTES_PER_S / 1e6:.0f} MB/s, and a",
         f"{install_estimate.CPU_S:.0f} s on an idle",
-        f"{READ_CELL_S} slot-seconds a cell",
+        f"{READ_START_S:.0f} s to start and {READ_CELL_S} slot-seconds a cell",
         f"then {REPORT_S:.0f} s for the report",
     ]
     for text in quoted:

@@ -40,7 +40,9 @@ STARTUP_S = 12.0
 pytest processes importing torch and collecting) on an idle machine, until this runner's is observed."""
 MAX_TEST_S = 7 * 24 * 3600.0
 """The longest duration of one test an earlier results.json may claim; longer (or infinite) ones are passed over."""
-READ_CELL_S = 1.0
+READ_START_S = 4.0
+"""A read pass's start to its first cell, idle: one process importing torch and collecting cross_version."""
+READ_CELL_S = 0.1
 """Slot-seconds of one cell's reads of the other versions' cross_version checkpoints, idle."""
 REPORT_S = 3.0
 """The report session besides its read passes, idle: the reports written, in the venv nox keeps for it
@@ -53,9 +55,18 @@ def contention(load: float, cores: int) -> float:
     return max(1.0, load / max(cores, 1))
 
 
-def suite_seconds(reports: Path, torch: str, current_run: str, cpu_slots: int | None = None) -> dict[str, float]:
-    """Mean seconds of one run of each suite (its tests' durations summed, per cell that ran it)
-    in the latest few results.json under `reports`, from runs of `torch` when any ran it.
+@dataclass(frozen=True)
+class SuiteHistory:
+    """What earlier runs here say a suite run costs: each suite's mean over the cells that ran it,
+    and each (cell, suite) run's own mean, 0 where that cell read the run's results from another."""
+
+    per_suite: dict[str, float]
+    per_run: dict[tuple[str, str], float]
+
+
+def suite_history(reports: Path, torch: str, current_run: str, cpu_slots: int | None = None) -> SuiteHistory:
+    """Seconds of one run of each suite (its tests' durations summed) in the latest few results.json
+    under `reports`, from runs of `torch` when any ran it.
 
     With ranks simulated on `cpu_slots` cores, a test counts its ranks' CPU seconds spread over the
     cores its cell may use, not its duration, which also counts the time it waited while the other
@@ -65,11 +76,15 @@ def suite_seconds(reports: Path, torch: str, current_run: str, cpu_slots: int | 
     runs = [_suite_run_seconds(path, cpu_slots) for path in _latest_results(reports, current_run)]
     same_torch = [{key: seconds for key, seconds in run.items() if key[0] == torch} for run in runs]
     by_suite: dict[str, list[float]] = defaultdict(list)
+    by_run: dict[tuple[str, str], list[float]] = defaultdict(list)
     for run in same_torch if any(same_torch) else runs:
-        for (_, _, suite), seconds in run.items():
+        for (_, cell, suite), seconds in run.items():
+            by_run[cell, suite].append(seconds)
             if seconds > 0:
                 by_suite[suite].append(seconds)
-    return {suite: mean(durations) for suite, durations in by_suite.items()}
+    return SuiteHistory(
+        {suite: mean(spent) for suite, spent in by_suite.items()}, {key: mean(spent) for key, spent in by_run.items()}
+    )
 
 
 def _latest_results(reports: Path, current_run: str) -> list[Path]:
@@ -95,13 +110,17 @@ def _suite_run_seconds(path: Path, cpu_slots: int | None) -> dict[tuple[str, str
         return {}
     seconds: dict[tuple[str, str, str], float] = defaultdict(float)
     for record in tests if isinstance(tests, list) else []:
-        if not isinstance(record, dict) or record.get("ran_in") not in (None, record.get("cell")):
+        if not isinstance(record, dict):
+            continue
+        key = str(record.get("torch")), str(record.get("cell")), str(record.get("suite"))
+        seconds[key] += 0.0  # a run whose results the cell read from another still cost it nothing
+        if record.get("ran_in") not in (None, record.get("cell")):
             continue
         figures = record.get("figures")
         cpu = _plausible_seconds(figures.get("cpu_seconds")) if cpu_slots and isinstance(figures, dict) else None
         spent = _plausible_seconds(record.get("duration")) if cpu is None else cpu / widths.get(record.get("cell"), 1)
         if spent is not None:
-            seconds[str(record.get("torch")), str(record.get("cell")), str(record.get("suite"))] += spent
+            seconds[key] += spent
     return dict(seconds)
 
 
@@ -142,17 +161,23 @@ class WorkEstimate:
 
     @classmethod
     def of_runs(
-        cls, runs: Iterable[SuiteRun], seconds: Mapping[str, float], slots: int, contention: float = 1.0
+        cls,
+        runs: Iterable[SuiteRun],
+        seconds: Mapping[str, float],
+        slots: int,
+        contention: float = 1.0,
+        per_run: Mapping[tuple[str, str], float] | None = None,
     ) -> WorkEstimate:
-        """The work of `runs` as earlier runs' `seconds` say; a suite they do not name costs its
-        prior, a suite without one the mean of what they name (of the priors, without history,
-        which run `contention` times slower than idle)."""
+        """The work of `runs` as earlier runs say: a run `per_run` names costs what it took, another
+        its suite's mean in `seconds`, a suite they do not name its prior, a suite without one the mean
+        of what they name (of the priors, without history, which run `contention` times slower than idle)."""
         known = seconds or PRIOR_SUITE_SECONDS
         unknown = mean(known.values())
+        own = per_run or {}
         per_cell: dict[str, float] = defaultdict(float)
         for run in runs:
             name = run.suite.name
-            each = known.get(name, PRIOR_SUITE_SECONDS.get(name, unknown))
+            each = own.get((run.cell.id, name), known.get(name, PRIOR_SUITE_SECONDS.get(name, unknown)))
             per_cell[run.cell.id] += each * min(run.cell.world_size, slots)
         # Earlier runs' durations are this machine's own, at its load then: only the idle priors are slowed.
         return cls(dict(per_cell), slots, from_history=bool(seconds), contention=1.0 if seconds else contention)
@@ -190,7 +215,7 @@ class LaterPhases:
         """Wall seconds of these phases, when a runner takes `startup` seconds before its cells' work
         and CPU-bound work runs `contention` times slower than idle (the installs' estimate has its own pace)."""
         read_slots = max(slots, 1) if self.reads_side_by_side else 1
-        reads = self.read_passes * (startup + self.read_cells * READ_CELL_S * contention / read_slots)
+        reads = self.read_passes * (READ_START_S + self.read_cells * READ_CELL_S / read_slots) * contention
         report = REPORT_S * contention if self.report else 0.0
         return (self.installs or 0.0) + self.versions * startup + reads + report
 

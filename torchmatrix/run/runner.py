@@ -24,7 +24,7 @@ from torchmatrix.messages.run_plan import PlanFileError, PlannedSuite, RunPlan, 
 from torchmatrix.reports import junit
 from torchmatrix.run import compile_eviction, confirmation, cross_version
 from torchmatrix.run.component_check import check_components
-from torchmatrix.run.eta import LaterPhases, WorkEstimate, contention, suite_seconds
+from torchmatrix.run.eta import LaterPhases, WorkEstimate, contention, suite_history
 from torchmatrix.run.interrupts import STOPPED, Interrupts
 from torchmatrix.run.load_sampler import LoadSampler
 from torchmatrix.run.outcomes import OutcomeBook
@@ -81,7 +81,7 @@ def _run_version(request: RunRequest, stream, interrupts: Interrupts) -> ExitCod
         if runnable:
             estimate = _work_estimate(request, runs, environment)
             progress.seed(estimate, _later_phases(request, cells, suites, environment))
-            source = "the last runs' durations" if estimate.from_history else "per-suite priors, no earlier run here"
+            source = "the last runs here" if estimate.from_history else "per-suite priors, no earlier run here"
             eta = f"; {progress.eta_text()} ({source})"
             _refuse_too_wide_for_cpu(request, cells, environment)
         _write_plan(request, cells, book, environment, started, finished=False)
@@ -198,9 +198,9 @@ def _work_estimate(request: RunRequest, runs: list[SuiteRun], environment: Envir
     """The ETA's seed: what the planned suite runs took in earlier runs under --reports, else the
     priors, at the contention the machine's load says now."""
     slots = _slots(request, environment)
-    seconds = suite_seconds(request.reports, request.version, request.run_id, None if environment.gpu_count else slots)
+    history = suite_history(request.reports, request.version, request.run_id, None if environment.gpu_count else slots)
     busy = contention(os.getloadavg()[0], len(os.sched_getaffinity(0)))
-    return WorkEstimate.of_runs(runs, seconds, slots, busy)
+    return WorkEstimate.of_runs(runs, history.per_suite, slots, busy, per_run=history.per_run)
 
 
 def _later_phases(request: RunRequest, cells: list[Cell], suites: dict, environment: Environment) -> LaterPhases:
