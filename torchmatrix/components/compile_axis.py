@@ -12,9 +12,6 @@ COMPILE_AXIS = "compile"
 NOT_COMPILED = "none"
 DEFAULT_BACKEND = "inductor"  # torch.compile's, which the compiled optimizer step uses
 AOT_EAGER = "aot_eager"
-STORED_BACKENDS = frozenset({DEFAULT_BACKEND, AOT_EAGER})
-"""The backends whose graphs the compile store keeps between runs (aot_eager's where it is a cell's only
-backend: torchmatrix.ranks.aot_eager_cache); any other backend compiles afresh in every run."""
 
 
 def compile_backends(cell: Mapping[str, object]) -> frozenset[str]:
@@ -25,3 +22,15 @@ def compile_backends(cell: Mapping[str, object]) -> frozenset[str]:
         DEFAULT_BACKEND if implementation_of(cell) == COMPILED_STEP else NOT_COMPILED,
     }
     return frozenset(backends - {NOT_COMPILED})
+
+
+def aot_eager_alone(cell: Mapping[str, object]) -> bool:
+    """Whether aot_eager is the cell's only backend, the one case its graphs go to the compile store
+    (torchmatrix.ranks.aot_eager_cache)."""
+    return compile_backends(cell) == {AOT_EAGER}
+
+
+def graphs_kept(cell: Mapping[str, object]) -> bool:
+    """Whether the compile store keeps what the cell compiles between runs: Inductor's graphs and kernels,
+    and aot_eager's graphs where it is the only backend; any other backend compiles afresh in every run."""
+    return DEFAULT_BACKEND in compile_backends(cell) or aot_eager_alone(cell)

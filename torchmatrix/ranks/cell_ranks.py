@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from torchmatrix.components.compile_axis import AOT_EAGER, compile_backends
+from torchmatrix.components.compile_axis import aot_eager_alone
 from torchmatrix.matrix.cells import Cell
 from torchmatrix.ranks.pool import RankFailure
 from torchmatrix.ranks.rank_group import RankGroup
@@ -70,7 +70,7 @@ class Ranks:
         try:
             return self.pool.run(
                 in_compile_cache,
-                (self.compile_cache, fn, args, self.world, compile_backends(self.cell) == {AOT_EAGER}),
+                (self.compile_cache, fn, args, self.world, aot_eager_alone(self.cell)),
                 deadline=self.deadline,
                 name=getattr(fn, "__qualname__", repr(fn)),
             )

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from torchmatrix import file_writes
-from torchmatrix.components.compile_axis import DEFAULT_BACKEND, STORED_BACKENDS, compile_backends
+from torchmatrix.components.compile_axis import DEFAULT_BACKEND, compile_backends, graphs_kept
 from torchmatrix.forks import zygote
 from torchmatrix.forks.parent_death import exit_with_runner
 from torchmatrix.matrix.cells import Cell
@@ -159,14 +159,14 @@ class CellPlan:
         return str(folder)
 
     def compiles_cold(self, cell: Cell) -> bool:
-        """Whether the cell compiles with a backend the store keeps (`STORED_BACKENDS`) and none of its
-        tests has compiled under this process's key before, so its graphs are not in the store (another
-        backend's cell costs a warm run what it costs a cold one, and keeps its place). Never for a launched rank
+        """Whether the store keeps what the cell compiles (`graphs_kept`) and none of its tests has
+        compiled under this process's key before, so its graphs are not in the store (another backend's
+        cell costs a warm run what it costs a cold one, and keeps its place). Never for a launched rank
         (torchrun, srun): each orders its tests on its own node, whose store may differ, and all must
         run them in one order, the plan's."""
         if self.plan.launched:
             return False
-        return bool(compile_backends(cell) & STORED_BACKENDS) and not has_compiled(self.compile_caches / cell.id)
+        return graphs_kept(cell) and not has_compiled(self.compile_caches / cell.id)
 
     def suite_of(self, path: Path) -> str | None:
         return self.suite_by_path.get(Path(path).resolve())
@@ -331,7 +331,7 @@ class CellPlan:
                 if compiled := after.compiled_since(before):
                     outcome["properties"].append([COMPILE_SECONDS, round(compiled, 3)])
                     # Only the stored backends' graphs are on disk: elsewhere a difference is timing noise.
-                    if self.plan.compile_store is not None and compile_backends(cell) & STORED_BACKENDS:
+                    if self.plan.compile_store is not None and graphs_kept(cell):
                         folder = self.compile_caches / where["cell"]
                         saved = compile_seconds_saved(folder, f"{where['suite']}::{where['test']}", compiled)
                         if saved:
