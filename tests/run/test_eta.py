@@ -18,11 +18,13 @@ from torchmatrix.matrix.config import Suite
 from torchmatrix.matrix.plan import plan_runs
 from torchmatrix.run import progress
 from torchmatrix.run.eta import (
+    COLD,
     PRIOR_SUITE_SECONDS,
     READ_CELL_S,
     READ_START_S,
     REPORT_S,
     STARTUP_S,
+    WARM,
     LaterPhases,
     WorkEstimate,
     contention,
@@ -80,10 +82,13 @@ def test_suite_history_sums_a_suite_runs_tests_and_prefers_the_same_torch(tmp_pa
     assert suite_history(reports, "2.13.0", current_run="now").per_suite == {"big": 10.0, "small": 2.0}
     assert suite_history(reports, "2.15.0", current_run="now").per_suite == {"big": 55.0, "small": 2.0}
     assert suite_history(tmp_path / "no-reports", "2.13.0", current_run="now").per_suite == {}
-    assert suite_history(reports, "2.13.0", current_run="now").per_run == {
+    compiled_nothing = {  # so each costs as much with the compile store cold as warm
         ("ws1-a", "big"): 10.0,
         ("ws1-b", "big"): 0.0,  # read from ws1-a: it cost this cell nothing
         ("ws1-b", "small"): 2.0,
+    }
+    assert suite_history(reports, "2.13.0", current_run="now").per_run == {
+        (cell, suite, state): seconds for (cell, suite), seconds in compiled_nothing.items() for state in (COLD, WARM)
     }
 
 
@@ -91,9 +96,37 @@ def test_a_suite_run_the_history_holds_costs_what_it_took_there_not_its_suites_m
     """A compiled cell's run costs many times an eager one's, and a run whose results a cell read
     from another costs it nothing: the run's own history says so, the suite's mean only where it is silent."""
     cells, runs = four_cells_two_suites()
-    own = {(cells[0].id, "big"): 30.0, (cells[1].id, "big"): 0.0}
+    own = {(cells[0].id, "big", COLD): 30.0, (cells[1].id, "big", COLD): 0.0, (cells[1].id, "big", WARM): 0.0}
     estimate = WorkEstimate.of_runs(runs, {"big": 10.0, "small": 2.0}, slots=2, per_run=own)
     assert estimate.per_cell == {cells[0].id: 32.0, cells[1].id: 2.0, cells[2].id: 12.0, cells[3].id: 12.0}
+
+
+def test_a_run_costs_what_it_took_with_the_compile_store_as_it_stands_for_its_cell_now(tmp_path):
+    """A cell whose graphs the store holds costs what its warm runs took, one whose graphs it lacks its
+    cold runs; where the history holds only the other kind, that kind."""
+    reports = tmp_path / "reports"
+    compiled = [
+        ("cold-run", 20.0, {"compile_seconds": 15.0}),
+        ("warm-run", 6.0, {"compile_seconds": 2.0, "compile_seconds_saved": 13.0}),
+    ]
+    for age, (run_id, cpu, figures) in enumerate(compiled):
+        tests = [
+            {**record("2.13.0", "ws1-a", "big", 30.0), "figures": {"cpu_seconds": cpu, **figures}},
+            {**record("2.13.0", "ws1-b", "big", 30.0), "figures": {"cpu_seconds": 9.0, "compile_seconds": 5.0}},
+        ]
+        earlier_run(reports, run_id, tests, age=100.0 * age)
+    history = suite_history(reports, "2.13.0", current_run="now", cpu_slots=2)
+    assert history.per_run == {
+        ("ws1-a", "big", COLD): 20.0,
+        ("ws1-a", "big", WARM): 6.0,
+        ("ws1-b", "big", COLD): 9.0,  # compiled and saved nothing both times: a backend the store does not keep
+    }
+    cells, runs = four_cells_two_suites()
+    known = {"big": 10.0, "small": 2.0}
+    warm = WorkEstimate.of_runs(runs, known, slots=2, per_run=history.per_run, warm_cells={"ws1-a", "ws1-b"})
+    cold = WorkEstimate.of_runs(runs, known, slots=2, per_run=history.per_run)
+    assert (warm.per_cell["ws1-a"], cold.per_cell["ws1-a"]) == (6.0 + 2.0, 20.0 + 2.0)
+    assert warm.per_cell["ws1-b"] == cold.per_cell["ws1-b"] == 9.0 + 2.0
 
 
 def test_on_simulated_ranks_a_test_costs_its_ranks_cpu_seconds_over_the_cores_its_cell_may_use(tmp_path):

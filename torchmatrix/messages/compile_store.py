@@ -77,6 +77,24 @@ def key_folder(root: Path, facts: dict) -> Path:
     return folder
 
 
+def cells_with_graphs(root: Path, known: dict, cell_ids: list[str]) -> frozenset[str]:
+    """Of `cell_ids`, those a test compiled into (their ledger) under the key of `root` last used whose
+    facts agree with `known`: what a process that has not imported torch can say of a key (the device
+    and torch build, the matrix's digest). The key's sources may have changed since: a guess, for the ETA."""
+    newest, folder = -1.0, None
+    for facts_file in root.glob(f"*/{KEY_FACTS}"):
+        try:
+            facts = json.loads(facts_file.read_text())
+            if not isinstance(facts, dict) or any(facts.get(name) != value for name, value in known.items()):
+                continue
+            used = max((p.stat().st_mtime for p in facts_file.parent.glob(f"*/{LAST_USED}")), default=0.0)
+        except (OSError, ValueError):
+            continue
+        if used > newest:
+            newest, folder = used, facts_file.parent
+    return frozenset(cell for cell in cell_ids if folder is not None and (folder / cell / LEDGER).is_file())
+
+
 def run_folder(version_dir: Path) -> Path:
     """The folder a run that compiles cold caches into: every pytest process of the version's run,
     confirmation re-runs included, finds what the earlier ones compiled."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import mean
@@ -55,13 +55,19 @@ def contention(load: float, cores: int) -> float:
     return max(1.0, load / max(cores, 1))
 
 
+COLD, WARM = "cold", "warm"
+"""How the compile store stood for a suite run: it compiled and the store saved it nothing (COLD), or
+the store saved it compiling (WARM). A run that compiled nothing costs the same either way."""
+
+
 @dataclass(frozen=True)
 class SuiteHistory:
     """What earlier runs here say a suite run costs: each suite's mean over the cells that ran it,
-    and each (cell, suite) run's own mean, 0 where that cell read the run's results from another."""
+    and each (cell, suite) run's own mean with the store cold and warm, 0 where that cell read the
+    run's results from another."""
 
     per_suite: dict[str, float]
-    per_run: dict[tuple[str, str], float]
+    per_run: dict[tuple[str, str, str], float]
 
 
 def suite_history(reports: Path, torch: str, current_run: str, cpu_slots: int | None = None) -> SuiteHistory:
@@ -74,12 +80,13 @@ def suite_history(reports: Path, torch: str, current_run: str, cpu_slots: int | 
     foreign results.json is passed over: an estimate never stops a run.
     """
     runs = [_suite_run_seconds(path, cpu_slots) for path in _latest_results(reports, current_run)]
-    same_torch = [{key: seconds for key, seconds in run.items() if key[0] == torch} for run in runs]
+    same_torch = [{key: spent for key, spent in run.items() if key[0] == torch} for run in runs]
     by_suite: dict[str, list[float]] = defaultdict(list)
-    by_run: dict[tuple[str, str], list[float]] = defaultdict(list)
+    by_run: dict[tuple[str, str, str], list[float]] = defaultdict(list)
     for run in same_torch if any(same_torch) else runs:
-        for (_, cell, suite), seconds in run.items():
-            by_run[cell, suite].append(seconds)
+        for (_, cell, suite), (seconds, state) in run.items():
+            for each in (state,) if state else (COLD, WARM):
+                by_run[cell, suite, each].append(seconds)
             if seconds > 0:
                 by_suite[suite].append(seconds)
     return SuiteHistory(
@@ -99,16 +106,19 @@ def _latest_results(reports: Path, current_run: str) -> list[Path]:
     return sorted(found, key=lambda path: path.stat().st_mtime, reverse=True)[:RUNS_CONSIDERED]
 
 
-def _suite_run_seconds(path: Path, cpu_slots: int | None) -> dict[tuple[str, str, str], float]:
-    """(torch, cell, suite) -> seconds its tests took, for each suite run a results.json holds
-    (a result a cell shares from another counts once, for the cell that ran it); with `cpu_slots`,
-    the CPU seconds of the test's ranks over min(world size, cpu_slots) where the record has them."""
+def _suite_run_seconds(path: Path, cpu_slots: int | None) -> dict[tuple[str, str, str], tuple[float, str]]:
+    """(torch, cell, suite) -> seconds its tests took and how the compile store stood for them (COLD,
+    WARM, "" where they compiled nothing), for each suite run a results.json holds (a result a cell
+    shares from another counts once, for the cell that ran it); with `cpu_slots`, the CPU seconds of
+    the test's ranks over min(world size, cpu_slots) where the record has them."""
     try:
         results = json.loads(path.read_text())
         tests, widths = results.get("tests", []), _cell_widths(results.get("cells", []), cpu_slots)
     except (OSError, ValueError, AttributeError):
         return {}
     seconds: dict[tuple[str, str, str], float] = defaultdict(float)
+    compiled: dict[tuple[str, str, str], float] = defaultdict(float)
+    saved: dict[tuple[str, str, str], float] = defaultdict(float)
     for record in tests if isinstance(tests, list) else []:
         if not isinstance(record, dict):
             continue
@@ -116,12 +126,14 @@ def _suite_run_seconds(path: Path, cpu_slots: int | None) -> dict[tuple[str, str
         seconds[key] += 0.0  # a run whose results the cell read from another still cost it nothing
         if record.get("ran_in") not in (None, record.get("cell")):
             continue
-        figures = record.get("figures")
-        cpu = _plausible_seconds(figures.get("cpu_seconds")) if cpu_slots and isinstance(figures, dict) else None
+        figures = record.get("figures") if isinstance(record.get("figures"), dict) else {}
+        cpu = _plausible_seconds(figures.get("cpu_seconds")) if cpu_slots else None
         spent = _plausible_seconds(record.get("duration")) if cpu is None else cpu / widths.get(record.get("cell"), 1)
         if spent is not None:
             seconds[key] += spent
-    return dict(seconds)
+        compiled[key] += _plausible_seconds(figures.get("compile_seconds")) or 0.0
+        saved[key] += _plausible_seconds(figures.get("compile_seconds_saved")) or 0.0
+    return {key: (spent, WARM if saved[key] else COLD if compiled[key] else "") for key, spent in seconds.items()}
 
 
 def _cell_widths(cells: object, cpu_slots: int | None) -> dict[str, int]:
@@ -166,18 +178,23 @@ class WorkEstimate:
         seconds: Mapping[str, float],
         slots: int,
         contention: float = 1.0,
-        per_run: Mapping[tuple[str, str], float] | None = None,
+        per_run: Mapping[tuple[str, str, str], float] | None = None,
+        warm_cells: Collection[str] = (),
     ) -> WorkEstimate:
-        """The work of `runs` as earlier runs say: a run `per_run` names costs what it took, another
-        its suite's mean in `seconds`, a suite they do not name its prior, a suite without one the mean
-        of what they name (of the priors, without history, which run `contention` times slower than idle)."""
+        """The work of `runs` as earlier runs say: a run `per_run` names costs what it took there with
+        the store as it stands now for its cell (WARM for `warm_cells`, whose graphs the store holds; else
+        COLD), or the other way where it never ran so; another run its suite's mean in `seconds`, a suite
+        they do not name its prior, a suite without one the mean of what they name (of the priors,
+        without history, which run `contention` times slower than idle)."""
         known = seconds or PRIOR_SUITE_SECONDS
         unknown = mean(known.values())
         own = per_run or {}
         per_cell: dict[str, float] = defaultdict(float)
         for run in runs:
-            name = run.suite.name
-            each = own.get((run.cell.id, name), known.get(name, PRIOR_SUITE_SECONDS.get(name, unknown)))
+            name, cell = run.suite.name, run.cell.id
+            now, other = (WARM, COLD) if cell in warm_cells else (COLD, WARM)
+            mean_of_suite = known.get(name, PRIOR_SUITE_SECONDS.get(name, unknown))
+            each = own.get((cell, name, now), own.get((cell, name, other), mean_of_suite))
             per_cell[run.cell.id] += each * min(run.cell.world_size, slots)
         # Earlier runs' durations are this machine's own, at its load then: only the idle priors are slowed.
         return cls(dict(per_cell), slots, from_history=bool(seconds), contention=1.0 if seconds else contention)

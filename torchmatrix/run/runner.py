@@ -20,6 +20,7 @@ from torchmatrix.forks.preloaded_forks import PreloadedForks
 from torchmatrix.matrix.cells import Cell
 from torchmatrix.matrix.plan import Group, SuiteRun, group_runs, plan_runs
 from torchmatrix.matrix.safe_names import UnsafeName, check_name
+from torchmatrix.messages import compile_store
 from torchmatrix.messages.run_plan import PlanFileError, PlannedSuite, RunPlan, read_plan, write_plan
 from torchmatrix.reports import junit
 from torchmatrix.run import compile_eviction, confirmation, cross_version
@@ -195,12 +196,22 @@ def _slots(request: RunRequest, environment: Environment) -> int:
 
 
 def _work_estimate(request: RunRequest, runs: list[SuiteRun], environment: Environment) -> WorkEstimate:
-    """The ETA's seed: what the planned suite runs took in earlier runs under --reports, else the
-    priors, at the contention the machine's load says now."""
+    """The ETA's seed: what the planned suite runs took in earlier runs under --reports, with the
+    compile store as it stands for each cell now, else the priors, at the contention the machine's load says now."""
     slots = _slots(request, environment)
     history = suite_history(request.reports, request.version, request.run_id, None if environment.gpu_count else slots)
     busy = contention(os.getloadavg()[0], len(os.sched_getaffinity(0)))
-    return WorkEstimate.of_runs(runs, history.per_suite, slots, busy, per_run=history.per_run)
+    store = request.compile_store
+    warm = (
+        compile_store.cells_with_graphs(
+            Path(store.root),
+            {"matrix": store.matrix_digest, "device": environment.to_json()},
+            [r.cell.id for r in runs],
+        )
+        if store is not None
+        else frozenset()
+    )
+    return WorkEstimate.of_runs(runs, history.per_suite, slots, busy, per_run=history.per_run, warm_cells=warm)
 
 
 def _later_phases(request: RunRequest, cells: list[Cell], suites: dict, environment: Environment) -> LaterPhases:
