@@ -6,10 +6,9 @@ runner's own records of the cell (its files) stay, and the failure still says a 
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 
+from torchmatrix.matrix.cells import Cell
 from torchmatrix.messages.compile_store import KNOWN_FAILURES
 from torchmatrix.ranks.cell_ranks import Ranks
 from torchmatrix.ranks.pool import RankFailure
@@ -43,7 +42,7 @@ def only_the_runners_records_left(cache) -> bool:
 def test_ranks_killed_at_the_deadline_leave_no_compile_cache(tmp_path):
     cache = cache_with_a_truncated_kernel(tmp_path)
     ranks = Ranks(
-        FailingPool(RankFailure("rank 2 killed", "", timed_out=True)), SimpleNamespace(id="ws4"), 600, str(cache)
+        FailingPool(RankFailure("rank 2 killed", "", timed_out=True)), Cell({"world_size": 4}), 600, str(cache)
     )
     with pytest.raises(RankFailure, match="deadline of 600s per test exceeded in cell ws4") as raised:
         ranks.run(print)
@@ -54,7 +53,7 @@ def test_ranks_killed_at_the_deadline_leave_no_compile_cache(tmp_path):
 def test_a_rank_that_died_or_was_killed_mid_test_leaves_no_compile_cache(tmp_path):
     cache = cache_with_a_truncated_kernel(tmp_path)
     died = RankFailure("rank 2 died (exit code -9)", "rank 2 died", interrupted=True)
-    ranks = Ranks(FailingPool(died), SimpleNamespace(id="ws4"), 600, str(cache))
+    ranks = Ranks(FailingPool(died), Cell({"world_size": 4}), 600, str(cache))
     with pytest.raises(RankFailure, match="cell ws4: rank 2 died") as raised:
         ranks.run(print)
     assert only_the_runners_records_left(cache)
@@ -64,7 +63,7 @@ def test_a_rank_that_died_or_was_killed_mid_test_leaves_no_compile_cache(tmp_pat
 def test_a_failure_the_ranks_survived_keeps_the_compile_cache(tmp_path):
     cache = cache_with_a_truncated_kernel(tmp_path)
     ranks = Ranks(
-        FailingPool(RankFailure("ValueError: no", "ValueError: no")), SimpleNamespace(id="ws4"), 600, str(cache)
+        FailingPool(RankFailure("ValueError: no", "ValueError: no")), Cell({"world_size": 4}), 600, str(cache)
     )
     with pytest.raises(RankFailure, match="cell ws4: ValueError") as raised:
         ranks.run(print)
