@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import os
 import time
-from types import SimpleNamespace
 
 import pytest
 
+from torchmatrix.matrix.cells import Cell
 from torchmatrix.ranks.cell_ranks import Ranks
 from torchmatrix.ranks.launched import LaunchedRank
 from torchmatrix.ranks.pool import RankPool
@@ -33,16 +33,14 @@ class RecordingPool:
 def test_another_world_runs_on_its_own_ranks_under_the_same_deadline(tmp_path):
     cell_pool, other_pool = RecordingPool(2), RecordingPool(1)
     opened = []
-    ranks = Ranks(
-        cell_pool, SimpleNamespace(id="ws2"), 60, str(tmp_path), lambda size: opened.append(size) or other_pool
-    )
+    ranks = Ranks(cell_pool, Cell({"world_size": 2}), 60, str(tmp_path), lambda size: opened.append(size) or other_pool)
     other = ranks.in_world(1)
     assert other.world_size == 1 and other.pool is other_pool and opened == [1]
     assert other.in_world(2) is ranks, "the cell's own size is the cell's own ranks"
     assert ranks.in_world(2) is ranks
     other.run(print)
     ranks.run(print)
-    (directory, _, _, world), deadline = other_pool.calls[0]
+    (directory, _, _, world, _), deadline = other_pool.calls[0]
     assert (directory, world, deadline) == (str(tmp_path), "-of-1", ranks.deadline)
     assert cell_pool.calls[0][0][3] == "", "the cell's ranks keep their own folders"
 
@@ -52,9 +50,9 @@ def test_ranks_that_cannot_open_a_world_skip_the_test_saying_why():
         return LaunchedRank(4, backend="gloo", collective_timeout_s=60).of_size(size)
 
     with pytest.raises(pytest.skip.Exception, match="launcher fixed the world at 4"):
-        Ranks(RecordingPool(4), SimpleNamespace(id="ws4"), 60, "/nowhere", launched).in_world(2)
+        Ranks(RecordingPool(4), Cell({"world_size": 4}), 60, "/nowhere", launched).in_world(2)
     with pytest.raises(pytest.skip.Exception, match="cannot open a world of 2"):
-        Ranks(RecordingPool(4), SimpleNamespace(id="ws4"), 60, "/nowhere").in_world(2)
+        Ranks(RecordingPool(4), Cell({"world_size": 4}), 60, "/nowhere").in_world(2)
 
 
 def test_a_rank_of_another_world_compiles_into_a_folder_of_its_own(tmp_path, monkeypatch):

@@ -4,10 +4,9 @@ reference runs on every rank of the cell's world instead, and every record says 
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 from suites.references.lockstep import IN_THE_CELLS_WORLD, OWN_WORLD, lockstep_records
 from suites.references.lockstep_steps import LockstepRecord
+from torchmatrix.matrix.cells import Cell
 from torchmatrix.ranks.cell_ranks import Ranks
 from torchmatrix.ranks.launched import LaunchedRank
 
@@ -34,7 +33,7 @@ class AnsweringPool:
 
 def test_the_reference_runs_in_a_world_of_one_rank_beside_the_cells(tmp_path):
     cell_pool, own_pool = AnsweringPool(2), AnsweringPool(1)
-    ranks = Ranks(cell_pool, SimpleNamespace(id="ws2"), 60, str(tmp_path), lambda size: own_pool)
+    ranks = Ranks(cell_pool, Cell({"world_size": 2}), 60, str(tmp_path), lambda size: own_pool)
     records = lockstep_records(ranks, CELL, None, {}, tmp_path)
     assert own_pool.functions == ["open_single_process", "compare_in_lockstep"]
     assert cell_pool.functions == ["train_cell"]
@@ -47,7 +46,7 @@ def test_where_a_launcher_fixed_the_world_the_reference_runs_in_the_cells_and_sa
 
     cell_pool = AnsweringPool(2)
     records = lockstep_records(
-        Ranks(cell_pool, SimpleNamespace(id="ws2"), 60, str(tmp_path), launched), CELL, None, {}, tmp_path
+        Ranks(cell_pool, Cell({"world_size": 2}), 60, str(tmp_path), launched), CELL, None, {}, tmp_path
     )
     assert cell_pool.functions == ["open_single_process", "train_cell", "compare_in_lockstep"]
     said = IN_THE_CELLS_WORLD.format(
