@@ -12,12 +12,17 @@ SWITCHES = ("force_autograd_cache", "bundled_autograd_cache")
 
 
 def keep_aot_eager_graphs(keep: bool) -> bool:
-    """Set both switches to `keep`; whether this torch has them (one without keeps nothing, as before)."""
+    """Set both switches to `keep`; whether this torch can keep aot_eager's graphs (one without keeps
+    nothing, as before). Only turning them on imports aot_eager's backend, which an eager cell's ranks never need."""
     import torch._functorch.config as functorch_config
-    from torch._dynamo.backends import debugging
 
-    if not hasattr(debugging, "AOTEagerOutputCode") or not all(hasattr(functorch_config, s) for s in SWITCHES):
+    if not all(hasattr(functorch_config, switch) for switch in SWITCHES):
         return False
+    if keep:
+        from torch._dynamo.backends import debugging
+
+        if not hasattr(debugging, "AOTEagerOutputCode"):
+            return False
     for switch in SWITCHES:
         setattr(functorch_config, switch, keep)
     return True
