@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from torchmatrix.matrix.config import load_matrix
+from torchmatrix.messages.compile_keys import build_facts
 from torchmatrix.run.component_check import ComponentCheck, check_components
 
 from helpers.checkout import REPO
@@ -490,6 +491,16 @@ def test_the_reference_components_and_the_hf_example_follow_the_protocol():
     one_gpu = load_matrix(REPO / "examples" / "one_gpu" / "matrix.toml")
     assert check_components(one_gpu, "2.13.0").problems == []
     assert {cell.world_size for cell in one_gpu.cells()} == {1}, "one GPU runs world size 1 alone"
+
+
+@pytest.mark.slow
+def test_the_check_says_the_build_facts_of_the_key_the_ranks_compile_under():
+    """The runner names the compile store's folder for this run from them (with the device and the
+    matrix's digest), to tell the ETA which cells' graphs are there: they are what a rank computes."""
+    matrix = load_matrix(REPO / "matrix.toml")
+    suite_files = [matrix.root / suite.path for suite in matrix.suites.values()]
+    check = check_components(matrix, "2.13.0", suite_files=suite_files)
+    assert check.build == build_facts(components=matrix.components, suite_files=suite_files)
 
 
 @pytest.mark.slow

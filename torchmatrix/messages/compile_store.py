@@ -68,31 +68,23 @@ def mark_used(cell_folder: Path) -> None:
 
 def key_folder(root: Path, facts: dict) -> Path:
     """The folder of `root` named after `facts` (written beside its cells the first time)."""
-    text = json.dumps(facts, sort_keys=True, indent=1)
-    folder = root / hashlib.sha256(text.encode()).hexdigest()[:20]
+    folder = key_folder_of(root, facts)
     record = folder / KEY_FACTS
     if not record.exists():
         folder.mkdir(parents=True, exist_ok=True)
-        file_writes.write_text(record, text)
+        file_writes.write_text(record, json.dumps(facts, sort_keys=True, indent=1))
     return folder
 
 
-def cells_with_graphs(root: Path, known: dict, cell_ids: list[str]) -> frozenset[str]:
-    """Of `cell_ids`, those a test compiled into (their ledger) under the key of `root` last used whose
-    facts agree with `known`: what a process that has not imported torch can say of a key (the device
-    and torch build, the matrix's digest). The key's sources may have changed since: a guess, for the ETA."""
-    newest, folder = -1.0, None
-    for facts_file in root.glob(f"*/{KEY_FACTS}"):
-        try:
-            facts = json.loads(facts_file.read_text())
-            if not isinstance(facts, dict) or any(facts.get(name) != value for name, value in known.items()):
-                continue
-            used = max((p.stat().st_mtime for p in facts_file.parent.glob(f"*/{LAST_USED}")), default=0.0)
-        except (OSError, ValueError):
-            continue
-        if used > newest:
-            newest, folder = used, facts_file.parent
-    return frozenset(cell for cell in cell_ids if folder is not None and (folder / cell / LEDGER).is_file())
+def key_folder_of(root: Path, facts: dict) -> Path:
+    """The name of `root`'s folder for `facts`, made or not."""
+    return root / hashlib.sha256(json.dumps(facts, sort_keys=True, indent=1).encode()).hexdigest()[:20]
+
+
+def cells_with_graphs(key: Path, cell_ids: list[str]) -> frozenset[str]:
+    """Of `cell_ids`, those a test compiled into under the key folder `key` (their ledger): the cells
+    whose graphs a run finds in the store."""
+    return frozenset(cell for cell in cell_ids if (key / cell / LEDGER).is_file())
 
 
 def run_folder(version_dir: Path) -> Path:

@@ -28,7 +28,7 @@ from torchmatrix.matrix.cells import Cell
 from torchmatrix.matrix.plan import run_key
 from torchmatrix.matrix.suite_options import SuiteOptions
 from torchmatrix.matrix.suite_selection import selects, unmatched_test_message, unmatched_tests
-from torchmatrix.messages import compile_store
+from torchmatrix.messages import compile_keys, compile_store
 from torchmatrix.messages.events import (
     Collected,
     CollectError,
@@ -43,7 +43,7 @@ from torchmatrix.messages.group_plan import GroupPlan
 from torchmatrix.messages.output_cap import DEFAULT_CAP_BYTES, cap_text
 from torchmatrix.messages.properties import COMPILE_SECONDS, COMPILE_SECONDS_SAVED, CPU_SECONDS, WARNING_PROPERTY
 from torchmatrix.messages.root_cause import root_cause
-from torchmatrix.ranks import compile_keys, compiler_warmup
+from torchmatrix.ranks import compiler_warmup
 from torchmatrix.ranks.compile_ledger import compile_seconds_saved, has_compiled
 from torchmatrix.ranks.compile_time import compile_seconds
 from torchmatrix.ranks.known_failure_memo import (

@@ -59,6 +59,9 @@ class ComponentCheck:
     warnings: list[str] = field(default_factory=list)
     environment: Environment | ProbeError | None = field(default=None, compare=False)
     """What the child found of torch, as devices.probe would have; None where it gave no answer."""
+    build: dict | None = field(default=None, compare=False)
+    """The compile store key's facts the child's torch build, compiler and sources give
+    (compile_keys.build_facts), for the ETA; None where it could not say."""
 
 
 def check_components(
@@ -69,10 +72,11 @@ def check_components(
     *,
     env: dict | None = None,
     forks: PreloadedForks | None = None,
+    suite_files: list[Path] = (),
 ) -> ComponentCheck:
     """Check every component in a child interpreter of `python`, the environment of `torch_version`,
     forked from `forks` where it can be; the child answers the torch probe even for a matrix without
-    components.
+    components, and the compile key's facts of `suite_files` and the components.
 
     Components a registered suite needs but `[components]` lacks are problems too; the import
     checks run with the working directory the suites run in (the matrix file's directory) and
@@ -91,13 +95,15 @@ def check_components(
         ]
     )
     with tempfile.TemporaryDirectory(prefix="torchmatrix-component-check-") as directory:
-        answer, components, output, errors = (
-            Path(directory) / name for name in (ANSWER_NAME, "components.json", "output.log", "errors.log")
+        answer, components, suites, output, errors = (
+            Path(directory) / name
+            for name in (ANSWER_NAME, "components.json", "suite-files.json", "output.log", "errors.log")
         )
         file_writes.write_text(components, json.dumps(matrix.components))
+        file_writes.write_text(suites, json.dumps([str(path) for path in suite_files]))
         try:
             code = run_to_end(
-                [python, "-c", CHILD, str(answer), str(components)],
+                [python, "-c", CHILD, str(answer), str(components), str(suites)],
                 cwd=matrix.root,
                 env=env if env is not None else user_code_environment(matrix.root, os.environ),
                 log=output,
@@ -120,6 +126,7 @@ def check_components(
         check.environment = environment_of(found["torch"], python)
     except ProbeError as error:
         check.environment = error
+    check.build = found.get("build")
     check.problems += [f"{where}: components.{key}: {problem}" for key, problem in found["problems"]]
     uninstalled = uninstalled_here()
     missing = {key: f"{key} needs {reason}" for key, reason in uninstalled.items() if key in matrix.components}
@@ -282,13 +289,16 @@ def parameter_names(signature: inspect.Signature) -> str:
 
 
 def main() -> None:
-    """Child side: read {key: import path} from the file the parent names second (argv[2]), write as
-    JSON to the file it names first (argv[1]) this environment's torch facts (first, before any user
-    code runs), [[key, problem], ...] and [[key, what its module needs], ...]. Not on stdout: the
-    user's modules may print there, at import or at exit.
+    """Child side: read {key: import path} from the file the parent names second (argv[2]) and the
+    suites' files from the third, write as JSON to the file it names first (argv[1]) this environment's
+    torch facts (first, before any user code runs), [[key, problem], ...], [[key, what its module
+    needs], ...] and the compile key's build facts. Not on stdout: the user's modules may print there,
+    at import or at exit.
 
     sys.path is the suites' (torchmatrix.run.import_path): the matrix directory first.
     """
+    from torchmatrix.messages.compile_keys import build_facts
+
     facts = torch_facts()
     components = json.loads(Path(sys.argv[2]).read_text(encoding="utf-8"))
     problems, missing = [], []
@@ -297,5 +307,9 @@ def main() -> None:
         problems += [[key, problem] for problem in found]
         if needs:
             missing.append([key, needs])
-    answer = {"torch": facts, "problems": problems, "missing": missing}
+    try:  # what the ETA guesses of the compile store with: never a reason to stop
+        build = build_facts(components=components, suite_files=map(Path, json.loads(Path(sys.argv[3]).read_text())))
+    except Exception:
+        build = None
+    answer = {"torch": facts, "problems": problems, "missing": missing, "build": build}
     file_writes.write_text(Path(sys.argv[1]), json.dumps(answer))

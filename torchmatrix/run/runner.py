@@ -24,7 +24,7 @@ from torchmatrix.messages import compile_store
 from torchmatrix.messages.run_plan import PlanFileError, PlannedSuite, RunPlan, read_plan, write_plan
 from torchmatrix.reports import junit
 from torchmatrix.run import compile_eviction, confirmation, cross_version
-from torchmatrix.run.component_check import check_components
+from torchmatrix.run.component_check import ComponentCheck, check_components
 from torchmatrix.run.eta import LaterPhases, WorkEstimate, contention, suite_history
 from torchmatrix.run.interrupts import STOPPED, Interrupts
 from torchmatrix.run.load_sampler import LoadSampler
@@ -75,12 +75,12 @@ def _run_version(request: RunRequest, stream, interrupts: Interrupts) -> ExitCod
         forks.prepare(request.matrix.root, suite_environment(request))
     load = LoadSampler().start()
     try:
-        probed = _check_and_probe(request, forks)
+        check = _check_and_probe(request, forks, suites)
         lock = claim(request)
-        environment, runnable = _environment(request, book, probed)
+        environment, runnable = _environment(request, book, check.environment if check else None)
         eta = ""
         if runnable:
-            estimate = _work_estimate(request, runs, environment)
+            estimate = _work_estimate(request, runs, environment, check.build if check else None)
             progress.seed(estimate, _later_phases(request, cells, suites, environment))
             source = "the last runs here" if estimate.from_history else "per-suite priors, no earlier run here"
             eta = f"; {progress.eta_text()} ({source})"
@@ -148,13 +148,13 @@ def _hold_compile_store_to_cap(request: RunRequest, progress: Progress, started_
         )
 
 
-def _check_and_probe(request: RunRequest, forks: PreloadedForks) -> Environment | ProbeError | None:
-    """The component check, whose child answers the torch probe too, forked from the run's preloaded
-    interpreter in the suites' environment, so the pytest processes fork from the same one; None when
-    nox's install of this torch version failed (its log says why)."""
+def _check_and_probe(request: RunRequest, forks: PreloadedForks, suites: dict) -> ComponentCheck | None:
+    """The component check, whose child answers the torch probe and the compile key's build facts too,
+    forked from the run's preloaded interpreter in the suites' environment, so the pytest processes fork
+    from the same one; None when nox's install of this torch version failed (its log says why)."""
     if request.install_log is not None:
         return None
-    return _refuse_broken_components(request, forks)
+    return _refuse_broken_components(request, forks, suites)
 
 
 def _os_error(error: OSError) -> str:
@@ -195,22 +195,20 @@ def _slots(request: RunRequest, environment: Environment) -> int:
     return request.slots or environment.gpu_count or len(os.sched_getaffinity(0))
 
 
-def _work_estimate(request: RunRequest, runs: list[SuiteRun], environment: Environment) -> WorkEstimate:
+def _work_estimate(
+    request: RunRequest, runs: list[SuiteRun], environment: Environment, build: dict | None
+) -> WorkEstimate:
     """The ETA's seed: what the planned suite runs took in earlier runs under --reports, with the
     compile store as it stands for each cell now, else the priors, at the contention the machine's load says now."""
     slots = _slots(request, environment)
     history = suite_history(request.reports, request.version, request.run_id, None if environment.gpu_count else slots)
     busy = contention(os.getloadavg()[0], len(os.sched_getaffinity(0)))
-    store = request.compile_store
-    warm = (
-        compile_store.cells_with_graphs(
-            Path(store.root),
-            {"matrix": store.matrix_digest, "device": environment.to_json()},
-            [r.cell.id for r in runs],
+    store, warm = request.compile_store, frozenset()
+    if store is not None and build is not None:  # the folder the ranks will compile into: compile_keys.key_facts
+        key = {**build, "device": environment.to_json(), "matrix": store.matrix_digest}
+        warm = compile_store.cells_with_graphs(
+            compile_store.key_folder_of(Path(store.root), key), [r.cell.id for r in runs]
         )
-        if store is not None
-        else frozenset()
-    )
     return WorkEstimate.of_runs(runs, history.per_suite, slots, busy, per_run=history.per_run, warm_cells=warm)
 
 
@@ -245,16 +243,22 @@ def _refuse_too_wide_for_cpu(request: RunRequest, cells: list[Cell], environment
         )
 
 
-def _refuse_broken_components(request: RunRequest, forks: PreloadedForks) -> Environment | ProbeError | None:
+def _refuse_broken_components(request: RunRequest, forks: PreloadedForks, suites: dict) -> ComponentCheck:
     """Stop before any cell runs when a component cannot be imported or called as the suites call
     it; warn about each component whose package this environment lacks; return what the check's
-    child found of torch."""
-    check = check_components(request.matrix, request.version, env=suite_environment(request), forks=forks)
+    child found."""
+    check = check_components(
+        request.matrix,
+        request.version,
+        env=suite_environment(request),
+        forks=forks,
+        suite_files=[request.matrix.root / suite.path for suite in suites.values()],
+    )
     for line in check.warnings:
         print(f"torchmatrix: warning: {line}", file=sys.stderr)
     if check.problems:
         raise RunError("\n".join(check.problems))
-    return check.environment
+    return check
 
 
 def _environment(

@@ -9,9 +9,8 @@ import sys
 import pytest
 import torch
 
-from torchmatrix.messages import compile_store
+from torchmatrix.messages import compile_keys, compile_store
 from torchmatrix.messages.compile_store import matrix_digest
-from torchmatrix.ranks import compile_keys
 
 
 @pytest.fixture

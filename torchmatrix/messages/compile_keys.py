@@ -21,6 +21,13 @@ from pathlib import Path
 
 def key_facts(*, matrix_digest: str, device: dict, components: dict, suite_files: Iterable[Path]) -> dict:
     """What the key of this process's compile folders is made of."""
+    return {**build_facts(components=components, suite_files=suite_files), "device": device, "matrix": matrix_digest}
+
+
+def build_facts(*, components: dict, suite_files: Iterable[Path]) -> dict:
+    """The key's facts that only an interpreter of the torch environment can say: the torch build, the
+    interpreter and machine, the C++ compiler, the sources (the runner, which never imports torch, has
+    them from the component check's child for its ETA and adds the device and the matrix's digest)."""
     import torch
 
     return {
@@ -32,9 +39,7 @@ def key_facts(*, matrix_digest: str, device: dict, components: dict, suite_files
         "python": sys.version,
         "machine": platform.machine(),
         "compiler": compiler_version(),
-        "device": device,
         "sources": sources_digest(source_files(components, suite_files)),
-        "matrix": matrix_digest,
     }
 
 
