@@ -20,6 +20,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,6 +42,7 @@ from torchmatrix.env.component_requirements import uninstalled_here
 from torchmatrix.env.devices import Environment, ProbeError, environment_of, torch_facts
 from torchmatrix.forks.preloaded_forks import PreloadedForks, run_to_end
 from torchmatrix.matrix.config import Matrix
+from torchmatrix.messages.compile_keys import build_facts
 from torchmatrix.run.import_path import user_code_environment
 
 CHILD = "from torchmatrix.run.component_check import main; main()"
@@ -72,7 +74,7 @@ def check_components(
     *,
     env: dict | None = None,
     forks: PreloadedForks | None = None,
-    suite_files: list[Path] = (),
+    suite_files: Iterable[Path] = (),
 ) -> ComponentCheck:
     """Check every component in a child interpreter of `python`, the environment of `torch_version`,
     forked from `forks` where it can be; the child answers the torch probe even for a matrix without
@@ -297,8 +299,6 @@ def main() -> None:
 
     sys.path is the suites' (torchmatrix.run.import_path): the matrix directory first.
     """
-    from torchmatrix.messages.compile_keys import build_facts
-
     facts = torch_facts()
     components = json.loads(Path(sys.argv[2]).read_text(encoding="utf-8"))
     problems, missing = [], []

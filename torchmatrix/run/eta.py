@@ -196,7 +196,7 @@ class WorkEstimate:
             mean_of_suite = known.get(name, PRIOR_SUITE_SECONDS.get(name, unknown))
             each = own.get((cell, name, now), own.get((cell, name, other), mean_of_suite))
             per_cell[run.cell.id] += each * min(run.cell.world_size, slots)
-        # Earlier runs' durations are this machine's own, at its load then: only the idle priors are slowed.
+        # Earlier runs' figures are this machine's own, at its load then: only the idle priors are slowed.
         return cls(dict(per_cell), slots, from_history=bool(seconds), contention=1.0 if seconds else contention)
 
     @property
