@@ -21,7 +21,13 @@ from pathlib import Path
 
 def key_facts(*, matrix_digest: str, device: dict, components: dict, suite_files: Iterable[Path]) -> dict:
     """What the key of this process's compile folders is made of."""
-    return {**build_facts(components=components, suite_files=suite_files), "device": device, "matrix": matrix_digest}
+    return key_of(build_facts(components=components, suite_files=suite_files), device, matrix_digest)
+
+
+def key_of(build: dict, device: dict, matrix_digest: str) -> dict:
+    """A key's facts from its build facts, the device the ranks compute on and the matrix's digest: how a
+    rank and the runner (which has the build facts from the component check's child) both compose it."""
+    return {**build, "device": device, "matrix": matrix_digest}
 
 
 def build_facts(*, components: dict, suite_files: Iterable[Path]) -> dict:

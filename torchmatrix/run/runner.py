@@ -20,7 +20,7 @@ from torchmatrix.forks.preloaded_forks import PreloadedForks
 from torchmatrix.matrix.cells import Cell
 from torchmatrix.matrix.plan import Group, SuiteRun, group_runs, plan_runs
 from torchmatrix.matrix.safe_names import UnsafeName, check_name
-from torchmatrix.messages import compile_store
+from torchmatrix.messages import compile_keys, compile_store
 from torchmatrix.messages.run_plan import PlanFileError, PlannedSuite, RunPlan, read_plan, write_plan
 from torchmatrix.reports import junit
 from torchmatrix.run import compile_eviction, confirmation, cross_version
@@ -204,8 +204,8 @@ def _work_estimate(
     history = suite_history(request.reports, request.version, request.run_id, None if environment.gpu_count else slots)
     busy = contention(os.getloadavg()[0], len(os.sched_getaffinity(0)))
     store, warm = request.compile_store, frozenset()
-    if store is not None and build is not None:  # the folder the ranks will compile into: compile_keys.key_facts
-        key = {**build, "device": environment.to_json(), "matrix": store.matrix_digest}
+    if store is not None and build is not None:  # the folder the ranks will compile into
+        key = compile_keys.key_of(build, environment.to_json(), store.matrix_digest)
         warm = compile_store.cells_with_graphs(
             compile_store.key_folder_of(Path(store.root), key), [r.cell.id for r in runs]
         )
