@@ -2,7 +2,9 @@
 and which batch each rank trains on under it.
 
 A mesh is built once per shape in a rank process and kept: building a 2-D mesh creates process
-groups (a collective over every rank), and a rank pool serves many cells of one world size.
+groups (a collective over every rank), and a rank pool serves many cells of one world size. Its groups
+are named alike whatever the pool built before (torchmatrix.ranks.mesh_cache_keys.group_names_of), so
+the graphs compiled over it are found in the compile store in any cell order.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import Any
 
 from torchmatrix.components.pipeline_axis import pipeline_ranks
 from torchmatrix.matrix.meshes import MeshLayout, mesh_kind, mesh_layout
+from torchmatrix.ranks.mesh_cache_keys import group_names_of
 from torchmatrix.ranks.worker import current_device
 
 _BUILT: dict[tuple, Any] = {}
@@ -37,7 +40,8 @@ def cell_mesh(cell: Mapping[str, Any], device_type: str | None = None):
     device_type = device_type or current_device().type
     key = (device_type, layout.dim_names, layout.shape)
     if key not in _BUILT:
-        _BUILT[key] = init_device_mesh(device_type, layout.shape, mesh_dim_names=layout.dim_names)
+        with group_names_of(key):
+            _BUILT[key] = init_device_mesh(device_type, layout.shape, mesh_dim_names=layout.dim_names)
     return _BUILT[key]
 
 

@@ -1,0 +1,68 @@
+"""A cell's mesh names its process groups alike whatever groups its rank pool made before, so a graph
+compiled over it in one cell order is found in the compile store in another; and the names still
+call the right groups."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from torchmatrix.ranks.mesh_cache_keys import GROUP_NAME_BASE, group_name_base
+from torchmatrix.ranks.pool import RankPool
+
+from helpers.mesh_group_names import groups_named_after
+
+pytestmark = pytest.mark.slow
+
+
+def _names(groups_before: int, kinds: list[str], through_cell_mesh: bool = True, pool=None) -> list[dict]:
+    """Each rank's mesh names, from `pool` or a fresh pool of four ranks; every dim's collective summed its own ranks."""
+    fresh = pool is None
+    pool = pool or RankPool(4, device_type="cpu", backend="gloo", collective_timeout_s=60)
+    try:
+        results = pool.run(
+            groups_named_after, (groups_before, kinds, through_cell_mesh), deadline=time.monotonic() + 120
+        )
+    finally:
+        if fresh:
+            pool.close()
+    for result in results:
+        assert all(result["sums_right"].values()), result["sums_right"]
+    return [result["names"] for result in results]
+
+
+def test_the_tensor_parallel_mesh_is_named_alike_after_other_meshes_and_groups():
+    alone = _names(0, ["fsdp_tp"])
+    after_others = _names(3, ["hsdp", "fsdp_tp"])
+    assert [ranks["fsdp_tp"] for ranks in alone] == [ranks["fsdp_tp"] for ranks in after_others]
+    assert all(int(name) >= GROUP_NAME_BASE for ranks in alone for name in ranks["fsdp_tp"])
+    assert not set(after_others[0]["hsdp"]) & set(after_others[0]["fsdp_tp"]), "two meshes, names of their own"
+
+
+def test_torch_alone_names_it_by_what_came_before():
+    """The control: without the mesh's own range its names move with the groups made before it."""
+    alone = _names(0, ["fsdp_tp"], through_cell_mesh=False)
+    after_others = _names(3, ["hsdp", "fsdp_tp"], through_cell_mesh=False)
+    assert [ranks["fsdp_tp"] for ranks in alone] != [ranks["fsdp_tp"] for ranks in after_others]
+
+
+def test_a_mesh_whose_range_is_taken_keeps_torchs_names_and_its_collectives_reach_its_groups():
+    pool = RankPool(4, device_type="cpu", backend="gloo", collective_timeout_s=60)
+    try:
+        first = _names(0, ["fsdp_tp"], pool=pool)
+        again = _names(0, ["fsdp_tp"], pool=pool)  # the same shape built again in the same processes
+    finally:
+        pool.close()
+    assert all(int(name) >= GROUP_NAME_BASE for name in first[0]["fsdp_tp"])
+    assert all(int(name) < GROUP_NAME_BASE for name in again[0]["fsdp_tp"])
+
+
+def test_each_mesh_shape_and_device_has_a_range_of_its_own():
+    keys = [
+        ("cpu", ("dp_shard", "tp"), (2, 2)),
+        ("cpu", ("dp_replicate", "dp_shard"), (2, 2)),
+        ("cuda", ("dp_shard", "tp"), (2, 2)),
+    ]
+    assert len({group_name_base(key) for key in keys}) == len(keys)
+    assert group_name_base(keys[0]) == group_name_base(("cpu", ("dp_shard", "tp"), (2, 2)))
