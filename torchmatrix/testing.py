@@ -11,7 +11,9 @@ The plugin's fixtures in a suite's tests: `cell`, `ranks` (`ranks.run(fn, *args)
   `user_model(model)`, `fsdp1_root(model)`, `state_dict_root(model)` (what torch's state-dict helpers
   take), `name_below_wrappers(model, name)`.
 - the rank: `current_device()`; `cell_mesh(cell)`, `cell_layout(cell)`, `mesh_group(mesh)`,
-  `data_parallel_rank(cell)`, `data_parallel_size(cell)` (docs/explanation/2d-meshes.md).
+  `data_parallel_rank(cell)`, `data_parallel_size(cell)` (docs/explanation/2d-meshes.md);
+  `with group_names_of(key):` around groups a suite makes itself, so their names do not depend on
+  what the process made before (docs/explanation/compile.md).
 - optimizer implementations: `implementation_of(cell)`, `IMPLEMENTATION_AXIS`, `IMPLEMENTATIONS`,
   `DEFAULT_IMPLEMENTATION`, `UnavailableImplementation(reason)` (the cell's optimizer tests skip).
 - checkpoint modes: `saves_asynchronously(cell_id, patterns)`, `checkpointer_path(components, asynchronous)`,
@@ -66,6 +68,7 @@ from torchmatrix.messages.root_cause import root_cause
 from torchmatrix.ranks.bitwise import bits_equal, same_width_integer
 from torchmatrix.ranks.cell_mesh import cell_layout, cell_mesh, data_parallel_rank, data_parallel_size, mesh_group
 from torchmatrix.ranks.compile_time import reset_keeping_time
+from torchmatrix.ranks.mesh_cache_keys import group_names_of
 from torchmatrix.ranks.plugin import planned_options
 from torchmatrix.ranks.rng_state import capture_rng_state, restore_rng_state, rng_streams
 from torchmatrix.ranks.worker import current_device
@@ -106,6 +109,7 @@ __all__ = [
     "data_parallel_rank",
     "data_parallel_size",
     "fsdp1_root",
+    "group_names_of",
     "implementation_of",
     "inner_optimizers",
     "is_bound_checkpointer",

@@ -16,6 +16,7 @@ from torchmatrix.testing import (
     cell_mesh,
     current_device,
     data_parallel_rank,
+    group_names_of,
     implementation_of,
     load,
     mesh_group,
@@ -220,14 +221,17 @@ def sub_world_meshes() -> dict[int, DeviceMesh | None]:
     """size -> mesh over ranks 0..size-1 for every world smaller than the cell's (None where
     this rank is outside it); the cell's own world is torchmatrix.testing.cell_mesh's.
 
-    Created once per rank process, by every rank in the same order (new_group is collective
-    and names groups by creation order), and kept: a group destroyed and created again under
-    the same name would rendezvous on the previous one's stale store keys."""
+    Created once per rank process, by every rank in the same order (new_group is collective),
+    named from a range of their own (a compiled cell's graphs over them are found in the compile
+    store whatever groups the process made before), and kept: a group destroyed and created again
+    under the same name would rendezvous on the previous one's stale store keys."""
     if not SUB_WORLD_MESHES:
-        for size in range(1, dist.get_world_size()):
-            group = dist.new_group(list(range(size)))
-            inside = dist.get_rank() < size
-            SUB_WORLD_MESHES[size] = DeviceMesh.from_group(group, current_device().type) if inside else None
+        device_type = current_device().type
+        with group_names_of(("sub_worlds", device_type, dist.get_world_size())):
+            for size in range(1, dist.get_world_size()):
+                group = dist.new_group(list(range(size)))
+                inside = dist.get_rank() < size
+                SUB_WORLD_MESHES[size] = DeviceMesh.from_group(group, device_type) if inside else None
     return SUB_WORLD_MESHES
 
 

@@ -32,3 +32,25 @@ def groups_named_after(groups_before: int, kinds: list[str], through_cell_mesh: 
             dist.all_reduce(total, group=group)
             sums_right[f"{kind}.{dim}"] = total.item() == sum(dist.get_process_group_ranks(group))
     return {"names": names, "sums_right": sums_right}
+
+
+def sub_world_names_after(groups_before: int) -> list[str]:
+    """Create `groups_before` groups over every rank, then dtensor_optim's sub-world meshes: the names
+    of the sub-world groups this rank is in, after an all-reduce over each summed its own ranks."""
+    import torch
+    import torch.distributed as dist
+
+    from suites.sharding import dtensor_optim_recipe
+
+    dtensor_optim_recipe.SUB_WORLD_MESHES.clear()
+    for _ in range(groups_before):
+        dist.new_group(list(range(dist.get_world_size())))
+    names = []
+    for size, mesh in sorted(dtensor_optim_recipe.sub_world_meshes().items()):
+        if mesh is None:
+            continue
+        total = torch.tensor([dist.get_rank()])
+        dist.all_reduce(total, group=mesh.get_group())
+        assert total.item() == sum(range(size)), (size, total.item())
+        names.append(mesh.get_group().group_name)
+    return names

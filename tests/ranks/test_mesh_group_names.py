@@ -11,7 +11,7 @@ import pytest
 from torchmatrix.ranks.mesh_cache_keys import GROUP_NAME_BASE, group_name_base
 from torchmatrix.ranks.pool import RankPool
 
-from helpers.mesh_group_names import groups_named_after
+from helpers.mesh_group_names import groups_named_after, sub_world_names_after
 
 pytestmark = pytest.mark.slow
 
@@ -38,6 +38,19 @@ def test_the_tensor_parallel_mesh_is_named_alike_after_other_meshes_and_groups()
     assert [ranks["fsdp_tp"] for ranks in alone] == [ranks["fsdp_tp"] for ranks in after_others]
     assert all(int(name) >= GROUP_NAME_BASE for ranks in alone for name in ranks["fsdp_tp"])
     assert not set(after_others[0]["hsdp"]) & set(after_others[0]["fsdp_tp"]), "two meshes, names of their own"
+
+
+def test_dtensor_optims_sub_worlds_are_named_alike_after_other_groups():
+    def names(groups_before):
+        pool = RankPool(4, device_type="cpu", backend="gloo", collective_timeout_s=60)
+        try:
+            return pool.run(sub_world_names_after, (groups_before,), deadline=time.monotonic() + 120)
+        finally:
+            pool.close()
+
+    alone, after_others = names(0), names(2)
+    assert alone == after_others
+    assert [len(ranks) for ranks in alone] == [3, 2, 1, 0], "rank r is in the sub-worlds larger than r"
 
 
 def test_torch_alone_names_it_by_what_came_before():
