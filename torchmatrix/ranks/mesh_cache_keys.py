@@ -8,9 +8,8 @@ key differs in each new process and no DTensor graph was ever read back from the
 the state, every field the mesh's equality compares.
 
 That state also names the mesh's process groups, which the graph's collectives call by name, and torch
-names a group by how many groups its process made before: a rank pool that had run other cells first
-gave the same mesh other names, so the run after a cold one (another cell order) missed. A cell's mesh
-now names its groups from a range of its own (`group_names_of`).
+names a group by how many groups its process made before, so in a rank pool the same mesh would be
+named by the cells that ran before it; `group_names_of` names a mesh's groups from a range of its own.
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ from collections.abc import Iterator
 PER_PROCESS_FIELDS = ("_hash",)  # the cached hash() of the mesh; _pg_registry the mesh leaves out itself
 GROUP_NAME_BASE = 1_000_000  # above any name a process reaches by counting its groups one by one
 GROUP_NAME_SPAN = 1_000  # the names one mesh's groups may take from its first
-GROUP_NAME_RANGES = 100_000
+GROUP_NAME_RANGES = 100_000  # how many ranges a mesh key's hash picks among
 
 
 def mesh_key_state(mesh) -> tuple:
