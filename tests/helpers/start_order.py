@@ -6,41 +6,48 @@ from __future__ import annotations
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parents[1]
-# The files whose tests cost the most, longest first (per-test CPU and wall seconds of the full lane,
-# issue 44 item 8, re-placed after the 2026-11-27 cuts: the slowdown bench's smoke size, containment's
-# 10 s deadline and the bisect searches that start from a run left the list or moved down; the files of
-# 2026-12-06 placed by that day's full lane): a file goes
-# whole to one worker, so these start first and short ones fill the tails.
+# The files whose tests take longest, longest first: each file's wall seconds in the full lane of
+# 2026-12-07's night (TORCHMATRIX_TEST_CPU_LOG, helpers/cpu_seconds.py), every file of 20 s or more. A
+# file goes whole to one worker, so these start first and short ones fill the tails.
 LONGEST_FIRST = (
-    "suites/test_cross_version.py",
-    "suites/test_third_party_optim.py",
-    "suites/test_lightning_example.py",
-    "bisect/test_bisect_e2e.py",
     "hostile/test_run_exits.py",  # about 100 s of it waiting on real deadlines: best beside the CPU-bound files
-    "suites/test_dtensor_mutants.py",
-    "suites/test_torchtitan_example.py",
-    "suites/test_resume_mutants.py",
-    "sensitivity/test_sensitivity.py",
-    "suites/test_grad_ckpt_compile_mutants.py",
-    "suites/test_peak_memory.py",
-    "suites/test_grad_ckpt_mutants.py",
-    "faults/test_drills.py",
-    "suites/test_grad_ckpt_compile.py",
-    "suites/test_mesh_mutants.py",
-    "suites/test_optimizer_impl_mutants.py",
-    "env/test_torch_install.py",
+    "bisect/test_bisect_e2e.py",
     "test_benches.py",
-    "scale/test_scale_out.py",
-    "suites/test_parallel_equivalence_mutants.py",
-    "suites/test_hf_llama_example.py",
-    "suites/test_grad_ckpt_forms.py",
-    "faults/test_containment.py",
-    "suites/test_wrapper_chain.py",
-    "hostile/test_upstream_without_machine_paths.py",
-    "suites/test_accelerate_example.py",
-    "ranks/test_truncated_kernel_builds.py",
-    "suites/test_stack_loaders.py",
+    "suites/test_third_party_optim.py",
+    "suites/test_cross_version.py",
+    "suites/test_dtensor_mutants.py",
+    "faults/test_drills.py",
+    "suites/test_optimizer_impl_mutants.py",
+    "suites/test_peak_memory.py",
+    "suites/test_grad_ckpt_compile_mutants.py",
+    "suites/test_mesh_mutants.py",
+    "env/test_torch_install.py",
+    "suites/test_torchtitan_example.py",
     "components/test_component_check.py",
+    "ranks/test_compile_store.py",
+    "run/test_known_failures_e2e.py",
+    "sensitivity/test_sensitivity.py",
+    "suites/test_grad_ckpt_mutants.py",
+    "suites/test_grad_ckpt_compile.py",
+    "test_nox_sessions.py",
+    "suites/test_resume_mutants.py",
+    "ranks/test_mesh_cache_keys.py",
+    "ranks/test_compile_cache.py",
+    "suites/test_parallel_equivalence_mutants.py",
+    "faults/test_containment.py",
+    "ranks/test_truncated_kernel_builds.py",
+    "suites/test_lightning_example.py",
+    "scale/test_slurm.py",
+    "ranks/test_aot_eager_store.py",
+    "forks/test_preloaded_forks.py",
+    "ranks/test_pool.py",
+    "ranks/test_run_order.py",
+    "suites/test_accelerate_example.py",
+    "hostile/test_foreign_run_directories.py",
+    "suites/test_training_forms.py",
+    "suites/test_hf_llama_example.py",
+    "run/test_slowdown_bench.py",
+    "bisect/test_cross_version_repro.py",
 )
 
 

@@ -66,6 +66,7 @@ from torchmatrix.ranks.pool import RankFailure
 from torchmatrix.ranks.rank_group import RankGroup, open_ranks
 from torchmatrix.ranks.run_order import running_order
 from torchmatrix.ranks.simulation_limits import as_simulation_limit
+from torchmatrix.ranks.suite_temp_root import keep_tmp_paths_apart
 from torchmatrix.ranks.worker import COMPILE_CACHE_VARIABLE
 from torchmatrix.status import Status
 
@@ -101,6 +102,7 @@ def pytest_configure(config):
     path = config.getoption("--torchmatrix-plan")
     if path:
         exit_with_runner()
+        keep_tmp_paths_apart()
         plan = CellPlan(GroupPlan.read(Path(path)), Path(config.rootpath))
         config.stash[PLAN_KEY] = plan
         config.pluginmanager.register(plan, "torchmatrix-plan")
