@@ -14,14 +14,13 @@ TEMPROOT_VARIABLE = "PYTEST_DEBUG_TEMPROOT"
 """pytest's documented variable for the root of tmp_path's numbered folders (`pytest-of-<user>/pytest-N`)."""
 
 
-def keep_tmp_paths_apart() -> Path:
+def keep_tmp_paths_apart() -> None:
     """Point this pytest process's tmp_path folders at `torchmatrix-of-<user>` inside the root pytest
     would use (the variable's, else the system's temporary directory), made here and this user's alone;
     called before any test asks for a tmp_path, since pytest reads the variable then."""
     root = Path(os.environ.get(TEMPROOT_VARIABLE) or tempfile.gettempdir()) / f"torchmatrix-of-{_user()}"
     root.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.environ[TEMPROOT_VARIABLE] = str(root)
-    return root
 
 
 def _user() -> str:
